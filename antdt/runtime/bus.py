@@ -1,0 +1,375 @@
+"""The NATS seam: the only module that imports nats.
+
+Typed publish/subscribe/request over pydantic wire models, validation at the boundary
+(every rejection counted, logged once per reason, answered with ErrorReply when a reply
+is expected), W3C trace context in headers, reconnects, JetStream streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import nats
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from antdt.runtime.config import NatsSettings
+from antdt.schemas import MAX_MESSAGE_BYTES, ErrorReply, WireModel
+
+M = TypeVar("M")
+R = TypeVar("R", bound=BaseModel)
+log = structlog.get_logger("antdt.bus")
+
+
+class BusError(RuntimeError):
+    """The bus could not deliver (not connected, no responder, timeout)."""
+
+
+class RequestRefused(BusError):
+    """The responder answered with an ErrorReply."""
+
+    def __init__(self, reply: ErrorReply) -> None:
+        super().__init__(f"{reply.code}: {reply.error}")
+        self.reply = reply
+
+
+class Rejected(ValueError):
+    """Raised by a handler to refuse a message with a machine code and a clear reason."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What a handler learns about a message besides its payload."""
+
+    subject: str
+    headers: Mapping[str, str]
+    reply: str
+
+
+Handler = Callable[[M, Delivery], Awaitable[BaseModel | None]]
+
+
+class Decoder(Generic[M]):
+    """Bytes → validated model (a model class or a TypeAdapter for unions)."""
+
+    def __init__(self, target: type[M] | TypeAdapter[M]) -> None:
+        self._adapter: TypeAdapter[M] = (
+            target if isinstance(target, TypeAdapter) else TypeAdapter(target)
+        )
+
+    def decode(self, data: bytes) -> M:
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise Rejected("too_large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+        try:
+            return self._adapter.validate_json(data)
+        except ValidationError as exc:
+            raise Rejected("bad_request", _short_validation_error(exc)) from None
+
+
+def _short_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "message"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+def encode(model: BaseModel) -> bytes:
+    return model.model_dump_json().encode()
+
+
+class Rejections:
+    """Counts rejected messages by (subscription, code); logs each reason the first time."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def record(self, pattern: str, code: str, reason: str, subject: str) -> None:
+        key = (pattern, code)
+        self.counts[key] += 1
+        if self.counts[key] == 1:
+            log.warning("message rejected", subject=subject, code=code, reason=reason)
+
+    def total(self, pattern: str | None = None) -> int:
+        return sum(n for (p, _), n in self.counts.items() if pattern is None or p == pattern)
+
+
+class Bus:
+    """One NATS connection with typed helpers. Reconnects forever; buffers while away."""
+
+    def __init__(self, settings: NatsSettings, *, name: str) -> None:
+        self.settings = settings
+        self.name = name
+        self.rejections = Rejections()
+        self.handler_errors = 0
+        self._nc: NatsClient | None = None
+        self._subs: list[NatsSubscription] = []
+
+    # -- connection ---------------------------------------------------------------
+
+    async def connect(self, *, retry_for_s: float = 30.0) -> Bus:
+        """Connect, retrying the first connection for up to `retry_for_s` seconds."""
+        deadline = asyncio.get_running_loop().time() + retry_for_s
+        while True:
+            try:
+                self._nc = await nats.connect(
+                    servers=[u.strip() for u in self.settings.url.split(",")],
+                    name=self.name,
+                    connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
+                    reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
+                    max_reconnect_attempts=-1,
+                    allow_reconnect=True,
+                    pending_size=self.settings.max_pending_bytes,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                )
+                return self
+            except Exception as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise BusError(f"cannot connect to NATS at {self.settings.url}: {exc}") from exc
+                await asyncio.sleep(self.settings.reconnect_wait_s)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.debug("nats error", error=str(exc), client=self.name)
+
+    async def _on_disconnected(self) -> None:
+        log.info("nats disconnected", client=self.name)
+
+    async def _on_reconnected(self) -> None:
+        log.info("nats reconnected", client=self.name)
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    @property
+    def nc(self) -> NatsClient:
+        if self._nc is None:
+            raise BusError("bus not connected")
+        return self._nc
+
+    async def drain(self) -> None:
+        """Stop taking new messages, let in-flight handlers finish, flush, close."""
+        if self._nc is None or self._nc.is_closed:
+            return
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._nc.drain(), timeout=5)
+        with contextlib.suppress(Exception):
+            await self._nc.close()
+
+    async def close(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        await self.nc.flush(timeout=timeout)  # type: ignore[arg-type]
+
+    # -- publish / request -------------------------------------------------------
+
+    @staticmethod
+    def trace_headers(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        headers: dict[str, str] = dict(extra or {})
+        propagate.inject(headers)
+        return headers
+
+    async def publish(
+        self, subject: str, model: BaseModel, headers: Mapping[str, str] | None = None
+    ) -> None:
+        await self.nc.publish(subject, encode(model), headers=self.trace_headers(headers) or None)
+
+    async def publish_raw(self, subject: str, data: bytes) -> None:
+        """Untyped bytes, for tests of bad input and for benchmarks."""
+        await self.nc.publish(subject, data)
+
+    async def request(
+        self,
+        subject: str,
+        model: BaseModel,
+        reply_type: type[R],
+        *,
+        timeout: float | None = None,
+    ) -> R:
+        """Request/reply; raises RequestRefused on an ErrorReply, BusError otherwise."""
+        data = await self.request_raw(subject, encode(model), timeout=timeout)
+        return decode_reply(data, reply_type)
+
+    async def request_raw(
+        self, subject: str, data: bytes, *, timeout: float | None = None
+    ) -> bytes:
+        try:
+            msg = await self.nc.request(
+                subject,
+                data,
+                timeout=timeout or self.settings.request_timeout_s,
+                headers=self.trace_headers() or None,
+            )
+        except NoRespondersError:
+            raise BusError(f"no responder on {subject}") from None
+        except NatsTimeoutError:
+            raise BusError(f"request on {subject} timed out") from None
+        return bytes(msg.data)
+
+    # -- subscribe -----------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        handler: Handler[M],
+        *,
+        queue: str = "",
+        pending_msgs: int = 500_000,
+    ) -> None:
+        """Validate every message into `target`, then call `handler(model, delivery)`.
+
+        A handler's returned model is the reply (when the message expects one). Bad input
+        and handler failures are counted and answered with ErrorReply; they never escape."""
+        decoder = Decoder(target)
+
+        async def on_msg(msg: Msg) -> None:
+            await self._dispatch(subject, decoder, handler, msg)
+
+        sub = await self.nc.subscribe(
+            subject,
+            queue=queue,
+            cb=on_msg,
+            pending_msgs_limit=pending_msgs,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
+        self._subs.append(sub)
+
+    async def _dispatch(
+        self, pattern: str, decoder: Decoder[M], handler: Handler[M], msg: Msg
+    ) -> None:
+        headers = dict(msg.headers or {})
+        delivery = Delivery(subject=msg.subject, headers=headers, reply=msg.reply or "")
+        token = otel_context.attach(propagate.extract(headers)) if headers else None
+        try:
+            model = decoder.decode(msg.data)
+            reply = await handler(model, delivery)
+        except Rejected as exc:
+            self.rejections.record(pattern, exc.code, exc.reason, msg.subject)
+            reply = ErrorReply(error=exc.reason[:2000], code=exc.code)
+        except Exception as exc:  # a handler bug must not kill the subscription
+            self.handler_errors += 1
+            log.exception("handler failed", subject=msg.subject)
+            reply = ErrorReply(error=f"internal error: {type(exc).__name__}", code="internal")
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        if msg.reply and reply is not None:
+            with contextlib.suppress(Exception):
+                await msg.respond(encode(reply))
+
+    # -- JetStream -------------------------------------------------------------------
+
+    async def ensure_stream(
+        self,
+        name: str,
+        subjects: list[str],
+        *,
+        max_age_s: float = 7 * 86400,
+        max_msgs: int = 1_000_000,
+    ) -> None:
+        """Create the stream, or update its subjects and limits (bounded retention)."""
+        js = self.nc.jetstream()
+        config = StreamConfig(
+            name=name,
+            subjects=subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=max_age_s,
+            max_msgs=max_msgs,
+        )
+        try:
+            await js.stream_info(name)
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+
+    async def js_publish(
+        self, subject: str, model: BaseModel, *, msg_id: str | None = None, timeout: float = 2.0
+    ) -> int:
+        """Publish to a stream and wait for its ack; returns the stream sequence.
+        `msg_id` de-duplicates retries (Nats-Msg-Id)."""
+        headers = self.trace_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
+        ack = await self.nc.jetstream().publish(
+            subject, encode(model), timeout=timeout, headers=headers or None
+        )
+        return int(ack.seq)
+
+    async def js_replay(
+        self, stream: str, subject: str, target: type[M] | TypeAdapter[M], *, limit: int = 10_000
+    ) -> list[M]:
+        """Every valid message of `subject` still held in `stream`, oldest first."""
+        js = self.nc.jetstream()
+        decoder = Decoder(target)
+        out: list[M] = []
+        sub = await js.pull_subscribe(subject, stream=stream)
+        try:
+            while len(out) < limit:
+                try:
+                    msgs = await sub.fetch(batch=min(256, limit - len(out)), timeout=0.5)
+                except NatsTimeoutError:
+                    break
+                for msg in msgs:
+                    with contextlib.suppress(Rejected):
+                        out.append(decoder.decode(msg.data))
+                    await msg.ack()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return out
+
+
+_ERROR_FIELDS = set(ErrorReply.model_fields)
+
+
+def decode_reply(data: bytes, reply_type: type[R]) -> R:
+    """A reply is either `reply_type` or an ErrorReply (raised as RequestRefused)."""
+    try:
+        raw: Any = json.loads(data)
+    except ValueError:
+        raise BusError("reply is not JSON") from None
+    is_error = isinstance(raw, dict) and {"error", "code"} <= set(raw) <= _ERROR_FIELDS
+    if is_error and reply_type is not ErrorReply:
+        raise RequestRefused(ErrorReply.model_validate(raw))
+    try:
+        return reply_type.model_validate(raw)
+    except ValidationError as exc:
+        raise BusError(f"bad reply: {_short_validation_error(exc)}") from None
+
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "Decoder",
+    "Delivery",
+    "Rejected",
+    "Rejections",
+    "RequestRefused",
+    "WireModel",
+    "decode_reply",
+    "encode",
+]

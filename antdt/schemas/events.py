@@ -1,0 +1,147 @@
+"""What agents and the monitor publish: step events, hellos, job health, incidents."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import Field, model_validator
+
+from antdt.schemas.base import Count, Rank, Seconds, Timestamp, Token, WireModel
+
+
+class StepEvent(WireModel):
+    """One training step of one rank, published by the agent after the step ends."""
+
+    job: Token = Field(description="Job id")
+    rank: Rank
+    host: Token = Field(description="Host (node) the rank runs on")
+    step: Count = Field(description="Global step index, the same on every rank")
+    epoch: Count = Field(description="Epoch the step's samples belong to")
+    plan_version: Count = Field(description="Version of the plan the step ran under")
+    local_batch: Count = Field(description="Samples the plan asked this rank for")
+    samples: Count = Field(description="Samples this rank actually processed")
+    compute_s: Seconds = Field(description="Forward+backward of its own samples, seconds")
+    data_wait_s: Seconds = Field(description="Waiting for the next batch, seconds")
+    comm_s: Seconds = Field(description="Gradient exchange incl. barrier wait, seconds")
+    step_s: Seconds = Field(description="Wall time of the whole step, seconds")
+    started_at: Timestamp
+    ended_at: Timestamp
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StepEvent:
+        if self.ended_at < self.started_at:
+            raise ValueError("ended_at is before started_at")
+        parts = self.compute_s + self.data_wait_s + self.comm_s
+        if parts > self.step_s * 1.05 + 1e-3:
+            raise ValueError(f"compute+data+comm ({parts:.6f}s) exceed step_s ({self.step_s:.6f}s)")
+        return self
+
+
+class RankHello(WireModel):
+    """Sent by an agent when its rank starts: who it is and what it can hold."""
+
+    job: Token
+    rank: Rank
+    world_size: int = Field(ge=1, le=1_000_000, description="Ranks in the job")
+    host: Token
+    pid: int = Field(ge=0, description="OS process id of the rank")
+    device: str = Field(default="cpu", max_length=64, description="cpu, cuda:0, ...")
+    cpu_count: int = Field(default=1, ge=1, description="CPU cores visible to the rank")
+    max_local_batch: int | None = Field(
+        default=None, ge=1, description="Largest local batch its memory holds (None: unknown)"
+    )
+    started_at: Timestamp
+
+
+class RankState(str, Enum):
+    """How the monitor sees one rank right now."""
+
+    OK = "ok"
+    SLOW = "slow"
+    LEADER = "leader"
+    STALLED = "stalled"
+    UNKNOWN = "unknown"
+
+
+class RankHealth(WireModel):
+    """One rank's row in JobHealth."""
+
+    rank: Rank
+    host: str = Field(max_length=128)
+    state: RankState
+    last_step: Count
+    local_batch: Count = Field(description="Local batch of its last step")
+    samples_per_s: float = Field(ge=0, description="Compute throughput, samples per second")
+    compute_s_per_sample: float = Field(ge=0, description="Median over the window, seconds")
+    ratio: float = Field(ge=0, description="Per-sample compute time over the median of ranks")
+    data_wait_share: float = Field(ge=0, le=1, description="Share of step time waiting for data")
+    comm_share: float = Field(ge=0, le=1, description="Share of step time in gradient exchange")
+
+
+class JobHealth(WireModel):
+    """Published by the monitor at 1 Hz for every job it owns."""
+
+    job: Token
+    at: Timestamp
+    step: Count = Field(description="Latest step seen from any rank")
+    step_s: float = Field(ge=0, description="Median step wall time over the window, seconds")
+    samples_per_s: float = Field(ge=0, description="Job throughput over the window")
+    balance_efficiency: float = Field(
+        ge=0, le=1, description="T_ideal / T_step (DESIGN.md section 7); 1 = perfectly balanced"
+    )
+    plan_version: Count
+    ranks: tuple[RankHealth, ...]
+    open_incidents: tuple[str, ...] = ()
+
+
+class IncidentKind(str, Enum):
+    SLOW = "slow"
+    LEADER = "leader"
+    STALLED = "stalled"
+
+
+class StragglerClass(str, Enum):
+    TRANSIENT = "transient"
+    PERSISTENT = "persistent"
+    DETERMINISTIC = "deterministic"
+    UNKNOWN = "unknown"
+
+
+class Cause(str, Enum):
+    COMPUTE = "compute"
+    DATA = "data"
+    COMMUNICATION = "communication"
+    UNKNOWN = "unknown"
+
+
+class IncidentState(str, Enum):
+    """Incident lifecycle.
+
+    OPENED ──▶ ESCALATED ──▶ MITIGATING ──▶ RESOLVED
+       │            │              │
+       └────────────┴──────────────┴──────▶ RESOLVED  (recovered, with hysteresis)
+    """
+
+    OPENED = "opened"
+    ESCALATED = "escalated"
+    MITIGATING = "mitigating"
+    RESOLVED = "resolved"
+
+
+class Incident(WireModel):
+    """A straggler (or leader, or stall) on one rank, with its evidence."""
+
+    id: str = Field(min_length=1, max_length=128, description="Stable id for the lifecycle")
+    job: Token
+    rank: Rank
+    host: str = Field(max_length=128)
+    kind: IncidentKind
+    straggler_class: StragglerClass = StragglerClass.UNKNOWN
+    cause: Cause = Cause.UNKNOWN
+    state: IncidentState
+    step: Count = Field(description="Step at which this state was reached")
+    opened_at: Timestamp
+    updated_at: Timestamp
+    ratio: float = Field(ge=0, description="Per-sample compute time over the ranks' median")
+    windows: Count = Field(description="Consecutive windows the condition held")
+    evidence: dict[str, float] = Field(default_factory=dict, description="Measured figures")

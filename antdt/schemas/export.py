@@ -1,0 +1,52 @@
+"""Export JSON Schema for every wire message, so policies in any language can subscribe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from antdt import schemas
+
+#: file stem → model (or the Command union's adapter)
+EXPORTED: dict[str, Any] = {
+    "StepEvent": schemas.StepEvent,
+    "RankHello": schemas.RankHello,
+    "JobHealth": schemas.JobHealth,
+    "Incident": schemas.Incident,
+    "JobSpec": schemas.JobSpec,
+    "Plan": schemas.Plan,
+    "PlanRequest": schemas.PlanRequest,
+    "RegisterReply": schemas.RegisterReply,
+    "Command": schemas.COMMAND_ADAPTER,
+    "Ack": schemas.Ack,
+    "ActionRecord": schemas.ActionRecord,
+    "ActionProposal": schemas.ActionProposal,
+    "ErrorReply": schemas.ErrorReply,
+    "ShardFetch": schemas.ShardFetch,
+    "ShardReply": schemas.ShardReply,
+    "ShardStatusRequest": schemas.ShardStatusRequest,
+    "ShardStatus": schemas.ShardStatus,
+}
+
+
+def json_schema(target: Any) -> dict[str, Any]:
+    if isinstance(target, type) and issubclass(target, BaseModel):
+        return target.model_json_schema()
+    return dict(target.json_schema())
+
+
+def export_schemas(directory: Path) -> list[Path]:
+    """Write one `<Name>.schema.json` per message into `directory`; returns the paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, target in EXPORTED.items():
+        path = directory / f"{name}.schema.json"
+        schema = json_schema(target)
+        schema.setdefault("$schema", "https://json-schema.org/draft/2020-12/schema")
+        schema.setdefault("title", name)
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written

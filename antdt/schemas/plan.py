@@ -1,0 +1,92 @@
+"""Job specs and plans: who processes how many samples per step."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from antdt.schemas.base import Count, Timestamp, Token, WireModel
+
+PolicyParam = float | int | str | bool
+
+
+class JobSpec(WireModel):
+    """What a job is: registered once, stored at jobs/{job}/spec."""
+
+    job: Token
+    world_size: int = Field(ge=1, le=100_000, description="Ranks in the job")
+    dataset_size: int = Field(ge=1, description="Samples per epoch")
+    shard_size: int = Field(ge=1, description="Samples per shard")
+    global_batch: int = Field(ge=1, description="Samples per step over all ranks")
+    epochs: int = Field(default=1, ge=1, description="Epochs to run")
+    seed: int = Field(default=0, ge=0, description="Seed of the per-epoch shard shuffle")
+    policy: str = Field(default="none", max_length=64, description="Controller policy name")
+    policy_params: dict[str, PolicyParam] = Field(default_factory=dict)
+    min_local_batch: int = Field(default=1, ge=0, description="Smallest local batch a plan gives")
+    max_local_batch: int | None = Field(
+        default=None, ge=1, description="Largest local batch a plan gives (None: global batch)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.min_local_batch * self.world_size > self.global_batch:
+            raise ValueError("min_local_batch * world_size exceeds global_batch")
+        if self.max_local_batch is not None and self.max_local_batch < self.min_local_batch:
+            raise ValueError("max_local_batch < min_local_batch")
+        return self
+
+    def equal_shares(self) -> tuple[int, ...]:
+        """The global batch split as evenly as integers allow."""
+        base, extra = divmod(self.global_batch, self.world_size)
+        return tuple(base + (1 if r < extra else 0) for r in range(self.world_size))
+
+
+class Plan(WireModel):
+    """Per-rank batch sizes from an effective step on; versioned, CAS-written by the controller."""
+
+    job: Token
+    version: Count = Field(description="Monotonic; agents ignore older versions")
+    local_batch: tuple[Count, ...] = Field(min_length=1, description="Samples per rank per step")
+    micro_batch: tuple[Count, ...] | None = Field(
+        default=None, description="Per-rank micro-batch (None: equal to local_batch)"
+    )
+    accumulation: tuple[int, ...] | None = Field(
+        default=None, description="Per-rank gradient-accumulation steps (None: 1)"
+    )
+    effective_step: Count = Field(description="First step that runs under this plan")
+    reason: str = Field(default="", max_length=512)
+    policy: str = Field(default="none", max_length=64)
+    created_at: Timestamp
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        if sum(self.local_batch) <= 0:
+            raise ValueError("a plan must give at least one sample per step")
+        n = len(self.local_batch)
+        for name in ("micro_batch", "accumulation"):
+            value = getattr(self, name)
+            if value is not None and len(value) != n:
+                raise ValueError(f"{name} has {len(value)} entries for {n} ranks")
+        return self
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.local_batch)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.local_batch)
+
+
+class PlanRequest(WireModel):
+    """Agent asks the controller for the job's current plan."""
+
+    job: Token
+    rank: int = Field(ge=0)
+
+
+class RegisterReply(WireModel):
+    """The controller's answer to a job registration."""
+
+    spec: JobSpec
+    plan: Plan
+    created: bool = Field(description="True when this request created the job")

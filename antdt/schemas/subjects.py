@@ -1,0 +1,106 @@
+"""Builders for NATS subjects and etcd keys (DESIGN.md sections 4 and 5). No I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_SUBJECT_PREFIX = "antdt.v1"
+DEFAULT_KEY_PREFIX = "/antdt/v1/"
+
+INCIDENT_STREAM = "ANTDT_INCIDENTS"
+ACTION_STREAM = "ANTDT_ACTIONS"
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """All subjects of one deployment, under a configurable prefix."""
+
+    prefix: str = DEFAULT_SUBJECT_PREFIX
+
+    def step(self, job: str, rank: int | str) -> str:
+        return f"{self.prefix}.{job}.step.{rank}"
+
+    def hello(self, job: str, rank: int | str) -> str:
+        return f"{self.prefix}.{job}.hello.{rank}"
+
+    def health(self, job: str) -> str:
+        return f"{self.prefix}.{job}.health"
+
+    def incident(self, job: str) -> str:
+        return f"{self.prefix}.{job}.incident"
+
+    def proposal(self, job: str) -> str:
+        return f"{self.prefix}.{job}.proposal"
+
+    def command(self, job: str, rank: int | str) -> str:
+        return f"{self.prefix}.{job}.cmd.{rank}"
+
+    def command_all(self, job: str) -> str:
+        return f"{self.prefix}.{job}.cmd"
+
+    def action(self, job: str) -> str:
+        return f"{self.prefix}.{job}.action"
+
+    def shards(self, job: str, verb: str) -> str:
+        """verb: fetch (done-and-fetch in one request), status."""
+        return f"{self.prefix}.{job}.shards.{verb}"
+
+    def plan_get(self, job: str) -> str:
+        return f"{self.prefix}.{job}.plan.get"
+
+    def register(self, job: str) -> str:
+        """An agent (or `antdt job create`) registers the job spec with the controller."""
+        return f"{self.prefix}.{job}.register"
+
+    def any_job(self, tail: str) -> str:
+        """Wildcard over all jobs, e.g. any_job('step.*')."""
+        return f"{self.prefix}.*.{tail}"
+
+    def job_of(self, subject: str) -> str:
+        """The job token of a subject built here."""
+        rest = subject[len(self.prefix) + 1 :]
+        return rest.split(".", 1)[0]
+
+    def rank_of(self, subject: str) -> str:
+        """The last token (the rank) of a per-rank subject."""
+        return subject.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """All etcd keys of one deployment, under a configurable prefix."""
+
+    prefix: str = DEFAULT_KEY_PREFIX
+
+    def owner(self, service: str, job: str) -> str:
+        return f"{self.prefix}owners/{service}/{job}"
+
+    def owners(self, service: str) -> str:
+        return f"{self.prefix}owners/{service}/"
+
+    def jobs(self) -> str:
+        return f"{self.prefix}jobs/"
+
+    def spec(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/spec"
+
+    def plan(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/plan"
+
+    def ledger(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/ledger/state"
+
+    def ledger_checkpoint(self, job: str, step: int) -> str:
+        return f"{self.prefix}jobs/{job}/ledger/ckpt/{step:012d}"
+
+    def restarts(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/restarts"
+
+    def blocklist(self, host: str) -> str:
+        return f"{self.prefix}blocklist/{host}"
+
+    def job_of_spec_key(self, key: str) -> str | None:
+        """The job id of a `jobs/{job}/spec` key, None for other keys."""
+        if not key.startswith(self.jobs()) or not key.endswith("/spec"):
+            return None
+        return key[len(self.jobs()) : -len("/spec")] or None

@@ -1,0 +1,53 @@
+"""Session fixtures: one real nats-server (JetStream) and one real etcd on free loopback
+ports for the whole session; every test gets its own subject and key prefix."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    root: Path = tmp_path_factory.mktemp("cluster")
+    with EmbeddedCluster(root=root, keep=True) as running:
+        yield running
+
+
+@pytest.fixture
+def unique() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def settings(cluster: EmbeddedCluster, unique: str) -> ServiceSettings:
+    """Service settings pointing at the session's servers, with per-test prefixes."""
+    return ServiceSettings(
+        nats=NatsSettings(url=cluster.nats.url, subject_prefix=f"antdt.{unique}"),
+        etcd=EtcdSettings(
+            endpoint=cluster.etcd.endpoint, key_prefix=f"/antdt-test/{unique}/", lease_ttl_s=2
+        ),
+        replica_id=f"replica-{unique}",
+    )
+
+
+@pytest.fixture
+async def bus(settings: ServiceSettings) -> AsyncIterator[Bus]:
+    connected = await Bus(settings.nats, name="test").connect()
+    yield connected
+    await connected.close()
+
+
+@pytest.fixture
+async def store(settings: ServiceSettings) -> AsyncIterator[Store]:
+    connected = await Store(settings.etcd).connect()
+    yield connected
+    await connected.close()

@@ -1,0 +1,178 @@
+"""The NATS seam against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from antdt.runtime.bus import Bus, BusError, Delivery, Rejected, RequestRefused
+from antdt.schemas import (
+    COMMAND_ADAPTER,
+    Ack,
+    AdjustBatch,
+    ErrorReply,
+    Plan,
+    PlanRequest,
+    StepEvent,
+    Subjects,
+)
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def step_event(job: str = "job1", rank: int = 0, step: int = 1) -> StepEvent:
+    return StepEvent(
+        job=job, rank=rank, host="h0", step=step, epoch=0, plan_version=0, local_batch=8,
+        samples=8, compute_s=0.1, data_wait_s=0.01, comm_s=0.02, step_s=0.14,
+        started_at=100.0, ended_at=100.14,
+    )  # fmt: skip
+
+
+async def test_typed_publish_subscribe_and_rejections(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    got: list[StepEvent] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        got.append(event)
+
+    await bus.subscribe(subjects.any_job("step.*"), StepEvent, on_step)
+    await bus.publish(subjects.step("job1", 0), step_event())
+    await bus.publish_raw(subjects.step("job1", 0), b"{not json")
+    await bus.publish_raw(subjects.step("job1", 0), b'{"job": "job1", "unknown": 1}')
+    bad = step_event().model_dump()
+    bad["compute_s"] = -1.0
+    await bus.publish_raw(subjects.step("job1", 0), json.dumps(bad).encode())
+    await bus.publish_raw(subjects.step("job1", 0), b'{"compute_s": NaN}')
+    await bus.publish_raw(subjects.step("job1", 0), b"x" * 300_000)
+    await bus.publish(subjects.step("job1", 1), step_event(rank=1, step=2))
+    await wait_for(lambda: len(got) == 2 and bus.rejections.total() == 5, what="2 ok, 5 rejected")
+    assert [e.rank for e in got] == [0, 1]
+    codes = {code for (_, code) in bus.rejections.counts}
+    assert codes == {"bad_request", "too_large"}
+
+
+async def test_request_reply_errors_and_union(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    plan = Plan(job="j", version=3, local_batch=(4, 4), effective_step=10, created_at=1.0)
+
+    async def on_cmd(cmd: object, delivery: Delivery) -> Ack:
+        assert isinstance(cmd, AdjustBatch)
+        if cmd.plan.version < 2:
+            raise Rejected("stale", "plan version 1 is older than 2")
+        return Ack(action_id=cmd.action_id, job="j", rank=0, ok=True, applied_step=10, at=2.0)
+
+    await bus.subscribe(subjects.command("j", 0), COMMAND_ADAPTER, on_cmd, queue="agents")
+    ack = await bus.request(
+        subjects.command("j", 0), AdjustBatch(action_id="a1", job="j", plan=plan), Ack
+    )
+    assert ack.ok and ack.applied_step == 10
+    old = plan.model_copy(update={"version": 1})
+    with pytest.raises(RequestRefused) as refused:
+        await bus.request(
+            subjects.command("j", 0), AdjustBatch(action_id="a2", job="j", plan=old), Ack
+        )
+    assert refused.value.reply.code == "stale"
+    raw = await bus.request_raw(subjects.command("j", 0), b'{"kind": "explode"}')
+    assert ErrorReply.model_validate_json(raw).code == "bad_request"
+    with pytest.raises(BusError, match="no responder"):
+        await bus.request(subjects.plan_get("nobody"), PlanRequest(job="j", rank=0), Plan)
+
+
+async def test_handler_crash_is_contained(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+
+    async def broken(_: PlanRequest, __: Delivery) -> Plan:
+        raise ZeroDivisionError
+
+    await bus.subscribe(subjects.plan_get("j"), PlanRequest, broken)
+    with pytest.raises(RequestRefused, match="internal"):
+        await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=0), Plan)
+    with pytest.raises(RequestRefused, match="internal"):
+        await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=0), Plan)
+    assert bus.handler_errors == 2
+
+
+async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type: ignore[no-untyped-def]
+    subjects = Subjects(bus.settings.subject_prefix)
+    other = await Bus(settings.nats, name="second").connect()
+    served = {"a": 0, "b": 0}
+
+    def responder(name: str):  # type: ignore[no-untyped-def]
+        async def handle(req: PlanRequest, _: Delivery) -> ErrorReply:
+            served[name] += 1
+            return ErrorReply(error=name, code="who")
+
+        return handle
+
+    await bus.subscribe(subjects.plan_get("q"), PlanRequest, responder("a"), queue="g")
+    await other.subscribe(subjects.plan_get("q"), PlanRequest, responder("b"), queue="g")
+    await other.flush()
+    for _ in range(40):
+        with pytest.raises(RequestRefused):
+            await bus.request(subjects.plan_get("q"), PlanRequest(job="q", rank=0), Plan)
+    assert served["a"] + served["b"] == 40 and served["a"] > 0 and served["b"] > 0
+    await other.close()
+
+
+async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    tracer = TracerProvider().get_tracer("test")
+    seen: list[Delivery] = []
+    ids: list[int] = []
+
+    async def on_step(_: StepEvent, delivery: Delivery) -> None:
+        seen.append(delivery)
+        ids.append(trace.get_current_span().get_span_context().trace_id)
+
+    await bus.subscribe(subjects.step("tr", 0), StepEvent, on_step)
+    with tracer.start_as_current_span("publish") as span:
+        await bus.publish(subjects.step("tr", 0), step_event(job="tr"))
+        trace_id = span.get_span_context().trace_id
+    await wait_for(lambda: seen, what="delivery")
+    assert seen[0].headers["traceparent"].split("-")[1] == format(trace_id, "032x")
+    assert ids == [trace_id]
+
+
+async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    stream = "T" + bus.settings.subject_prefix.replace(".", "_").upper()
+    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
+    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)  # idempotent
+    first = await bus.js_publish(subjects.incident("j"), step_event(), msg_id="m1")
+    again = await bus.js_publish(subjects.incident("j"), step_event(), msg_id="m1")
+    assert first == again
+    await bus.js_publish(subjects.incident("j"), step_event(step=2), msg_id="m2")
+    replayed = await bus.js_replay(stream, subjects.incident("j"), StepEvent)
+    assert [e.step for e in replayed] == [1, 2]
+
+
+async def test_reconnects_after_server_restart(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
+    from antdt.runtime.config import NatsSettings
+    from antdt.runtime.servers import EmbeddedNats
+
+    server = EmbeddedNats(tmp_path / "n").start()
+    bus = await Bus(NatsSettings(url=server.url, reconnect_wait_s=0.05), name="r").connect()
+    got: list[StepEvent] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        got.append(event)
+
+    await bus.subscribe("x.step", StepEvent, on_step)
+    server.kill()
+    server.start()
+    await wait_for(lambda: bus.connected, timeout=15, what="reconnect")
+    await asyncio.sleep(0)  # let the client re-send its subscriptions
+    await wait_for(lambda: _publish_and_check(bus, got), timeout=10, what="delivery after restart")
+    await bus.close()
+    server.stop()
+
+
+async def _publish_and_check(bus: Bus, got: list[StepEvent]) -> bool:
+    await bus.publish("x.step", step_event())
+    await asyncio.sleep(0.05)
+    return bool(got)
