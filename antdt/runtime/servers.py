@@ -71,16 +71,20 @@ def _http_ok(url: str, needle: str = "") -> bool:
 
 
 @dataclass
-class _Process:
+class ManagedProcess:
+    """A child process in its own process group that dies with its parent."""
+
     name: str
     argv: list[str]
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None
 
-    def spawn(self) -> None:
+    def spawn(self) -> ManagedProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 (kept open for the child's lifetime)
         self.proc = subprocess.Popen(
             self.argv,
+            env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -88,6 +92,7 @@ class _Process:
             preexec_fn=_die_with_parent,
         )
         log.close()
+        return self
 
     @property
     def pid(self) -> int | None:
@@ -118,7 +123,7 @@ class _Process:
             return ""
 
 
-def _wait_ready(proc: _Process, check: object, timeout: float) -> None:
+def _wait_ready(proc: ManagedProcess, check: object, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
@@ -138,7 +143,7 @@ class EmbeddedNats:
     port: int = 0
     monitor_port: int = 0
     host: str = "127.0.0.1"
-    _process: _Process | None = field(default=None, repr=False)
+    _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -156,7 +161,7 @@ class EmbeddedNats:
             find_nats_server(), "-a", self.host, "-p", str(self.port),
             "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
         ]  # fmt: skip
-        self._process = _Process("nats-server", argv, self.data_dir / "nats-server.log")
+        self._process = ManagedProcess("nats-server", argv, self.data_dir / "nats-server.log")
         self._process.spawn()
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         _wait_ready(self._process, lambda: _http_ok(health, "ok"), timeout)
@@ -182,7 +187,7 @@ class EmbeddedEtcd:
     port: int = 0
     peer_port: int = 0
     host: str = "127.0.0.1"
-    _process: _Process | None = field(default=None, repr=False)
+    _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -206,7 +211,7 @@ class EmbeddedEtcd:
             "--quota-backend-bytes", str(2 * 1024**3), "--auto-compaction-retention", "1000",
             "--auto-compaction-mode", "revision",
         ]  # fmt: skip
-        self._process = _Process("etcd", argv, self.data_dir / "etcd.log")
+        self._process = ManagedProcess("etcd", argv, self.data_dir / "etcd.log")
         self._process.spawn()
         _wait_ready(self._process, lambda: _http_ok(f"{client}/health", '"true"'), timeout)
         return self

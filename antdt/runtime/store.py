@@ -235,12 +235,17 @@ class Store:
         fences: Sequence[Compare] = (),
         also: Sequence[Op] = (),
         lease: Lease | None = None,
-    ) -> bool:
+    ) -> int | None:
         """Put `value` only if `key` is still at `expected_mod_revision` (0: absent) and
-        every fence holds (e.g. the caller still owns the job)."""
+        every fence holds (e.g. the caller still owns the job). Returns the key's new mod
+        revision, or None when a condition failed (nothing was written)."""
         compares = [Compare.mod_is(key, expected_mod_revision), *fences]
-        result = await self.txn(compares, [Put(key, value, lease.id if lease else None), *also])
-        return result.succeeded
+        put = Put(key, value, lease.id if lease else None)
+        result = await self.txn(compares, [put, *also, Get(key)])
+        if not result.succeeded:
+            return None
+        written = result.gets[-1]
+        return written.mod_revision if written is not None else None
 
     @staticmethod
     def _compare(tx: Any, c: Compare) -> Any:

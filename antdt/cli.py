@@ -1,0 +1,148 @@
+"""The `antdt` command."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
+app.add_typer(schemas_app, name="schemas")
+console = Console(stderr=True)
+
+NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")]
+EtcdOpt = Annotated[
+    str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
+]
+
+
+def _service_settings(name: str, nats_url: str | None, etcd_endpoint: str | None) -> Any:
+    from antdt.services.runner import settings_class
+
+    settings = settings_class(name)()
+    if nats_url:
+        settings.nats.url = nats_url
+    if etcd_endpoint:
+        settings.etcd.endpoint = etcd_endpoint
+    return settings
+
+
+def _configure_logs(settings: Any) -> None:
+    from antdt.runtime.logs import configure_logging
+
+    configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)
+
+
+def _run_services(names: list[str], nats_url: str | None, etcd_endpoint: str | None) -> None:
+    from antdt.services.runner import run_services
+
+    _configure_logs(_service_settings(names[0], nats_url, etcd_endpoint))
+    asyncio.run(run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint)))
+
+
+@app.command()
+def monitor(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+    """Run one Monitor replica against the given NATS and etcd."""
+    _run_services(["monitor"], nats_url, etcd_endpoint)
+
+
+@app.command()
+def controller(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+    """Run one Controller replica against the given NATS and etcd."""
+    _run_services(["controller"], nats_url, etcd_endpoint)
+
+
+@app.command()
+def shards(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+    """Run one Shards replica against the given NATS and etcd."""
+    _run_services(["shards"], nats_url, etcd_endpoint)
+
+
+@app.command()
+def services(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+    """Run all three services in one process against the given NATS and etcd."""
+    _run_services(["monitor", "controller", "shards"], nats_url, etcd_endpoint)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Keep server data here (default: a temp dir)")
+    ] = None,
+) -> None:
+    """Start embedded nats-server (JetStream) and etcd plus the three services, in the
+    foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
+    from antdt.runtime.servers import EmbeddedCluster
+    from antdt.services.runner import run_services
+
+    cluster = EmbeddedCluster(root=data_dir, keep=data_dir is not None).start()
+    try:
+        nats_url, etcd_endpoint = cluster.nats.url, cluster.etcd.endpoint
+        _configure_logs(_service_settings("monitor", nats_url, etcd_endpoint))
+
+        async def announce(_: list[Any]) -> None:
+            console.print(
+                f"[bold green]AntDT up[/]  nats={nats_url}  etcd={etcd_endpoint}\n"
+                f"  export ANTDT_NATS__URL={nats_url} ANTDT_ETCD__ENDPOINT={etcd_endpoint}\n"
+                "  Ctrl-C to stop."
+            )
+            print(f"ANTDT_NATS__URL={nats_url}", flush=True)
+            print(f"ANTDT_ETCD__ENDPOINT={etcd_endpoint}", flush=True)
+
+        asyncio.run(
+            run_services(
+                ["monitor", "controller", "shards"],
+                lambda n: _service_settings(n, nats_url, etcd_endpoint),
+                ready=announce,
+            )
+        )
+    finally:
+        cluster.stop()
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to start")] = 2,
+) -> None:
+    """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`."""
+    from antdt.agent.launch import launch as run_ranks
+
+    command = [a for a in ctx.args if a != "--"]
+    if not command:
+        raise typer.BadParameter("give the command after --, e.g. -- python train.py")
+    raise typer.Exit(run_ranks(nproc, command, env=dict(os.environ)))
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="Where results go")] = Path("runs/demo"),
+    steps: Annotated[int, typer.Option(help="Training steps per run")] = 150,
+) -> None:
+    """Train a real model twice (policy none, then lb-bsp) with a 3x-slow rank, and show
+    what AntDT did."""
+    from antdt.demo.run import run_demo
+
+    raise typer.Exit(run_demo(out, steps=steps))
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Path) -> None:
+    """Write the JSON Schema of every wire message into DIRECTORY."""
+    from antdt.schemas.export import export_schemas
+
+    for path in export_schemas(directory):
+        console.print(f"wrote {path}")
+
+
+def main() -> None:
+    app(prog_name="antdt")
+
+
+if __name__ == "__main__":
+    main()

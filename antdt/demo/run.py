@@ -1,0 +1,149 @@
+"""Orchestrates `make demo`: embedded nats-server + etcd, the three services in their own
+process, then the same 4-rank job twice (policy `none`, then `lb-bsp`) with rank 3 made
+3x slower from step 30; live progress while it trains; a table and a JSON at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from antdt.demo.stats import RunStats, summarize, write_table
+from antdt.demo.watch import JobWatcher
+from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
+
+WORLD = 4
+GLOBAL_BATCH = 1024
+SHARD_SIZE = 256
+DATASET = 24_000
+ONSET = 30
+FACTOR = 3.0
+POLICIES = ("none", "lb-bsp")
+
+console = Console()
+
+
+def _wait_services(log_path: Path, proc: ManagedProcess, timeout: float = 60) -> None:
+    needles = ("monitor started", "controller started", "shards service started")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace") if log_path.exists() else ""
+        if all(n in text for n in needles):
+            return
+        if not proc.alive():
+            raise RuntimeError(f"services exited during start:\n{proc.log_tail()}")
+        time.sleep(0.1)
+    raise RuntimeError(f"services not ready after {timeout}s:\n{proc.log_tail()}")
+
+
+def _job_env(
+    cluster: EmbeddedCluster, job: str, policy: str, epochs: int, out: Path
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ANTDT_NATS__URL=cluster.nats.url,
+        ANTDT_JOB=job,
+        ANTDT_POLICY=policy,
+        ANTDT_DATASET_SIZE=str(DATASET),
+        ANTDT_SHARD_SIZE=str(SHARD_SIZE),
+        ANTDT_GLOBAL_BATCH=str(GLOBAL_BATCH),
+        ANTDT_EPOCHS=str(epochs),
+        ANTDT_SEED="7",
+        ANTDT_INJECT=f"rank=3,factor={FACTOR:g},from={ONSET}",
+        ANTDT_DEMO_OUT=str(out),
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+        ANTDT_TELEMETRY__LOG_LEVEL="warning",
+    )
+    return env
+
+
+def _run_job(
+    cluster: EmbeddedCluster, policy: str, epochs: int, total_steps: int, out: Path
+) -> RunStats:
+    from antdt.agent.launch import launch
+
+    job = f"demo-{policy.replace('-', '')}-{int(time.time())}"
+    out.mkdir(parents=True, exist_ok=True)
+    progress_file = out / "progress.jsonl"
+    progress_file.unlink(missing_ok=True)
+    watcher = JobWatcher(cluster.nats.url, job).start()
+    rc: list[int] = []
+    command = [sys.executable, "-m", "antdt.demo.train"]
+    env = _job_env(cluster, job, policy, epochs, out)
+    runner = threading.Thread(target=lambda: rc.append(launch(WORLD, command, env=env)))
+    started = time.time()
+    runner.start()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(f"policy {policy:7}", total=total_steps, info="")
+        while runner.is_alive():
+            runner.join(0.25)
+            steps = _count_lines(progress_file)
+            bar.update(task, completed=min(steps, total_steps), info=watcher.summary_line())
+        bar.update(task, completed=total_steps, info=watcher.summary_line())
+    watcher.stop()
+    if not rc or rc[0] != 0:
+        raise RuntimeError(f"training with policy {policy} failed (exit {rc}); see {out}")
+    return summarize(
+        policy=policy,
+        job=job,
+        progress=[json.loads(line) for line in progress_file.read_text().splitlines()],
+        result=json.loads((out / "result.json").read_text()),
+        health=watcher.health,
+        actions=watcher.actions,
+        onset=ONSET,
+        wall_s=time.time() - started,
+    )
+
+
+def _count_lines(path: Path) -> int:
+    try:
+        with path.open("rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def run_demo(out: Path, *, steps: int = 150) -> int:
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    steps_per_epoch = math.ceil(DATASET / GLOBAL_BATCH)
+    epochs = max(1, math.ceil(steps / steps_per_epoch))
+    total_steps = epochs * steps_per_epoch
+    console.rule("[bold]AntDT demo")
+    console.print(
+        f"{WORLD} ranks (gloo on CPU), MLP 64-1024-1024-10 on augmented sklearn digits "
+        f"({DATASET} samples), global batch {GLOBAL_BATCH}, {epochs} epochs (~{total_steps} "
+        f"steps); rank 3 becomes {FACTOR:g}x slower from step {ONSET}."
+    )
+    with EmbeddedCluster(root=out / "cluster") as cluster:
+        env = dict(os.environ, ANTDT_WINDOW="5", ANTDT_TELEMETRY__LOG_FORMAT="json")
+        argv = [sys.executable, "-m", "antdt.cli", "services", "--nats-url", cluster.nats.url,
+                "--etcd-endpoint", cluster.etcd.endpoint]  # fmt: skip
+        log_path = out / "services.log"
+        log_path.unlink(missing_ok=True)
+        services = ManagedProcess("antdt services", argv, log_path, env=env).spawn()
+        try:
+            _wait_services(log_path, services)
+            console.print(f"nats {cluster.nats.url}, etcd {cluster.etcd.endpoint}, services up")
+            runs = [_run_job(cluster, p, epochs, total_steps, out / p) for p in POLICIES]
+        finally:
+            services.stop()
+    write_table(console, runs)
+    results = out / "results.json"
+    results.write_text(json.dumps([r.as_dict() for r in runs], indent=2))
+    console.print(f"figures written to [bold]{results}[/]; service log {log_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> Any:
+    return run_demo(Path((argv or sys.argv[1:] or ["runs/demo"])[0]))

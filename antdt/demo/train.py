@@ -1,0 +1,80 @@
+"""The demo's training script: a real data-parallel job (gloo on CPU) that imports only
+`antdt.agent`. Run by `antdt launch --nproc 4 -- python -m antdt.demo.train`.
+
+Settings come from the environment like any AntDT job (ANTDT_JOB, ANTDT_POLICY, ...);
+ANTDT_DEMO_OUT names the folder where rank 0 writes per-step progress and the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import antdt.agent as antdt_agent
+from antdt.demo.data import augmented_train_set, test_set
+
+WIDTH = int(os.environ.get("ANTDT_DEMO_WIDTH", "1024"))
+
+
+def build_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)  # same initial weights on every rank
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, 10),
+    )
+
+
+def accuracy(model: torch.nn.Module) -> float:
+    x, y = test_set()
+    with torch.no_grad():
+        return float((model(x).argmax(dim=1) == y).float().mean())
+
+
+def main() -> None:
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    antdt_agent.init_process_group()
+    agent = antdt_agent.init()
+    settings = agent.settings
+    x_train, y_train = augmented_train_set(settings.dataset_size, settings.seed)
+    model = build_model(settings.seed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
+    progress = open(out / "progress.jsonl", "w") if settings.rank == 0 else None  # noqa: SIM115
+    for epoch in agent.epochs():
+        for step in agent.steps():
+            ids = step.sample_ids
+            if ids:
+                index = torch.tensor(ids)
+                loss = F.cross_entropy(model(x_train[index]), y_train[index])
+                loss.backward()
+            step.sync(model)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+            if progress is not None:
+                record = {
+                    "step": step.index,
+                    "epoch": epoch,
+                    "t": time.time(),
+                    "samples": step.total_samples,
+                    "local_batch": step.local_batch,
+                    "plan_version": step.plan_version,
+                }
+                progress.write(json.dumps(record) + "\n")
+                progress.flush()
+    agent.close()
+    if progress is not None:
+        progress.close()
+        result = {"accuracy": accuracy(model), "dropped_events": agent.dropped_events}
+        (out / "result.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Controller: policies (pure cores), plan arithmetic, executor and service shell."""

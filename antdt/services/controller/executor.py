@@ -1,0 +1,212 @@
+"""The controller's executor: the only place a decision turns into side effects.
+
+For an AdjustBatch action it (1) writes the next Plan with compare-and-swap on the plan's
+revision, fenced by our ownership of the job, (2) sends AdjustBatch to every rank and
+collects acks (retries, deadline; an ack from the wrong rank or action is not an ack),
+(3) records an ActionRecord on JetStream ANTDT_ACTIONS. It never acts for a job it does
+not own: the fence makes a stale owner's write fail."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from antdt.runtime.bus import Bus, BusError
+from antdt.runtime.ownership import Ownership
+from antdt.runtime.store import Store
+from antdt.schemas import (
+    Ack,
+    ActionRecord,
+    ActionResult,
+    AdjustBatch,
+    Incident,
+    JobHealth,
+    JobSpec,
+    Keys,
+    Plan,
+    Subjects,
+)
+from antdt.services.controller.policies.base import AdjustBatchAction
+
+log = structlog.get_logger("antdt.controller.executor")
+
+
+@dataclass
+class JobState:
+    """What the owning replica knows of a job (rebuilt from etcd on takeover)."""
+
+    spec: JobSpec
+    plan: Plan
+    plan_revision: int
+    health: JobHealth | None = None
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    memory_caps: dict[int, int] = field(default_factory=dict)
+    last_action_at: float | None = None
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def estimate_current_step(health: JobHealth | None, now: float) -> int:
+    """Health is up to a period old: extrapolate the step from the measured step time."""
+    if health is None:
+        return 0
+    if health.step_s <= 0:
+        return health.step
+    return health.step + math.ceil(max(0.0, now - health.at) / health.step_s)
+
+
+def plan_violations(spec: JobSpec, caps: dict[int, int], local_batch: tuple[int, ...]) -> str:
+    """Guardrails every plan must meet, whichever policy proposed it ('' when fine)."""
+    if len(local_batch) != spec.world_size:
+        return f"plan has {len(local_batch)} ranks, job has {spec.world_size}"
+    if sum(local_batch) != spec.global_batch:
+        return f"plan sums to {sum(local_batch)}, global batch is {spec.global_batch}"
+    upper = spec.max_local_batch or spec.global_batch
+    for rank, b in enumerate(local_batch):
+        cap = min(upper, caps.get(rank, upper))
+        if not spec.min_local_batch <= b <= cap:
+            return f"rank {rank}: batch {b} outside [{spec.min_local_batch}, {cap}]"
+    return ""
+
+
+class Executor:
+    def __init__(
+        self,
+        bus: Bus,
+        store: Store,
+        ownership: Ownership,
+        *,
+        subjects: Subjects,
+        keys: Keys,
+        lead_steps: int,
+        ack_timeout_s: float,
+        ack_deadline_s: float,
+    ) -> None:
+        self.bus = bus
+        self.store = store
+        self.ownership = ownership
+        self.subjects = subjects
+        self.keys = keys
+        self.lead_steps = lead_steps
+        self.ack_timeout_s = ack_timeout_s
+        self.ack_deadline_s = ack_deadline_s
+        self.records: list[ActionRecord] = []
+
+    async def adjust_batch(self, state: JobState, action: AdjustBatchAction) -> ActionRecord:
+        decided_at = time.time()
+        spec = state.spec
+        violation = plan_violations(spec, state.memory_caps, action.local_batch)
+        if violation:
+            return await self._record(
+                state, action, decided_at, ActionResult.REFUSED, error=violation
+            )
+        plan = Plan(
+            job=spec.job,
+            version=state.plan.version + 1,
+            local_batch=action.local_batch,
+            effective_step=estimate_current_step(state.health, decided_at) + self.lead_steps,
+            reason=action.reason[:512],
+            policy=spec.policy,
+            created_at=decided_at,
+        )
+        revision = await self.store.cas(
+            self.keys.plan(spec.job),
+            plan.model_dump_json().encode(),
+            state.plan_revision,
+            fences=[self.ownership.fence(spec.job)],
+        )
+        if revision is None:
+            error = "plan changed underneath or job no longer owned"
+            return await self._record(state, action, decided_at, ActionResult.FAILED, error=error)
+        state.plan, state.plan_revision, state.last_action_at = plan, revision, decided_at
+        command = AdjustBatch(
+            action_id=action.action_id, job=spec.job, plan=plan, incident_id=action.incident_id
+        )
+        acked = await self.send_to_all(spec.world_size, command)
+        result = (
+            ActionResult.APPLIED
+            if len(acked) == spec.world_size
+            else ActionResult.PARTIAL
+            if acked
+            else ActionResult.FAILED
+        )
+        return await self._record(state, action, decided_at, result, plan=plan, acked=acked)
+
+    async def send_to_all(self, world_size: int, command: AdjustBatch) -> list[int]:
+        """Send to every rank until each acks or the deadline passes; returns acked ranks."""
+        deadline = time.monotonic() + self.ack_deadline_s
+        pending = set(range(world_size))
+        acked: set[int] = set()
+        while pending and time.monotonic() < deadline:
+            results = await asyncio.gather(*(self._send_one(r, command) for r in sorted(pending)))
+            for rank, ok in zip(sorted(pending), results, strict=True):
+                if ok:
+                    acked.add(rank)
+            pending -= acked
+            if pending:
+                await asyncio.sleep(0.05)
+        return sorted(acked)
+
+    async def _send_one(self, rank: int, command: AdjustBatch) -> bool:
+        subject = self.subjects.command(command.job, rank)
+        try:
+            ack = await self.bus.request(subject, command, Ack, timeout=self.ack_timeout_s)
+        except BusError as exc:
+            log.info("no ack", job=command.job, rank=rank, error=str(exc))
+            return False
+        if ack.rank != rank or ack.action_id != command.action_id or ack.job != command.job:
+            log.warning("ack refused: wrong rank or action", job=command.job, rank=rank)
+            return False
+        return ack.ok
+
+    async def _record(
+        self,
+        state: JobState,
+        action: AdjustBatchAction,
+        decided_at: float,
+        result: ActionResult,
+        *,
+        plan: Plan | None = None,
+        acked: list[int] | None = None,
+        error: str | None = None,
+    ) -> ActionRecord:
+        acked = acked or []
+        record = ActionRecord(
+            action_id=action.action_id,
+            job=state.spec.job,
+            kind="adjust_batch",
+            policy=state.spec.policy,
+            reason=action.reason[:1024],
+            incident_id=action.incident_id,
+            plan_version=plan.version if plan else None,
+            local_batch=plan.local_batch if plan else action.local_batch,
+            effective_step=plan.effective_step if plan else None,
+            decided_at=decided_at,
+            completed_at=time.time(),
+            result=result,
+            acked_ranks=tuple(acked),
+            missing_ranks=tuple(r for r in range(state.spec.world_size) if r not in acked)
+            if plan
+            else (),
+            error=error,
+        )
+        self.records.append(record)
+        try:
+            subject = self.subjects.action(state.spec.job)
+            await self.bus.js_publish(subject, record, msg_id=record.action_id)
+        except Exception as exc:
+            log.warning("action record not persisted", action=record.action_id, error=str(exc))
+        log.info(
+            "action",
+            job=record.job,
+            action=record.action_id,
+            result=record.result.value,
+            local_batch=record.local_batch,
+            effective_step=record.effective_step,
+            reason=record.reason,
+            error=error,
+        )
+        return record

@@ -1,0 +1,90 @@
+"""Guardrails every policy applies before proposing a plan (DESIGN.md section 8). Pure.
+
+- cooldown: no action within `cooldown_s` of the last one;
+- settling: decide on figures measured under the current plan only, i.e. once health
+  reports the plan's version and at least `settle_steps` steps past its effective step;
+- hysteresis: act only when the predicted step time improves by at least `min_gain`;
+- bounds: per-rank [min_local_batch, min(max_local_batch, memory cap)];
+- bounded change: a rank's batch moves by at most `max_change` of max(its batch, mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.plans import upper_bounds
+from antdt.services.controller.policies.base import JobView
+
+T = TypeVar("T", int, float, str, bool)
+
+
+def read_param(params: Mapping[str, PolicyParam], name: str, default: T) -> T:
+    """`params[name]` checked against the default's type; the default when absent."""
+    if name not in params:
+        return default
+    value = params[name]
+    expected = type(default)
+    # bool is an int to Python, but `max_change: true` is a mistake worth reporting.
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # type: ignore[return-value]
+    if type(value) is not expected:
+        raise ValueError(
+            f"policy param {name}={value!r}: expected {expected.__name__} (default {default!r})"
+        )
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    cooldown_s: float = 10.0
+    settle_steps: int = 8  # one detector window: every rank has a post-switch window
+    min_gain: float = 0.10
+    max_change: float = 0.75  # a 3x (even 5x) straggler of 4 is fixed in one move
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, PolicyParam]) -> Guardrails:
+        rails = cls(
+            cooldown_s=read_param(params, "cooldown_s", cls.cooldown_s),
+            settle_steps=read_param(params, "settle_steps", cls.settle_steps),
+            min_gain=read_param(params, "min_gain", cls.min_gain),
+            max_change=read_param(params, "max_change", cls.max_change),
+        )
+        if rails.cooldown_s < 0 or rails.settle_steps < 0:
+            raise ValueError("cooldown_s and settle_steps must be >= 0")
+        if not 0 <= rails.min_gain < 1:
+            raise ValueError("min_gain must be in [0, 1)")
+        if not rails.max_change > 0:
+            raise ValueError("max_change must be > 0")
+        return rails
+
+    def hold_reason(self, view: JobView) -> str | None:
+        """Why no policy may act on this view now (None: it may)."""
+        if view.health is None:
+            return "no health yet"
+        if len(view.plan.local_batch) != view.spec.world_size:
+            return "plan does not match the job's world size"
+        if view.last_action_at is not None and view.now - view.last_action_at < self.cooldown_s:
+            return "cooling down"
+        if view.health.plan_version < view.plan.version:
+            return "current plan not measured yet"
+        if view.health.step < view.plan.effective_step + self.settle_steps:
+            return "settling after the plan switch"
+        return None
+
+    def worth_it(self, current_s: float, proposed_s: float) -> bool:
+        """Hysteresis: the predicted step time must drop by at least `min_gain`."""
+        return proposed_s <= current_s * (1.0 - self.min_gain)
+
+
+def batch_bounds(view: JobView) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per-rank (lower, upper) batch bounds from the job spec and the memory caps."""
+    spec = view.spec
+    upper = upper_bounds(spec.world_size, spec.global_batch, spec.max_local_batch, view.memory_caps)
+    return (spec.min_local_batch,) * spec.world_size, upper
+
+
+def within_bounds(local_batch: Sequence[int], lower: Sequence[int], upper: Sequence[int]) -> bool:
+    return all(lo <= b <= hi for b, lo, hi in zip(local_batch, lower, upper, strict=True))

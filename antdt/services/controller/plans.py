@@ -1,0 +1,167 @@
+"""Plan arithmetic: integer batch shares that keep the global batch exactly. Pure.
+
+Every function here keeps the invariant the training side relies on: per-rank local
+batches sum to the global batch, each within its rank's bounds (min batch, max batch,
+memory cap), whenever such a plan exists at all; otherwise it says so with ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from antdt.schemas import Plan
+
+if TYPE_CHECKING:
+    from antdt.services.controller.policies.base import JobView
+
+
+def upper_bounds(
+    n: int, global_batch: int, max_b: int | None, caps: Mapping[int, int] | None
+) -> tuple[int, ...]:
+    """Per-rank largest batch: min(max_b, memory cap), never above the global batch."""
+    top = global_batch if max_b is None else min(max_b, global_batch)
+    caps = caps or {}
+    return tuple(min(top, caps.get(rank, top)) for rank in range(n))
+
+
+def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]) -> None:
+    """Raise ValueError, saying why, when no plan within the bounds sums to global_batch."""
+    if not lower:
+        raise ValueError("a plan needs at least one rank")
+    for rank, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+        if hi < lo:
+            raise ValueError(f"rank {rank}: largest batch {hi} is below the smallest {lo}")
+    if sum(lower) > global_batch:
+        raise ValueError(f"minimum batches sum to {sum(lower)} > global batch {global_batch}")
+    if sum(upper) < global_batch:
+        raise ValueError(
+            f"ranks hold at most {sum(upper)} samples (max batch, memory caps) "
+            f"< global batch {global_batch}"
+        )
+
+
+def proportional_shares(
+    global_batch: int,
+    speeds: Sequence[float],
+    min_b: int = 0,
+    max_b: int | None = None,
+    caps: Mapping[int, int] | None = None,
+) -> tuple[int, ...]:
+    """Split `global_batch` in proportion to `speeds` (samples/s), within bounds.
+
+    Bounds per rank are [min_b, min(max_b, caps[rank])]. Ranks whose proportional share
+    falls outside are pinned to the bound and the rest is re-split among the others
+    (water-filling); integer shares then come from largest-remainder rounding, so the
+    sum is exactly `global_batch`. Ties go to the lower rank: the result is deterministic.
+    """
+    if any(not math.isfinite(s) or s <= 0 for s in speeds):
+        raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
+    lower = (min_b,) * len(speeds)
+    upper = upper_bounds(len(speeds), global_batch, max_b, caps)
+    check_feasible(global_batch, lower, upper)
+    real = _water_fill(global_batch, speeds, lower, upper)
+    return _round_keeping_sum(real, global_batch, lower, upper)
+
+
+def _water_fill(
+    total: int, speeds: Sequence[float], lower: Sequence[int], upper: Sequence[int]
+) -> list[float]:
+    """Real-valued proportional shares with ranks pinned at their bounds where needed."""
+    pinned: dict[int, float] = {}
+    while True:
+        free = [r for r in range(len(speeds)) if r not in pinned]
+        if not free:
+            return [pinned[r] for r in range(len(speeds))]
+        remaining = total - sum(pinned.values())
+        weight = sum(speeds[r] for r in free)
+        share = {r: remaining * speeds[r] / weight for r in free}
+        over = [r for r in free if share[r] > upper[r]]
+        under = [r for r in free if share[r] < lower[r]]
+        if not over and not under:
+            return [pinned[r] if r in pinned else share[r] for r in range(len(speeds))]
+        # Pin the side that is further out: pinning it can only push the others back
+        # towards their bounds, so the loop ends within len(speeds) rounds.
+        excess = sum(share[r] - upper[r] for r in over)
+        deficit = sum(lower[r] - share[r] for r in under)
+        if excess >= deficit:
+            pinned.update((r, float(upper[r])) for r in over)
+        else:
+            pinned.update((r, float(lower[r])) for r in under)
+
+
+def _round_keeping_sum(
+    real: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]
+) -> tuple[int, ...]:
+    """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
+    shares = [min(max(math.floor(x), lo), hi) for x, lo, hi in zip(real, lower, upper, strict=True)]
+    by_remainder = sorted(range(len(real)), key=lambda r: (shares[r] - real[r], r))
+    missing = total - sum(shares)
+    while missing:
+        # One unit per rank per pass, largest remainder first (smallest when taking).
+        order = by_remainder if missing > 0 else by_remainder[::-1]
+        step = 1 if missing > 0 else -1
+        movable = [r for r in order if lower[r] <= shares[r] + step <= upper[r]]
+        if not movable:
+            raise ValueError("no plan within the bounds sums to the global batch")
+        for r in movable[: abs(missing)]:
+            shares[r] += step
+            missing -= step
+    return tuple(shares)
+
+
+def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) -> tuple[int, ...]:
+    """Move from `old` towards `new` by at most `max_fraction` per rank, keeping the sum.
+
+    A rank may move by at most max(1, floor(max_fraction * max(old_i, mean batch))): the
+    mean term lets a rank starved to a tiny batch grow back in a few moves. All ranks
+    move by the same fraction of their way to `new`, so the sum stays the same, and every
+    value lies between old_i and new_i (hence within any bounds both respect).
+    """
+    if len(old) != len(new) or sum(old) != sum(new):
+        raise ValueError("old and new plans must have the same ranks and the same sum")
+    if not max_fraction > 0:
+        raise ValueError("max_fraction must be > 0")
+    if math.isinf(max_fraction):
+        return tuple(new)
+    mean = sum(old) / len(old)
+    limits = [max(1, math.floor(max_fraction * max(b, mean))) for b in old]
+    deltas = [b - a for a, b in zip(old, new, strict=True)]
+    scale = min(
+        [Fraction(1)] + [Fraction(lim, abs(d)) for d, lim in zip(deltas, limits, strict=True) if d]
+    )
+    if scale == 1:
+        return tuple(new)
+    moved = [d * scale for d in deltas]  # exact: sums to zero
+    steps = [int(m) for m in moved]  # truncated towards old
+    leftover = [m - s for m, s in zip(moved, steps, strict=True)]
+    missing = -sum(steps)
+    # Hand the rounding units to the ranks that were cut the most, in their direction.
+    if missing > 0:
+        order = sorted(range(len(old)), key=lambda r: (-leftover[r], r))[:missing]
+    else:
+        order = sorted(range(len(old)), key=lambda r: (leftover[r], r))[:-missing]
+    for r in order:
+        steps[r] += 1 if missing > 0 else -1
+    return tuple(a + s for a, s in zip(old, steps, strict=True))
+
+
+def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
+    """Under BSP a step lasts as long as the slowest rank: max_i b_i / speed_i."""
+    times = [b / s if s > 0 else math.inf for b, s in zip(local_batch, speeds, strict=True) if b]
+    return max(times, default=0.0)
+
+
+def next_plan(view: JobView, local_batch: Sequence[int], reason: str, effective_step: int) -> Plan:
+    """The plan following the view's current one (version + 1)."""
+    return Plan(
+        job=view.spec.job,
+        version=view.plan.version + 1,
+        local_batch=tuple(local_batch),
+        effective_step=effective_step,
+        reason=reason[:512],
+        policy=view.spec.policy,
+        created_at=view.now,
+    )

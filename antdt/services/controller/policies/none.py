@@ -1,0 +1,15 @@
+"""The `none` policy: observe only. The baseline every benchmark reports."""
+
+from __future__ import annotations
+
+from antdt.schemas import Incident, JobHealth
+from antdt.services.controller.policies.base import Action, JobView
+
+
+class NonePolicy:
+    """Never acts; the monitor still detects and reports."""
+
+    name = "none"
+
+    def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
+        return []

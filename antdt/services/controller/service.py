@@ -1,0 +1,235 @@
+"""Controller service shell: job registration, plans, and policy decisions for owned jobs.
+
+Registration and plan reads are served by any replica (queue group). Health, incidents and
+hellos reach every replica; only the job's owner (`owners/controller/{job}`) asks its
+policy and lets the executor act. Takeover: a replica that claims a job rebuilds its
+state from etcd and re-sends the current plan (agents treat a known version as a no-op)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from pydantic import Field
+
+from antdt.runtime.bus import Bus, Delivery, Rejected
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.store import Compare, Get, Put, Store
+from antdt.schemas import (
+    ACTION_STREAM,
+    AdjustBatch,
+    Incident,
+    IncidentState,
+    JobHealth,
+    JobSpec,
+    Keys,
+    Plan,
+    PlanRequest,
+    RankHello,
+    RegisterReply,
+    Subjects,
+)
+from antdt.services.controller.executor import Executor, JobState
+from antdt.services.controller.policies import load_policy
+from antdt.services.controller.policies.base import JobView, Policy
+
+log = structlog.get_logger("antdt.controller")
+SERVICE = "controller"
+QUEUE_GROUP = "antdt-controller"
+
+
+class ControllerSettings(ServiceSettings):
+    lead_steps: int = Field(default=3, ge=1, description="Steps between decision and effect")
+    ack_timeout_s: float = Field(default=0.5, gt=0, description="Wait per command attempt, s")
+    ack_deadline_s: float = Field(default=5.0, gt=0, description="Give up on acks after, s")
+    action_retention_s: float = Field(
+        default=30 * 86400, gt=0, description="ANTDT_ACTIONS max age, seconds"
+    )
+
+
+class ControllerService:
+    def __init__(self, settings: ControllerSettings, bus: Bus, store: Store) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.store = store
+        self.subjects = Subjects(settings.nats.subject_prefix)
+        self.keys = Keys(settings.etcd.key_prefix)
+        self.ownership = Ownership(
+            store,
+            self.keys,
+            service=SERVICE,
+            replica_id=settings.replica_id,
+            ttl_s=settings.etcd.lease_ttl_s,
+        )
+        self.executor = Executor(
+            bus,
+            store,
+            self.ownership,
+            subjects=self.subjects,
+            keys=self.keys,
+            lead_steps=settings.lead_steps,
+            ack_timeout_s=settings.ack_timeout_s,
+            ack_deadline_s=settings.ack_deadline_s,
+        )
+        self.jobs: dict[str, JobState] = {}
+        self.policies: dict[str, Policy] = {}
+        self._background: set[asyncio.Task[list[int]]] = set()
+
+    async def start(self, runtime: ServiceRuntime) -> None:
+        await self.bus.ensure_stream(
+            ACTION_STREAM,
+            [self.subjects.any_job("action")],
+            max_age_s=self.settings.action_retention_s,
+        )
+        self.ownership.on_lost(self._forget)
+        s = self.subjects
+        await self.bus.subscribe(
+            s.any_job("register"), JobSpec, self._on_register, queue=QUEUE_GROUP
+        )
+        await self.bus.subscribe(
+            s.any_job("plan.get"), PlanRequest, self._on_plan_get, queue=QUEUE_GROUP
+        )
+        await self.bus.subscribe(s.any_job("health"), JobHealth, self._on_health)
+        await self.bus.subscribe(s.any_job("incident"), Incident, self._on_incident)
+        await self.bus.subscribe(s.any_job("hello.*"), RankHello, self._on_hello)
+        runtime.spawn("lease", self.ownership.watch_lease())
+        runtime.spawn(
+            "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
+        )
+        runtime.on_shutdown("drain", self.bus.drain)
+        runtime.on_shutdown("revoke", self.ownership.stop)
+        log.info("controller started", replica=self.settings.replica_id)
+
+    # -- registration and plans (any replica) -------------------------------------------------
+
+    async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
+        if self.subjects.job_of(delivery.subject) != spec.job:
+            raise Rejected("bad_request", "job does not match the subject")
+        try:
+            self._policy(spec.policy)  # an unknown policy is refused before anything is stored
+        except ValueError as exc:
+            raise Rejected("bad_request", str(exc)) from None
+        plan = Plan(
+            job=spec.job,
+            version=0,
+            local_batch=spec.equal_shares(),
+            effective_step=0,
+            reason="initial plan: equal shares",
+            policy=spec.policy,
+            created_at=time.time(),
+        )
+        spec_key, plan_key = self.keys.spec(spec.job), self.keys.plan(spec.job)
+        result = await self.store.txn(
+            [Compare.absent(spec_key)],
+            [
+                Put(spec_key, spec.model_dump_json().encode()),
+                Put(plan_key, plan.model_dump_json().encode()),
+            ],
+            [Get(spec_key), Get(plan_key)],
+        )
+        if result.succeeded:
+            log.info("job registered", job=spec.job, policy=spec.policy, world_size=spec.world_size)
+            await self._claim(spec.job)
+            return RegisterReply(spec=spec, plan=plan, created=True)
+        stored_spec, stored_plan = result.gets
+        if stored_spec is None or stored_plan is None:
+            raise Rejected("unavailable", "job is being registered; retry")
+        await self._claim(spec.job)
+        return RegisterReply(
+            spec=JobSpec.model_validate_json(stored_spec.value),
+            plan=Plan.model_validate_json(stored_plan.value),
+            created=False,
+        )
+
+    async def _on_plan_get(self, req: PlanRequest, delivery: Delivery) -> Plan:
+        if self.subjects.job_of(delivery.subject) != req.job:
+            raise Rejected("bad_request", "job does not match the subject")
+        stored = await self.store.get_model(self.keys.plan(req.job), Plan)
+        if stored is None:
+            raise Rejected("unknown_job", f"job {req.job!r} is not registered")
+        return stored[0]
+
+    # -- ownership -----------------------------------------------------------------------------
+
+    async def _claimable(self) -> list[str]:
+        specs = await self.store.get_prefix(self.keys.jobs(), keys_only=True)
+        return sorted(j for j in (self.keys.job_of_spec_key(s.key) for s in specs) if j)
+
+    async def _claim(self, job: str) -> None:
+        if not self.ownership.owns(job):
+            await self.ownership.try_acquire(job)
+
+    async def _forget(self, job: str) -> None:
+        self.jobs.pop(job, None)
+
+    async def _state(self, job: str) -> JobState | None:
+        """The owned job's state, loaded from etcd on first use after a claim."""
+        if not self.ownership.owns(job):
+            self.jobs.pop(job, None)
+            return None
+        state = self.jobs.get(job)
+        if state is not None:
+            return state
+        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
+        plan = await self.store.get_model(self.keys.plan(job), Plan)
+        if spec is None or plan is None:
+            return None
+        state = JobState(spec=spec[0], plan=plan[0], plan_revision=plan[1])
+        self.jobs[job] = state
+        if state.plan.version > 0:  # a takeover: make sure every rank has the current plan
+            command = AdjustBatch(action_id=f"{job}-plan-{plan[0].version}", job=job, plan=plan[0])
+            task = asyncio.create_task(self.executor.send_to_all(state.spec.world_size, command))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        return state
+
+    # -- events (owner only) -----------------------------------------------------------------------
+
+    async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
+        state = await self._state(hello.job)
+        if state is not None and hello.max_local_batch is not None:
+            state.memory_caps[hello.rank] = hello.max_local_batch
+
+    async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
+        state = await self._state(health.job)
+        if state is None:
+            return
+        state.health = health
+        await self._decide(state, health)
+
+    async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
+        state = await self._state(incident.job)
+        if state is None:
+            return
+        if incident.state == IncidentState.RESOLVED:
+            state.incidents.pop(incident.id, None)
+        else:
+            state.incidents[incident.id] = incident
+        await self._decide(state, incident)
+
+    async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
+        if state.busy.locked():  # an action is in flight; the next event re-decides
+            return
+        async with state.busy:
+            policy = self._policy(state.spec.policy)
+            view = JobView(
+                spec=state.spec,
+                plan=state.plan,
+                health=state.health,
+                open_incidents=tuple(state.incidents.values()),
+                memory_caps=dict(state.memory_caps),
+                last_action_at=state.last_action_at,
+                now=time.time(),
+            )
+            for action in policy.decide(view, event):
+                if not self.ownership.owns(state.spec.job):
+                    return
+                await self.executor.adjust_batch(state, action)
+
+    def _policy(self, name: str) -> Policy:
+        if name not in self.policies:
+            self.policies[name] = load_policy(name)
+        return self.policies[name]

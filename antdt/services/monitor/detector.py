@@ -1,0 +1,464 @@
+"""Straggler detection and classification for one job (DESIGN.md section 7).
+
+The pure core of the monitor: no I/O, no clock reads (time is always the argument
+`now`, control-plane seconds), deterministic. The service shell feeds it StepEvents,
+calls `check_stalls` and `health` about once a second, and publishes what comes back.
+
+Per rank, every `window` events close a window whose statistic is the median
+per-sample compute time c_i (robust to single slow steps). Its ratio
+r_i = c_i / median(c_j, j != i) uses the *other* ranks, so a two-rank job still shows
+its slow rank. Thresholds and rules are ours (the papers do not publish theirs):
+
+- slow when r_i >= 1 + delta (compute), or when the rank waits for data far more than
+  the others (data), or when its communication share is abnormal while its compute is
+  normal and no rank is slow before the barrier (communication);
+- leader when r_i <= 1 - delta, and also <= 1 - delta against the median of all ranks,
+  with at least three ranks measured (with two ranks a leader and a straggler are the
+  same observation; we report the straggler);
+- an incident opens after `open_windows` consecutive deviating windows, or at once when
+  the deviation is large (r >= 1 + instant_threshold, or <= 1 / (1 + instant_threshold)):
+  a 3x straggler is caught in its first full window, while 10-20% per-step jitter,
+  which now and then pushes one or two windows of one rank over 1 + delta, does not
+  open one (a mild deviation lasting `open_windows` windows is persistent already);
+- it resolves after `resolve_windows` consecutive normal windows (hysteresis); short
+  dips back to normal do not reset its window count;
+- class: deterministic when it deviated from its first evaluated windows (no normal
+  window before); persistent (and ESCALATED) once it deviated for `persistent_windows`
+  windows after a normal period; transient when it resolves before that.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+
+from antdt.schemas import (
+    Incident,
+    IncidentKind,
+    IncidentState,
+    JobHealth,
+    RankHealth,
+    RankState,
+    StepEvent,
+    StragglerClass,
+)
+from antdt.services.monitor.judge import Judge, Judgement, Verdict
+from antdt.services.monitor.windows import WindowStats, summarize
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Tunables of the detector; defaults suit steps of 10 ms to 10 s."""
+
+    window: int = 8  # W: events per window, per rank (disjoint windows)
+    slow_threshold: float = 0.25  # delta: slow when r >= 1+delta, leader when r <= 1-delta
+    instant_threshold: float = 0.5  # r >= 1+this (or <= 1/(1+this)) opens in one window
+    open_windows: int = 3  # consecutive deviating windows before a mild incident opens
+    resolve_windows: int = 2  # consecutive normal windows before it resolves (hysteresis)
+    persistent_windows: int = 3  # K: deviating K+ windows after a normal period: persistent
+    stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
+    min_stall_s: float = 10.0  # ... and at least this many seconds
+    leaders: bool = True  # open LEADER incidents too
+    data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError("window must be >= 1")
+        if not 0.0 < self.slow_threshold < 1.0:
+            raise ValueError("slow_threshold must be in (0, 1)")
+        if self.instant_threshold < self.slow_threshold:
+            raise ValueError("instant_threshold must be >= slow_threshold")
+        if min(self.open_windows, self.resolve_windows, self.persistent_windows) < 1:
+            raise ValueError("open_windows, resolve_windows, persistent_windows must be >= 1")
+        if self.stall_factor <= 0 or self.min_stall_s < 0:
+            raise ValueError("stall_factor must be > 0 and min_stall_s >= 0")
+
+
+@dataclass(slots=True)
+class _Rank:
+    """Everything the detector remembers about one rank."""
+
+    rank: int
+    host: str = ""
+    last_step: int = -1  # -1: no event yet
+    last_ended_at: float = 0.0
+    last_seen_at: float | None = None  # control-plane time of its latest accepted event
+    local_batch: int = 0
+    window: list[StepEvent] = field(default_factory=list)
+    stats: WindowStats | None = None  # latest closed window
+    judgement: Judgement | None = None  # of the latest closed window
+    had_normal: bool = False  # some evaluated window was normal
+    streak: int = 0  # consecutive deviating windows of `streak_kind`
+    streak_kind: IncidentKind | None = None
+    normal_streak: int = 0  # consecutive normal windows while an incident is open
+    deviation: Incident | None = None  # open SLOW or LEADER incident
+    deviation_windows: int = 0  # deviating windows of the open incident
+    deterministic: bool = False  # the open incident deviated from the start
+    stall: Incident | None = None  # open STALLED incident
+
+
+class JobDetector:
+    """Detector for one job; see the module docstring for the rules."""
+
+    def __init__(self, job: str, world_size: int, config: DetectorConfig | None = None) -> None:
+        if world_size < 1:
+            raise ValueError("world_size must be >= 1")
+        self.job = job
+        self.world_size = world_size
+        self.config = config or DetectorConfig()
+        #: events ignored, by reason (duplicate_step, step_backwards, ...)
+        self.rejected: Counter[str] = Counter()
+        #: partial windows dropped because the plan changed under them
+        self.discarded_windows = 0
+        self._ranks = [_Rank(rank) for rank in range(world_size)]
+        self._judge = Judge(self.config)
+        self._clock = 0.0  # latest `now` seen: time never runs backwards in here
+        self._first_seen_at: float | None = None
+        self._latest_step = 0
+        self._plan_version = 0
+        self._incident_counter = 0
+        self._open: dict[str, int] = {}  # open incident id -> rank, in opening order
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def open_incidents(self) -> tuple[Incident, ...]:
+        return tuple(self._find_open(incident_id) for incident_id in self._open)
+
+    def ingest(self, event: StepEvent, now: float) -> list[Incident]:
+        """Account one step event; returns the incident transitions it caused."""
+        now = self._tick(now)
+        reason = self._rejection(event)
+        if reason is not None:
+            self.rejected[reason] += 1
+            return []
+        rank = self._ranks[event.rank]
+        transitions = []
+        if rank.stall is not None:
+            transitions.append(self._resolve_stall(rank, event.step, now))
+        self._remember(rank, event, now)
+        if rank.window and rank.window[0].plan_version != event.plan_version:
+            # Never mix plans in one window: decisions must rest on post-switch figures.
+            rank.window.clear()
+            self.discarded_windows += 1
+        rank.window.append(event)
+        if len(rank.window) >= self.config.window:
+            transitions.extend(self._close_window(rank, event.step, now))
+        return transitions
+
+    def check_stalls(self, now: float) -> list[Incident]:
+        """Open STALLED incidents for silent ranks; call about once a second."""
+        now = self._tick(now)
+        if self._first_seen_at is None:
+            return []
+        limit = self.stall_limit_s()
+        silent = [r for r in self._ranks if now - self._silent_since(r) > limit]
+        if not silent:
+            return []
+        # Under BSP everyone blocks behind a hung rank: blame those furthest behind.
+        behind = min(r.last_step for r in silent)
+        culprits = [r for r in silent if r.last_step == behind and r.stall is None]
+        return [self._open_stall(r, now, limit) for r in culprits]
+
+    def stall_limit_s(self) -> float:
+        """Silence (seconds) after which a rank counts as stalled."""
+        step_s = self._median_step_s()
+        return max(self.config.min_stall_s, self.config.stall_factor * step_s)
+
+    def mark_mitigating(self, incident_id: str, now: float) -> Incident | None:
+        """The controller acts on the incident; None when it is unknown or resolved."""
+        now = self._tick(now)
+        if incident_id not in self._open:
+            return None
+        rank = self._ranks[self._open[incident_id]]
+        current = self._find_open(incident_id)
+        if current.state == IncidentState.MITIGATING:
+            return current
+        updated = current.model_copy(update={"state": IncidentState.MITIGATING, "updated_at": now})
+        if rank.stall is not None and rank.stall.id == incident_id:
+            rank.stall = updated
+        else:
+            rank.deviation = updated
+        return updated
+
+    def health(self, now: float) -> JobHealth:
+        """The job's health now. Figures come from each rank's latest closed window.
+
+        step_s: median over ranks of their window-median step time. samples_per_s: the
+        samples of one step over all ranks divided by step_s. balance_efficiency:
+        T_ideal / step_s with T_ideal = B / sum(speeds) + min overhead + min comm, where
+        overhead is data wait plus time no stage claims, and min comm is the pure
+        communication of the rank everyone waited for; rebalancing removes neither.
+        """
+        now = self._tick(now)
+        measured = [r.stats for r in self._ranks if r.stats is not None]
+        step_s = statistics.median(s.step_s for s in measured) if measured else 0.0
+        batch = sum(s.samples for s in measured)
+        efficiency = 1.0
+        if measured and step_s > 0:
+            speed = sum(s.samples_per_s for s in measured)
+            ideal = batch / speed + min(s.overhead_s for s in measured)
+            ideal += min(s.comm_s for s in measured)
+            efficiency = min(1.0, max(0.0, ideal / step_s))
+        return JobHealth(
+            job=self.job,
+            at=now,
+            step=self._latest_step,
+            step_s=step_s,
+            samples_per_s=batch / step_s if step_s > 0 else 0.0,
+            balance_efficiency=efficiency,
+            plan_version=self._plan_version,
+            ranks=tuple(self._rank_health(r) for r in self._ranks),
+            open_incidents=tuple(self._open),
+        )
+
+    # ------------------------------------------------------------------ ingestion
+
+    def _tick(self, now: float) -> float:
+        self._clock = max(self._clock, now)
+        return self._clock
+
+    def _rejection(self, event: StepEvent) -> str | None:
+        """Why the event must be ignored, or None. Ignored events change nothing."""
+        if event.job != self.job:
+            return "wrong_job"
+        if event.rank >= self.world_size:
+            return "rank_out_of_range"
+        rank = self._ranks[event.rank]
+        if event.step == rank.last_step:
+            return "duplicate_step"
+        if event.step < rank.last_step:
+            return "step_backwards"
+        if rank.last_step >= 0 and event.ended_at < rank.last_ended_at:
+            return "time_backwards"
+        return None
+
+    def _remember(self, rank: _Rank, event: StepEvent, now: float) -> None:
+        rank.host = event.host
+        rank.last_step = event.step
+        rank.last_ended_at = event.ended_at
+        rank.last_seen_at = now
+        rank.local_batch = event.local_batch
+        if self._first_seen_at is None:
+            self._first_seen_at = now
+        self._latest_step = max(self._latest_step, event.step)
+        self._plan_version = max(self._plan_version, event.plan_version)
+
+    def _close_window(self, rank: _Rank, step: int, now: float) -> list[Incident]:
+        stats = summarize(rank.window)
+        rank.window.clear()
+        if stats is None:
+            return []  # nothing measurable (no samples): keep the previous window
+        self._judge.update(rank.stats, stats)
+        rank.stats = stats
+        rank.judgement = self._judge.judge(stats)
+        return self._advance(rank, rank.judgement, step, now)
+
+    # ------------------------------------------------------------ state machine
+
+    def _advance(self, rank: _Rank, judged: Judgement, step: int, now: float) -> list[Incident]:
+        """Move the rank's incident state machine by one closed window."""
+        if judged.verdict is Verdict.UNEVALUATED:
+            return []
+        if judged.verdict is Verdict.NORMAL:
+            return self._normal_window(rank, judged, step, now)
+        kind = IncidentKind.SLOW if judged.verdict is Verdict.SLOW else IncidentKind.LEADER
+        transitions = []
+        if rank.deviation is not None and rank.deviation.kind != kind:
+            transitions.append(self._resolve_deviation(rank, judged, step, now))
+        if rank.streak_kind != kind:
+            rank.streak_kind, rank.streak = kind, 0
+        rank.streak += 1
+        rank.normal_streak = 0
+        if rank.deviation is None:
+            if rank.streak < self.config.open_windows and not judged.strong:
+                return transitions
+            transitions.append(self._open_deviation(rank, kind, judged, step, now))
+        else:
+            rank.deviation_windows += 1
+        escalation = self._maybe_escalate(rank, judged, step, now)
+        return transitions + ([escalation] if escalation else [])
+
+    def _normal_window(
+        self, rank: _Rank, judged: Judgement, step: int, now: float
+    ) -> list[Incident]:
+        rank.had_normal = True
+        rank.streak_kind, rank.streak = None, 0
+        if rank.deviation is None:
+            return []
+        rank.normal_streak += 1
+        if rank.normal_streak < self.config.resolve_windows:
+            return []
+        return [self._resolve_deviation(rank, judged, step, now)]
+
+    def _open_deviation(
+        self, rank: _Rank, kind: IncidentKind, judged: Judgement, step: int, now: float
+    ) -> Incident:
+        # A rank that deviated before any of its windows looked normal is built that way
+        # (hardware), not suffering contention: the streak started with no normal window.
+        rank.deterministic = not rank.had_normal
+        rank.deviation_windows = rank.streak
+        incident = Incident(
+            id=self._new_id(rank.rank, kind),
+            job=self.job,
+            rank=rank.rank,
+            host=rank.host,
+            kind=kind,
+            straggler_class=(
+                StragglerClass.DETERMINISTIC if rank.deterministic else StragglerClass.UNKNOWN
+            ),
+            cause=judged.cause,
+            state=IncidentState.OPENED,
+            step=step,
+            opened_at=now,
+            updated_at=now,
+            ratio=judged.ratio,
+            windows=rank.deviation_windows,
+            evidence=judged.evidence(rank.deviation_windows),
+        )
+        rank.deviation = incident
+        self._open[incident.id] = rank.rank
+        return incident
+
+    def _maybe_escalate(
+        self, rank: _Rank, judged: Judgement, step: int, now: float
+    ) -> Incident | None:
+        incident = rank.deviation
+        if (
+            incident is None
+            or rank.deterministic
+            or incident.straggler_class is StragglerClass.PERSISTENT
+            or rank.deviation_windows < self.config.persistent_windows
+        ):
+            return None
+        # Escalation is the signal for heavier action (KILL_RESTART), so it is emitted
+        # even while a lighter mitigation is under way.
+        rank.deviation = self._updated(
+            incident, judged, rank, step, now, IncidentState.ESCALATED
+        ).model_copy(update={"straggler_class": StragglerClass.PERSISTENT})
+        return rank.deviation
+
+    def _resolve_deviation(self, rank: _Rank, judged: Judgement, step: int, now: float) -> Incident:
+        incident = rank.deviation
+        assert incident is not None
+        if rank.deterministic:
+            klass = StragglerClass.DETERMINISTIC
+        elif rank.deviation_windows >= self.config.persistent_windows:
+            klass = StragglerClass.PERSISTENT
+        else:
+            klass = StragglerClass.TRANSIENT
+        resolved = self._updated(incident, judged, rank, step, now, IncidentState.RESOLVED)
+        resolved = resolved.model_copy(update={"straggler_class": klass})
+        del self._open[incident.id]
+        rank.deviation = None
+        rank.deviation_windows = rank.normal_streak = 0
+        rank.deterministic = False
+        return resolved
+
+    def _updated(
+        self,
+        incident: Incident,
+        judged: Judgement,
+        rank: _Rank,
+        step: int,
+        now: float,
+        state: IncidentState,
+    ) -> Incident:
+        return incident.model_copy(
+            update={
+                "state": state,
+                "step": step,
+                "updated_at": now,
+                "ratio": judged.ratio,
+                "windows": rank.deviation_windows,
+                "evidence": judged.evidence(rank.deviation_windows),
+            }
+        )
+
+    # --------------------------------------------------------------------- stalls
+
+    def _silent_since(self, rank: _Rank) -> float:
+        # A rank never heard from is silent since the job's first event anywhere.
+        if rank.last_seen_at is not None:
+            return rank.last_seen_at
+        assert self._first_seen_at is not None
+        return self._first_seen_at
+
+    def _open_stall(self, rank: _Rank, now: float, limit: float) -> Incident:
+        silent_s = now - self._silent_since(rank)
+        incident = Incident(
+            id=self._new_id(rank.rank, IncidentKind.STALLED),
+            job=self.job,
+            rank=rank.rank,
+            host=rank.host,
+            kind=IncidentKind.STALLED,
+            state=IncidentState.OPENED,
+            step=max(rank.last_step, 0),
+            opened_at=now,
+            updated_at=now,
+            ratio=rank.judgement.ratio if rank.judgement else 1.0,
+            windows=0,
+            evidence={"silent_s": silent_s, "limit_s": limit, "last_step": rank.last_step},
+        )
+        rank.stall = incident
+        self._open[incident.id] = rank.rank
+        return incident
+
+    def _resolve_stall(self, rank: _Rank, step: int, now: float) -> Incident:
+        incident = rank.stall
+        assert incident is not None
+        evidence = {**incident.evidence, "silent_s": now - self._silent_since(rank)}
+        del self._open[incident.id]
+        rank.stall = None
+        return incident.model_copy(
+            update={
+                "state": IncidentState.RESOLVED,
+                "step": step,
+                "updated_at": now,
+                "evidence": evidence,
+            }
+        )
+
+    # -------------------------------------------------------------------- helpers
+
+    def _new_id(self, rank: int, kind: IncidentKind) -> str:
+        self._incident_counter += 1
+        # Job ids may be 128 characters, incident ids too: keep room for the suffix.
+        return f"{self.job[:96]}-r{rank}-{kind.value}-{self._incident_counter}"
+
+    def _find_open(self, incident_id: str) -> Incident:
+        rank = self._ranks[self._open[incident_id]]
+        for incident in (rank.deviation, rank.stall):
+            if incident is not None and incident.id == incident_id:
+                return incident
+        raise KeyError(incident_id)
+
+    def _median_step_s(self) -> float:
+        steps = [r.stats.step_s for r in self._ranks if r.stats is not None]
+        return statistics.median(steps) if steps else 0.0
+
+    def _rank_state(self, rank: _Rank) -> RankState:
+        if rank.stall is not None:
+            return RankState.STALLED
+        if rank.deviation is not None:
+            return RankState(rank.deviation.kind.value)
+        return RankState.OK if rank.stats is not None else RankState.UNKNOWN
+
+    def _rank_health(self, rank: _Rank) -> RankHealth:
+        stats = rank.stats
+        return RankHealth(
+            rank=rank.rank,
+            host=rank.host,
+            state=self._rank_state(rank),
+            last_step=max(rank.last_step, 0),
+            local_batch=rank.local_batch,
+            samples_per_s=stats.samples_per_s if stats else 0.0,
+            compute_s_per_sample=stats.compute_per_sample if stats else 0.0,
+            ratio=rank.judgement.ratio if rank.judgement else 1.0,
+            data_wait_share=stats.data_share if stats else 0.0,
+            comm_share=stats.comm_share if stats else 0.0,
+        )
+
+
+__all__ = ["DetectorConfig", "JobDetector"]

@@ -1,0 +1,164 @@
+"""Monitor service shell: ingest step events, publish incidents (JetStream) and JobHealth.
+
+Every replica subscribes to every job's steps; only the job's owner (lease-bound key
+`owners/monitor/{job}`) feeds its detector, so a job's state lives in one place. An event
+of a job we do not own costs one dict lookup. When a replica dies its lease lapses and
+another claims the job on its next claim round."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from pydantic import Field
+
+from antdt.runtime.bus import Bus, Delivery, Rejected
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.store import Store
+from antdt.schemas import INCIDENT_STREAM, Incident, JobSpec, Keys, StepEvent, Subjects
+from antdt.services.monitor.detector import DetectorConfig, JobDetector
+
+log = structlog.get_logger("antdt.monitor")
+SERVICE = "monitor"
+
+
+class MonitorSettings(ServiceSettings):
+    window: int = Field(default=8, ge=2, description="Steps per detection window (W)")
+    slow_threshold: float = Field(default=0.25, gt=0, description="δ: slow at ratio >= 1+δ")
+    persistent_windows: int = Field(default=3, ge=1, description="K: windows to persistent")
+    health_interval_s: float = Field(default=1.0, gt=0, description="JobHealth period, seconds")
+    incident_retention_s: float = Field(
+        default=7 * 86400, gt=0, description="ANTDT_INCIDENTS max age, seconds"
+    )
+    max_jobs: int | None = Field(default=None, description="Jobs one replica may own")
+
+    def detector_config(self) -> DetectorConfig:
+        return DetectorConfig(
+            window=self.window,
+            slow_threshold=self.slow_threshold,
+            persistent_windows=self.persistent_windows,
+        )
+
+
+class MonitorService:
+    def __init__(self, settings: MonitorSettings, bus: Bus, store: Store) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.store = store
+        self.subjects = Subjects(settings.nats.subject_prefix)
+        self.keys = Keys(settings.etcd.key_prefix)
+        self.ownership = Ownership(
+            store,
+            self.keys,
+            service=SERVICE,
+            replica_id=settings.replica_id,
+            ttl_s=settings.etcd.lease_ttl_s,
+            max_jobs=settings.max_jobs,
+        )
+        self.detectors: dict[str, JobDetector] = {}
+        self.ingested = 0
+        self.dropped_not_owner = 0
+        self._seen_jobs: set[str] = set()
+        self._last_claim: dict[str, float] = {}
+
+    async def start(self, runtime: ServiceRuntime) -> None:
+        await self.bus.ensure_stream(
+            INCIDENT_STREAM,
+            [self.subjects.any_job("incident")],
+            max_age_s=self.settings.incident_retention_s,
+        )
+        self.ownership.on_lost(self._forget)
+        await self.bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
+        runtime.spawn("lease", self.ownership.watch_lease())
+        runtime.spawn(
+            "claim",
+            claim_loop(self.ownership, self._known_jobs, self.settings.etcd.lease_ttl_s / 2),
+        )
+        runtime.spawn("health", self._health_loop())
+        runtime.on_shutdown("drain", self.bus.drain)
+        runtime.on_shutdown("revoke", self.ownership.stop)
+        log.info("monitor started", replica=self.settings.replica_id)
+
+    async def _known_jobs(self) -> list[str]:
+        specs = await self.store.get_prefix(self.keys.jobs(), keys_only=True)
+        jobs = {self.keys.job_of_spec_key(s.key) for s in specs}
+        return sorted(j for j in jobs | self._seen_jobs if j)
+
+    async def _forget(self, job: str) -> None:
+        self.detectors.pop(job, None)
+
+    async def _detector(self, job: str) -> JobDetector | None:
+        detector = self.detectors.get(job)
+        if detector is not None and self.ownership.owns(job):
+            return detector
+        if not self.ownership.owns(job) and not await self._claim_now(job):
+            return None
+        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
+        if spec is None:
+            return None
+        detector = JobDetector(job, spec[0].world_size, self.settings.detector_config())
+        self.detectors[job] = detector
+        return detector
+
+    async def _claim_now(self, job: str) -> bool:
+        """First sight of a job: claim it at once rather than at the next claim round,
+        at most once a second per job (a non-owner sees every event of the job)."""
+        now = time.monotonic()
+        if now - self._last_claim.get(job, -1e9) < 1.0:
+            return False
+        self._last_claim[job] = now
+        try:
+            return await self.ownership.try_acquire(job)
+        except Exception as exc:
+            log.info("claim failed", job=job, error=str(exc))
+            return False
+
+    async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
+        job = self.subjects.job_of(delivery.subject)
+        if job != event.job or self.subjects.rank_of(delivery.subject) != str(event.rank):
+            raise Rejected("bad_request", "job or rank does not match the subject")
+        detector = self.detectors.get(job)
+        if detector is None or not self.ownership.owns(job):
+            self._seen_jobs.add(job)
+            detector = await self._detector(job)
+            if detector is None:
+                self.dropped_not_owner += 1
+                return
+        self.ingested += 1
+        for incident in detector.ingest(event, time.time()):
+            await self._publish_incident(incident)
+
+    async def _publish_incident(self, incident: Incident) -> None:
+        msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
+        try:
+            await self.bus.js_publish(self.subjects.incident(incident.job), incident, msg_id=msg_id)
+        except Exception as exc:  # JetStream briefly away: core subscribers still get it
+            log.warning("incident not persisted", incident=incident.id, error=str(exc))
+            await self.bus.publish(self.subjects.incident(incident.job), incident)
+        log.info(
+            "incident",
+            job=incident.job,
+            incident=incident.id,
+            rank=incident.rank,
+            kind=incident.kind.value,
+            state=incident.state.value,
+            ratio=round(incident.ratio, 3),
+        )
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.health_interval_s)
+            now = time.time()
+            for job, detector in list(self.detectors.items()):
+                if not self.ownership.owns(job):
+                    self.detectors.pop(job, None)
+                    continue
+                try:
+                    for incident in detector.check_stalls(now):
+                        await self._publish_incident(incident)
+                    await self.bus.publish(self.subjects.health(job), detector.health(now))
+                except Exception as exc:
+                    log.warning("health publish failed", job=job, error=str(exc))

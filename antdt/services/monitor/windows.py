@@ -1,0 +1,114 @@
+"""Window statistics for the detector: robust per-rank summaries and a sorted multiset.
+
+Pure helpers, no I/O. A rank's window is W consecutive step events; its statistic is the
+median of each per-step figure, so a single slow step (GC pause, page fault) cannot make
+a rank look slow, while a rank slow in most of its steps does.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from antdt.schemas import StepEvent
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """Medians over one closed window of one rank (seconds, shares in [0, 1])."""
+
+    compute_per_sample: float  # compute_s / samples: the straggler signal
+    busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
+    data_per_sample: float  # data_wait_s / samples
+    data_share: float  # data_wait_s / step_s
+    comm_share: float  # comm_s / step_s (gradient exchange incl. barrier wait)
+    step_s: float
+    comm_s: float
+    overhead_s: float  # step_s - compute_s - comm_s: data wait plus unattributed time
+    samples: float  # samples per step
+    events: int
+
+    @property
+    def samples_per_s(self) -> float:
+        """Compute throughput: samples per second of forward+backward."""
+        return 1.0 / self.compute_per_sample
+
+
+def _share(part: float, whole: float) -> float:
+    # parts may exceed step_s by the 5% the wire contract tolerates: clamp into [0, 1].
+    return min(1.0, part / whole) if whole > 0 else 0.0
+
+
+def summarize(events: Sequence[StepEvent]) -> WindowStats | None:
+    """The window's medians, or None when no event carried a measurable compute time.
+
+    Events with samples == 0 (or no compute time) still count towards closing the window
+    and towards step/comm figures, but not towards per-sample figures.
+    """
+    timed = [e for e in events if e.samples > 0 and e.compute_s > 0]
+    if not timed:
+        return None
+    med = statistics.median
+    return WindowStats(
+        compute_per_sample=med(e.compute_s / e.samples for e in timed),
+        busy_per_sample=med((e.compute_s + e.data_wait_s) / e.samples for e in timed),
+        data_per_sample=med(e.data_wait_s / e.samples for e in timed),
+        data_share=med(_share(e.data_wait_s, e.step_s) for e in events),
+        comm_share=med(_share(e.comm_s, e.step_s) for e in events),
+        step_s=med(e.step_s for e in events),
+        comm_s=med(e.comm_s for e in events),
+        overhead_s=med(max(0.0, e.step_s - e.compute_s - e.comm_s) for e in events),
+        samples=med(e.samples for e in events),
+        events=len(events),
+    )
+
+
+class SortedValues:
+    """A sorted multiset of floats, one value per rank.
+
+    Replacing a value costs O(log n) to find plus a memmove; medians are O(1). This keeps
+    ingest cheap for jobs with thousands of ranks, where re-sorting every rank's latest
+    median at every window close would be quadratic.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self) -> None:
+        self._values: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def replace(self, old: float | None, new: float) -> None:
+        """Swap one copy of `old` (None: nothing to remove) for `new`."""
+        if old is not None:
+            del self._values[bisect.bisect_left(self._values, old)]
+        bisect.insort(self._values, new)
+
+    def median(self) -> float | None:
+        return _median_of_sorted(len(self._values), self._values.__getitem__)
+
+    def median_without(self, value: float) -> float | None:
+        """Median of the multiset minus one copy of `value` (which must be present).
+
+        This is "the median of the other ranks": with two ranks the slow one is compared
+        with the other one, not hidden inside a median of two.
+        """
+        values = self._values
+        skip = bisect.bisect_left(values, value)
+        return _median_of_sorted(len(values) - 1, lambda j: values[j + (j >= skip)])
+
+    def max(self) -> float | None:
+        return self._values[-1] if self._values else None
+
+
+def _median_of_sorted(n: int, at: Callable[[int], float]) -> float | None:
+    """Median of n sorted values read through `at(index)`."""
+    if n <= 0:
+        return None
+    mid = n // 2
+    if n % 2:
+        return at(mid)
+    return (at(mid - 1) + at(mid)) / 2.0

@@ -1,0 +1,77 @@
+"""A seeded O(1) permutation of range(n): the per-epoch shard order, never materialised.
+
+A balanced Feistel network over the smallest even-bit domain 4^h >= n is a bijection of
+that domain for any round function; cycle-walking (re-applying it until the value falls
+below n) restricts it to a bijection of range(n). The domain is less than 4n, so a walk
+takes fewer than four rounds on average. The inverse walks the inverse network. Keys come
+from a splitmix64 mix of (seed, epoch): stable across processes and Python versions,
+unlike hash().
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+_MASK64 = (1 << 64) - 1
+_ROUNDS = 4
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit mixing function."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+@lru_cache(maxsize=256)
+def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
+    base = _mix64(_mix64(seed & _MASK64) ^ (epoch & _MASK64))
+    return tuple(_mix64(base + r) for r in range(_ROUNDS))
+
+
+def _half_bits(n: int) -> int:
+    return max(1, ((n - 1).bit_length() + 1) // 2)
+
+
+def _forward(x: int, half: int, keys: tuple[int, ...]) -> int:
+    mask = (1 << half) - 1
+    left, right = x >> half, x & mask
+    for key in keys:
+        left, right = right, left ^ (_mix64(right ^ key) & mask)
+    return (left << half) | right
+
+
+def _backward(x: int, half: int, keys: tuple[int, ...]) -> int:
+    mask = (1 << half) - 1
+    left, right = x >> half, x & mask
+    for key in reversed(keys):
+        left, right = right ^ (_mix64(left ^ key) & mask), left
+    return (left << half) | right
+
+
+def _check(n: int, value: int, what: str) -> None:
+    if n < 1:
+        raise ValueError(f"a permutation needs n >= 1, got {n}")
+    if not 0 <= value < n:
+        raise ValueError(f"{what} {value} outside [0, {n})")
+
+
+def shard_at(seed: int, epoch: int, num_shards: int, index: int) -> int:
+    """The shard at position `index` of epoch `epoch`'s order (a bijection of the range)."""
+    _check(num_shards, index, "index")
+    half, keys = _half_bits(num_shards), _round_keys(seed, epoch)
+    x = _forward(index, half, keys)
+    while x >= num_shards:
+        x = _forward(x, half, keys)
+    return x
+
+
+def index_of(seed: int, epoch: int, num_shards: int, shard: int) -> int:
+    """Inverse of shard_at: the position of `shard` in epoch `epoch`'s order."""
+    _check(num_shards, shard, "shard")
+    half, keys = _half_bits(num_shards), _round_keys(seed, epoch)
+    x = _backward(shard, half, keys)
+    while x >= num_shards:
+        x = _backward(x, half, keys)
+    return x

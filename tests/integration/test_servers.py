@@ -1,0 +1,83 @@
+"""Embedded servers and `antdt up`: ready, stoppable, and never leaving orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for_sync
+
+pytestmark = pytest.mark.integration
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _descendants(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().split(") ", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        children = {pid for pid, ppid in parents.items() if ppid in frontier}
+        frontier = children - found
+        found |= children
+    return found
+
+
+def test_servers_die_when_their_parent_is_killed(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from antdt.runtime.servers import EmbeddedCluster
+        c = EmbeddedCluster(root=Path({str(tmp_path)!r})).start()
+        print(c.nats.pid, c.etcd.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    pids = [int(p) for p in parent.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    parent.kill()  # -9: no cleanup code runs in the parent
+    parent.wait()
+    wait_for_sync(lambda: not any(_alive(p) for p in pids), timeout=10, what="servers gone")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_antdt_up_stops_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
+    env = dict(os.environ, ANTDT_TELEMETRY__LOG_FORMAT="json")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "antdt.cli", "up", "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]
+    assert lines[0].startswith("ANTDT_NATS__URL=nats://127.0.0.1:"), lines
+    assert lines[1].startswith("ANTDT_ETCD__ENDPOINT=127.0.0.1:"), lines
+    children = _descendants(proc.pid)
+    assert len(children) >= 2  # nats-server and etcd
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == 0
+    wait_for_sync(lambda: not any(_alive(p) for p in children), timeout=10, what="no process left")

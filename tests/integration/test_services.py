@@ -1,0 +1,140 @@
+"""The three service shells against real nats-server and etcd: registration, shards,
+ownership, and bad input on every subject (rejected, counted, service keeps running)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from antdt.runtime.bus import Bus, RequestRefused
+from antdt.schemas import (
+    ErrorReply,
+    FetchStatus,
+    JobHealth,
+    JobSpec,
+    Plan,
+    PlanRequest,
+    RegisterReply,
+    ShardFetch,
+    ShardReply,
+    ShardStatus,
+    ShardStatusRequest,
+    StepEvent,
+    Subjects,
+)
+from tests.e2e.conftest import RunningServices, start_services
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def running(settings):  # type: ignore[no-untyped-def]
+    services = await start_services(settings, window=4, health_interval_s=0.2)
+    yield services
+    await services.runtime.shutdown()
+
+
+def spec(job: str, **kw: object) -> JobSpec:
+    fields: dict = dict(job=job, world_size=2, dataset_size=50, shard_size=10, global_batch=8)
+    fields.update(kw)
+    return JobSpec(**fields)
+
+
+def step(job: str, rank: int, n: int, compute: float = 0.1) -> StepEvent:
+    return StepEvent(
+        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
+        samples=4, compute_s=compute, data_wait_s=0.0, comm_s=0.01, step_s=compute + 0.01,
+        started_at=1000.0 + n, ended_at=1000.0 + n + compute + 0.01,
+    )  # fmt: skip
+
+
+async def test_register_is_idempotent_and_plan_served(running: RunningServices, bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    first = await bus.request(subjects.register("j1"), spec("j1"), RegisterReply)
+    again = await bus.request(subjects.register("j1"), spec("j1", global_batch=6), RegisterReply)
+    assert first.created and not again.created
+    assert again.spec.global_batch == 8 and again.plan.local_batch == (4, 4)
+    plan = await bus.request(subjects.plan_get("j1"), PlanRequest(job="j1", rank=0), Plan)
+    assert plan.version == 0
+    with pytest.raises(RequestRefused, match="unknown_job"):
+        await bus.request(subjects.plan_get("nope"), PlanRequest(job="nope", rank=0), Plan)
+    with pytest.raises(RequestRefused, match="bad_request"):
+        await bus.request(subjects.register("other"), spec("j1"), RegisterReply)
+    with pytest.raises(RequestRefused):
+        await bus.request(subjects.register("j2"), spec("j2", policy="nonexistent"), RegisterReply)
+    controller = running.by_name["controller"]
+    await wait_for(lambda: controller.ownership.owns("j1"), what="controller owns j1")
+
+
+async def test_shards_fetch_done_and_bad_input(running: RunningServices, bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    fetch = subjects.shards("j3", "fetch")
+    with pytest.raises(RequestRefused, match="unknown_job"):
+        await bus.request(fetch, ShardFetch(job="j3", rank=0, epoch=0), ShardReply)
+    await bus.request(subjects.register("j3"), spec("j3"), RegisterReply)
+    reply = await bus.request(fetch, ShardFetch(job="j3", rank=0, epoch=0, want=2), ShardReply)
+    assert reply.status == FetchStatus.OK and len(reply.grants) == 2
+    bad_inputs = [
+        b"not json",
+        b'{"job": "j3", "rank": 0, "epoch": 0, "surprise": 1}',
+        b'{"job": "j3", "rank": -1, "epoch": 0}',
+        json.dumps({"job": "other", "rank": 0, "epoch": 0}).encode(),
+        ShardFetch(job="j3", rank=1, epoch=0, done=(reply.grants[0].ref(),))
+        .model_dump_json()
+        .encode(),
+        ShardFetch(job="j3", rank=0, epoch=7).model_dump_json().encode(),
+    ]
+    before = await bus.request(
+        subjects.shards("j3", "status"), ShardStatusRequest(job="j3"), ShardStatus
+    )
+    for raw in bad_inputs:
+        answer = ErrorReply.model_validate_json(await bus.request_raw(fetch, raw))
+        assert answer.code in {"bad_request", "fenced", "stale"}, answer
+        assert answer.error
+    after = await bus.request(
+        subjects.shards("j3", "status"), ShardStatusRequest(job="j3"), ShardStatus
+    )
+    assert after == before  # nothing changed in the ledger
+    done = tuple(g.ref() for g in reply.grants)
+    ok = await bus.request(
+        fetch, ShardFetch(job="j3", rank=0, epoch=0, done=done, want=0), ShardReply
+    )
+    assert ok.status == FetchStatus.OK
+    status = await bus.request(
+        subjects.shards("j3", "status"), ShardStatusRequest(job="j3"), ShardStatus
+    )
+    assert status.done == 2 and status.in_flight == ()
+
+
+async def test_monitor_rejects_bad_steps_and_keeps_running(
+    running: RunningServices, bus: Bus
+) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    await bus.request(subjects.register("j4"), spec("j4"), RegisterReply)
+    monitor = running.by_name["monitor"]
+    healths: list[JobHealth] = []
+
+    async def on_health(h: JobHealth, _: object) -> None:
+        healths.append(h)
+
+    await bus.subscribe(subjects.health("j4"), JobHealth, on_health)
+    good = step("j4", 0, 1)
+    for raw in [
+        b"{garbage",
+        b'{"compute_s": NaN}',
+        json.dumps({**good.model_dump(), "compute_s": -1.0}).encode(),
+        json.dumps({**good.model_dump(), "step_s": 0.0}).encode(),
+        json.dumps({**good.model_dump(), "extra": True}).encode(),
+        b"x" * 300_000,
+    ]:
+        await bus.publish_raw(subjects.step("j4", 0), raw)
+    await bus.publish(subjects.step("j4", 1), good)  # rank in payload ≠ subject
+    await wait_for(lambda: monitor.bus.rejections.total() >= 7, what="7 rejections")
+    for n in range(12):
+        for rank in (0, 1):
+            await bus.publish(subjects.step("j4", rank), step("j4", rank, n))
+    await wait_for(lambda: monitor.ingested >= 24, what="valid steps ingested after bad ones")
+    await wait_for(lambda: any(h.ranks for h in healths), what="health with ranks")
+    assert not monitor.detectors["j4"].open_incidents

@@ -1,0 +1,140 @@
+"""The etcd seam and job ownership against a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from antdt.runtime.config import EtcdSettings
+from antdt.runtime.ownership import Ownership
+from antdt.runtime.servers import EmbeddedEtcd
+from antdt.runtime.store import Compare, Delete, Get, Put, Store, WatchEvent, retrying
+from antdt.schemas import JobSpec, Keys
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def test_get_put_models_and_prefix(store: Store) -> None:
+    spec = JobSpec(job="j1", world_size=2, dataset_size=100, shard_size=10, global_batch=8)
+    key = store.key("jobs/j1/spec")
+    await store.put(key, spec.model_dump_json().encode())
+    loaded = await store.get_model(key, JobSpec)
+    assert loaded is not None and loaded[0] == spec and loaded[1] > 0
+    await store.put(store.key("jobs/j2/spec"), b"{}")
+    keys = [v.key for v in await store.get_prefix(store.key("jobs/"), keys_only=True)]
+    assert keys == [store.key("jobs/j1/spec"), store.key("jobs/j2/spec")]
+    assert await store.get(store.key("missing")) is None
+
+
+async def test_compare_and_swap_and_multi_key_txn(store: Store) -> None:
+    key = store.key("plan")
+    assert await store.cas(key, b"v1", 0)  # create only if absent
+    assert not await store.cas(key, b"again", 0)
+    current = await store.get(key)
+    assert current is not None
+    assert await store.cas(key, b"v2", current.mod_revision)
+    assert not await store.cas(key, b"v3", current.mod_revision)  # stale revision
+    got = await store.get(key)
+    assert got is not None and got.value == b"v2"
+    # both keys or neither, and a read in the same transaction
+    other = store.key("other")
+    result = await store.txn(
+        [Compare.mod_is(key, got.mod_revision)], [Put(other, b"x"), Delete(key), Get(other)]
+    )
+    assert result.succeeded and result.gets[0] is not None and result.gets[0].value == b"x"
+    assert await store.get(key) is None
+    failed = await store.txn([Compare.absent(other)], [Put(key, b"no")], [Get(other)])
+    assert not failed.succeeded and failed.gets[0] is not None
+    assert await store.get(key) is None
+
+
+async def test_lease_keys_vanish_on_revoke_and_on_expiry(store: Store) -> None:
+    lease = await store.grant_lease(2)
+    await store.put(store.key("leased"), b"1", lease=lease)
+    await asyncio.wait_for(asyncio.shield(asyncio.sleep(0)), 1)
+    await lease.revoke()
+    assert lease.lost.is_set()
+    assert await store.get(store.key("leased")) is None
+
+
+async def test_ownership_exclusive_and_takeover(store: Store, settings) -> None:  # type: ignore[no-untyped-def]
+    keys = Keys(settings.etcd.key_prefix)
+    other_store = await Store(settings.etcd).connect()
+    first = Ownership(store, keys, service="monitor", replica_id="a", ttl_s=2)
+    second = Ownership(other_store, keys, service="monitor", replica_id="b", ttl_s=2)
+    assert await first.try_acquire("job")
+    assert not await second.try_acquire("job")
+    assert await first.try_acquire("job")  # idempotent
+    assert await second.owner_of("job") == "a"
+    # the fence holds for the owner only
+    fence_ok = await store.txn([first.fence("job")], [Put(store.key("fenced"), b"1")])
+    assert fence_ok.succeeded
+    fence_bad = await store.txn([second.fence("job")], [Put(store.key("fenced"), b"2")])
+    assert not fence_bad.succeeded
+    await first.stop()  # revoke: the key goes at once
+    assert not first.owns("job")
+    assert await wait_for(lambda: second.try_acquire("job"), timeout=5, what="takeover")
+    await second.stop()
+    await other_store.close()
+
+
+async def test_ownership_dropped_when_lease_expires(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
+    """etcd goes away for longer than the TTL: the owner stops acting at once."""
+    etcd = EmbeddedEtcd(tmp_path / "e").start()
+    store = await Store(EtcdSettings(endpoint=etcd.endpoint, timeout_s=1)).connect()
+    owner = Ownership(store, Keys(f"/{unique}/"), service="controller", replica_id="x", ttl_s=2)
+    lost: list[str] = []
+
+    async def on_lost(job: str) -> None:
+        lost.append(job)
+
+    owner.on_lost(on_lost)
+    assert await owner.try_acquire("job")
+    watcher = asyncio.create_task(owner.watch_lease())
+    etcd.kill()
+    await wait_for(lambda: lost == ["job"], timeout=10, what="ownership dropped")
+    assert not owner.owns("job")
+    etcd.start()
+    assert await wait_for(lambda: _acquire(owner), timeout=20, what="re-acquired after restart")
+    watcher.cancel()
+    await owner.stop()
+    await store.close()
+    etcd.stop()
+
+
+async def _acquire(owner: Ownership) -> bool:
+    try:
+        return await owner.try_acquire("job")
+    except Exception:
+        return False
+
+
+async def test_watch_resumes_after_etcd_restart(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
+    etcd = EmbeddedEtcd(tmp_path / "e").start()
+    store = await Store(EtcdSettings(endpoint=etcd.endpoint, timeout_s=1)).connect()
+    seen: list[WatchEvent] = []
+
+    async def consume() -> None:
+        async for event in store.watch_prefix(f"/{unique}/", retry_s=0.1):
+            seen.append(event)
+
+    task = asyncio.create_task(consume())
+    await wait_for(lambda: _put_and_seen(store, f"/{unique}/a", seen), what="first event")
+    etcd.kill()
+    etcd.start()
+    await retrying(lambda: store.put(f"/{unique}/b", b"2"))
+    await wait_for(lambda: any(e.key.endswith("/b") for e in seen), timeout=20, what="resume")
+    keys = [e.key for e in seen]
+    assert len(keys) == len(set(zip(keys, (e.mod_revision for e in seen), strict=True)))
+    task.cancel()
+    await store.close()
+    etcd.stop()
+
+
+async def _put_and_seen(store: Store, key: str, seen: list[WatchEvent]) -> bool:
+    if not seen:
+        await store.put(key, b"1")
+        await asyncio.sleep(0.05)
+    return bool(seen)

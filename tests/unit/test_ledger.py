@@ -1,0 +1,389 @@
+"""Shard ledger core: grants, fencing, epochs, exactly-once accounting, permutation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from antdt.schemas import (
+    ErrorReply,
+    FetchStatus,
+    JobSpec,
+    ShardFetch,
+    ShardGrant,
+    ShardRef,
+    ShardReply,
+)
+from antdt.services.shards import (
+    LedgerState,
+    apply_fetch,
+    index_of,
+    new_ledger,
+    release_rank,
+    shard_at,
+    shard_range,
+    status,
+)
+
+JOB = "job1"
+
+
+def spec(dataset_size: int = 95, shard_size: int = 10, world: int = 2, **fields: Any) -> JobSpec:
+    return JobSpec(
+        job=JOB,
+        world_size=world,
+        dataset_size=dataset_size,
+        shard_size=shard_size,
+        global_batch=world,
+        **fields,
+    )
+
+
+def fetch(
+    rank: int = 0, epoch: int = 0, done: tuple[ShardGrant, ...] = (), want: int = 1, **kw: Any
+) -> ShardFetch:
+    return ShardFetch(
+        job=kw.pop("job", JOB),
+        rank=rank,
+        epoch=epoch,
+        done=tuple(g.ref() for g in done),
+        want=want,
+        **kw,
+    )
+
+
+def ok(state: LedgerState, req: ShardFetch) -> tuple[LedgerState, ShardReply]:
+    new, reply = apply_fetch(state, req)
+    assert isinstance(reply, ShardReply), reply
+    return new, reply
+
+
+def refused(state: LedgerState, req: ShardFetch, code: str) -> None:
+    new, reply = apply_fetch(state, req)
+    assert isinstance(reply, ErrorReply) and reply.code == code, reply
+    assert new is state
+
+
+# ---------------------------------------------------------------------- basics
+
+
+def test_new_ledger_and_ranges() -> None:
+    state = new_ledger(spec(95, 10))
+    assert (state.num_shards, state.cursor, state.done_count) == (10, 0, 0)
+    assert shard_range(state, 0) == (0, 10)
+    assert shard_range(state, 9) == (90, 95)  # the last shard is short
+    with pytest.raises(ValueError):
+        shard_range(state, 10)
+
+
+def test_grant_done_and_epoch_done() -> None:
+    state = new_ledger(spec(30, 10))
+    state, reply = ok(state, fetch(0, want=2))
+    assert reply.status == FetchStatus.OK and len(reply.grants) == 2
+    state, reply2 = ok(state, fetch(1, want=5))
+    assert len(reply2.grants) == 1  # only three shards
+    grants = reply.grants + reply2.grants
+    assert sorted(g.shard for g in grants) == [0, 1, 2]
+    assert status(state).todo == 0 and len(status(state).in_flight) == 3
+    state, reply = ok(state, fetch(0, done=reply.grants))
+    assert reply.status == FetchStatus.EPOCH_DONE
+    assert status(state).done == 2
+
+
+def test_repeated_done_is_a_no_op() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0))
+    state, _ = ok(state, fetch(0, done=reply.grants, want=0))
+    again, reply2 = ok(state, fetch(0, done=reply.grants, want=0))
+    assert again == state and reply2.status == FetchStatus.OK
+
+
+def test_done_by_another_rank_or_attempt_is_fenced() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0))
+    refused(state, fetch(1, done=reply.grants), "fenced")
+    wrong_attempt = reply.grants[0].model_copy(update={"attempt": 3})
+    refused(state, fetch(0, done=(wrong_attempt,)), "fenced")
+
+
+def test_done_for_a_shard_never_granted_is_fenced() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0))
+    other = (reply.grants[0].shard + 1) % state.num_shards
+    ungranted = reply.grants[0].model_copy(update={"shard": other})
+    refused(state, fetch(0, done=(ungranted,)), "fenced")
+
+
+def test_one_bad_ref_rejects_the_whole_request() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0, want=2))
+    good, bad = reply.grants
+    refused(state, fetch(0, done=(good, bad.model_copy(update={"attempt": 9}))), "fenced")
+
+
+@pytest.mark.parametrize(
+    ("req", "code"),
+    [
+        (fetch(0, job="other"), "bad_request"),
+        (fetch(5), "bad_request"),  # world size 2
+        (fetch(0, epoch=2), "stale"),  # ledger at 0; next is 1
+    ],
+)
+def test_bad_requests(req: ShardFetch, code: str) -> None:
+    refused(new_ledger(spec(epochs=3)), req, code)
+
+
+def test_done_for_an_unknown_shard_or_wrong_epoch_is_refused() -> None:
+    state, reply = ok(new_ledger(spec(epochs=3)), fetch(0))
+    grant = reply.grants[0]
+    refused(state, fetch(0, done=(grant.model_copy(update={"shard": 99}),)), "bad_request")
+    refused(state, fetch(0, done=(grant.model_copy(update={"epoch": 1}),)), "stale")
+
+
+def drain_epoch(state: LedgerState, epoch: int) -> tuple[LedgerState, ShardReply]:
+    """Rank 0 fetches and finishes shards until it is told the epoch has no more."""
+    reply: ShardReply | None = None
+    held: tuple[ShardGrant, ...] = ()
+    while True:
+        state, reply = ok(state, fetch(0, epoch, done=held, want=4))
+        held = reply.grants
+        if reply.status != FetchStatus.OK:
+            return state, reply
+
+
+def test_epochs_advance_only_when_complete() -> None:
+    state = new_ledger(spec(40, 10, epochs=2))
+    state, first = ok(state, fetch(1))  # rank 1 keeps one shard in flight
+    state, reply = drain_epoch(state, 0)
+    assert reply.status == FetchStatus.EPOCH_DONE
+    state, reply = ok(state, fetch(0, epoch=1))
+    assert reply.status == FetchStatus.PENDING and reply.retry_after_s > 0
+    assert state.epoch == 0
+    state, reply = ok(state, fetch(1, epoch=1, done=first.grants))
+    assert (reply.status, reply.epoch, len(reply.grants)) == (FetchStatus.OK, 1, 1)
+    # A late rank asking for epoch 0 is told it is over; its old dones are no-ops.
+    state, reply = ok(state, fetch(0, epoch=0, done=first.grants))
+    assert reply.status == FetchStatus.EPOCH_DONE
+
+
+def test_job_done_after_the_last_epoch() -> None:
+    state, reply = drain_epoch(new_ledger(spec(20, 10)), 0)
+    assert reply.status == FetchStatus.JOB_DONE and state.complete
+    state, reply = ok(state, fetch(1, epoch=1))
+    assert reply.status == FetchStatus.JOB_DONE
+    state, reply = ok(state, fetch(1, epoch=0))
+    assert reply.status == FetchStatus.JOB_DONE
+
+
+def test_epoch_orders_differ_and_are_seeded() -> None:
+    def order(seed: int, epoch: int) -> list[int]:
+        return [shard_at(seed, epoch, 50, i) for i in range(50)]
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(1, 1)
+    assert order(1, 0) != order(2, 0)
+
+
+def test_released_shards_are_granted_again_first_with_a_new_attempt() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0, want=2))
+    state = release_rank(state, 0)
+    assert release_rank(state, 0) is state  # nothing left to release
+    assert [r.shard for r in state.requeued] == [g.shard for g in reply.grants]
+    refused(state, fetch(0, done=reply.grants), "fenced")  # the removed rank is fenced
+    state, again = ok(state, fetch(1, want=3))
+    assert [g.shard for g in again.grants[:2]] == [g.shard for g in reply.grants]
+    assert [g.attempt for g in again.grants] == [1, 1, 0]
+    assert state.requeued == ()
+
+
+def test_release_keeps_the_recorded_position() -> None:
+    state, reply = ok(new_ledger(spec()), fetch(0))
+    entry = state.in_flight[0].model_copy(update={"position": 4})
+    state = state.model_copy(update={"in_flight": (entry,)})
+    state = release_rank(state, 0)
+    _, again = ok(state, fetch(1))
+    assert again.grants[0].position == 4 and again.grants[0].shard == reply.grants[0].shard
+
+
+def test_state_is_validated_when_loaded() -> None:
+    state, _ = ok(new_ledger(spec()), fetch(0))
+    data = state.model_dump()
+    data["done_count"] = 5
+    with pytest.raises(ValueError):
+        LedgerState.model_validate(data)
+    with pytest.raises(ValueError):
+        LedgerState.model_validate({**state.model_dump(), "num_shards": 3})
+
+
+def test_scales_to_a_billion_samples_without_per_shard_entries() -> None:
+    state = new_ledger(spec(10**9, 1000, world=8))
+    for _ in range(100):
+        state, reply = ok(state, fetch(3, want=8))
+        state, _ = ok(state, fetch(3, done=reply.grants, want=0))
+    assert state.done_count == 800
+    assert len(state.model_dump_json()) < 1000
+
+
+# ------------------------------------------------------------------ permutation
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**64), st.integers(0, 1000), st.integers(1, 600))
+def test_permutation_is_a_bijection(seed: int, epoch: int, n: int) -> None:
+    image = [shard_at(seed, epoch, n, i) for i in range(n)]
+    assert sorted(image) == list(range(n))
+    assert [index_of(seed, epoch, n, s) for s in image] == list(range(n))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(0, 100), st.integers(1, 10**12), st.data())
+def test_permutation_inverts_at_scale(seed: int, epoch: int, n: int, data: st.DataObject) -> None:
+    index = data.draw(st.integers(0, n - 1))
+    shard = shard_at(seed, epoch, n, index)
+    assert 0 <= shard < n and index_of(seed, epoch, n, shard) == index
+
+
+def test_permutation_rejects_out_of_range() -> None:
+    with pytest.raises(ValueError):
+        shard_at(0, 0, 10, 10)
+    with pytest.raises(ValueError):
+        index_of(0, 0, 0, 0)
+
+
+# ------------------------------------------------------------------- properties
+
+
+@dataclass
+class Simulation:
+    """Ranks pulling shards against the ledger, mirrored by a model of what they hold."""
+
+    state: LedgerState
+    holding: dict[int, list[ShardGrant]] = field(default_factory=dict)
+    revoked: list[tuple[int, ShardGrant]] = field(default_factory=list)
+    rank_epoch: dict[int, int] = field(default_factory=dict)
+    consumed: dict[int, Counter[int]] = field(default_factory=dict)  # epoch -> sample ids
+
+    def fetch(self, rank: int, finish: int, want: int) -> ShardReply:
+        held = self.holding.setdefault(rank, [])
+        done, keep = held[:finish], held[finish:]
+        epoch = self.rank_epoch.get(rank, 0)
+        new, reply = ok(self.state, fetch(rank, epoch, tuple(done), want))
+        for grant in done:
+            self.consumed.setdefault(grant.epoch, Counter()).update(
+                range(grant.start + grant.position, grant.end)
+            )
+        in_flight = {g.shard for gs in self.holding.values() for g in gs}
+        for grant in reply.grants:
+            assert grant.shard not in in_flight, "granted a shard that is in flight"
+            in_flight.add(grant.shard)
+        self.holding[rank] = keep + list(reply.grants)
+        if reply.status == FetchStatus.EPOCH_DONE and not self.holding[rank]:
+            self.rank_epoch[rank] = max(epoch + 1, reply.epoch)
+        self.state = new
+        return reply
+
+    def release(self, rank: int) -> None:
+        self.state = release_rank(self.state, rank)
+        self.revoked.extend((rank, g) for g in self.holding.pop(rank, []))
+
+    def late_done(self, index: int) -> None:
+        """A removed rank reports a revoked grant: fenced, or a no-op once done."""
+        if not self.revoked:
+            return
+        rank, grant = self.revoked[index % len(self.revoked)]
+        before = self.state
+        new, reply = apply_fetch(before, fetch(rank, before.epoch, (grant,), want=0))
+        if isinstance(reply, ErrorReply):
+            assert reply.code in ("fenced", "stale") and new is before
+        else:
+            assert new == before
+
+    def check(self) -> None:
+        state = self.state
+        in_flight = {(e.shard, e.rank, e.attempt) for e in state.in_flight}
+        held = {(g.shard, r, g.attempt) for r, gs in self.holding.items() for g in gs}
+        assert in_flight == held  # the ledger knows exactly what the ranks hold
+        assert state.done_count + len(state.in_flight) + len(state.requeued) == state.cursor
+        assert LedgerState.model_validate_json(state.model_dump_json()) == state
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("fetch"), st.integers(0, 3), st.integers(0, 3), st.integers(0, 4)),
+        st.tuples(st.just("release"), st.integers(0, 3), st.just(0), st.just(0)),
+        st.tuples(st.just("late_done"), st.integers(0, 50), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 120),
+    st.integers(1, 25),
+    st.integers(1, 3),
+    st.integers(0, 2**32),
+    operations,
+)
+def test_every_sample_is_done_exactly_once_per_epoch(
+    dataset_size: int, shard_size: int, epochs: int, seed: int, ops: list[tuple[str, int, int, int]]
+) -> None:
+    sim = Simulation(new_ledger(spec(dataset_size, shard_size, world=4, epochs=epochs, seed=seed)))
+    for op, a, b, c in ops:
+        if op == "fetch":
+            sim.fetch(a, finish=b, want=c)
+        elif op == "release":
+            sim.release(a)
+        else:
+            sim.late_done(a)
+        sim.check()
+    # Then every rank finishes what it holds and keeps pulling until the job is done.
+    for _ in range(10_000):
+        if sim.state.complete and not any(sim.holding.values()):
+            break
+        for rank in range(4):
+            sim.fetch(rank, finish=8, want=8)
+            sim.check()
+    assert sim.state.complete
+    every_sample = Counter(range(dataset_size))
+    assert sim.consumed == dict.fromkeys(range(epochs), every_sample)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    operations,
+    st.text(alphabet="abj1", min_size=1, max_size=4),
+    st.integers(0, 6),
+    st.integers(0, 4),
+    st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12), st.integers(0, 3)), max_size=4),
+    st.integers(0, 8),
+)
+def test_any_request_keeps_the_ledger_consistent(
+    ops: list[tuple[str, int, int, int]],
+    job: str,
+    rank: int,
+    epoch: int,
+    refs: list[tuple[int, int, int]],
+    want: int,
+) -> None:
+    sim = Simulation(new_ledger(spec(57, 5, world=4, epochs=3)))
+    for op, a, b, c in ops:
+        if op == "fetch":
+            sim.fetch(a, finish=b, want=c)
+        elif op == "release":
+            sim.release(a)
+    before = sim.state
+    req = ShardFetch(
+        job=job,
+        rank=rank,
+        epoch=epoch,
+        done=tuple(ShardRef(epoch=e, shard=s, attempt=t) for e, s, t in refs),
+        want=want,
+    )
+    after, reply = apply_fetch(before, req)
+    if isinstance(reply, ErrorReply):
+        assert after is before
+    else:
+        LedgerState.model_validate(after.model_dump())  # every invariant still holds
+        assert len(reply.grants) <= want

@@ -1,0 +1,178 @@
+"""Plan arithmetic: exact sums, bounds, bounded change, predicted step time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from antdt.schemas import JobSpec, Plan
+from antdt.services.controller.plans import (
+    bounded_change,
+    check_feasible,
+    next_plan,
+    predicted_step_time,
+    proportional_shares,
+    upper_bounds,
+)
+from antdt.services.controller.policies.base import JobView
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "speeds", "kwargs", "expected"),
+    [
+        (10, [1, 1, 1], {}, (4, 3, 3)),
+        (128, [1, 1, 1, 1 / 3], {}, (39, 38, 38, 13)),
+        (128, [3, 3, 3, 1], {}, (39, 38, 38, 13)),
+        (100, [1, 1, 1, 1], {"caps": {0: 10}}, (10, 30, 30, 30)),
+        (100, [1, 1, 1, 1], {"caps": {0: 20, 1: 20, 2: 20}}, (20, 20, 20, 40)),
+        (100, [1, 1, 1, 1], {"max_b": 30, "caps": {3: 50}}, (25, 25, 25, 25)),
+        (10, [100, 1], {"min_b": 2}, (8, 2)),
+        (7, [1], {}, (7,)),
+        (0, [1, 2], {}, (0, 0)),
+    ],
+)
+def test_proportional_shares(
+    global_batch: int, speeds: list[float], kwargs: dict, expected: tuple[int, ...]
+) -> None:
+    assert proportional_shares(global_batch, speeds, **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("global_batch", "speeds", "kwargs", "message"),
+    [
+        (10, [1, 1], {"min_b": 6}, "minimum batches sum to 12"),
+        (100, [1, 1], {"max_b": 40}, "hold at most 80"),
+        (100, [1, 1], {"caps": {0: 10, 1: 10}}, "hold at most 20"),
+        (10, [1, 1], {"min_b": 4, "caps": {1: 3}}, "rank 1: largest batch 3"),
+        (10, [1, 0], {}, "positive and finite"),
+        (10, [1, math.nan], {}, "positive and finite"),
+        (10, [], {}, "at least one rank"),
+    ],
+)
+def test_infeasible_shares_say_why(
+    global_batch: int, speeds: list[float], kwargs: dict, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        proportional_shares(global_batch, speeds, **kwargs)
+
+
+@st.composite
+def share_problems(draw: st.DrawFn) -> tuple[int, list[float], int, int | None, dict[int, int]]:
+    n = draw(st.integers(1, 12))
+    speeds = draw(st.lists(st.floats(0.01, 1e4), min_size=n, max_size=n))
+    min_b = draw(st.integers(0, 8))
+    global_batch = draw(st.integers(0, 600))
+    max_b = draw(st.none() | st.integers(1, 300))
+    caps = draw(st.dictionaries(st.integers(0, n - 1), st.integers(1, 300), max_size=n))
+    return global_batch, speeds, min_b, max_b, caps
+
+
+@settings(max_examples=200, deadline=None)
+@given(share_problems())
+def test_shares_sum_exactly_within_bounds_or_refuse(
+    problem: tuple[int, list[float], int, int | None, dict[int, int]],
+) -> None:
+    global_batch, speeds, min_b, max_b, caps = problem
+    upper = upper_bounds(len(speeds), global_batch, max_b, caps)
+    lower = [min_b] * len(speeds)
+    try:
+        check_feasible(global_batch, lower, upper)
+    except ValueError:
+        with pytest.raises(ValueError):
+            proportional_shares(global_batch, speeds, min_b, max_b, caps)
+        return
+    shares = proportional_shares(global_batch, speeds, min_b, max_b, caps)
+    assert sum(shares) == global_batch
+    assert all(lo <= b <= hi for b, lo, hi in zip(shares, lower, upper, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.01, 1e4), min_size=1, max_size=12), st.integers(0, 5000))
+def test_unbounded_shares_are_proportional_and_monotonic(
+    speeds: list[float], global_batch: int
+) -> None:
+    shares = proportional_shares(global_batch, speeds)
+    total = sum(speeds)
+    for b, s in zip(shares, speeds, strict=True):
+        assert abs(b - global_batch * s / total) < 1.0 + 1e-6
+    for i in range(len(speeds)):
+        for j in range(len(speeds)):
+            if speeds[i] > speeds[j] * (1 + 1e-9):
+                assert shares[i] >= shares[j]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "max_fraction", "expected"),
+    [
+        ((32, 32, 32, 32), (39, 38, 38, 13), 0.75, (39, 38, 38, 13)),  # 3x fixed in one
+        ((32, 32, 32, 32), (39, 38, 38, 13), 0.25, (35, 35, 34, 24)),
+        ((10, 10), (10, 10), 0.1, (10, 10)),
+        ((1, 99), (50, 50), 0.1, (6, 94)),  # a starved rank grows by 10% of the mean
+        ((0, 4), (4, 0), 0.01, (1, 3)),  # at least one sample moves
+        ((32, 32), (60, 4), math.inf, (60, 4)),
+    ],
+)
+def test_bounded_change(
+    old: tuple[int, ...], new: tuple[int, ...], max_fraction: float, expected: tuple[int, ...]
+) -> None:
+    assert bounded_change(old, new, max_fraction) == expected
+
+
+def test_bounded_change_rejects_mismatched_plans() -> None:
+    with pytest.raises(ValueError):
+        bounded_change((1, 2), (2, 2), 0.5)
+    with pytest.raises(ValueError):
+        bounded_change((1, 2), (3,), 0.5)
+    with pytest.raises(ValueError):
+        bounded_change((1, 2), (2, 1), 0.0)
+
+
+@st.composite
+def plan_pairs(draw: st.DrawFn) -> tuple[list[int], list[int], float]:
+    n = draw(st.integers(1, 10))
+    old = draw(st.lists(st.integers(0, 200), min_size=n, max_size=n))
+    assume(sum(old) > 0)
+    weights = draw(st.lists(st.floats(0.01, 100), min_size=n, max_size=n))
+    new = list(proportional_shares(sum(old), weights))
+    return old, new, draw(st.floats(0.01, 2.0))
+
+
+@settings(max_examples=200, deadline=None)
+@given(plan_pairs())
+def test_bounded_change_keeps_sum_limits_and_direction(
+    pair: tuple[list[int], list[int], float],
+) -> None:
+    old, new, max_fraction = pair
+    moved = bounded_change(old, new, max_fraction)
+    assert sum(moved) == sum(old)
+    mean = sum(old) / len(old)
+    for a, b, m in zip(old, new, moved, strict=True):
+        assert min(a, b) <= m <= max(a, b)  # towards the target, never past it
+        assert abs(m - a) <= max(1, math.floor(max_fraction * max(a, mean)))
+
+
+@pytest.mark.parametrize(
+    ("batch", "speeds", "expected"),
+    [
+        ((32, 32, 32, 32), (1000, 1000, 1000, 1000 / 3), 0.096),
+        ((39, 38, 38, 13), (1000, 1000, 1000, 1000 / 3), 0.039),
+        ((0, 10), (0.0, 100.0), 0.1),  # an idle rank does not count
+        ((5, 10), (0.0, 100.0), math.inf),
+    ],
+)
+def test_predicted_step_time(
+    batch: tuple[int, ...], speeds: tuple[float, ...], expected: float
+) -> None:
+    assert predicted_step_time(batch, speeds) == pytest.approx(expected)
+
+
+def test_next_plan_bumps_the_version() -> None:
+    spec = JobSpec(job="j", world_size=2, dataset_size=100, shard_size=10, global_batch=8)
+    plan = Plan(job="j", version=4, local_batch=(4, 4), effective_step=10, created_at=1.0)
+    view = JobView(spec, plan, None, (), {}, None, now=99.0)
+    nxt = next_plan(view, [6, 2], "why" * 300, effective_step=20)
+    assert (nxt.version, nxt.local_batch, nxt.effective_step) == (5, (6, 2), 20)
+    assert (nxt.created_at, nxt.policy, len(nxt.reason)) == (99.0, "none", 512)
