@@ -258,6 +258,10 @@ class Bus:
             pending_bytes_limit=512 * 1024 * 1024,
         )
         self._subs.append(sub)
+        # The server knows the subscription only once it has read our SUB: flush, so that
+        # "subscribed" means "will receive what is published from now on".
+        with contextlib.suppress(Exception):
+            await self.nc.flush(timeout=2)  # type: ignore[arg-type]
 
     async def _dispatch(
         self, pattern: str, decoder: Decoder[M], handler: Handler[M], msg: Msg

@@ -33,6 +33,6 @@ async def start_services(settings: ServiceSettings, **overrides: Any) -> Running
 
 @pytest.fixture
 async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
-    running = await start_services(settings, window=4)
+    running = await start_services(settings, window=8)
     yield running
     await running.runtime.shutdown()

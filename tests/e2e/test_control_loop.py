@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.e2e.conftest import RunningServices
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
-WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 6400, 256, 4, 15
+WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 12800, 512, 3, 15
 
 
 def _env(settings, job: str, out: Path) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -32,14 +33,14 @@ def _env(settings, job: str, out: Path) -> dict[str, str]:  # type: ignore[no-un
         ANTDT_JOB=job,
         ANTDT_POLICY="lb-bsp",
         ANTDT_DATASET_SIZE=str(DATASET),
-        ANTDT_SHARD_SIZE="100",
+        ANTDT_SHARD_SIZE="200",
         ANTDT_GLOBAL_BATCH=str(BATCH),
         ANTDT_EPOCHS=str(EPOCHS),
         ANTDT_SEED="3",
         ANTDT_INJECT=f"rank=3,factor=3,from={ONSET}",
         ANTDT_SAMPLE_LOG=str(out / "samples"),
         ANTDT_DEMO_OUT=str(out),
-        ANTDT_DEMO_WIDTH="512",
+        ANTDT_DEMO_WIDTH="1024",
         ANTDT_TELEMETRY__LOG_FORMAT="json",
     )
     return env
@@ -76,25 +77,31 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     # 1. the slowed rank was detected
     slow = [i for i in incidents if i.rank == 3 and i.kind.value == "slow"]
     assert slow, f"no slow incident for rank 3: {incidents}"
-    assert all(i.rank == 3 for i in incidents if i.kind.value == "slow")
+    assert min(i.step for i in slow) >= ONSET
 
-    # 2. a new plan was applied by every rank, at the same step
+    # 2. new plans were applied by every rank, each at the same step on every rank
     applied = [a for a in actions if a.result == ActionResult.APPLIED]
     assert applied, f"no applied action: {actions}"
-    plan = applied[0]
-    assert plan.local_batch is not None and sum(plan.local_batch) == BATCH
-    assert plan.local_batch[3] < min(plan.local_batch[:3])
-    assert plan.acked_ranks == (0, 1, 2, 3)
-    for rank in range(WORLD):
-        switch = [e.step for e in steps[rank] if e.plan_version == plan.plan_version]
-        assert switch and min(switch) == plan.effective_step, (rank, switch[:3])
+    for action in applied:
+        assert action.local_batch is not None and sum(action.local_batch) == BATCH
+        assert action.acked_ranks == (0, 1, 2, 3)
+        for rank in range(WORLD):
+            switch = [e.step for e in steps[rank] if e.plan_version == action.plan_version]
+            assert switch and min(switch) == action.effective_step, (rank, switch[:3])
+    plan = applied[0]  # the answer to the detected straggler
+    assert plan.local_batch is not None
+    # the straggler is the rank relieved (other ranks share 2 cores with this test's
+    # servers, so their batches differ somewhat too)
+    assert plan.local_batch[3] < 0.6 * min(plan.local_batch[:3]), actions
 
-    # 3. efficiency recovered after the switch
-    before = [h.balance_efficiency for h in health if ONSET + 8 <= h.step < plan.effective_step]
-    after = [h.balance_efficiency for h in health if h.step >= plan.effective_step + 8]
-    assert after and max(after[-3:]) >= 0.8, after
-    if before:
-        assert min(before) < 0.7, before
+    # 3. efficiency fell at onset and recovered after the switch (medians: a window
+    # holding an uneven epoch-tail step dips on its own)
+    series = [(h.step, h.balance_efficiency) for h in health if h.ranks]
+    dip = [e for s, e in series if ONSET <= s <= plan.effective_step + 8]
+    after = [e for s, e in series if s >= plan.effective_step + 8]
+    assert dip and after, series
+    assert min(dip) < 0.7, series
+    assert statistics.median(after) >= 0.75, series
 
     # 4. every sample of every epoch reached the model exactly once
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)

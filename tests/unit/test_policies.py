@@ -94,7 +94,7 @@ def view(
     effective_step: int = 0,
     step: int = 100,
     health_version: int | None = None,
-    incidents: tuple[Incident, ...] = (),
+    incidents: tuple[Incident, ...] | None = None,
     caps: dict[int, int] | None = None,
     last_action_at: float | None = None,
     now: float = 1000.0,
@@ -113,7 +113,8 @@ def view(
         spec=job_spec,
         plan=plan,
         health=health(speeds, step=step, plan_version=seen, states=states),
-        open_incidents=incidents,
+        # by default the monitor reports the straggler (an open SLOW incident on rank 3)
+        open_incidents=(incident(),) if incidents is None else incidents,
         memory_caps=caps or {},
         last_action_at=last_action_at,
         now=now,
@@ -397,3 +398,15 @@ def test_every_plan_keeps_the_global_batch_bounds_and_bounded_change(v: JobView)
         if spec_.policy_params["variant"] == "cpu":
             assert abs(after - before) <= max(1, math.floor(max_change * max(before, mean)))
     assert action.action_id == f"{JOB}-plan-1"
+
+
+def test_healthy_job_is_left_alone_on_health_ticks() -> None:
+    """No open incident and equal shares: measured noise never moves batches."""
+    noisy = (FAST, FAST * 0.7, FAST, FAST * 0.75)
+    assert decide(view(noisy, incidents=())) == []
+
+
+def test_mitigation_is_undone_after_the_incident_resolves() -> None:
+    """The straggler recovered (incident resolved): health re-plans back toward balance."""
+    [action] = decide(view((FAST,) * 4, (40, 40, 40, 8), incidents=()))
+    assert action.local_batch == (32, 32, 32, 32)

@@ -128,7 +128,13 @@ class MonitorService:
                 self.dropped_not_owner += 1
                 return
         self.ingested += 1
-        for incident in detector.ingest(event, time.time()):
+        now = time.time()
+        incidents = detector.ingest(event, now)
+        if incidents:
+            # Health first: whoever reacts to the incident must see the window that opened
+            # it, not the last periodic health (up to a period old).
+            await self.bus.publish(self.subjects.health(job), detector.health(now))
+        for incident in incidents:
             await self._publish_incident(incident)
 
     async def _publish_incident(self, incident: Incident) -> None:

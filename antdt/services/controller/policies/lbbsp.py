@@ -117,6 +117,8 @@ class LbBspPolicy:
         params = LbBspParams.from_params(view.spec.policy_params)
         if params.rails.hold_reason(view) is not None:
             return []
+        if isinstance(event, JobHealth) and not _mitigation_wanted(view):
+            return []
         speeds = measured_speeds(view)
         if sum(1 for s in speeds if s is not None) < 2:
             return []  # nothing to balance against
@@ -242,6 +244,17 @@ def _speed(speeds: Sequence[float | None], rank: int) -> float:
     speed = speeds[rank]
     assert speed is not None
     return speed
+
+
+def _mitigation_wanted(view: JobView) -> bool:
+    """A health tick may re-plan only while the monitor reports a deviating rank, or to
+    undo an earlier mitigation (plan not equal shares): a healthy job is left alone, so
+    measurement noise on shared cores never moves batches."""
+    if any(_actionable(incident) for incident in view.open_incidents):
+        return True
+    if not within_bounds(view.plan.local_batch, *batch_bounds(view)):
+        return True  # a newly reported memory cap must be honoured at once
+    return tuple(view.plan.local_batch) != view.spec.equal_shares()
 
 
 def _actionable(incident: Incident) -> bool:

@@ -1,0 +1,378 @@
+"""The agent: a background asyncio loop (bus, commands, shard fetching, event publishing)
+and the training-thread API (epochs, steps, sync) in front of it."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import IO, Any
+
+import structlog
+
+from antdt.agent.collectives import Collectives, TorchCollectives
+from antdt.agent.errors import AgentClosed, AgentError
+from antdt.agent.inject import InjectionSchedule
+from antdt.agent.loopthread import LoopThread
+from antdt.agent.outbox import BoundedQueue, SampleLine, StepRecord
+from antdt.agent.plans import PlanBook, Verdict, applied_step, select_plan
+from antdt.agent.register import register, spec_differences
+from antdt.agent.settings import AgentSettings
+from antdt.agent.shards import ShardStream
+from antdt.agent.steps import Step, StepDriver
+from antdt.agent.stream_state import StreamState
+from antdt.runtime.bus import Bus, BusError, Delivery, Rejected
+from antdt.schemas import (
+    COMMAND_ADAPTER,
+    Ack,
+    AdjustBatch,
+    JobSpec,
+    KillRestart,
+    Plan,
+    RankHello,
+    StepEvent,
+    Subjects,
+)
+
+log = structlog.get_logger("antdt.agent")
+
+KILL_RESTART_UNSUPPORTED = "kill_restart is not supported by this agent version (planned)"
+
+
+class Agent:
+    """One rank's agent. `start()` connects and registers; then iterate `epochs()` and
+    `steps()`; `close()` flushes and stops. The training thread never waits on the
+    network except for data and for registration at start."""
+
+    def __init__(self, settings: AgentSettings, *, collectives: Collectives | None = None):
+        self.settings = settings
+        self.subjects = Subjects(settings.nats.subject_prefix)
+        self._schedule = InjectionSchedule.parse(settings.inject).for_rank(
+            settings.rank, settings.host
+        )
+        self._collectives = collectives
+        self._plan_lock = threading.Lock()
+        self._book = PlanBook()
+        self._locked: tuple[int, Plan] | None = None  # (step, plan) chosen for that step
+        self._next_step = 0  # the first step whose plan is not chosen yet
+        self._events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
+        self._lines: deque[SampleLine] = deque()
+        self._drain_scheduled = False
+        self._drain_task: asyncio.Task[None] | None = None
+        self._log_file: IO[str] | None = None
+        self._thread: LoopThread | None = None
+        self._bus: Bus | None = None
+        self._stream: ShardStream | None = None
+        self._driver: StepDriver | None = None
+        self.spec: JobSpec | None = None
+        self.commands = 0
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> Agent:
+        """Connect, say hello, register the job (retrying up to register_timeout_s) and
+        start fetching shards. Blocks until registered; raises AgentError otherwise."""
+        if self._thread is not None:
+            return self
+        s = self.settings
+        self._thread = LoopThread(f"antdt-agent-{s.rank}").start()
+        try:
+            self._thread.run(self._connect(), timeout=s.register_timeout_s + 15)
+        except BaseException:
+            self._closed = True
+            with contextlib.suppress(Exception):
+                self._thread.run(self._teardown(1.0), timeout=5)
+            self._thread.stop()
+            raise
+        assert self._stream is not None
+        self._driver = StepDriver(
+            rank=s.rank, host=s.host, stream=self._stream, plan_for=self._plan_for,
+            collectives=self._get_collectives, schedule=self._schedule, emit=self._emit,
+            log_ids=self._log_ids if s.sample_log else None,
+        )  # fmt: skip
+        atexit.register(self.close)
+        log.info("agent started", job=s.job, rank=s.rank, host=s.host, plan=self.plan.version)
+        return self
+
+    async def _connect(self) -> None:
+        s = self.settings
+        deadline = time.monotonic() + s.register_timeout_s
+        bus = Bus(s.nats, name=f"antdt-agent-{s.job}-{s.rank}")
+        try:
+            # wait_for: with reconnects enabled nats-py may retry a first connect forever.
+            self._bus = await asyncio.wait_for(
+                bus.connect(retry_for_s=s.register_timeout_s), s.register_timeout_s
+            )
+        except (BusError, TimeoutError) as exc:
+            raise AgentError(
+                f"cannot connect to NATS at {s.nats.url}: {exc or 'timed out'}"
+            ) from None
+        await bus.subscribe(self.subjects.command(s.job, s.rank), COMMAND_ADAPTER, self._on_command)
+        await bus.subscribe(self.subjects.command_all(s.job), COMMAND_ADAPTER, self._on_command)
+        await bus.publish(self.subjects.hello(s.job, s.rank), self._hello())
+        reply = await register(bus, self.subjects.register(s.job), s.job_spec(), deadline)
+        self._adopt(reply.spec, reply.plan)
+        state = StreamState(
+            job=s.job, rank=s.rank, seed=reply.spec.seed, prefetch=s.prefetch,
+            shard_size=reply.spec.shard_size,
+        )  # fmt: skip
+        assert self._thread is not None
+        self._stream = ShardStream(
+            state, bus=bus, subject=self.subjects.shards(s.job, "fetch"), loop=self._thread.loop
+        )
+        self._stream.start()
+
+    def _adopt(self, spec: JobSpec, plan: Plan) -> None:
+        s = self.settings
+        if spec.world_size != s.world_size:
+            raise AgentError(
+                f"job {s.job} is registered with {spec.world_size} ranks, "
+                f"this process runs in a world of {s.world_size}"
+            )
+        differences = spec_differences(s.job_spec(), spec)
+        if differences:
+            log.warning("using the stored job spec", job=s.job, differs=differences)
+        self.spec = spec
+        with self._plan_lock:
+            judgement = self._book.judge(plan, job=s.job, world_size=s.world_size)
+            if judgement.verdict is Verdict.BAD:
+                raise AgentError(f"registered plan unusable: {judgement.reason}")
+            if judgement.verdict is Verdict.ACCEPT:  # else a command brought a newer one
+                self._book = self._book.add(plan, plan.effective_step, self._next_step)
+
+    def _hello(self) -> RankHello:
+        s = self.settings
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        return RankHello(
+            job=s.job, rank=s.rank, world_size=s.world_size, host=s.host, pid=os.getpid(),
+            device=s.device, cpu_count=max(cpus, 1), max_local_batch=s.max_local_batch,
+            started_at=time.time(),
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Flush step events and done reports (bounded by close_timeout_s), drain the bus
+        and stop the loop. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._driver is not None:
+            with contextlib.suppress(RuntimeError):
+                self._driver.finish(time.perf_counter(), abandoned=True)
+        if self._thread is None:
+            return
+        timeout = self.settings.close_timeout_s
+        try:
+            self._thread.run(self._teardown(timeout), timeout=timeout + 7)
+        except Exception as exc:
+            log.warning("agent close incomplete", error=str(exc))
+        self._thread.stop()
+        if self.dropped_events:
+            log.info("step events dropped", count=self.dropped_events)
+
+    async def _teardown(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        if self._drain_task is not None:
+            await asyncio.gather(self._drain_task, return_exceptions=True)
+        await self._drain()
+        if self._stream is not None:
+            if not await self._stream.flush(max(0.0, deadline - time.monotonic())):
+                log.warning("done reports not delivered", pending=self._stream.unreported())
+            await self._stream.stop()
+        await self._drain()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._bus is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._bus.drain(), max(0.5, deadline - time.monotonic()))
+            await self._bus.close()
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- training-thread API -------------------------------------------------------
+
+    def _require_driver(self) -> StepDriver:
+        if self._closed:
+            raise AgentClosed("the agent is closed")
+        if self._driver is None:
+            raise RuntimeError("the agent is not running: call start() (or antdt.agent.init())")
+        return self._driver
+
+    def epochs(self) -> Iterator[int]:
+        """Epoch numbers, until the shards service reports the job done."""
+        return self._require_driver().epochs()
+
+    def steps(self) -> Iterator[Step]:
+        """The steps of the current epoch, until no rank has data left in it."""
+        return self._require_driver().steps()
+
+    def register_ddp(self, ddp_model: Any, process_group: Any = None) -> None:
+        """Keep DDP's overlapped all-reduce, weighted by batch: registers
+        `weighted_allreduce_hook` on `ddp_model`; `step.sync(ddp_model)` then only times."""
+        from antdt.agent.gradients import WeightedHookState, weighted_allreduce_hook
+
+        driver = self._require_driver()
+        state = WeightedHookState(process_group=process_group)
+        ddp_model.register_comm_hook(state, weighted_allreduce_hook)
+        driver.hook_state, driver.ddp_model = state, ddp_model
+
+    def _get_collectives(self) -> Collectives:
+        # Created at the first step, not at start(): the process group may come later.
+        if self._collectives is None:
+            self._collectives = TorchCollectives(self.settings.world_size)
+        return self._collectives
+
+    def _plan_for(self, step: int) -> Plan:
+        with self._plan_lock:
+            if self._locked is None or self._locked[0] != step:
+                self._locked = (step, select_plan(self._book.plans, step))
+                self._next_step = step + 1
+            return self._locked[1]
+
+    @property
+    def plan(self) -> Plan:
+        """The plan the next step will run under (unless a newer one arrives first)."""
+        with self._plan_lock:
+            return select_plan(self._book.plans, self._next_step)
+
+    @property
+    def step(self) -> int:
+        """The global index of the next step."""
+        return self._driver.step if self._driver else 0
+
+    @property
+    def epoch(self) -> int | None:
+        """The epoch being trained (None before the first)."""
+        return self._driver.epoch if self._driver else None
+
+    @property
+    def dropped_events(self) -> int:
+        return self._events.dropped
+
+    @property
+    def fetch_errors(self) -> int:
+        return sum(self._stream.errors.values()) if self._stream else 0
+
+    # -- commands (on the loop) ---------------------------------------------------------
+
+    async def _on_command(self, cmd: AdjustBatch | KillRestart, delivery: Delivery) -> Ack | None:
+        s = self.settings
+        self.commands += 1
+        if cmd.job != s.job:
+            raise Rejected("bad_request", f"command for job {cmd.job!r} sent to job {s.job!r}")
+        if isinstance(cmd, KillRestart):
+            if cmd.rank != s.rank:
+                if delivery.subject == self.subjects.command_all(s.job):
+                    return None  # broadcast meant for another rank: its agent answers
+                raise Rejected("bad_request", f"kill_restart for rank {cmd.rank} sent to {s.rank}")
+            return self._ack(cmd.action_id, ok=False, error=KILL_RESTART_UNSUPPORTED)
+        return self._adjust(cmd)
+
+    def _adjust(self, cmd: AdjustBatch) -> Ack:
+        s, plan = self.settings, cmd.plan
+        with self._plan_lock:
+            judgement = self._book.judge(plan, job=s.job, world_size=s.world_size)
+            if judgement.verdict is Verdict.STALE:
+                raise Rejected("stale", judgement.reason)
+            if judgement.verdict is Verdict.BAD:
+                raise Rejected("bad_request", judgement.reason)
+            if judgement.verdict is Verdict.SAME:
+                at = self._book.applied_step(plan)
+            else:
+                at = applied_step(plan, self._next_step)
+                self._book = self._book.add(plan, at, self._next_step)
+        log.info("plan accepted", version=plan.version, applied_step=at,
+                 local_batch=plan.local_batch[s.rank], action_id=cmd.action_id)  # fmt: skip
+        return self._ack(cmd.action_id, ok=True, applied_step=at, plan_version=plan.version)
+
+    def _ack(self, action_id: str, *, ok: bool, **fields: Any) -> Ack:
+        s = self.settings
+        return Ack(action_id=action_id, job=s.job, rank=s.rank, ok=ok, at=time.time(), **fields)
+
+    # -- events and the sample log -----------------------------------------------------
+
+    def _emit(self, record: StepRecord) -> None:  # training thread
+        if self._events.put(record):
+            self._schedule_drain()
+
+    def _log_ids(self, line: SampleLine) -> None:  # training thread; never dropped
+        self._lines.append(line)
+        self._schedule_drain()
+
+    def _schedule_drain(self) -> None:
+        if not self._drain_scheduled and self._thread is not None:
+            self._drain_scheduled = True
+            self._thread.call_soon(self._start_drain)
+
+    def _start_drain(self) -> None:  # loop
+        self._drain_scheduled = False
+        # A running drain pops again after each await, so it will see the new items.
+        if self._drain_task is None or self._drain_task.done():
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Publish queued step events and write sample-log lines until both are empty."""
+        while True:
+            records, lines = self._events.pop_all(), self._pop_lines()
+            if not records and not lines:
+                return
+            self._write_lines(lines)
+            await self._publish(records)
+
+    def _pop_lines(self) -> list[SampleLine]:
+        out: list[SampleLine] = []
+        while self._lines:
+            out.append(self._lines.popleft())
+        return out
+
+    async def _publish(self, records: list[StepRecord]) -> None:
+        bus = self._bus
+        if not records:
+            return
+        if bus is None or not bus.connected:
+            self._events.drop(len(records))  # the bus is down: drop, never buffer unboundedly
+            return
+        s = self.settings
+        subject = self.subjects.step(s.job, s.rank)
+        for record in records:
+            try:
+                await bus.publish(subject, self._step_event(record))
+            except Exception as exc:
+                self._events.drop(1)
+                if self._events.dropped_later == 1:
+                    log.warning("step event not published", error=str(exc))
+
+    def _step_event(self, r: StepRecord) -> StepEvent:
+        s = self.settings
+        compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
+        return StepEvent(
+            job=s.job, rank=s.rank, host=s.host, step=r.step, epoch=r.epoch,
+            plan_version=r.plan_version, local_batch=r.local_batch, samples=r.samples,
+            compute_s=compute_s, data_wait_s=r.data_wait_s, comm_s=r.comm_s, step_s=r.step_s,
+            started_at=r.started_at, ended_at=r.started_at + r.step_s,
+        )  # fmt: skip
+
+    def _write_lines(self, lines: list[SampleLine]) -> None:
+        if not lines or not self.settings.sample_log:
+            return
+        if self._log_file is None:
+            path = f"{self.settings.sample_log}.rank{self.settings.rank}.jsonl"
+            self._log_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the agent)
+        for line in lines:
+            ids = ",".join(map(str, line.ids))
+            self._log_file.write(f'{{"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n')
+        self._log_file.flush()  # a rank killed later must not lose lines of synced steps

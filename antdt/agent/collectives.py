@@ -1,0 +1,54 @@
+"""The two collectives a step needs: the sample count (so every rank learns the step's
+total, and whether the epoch is over) and the weighted gradient exchange.
+
+A seam, so that the agent's own tests can run several ranks in one process without
+torch.distributed; training always uses TorchCollectives."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class Collectives(Protocol):
+    def count(self, local_samples: int) -> int:
+        """SUM of local_samples over all ranks (blocks until every rank contributed)."""
+        ...
+
+    def reduce_gradients(self, model: Any, local_samples: int) -> int:
+        """Batch-weighted gradient mean over all ranks; returns the step's total."""
+        ...
+
+
+class TorchCollectives:
+    """torch.distributed on the default (or given) process group."""
+
+    def __init__(self, world_size: int, group: Any = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._group = group
+        self._initialized = dist.is_available() and dist.is_initialized()
+        if world_size > 1 and not self._initialized:
+            raise RuntimeError(
+                f"a job of {world_size} ranks needs torch.distributed initialised before "
+                "the first step: call antdt.agent.init_process_group() (or your own "
+                "torch.distributed.init_process_group)"
+            )
+        device = "cpu"
+        if self._initialized and dist.get_backend(group) == "nccl":
+            device = f"cuda:{torch.cuda.current_device()}"
+        # Reused every step: one small tensor, no allocation on the training thread.
+        self._count = torch.zeros(1, dtype=torch.int64, device=device)
+
+    def count(self, local_samples: int) -> int:
+        if not self._initialized:
+            return local_samples
+        self._count.fill_(local_samples)
+        self._dist.all_reduce(self._count, op=self._dist.ReduceOp.SUM, group=self._group)
+        return int(self._count.item())
+
+    def reduce_gradients(self, model: Any, local_samples: int) -> int:
+        from antdt.agent.gradients import allreduce_weighted
+
+        return allreduce_weighted(model, local_samples, group=self._group)

@@ -1,0 +1,12 @@
+"""The agent's exceptions."""
+
+from __future__ import annotations
+
+
+class AgentError(RuntimeError):
+    """The agent cannot run: registration failed or the job does not fit this process."""
+
+
+class AgentClosed(AgentError):
+    """The agent is closed: raised by its training API, also to a thread that was
+    waiting for data when close() ran."""

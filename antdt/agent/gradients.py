@@ -1,0 +1,150 @@
+"""Batch-weighted gradient averaging: every step's update is the mean gradient over all
+samples of the step, whatever the per-rank batch sizes (DESIGN.md section 8).
+
+Each rank's gradients are the MEAN over its own n_i samples (the usual `loss.mean()`).
+Plain averaging over ranks would weigh a rank's sample by 1 / (world * n_i); weighting
+each rank by n_i gives sum_i n_i g_i / sum_i n_i, the mean over the union, so no learning
+rate change is needed when the controller moves samples between ranks.
+
+Two ways to use it:
+
+* `allreduce_weighted(model.parameters(), n)` after backward (one flat all-reduce). With a
+  DDP-wrapped model, run forward/backward under `ddp.no_sync()` (or do not wrap at all)
+  so DDP does not all-reduce a second time.
+* Keep DDP's overlapped all-reduce and register `weighted_allreduce_hook` with a
+  `WeightedHookState` updated each step (the agent does both: `Agent.register_ddp`).
+  Every rank must then run backward every step, also with no samples (a zero loss), or
+  the other ranks wait forever in DDP's collective.
+
+torch is imported inside the functions: importing this module does not need torch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import GradBucket
+
+
+def trainable(params: Any) -> list[torch.Tensor]:
+    """The parameters that take gradients, from a module (DDP or not) or an iterable."""
+    if hasattr(params, "parameters"):
+        params = params.parameters()
+    return [p for p in params if p.requires_grad]
+
+
+def _buffer_dtype(params: list[torch.Tensor]) -> torch.dtype:
+    import torch
+
+    dtype = params[0].dtype
+    for p in params[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    # Half-precision sums of n_i * g_i lose too much; reduce them in float32.
+    return dtype if torch.finfo(dtype).bits >= 32 else torch.float32
+
+
+def _by_device(params: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault(p.device, []).append(p)
+    return groups
+
+
+def _reduce_group(params: list[torch.Tensor], n: int, group: Any) -> float:
+    import torch
+    import torch.distributed as dist
+
+    numel = sum(p.numel() for p in params)
+    flat = torch.zeros(numel + 1, dtype=_buffer_dtype(params), device=params[0].device)
+    if n > 0:  # a rank without samples sends zeros even if its grads hold NaN (mean of none)
+        offset = 0
+        for p in params:
+            if p.grad is not None:
+                if p.grad.is_sparse:
+                    raise ValueError("sparse gradients are not supported")
+                flat[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+            offset += p.numel()
+        flat[:numel].mul_(n)
+    flat[numel] = n
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    total = float(flat[numel].item())
+    if total > 0:
+        flat[:numel].div_(total)
+    offset = 0
+    for p in params:
+        mean = flat[offset : offset + p.numel()].view(p.shape)
+        offset += p.numel()
+        if p.grad is None:
+            # Set it anyway: every rank must hold the same gradients or the replicas drift.
+            p.grad = mean.to(p.dtype).clone()
+        else:
+            p.grad.copy_(mean)
+    return total
+
+
+def allreduce_weighted(params: Iterable[Any] | Any, local_samples: int, group: Any = None) -> int:
+    """Replace every rank's gradients by the mean gradient over all samples of the step.
+
+    `params`: a module (plain or DDP) or its parameters; their grads must be the mean over
+    this rank's `local_samples` samples (None grads count as zeros). One flat all-reduce
+    (SUM) of [g_1*n, ..., g_k*n, n] per device; returns the step's total sample count.
+    Without an initialised process group it acts as a world of one."""
+    if local_samples < 0:
+        raise ValueError("local_samples must be >= 0")
+    params = trainable(params)
+    if not params:
+        return _count_only(local_samples, group)
+    totals = [_reduce_group(ps, local_samples, group) for ps in _by_device(params).values()]
+    return round(totals[0])
+
+
+def _count_only(n: int, group: Any) -> int:
+    import torch
+    import torch.distributed as dist
+
+    count = torch.tensor([n], dtype=torch.int64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
+    return int(count.item())
+
+
+@dataclass
+class WeightedHookState:
+    """What `weighted_allreduce_hook` needs each step: this rank's samples and the step's
+    total over all ranks (from the agent's count all-reduce, known before backward)."""
+
+    local_samples: int = 0
+    total_samples: int = 0
+    process_group: Any = None
+
+    def update(self, local_samples: int, total_samples: int) -> None:
+        self.local_samples, self.total_samples = local_samples, total_samples
+
+
+# `bucket` and the return (torch.futures.Future[torch.Tensor]) are left unannotated on
+# purpose: DDP compares the annotations with the real classes, and under
+# `from __future__ import annotations` they would be strings and fail that check.
+def weighted_allreduce_hook(state: WeightedHookState, bucket):  # type: ignore[no-untyped-def]
+    """DDP communication hook: weight each rank's bucket by n_i * world / B and average.
+
+    DDP's default hook divides the SUM by world; here the bucket is scaled by
+    (n_i * world / B) / world = n_i / B before the SUM, so the result is
+    sum_i n_i g_i / B: the mean over the step's samples. Register with
+    `ddp.register_comm_hook(state, weighted_allreduce_hook)`."""
+    import torch.distributed as dist
+
+    bucket = cast("GradBucket", bucket)
+    if state.total_samples <= 0:
+        raise RuntimeError("WeightedHookState.total_samples is not set for this step")
+    tensor = bucket.buffer()
+    if state.local_samples == 0:
+        tensor.zero_()
+    else:
+        tensor.mul_(state.local_samples / state.total_samples)
+    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda fut: fut.value()[0])

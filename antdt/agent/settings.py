@@ -1,0 +1,101 @@
+"""The agent's settings: one root per training process, read from the environment.
+
+Every field comes from `ANTDT_<FIELD>` (nested with `__`, e.g. `ANTDT_NATS__URL`);
+rank and world size also from the launcher's plain `RANK` / `WORLD_SIZE`."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+from pydantic import AliasChoices, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from antdt.runtime.config import NatsSettings, TelemetrySettings
+from antdt.schemas import JobSpec
+
+TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+def default_host() -> str:
+    """The hostname made safe for subjects and keys: dots and odd characters become '-'."""
+    name = re.sub(r"[^A-Za-z0-9_\-]", "-", socket.gethostname()).strip("-")
+    return (name or "host")[:128]
+
+
+class AgentSettings(BaseSettings):
+    """Settings of one rank's agent."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ANTDT_", env_nested_delimiter="__", extra="ignore", populate_by_name=True
+    )
+
+    nats: NatsSettings = Field(default_factory=NatsSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    job: str = Field(min_length=1, max_length=128, pattern=TOKEN.pattern, description="Job id")
+    rank: int = Field(
+        ge=0,
+        validation_alias=AliasChoices("ANTDT_RANK", "RANK", "rank"),
+        description="This process's rank, 0-based",
+    )
+    world_size: int = Field(
+        ge=1,
+        validation_alias=AliasChoices("ANTDT_WORLD_SIZE", "WORLD_SIZE", "world_size"),
+        description="Ranks in the job",
+    )
+    host: str = Field(
+        default_factory=default_host,
+        min_length=1,
+        max_length=128,
+        pattern=TOKEN.pattern,
+        description="Host (node) name reported in events; [A-Za-z0-9_-]+",
+    )
+    dataset_size: int = Field(ge=1, description="Samples per epoch, samples")
+    shard_size: int = Field(ge=1, description="Samples per shard, samples")
+    global_batch: int = Field(ge=1, description="Samples per step over all ranks, samples")
+    epochs: int = Field(default=1, ge=1, description="Epochs to run, epochs")
+    seed: int = Field(default=0, ge=0, description="Seed of shard and in-shard sample order")
+    policy: str = Field(default="none", max_length=64, description="Controller policy name")
+    inject: str = Field(
+        default="",
+        description="Straggler schedule, e.g. 'rank=3,factor=3,from=30' (steps; factor x)",
+    )
+    sample_log: str | None = Field(
+        default=None,
+        description="Path prefix; if set, ids reaching each update go to <prefix>.rank<r>.jsonl",
+    )
+    event_queue_max: int = Field(
+        default=10_000, ge=1, description="Step events buffered for the bus, events"
+    )
+    register_timeout_s: float = Field(
+        default=60.0, gt=0, description="How long start() retries connect+register, seconds"
+    )
+    prefetch: int = Field(
+        default=2, ge=1, le=8, description="Shard grants kept ahead of consumption, grants"
+    )
+    close_timeout_s: float = Field(
+        default=5.0, gt=0, description="How long close() waits to flush events/done, seconds"
+    )
+    max_local_batch: int | None = Field(
+        default=None, ge=1, description="Largest local batch memory holds (hello), samples"
+    )
+    device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
+
+    @model_validator(mode="after")
+    def _rank_in_job(self) -> AgentSettings:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is outside a job of {self.world_size} ranks")
+        return self
+
+    def job_spec(self) -> JobSpec:
+        """The spec this rank registers (the controller's stored spec wins if it differs)."""
+        return JobSpec(
+            job=self.job,
+            world_size=self.world_size,
+            dataset_size=self.dataset_size,
+            shard_size=self.shard_size,
+            global_batch=self.global_batch,
+            epochs=self.epochs,
+            seed=self.seed,
+            policy=self.policy,
+        )

@@ -1,0 +1,186 @@
+"""The shard-pulling sampler's I/O shell: a fetcher task on the agent's loop that keeps
+grants ahead of the training thread and reports finished shards, and the blocking
+`take` the training thread calls. Decisions live in stream_state.StreamState."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+from collections import Counter
+
+import structlog
+
+from antdt.agent.errors import AgentClosed
+from antdt.agent.sampling import Taken
+from antdt.agent.stream_state import StreamState, open_cursors
+from antdt.runtime.bus import Bus, BusError, RequestRefused
+from antdt.schemas import ShardRef, ShardReply
+
+log = structlog.get_logger("antdt.agent.shards")
+
+
+class Backoff:
+    """Exponential backoff with jitter, so ranks that lost the service together do not
+    come back in lockstep."""
+
+    def __init__(self, first: float = 0.05, cap: float = 2.0) -> None:
+        self.first, self.cap, self.current = first, cap, first
+
+    def next(self) -> float:
+        delay = self.current * random.uniform(0.5, 1.0)
+        self.current = min(self.current * 2, self.cap)
+        return delay
+
+    def reset(self) -> None:
+        self.current = self.first
+
+
+class ShardStream:
+    """Thread-safe front of StreamState: the fetcher runs on `loop`, takes on the caller."""
+
+    def __init__(
+        self,
+        state: StreamState,
+        *,
+        bus: Bus,
+        subject: str,
+        loop: asyncio.AbstractEventLoop,
+        request_timeout_s: float | None = None,
+    ) -> None:
+        self._state = state
+        self._bus = bus
+        self._subject = subject
+        self._loop = loop
+        self._timeout = request_timeout_s
+        self._cond = threading.Condition()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.errors: Counter[str] = Counter()
+        self.requests = 0
+        self.closed = False
+
+    # -- loop side ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the fetcher; call on the loop."""
+        self._task = self._loop.create_task(self._run(), name="antdt-shard-fetcher")
+
+    async def stop(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()  # a training thread blocked on data must not wait forever
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        backoff = Backoff()
+        while True:
+            self._wake.clear()  # before looking at the state: a later wake is never lost
+            with self._cond:
+                fetch = self._state.next_fetch()
+            if fetch is None:
+                await self._wake.wait()
+                continue
+            try:
+                if not self._bus.connected:
+                    # nats-py would buffer the request and deliver it after a reconnect,
+                    # long after we gave up on its reply: grants in that reply would be lost.
+                    raise BusError("not connected to NATS")
+                self.requests += 1
+                reply = await self._bus.request(
+                    self._subject, fetch, ShardReply, timeout=self._timeout
+                )
+                cursors = open_cursors(reply.grants, self._state.seed)  # shuffles: no lock held
+                with self._cond:
+                    delay = self._state.on_reply(fetch, reply, cursors)
+                    self._cond.notify_all()
+            except Exception as exc:  # the fetcher must outlive any failure
+                # BusError (no responder, timeout), RequestRefused (the service may be
+                # failing over), or the client's own errors while NATS is away.
+                self._failed(exc)
+                await asyncio.sleep(backoff.next())
+                continue
+            backoff.reset()
+            if delay:
+                await asyncio.sleep(delay)
+
+    def _failed(self, exc: Exception) -> None:
+        with self._cond:
+            self._state.on_failure()
+        code = exc.reply.code if isinstance(exc, RequestRefused) else type(exc).__name__
+        self.errors[code] += 1
+        if self.errors[code] == 1 or self.errors[code] % 100 == 0:
+            log.warning("shard fetch failed, retrying", code=code, error=str(exc),
+                        count=self.errors[code])  # fmt: skip
+
+    async def flush(self, timeout: float) -> bool:
+        """Wait (bounded) until every synced done ref has been reported."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._cond:
+                if self._state.unreported() == 0 or self._state.job_done:
+                    return True
+            self._wake.set()
+            await asyncio.sleep(0.01)
+        return False
+
+    # -- training-thread side --------------------------------------------------------
+
+    def _kick(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: closing
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def take(self, n: int, epoch: int) -> Taken:
+        """Block until n sample ids are available in `epoch`, or this rank has no more
+        data in it; returns the ids and the shards they finished."""
+        taken = Taken()
+        with self._cond:
+            while not self._state.take(n, epoch, taken):
+                self._wait()
+            kick = bool(taken.finished) or self._state.needs_fetch()
+        if kick:
+            self._kick()
+        return taken
+
+    def _wait(self) -> None:
+        """Wait (holding the condition) for the fetcher to change the state."""
+        if self.closed:
+            raise AgentClosed("the agent was closed while waiting for data")
+        self._kick()
+        self._cond.wait(timeout=1.0)
+
+    def synced(self, refs: list[ShardRef]) -> None:
+        if not refs:
+            return
+        with self._cond:
+            self._state.synced(refs)
+        self._kick()
+
+    def begin_epoch(self, epoch: int) -> int | None:
+        """Block until an epoch >= `epoch` is confirmed by the service; None on JOB_DONE."""
+        with self._cond:
+            while not self._state.ready(epoch):
+                self._wait()
+            return None if self._state.job_done else self._state.epoch
+
+    def finish_epoch(self, epoch: int) -> None:
+        with self._cond:
+            self._state.advance(epoch)
+        self._kick()
+
+    @property
+    def epoch(self) -> int:
+        return self._state.epoch
+
+    @property
+    def job_done(self) -> bool:
+        return self._state.job_done
+
+    def unreported(self) -> int:
+        with self._cond:
+            return self._state.unreported()

@@ -1,0 +1,169 @@
+"""The training thread's side of the agent: epochs, steps, timing and sync.
+
+Everything here runs on the training thread, so it stays small: a few clock reads, one
+lock for the plan, list slicing for the ids, one bounded-queue append per step. Network
+work is handed to the agent's loop through `emit` / `log_ids` and the shard stream."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from antdt.agent.inject import InjectionSchedule
+from antdt.agent.outbox import SampleLine, StepRecord
+from antdt.agent.sampling import Taken
+
+if TYPE_CHECKING:
+    from antdt.agent.collectives import Collectives
+    from antdt.agent.gradients import WeightedHookState
+    from antdt.agent.shards import ShardStream
+    from antdt.schemas import Plan
+
+
+class Step:
+    """One step of this rank: its sample ids, and `sync` to end it."""
+
+    __slots__ = (
+        "_comm_s", "_count_s", "_data_s", "_driver", "_finished", "_t0", "_t_yield", "_wall0",
+        "epoch", "index", "local_batch", "plan_version", "sample_ids", "synced",
+        "total_samples",
+    )  # fmt: skip
+
+    def __init__(
+        self, driver: StepDriver, index: int, epoch: int, plan: Plan, taken: Taken, total: int
+    ) -> None:
+        self._driver = driver
+        self.index = index
+        self.epoch = epoch
+        self.plan_version = plan.version
+        self.local_batch = plan.local_batch[driver.rank]
+        self.sample_ids: list[int] = taken.ids
+        self.total_samples = total
+        self.synced = False
+        self._finished = taken.finished
+        self._t0 = self._t_yield = self._wall0 = 0.0
+        self._data_s = self._count_s = self._comm_s = 0.0
+
+    def sync(self, model: Any = None) -> int:
+        """End the step's compute: apply any injected slowdown, exchange batch-weighted
+        gradients of `model` (a module, DDP or not, or its parameters; None when they were
+        already exchanged, e.g. by the DDP hook), record the ids as having reached the
+        model and report finished shards. Every rank must call it every step. Returns
+        the step's total sample count."""
+        return self._driver.sync(self, model)
+
+    def __repr__(self) -> str:
+        return (
+            f"Step(index={self.index}, epoch={self.epoch}, samples={len(self.sample_ids)}, "
+            f"total={self.total_samples}, plan_version={self.plan_version})"
+        )
+
+
+@dataclass
+class StepDriver:
+    rank: int
+    host: str
+    stream: ShardStream
+    plan_for: Callable[[int], Plan]
+    collectives: Callable[[], Collectives]
+    schedule: InjectionSchedule
+    emit: Callable[[StepRecord], None]
+    log_ids: Callable[[SampleLine], None] | None = None
+    hook_state: WeightedHookState | None = None
+    ddp_model: Any = None
+    step: int = 0  # the next step's global index
+    epoch: int | None = None
+    _open: Step | None = None
+
+    # -- iteration -----------------------------------------------------------------
+
+    def epochs(self) -> Iterator[int]:
+        wanted = 0
+        while True:
+            epoch = self.stream.begin_epoch(wanted)
+            if epoch is None:
+                return
+            self.epoch = epoch
+            yield epoch
+            self.finish(time.perf_counter())
+            self.stream.finish_epoch(epoch)
+            wanted = epoch + 1
+
+    def steps(self) -> Iterator[Step]:
+        epoch = self.epoch
+        if epoch is None:
+            raise RuntimeError("iterate agent.epochs() and call agent.steps() inside it")
+        try:
+            while True:
+                t0 = time.perf_counter()
+                self.finish(t0)
+                step = self._begin(epoch, t0)
+                if step is None:
+                    return
+                yield step
+        finally:
+            self.finish(time.perf_counter(), abandoned=True)
+
+    def _begin(self, epoch: int, t0: float) -> Step | None:
+        wall0 = time.time()
+        index = self.step
+        plan = self.plan_for(index)
+        taken = self.stream.take(plan.local_batch[self.rank], epoch)
+        t1 = time.perf_counter()
+        total = self.collectives().count(len(taken.ids))
+        t2 = time.perf_counter()
+        if total == 0:
+            return None  # no rank has data left: the epoch is over everywhere at once
+        step = Step(self, index, epoch, plan, taken, total)
+        step._t0, step._wall0, step._t_yield = t0, wall0, t2
+        step._data_s, step._count_s = t1 - t0, t2 - t1
+        if self.hook_state is not None:
+            self.hook_state.update(len(taken.ids), total)
+        self._open = step
+        self.step = index + 1
+        return step
+
+    # -- sync and bookkeeping ---------------------------------------------------------
+
+    def sync(self, step: Step, model: Any) -> int:
+        if step is not self._open or step.synced:
+            raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
+        t_sync = time.perf_counter()
+        if self.schedule:
+            extra = self.schedule.extra_sleep(
+                self.rank, self.host, step.index, t_sync - step._t_yield
+            )
+            if extra > 0:
+                time.sleep(extra)  # the injected straggler: compute takes factor x as long
+        t_a = time.perf_counter()
+        if model is not None and model is not self.ddp_model:
+            self.collectives().reduce_gradients(model, len(step.sample_ids))
+        step._comm_s = step._count_s + (time.perf_counter() - t_a)
+        step.synced = True
+        if self.log_ids is not None:
+            self.log_ids(SampleLine(step.epoch, step.index, step.sample_ids))
+        self.stream.synced(step._finished)
+        return step.total_samples
+
+    def finish(self, t_end: float, *, abandoned: bool = False) -> None:
+        """Close the open step at `t_end` (the next step's start, or the epoch's end) and
+        hand its record to the loop."""
+        step = self._open
+        if step is None:
+            return
+        if not step.synced:
+            if abandoned:  # the script left the loop mid-step: nothing reached the model
+                self._open = None
+                return
+            raise RuntimeError(f"call step.sync(model) before starting step {step.index + 1}")
+        self._open = None
+        self.emit(
+            StepRecord(
+                step=step.index, epoch=step.epoch, plan_version=step.plan_version,
+                local_batch=step.local_batch, samples=len(step.sample_ids),
+                data_wait_s=step._data_s, comm_s=step._comm_s, step_s=t_end - step._t0,
+                started_at=step._wall0,
+            )
+        )  # fmt: skip

@@ -1,0 +1,162 @@
+"""The shard stream's state machine: what to ask the shards service next, and what its
+replies mean for this rank. Pure: no I/O, no clock, no locks (the shell adds those).
+
+Epochs only move forward on a rank. A rank starts by asking for epoch 0; a reply naming a
+later epoch makes it jump there (a rank restarted into a running job). A reply naming an
+earlier epoch than the one asked for means the ledger has not moved on yet (PENDING, or
+an EPOCH_DONE of the old epoch): retry later. Grants of an earlier epoch that still come
+(the ledger re-queued work) are taken, not dropped: their samples are owed to the model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from antdt.agent.sampling import Cursor, LocalShards, Taken
+from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
+
+#: Most done refs one ShardFetch may carry, and most grants one may ask for (the schema's).
+MAX_DONE = 64
+MAX_WANT = 8
+#: Floor of every retry delay, seconds: a service answering "retry after 0" must not make
+#: the rank spin.
+MIN_RETRY_S = 0.05
+
+
+@dataclass
+class StreamState:
+    job: str
+    rank: int
+    seed: int
+    prefetch: int
+    shard_size: int
+    epoch: int = 0
+    established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
+    exhausted: bool = False  # the service has no more shards of `epoch` to grant
+    job_done: bool = False
+    local: LocalShards = field(init=False)
+    pending_done: list[ShardRef] = field(default_factory=list)
+    sending: list[ShardRef] = field(default_factory=list)
+    demand: int = 0  # samples a blocked take still lacks
+    batch_hint: int = 0  # the last batch asked for: what the next take will want
+    dropped_grants: int = 0
+    seen: set[ShardRef] = field(default_factory=set)  # every grant taken, for replays
+
+    def __post_init__(self) -> None:
+        self.local = LocalShards(seed=self.seed)
+
+    # -- requests ---------------------------------------------------------------------
+
+    def want(self) -> int:
+        """How many new grants to ask for now."""
+        if self.job_done or self.exhausted:
+            return 0
+        if not self.established:
+            return self.prefetch
+        want = self.prefetch - len(self.local)
+        short = self.demand + self.batch_hint - self.local.remaining
+        if short > 0:
+            want = max(want, math.ceil(short / self.shard_size))
+        return max(0, min(want, MAX_WANT))
+
+    def needs_fetch(self) -> bool:
+        return not self.job_done and (bool(self.pending_done) or self.want() > 0)
+
+    def next_fetch(self) -> ShardFetch | None:
+        """The next request, or None when there is nothing to ask or report. Done refs it
+        carries move to `sending` until `on_reply` or `on_failure`."""
+        if not self.needs_fetch():
+            return None
+        self.sending = self.pending_done[:MAX_DONE]
+        self.pending_done = self.pending_done[MAX_DONE:]
+        return ShardFetch(
+            job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
+            want=self.want(),
+        )  # fmt: skip
+
+    def on_failure(self) -> None:
+        """The request was not answered: its done refs go out again with the next one (the
+        service must treat a repeated done as a no-op)."""
+        self.pending_done = self.sending + self.pending_done
+        self.sending = []
+
+    # -- replies ------------------------------------------------------------------------
+
+    def on_reply(self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]) -> float:
+        """Apply a reply; `cursors` are its grants opened (ordered) by the shell outside
+        the lock. Returns seconds to wait before the next request (0: go on)."""
+        self.sending = []
+        if reply.status is FetchStatus.JOB_DONE:
+            self.job_done = True
+            self.local = LocalShards(seed=self.seed)
+            return 0.0
+        if reply.epoch > self.epoch:
+            self.dropped_grants += len(self.local.drop_before(reply.epoch))
+            self.epoch, self.established, self.exhausted = reply.epoch, False, False
+        added = self._hold(cursors)
+        if reply.epoch < self.epoch or reply.status is FetchStatus.PENDING:
+            # The ledger has not reached the epoch this rank asked for.
+            return max(reply.retry_after_s, MIN_RETRY_S)
+        self.established = True
+        if reply.status is FetchStatus.EPOCH_DONE:
+            self.exhausted = True
+        elif not added and fetch.want > 0:
+            return max(reply.retry_after_s, MIN_RETRY_S)  # OK but nothing new: do not spin
+        return 0.0
+
+    def _hold(self, cursors: list[Cursor]) -> int:
+        """Take the new grants; a grant seen before (same epoch, shard and attempt: a
+        replayed reply) is ignored, so no sample is served twice. Returns how many."""
+        added = 0
+        for cursor in cursors:
+            grant = cursor.grant
+            ref = grant.ref()
+            if ref in self.seen or grant.epoch > self.epoch:
+                self.dropped_grants += 1  # replayed, or from the future: never serve it
+                continue
+            self.seen.add(ref)
+            if cursor.remaining == 0:
+                self.pending_done.append(ref)  # restored at its end: only report it
+            elif self.local.add_cursor(cursor):
+                added += 1
+        return added
+
+    # -- the training thread's side -------------------------------------------------
+
+    def take(self, n: int, epoch: int, into: Taken) -> bool:
+        """Move up to n - len(into.ids) ids into `into`. True when the take is complete:
+        it has n ids, or this rank gets no more data in `epoch`."""
+        self.batch_hint = n
+        self.local.take(n - len(into.ids), epoch, into)
+        done = len(into.ids) >= n or self.epoch_over(epoch)
+        self.demand = 0 if done else n - len(into.ids)
+        return done
+
+    def epoch_over(self, epoch: int) -> bool:
+        """No more samples for this rank in `epoch`: job done, jumped past it, or the
+        service has none left and the local grants of that epoch are used up."""
+        if self.local.available(epoch) > 0:
+            return False
+        return self.job_done or self.epoch > epoch or self.exhausted
+
+    def synced(self, refs: list[ShardRef]) -> None:
+        """The step that consumed these shards' last samples has updated the model."""
+        self.pending_done.extend(refs)
+
+    def advance(self, finished_epoch: int) -> None:
+        """The training loop finished `finished_epoch`: ask for the next one."""
+        if self.epoch <= finished_epoch:
+            self.epoch, self.established, self.exhausted = finished_epoch + 1, False, False
+            # Older epochs' grants cannot come back (the ledger has moved on): forget them.
+            self.seen = {ref for ref in self.seen if ref.epoch >= finished_epoch}
+
+    def ready(self, epoch: int) -> bool:
+        """begin_epoch(epoch) may return: the job is done, or epoch >= `epoch` is confirmed."""
+        return self.job_done or (self.established and self.epoch >= epoch)
+
+    def unreported(self) -> int:
+        return len(self.pending_done) + len(self.sending)
+
+
+def open_cursors(grants: tuple[ShardGrant, ...], seed: int) -> list[Cursor]:
+    return [Cursor.open(g, seed) for g in grants]

@@ -1,0 +1,1 @@
+"""`make bench`: figures printed as ratios against a baseline measured in the same run."""

@@ -1,0 +1,178 @@
+"""Registration and command handling of the agent over the real nats-server, against the
+in-test responder of test_agent_shards."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from antdt.agent import KILL_RESTART_UNSUPPORTED, Agent, AgentError
+from antdt.runtime.bus import Bus, Delivery, Rejected, RequestRefused
+from antdt.runtime.config import NatsSettings, ServiceSettings
+from antdt.runtime.servers import free_port
+from antdt.schemas import (
+    Ack,
+    AdjustBatch,
+    JobSpec,
+    KillRestart,
+    Plan,
+    RankHello,
+    Subjects,
+)
+from tests.helpers import wait_for
+from tests.integration.test_agent_shards import (
+    FakeServices,
+    ThreadCollectives,
+    agent_settings,
+    close_all,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def agents_to_close() -> Any:
+    started: list[Agent] = []
+    yield started
+    await asyncio.to_thread(close_all, started)
+
+
+def plan(job: str, version: int, batch: tuple[int, ...], effective: int) -> Plan:
+    return Plan(job=job, version=version, local_batch=batch, effective_step=effective,
+                created_at=time.time())  # fmt: skip
+
+
+def adjust(job: str, p: Plan, action: str = "a1") -> AdjustBatch:
+    return AdjustBatch(action_id=action, job=job, plan=p)
+
+
+async def start(cfg: Any, started: list[Agent]) -> Agent:
+    agent = Agent(cfg, collectives=ThreadCollectives(cfg.world_size).rank(cfg.rank))
+    started.append(agent)
+    return await asyncio.to_thread(agent.start)
+
+
+async def test_hello_register_and_stored_spec_wins(
+    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    hellos: list[RankHello] = []
+
+    async def on_hello(hello: RankHello, _: Delivery) -> None:
+        hellos.append(hello)
+
+    await bus.subscribe(subjects.hello(unique, "*"), RankHello, on_hello)
+    await bus.flush()
+    fake = await FakeServices(unique, dataset_size=50, shard_size=4).serve(settings.nats)
+    fake.registered.append(
+        JobSpec(job=unique, world_size=2, dataset_size=80, shard_size=8, global_batch=6, seed=9)
+    )
+    agent = await start(
+        agent_settings(settings.nats, unique, 1, 2, max_local_batch=64), agents_to_close
+    )
+    assert agent.spec is not None and (agent.spec.dataset_size, agent.spec.seed) == (80, 9)
+    assert agent.plan.local_batch == (3, 3) and agent.plan.version == 0
+    assert fake.registered[-1].dataset_size == 50  # what the rank asked for
+    await wait_for(lambda: hellos, what="hello")
+    assert (hellos[0].rank, hellos[0].host, hellos[0].max_local_batch) == (1, "h1", 64)
+    await fake.stop()
+
+
+async def test_register_failures_are_clear(
+    settings: ServiceSettings, unique: str, agents_to_close: list[Agent]
+) -> None:
+    nowhere = NatsSettings(url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=0.2)
+    with pytest.raises(AgentError, match="cannot connect to NATS"):
+        await start(agent_settings(nowhere, unique, 0, 1, register_timeout_s=0.5), agents_to_close)
+    with pytest.raises(AgentError, match="could not register"):
+        await start(
+            agent_settings(settings.nats, unique, 0, 1, register_timeout_s=0.5), agents_to_close
+        )
+
+    fake = FakeServices(unique, dataset_size=50, shard_size=4)
+    fake.registered.append(
+        JobSpec(job=unique, world_size=4, dataset_size=50, shard_size=4, global_batch=8)
+    )
+    await fake.serve(settings.nats)
+    with pytest.raises(AgentError, match="registered with 4 ranks"):
+        await start(agent_settings(settings.nats, unique, 0, 2), agents_to_close)
+    await fake.stop()
+
+    bus = await Bus(settings.nats, name="refuser").connect()
+
+    async def refuse(_: JobSpec, __: Delivery) -> None:
+        raise Rejected("bad_request", "policy 'nope' is not installed")
+
+    await bus.subscribe(Subjects(settings.nats.subject_prefix).register(unique), JobSpec, refuse)
+    await bus.flush()
+    with pytest.raises(AgentError, match="policy 'nope' is not installed"):
+        await start(agent_settings(settings.nats, unique, 0, 1), agents_to_close)
+    await bus.close()
+
+
+async def test_adjust_batch_acks_refusals_and_plan_switch(
+    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    fake = await FakeServices(unique, dataset_size=200, shard_size=4).serve(settings.nats)
+    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=200, global_batch=5)
+    agent = await start(cfg, agents_to_close)
+    cmd = subjects.command(unique, 0)
+
+    ack = await bus.request(cmd, adjust(unique, plan(unique, 1, (3,), effective=2)), Ack)
+    assert (ack.ok, ack.applied_step, ack.plan_version, ack.rank) == (True, 2, 1, 0)
+    again = await bus.request(cmd, adjust(unique, plan(unique, 1, (3,), effective=2), "a1"), Ack)
+    assert again.ok and again.applied_step == 2  # same version: idempotent
+
+    with pytest.raises(RequestRefused) as stale:
+        await bus.request(cmd, adjust(unique, plan(unique, 0, (4,), effective=9)), Ack)
+    assert stale.value.reply.code == "stale" and "older than 1" in stale.value.reply.error
+    with pytest.raises(RequestRefused) as wrong_world:
+        await bus.request(cmd, adjust(unique, plan(unique, 2, (3, 3), effective=0)), Ack)
+    assert wrong_world.value.reply.code == "bad_request"
+    assert "2 local batches for a job of 1 ranks" in wrong_world.value.reply.error
+    with pytest.raises(RequestRefused) as other_job:
+        await bus.request(cmd, adjust("other", plan("other", 2, (3,), effective=0)), Ack)
+    assert other_job.value.reply.code == "bad_request"
+
+    epochs = agent.epochs()
+    assert await asyncio.to_thread(next, epochs) == 0
+    steps = agent.steps()
+
+    def run(n: int) -> list[int]:
+        batches = []
+        for _ in range(n):
+            step = next(steps)
+            batches.append(len(step.sample_ids))
+            step.sync(object())
+        return batches
+
+    assert await asyncio.to_thread(run, 4) == [5, 5, 3, 3]  # v1 from its effective step 2
+    # A plan whose effective step has passed applies at the next step to start (4).
+    late = await bus.request(
+        subjects.command_all(unique), adjust(unique, plan(unique, 2, (7,), effective=0), "a2"), Ack
+    )
+    assert (late.ok, late.applied_step, late.plan_version) == (True, 4, 2)
+    assert await asyncio.to_thread(run, 2) == [7, 7]
+    assert agent.commands == 6
+    await asyncio.to_thread(agent.close)
+    await fake.stop()
+
+
+async def test_kill_restart_is_refused_for_now(
+    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    fake = await FakeServices(unique, dataset_size=50, shard_size=4).serve(settings.nats)
+    agent = await start(agent_settings(settings.nats, unique, 0, 1), agents_to_close)
+    kill = KillRestart(action_id="k1", job=unique, rank=0, checkpoint_step=10)
+    ack = await bus.request(subjects.command(unique, 0), kill, Ack)
+    assert not ack.ok and ack.error == KILL_RESTART_UNSUPPORTED
+    with pytest.raises(RequestRefused, match="bad_request"):
+        other = kill.model_copy(update={"rank": 3})
+        await bus.request(subjects.command(unique, 0), other, Ack)
+    await asyncio.to_thread(agent.close)
+    await fake.stop()

@@ -1,0 +1,116 @@
+"""Real torch ranks (gloo, started by antdt.agent.launch) training with the agent against
+the in-test responder: every sample once per epoch, replicas identical, a commanded plan
+switch applied at its step, and the injected straggler visible in the step events."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from antdt.agent import launch
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import ServiceSettings
+from antdt.schemas import Ack, AdjustBatch, Plan, StepEvent, Subjects
+from tests.helpers import wait_for
+from tests.integration.test_agent_shards import FakeServices, assert_exactly_once, read_sample_log
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch
+    import antdt.agent
+
+    torch.set_num_threads(1)
+    agent = antdt.agent.init()
+    antdt.agent.init_process_group(timeout_s=60)
+    torch.manual_seed(0)
+    size = agent.spec.dataset_size
+    x = torch.linspace(-1, 1, size * 4, dtype=torch.float64).reshape(size, 4)
+    y = x.sum(dim=1, keepdim=True) * 0.5
+    model = torch.nn.Linear(4, 1).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in agent.epochs():
+        for step in agent.steps():
+            ids = step.sample_ids
+            if ids:
+                for _ in range(20):  # some compute for the injected slowdown to scale
+                    torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+                ((model(x[ids]) - y[ids]) ** 2).mean().backward()
+            step.sync(model)
+            opt.step()
+            opt.zero_grad()
+    params = [p.detach().flatten().tolist() for p in model.parameters()]
+    with open(sys.argv[1] + f".rank{agent.settings.rank}.params", "w") as f:
+        f.write(repr(params))
+    agent.close()
+    torch.distributed.destroy_process_group()
+    """
+)
+
+
+async def test_two_torch_ranks_train_with_the_agent(
+    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    fake = await FakeServices(unique, dataset_size=240, shard_size=10, epochs=2).serve(
+        settings.nats
+    )
+    events: list[StepEvent] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        events.append(event)
+
+    await bus.subscribe(subjects.step(unique, "*"), StepEvent, on_step)
+    await bus.flush()
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run"
+    env = {
+        "ANTDT_NATS__URL": settings.nats.url,
+        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
+        "ANTDT_JOB": unique, "ANTDT_DATASET_SIZE": "240", "ANTDT_SHARD_SIZE": "10",
+        "ANTDT_GLOBAL_BATCH": "8", "ANTDT_EPOCHS": "2", "ANTDT_SAMPLE_LOG": str(out),
+        "ANTDT_INJECT": "host=slot1,factor=6,from=2", "ANTDT_TELEMETRY__LOG_LEVEL": "warning",
+    }  # fmt: skip
+    run = asyncio.ensure_future(
+        asyncio.to_thread(launch, 2, [sys.executable, str(script), str(out)], env=env)
+    )
+    await wait_for(lambda: events or run.done(), timeout=60, what="first step event")
+    new = Plan(job=unique, version=1, local_batch=(6, 2), effective_step=12,
+               created_at=time.time())  # fmt: skip
+    acks = [
+        await bus.request(
+            subjects.command(unique, r), AdjustBatch(action_id="a1", job=unique, plan=new), Ack
+        )
+        for r in range(2)
+    ]
+    assert await asyncio.wait_for(run, 120) == 0
+    await fake.stop()
+
+    assert_exactly_once(read_sample_log(out, 2), 240, epochs=2)
+    params = [Path(f"{out}.rank{r}.params").read_text() for r in range(2)]
+    assert params[0] == params[1]  # same updates on every replica
+    assert all(a.ok for a in acks)
+    switch = max(a.applied_step or 0 for a in acks)
+    await wait_for(lambda: len({(e.rank, e.step) for e in events}) == 2 * _steps(events),
+                   what="all step events")  # fmt: skip
+    for e in events:  # each rank switches at the step its ack announced
+        applied = acks[e.rank].applied_step
+        assert applied is not None
+        assert e.local_batch == ((6, 2)[e.rank] if e.step >= applied else 4), e
+    compute = {r: statistics.median(e.compute_s for e in events if e.rank == r and e.step >= 2
+                                    and e.samples) for r in range(2)}  # fmt: skip
+    assert compute[1] > 2 * compute[0], compute  # the injected straggler on host slot1
+    print(f"\nsteps={_steps(events)} switch_at={switch} median compute_s={compute}")
+
+
+def _steps(events: list[StepEvent]) -> int:
+    return max(e.step for e in events) + 1

@@ -1,0 +1,89 @@
+"""antdt.agent.launch: rank environment, failure propagation, signal forwarding."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from antdt.agent.launch import exit_code, launch, rank_env
+from tests.helpers import wait_for_sync
+
+KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ANTDT_HOST",
+        "ANTDT_RANK", "EXTRA"]  # fmt: skip
+
+# A rank that records its pid, then exits with its code or (code -1) waits to be killed.
+# A failing rank first waits (polling) until every rank has recorded its pid.
+RANK_SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+rank, world = os.environ["RANK"], int(os.environ["WORLD_SIZE"])
+Path(sys.argv[1], rank + ".tmp").write_text(str(os.getpid()))
+os.rename(Path(sys.argv[1], rank + ".tmp"), Path(sys.argv[1], rank))
+code = int(sys.argv[2 + int(rank)])
+if code >= 0:
+    while not all(Path(sys.argv[1], str(r)).exists() for r in range(world)):
+        time.sleep(0.01)
+    sys.exit(code)
+signal.pause()
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_every_rank_gets_its_environment(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("ANTDT_RANK", "7")  # must not outrank the launcher's RANK
+    script = f"import os, json; open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w')" \
+             f".write(json.dumps({{k: os.environ.get(k) for k in {KEYS!r}}}))"  # fmt: skip
+    code = launch(3, [sys.executable, "-c", script], env={"EXTRA": "x"}, host_prefix="node")
+    assert code == 0
+    seen = [json.loads((tmp_path / str(r)).read_text()) for r in range(3)]
+    for rank, env in enumerate(seen):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert (env["WORLD_SIZE"], env["MASTER_ADDR"]) == ("3", "127.0.0.1")
+        assert env["ANTDT_HOST"] == f"node{rank}" and env["EXTRA"] == "x"
+        assert env["ANTDT_RANK"] is None
+    assert len({env["MASTER_PORT"] for env in seen}) == 1
+
+
+def test_a_failing_rank_stops_the_others(tmp_path: Path) -> None:
+    codes = ["-1", "3", "-1"]  # rank 1 fails, ranks 0 and 2 wait forever
+    code = launch(3, [sys.executable, "-c", RANK_SCRIPT, str(tmp_path), *codes])
+    assert code == 3
+    pids = [int((tmp_path / str(r)).read_text()) for r in range(3)]
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path) -> None:
+    launcher = (
+        "import sys; from antdt.agent.launch import launch; "
+        f"sys.exit(launch(2, [sys.executable, '-c', {RANK_SCRIPT!r}, {str(tmp_path)!r}, "
+        "'-1', '-1']))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).parents[2])
+    try:
+        wait_for_sync(lambda: all((tmp_path / str(r)).exists() for r in range(2)),
+                      what="ranks started")  # fmt: skip
+        pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 128 + signal.SIGTERM
+        assert not any(_alive(pid) for pid in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_rank_env_and_exit_codes() -> None:
+    env = rank_env({"ANTDT_WORLD_SIZE": "9", "PATH": "/bin"}, 1, 2, 1234, "slot")
+    assert env["ANTDT_HOST"] == "slot1" and env["MASTER_PORT"] == "1234"
+    assert "ANTDT_WORLD_SIZE" not in env and env["PATH"] == "/bin"
+    assert exit_code(-9) == 137 and exit_code(2) == 2

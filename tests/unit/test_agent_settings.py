@@ -1,0 +1,55 @@
+"""AgentSettings from the environment."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from antdt.agent.settings import AgentSettings, default_host
+
+BASE = {"ANTDT_JOB": "job1", "ANTDT_DATASET_SIZE": "100", "ANTDT_SHARD_SIZE": "10",
+        "ANTDT_GLOBAL_BATCH": "8"}  # fmt: skip
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for key in ("RANK", "WORLD_SIZE", "ANTDT_RANK", "ANTDT_WORLD_SIZE", "ANTDT_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in BASE.items():
+        monkeypatch.setenv(key, value)
+    return monkeypatch
+
+
+def test_rank_and_world_from_launcher_env(env: pytest.MonkeyPatch) -> None:
+    env.setenv("RANK", "2")
+    env.setenv("WORLD_SIZE", "4")
+    env.setenv("ANTDT_NATS__URL", "nats://10.0.0.1:4222")
+    env.setenv("ANTDT_INJECT", "rank=2,factor=3")
+    s = AgentSettings()
+    assert (s.rank, s.world_size, s.job, s.nats.url) == (2, 4, "job1", "nats://10.0.0.1:4222")
+    assert s.inject == "rank=2,factor=3" and s.prefetch == 2 and s.epochs == 1
+    env.setenv("ANTDT_RANK", "3")
+    assert AgentSettings().rank == 3  # ANTDT_RANK wins
+    assert AgentSettings(rank=1).rank == 1  # and kwargs win over both
+
+
+def test_spec_and_validation(env: pytest.MonkeyPatch) -> None:
+    s = AgentSettings(rank=0, world_size=2, host="slot0", seed=5)
+    spec = s.job_spec()
+    assert (spec.world_size, spec.dataset_size, spec.shard_size, spec.seed) == (2, 100, 10, 5)
+    with pytest.raises(ValidationError, match="outside a job"):
+        AgentSettings(rank=2, world_size=2)
+    with pytest.raises(ValidationError):
+        AgentSettings(rank=0, world_size=1, host="bad.host")
+
+
+def test_default_host_is_a_token() -> None:
+    host = default_host()
+    assert host and "." not in host and len(host) <= 128
+
+
+def test_a_malformed_inject_schedule_fails_at_construction(env: pytest.MonkeyPatch) -> None:
+    from antdt.agent import Agent
+
+    with pytest.raises(ValueError, match="factor= is required"):
+        Agent(AgentSettings(rank=0, world_size=1, inject="rank=0"))

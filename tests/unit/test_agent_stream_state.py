@@ -1,0 +1,137 @@
+"""The shard stream's state machine: requests, replies, epochs (pure)."""
+
+from __future__ import annotations
+
+from antdt.agent.sampling import Cursor, Taken
+from antdt.agent.stream_state import MIN_RETRY_S, StreamState, open_cursors
+from antdt.schemas import FetchStatus, ShardGrant, ShardRef, ShardReply
+
+
+def state(**kw: int) -> StreamState:
+    return StreamState(job="j", rank=0, seed=0, prefetch=kw.get("prefetch", 2),
+                       shard_size=kw.get("shard_size", 4))  # fmt: skip
+
+
+def g(shard: int, epoch: int = 0, size: int = 4, position: int = 0) -> ShardGrant:
+    return ShardGrant(epoch=epoch, shard=shard, attempt=0, start=shard * size,
+                      end=(shard + 1) * size, position=position)  # fmt: skip
+
+
+def reply(
+    status: FetchStatus, epoch: int = 0, *grants: ShardGrant, retry: float = 0.0
+) -> ShardReply:
+    return ShardReply(job="j", epoch=epoch, status=status, grants=grants, retry_after_s=retry)
+
+
+def answer(s: StreamState, r: ShardReply) -> float:
+    fetch = s.next_fetch()
+    assert fetch is not None
+    cursors: list[Cursor] = open_cursors(r.grants, s.seed)
+    return s.on_reply(fetch, r, cursors)
+
+
+def test_first_request_asks_epoch_zero_for_prefetch_grants() -> None:
+    s = state(prefetch=3)
+    fetch = s.next_fetch()
+    assert fetch is not None and (fetch.epoch, fetch.want, fetch.done) == (0, 3, ())
+
+
+def test_ok_establishes_epoch_and_keeps_prefetch_grants_ahead() -> None:
+    s = state()
+    assert answer(s, reply(FetchStatus.OK, 0, g(0), g(1))) == 0.0
+    assert s.ready(0) and s.next_fetch() is None  # two grants held: nothing to ask
+    taken = Taken()
+    assert s.take(5, 0, taken) and len(taken.ids) == 5
+    assert taken.finished == [ShardRef(epoch=0, shard=0, attempt=0)]
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.want == 1 and fetch.done == ()
+
+
+def test_a_big_batch_asks_for_enough_shards() -> None:
+    s = state(prefetch=2, shard_size=4)
+    answer(s, reply(FetchStatus.OK, 0, g(0), g(1)))
+    taken = Taken()
+    assert not s.take(20, 0, taken)  # 8 held, 12 short: must wait
+    assert s.demand == 12
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.want == 8  # ceil((12 + 20) / 4) capped at 8
+
+
+def test_done_refs_only_after_sync_and_resent_after_failure() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.OK, 0, g(0), g(1)))
+    taken = Taken()
+    s.take(4, 0, taken)
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.done == ()  # consumed, not yet synced
+    s.on_failure()
+    s.synced(taken.finished)
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.done == (ShardRef(epoch=0, shard=0, attempt=0),)
+    s.on_failure()
+    assert s.unreported() == 1
+    fetch = s.next_fetch()
+    assert fetch is not None and len(fetch.done) == 1
+    s.on_reply(fetch, reply(FetchStatus.OK, 0, g(2)), open_cursors((g(2),), 0))
+    assert s.unreported() == 0
+
+
+def test_epoch_done_ends_the_epoch_once_local_grants_are_used() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(7)))
+    assert s.exhausted and not s.epoch_over(0)
+    taken = Taken()
+    assert s.take(10, 0, taken)  # complete although short: no more data this epoch
+    assert len(taken.ids) == 4 and s.epoch_over(0)
+    assert s.next_fetch() is None
+
+
+def test_next_epoch_pending_then_ok() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0))
+    s.advance(0)
+    assert not s.ready(1)
+    fetch = s.next_fetch()
+    assert fetch is not None and (fetch.epoch, fetch.want) == (1, 2)
+    assert s.on_reply(fetch, reply(FetchStatus.PENDING, 0, retry=0.3), []) == 0.3
+    assert not s.ready(1)
+    assert answer(s, reply(FetchStatus.EPOCH_DONE, 0)) == MIN_RETRY_S  # old epoch: retry
+    assert not s.ready(1)
+    answer(s, reply(FetchStatus.OK, 1, g(0, epoch=1)))
+    assert s.ready(1) and s.epoch == 1
+
+
+def test_jump_to_a_later_epoch_drops_older_grants() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.OK, 0, g(0)))
+    answer(s, reply(FetchStatus.OK, 3, g(1, epoch=3)))
+    assert s.epoch == 3 and s.ready(0) and s.dropped_grants == 1
+    assert s.epoch_over(0)  # the training loop's epoch 0 ends; epochs() yields 3 next
+    taken = Taken()
+    assert s.take(2, 3, taken) and len(taken.ids) == 2
+
+
+def test_job_done_stops_everything() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.JOB_DONE, 4))
+    assert s.job_done and s.ready(99) and s.epoch_over(0) and s.next_fetch() is None
+
+
+def test_empty_ok_does_not_spin_and_restored_end_of_shard_is_reported() -> None:
+    s = state()
+    assert answer(s, reply(FetchStatus.OK, 0)) == MIN_RETRY_S
+    answer(s, reply(FetchStatus.OK, 0, g(2, position=4)))
+    assert s.pending_done == [ShardRef(epoch=0, shard=2, attempt=0)]
+    assert len(s.local) == 0
+
+
+def test_a_replayed_grant_is_never_served_twice() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.OK, 0, g(0), g(1)))
+    taken = Taken()
+    s.take(4, 0, taken)  # shard 0 used up
+    assert answer(s, reply(FetchStatus.OK, 0, g(0), g(1))) == MIN_RETRY_S  # nothing new
+    assert s.dropped_grants == 2 and s.local.remaining == 4
+    again = g(0).model_copy(update={"attempt": 1, "position": 2})  # a real re-grant
+    answer(s, reply(FetchStatus.OK, 0, again))
+    assert s.local.remaining == 6
