@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check antdt tests examples
-	$(BIN)/ruff format --check antdt tests examples
+	$(BIN)/ruff check antdt tests
+	$(BIN)/ruff format --check antdt tests
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -28,7 +28,7 @@ ONSET = 30
 FACTOR = 3.0
 POLICIES = ("none", "lb-bsp")
 
-console = Console()
+console = Console(width=None if Console().is_terminal else 120)
 
 
 def _wait_services(log_path: Path, proc: ManagedProcess, timeout: float = 60) -> None:
@@ -114,6 +114,9 @@ def _count_lines(path: Path) -> int:
 
 
 def run_demo(out: Path, *, steps: int = 150) -> int:
+    from antdt.runtime.logs import configure_logging
+
+    configure_logging("warning", "console")  # the demo's own output is the table
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     steps_per_epoch = math.ceil(DATASET / GLOBAL_BATCH)

@@ -127,27 +127,59 @@ class Bus:
     # -- connection ---------------------------------------------------------------
 
     async def connect(self, *, retry_for_s: float = 30.0) -> Bus:
-        """Connect, retrying the first connection for up to `retry_for_s` seconds."""
+        """Connect, retrying the first connection for up to `retry_for_s` seconds; after
+        that the connection reconnects forever on its own."""
         deadline = asyncio.get_running_loop().time() + retry_for_s
         while True:
-            try:
-                self._nc = await nats.connect(
-                    servers=[u.strip() for u in self.settings.url.split(",")],
-                    name=self.name,
-                    connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
-                    reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    allow_reconnect=True,
-                    pending_size=self.settings.max_pending_bytes,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnected,
-                    reconnected_cb=self._on_reconnected,
-                )
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise BusError(f"cannot connect to NATS at {self.settings.url} in {retry_for_s}s")
+            # nats-py retries an unreachable first server forever (reconnects are on) and
+            # may swallow a cancel while doing so: only call it once a server answers TCP,
+            # and bound it with asyncio.wait, which returns even if the task lingers.
+            if not await self._any_server_reachable(min(remaining, 1.0)):
+                await asyncio.sleep(min(self.settings.reconnect_wait_s, max(remaining, 0)))
+                continue
+            task = asyncio.ensure_future(self._nats_connect())
+            done, _ = await asyncio.wait({task}, timeout=remaining)
+            if task in done and task.exception() is None:
+                self._nc = task.result()
                 return self
-            except Exception as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise BusError(f"cannot connect to NATS at {self.settings.url}: {exc}") from exc
-                await asyncio.sleep(self.settings.reconnect_wait_s)
+            if task not in done:
+                task.cancel()
+            else:
+                log.debug("nats connect failed; retrying", error=str(task.exception()))
+
+    def _servers(self) -> list[str]:
+        return [u.strip() for u in self.settings.url.split(",") if u.strip()]
+
+    async def _any_server_reachable(self, timeout: float) -> bool:
+        for url in self._servers():
+            host_port = url.split("://", 1)[-1].rsplit("@", 1)[-1]
+            host, _, port = host_port.rpartition(":")
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(host or "127.0.0.1", int(port or 4222)), timeout
+                )
+            except (OSError, TimeoutError, asyncio.TimeoutError, ValueError):
+                continue
+            writer.close()
+            return True
+        return False
+
+    async def _nats_connect(self) -> NatsClient:
+        return await nats.connect(
+            servers=self._servers(),
+            name=self.name,
+            connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
+            reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
+            max_reconnect_attempts=-1,
+            allow_reconnect=True,
+            pending_size=self.settings.max_pending_bytes,
+            error_cb=self._on_error,
+            disconnected_cb=self._on_disconnected,
+            reconnected_cb=self._on_reconnected,
+        )
 
     async def _on_error(self, exc: Exception) -> None:
         log.debug("nats error", error=str(exc), client=self.name)

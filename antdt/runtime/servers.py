@@ -135,37 +135,18 @@ def _wait_ready(proc: ManagedProcess, check: object, timeout: float) -> None:
     raise ServerError(f"{proc.name} not ready after {timeout}s:\n{proc.log_tail()}")
 
 
-@dataclass
-class EmbeddedNats:
-    """nats-server with JetStream on loopback. Restartable on the same port and store."""
+class _EmbeddedServer:
+    """What both embedded servers share: the managed process, kill -9 and stop."""
 
-    data_dir: Path
-    port: int = 0
-    monitor_port: int = 0
-    host: str = "127.0.0.1"
-    _process: ManagedProcess | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        return f"nats://{self.host}:{self.port}"
+    _process: ManagedProcess | None
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    def start(self, timeout: float = 20.0) -> EmbeddedNats:
-        self.port = self.port or free_port(self.host)
-        self.monitor_port = self.monitor_port or free_port(self.host)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        argv = [
-            find_nats_server(), "-a", self.host, "-p", str(self.port),
-            "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
-        ]  # fmt: skip
-        self._process = ManagedProcess("nats-server", argv, self.data_dir / "nats-server.log")
-        self._process.spawn()
-        health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
-        _wait_ready(self._process, lambda: _http_ok(health, "ok"), timeout)
-        return self
+    def _run(self, name: str, argv: list[str], log: Path, ready: object, timeout: float) -> None:
+        self._process = ManagedProcess(name, argv, log).spawn()
+        _wait_ready(self._process, ready, timeout)
 
     def kill(self) -> None:
         """kill -9, as a crash would."""
@@ -180,7 +161,35 @@ class EmbeddedNats:
 
 
 @dataclass
-class EmbeddedEtcd:
+class EmbeddedNats(_EmbeddedServer):
+    """nats-server with JetStream on loopback. Restartable on the same port and store."""
+
+    data_dir: Path
+    port: int = 0
+    monitor_port: int = 0
+    host: str = "127.0.0.1"
+    _process: ManagedProcess | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> EmbeddedNats:
+        self.port = self.port or free_port(self.host)
+        self.monitor_port = self.monitor_port or free_port(self.host)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        argv = [
+            find_nats_server(), "-a", self.host, "-p", str(self.port),
+            "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
+        ]  # fmt: skip
+        health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
+        log = self.data_dir / "nats-server.log"
+        self._run("nats-server", argv, log, lambda: _http_ok(health, "ok"), timeout)
+        return self
+
+
+@dataclass
+class EmbeddedEtcd(_EmbeddedServer):
     """A single-member etcd on loopback. Restartable on the same ports and data dir."""
 
     data_dir: Path
@@ -192,10 +201,6 @@ class EmbeddedEtcd:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
 
     def start(self, timeout: float = 30.0) -> EmbeddedEtcd:
         self.port = self.port or free_port(self.host)
@@ -211,20 +216,9 @@ class EmbeddedEtcd:
             "--quota-backend-bytes", str(2 * 1024**3), "--auto-compaction-retention", "1000",
             "--auto-compaction-mode", "revision",
         ]  # fmt: skip
-        self._process = ManagedProcess("etcd", argv, self.data_dir / "etcd.log")
-        self._process.spawn()
-        _wait_ready(self._process, lambda: _http_ok(f"{client}/health", '"true"'), timeout)
+        ready = lambda: _http_ok(f"{client}/health", '"true"')  # noqa: E731
+        self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout)
         return self
-
-    def kill(self) -> None:
-        if self._process:
-            self._process.kill()
-            if self._process.proc:
-                self._process.proc.wait(5)
-
-    def stop(self) -> None:
-        if self._process:
-            self._process.stop()
 
 
 @dataclass

@@ -176,3 +176,12 @@ async def _publish_and_check(bus: Bus, got: list[StepEvent]) -> bool:
     await bus.publish("x.step", step_event())
     await asyncio.sleep(0.05)
     return bool(got)
+
+
+async def test_first_connect_is_bounded() -> None:
+    from antdt.runtime.config import NatsSettings
+    from antdt.runtime.servers import free_port
+
+    url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(BusError, match="cannot connect"):
+        await Bus(NatsSettings(url=url, connect_timeout_s=0.2), name="x").connect(retry_for_s=1)

@@ -205,8 +205,8 @@ def test_ignores_incidents_batches_cannot_help(event: Incident) -> None:
     ("overrides", "acts"),
     [
         ({}, True),
-        ({"last_action_at": 995.0}, False),  # cooldown: 5 s < 10 s
-        ({"last_action_at": 990.0}, True),  # exactly the cooldown
+        ({"last_action_at": 998.0}, False),  # cooldown: 2 s < 3 s
+        ({"last_action_at": 997.0}, True),  # exactly the cooldown
         ({"version": 1, "effective_step": 95}, False),  # settling: 100 < 95 + 8
         ({"version": 1, "effective_step": 92}, True),
         ({"version": 1, "health_version": 0}, False),  # new plan not measured yet
