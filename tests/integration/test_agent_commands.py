@@ -1,36 +1,48 @@
 """Registration and command handling of the agent over the real nats-server, against the
-in-test responder of test_agent_shards."""
+real controller and shards services (ledger and specs in the real etcd). Commands are
+sent by the test itself, as a client of the agent's command subjects."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from antdt.agent import KILL_RESTART_UNSUPPORTED, Agent, AgentError
-from antdt.runtime.bus import Bus, Delivery, Rejected, RequestRefused
+from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import free_port
+from antdt.runtime.store import Store
 from antdt.schemas import (
     Ack,
     AdjustBatch,
     JobSpec,
+    Keys,
     KillRestart,
     Plan,
     RankHello,
+    RegisterReply,
     Subjects,
 )
+from tests.e2e.conftest import RunningServices
 from tests.helpers import wait_for
-from tests.integration.test_agent_shards import (
-    FakeServices,
+from tests.integration.agent_fixtures import (
     ThreadCollectives,
     agent_settings,
     close_all,
+    real_services,
 )
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
+    async with real_services(settings) as running:
+        yield running
 
 
 @pytest.fixture
@@ -56,33 +68,44 @@ async def start(cfg: Any, started: list[Agent]) -> Agent:
 
 
 async def test_hello_register_and_stored_spec_wins(
-    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+    services: RunningServices,
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    store: Store,
+    agents_to_close: list[Agent],
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     hellos: list[RankHello] = []
+    asked: list[JobSpec] = []
 
     async def on_hello(hello: RankHello, _: Delivery) -> None:
         hellos.append(hello)
 
+    async def on_register(spec: JobSpec, _: Delivery) -> None:
+        asked.append(spec)  # listens only: the controller answers
+
     await bus.subscribe(subjects.hello(unique, "*"), RankHello, on_hello)
+    await bus.subscribe(subjects.register(unique), JobSpec, on_register)
     await bus.flush()
-    fake = await FakeServices(unique, dataset_size=50, shard_size=4).serve(settings.nats)
-    fake.registered.append(
-        JobSpec(job=unique, world_size=2, dataset_size=80, shard_size=8, global_batch=6, seed=9)
-    )
+    first = JobSpec(job=unique, world_size=2, dataset_size=80, shard_size=8, global_batch=6,
+                    seed=9)  # fmt: skip
+    assert (await bus.request(subjects.register(unique), first, RegisterReply)).created
     agent = await start(
         agent_settings(settings.nats, unique, 1, 2, max_local_batch=64), agents_to_close
     )
     assert agent.spec is not None and (agent.spec.dataset_size, agent.spec.seed) == (80, 9)
     assert agent.plan.local_batch == (3, 3) and agent.plan.version == 0
-    assert fake.registered[-1].dataset_size == 50  # what the rank asked for
+    await wait_for(lambda: len(asked) == 2, what="the rank's registration")
+    assert asked[-1].dataset_size == 50  # what the rank asked for
+    stored = await store.get_model(Keys(settings.etcd.key_prefix).spec(unique), JobSpec)
+    assert stored is not None and stored[0] == first  # the first registration stays
     await wait_for(lambda: hellos, what="hello")
     assert (hellos[0].rank, hellos[0].host, hellos[0].max_local_batch) == (1, "h1", 64)
-    await fake.stop()
 
 
 async def test_register_failures_are_clear(
-    settings: ServiceSettings, unique: str, agents_to_close: list[Agent]
+    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
 ) -> None:
     nowhere = NatsSettings(url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=0.2)
     with pytest.raises(AgentError, match="cannot connect to NATS"):
@@ -92,32 +115,26 @@ async def test_register_failures_are_clear(
             agent_settings(settings.nats, unique, 0, 1, register_timeout_s=0.5), agents_to_close
         )
 
-    fake = FakeServices(unique, dataset_size=50, shard_size=4)
-    fake.registered.append(
-        JobSpec(job=unique, world_size=4, dataset_size=50, shard_size=4, global_batch=8)
-    )
-    await fake.serve(settings.nats)
-    with pytest.raises(AgentError, match="registered with 4 ranks"):
-        await start(agent_settings(settings.nats, unique, 0, 2), agents_to_close)
-    await fake.stop()
+    async with real_services(settings):
+        register = Subjects(settings.nats.subject_prefix).register(unique)
+        four = JobSpec(job=unique, world_size=4, dataset_size=50, shard_size=4, global_batch=8)
+        assert (await bus.request(register, four, RegisterReply)).created
+        with pytest.raises(AgentError, match="registered with 4 ranks"):
+            await start(agent_settings(settings.nats, unique, 0, 2), agents_to_close)
 
-    bus = await Bus(settings.nats, name="refuser").connect()
-
-    async def refuse(_: JobSpec, __: Delivery) -> None:
-        raise Rejected("bad_request", "policy 'nope' is not installed")
-
-    await bus.subscribe(Subjects(settings.nats.subject_prefix).register(unique), JobSpec, refuse)
-    await bus.flush()
-    with pytest.raises(AgentError, match="policy 'nope' is not installed"):
-        await start(agent_settings(settings.nats, unique, 0, 1), agents_to_close)
-    await bus.close()
+        cfg = agent_settings(settings.nats, f"{unique}-p", 0, 1, policy="nope")
+        with pytest.raises(AgentError, match="unknown policy 'nope'"):
+            await start(cfg, agents_to_close)
 
 
 async def test_adjust_batch_acks_refusals_and_plan_switch(
-    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+    services: RunningServices,
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    agents_to_close: list[Agent],
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
-    fake = await FakeServices(unique, dataset_size=200, shard_size=4).serve(settings.nats)
     cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=200, global_batch=5)
     agent = await start(cfg, agents_to_close)
     cmd = subjects.command(unique, 0)
@@ -159,14 +176,16 @@ async def test_adjust_batch_acks_refusals_and_plan_switch(
     assert await asyncio.to_thread(run, 2) == [7, 7]
     assert agent.commands == 6
     await asyncio.to_thread(agent.close)
-    await fake.stop()
 
 
 async def test_kill_restart_is_refused_for_now(
-    settings: ServiceSettings, unique: str, bus: Bus, agents_to_close: list[Agent]
+    services: RunningServices,
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    agents_to_close: list[Agent],
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
-    fake = await FakeServices(unique, dataset_size=50, shard_size=4).serve(settings.nats)
     agent = await start(agent_settings(settings.nats, unique, 0, 1), agents_to_close)
     kill = KillRestart(action_id="k1", job=unique, rank=0, checkpoint_step=10)
     ack = await bus.request(subjects.command(unique, 0), kill, Ack)
@@ -175,4 +194,3 @@ async def test_kill_restart_is_refused_for_now(
         other = kill.model_copy(update={"rank": 3})
         await bus.request(subjects.command(unique, 0), other, Ack)
     await asyncio.to_thread(agent.close)
-    await fake.stop()

@@ -1,6 +1,7 @@
 """Real torch ranks (gloo, started by antdt.agent.launch) training with the agent against
-the in-test responder: every sample once per epoch, replicas identical, a commanded plan
-switch applied at its step, and the injected straggler visible in the step events."""
+the real services (policy "none", so the only plan change is the one the test commands):
+every sample once per epoch, replicas identical, a commanded plan switch applied at its
+step, and the injected straggler visible in the step events."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import statistics
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,9 @@ from antdt.agent import launch
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import Ack, AdjustBatch, Plan, StepEvent, Subjects
+from tests.e2e.conftest import RunningServices
 from tests.helpers import wait_for
-from tests.integration.test_agent_shards import FakeServices, assert_exactly_once, read_sample_log
+from tests.integration.agent_fixtures import assert_exactly_once, read_sample_log, real_services
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -56,13 +59,16 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.fixture
+async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
+    async with real_services(settings) as running:
+        yield running
+
+
 async def test_two_torch_ranks_train_with_the_agent(
-    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+    services: RunningServices, settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
-    fake = await FakeServices(unique, dataset_size=240, shard_size=10, epochs=2).serve(
-        settings.nats
-    )
     events: list[StepEvent] = []
 
     async def on_step(event: StepEvent, _: Delivery) -> None:
@@ -93,7 +99,6 @@ async def test_two_torch_ranks_train_with_the_agent(
         for r in range(2)
     ]
     assert await asyncio.wait_for(run, 120) == 0
-    await fake.stop()
 
     assert_exactly_once(read_sample_log(out, 2), 240, epochs=2)
     params = [Path(f"{out}.rank{r}.params").read_text() for r in range(2)]

@@ -135,3 +135,26 @@ def test_a_replayed_grant_is_never_served_twice() -> None:
     again = g(0).model_copy(update={"attempt": 1, "position": 2})  # a real re-grant
     answer(s, reply(FetchStatus.OK, 0, again))
     assert s.local.remaining == 6
+
+
+def test_grants_of_a_lost_reply_sent_again_are_taken_and_the_held_ones_ignored() -> None:
+    """A reply lost on the way (NATS restarting, a request timing out while the service
+    commits) carried grants the rank never saw. A service that sends a rank's in-flight
+    grants again with every answer (the real one does not yet: see the xfail test in
+    tests/integration/test_agent_shards.py) lets the rank recover them: the lost grant is
+    taken, the held ones are not served twice, also when the answer is EPOCH_DONE."""
+    s = state()
+    answer(s, reply(FetchStatus.OK, 0, g(0), g(1)))
+    taken = Taken()
+    s.take(4, 0, taken)  # shard 0 used up: ask for one more
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.want == 1
+    s.on_failure()  # the service granted shard 2; its reply never came
+    assert answer(s, reply(FetchStatus.OK, 0, g(0), g(1), g(2), g(3))) == 0.0
+    assert s.dropped_grants == 2 and s.local.remaining == 4 + 4 + 4  # 1 (rest), 2, 3
+    s.synced(taken.finished)
+    assert answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(1), g(2), g(3))) == 0.0
+    assert s.exhausted and s.dropped_grants == 5 and s.local.remaining == 12
+    rest = Taken()
+    assert s.take(20, 0, rest) and sorted(rest.ids) == list(range(4, 16))
+    assert s.epoch_over(0)

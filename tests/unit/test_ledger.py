@@ -274,10 +274,16 @@ class Simulation:
                 range(grant.start + grant.position, grant.end)
             )
         in_flight = {g.shard for gs in self.holding.values() for g in gs}
+        kept = {g.ref() for g in keep}
+        fresh = []
         for grant in reply.grants:
+            if grant.ref() in kept:
+                continue  # a re-send of what this rank holds (lost-reply recovery)
             assert grant.shard not in in_flight, "granted a shard that is in flight"
             in_flight.add(grant.shard)
-        self.holding[rank] = keep + list(reply.grants)
+            fresh.append(grant)
+        assert kept <= {g.ref() for g in reply.grants}, "held shards must be re-sent"
+        self.holding[rank] = keep + fresh
         if reply.status == FetchStatus.EPOCH_DONE and not self.holding[rank]:
             self.rank_epoch[rank] = max(epoch + 1, reply.epoch)
         self.state = new
@@ -386,4 +392,19 @@ def test_any_request_keeps_the_ledger_consistent(
         assert after is before
     else:
         LedgerState.model_validate(after.model_dump())  # every invariant still holds
-        assert len(reply.grants) <= want
+        held = {e.shard for e in before.in_flight if e.rank == rank}
+        assert len([g for g in reply.grants if g.shard not in held]) <= want
+
+
+def test_a_lost_reply_does_not_strand_its_shards() -> None:
+    """The reply carrying a grant never arrives: the rank's next request gets it again
+    (same shard, same attempt), so the epoch can still complete."""
+    state = new_ledger(spec(30, 10, world=2))
+    state, lost = ok(state, fetch(0, 0, (), 1))
+    state, again = ok(state, fetch(0, 0, (), 1))
+    assert lost.grants[0] in again.grants and len(again.grants) == 2
+    state, other = ok(state, fetch(1, 0, (), 1))
+    assert {g.shard for g in other.grants}.isdisjoint({g.shard for g in again.grants})
+    state, _ = ok(state, fetch(0, 0, again.grants, 0))
+    state, _ = ok(state, fetch(1, 0, other.grants, 0))
+    assert status(state).done == 3 and status(state).in_flight == ()

@@ -215,9 +215,13 @@ def _apply_done(work: _Work, state: LedgerState, req: ShardFetch) -> ErrorReply 
 
 
 def _grant(work: _Work, req: ShardFetch) -> tuple[LedgerState, ShardReply]:
-    grants = [work.grant(req.rank) for _ in range(req.want) if work.grantable()]
-    status = FetchStatus.OK if grants or work.grantable() else FetchStatus.EPOCH_DONE
-    return work.state(), work.reply(status, grants)
+    # Every reply re-sends what the rank already holds: a reply lost in flight (timeout,
+    # NATS restart) must not strand its shards in DOING. Agents ignore grants seen before.
+    # The status speaks of new work only: EPOCH_DONE still means "nothing new to grant".
+    held = work.held_by(req.rank)
+    fresh = [work.grant(req.rank) for _ in range(req.want) if work.grantable()]
+    status = FetchStatus.OK if fresh or work.grantable() else FetchStatus.EPOCH_DONE
+    return work.state(), work.reply(status, held + fresh)
 
 
 @dataclass
@@ -286,6 +290,24 @@ class _Work:
         return ShardGrant(
             epoch=self.epoch, shard=shard, attempt=attempt, start=start, end=end, position=position
         )
+
+    def held_by(self, rank: int) -> list[ShardGrant]:
+        """The grants `rank` holds now, from their recorded positions."""
+        grants = []
+        for entry in self.in_flight.values():
+            if entry.rank == rank:
+                start, end = shard_range(self.base, entry.shard)
+                grants.append(
+                    ShardGrant(
+                        epoch=self.epoch,
+                        shard=entry.shard,
+                        attempt=entry.attempt,
+                        start=start,
+                        end=end,
+                        position=entry.position,
+                    )
+                )
+        return grants
 
     def finished(self) -> bool:
         return self.cursor == self.base.num_shards and not self.in_flight and not self.requeued
