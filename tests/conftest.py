@@ -3,6 +3,12 @@ ports for the whole session; every test gets its own subject and key prefix."""
 
 from __future__ import annotations
 
+import os
+
+# The test process uses gRPC (the etcd client) and then forks servers and ranks: grpc's
+# fork handlers can crash such a child, and the children exec at once anyway.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
