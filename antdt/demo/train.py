@@ -7,6 +7,7 @@ ANTDT_DEMO_OUT names the folder where rank 0 writes per-step progress and the re
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -44,7 +45,11 @@ def main() -> None:
     settings = agent.settings
     x_train, y_train = augmented_train_set(settings.dataset_size, settings.seed)
     model = build_model(settings.seed)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
+    # Decaying to zero by the last step makes the final model far less sensitive to the
+    # order in which samples came (which differs between runs under dynamic sharding).
+    total_steps = settings.epochs * math.ceil(settings.dataset_size / settings.global_batch)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
     out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
     progress = open(out / "progress.jsonl", "w") if settings.rank == 0 else None  # noqa: SIM115
     for epoch in agent.epochs():
@@ -57,6 +62,8 @@ def main() -> None:
             step.sync(model)
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
+            if schedule.last_epoch < total_steps:
+                schedule.step()
             if progress is not None:
                 record = {
                     "step": step.index,

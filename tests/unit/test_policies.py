@@ -260,7 +260,7 @@ def test_plan_breaking_a_new_memory_cap_is_fixed_even_without_gain() -> None:
 
 
 def test_bounded_change_spreads_a_large_move() -> None:
-    job_spec = spec(policy_params={"max_change": 0.25})
+    job_spec = spec(policy_params={"max_change": 0.25, "min_gain": 0.10})
     plans = [job_spec.equal_shares()]
     for version in range(10):
         v = view(batch=plans[-1], version=version, step=100 * (version + 1), job_spec=job_spec)

@@ -41,7 +41,7 @@ def read_param(params: Mapping[str, PolicyParam], name: str, default: T) -> T:
 class Guardrails:
     cooldown_s: float = 3.0  # the settle-steps rule already waits for post-switch windows
     settle_steps: int = 8  # one detector window: every rank has a post-switch window
-    min_gain: float = 0.10
+    min_gain: float = 0.20  # below this, on shared cores, a re-plan mostly chases noise
     max_change: float = 0.75  # a 3x (even 5x) straggler of 4 is fixed in one move
 
     @classmethod

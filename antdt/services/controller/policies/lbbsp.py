@@ -23,7 +23,7 @@ name           default  meaning
 variant        "cpu"    "cpu" or "gpu"
 cooldown_s     3.0      seconds after the last action before the next one
 settle_steps   8        steps past the plan's effective step before re-deciding
-min_gain       0.10     act only if the predicted step time drops by this fraction
+min_gain       0.20     act only if the predicted step time drops by this fraction
 max_change     0.75     per move, a rank's batch changes by at most this fraction
                         of max(its batch, the mean batch) (cpu)
 step           0        gpu: initial samples moved per action (0: a quarter of the
