@@ -84,7 +84,7 @@ class TraceSpec:
     persistent_factor: tuple[float, float] = (1.8, 4.0)
     deterministic_factor: tuple[float, float] = (1.6, 3.0)
     leader_factor: tuple[float, float] = (0.4, 0.6)
-    data_factor: tuple[float, float] = (1.0, 3.0)
+    data_factor: tuple[float, float] = (2.0, 4.0)
     dead_steps: tuple[int, int] = (40, 100)
     start_time: float = 1_000_000.0
 

@@ -63,8 +63,8 @@ class DetectorConfig:
     stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
     min_stall_s: float = 10.0  # ... and at least this many seconds
     leaders: bool = True  # open LEADER incidents too
-    warmup_windows: int = 1  # first measurable windows of each rank ignored (warm-up)
-    data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its busy time
+    warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
+    data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
 
     def __post_init__(self) -> None:
         if self.window < 1:

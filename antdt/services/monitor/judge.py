@@ -36,7 +36,7 @@ class Judgement:
     compute_per_sample: float = 0.0
     others_per_sample: float = 0.0
     busy_ratio: float = 1.0  # (compute + data wait) per sample over the others' median
-    data_share: float = 0.0  # data wait over (compute + data wait): share before the barrier
+    data_share: float = 0.0  # data wait over the step's wall time
     others_data_share: float = 0.0
     comm_share: float = 0.0
     others_comm_share: float = 0.0
@@ -84,8 +84,8 @@ class Judge:
             compute_per_sample=stats.compute_per_sample,
             others_per_sample=others,
             busy_ratio=stats.busy_per_sample / others_busy,
-            data_share=stats.data_busy_share,
-            others_data_share=self._data_share.median_without(stats.data_busy_share) or 0.0,
+            data_share=stats.data_share,
+            others_data_share=self._data_share.median_without(stats.data_share) or 0.0,
             comm_share=stats.comm_share,
             others_comm_share=self._comm_share.median_without(stats.comm_share) or 0.0,
         )
@@ -142,7 +142,7 @@ def _figures(stats: WindowStats) -> tuple[float, ...]:
     return (
         stats.compute_per_sample,
         stats.busy_per_sample,
-        stats.data_busy_share,
+        stats.data_share,
         stats.comm_share,
     )
 

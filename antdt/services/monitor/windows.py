@@ -22,7 +22,6 @@ class WindowStats:
     busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
     data_per_sample: float  # data_wait_s / samples
     data_share: float  # data_wait_s / step_s
-    data_busy_share: float  # data_per_sample / busy_per_sample: data wait before the barrier
     comm_share: float  # comm_s / step_s (gradient exchange incl. barrier wait)
     step_s: float
     comm_s: float
@@ -69,7 +68,6 @@ def summarize(events: Sequence[StepEvent]) -> WindowStats | None:
         compute_per_sample=_median(compute),
         busy_per_sample=busy_med,
         data_per_sample=data_med,
-        data_busy_share=min(1.0, data_med / busy_med) if busy_med > 0 else 0.0,
         data_share=_median(data_share),
         comm_share=_median(comm_share),
         step_s=_median(step),
