@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from antdt.bench.cases import (
+    bench_detector_memory,
     bench_monitor_ingest,
     bench_raw_etcd_txn,
     bench_raw_pubsub,
@@ -42,6 +43,21 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             "target": ">= 50,000/s and ratio >= 0.25",
         }
     )
+    for ranks in (256, 4096):
+        memory = bench_detector_memory(ranks=ranks, windows=10)
+        console.print(
+            f"monitor memory: {memory['bytes_per_rank']:,.0f} bytes per tracked rank "
+            f"({ranks} ranks, 10 windows)"
+        )
+        rows.append(
+            {
+                "what": f"monitor memory per tracked rank, bytes ({ranks} ranks, 10 windows)",
+                "value": memory["bytes_per_rank"],
+                "baseline": None,
+                "baseline_what": "",
+                "target": "reported",
+            }
+        )
     with console.status("raw etcd transactions (baseline)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
     for clients in (1, 2, 8):
@@ -67,11 +83,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         table.add_column(column, justify="left" if column in ("what", "target") else "right")
     for row in rows:
         latency = f"{row['p50_ms']:.2f}/{row['p99_ms']:.2f}" if "p50_ms" in row else ""
+        baseline = row["baseline"]
         table.add_row(
             row["what"],
             f"{row['value']:,.0f}",
-            f"{row['baseline']:,.0f} ({row['baseline_what']})",
-            f"{row['value'] / row['baseline']:.2f}",
+            f"{baseline:,.0f} ({row['baseline_what']})" if baseline else "",
+            f"{row['value'] / baseline:.2f}" if baseline else "",
             latency,
             row["target"],
         )

@@ -184,3 +184,27 @@ async def bench_shards_cycles(
         "p50_ms": statistics.median(latencies) * 1000,
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
     }
+
+
+def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:
+    """Bytes per tracked rank of one JobDetector after `windows` windows of every rank:
+    tracemalloc around decoding + ingesting a healthy trace (the trace's bytes are
+    allocated before tracing starts, so only what the detector keeps is counted)."""
+    import tracemalloc
+
+    from antdt.services.monitor.detector import DetectorConfig, JobDetector
+    from antdt.sim.traces import generate, healthy
+
+    window = DetectorConfig().window
+    trace = generate(healthy(ranks, windows * window + window // 2, seed=7))
+    payloads = [(now, event.model_dump_json().encode()) for now, event in trace.events]
+    del trace
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    detector = JobDetector("trace", ranks)
+    for now, data in payloads:
+        detector.ingest(StepEvent.model_validate_json(data), now)
+    detector.health(payloads[-1][0])
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"bytes_per_rank": (after - before) / ranks, "ranks": ranks, "windows": windows}

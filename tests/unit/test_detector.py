@@ -380,6 +380,57 @@ def test_bad_events_are_counted_and_change_nothing() -> None:
     assert detector.health(300.0).step == 17
 
 
+def test_events_that_bypassed_validation_are_rejected_not_trusted() -> None:
+    """NaN, infinite or negative durations and times, negative ranks: counted, ignored."""
+    detector, _ = run(Job(4), range(2 * W))
+    nan, inf = float("nan"), float("inf")
+    poisoned = [
+        {"compute_s": nan},
+        {"compute_s": -0.5},
+        {"step_s": inf},
+        {"data_wait_s": -1.0},
+        {"comm_s": nan},
+        {"ended_at": nan},
+        {"started_at": -5.0},
+        {"ended_at": 1.0, "started_at": 2.0},
+        {"ended_at": inf},
+        {"rank": -1},
+    ]
+    for n, update in enumerate(poisoned):
+        ev = event(0, 2 * W + n, t=5000.0).model_copy(update=update)
+        assert detector.ingest(ev, 5000.0) == []
+    assert detector.rejected == {"bad_duration": 5, "bad_time": 4, "rank_out_of_range": 1}
+    # Nothing was remembered: the next real steps are accepted and the job stays healthy.
+    _, transitions = run(Job(4), range(2 * W, 6 * W), detector)
+    assert transitions == [] and detector.open_incidents == ()
+    assert detector.health(6000.0).ranks[0].last_step == 6 * W - 1
+
+
+def test_late_duplicate_and_time_travelling_events_never_alarm_a_slow_rank_free_job() -> None:
+    """Out-of-order delivery of a healthy job with a huge outlier in every bad event."""
+    detector = JobDetector(JOB, 3)
+    rng = random.Random(3)
+    for now, ev in Job(3, jitter=0.1).events(range(12 * W)):
+        assert detector.ingest(ev, now) == []
+        if rng.random() < 0.3 and ev.step > 2:
+            slow = {"compute_s": 9.0, "step_s": 9.1, "samples": 1}
+            late = ev.model_copy(update={"step": ev.step - rng.randint(1, 2), **slow})
+            dup = ev.model_copy(update=slow)
+            back = ev.model_copy(
+                update={
+                    "step": ev.step + 1,
+                    "started_at": ev.started_at - 50.0,
+                    "ended_at": ev.ended_at - 50.0,
+                    **slow,
+                }
+            )
+            for bad in (late, dup, back):
+                assert detector.ingest(bad, now) == []
+    assert set(detector.rejected) <= {"step_backwards", "duplicate_step", "time_backwards"}
+    assert sum(detector.rejected.values()) > 50
+    assert detector.open_incidents == ()
+
+
 def test_clock_going_backwards_is_clamped() -> None:
     detector = JobDetector(JOB, 2)
     detector.ingest(event(0, 0), 50.0)

@@ -29,6 +29,7 @@ its slow rank. Thresholds and rules are ours (the papers do not publish theirs):
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,6 +47,8 @@ from antdt.schemas import (
 from antdt.services.monitor.judge import Judge, Judgement, Verdict
 from antdt.services.monitor.windows import WindowStats, summarize
 
+_MAX_S = 1e7  # the wire contract's largest duration, seconds
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -60,6 +63,7 @@ class DetectorConfig:
     stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
     min_stall_s: float = 10.0  # ... and at least this many seconds
     leaders: bool = True  # open LEADER incidents too
+    warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
     data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
 
     def __post_init__(self) -> None:
@@ -71,6 +75,8 @@ class DetectorConfig:
             raise ValueError("instant_threshold must be >= slow_threshold")
         if min(self.open_windows, self.resolve_windows, self.persistent_windows) < 1:
             raise ValueError("open_windows, resolve_windows, persistent_windows must be >= 1")
+        if self.warmup_windows < 0:
+            raise ValueError("warmup_windows must be >= 0")
         if self.stall_factor <= 0 or self.min_stall_s < 0:
             raise ValueError("stall_factor must be > 0 and min_stall_s >= 0")
 
@@ -86,6 +92,7 @@ class _Rank:
     last_seen_at: float | None = None  # control-plane time of its latest accepted event
     local_batch: int = 0
     window: list[StepEvent] = field(default_factory=list)
+    warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
     had_normal: bool = False  # some evaluated window was normal
@@ -111,7 +118,9 @@ class JobDetector:
         self.rejected: Counter[str] = Counter()
         #: partial windows dropped because the plan changed under them
         self.discarded_windows = 0
-        self._ranks = [_Rank(rank) for rank in range(world_size)]
+        self._ranks = [
+            _Rank(rank, warmup_left=self.config.warmup_windows) for rank in range(world_size)
+        ]
         self._judge = Judge(self.config)
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None
@@ -156,9 +165,13 @@ class JobDetector:
         silent = [r for r in self._ranks if now - self._silent_since(r) > limit]
         if not silent:
             return []
-        # Under BSP everyone blocks behind a hung rank: blame those furthest behind.
-        behind = min(r.last_step for r in silent)
-        culprits = [r for r in silent if r.last_step == behind and r.stall is None]
+        if len(silent) < len(self._ranks):
+            # The job moves on without them: each silent rank is stalled on its own.
+            culprits = [r for r in silent if r.stall is None]
+        else:
+            # Under BSP everyone blocks behind a hung rank: blame those furthest behind.
+            behind = min(r.last_step for r in silent)
+            culprits = [r for r in silent if r.last_step == behind and r.stall is None]
         return [self._open_stall(r, now, limit) for r in culprits]
 
     def stall_limit_s(self) -> float:
@@ -223,8 +236,20 @@ class JobDetector:
         """Why the event must be ignored, or None. Ignored events change nothing."""
         if event.job != self.job:
             return "wrong_job"
-        if event.rank >= self.world_size:
+        if not 0 <= event.rank < self.world_size:
             return "rank_out_of_range"
+        # The wire schema already refuses these; the core checks again (cheap: NaN fails
+        # every comparison) so that no caller can poison its medians or clock.
+        if not (
+            0.0 <= event.compute_s <= _MAX_S
+            and 0.0 <= event.data_wait_s <= _MAX_S
+            and 0.0 <= event.comm_s <= _MAX_S
+            and 0.0 <= event.step_s <= _MAX_S
+            and event.samples >= 0
+        ):
+            return "bad_duration"
+        if not 0.0 <= event.started_at <= event.ended_at < math.inf:
+            return "bad_time"
         rank = self._ranks[event.rank]
         if event.step == rank.last_step:
             return "duplicate_step"
@@ -250,6 +275,11 @@ class JobDetector:
         rank.window.clear()
         if stats is None:
             return []  # nothing measurable (no samples): keep the previous window
+        if rank.warmup_left > 0:
+            # Warm-up (first iterations, data prefetch filling up) is judged by nobody and
+            # stays out of the other ranks' medians.
+            rank.warmup_left -= 1
+            return []
         self._judge.update(rank.stats, stats)
         rank.stats = stats
         rank.judgement = self._judge.judge(stats)

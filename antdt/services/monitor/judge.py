@@ -36,7 +36,7 @@ class Judgement:
     compute_per_sample: float = 0.0
     others_per_sample: float = 0.0
     busy_ratio: float = 1.0  # (compute + data wait) per sample over the others' median
-    data_share: float = 0.0
+    data_share: float = 0.0  # data wait over the step's wall time
     others_data_share: float = 0.0
     comm_share: float = 0.0
     others_comm_share: float = 0.0
@@ -132,13 +132,19 @@ class Judge:
         job_median = self._compute.median()
         if job_median is None or f.compute_per_sample > (1.0 - delta) * job_median:
             return None
-        strong = f.ratio <= 1.0 / (1.0 + self.config.instant_threshold)
-        return _with(f, Verdict.FAST, Cause.COMPUTE, strong)
+        # Never opened in one window: nobody waits for a leader, so a fast window or two
+        # of a jittery rank must not open one; `open_windows` fast windows in a row do.
+        return _with(f, Verdict.FAST, Cause.COMPUTE, strong=False)
 
 
 def _figures(stats: WindowStats) -> tuple[float, ...]:
     """The figures the Judge keeps per rank, in the order of its multisets."""
-    return (stats.compute_per_sample, stats.busy_per_sample, stats.data_share, stats.comm_share)
+    return (
+        stats.compute_per_sample,
+        stats.busy_per_sample,
+        stats.data_share,
+        stats.comm_share,
+    )
 
 
 def _with(f: Judgement, verdict: Verdict, cause: Cause, strong: bool) -> Judgement:

@@ -117,8 +117,9 @@ class MonitorService:
             return False
 
     async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
-        job = self.subjects.job_of(delivery.subject)
-        if job != event.job or self.subjects.rank_of(delivery.subject) != str(event.rank):
+        job = event.job
+        # One string comparison: the subject must be exactly {p}.{job}.step.{rank}.
+        if delivery.subject != self.subjects.step(job, event.rank):
             raise Rejected("bad_request", "job or rank does not match the subject")
         detector = self.detectors.get(job)
         if detector is None or not self.ownership.owns(job):

@@ -1,0 +1,1 @@
+"""Simulation helpers: seeded, labelled traces (pure, imports only antdt.schemas)."""

@@ -1,0 +1,127 @@
+"""Monitor high availability: two replicas as separate processes against real nats-server
+and etcd; kill -9 the job's owner, the other replica takes the job over within the lease
+TTL plus one claim interval and keeps publishing JobHealth."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.store import Store
+from antdt.schemas import JobHealth, JobSpec, Keys, StepEvent, Subjects
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+JOB = "hajob"
+
+
+def step(rank: int, n: int) -> StepEvent:
+    t = 1000.0 + n * 0.05
+    return StepEvent(
+        job=JOB, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
+        samples=4, compute_s=0.03, data_wait_s=0.0, comm_s=0.01, step_s=0.04,
+        started_at=t, ended_at=t + 0.04,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Iterator[dict]:
+    """Start one `antdt monitor` process per name; kill whatever is left on exit."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    env = {
+        **os.environ,
+        "ANTDT_ETCD__LEASE_TTL_S": str(settings.etcd.lease_ttl_s),
+        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
+        "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
+        "ANTDT_TELEMETRY__LOG_FORMAT": "json",
+    }
+    try:
+        for name in names:
+            out = (logs / f"{name}.log").open("wb")
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "antdt.cli", "monitor", "--nats-url", settings.nats.url,
+                 "--etcd-endpoint", settings.etcd.endpoint],
+                env={**env, "ANTDT_REPLICA_ID": name},
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        yield procs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+async def test_owner_killed_another_replica_takes_over(
+    settings: ServiceSettings, bus: Bus, store: Store, tmp_path: Path
+) -> None:
+    keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
+    spec = JobSpec(job=JOB, world_size=2, dataset_size=100, shard_size=10, global_batch=8)
+    await store.put(keys.spec(JOB), spec.model_dump_json().encode())
+    healths: list[tuple[float, JobHealth]] = []
+
+    async def on_health(health: JobHealth, _: object) -> None:
+        healths.append((time.monotonic(), health))
+
+    await bus.subscribe(subjects.health(JOB), JobHealth, on_health)
+    stop = asyncio.Event()
+
+    async def publish_steps() -> None:
+        n = 0
+        while not stop.is_set():
+            for rank in (0, 1):
+                await bus.publish(subjects.step(JOB, rank), step(rank, n))
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.05)
+
+    async def owner() -> str | None:
+        got = await store.get(keys.owner("monitor", JOB))
+        return got.value.decode() if got else None
+
+    async def owner_is(expected: str) -> bool:
+        return await owner() == expected
+
+    names = ["monitor-a", "monitor-b"]
+    publisher = asyncio.create_task(publish_steps())
+    try:
+        with replicas(settings, names, tmp_path) as procs:
+            first = await wait_for(owner, timeout=60, what="a replica owns the job")
+            assert first in names
+            await wait_for(lambda: any(h.ranks and h.step > 0 for _, h in healths), what="health")
+            procs[first].send_signal(signal.SIGKILL)
+            procs[first].wait(timeout=10)
+            killed_at = time.monotonic()
+            survivor = next(n for n in names if n != first)
+            await wait_for(lambda: owner_is(survivor), timeout=30, interval=0.05, what="takeover")
+            takeover_s = time.monotonic() - killed_at
+            await wait_for(
+                lambda: sum(1 for t, h in healths if t > killed_at + takeover_s) >= 2,
+                timeout=10,
+                what="health from the survivor",
+            )
+            after = [h for t, h in healths if t > killed_at + takeover_s]
+            assert procs[survivor].poll() is None
+    finally:
+        stop.set()
+        await publisher
+    ttl = settings.etcd.lease_ttl_s
+    claim_interval = ttl / 2
+    print(f"\ntakeover after kill -9: {takeover_s:.2f}s (ttl {ttl}s + claim {claim_interval}s)")
+    # etcd expires leases on its own tick (up to ~0.5 s late): allow 1 s of slack.
+    assert takeover_s <= ttl + claim_interval + 1.0
+    assert after[-1].step > 0 and len(after[-1].ranks) == 2
