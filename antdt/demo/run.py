@@ -22,7 +22,7 @@ from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
 
 WORLD = 4
 GLOBAL_BATCH = 1024
-SHARD_SIZE = 256
+SHARD_SIZE = 128
 DATASET = 24_000
 ONSET = 30
 FACTOR = 3.0
