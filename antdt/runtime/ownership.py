@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Compare, Lease, Put, Store
 from antdt.schemas import Keys
 
@@ -37,6 +38,20 @@ class Ownership:
         self._owned: dict[str, int] = {}  # job -> create revision of our owner key
         self._lost_callbacks: list[Callable[[str], Awaitable[None]]] = []
         self._stopped = False
+
+    @classmethod
+    def for_service(
+        cls, store: Store, settings: ServiceSettings, service: str, *, max_jobs: int | None = None
+    ) -> Ownership:
+        """The ownership of one replica of `service`, as its settings describe it."""
+        return cls(
+            store,
+            Keys(settings.etcd.key_prefix),
+            service=service,
+            replica_id=settings.replica_id,
+            ttl_s=settings.etcd.lease_ttl_s,
+            max_jobs=max_jobs,
+        )
 
     def on_lost(self, callback: Callable[[str], Awaitable[None]]) -> None:
         self._lost_callbacks.append(callback)

@@ -57,13 +57,7 @@ class ControllerService:
         self.store = store
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.keys = Keys(settings.etcd.key_prefix)
-        self.ownership = Ownership(
-            store,
-            self.keys,
-            service=SERVICE,
-            replica_id=settings.replica_id,
-            ttl_s=settings.etcd.lease_ttl_s,
-        )
+        self.ownership = Ownership.for_service(store, settings, SERVICE)
         self.executor = Executor(
             bus,
             store,

@@ -50,14 +50,7 @@ class MonitorService:
         self.store = store
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.keys = Keys(settings.etcd.key_prefix)
-        self.ownership = Ownership(
-            store,
-            self.keys,
-            service=SERVICE,
-            replica_id=settings.replica_id,
-            ttl_s=settings.etcd.lease_ttl_s,
-            max_jobs=settings.max_jobs,
-        )
+        self.ownership = Ownership.for_service(store, settings, SERVICE, max_jobs=settings.max_jobs)
         self.detectors: dict[str, JobDetector] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
