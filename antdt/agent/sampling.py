@@ -54,6 +54,7 @@ class Taken:
 
     ids: list[int] = field(default_factory=list)
     finished: list[ShardRef] = field(default_factory=list)
+    rechecked: bool = False  # asked the service again before calling the epoch over
 
 
 @dataclass

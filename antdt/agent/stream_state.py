@@ -13,7 +13,16 @@ import math
 from dataclasses import dataclass, field
 
 from antdt.agent.sampling import Cursor, LocalShards, Taken
-from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
+from antdt.schemas import (
+    FetchStatus,
+    ShardCommit,
+    ShardFetch,
+    ShardGrant,
+    ShardPosition,
+    ShardRef,
+    ShardRelease,
+    ShardReply,
+)
 
 #: Most done refs one ShardFetch may carry, and most grants one may ask for (the schema's).
 MAX_DONE = 64
@@ -31,6 +40,7 @@ class StreamState:
     prefetch: int
     shard_size: int
     epoch: int = 0
+    incarnation: int = 0  # set by a restore; fences this process from older ones
     established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
     exhausted: bool = False  # the service has no more shards of `epoch` to grant
     job_done: bool = False
@@ -71,7 +81,7 @@ class StreamState:
         self.pending_done = self.pending_done[MAX_DONE:]
         return ShardFetch(
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
-            want=self.want(),
+            want=self.want(), incarnation=self.incarnation,
         )  # fmt: skip
 
     def on_failure(self) -> None:
@@ -94,6 +104,9 @@ class StreamState:
             self.dropped_grants += len(self.local.drop_before(reply.epoch))
             self.epoch, self.established, self.exhausted = reply.epoch, False, False
         added = self._hold(cursors)
+        if reply.epoch > fetch.epoch and reply.status is FetchStatus.EPOCH_DONE:
+            # "Done" answered the epoch asked for, not the ledger's: ask again in it.
+            return 0.0
         if reply.epoch < self.epoch or reply.status is FetchStatus.PENDING:
             # The ledger has not reached the epoch this rank asked for.
             return max(reply.retry_after_s, MIN_RETRY_S)
@@ -128,9 +141,19 @@ class StreamState:
         it has n ids, or this rank gets no more data in `epoch`."""
         self.batch_hint = n
         self.local.take(n - len(into.ids), epoch, into)
+        if len(into.ids) < n and self._should_recheck(epoch, into):
+            into.rechecked, self.exhausted = True, False  # the fetcher asks once more
         done = len(into.ids) >= n or self.epoch_over(epoch)
         self.demand = 0 if done else n - len(into.ids)
         return done
+
+    def _should_recheck(self, epoch: int, into: Taken) -> bool:
+        """An exhausted rank out of data asks once more per step before calling its epoch
+        over: a removed rank's shards may have been re-queued since the last answer."""
+        return (
+            self.exhausted and not into.rechecked and not self.job_done
+            and epoch == self.epoch and self.local.available(epoch) == 0
+        )  # fmt: skip
 
     def epoch_over(self, epoch: int) -> bool:
         """No more samples for this rank in `epoch`: job done, jumped past it, or the
@@ -156,6 +179,36 @@ class StreamState:
 
     def unreported(self) -> int:
         return len(self.pending_done) + len(self.sending)
+
+    # -- checkpoints and removal -------------------------------------------------------
+
+    def unacknowledged(self) -> tuple[ShardRef, ...]:
+        """Finished shards the service may not know of yet (a repeat is harmless)."""
+        return tuple(dict.fromkeys(self.sending + self.pending_done))
+
+    def positions(self) -> tuple[ShardPosition, ...]:
+        """How far the model got in every shard held; call between steps, when what was
+        taken is exactly what reached the model."""
+        return tuple(
+            ShardPosition(
+                epoch=c.grant.epoch, shard=c.grant.shard, attempt=c.grant.attempt,
+                position=c.position,
+            )
+            for c in self.local.cursors
+            if c.grant.epoch == self.epoch
+        )  # fmt: skip
+
+    def commit_request(self, step: int) -> ShardCommit:
+        return ShardCommit(
+            job=self.job, rank=self.rank, incarnation=self.incarnation, step=step,
+            epoch=self.epoch, done=self.unacknowledged(), positions=self.positions(),
+        )  # fmt: skip
+
+    def release_request(self, reason: str) -> ShardRelease:
+        return ShardRelease(
+            job=self.job, rank=self.rank, incarnation=self.incarnation,
+            done=self.unacknowledged(), positions=self.positions(), reason=reason,
+        )  # fmt: skip
 
 
 def open_cursors(grants: tuple[ShardGrant, ...], seed: int) -> list[Cursor]:

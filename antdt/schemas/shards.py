@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
@@ -45,6 +46,18 @@ class ShardGrant(WireModel):
         return ShardRef(epoch=self.epoch, shard=self.shard, attempt=self.attempt)
 
 
+#: The attempt field fences grants of one incarnation; `incarnation` fences whole restarts.
+Incarnation = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=1_000_000,
+        description="How many times the job was restarted (0: first run); requests from an "
+        "older incarnation are refused",
+    ),
+]
+
+
 class ShardFetch(WireModel):
     """Report finished shards and ask for up to `want` more, in one request."""
 
@@ -53,6 +66,7 @@ class ShardFetch(WireModel):
     epoch: Count = Field(description="The epoch the rank is working on")
     done: tuple[ShardRef, ...] = Field(default=(), max_length=64)
     want: int = Field(default=1, ge=0, le=8, description="New grants wanted")
+    incarnation: Incarnation = 0
 
 
 class FetchStatus(str, Enum):
@@ -91,7 +105,87 @@ class ShardStatus(WireModel):
 
     job: Token
     epoch: Count
+    epochs: Count = Field(default=1, description="Epochs the job runs")
     num_shards: Count
     done: Count
     todo: Count
     in_flight: tuple[InFlight, ...]
+    complete: bool = False
+    incarnation: Count = 0
+    checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a ledger snapshot")
+    pending_checkpoint: Count | None = Field(
+        default=None, description="Step of a checkpoint still waiting for some ranks' commits"
+    )
+    committed_ranks: tuple[Rank, ...] = Field(
+        default=(), description="Ranks that committed the pending checkpoint"
+    )
+    left: tuple[Rank, ...] = Field(default=(), description="Ranks removed from the job")
+
+
+class ShardPosition(WireModel):
+    """How far a rank's model has consumed one held shard (samples of the shard's order)."""
+
+    epoch: Count
+    shard: Count
+    attempt: Count
+    position: Count = Field(description="Samples of the shard that reached the model")
+
+
+class ShardCommit(WireModel):
+    """A rank's part of a checkpoint at `step`: sent after the step's update, before the
+    next step takes data. `done` lists every finished shard not yet acknowledged; the
+    positions cover every other shard the rank holds. Repeating it is harmless."""
+
+    job: Token
+    rank: Rank
+    incarnation: Incarnation = 0
+    step: Count = Field(description="Global step index the model checkpoint is taken after")
+    epoch: Count
+    done: tuple[ShardRef, ...] = Field(default=(), max_length=1024)
+    positions: tuple[ShardPosition, ...] = Field(default=(), max_length=1024)
+
+
+class CommitReply(WireModel):
+    job: Token
+    step: Count
+    complete: bool = Field(description="Every rank committed: the snapshot for `step` is stored")
+    waiting_for: tuple[Rank, ...] = Field(default=(), description="Ranks yet to commit")
+    checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
+
+
+class ShardRestore(WireModel):
+    """Put the ledger back to the snapshot of checkpoint `step` (None: the job's start) and
+    start a new incarnation. Every rank of the restarted job sends it with the same
+    `token`: the first one restores, the others get the same answer."""
+
+    job: Token
+    rank: Rank
+    token: Token = Field(description="Shared by the ranks of one restart, unique per restart")
+    step: Count | None = Field(description="The model checkpoint's step; None: no checkpoint")
+
+
+class RestoreReply(WireModel):
+    job: Token
+    incarnation: Count
+    step: Count | None
+    epoch: Count = Field(description="The ledger's epoch after the restore")
+    restored: bool = Field(description="False: an earlier request of this incarnation did it")
+
+
+class ShardRelease(WireModel):
+    """Remove `rank` from the job's data without a rollback: its shards go back to be
+    granted again. From the rank itself (a graceful leave), `positions` says how far the
+    model got in each; from an operator (a dead rank) they resume at its last commit."""
+
+    job: Token
+    rank: Rank
+    incarnation: Incarnation = 0
+    done: tuple[ShardRef, ...] = Field(default=(), max_length=1024)
+    positions: tuple[ShardPosition, ...] = Field(default=(), max_length=1024)
+    reason: str = Field(default="", max_length=256)
+
+
+class ReleaseReply(WireModel):
+    job: Token
+    rank: Rank
+    returned: Count = Field(description="Shards handed back to be granted again")

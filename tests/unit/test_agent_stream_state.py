@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from antdt.agent.sampling import Cursor, Taken
 from antdt.agent.stream_state import MIN_RETRY_S, StreamState, open_cursors
-from antdt.schemas import FetchStatus, ShardGrant, ShardRef, ShardReply
+from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
 
 
 def state(**kw: int) -> StreamState:
@@ -26,6 +26,10 @@ def reply(
 def answer(s: StreamState, r: ShardReply) -> float:
     fetch = s.next_fetch()
     assert fetch is not None
+    return answer_to(s, fetch, r)
+
+
+def answer_to(s: StreamState, fetch: ShardFetch, r: ShardReply) -> float:
     cursors: list[Cursor] = open_cursors(r.grants, s.seed)
     return s.on_reply(fetch, r, cursors)
 
@@ -81,9 +85,23 @@ def test_epoch_done_ends_the_epoch_once_local_grants_are_used() -> None:
     answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(7)))
     assert s.exhausted and not s.epoch_over(0)
     taken = Taken()
+    # Out of data: the rank asks once more (a removed rank's shards may have come back).
+    assert not s.take(10, 0, taken) and taken.rechecked
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.want >= 1
+    answer_to(s, fetch, reply(FetchStatus.EPOCH_DONE, 0))
     assert s.take(10, 0, taken)  # complete although short: no more data this epoch
     assert len(taken.ids) == 4 and s.epoch_over(0)
     assert s.next_fetch() is None
+
+
+def test_an_exhausted_rank_takes_shards_requeued_since() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0))
+    taken = Taken()
+    assert not s.take(6, 0, taken)
+    answer(s, reply(FetchStatus.OK, 0, g(3)))  # a removed rank's shard, granted again
+    assert s.take(4, 0, taken) and len(taken.ids) == 4
 
 
 def test_next_epoch_pending_then_ok() -> None:
@@ -156,5 +174,7 @@ def test_grants_of_a_lost_reply_sent_again_are_taken_and_the_held_ones_ignored()
     assert answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(1), g(2), g(3))) == 0.0
     assert s.exhausted and s.dropped_grants == 5 and s.local.remaining == 12
     rest = Taken()
+    assert not s.take(20, 0, rest)  # out of data: asks once more before ending the epoch
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(1), g(2), g(3)))
     assert s.take(20, 0, rest) and sorted(rest.ids) == list(range(4, 16))
     assert s.epoch_over(0)

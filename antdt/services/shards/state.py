@@ -1,0 +1,177 @@
+"""The shard ledger's state (DESIGN.md section 6): pure, JSON-serialisable, compact.
+
+The epoch's shard order is a seeded permutation computed on demand (permutation.py), so
+the ledger holds a cursor into that order, the shards re-queued, the shards in flight and
+counts; never one entry per shard. Every shard before the cursor is exactly one of: done,
+in flight, re-queued. Its size depends on the ranks and what they hold, not the dataset.
+
+A shard's life within an epoch (a restore moves whole ledgers back, see checkpoints.py):
+
+    TODO ──grant──▶ DOING(rank, attempt, position) ──done──▶ DONE
+     ▲                 │  ▲
+     │                 │  └─ commit: position := how far the model got (checkpoint)
+     │              release (rank removed)
+     │                 ▼
+     └──────────── REQUEUED(position) ──grant (attempt + 1)──▶ DOING ...
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from antdt.schemas import InFlight, JobSpec, ShardStatus
+from antdt.schemas.base import Token
+
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Requeued(_Frozen):
+    """A shard to be granted again from `position` (its rank was removed, or a restore
+    put it back); the next grant gets attempt + 1, fencing every earlier holder."""
+
+    shard: NonNegative
+    position: NonNegative
+    attempt: NonNegative = Field(description="The last attempt granted")
+
+
+class InFlightEntry(_Frozen):
+    """A shard granted to `rank` as `attempt`; `position` is where it resumes: the grant's
+    position until the rank commits a checkpoint, then how far the model got."""
+
+    shard: NonNegative
+    rank: NonNegative
+    attempt: NonNegative
+    position: NonNegative
+
+
+class RankCommit(_Frozen):
+    """One rank's part of a pending checkpoint: what it held at the step, and how far."""
+
+    rank: NonNegative
+    held: tuple[InFlightEntry, ...] = ()
+
+
+class PendingCheckpoint(_Frozen):
+    """A checkpoint some ranks have committed. `late` records the grants made to ranks
+    after their commit, as they were before the grant: at the step they were untouched."""
+
+    step: NonNegative
+    epoch: NonNegative
+    commits: tuple[RankCommit, ...] = ()
+    late: tuple[Requeued, ...] = ()
+
+    def committed(self) -> set[int]:
+        return {c.rank for c in self.commits}
+
+
+class LedgerState(_Frozen):
+    """One job's ledger: stored at jobs/{job}/ledger/state, a snapshot per checkpoint."""
+
+    job: Token
+    world_size: int = Field(ge=1)
+    epoch: NonNegative
+    epochs: int = Field(ge=1)
+    num_shards: int = Field(ge=1)
+    dataset_size: int = Field(ge=1)
+    shard_size: int = Field(ge=1)
+    seed: NonNegative
+    cursor: int = Field(ge=0, description="Shards of the epoch's order handed out so far")
+    requeued: tuple[Requeued, ...] = ()
+    in_flight: tuple[InFlightEntry, ...] = ()
+    done_count: int = Field(ge=0, description="Shards of the current epoch done")
+    complete: bool = False
+    incarnation: NonNegative = Field(default=0, description="Restores so far")
+    restored_step: NonNegative | None = Field(
+        default=None, description="The checkpoint the current incarnation started from"
+    )
+    restore_token: str | None = Field(default=None, description="The last restore's token")
+    checkpoints: tuple[NonNegative, ...] = Field(default=(), description="Snapshot steps")
+    pending: PendingCheckpoint | None = None
+    left: tuple[NonNegative, ...] = Field(default=(), description="Ranks removed")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LedgerState:
+        if self.num_shards != ceil_div(self.dataset_size, self.shard_size):
+            raise ValueError("num_shards does not match dataset_size / shard_size")
+        if not self.epoch < self.epochs or not self.cursor <= self.num_shards:
+            raise ValueError("epoch or cursor out of range")
+        open_shards = [e.shard for e in self.in_flight] + [r.shard for r in self.requeued]
+        if len(set(open_shards)) != len(open_shards) or any(
+            shard >= self.num_shards for shard in open_shards
+        ):
+            raise ValueError("a shard is listed twice, or out of range")
+        ranks = [e.rank for e in self.in_flight] + list(self.left)
+        if self.pending is not None:
+            ranks += [c.rank for c in self.pending.commits]
+        if any(rank >= self.world_size for rank in ranks):
+            raise ValueError("a rank outside the job")
+        if self.done_count + len(open_shards) != self.cursor:
+            raise ValueError("done + in flight + re-queued must equal the cursor")
+        if self.complete and (self.epoch != self.epochs - 1 or not finished(self)):
+            raise ValueError("complete, but the last epoch is not done")
+        if list(self.checkpoints) != sorted(set(self.checkpoints)):
+            raise ValueError("checkpoints must be strictly increasing")
+        return self
+
+    def active_ranks(self) -> set[int]:
+        return set(range(self.world_size)) - set(self.left)
+
+
+def new_ledger(spec: JobSpec) -> LedgerState:
+    """The ledger of a job that has not started: epoch 0, nothing handed out."""
+    return LedgerState(
+        job=spec.job,
+        world_size=spec.world_size,
+        epoch=0,
+        epochs=spec.epochs,
+        num_shards=ceil_div(spec.dataset_size, spec.shard_size),
+        dataset_size=spec.dataset_size,
+        shard_size=spec.shard_size,
+        seed=spec.seed,
+        cursor=0,
+        done_count=0,
+    )
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)  # exact for any size, unlike math.ceil(a / b)
+
+
+def finished(state: LedgerState) -> bool:
+    return state.cursor == state.num_shards and not state.in_flight and not state.requeued
+
+
+def shard_range(state: LedgerState, shard: int) -> tuple[int, int]:
+    """Sample ids [start, end) of `shard`; the last shard may be short."""
+    if not 0 <= shard < state.num_shards:
+        raise ValueError(f"shard {shard} outside [0, {state.num_shards})")
+    start = shard * state.shard_size
+    return start, min(start + state.shard_size, state.dataset_size)
+
+
+def status(state: LedgerState) -> ShardStatus:
+    pending = state.pending
+    return ShardStatus(
+        job=state.job,
+        epoch=state.epoch,
+        epochs=state.epochs,
+        num_shards=state.num_shards,
+        done=state.done_count,
+        todo=state.num_shards - state.cursor + len(state.requeued),
+        in_flight=tuple(
+            InFlight(rank=e.rank, shard=e.shard, attempt=e.attempt, position=e.position)
+            for e in state.in_flight
+        ),
+        complete=state.complete,
+        incarnation=state.incarnation,
+        checkpoints=state.checkpoints,
+        pending_checkpoint=pending.step if pending else None,
+        committed_ranks=tuple(sorted(pending.committed())) if pending else (),
+        left=state.left,
+    )
