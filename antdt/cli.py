@@ -10,9 +10,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from antdt.cli_shards import shards_app
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(shards_app, name="shards")
 console = Console(stderr=True)
 
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")]
@@ -55,12 +58,6 @@ def monitor(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
 def controller(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
     """Run one Controller replica against the given NATS and etcd."""
     _run_services(["controller"], nats_url, etcd_endpoint)
-
-
-@app.command()
-def shards(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
-    """Run one Shards replica against the given NATS and etcd."""
-    _run_services(["shards"], nats_url, etcd_endpoint)
 
 
 @app.command()
@@ -109,14 +106,19 @@ def up(
 def launch(
     ctx: typer.Context,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to start")] = 2,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Group restarts after a rank fails")
+    ] = 0,
 ) -> None:
-    """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`."""
+    """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
+    With --max-restarts, a failed group is started again (ANTDT_RESTART_COUNT=k) to
+    resume from its checkpoint."""
     from antdt.agent.launch import launch as run_ranks
 
     command = [a for a in ctx.args if a != "--"]
     if not command:
         raise typer.BadParameter("give the command after --, e.g. -- python train.py")
-    raise typer.Exit(run_ranks(nproc, command, env=dict(os.environ)))
+    raise typer.Exit(run_ranks(nproc, command, env=dict(os.environ), max_restarts=max_restarts))
 
 
 @app.command()

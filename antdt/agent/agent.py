@@ -18,8 +18,9 @@ import structlog
 from antdt.agent.collectives import Collectives, TorchCollectives
 from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.inject import InjectionSchedule
+from antdt.agent.ledger import LedgerClient
 from antdt.agent.loopthread import LoopThread
-from antdt.agent.outbox import BoundedQueue, SampleLine, StepRecord
+from antdt.agent.outbox import BoundedQueue, RestoreMark, SampleLine, StepRecord
 from antdt.agent.plans import PlanBook, Verdict, applied_step, select_plan
 from antdt.agent.register import register, spec_differences
 from antdt.agent.settings import AgentSettings
@@ -31,10 +32,14 @@ from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
     AdjustBatch,
+    CommitReply,
     JobSpec,
     KillRestart,
     Plan,
     RankHello,
+    ReleaseReply,
+    RestoreReply,
+    ShardRestore,
     StepEvent,
     Subjects,
 )
@@ -61,13 +66,15 @@ class Agent:
         self._locked: tuple[int, Plan] | None = None  # (step, plan) chosen for that step
         self._next_step = 0  # the first step whose plan is not chosen yet
         self._events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
-        self._lines: deque[SampleLine] = deque()
+        self._lines: deque[SampleLine | RestoreMark] = deque()
+        self._incarnation = 0
         self._drain_scheduled = False
         self._drain_task: asyncio.Task[None] | None = None
         self._log_file: IO[str] | None = None
         self._thread: LoopThread | None = None
         self._bus: Bus | None = None
         self._stream: ShardStream | None = None
+        self._ledger: LedgerClient | None = None
         self._driver: StepDriver | None = None
         self.spec: JobSpec | None = None
         self.commands = 0
@@ -126,7 +133,9 @@ class Agent:
         self._stream = ShardStream(
             state, bus=bus, subject=self.subjects.shards(s.job, "fetch"), loop=self._thread.loop
         )
-        self._stream.start()
+        self._ledger = LedgerClient(bus, self.subjects, s.job, self._stream)
+        # The fetcher starts with the first epoch, or after a restore: a restarted job
+        # must not take data before its ledger is back at the checkpoint.
 
     def _adopt(self, spec: JobSpec, plan: Plan) -> None:
         s = self.settings
@@ -214,7 +223,84 @@ class Agent:
 
     def epochs(self) -> Iterator[int]:
         """Epoch numbers, until the shards service reports the job done."""
-        return self._require_driver().epochs()
+        driver = self._require_driver()
+        self._start_fetching()
+        return driver.epochs()
+
+    def _start_fetching(self) -> None:
+        assert self._thread is not None and self._stream is not None
+        if not self._stream.started:
+            self._thread.run(self._start_stream(), timeout=5)
+
+    async def _start_stream(self) -> None:
+        assert self._stream is not None
+        self._stream.start()
+
+    # -- checkpoints, restarts, removal ------------------------------------------------
+
+    def restore(self, step: int | None, token: str | None = None) -> RestoreReply:
+        """Put the job's data ledger back to checkpoint `step` (the step of the model
+        checkpoint this process loaded; None: none, start over). Call it on every rank of
+        a restarted job, after the process group is up and before `epochs()`; the ranks
+        agree on a token for this restart through the process group, unless `token` (or
+        ANTDT_RESTORE_TOKEN) names one. Training resumes at step + 1."""
+        driver = self._require_driver()
+        assert self._thread is not None and self._stream is not None and self._ledger
+        if self._stream.started:
+            raise RuntimeError("restore() must come before the first epochs()")
+        s = self.settings
+        token = token or s.restore_token or self._agree_token()
+        req = ShardRestore(job=s.job, rank=s.rank, token=token, step=step)
+        timeout = s.ledger_timeout_s
+        reply = self._thread.run(self._ledger.restore(req, timeout), timeout=timeout + 5)
+        self._stream.set_incarnation(reply.incarnation)
+        self._incarnation = reply.incarnation
+        if s.sample_log:
+            self._lines.append(RestoreMark(reply.incarnation, step))
+            self._schedule_drain()
+        first = 0 if step is None else step + 1
+        with self._plan_lock:
+            self._next_step = driver.step = first
+        log.info("ledger restored", job=s.job, step=step, epoch=reply.epoch,
+                 incarnation=reply.incarnation, restored_here=reply.restored)  # fmt: skip
+        self._start_fetching()
+        return reply
+
+    def _agree_token(self) -> str:
+        mine = int.from_bytes(os.urandom(7), "big")
+        return f"r{self._get_collectives().agree_max(mine):x}"
+
+    def commit(self, step: int | None = None) -> CommitReply:
+        """Commit this rank's data positions for a model checkpoint after `step` (default:
+        the last synced step) and wait until every rank has: then save the model. Call
+        it on every rank, between steps (after `step.sync`). A checkpoint whose commit
+        did not complete must not be used: restore from the one before."""
+        driver = self._require_driver()
+        assert self._thread is not None and self._ledger is not None
+        last = driver.step - 1
+        if driver.open_step_unsynced():
+            raise RuntimeError("commit() goes between steps: after step.sync(), not before")
+        if step is None:
+            step = last
+        if step != last or last < 0:
+            raise ValueError(f"commit for step {step}, but the last synced step is {last}")
+        timeout = self.settings.ledger_timeout_s
+        reply = self._thread.run(self._ledger.commit(step, timeout), timeout=timeout + 5)
+        log.info("checkpoint committed", job=self.settings.job, step=step)
+        return reply
+
+    def leave(self, reason: str = "leaving") -> ReleaseReply:
+        """Remove this rank from the job without a rollback: what it trained stays in the
+        model, the rest of its shards go to the other ranks. Then close the agent."""
+        driver = self._require_driver()
+        assert self._thread is not None and self._ledger is not None
+        if driver.open_step_unsynced():
+            raise RuntimeError("leave() goes between steps: after step.sync()")
+        timeout = self.settings.ledger_timeout_s
+        reply = self._thread.run(self._ledger.release(reason, timeout), timeout=timeout + 5)
+        log.info("rank left the job", job=self.settings.job, returned=reply.returned)
+        self.close()
+        return reply
 
     def steps(self) -> Iterator[Step]:
         """The steps of the current epoch, until no rank has data left in it."""
@@ -333,8 +419,8 @@ class Agent:
             self._write_lines(lines)
             await self._publish(records)
 
-    def _pop_lines(self) -> list[SampleLine]:
-        out: list[SampleLine] = []
+    def _pop_lines(self) -> list[SampleLine | RestoreMark]:
+        out: list[SampleLine | RestoreMark] = []
         while self._lines:
             out.append(self._lines.popleft())
         return out
@@ -366,13 +452,20 @@ class Agent:
             started_at=r.started_at, ended_at=r.started_at + r.step_s,
         )  # fmt: skip
 
-    def _write_lines(self, lines: list[SampleLine]) -> None:
+    def _write_lines(self, lines: list[SampleLine | RestoreMark]) -> None:
         if not lines or not self.settings.sample_log:
             return
         if self._log_file is None:
             path = f"{self.settings.sample_log}.rank{self.settings.rank}.jsonl"
             self._log_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the agent)
+        k = self._incarnation
         for line in lines:
+            if isinstance(line, RestoreMark):
+                step = "null" if line.step is None else line.step
+                self._log_file.write(f'{{"incarnation":{k},"restored":{step}}}\n')
+                continue
             ids = ",".join(map(str, line.ids))
-            self._log_file.write(f'{{"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n')
+            self._log_file.write(
+                f'{{"incarnation":{k},"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n'
+            )
         self._log_file.flush()  # a rank killed later must not lose lines of synced steps

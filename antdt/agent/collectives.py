@@ -18,6 +18,10 @@ class Collectives(Protocol):
         """Batch-weighted gradient mean over all ranks; returns the step's total."""
         ...
 
+    def agree_max(self, value: int) -> int:
+        """MAX of value over all ranks: how the ranks of a restart agree on its token."""
+        ...
+
 
 class TorchCollectives:
     """torch.distributed on the default (or given) process group."""
@@ -47,6 +51,15 @@ class TorchCollectives:
         self._count.fill_(local_samples)
         self._dist.all_reduce(self._count, op=self._dist.ReduceOp.SUM, group=self._group)
         return int(self._count.item())
+
+    def agree_max(self, value: int) -> int:
+        if not self._initialized:
+            return value
+        import torch
+
+        tensor = torch.tensor([value], dtype=torch.int64, device=self._count.device)
+        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX, group=self._group)
+        return int(tensor.item())
 
     def reduce_gradients(self, model: Any, local_samples: int) -> int:
         from antdt.agent.gradients import allreduce_weighted

@@ -76,19 +76,43 @@ def launch(
     *,
     env: dict[str, str] | None = None,
     host_prefix: str = "slot",
+    max_restarts: int = 0,
 ) -> int:
     """Run `command` as `nproc` ranks; returns 0 when all succeed, else the first
     non-zero exit code (the others are then stopped). `env` adds to os.environ.
-    SIGINT/SIGTERM to the launcher are forwarded to every rank."""
+    SIGINT/SIGTERM to the launcher are forwarded to every rank.
+
+    When a rank fails, the whole group is stopped and, up to `max_restarts` times,
+    started again (as torchrun does): each rank sees ANTDT_RESTART_COUNT (and
+    TORCHELASTIC_RESTART_COUNT) and is expected to resume from its last checkpoint."""
     if nproc < 1:
         raise ValueError("nproc must be >= 1")
     if not command:
         raise ValueError("no command to launch")
+    if max_restarts < 0:
+        raise ValueError("max_restarts must be >= 0")
     base = {**os.environ, **(env or {})}
+    stop_requested = threading.Event()  # the launcher was signalled: no restart then
+    code = 0
+    for attempt in range(max_restarts + 1):
+        base.update(ANTDT_RESTART_COUNT=str(attempt), TORCHELASTIC_RESTART_COUNT=str(attempt))
+        code = _run_group(nproc, command, base, host_prefix, stop_requested)
+        if code == 0 or stop_requested.is_set():
+            return code
+        if attempt < max_restarts:
+            print(f"antdt launch: a rank failed (exit {code}); restart {attempt + 1} of "
+                  f"{max_restarts}", flush=True)  # fmt: skip
+    return code
+
+
+def _run_group(
+    nproc: int, command: list[str], base: dict[str, str], host_prefix: str,
+    stop_requested: threading.Event,
+) -> int:  # fmt: skip
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
-    restore = _forward_signals(procs)
+    restore = _forward_signals(procs, stop_requested)
     try:
         for rank in range(nproc):
             procs.append(_spawn(command, rank_env(base, rank, nproc, port, host_prefix)))
@@ -117,13 +141,14 @@ def _supervise(procs: list[subprocess.Popen[bytes]], exits: queue.Queue[tuple[in
     return first_failure
 
 
-def _forward_signals(procs: list[subprocess.Popen[bytes]]) -> Any:
+def _forward_signals(procs: list[subprocess.Popen[bytes]], stop_requested: threading.Event) -> Any:
     """Install SIGINT/SIGTERM handlers that pass the signal to every rank (main thread
     only: elsewhere Python cannot install handlers). Returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
     def forward(signum: int, _: FrameType | None) -> None:
+        stop_requested.set()
         _signal_all(procs, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}

@@ -33,6 +33,15 @@ class SampleLine:
     ids: list[int]
 
 
+@dataclass(frozen=True)
+class RestoreMark:
+    """In the sample log: this process restored the ledger to `step` (None: the start)
+    as incarnation `incarnation`; lines of earlier incarnations after `step` were undone."""
+
+    incarnation: int
+    step: int | None
+
+
 class BoundedQueue(Generic[T]):
     """A single-producer single-consumer queue that drops (and counts) when full.
 

@@ -80,6 +80,21 @@ class AgentSettings(BaseSettings):
         default=None, ge=1, description="Largest local batch memory holds (hello), samples"
     )
     device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
+    ledger_timeout_s: float = Field(
+        default=300.0, gt=0, description="How long commit/restore/leave retry and wait, seconds"
+    )
+    restart_count: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=AliasChoices(
+            "ANTDT_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "restart_count"
+        ),
+        description="Restarts of this job's group so far (set by the launcher), restarts",
+    )
+    restore_token: str | None = Field(
+        default=None, max_length=128, pattern=TOKEN.pattern,
+        description="Names this restart for restore() (default: agreed by the ranks)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _rank_in_job(self) -> AgentSettings:

@@ -10,16 +10,19 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
-from antdt.agent.errors import AgentClosed
+from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
 from antdt.runtime.bus import Bus, BusError, RequestRefused
 from antdt.schemas import ShardRef, ShardReply
 
 log = structlog.get_logger("antdt.agent.shards")
+T = TypeVar("T")
 
 
 class Backoff:
@@ -65,8 +68,22 @@ class ShardStream:
     # -- loop side ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the fetcher; call on the loop."""
-        self._task = self._loop.create_task(self._run(), name="antdt-shard-fetcher")
+        """Start the fetcher; call on the loop. Idempotent."""
+        if self._task is None:
+            self._task = self._loop.create_task(self._run(), name="antdt-shard-fetcher")
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def build(self, make: Callable[[StreamState], T]) -> T:
+        """Build a request from the state under its lock (commit, release)."""
+        with self._cond:
+            return make(self._state)
+
+    def set_incarnation(self, incarnation: int) -> None:
+        with self._cond:
+            self._state.incarnation = incarnation
 
     async def stop(self) -> None:
         with self._cond:
@@ -111,7 +128,11 @@ class ShardStream:
 
     def _failed(self, exc: Exception) -> None:
         with self._cond:
-            self._state.on_failure()
+            if isinstance(exc, RequestRefused):
+                self._state.on_refused(exc.reply.code, exc.reply.error)
+            else:
+                self._state.on_failure()
+            self._cond.notify_all()  # a fatal refusal must reach a waiting training thread
         code = exc.reply.code if isinstance(exc, RequestRefused) else type(exc).__name__
         self.errors[code] += 1
         if self.errors[code] == 1 or self.errors[code] % 100 == 0:
@@ -151,6 +172,8 @@ class ShardStream:
         """Wait (holding the condition) for the fetcher to change the state."""
         if self.closed:
             raise AgentClosed("the agent was closed while waiting for data")
+        if self._state.fatal is not None:
+            raise AgentError(f"the shards service refuses this rank: {self._state.fatal}")
         self._kick()
         self._cond.wait(timeout=1.0)
 

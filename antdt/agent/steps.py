@@ -125,6 +125,9 @@ class StepDriver:
         self.step = index + 1
         return step
 
+    def open_step_unsynced(self) -> bool:
+        return self._open is not None and not self._open.synced
+
     # -- sync and bookkeeping ---------------------------------------------------------
 
     def sync(self, step: Step, model: Any) -> int:

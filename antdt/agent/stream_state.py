@@ -30,6 +30,8 @@ MAX_WANT = 8
 #: Floor of every retry delay, seconds: a service answering "retry after 0" must not make
 #: the rank spin.
 MIN_RETRY_S = 0.05
+#: Refusals that no retry can fix: this process is not a member of the job's present.
+FATAL_CODES = frozenset({"incarnation", "removed"})
 
 
 @dataclass
@@ -44,6 +46,7 @@ class StreamState:
     established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
     exhausted: bool = False  # the service has no more shards of `epoch` to grant
     job_done: bool = False
+    fatal: str | None = None  # the service will never serve this process again: why
     local: LocalShards = field(init=False)
     pending_done: list[ShardRef] = field(default_factory=list)
     sending: list[ShardRef] = field(default_factory=list)
@@ -70,7 +73,9 @@ class StreamState:
         return max(0, min(want, MAX_WANT))
 
     def needs_fetch(self) -> bool:
-        return not self.job_done and (bool(self.pending_done) or self.want() > 0)
+        if self.job_done or self.fatal is not None:
+            return False
+        return bool(self.pending_done) or self.want() > 0
 
     def next_fetch(self) -> ShardFetch | None:
         """The next request, or None when there is nothing to ask or report. Done refs it
@@ -83,6 +88,12 @@ class StreamState:
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
             want=self.want(), incarnation=self.incarnation,
         )  # fmt: skip
+
+    def on_refused(self, code: str, reason: str) -> None:
+        """A refusal: final for a process of another incarnation or a removed rank."""
+        if code in FATAL_CODES:
+            self.fatal = f"{code}: {reason}"
+        self.on_failure()
 
     def on_failure(self) -> None:
         """The request was not answered: its done refs go out again with the next one (the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -62,9 +63,12 @@ def main() -> None:
     model = build_model(settings.seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=BASE_LR)
     total_samples = settings.epochs * settings.dataset_size
-    seen = 0
     out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
-    progress = open(out / "progress.jsonl", "w") if settings.rank == 0 else None  # noqa: SIM115
+    checkpoints = Checkpoints.from_env(settings.rank)
+    seen = checkpoints.resume(agent, model, optimizer)
+    fault = Fault.from_env(settings.rank, settings.restart_count)
+    mode = "a" if settings.restart_count else "w"
+    progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
     for epoch in agent.epochs():
         for step in agent.steps():
             ids = step.sample_ids
@@ -89,12 +93,83 @@ def main() -> None:
                 }
                 progress.write(json.dumps(record) + "\n")
                 progress.flush()
+            checkpoints.maybe_save(agent, step.index, model, optimizer, seen)
+            fault.maybe_fail(step.index)
     agent.close()
     if progress is not None:
         progress.close()
         result = {"accuracy": accuracy(model), "dropped_events": agent.dropped_events}
         (out / "result.json").write_text(json.dumps(result))
     torch.distributed.destroy_process_group()
+
+
+class Checkpoints:
+    """Model checkpoints every `every` steps in `folder` (ANTDT_DEMO_CKPT_DIR and
+    ANTDT_DEMO_CKPT_EVERY): every rank commits its data positions first (agent.commit
+    waits for all), then rank 0 writes the model. A restarted job loads the last one
+    and puts the data ledger back to it (agent.restore)."""
+
+    def __init__(self, folder: Path | None, every: int, rank: int) -> None:
+        self.folder, self.every, self.rank = folder, every, rank
+
+    @classmethod
+    def from_env(cls, rank: int) -> Checkpoints:
+        folder = os.environ.get("ANTDT_DEMO_CKPT_DIR")
+        every = int(os.environ.get("ANTDT_DEMO_CKPT_EVERY", "0"))
+        return cls(Path(folder) if folder and every > 0 else None, every, rank)
+
+    @property
+    def path(self) -> Path | None:
+        return self.folder / "model.pt" if self.folder else None
+
+    def resume(self, agent: Any, model: torch.nn.Module, optimizer: Any) -> int:
+        """Load the last checkpoint, if any, and restore the ledger to it; returns the
+        samples seen so far (for the learning-rate schedule)."""
+        state = None
+        if self.path is not None and self.path.exists():
+            state = torch.load(self.path, weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        if state is not None or agent.settings.restart_count > 0:
+            agent.restore(int(state["step"]) if state is not None else None)
+        return int(state["seen"]) if state is not None else 0
+
+    def maybe_save(
+        self, agent: Any, step: int, model: torch.nn.Module, optimizer: Any, seen: int
+    ) -> None:
+        if self.path is None or (step + 1) % self.every:
+            return
+        agent.commit(step)  # the ledger's snapshot first: a model without one is useless
+        if self.rank == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "step": step, "seen": seen}  # fmt: skip
+            tmp = self.path.with_suffix(".tmp")
+            torch.save(state, tmp)
+            tmp.replace(self.path)  # atomic: a crash leaves the previous checkpoint
+
+
+class Fault:
+    """A rank failure for tests and demos (ANTDT_DEMO_FAIL="rank=2,step=40,how=kill"):
+    the rank dies after that step, in the first run only. how=kill: SIGKILL (no
+    clean-up at all); how=exit: the process exits with code 1 mid-epoch."""
+
+    def __init__(self, step: int | None, how: str) -> None:
+        self.step, self.how = step, how
+
+    @classmethod
+    def from_env(cls, rank: int, restart_count: int) -> Fault:
+        spec = dict(kv.split("=", 1) for kv in os.environ.get("ANTDT_DEMO_FAIL", "").split(",")
+                    if "=" in kv)  # fmt: skip
+        if restart_count > 0 or int(spec.get("rank", -1)) != rank:
+            return cls(None, "")
+        return cls(int(spec["step"]), spec.get("how", "kill"))
+
+    def maybe_fail(self, step: int) -> None:
+        if self.step is None or step != self.step:
+            return
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -162,12 +162,17 @@ class ThreadCollectives:
             def reduce_gradients(self, model: Any, local_samples: int) -> int:
                 return outer._sum(rank, local_samples, "grads")
 
+            def agree_max(self, value: int) -> int:
+                return outer._sum(rank, value, "agree", combine=max)
+
         return _Rank()
 
-    def _sum(self, rank: int, value: int, what: str) -> int:
+    def _sum(
+        self, rank: int, value: int, what: str, combine: Callable[[list[int]], int] = sum
+    ) -> int:
         self._values[rank] = value
         self._barrier.wait()
-        total = sum(self._values)
+        total = combine(self._values)
         if rank == 0:
             self.calls[what] += 1
         self._barrier.wait()  # nobody overwrites a value before everyone has read the sum
@@ -183,6 +188,9 @@ class NullCollectives:
 
     def reduce_gradients(self, model: Any, local_samples: int) -> int:
         return local_samples
+
+    def agree_max(self, value: int) -> int:
+        return value
 
 
 def agent_settings(nats: NatsSettings, job: str, rank: int, world: int, **kw: Any) -> AgentSettings:

@@ -164,7 +164,7 @@ class Sim:
             stale = ShardFetch(job=self.spec.job, rank=state.rank, epoch=state.epoch,
                                incarnation=state.incarnation)  # fmt: skip
             _, refused = apply_fetch(self.ledger, stale)
-            assert isinstance(refused, ErrorReply) and refused.code == "fenced"
+            assert isinstance(refused, ErrorReply) and refused.code == "incarnation"
         self.ranks = {r: self.new_rank(r, incarnation) for r in range(self.spec.world_size)}
         self.step = 0 if step is None else step + 1
         self.epoch = 0
@@ -293,6 +293,6 @@ def test_release_returns_shards_from_the_reported_position() -> None:
     assert [(r.shard, r.position) for r in out.state.requeued] == [(shards[0], 4), (shards[1], 0)]
     assert out.state.left == (1,)
     _, refused = apply_fetch(out.state, ShardFetch(job="job", rank=1, epoch=0))
-    assert isinstance(refused, ErrorReply) and refused.code == "fenced"
+    assert isinstance(refused, ErrorReply) and refused.code == "removed"
     last = apply_release(out.state, ShardRelease(job="job", rank=0))
     assert isinstance(last.reply, ErrorReply)  # the last rank cannot leave

@@ -102,18 +102,15 @@ def check_member(state: LedgerState, job: str, rank: int, incarnation: int) -> E
         return error("bad_request", f"request for job {job!r} sent to {state.job!r}")
     if rank >= state.world_size:
         return error("bad_request", f"rank {rank} outside world size {state.world_size}")
-    if incarnation < state.incarnation:
+    if incarnation != state.incarnation:
         return error(
-            "fenced", f"incarnation {incarnation} was replaced by incarnation {state.incarnation}"
-        )
-    if incarnation > state.incarnation:
-        return error(
-            "stale",
-            f"incarnation {incarnation} is not restored yet (the ledger is at "
-            f"{state.incarnation}): send a restore first",
+            "incarnation",
+            f"this process belongs to incarnation {incarnation} of job {job}, the ledger to "
+            f"incarnation {state.incarnation}: a restarted job must restore (agent.restore) "
+            "before training, and processes of an older incarnation must stop",
         )
     if rank in state.left:
-        return error("fenced", f"rank {rank} was removed from the job")
+        return error("removed", f"rank {rank} was removed from the job")
     return None
 
 

@@ -1,0 +1,95 @@
+"""The agent's ledger requests besides fetching: commit at a checkpoint, restore on a
+restart, release on leaving. They run on the agent's loop; the training thread waits.
+
+Each retries through an outage of the shards service or of NATS (with backoff) until
+its deadline; a refusal other than "busy" is final and raised with the service's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import structlog
+
+from antdt.agent.errors import AgentError
+from antdt.agent.shards import Backoff, ShardStream
+from antdt.runtime.bus import Bus, BusError, RequestRefused
+from antdt.schemas import (
+    CommitReply,
+    ReleaseReply,
+    RestoreReply,
+    ShardRestore,
+    Subjects,
+    WireModel,
+)
+
+log = structlog.get_logger("antdt.agent.ledger")
+R = TypeVar("R", bound=WireModel)
+
+#: How often a rank that committed asks whether the others have, seconds.
+COMMIT_POLL_S = 0.02
+
+
+class LedgerClient:
+    def __init__(self, bus: Bus, subjects: Subjects, job: str, stream: ShardStream) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._job = job
+        self._stream = stream
+
+    async def restore(self, req: ShardRestore, timeout_s: float) -> RestoreReply:
+        deadline = time.monotonic() + timeout_s
+        return await self._call("restore", lambda: req, RestoreReply, deadline)
+
+    async def commit(self, step: int, timeout_s: float) -> CommitReply:
+        """Commit this rank's part of the checkpoint at `step` and wait until every rank
+        has (the snapshot is then durable). Re-sending is harmless: the service keeps the
+        first commit of each rank."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            reply = await self._call(
+                "commit", lambda: self._stream.build(lambda s: s.commit_request(step)),
+                CommitReply, deadline,
+            )  # fmt: skip
+            if reply.complete:
+                return reply
+            if time.monotonic() > deadline:
+                raise AgentError(
+                    f"checkpoint {step}: ranks {list(reply.waiting_for)} did not commit in "
+                    f"{timeout_s:.0f} s"
+                )
+            await asyncio.sleep(COMMIT_POLL_S)
+
+    async def release(self, reason: str, timeout_s: float) -> ReleaseReply:
+        deadline = time.monotonic() + timeout_s
+
+        def build() -> WireModel:
+            return self._stream.build(lambda s: s.release_request(reason))
+
+        return await self._call("release", build, ReleaseReply, deadline)
+
+    async def _call(
+        self, verb: str, build: Callable[[], WireModel], reply_type: type[R], deadline: float
+    ) -> R:
+        subject = self._subjects.shards(self._job, verb)
+        backoff = Backoff()
+        while True:
+            try:
+                if not self._bus.connected:
+                    raise BusError("not connected to NATS")
+                timeout = max(0.1, min(5.0, deadline - time.monotonic()))
+                return await self._bus.request(subject, build(), reply_type, timeout=timeout)
+            except RequestRefused as exc:
+                if exc.reply.code != "busy":
+                    reason = f"{verb} refused ({exc.reply.code}): {exc.reply.error}"
+                    raise AgentError(reason) from None
+                problem = str(exc)
+            except BusError as exc:
+                problem = str(exc)
+            if time.monotonic() > deadline:
+                raise AgentError(f"{verb}: the shards service did not answer ({problem})")
+            log.warning("ledger request failed, retrying", verb=verb, error=problem)
+            await asyncio.sleep(backoff.next())

@@ -1,0 +1,109 @@
+"""`antdt shards`: run a Shards replica (no sub-command), or look at and act on a job's
+data ledger: `antdt shards status --job J`, `antdt shards release --job J --rank R`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from antdt.schemas import ReleaseReply, ShardRelease, ShardStatus, ShardStatusRequest, Subjects
+
+shards_app = typer.Typer(help=__doc__)
+out = Console()
+
+NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")]
+EtcdOpt = Annotated[
+    str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
+]
+JobOpt = Annotated[str, typer.Option("--job", help="Job id")]
+
+
+@shards_app.callback(invoke_without_command=True)
+def shards(ctx: typer.Context, nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+    """Run one Shards replica against the given NATS and etcd (without a sub-command)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from antdt.cli import _run_services
+
+    _run_services(["shards"], nats_url, etcd_endpoint)
+
+
+@shards_app.command("status")
+def status_command(job: JobOpt, nats_url: NatsOpt = None) -> None:
+    """Epoch, progress, in-flight shards per rank, checkpoints and incarnation of a job."""
+    status = asyncio.run(
+        _request(nats_url, job, "status", ShardStatusRequest(job=job), ShardStatus)
+    )
+    out.print(render_status(status))
+
+
+@shards_app.command("release")
+def release_command(
+    job: JobOpt,
+    rank: Annotated[int, typer.Option("--rank", min=0, help="The rank to remove")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in the logs)")] = "operator",
+    incarnation: Annotated[int, typer.Option(help="The job's current incarnation")] = 0,
+    nats_url: NatsOpt = None,
+) -> None:
+    """Remove a dead or drained rank without a rollback: its shards go back from its last
+    committed positions, to be granted to the other ranks."""
+    req = ShardRelease(job=job, rank=rank, incarnation=incarnation, reason=reason)
+    reply = asyncio.run(_request(nats_url, job, "release", req, ReleaseReply))
+    out.print(f"rank {reply.rank} removed from {reply.job}: {reply.returned} shards handed back")
+
+
+async def _request(nats_url: str | None, job: str, verb: str, req: Any, reply_type: Any) -> Any:
+    from antdt.runtime.bus import Bus, BusError, RequestRefused
+    from antdt.runtime.config import NatsSettings
+
+    settings = NatsSettings() if nats_url is None else NatsSettings(url=nats_url)
+    try:
+        bus = await Bus(settings, name="antdt-cli").connect(retry_for_s=5.0)
+    except BusError as exc:
+        raise typer.BadParameter(f"cannot reach NATS at {settings.url}: {exc}") from None
+    try:
+        subject = Subjects(settings.subject_prefix).shards(job, verb)
+        return await bus.request(subject, req, reply_type, timeout=5.0)
+    except RequestRefused as exc:
+        Console(stderr=True).print(f"[red]refused[/] ({exc.reply.code}): {exc.reply.error}")
+        raise typer.Exit(1) from None
+    except BusError as exc:
+        Console(stderr=True).print(f"[red]no answer from the shards service[/]: {exc}")
+        raise typer.Exit(1) from None
+    finally:
+        await bus.close()
+
+
+def render_status(status: ShardStatus) -> Group:
+    """The ledger of one job as a rich renderable (pure: tests render it to text)."""
+    done_pct = 100.0 * status.done / status.num_shards if status.num_shards else 0.0
+    head = Text.assemble(
+        (f"job {status.job}", "bold"),
+        f"  epoch {status.epoch + 1}/{status.epochs}  ",
+        ("complete" if status.complete else f"{status.done}/{status.num_shards} shards done "
+                                            f"({done_pct:.1f}%)", "green"),
+        f"  todo {status.todo}  in flight {len(status.in_flight)}  "
+        f"incarnation {status.incarnation}",
+    )  # fmt: skip
+    per_rank: dict[int, list[str]] = defaultdict(list)
+    for entry in status.in_flight:
+        per_rank[entry.rank].append(f"{entry.shard}@{entry.position} (a{entry.attempt})")
+    table = Table("rank", "in flight: shard@position (attempt)", title="in flight per rank")
+    for rank in sorted(per_rank):
+        table.add_row(str(rank), ", ".join(per_rank[rank]))
+    checkpoints = ", ".join(map(str, status.checkpoints)) or "none"
+    lines: list[Text | Table] = [head, table, Text(f"checkpoints (steps): {checkpoints}")]
+    if status.pending_checkpoint is not None:
+        committed = ", ".join(map(str, status.committed_ranks)) or "none"
+        lines.append(
+            Text(f"pending checkpoint at step {status.pending_checkpoint}: committed {committed}")
+        )
+    if status.left:
+        lines.append(Text(f"removed ranks: {', '.join(map(str, status.left))}", "yellow"))
+    return Group(*lines)
