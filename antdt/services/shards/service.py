@@ -1,24 +1,28 @@
 """Shards service shell: done-and-fetch over request/reply in a queue group, ledger in etcd.
 
-Every replica serves every job. A request's ledger change is one compare-and-swap on the
-ledger key, so two replicas can never grant the same shard twice: the loser reloads and
-re-applies. Within one replica requests of a job are serialised and the ledger is cached
-with its revision, so the steady state costs one etcd transaction per request."""
+Every replica serves every job. Each ledger change goes through the per-job group
+committer (committer.py): concurrent requests of a job share one compare-and-swap
+transaction on the ledger key, and are answered only once it is durable. Two replicas
+can never grant the same shard twice: a replica whose cached ledger is stale fails the
+compare, re-applies its batch to the state read back in the same transaction, retries.
+
+nats-py runs one subscription's handler for one message at a time, so a replica holds
+`fetch_concurrency` subscriptions in the queue group: that many requests can wait on a
+commit at once, which is what lets them share one."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.store import Store
+from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
 from antdt.schemas import (
-    ErrorReply,
     JobSpec,
     Keys,
     ShardFetch,
@@ -27,6 +31,8 @@ from antdt.schemas import (
     ShardStatusRequest,
     Subjects,
 )
+from antdt.services.shards.change import LedgerChange, Operation, Writes, change_of
+from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger, status
 
 log = structlog.get_logger("antdt.shards")
@@ -34,13 +40,87 @@ QUEUE_GROUP = "antdt-shards"
 
 
 class ShardsSettings(ServiceSettings):
-    cas_retries: int = Field(default=20, ge=1, description="Ledger CAS attempts per request")
+    cas_retries: int = Field(default=20, ge=1, description="Ledger CAS attempts per batch")
+    max_batch: int = Field(
+        default=64, ge=1, le=1024, description="Most requests of a job in one commit"
+    )
+    fetch_concurrency: int = Field(
+        default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
+    )
 
 
-@dataclass
-class _Cached:
-    state: LedgerState
-    revision: int
+@dataclass(frozen=True)
+class _Revision:
+    """CAS token of a stored ledger. (create revision, version) names one value of the
+    key, as the mod revision would, but is known after a write without reading the
+    (possibly large) value back. create == 0: the key does not exist yet."""
+
+    create: int
+    version: int
+
+
+class EtcdLedgers:
+    """The committer's store: one etcd key per job's ledger, JSON."""
+
+    def __init__(self, store: Store, keys: Keys) -> None:
+        self.store = store
+        self.keys = keys
+
+    async def load(self, job: str) -> Snapshot:
+        stored = await self.store.get(self.keys.ledger(job))
+        if stored is not None:
+            return _snapshot(stored)
+        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
+        if spec is None:
+            raise Rejected("unknown_job", f"job {job!r} is not registered")
+        return Snapshot(new_ledger(spec[0]), _Revision(0, 0))
+
+    async def commit(
+        self, job: str, base: Snapshot, state: LedgerState | None, writes: Writes
+    ) -> Committed:
+        key = self.keys.ledger(job)
+        revision: _Revision = base.token
+        success: list[Op] = [Put(k, v) for k, v in writes.puts()]
+        success += [Delete(k) for k in writes.deletes()]
+        if state is not None:
+            success.append(Put(key, _encode(state)))
+            if revision.create == 0:
+                success.append(Get(key))  # the new key's create revision: the next token
+        result = await self.store.txn(_unchanged(key, revision), success, [Get(key)])
+        if not result.succeeded:
+            current = result.gets[0] if result.gets else None
+            return Committed(False, _snapshot(current) if current is not None else None)
+        if state is None:
+            return Committed(True, base)
+        if revision.create == 0:
+            created = result.gets[-1]
+            return Committed(True, _snapshot(created) if created is not None else None)
+        return Committed(True, Snapshot(state, _Revision(revision.create, revision.version + 1)))
+
+
+def _unchanged(key: str, revision: _Revision) -> list[Compare]:
+    if revision.create == 0:
+        return [Compare.absent(key)]
+    return [Compare(key, "create", revision.create), Compare(key, "version", revision.version)]
+
+
+def _encode(state: LedgerState) -> bytes:
+    # Straight to bytes: model_dump_json would build a str only to have it encoded again.
+    return LedgerState.__pydantic_serializer__.to_json(state)
+
+
+def _snapshot(stored: Versioned) -> Snapshot:
+    state = LedgerState.model_validate_json(stored.value)
+    return Snapshot(state, _Revision(stored.create_revision, stored.version))
+
+
+def fetch_op(req: ShardFetch) -> Operation:
+    """A ShardFetch as a ledger operation."""
+
+    def op(state: LedgerState) -> LedgerChange:
+        return change_of(apply_fetch(state, req))
+
+    return op
 
 
 class ShardsService:
@@ -50,66 +130,63 @@ class ShardsService:
         self.store = store
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.keys = Keys(settings.etcd.key_prefix)
-        self._cache: dict[str, _Cached] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
-        self.cas_conflicts = 0
+        self.ledgers = EtcdLedgers(store, self.keys)
+        self._runtime: ServiceRuntime | None = None
+        self.committer = Committer(
+            self.ledgers,
+            self._spawn,
+            retries=settings.cas_retries,
+            max_batch=settings.max_batch,
+        )
+
+    @property
+    def cas_conflicts(self) -> int:
+        return self.committer.cas_conflicts
 
     async def start(self, runtime: ServiceRuntime) -> None:
-        await self.bus.subscribe(
-            self.subjects.any_job("shards.fetch"), ShardFetch, self._on_fetch, queue=QUEUE_GROUP
-        )
+        self._runtime = runtime
+        for _ in range(self.settings.fetch_concurrency):
+            await self.bus.subscribe(
+                self.subjects.any_job("shards.fetch"),
+                ShardFetch,
+                self._on_fetch,
+                queue=QUEUE_GROUP,
+            )
         await self.bus.subscribe(
             self.subjects.any_job("shards.status"),
             ShardStatusRequest,
             self._on_status,
             queue=QUEUE_GROUP,
         )
+        # Draining the bus waits for handlers, which wait for their commits; then the
+        # committer refuses new work and waits for whatever is still queued.
         runtime.on_shutdown("drain", self.bus.drain)
+        runtime.on_shutdown("finish", self.committer.finish)
         log.info("shards service started", replica=self.settings.replica_id)
+
+    async def submit(self, job: str, op: Operation) -> BaseModel:
+        """Apply `op` to `job`'s ledger through the group committer. Returns the reply
+        once the change is durable in etcd; raises Rejected(code, reason) for an
+        ErrorReply, and `busy` / `unavailable` when it could not be committed."""
+        return await self.committer.submit(job, op)
+
+    def _spawn(self, name: str, coro: Any) -> Any:
+        if self._runtime is None:
+            raise RuntimeError("ShardsService.start() has not run")
+        return self._runtime.spawn(name, coro)
 
     def _check_subject(self, job: str, delivery: Delivery) -> None:
         if self.subjects.job_of(delivery.subject) != job:
             raise Rejected("bad_request", f"job {job!r} does not match the subject")
 
-    async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> ShardReply:
+    async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
-        async with self._locks.setdefault(req.job, asyncio.Lock()):
-            for _ in range(self.settings.cas_retries):
-                cached = await self._load(req.job)
-                state, reply = apply_fetch(cached.state, req)
-                if isinstance(reply, ErrorReply):
-                    raise Rejected(reply.code, reply.error)
-                if state == cached.state:
-                    return reply
-                if await self._save(req.job, cached, state):
-                    return reply
-                self.cas_conflicts += 1
-                self._cache.pop(req.job, None)
-        raise Rejected("busy", "ledger contended; retry")
+        reply = await self.submit(req.job, fetch_op(req))
+        if not isinstance(reply, ShardReply):
+            raise TypeError(f"fetch answered {type(reply).__name__}")
+        return reply
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
         self._check_subject(req.job, delivery)
-        self._cache.pop(req.job, None)  # status reads fresh state from etcd
-        return status((await self._load(req.job)).state)
-
-    async def _load(self, job: str) -> _Cached:
-        if job in self._cache:
-            return self._cache[job]
-        stored = await self.store.get_model(self.keys.ledger(job), LedgerState)
-        if stored is not None:
-            cached = _Cached(stored[0], stored[1])
-        else:
-            spec = await self.store.get_model(self.keys.spec(job), JobSpec)
-            if spec is None:
-                raise Rejected("unknown_job", f"job {job!r} is not registered")
-            cached = _Cached(new_ledger(spec[0]), 0)
-        self._cache[job] = cached
-        return cached
-
-    async def _save(self, job: str, cached: _Cached, state: LedgerState) -> bool:
-        key = self.keys.ledger(job)
-        revision = await self.store.cas(key, state.model_dump_json().encode(), cached.revision)
-        if revision is None:
-            return False
-        self._cache[job] = _Cached(state, revision)
-        return True
+        # Fresh from etcd, not the committer's cache: another replica may have written.
+        return status((await self.ledgers.load(req.job)).state)

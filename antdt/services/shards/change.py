@@ -1,0 +1,65 @@
+"""A ledger operation's outcome, as data: what the committer writes and answers.
+
+Every ledger operation (fetch, and later checkpoint commit, restore, rank release) is a
+pure function `LedgerState -> LedgerChange`. The committer applies queued operations in
+arrival order, writes their combined result in one etcd transaction and only then sends
+the replies; an operation that answers an ErrorReply changes nothing. No I/O here, so the
+pure ledger modules may build changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from antdt.schemas import ErrorReply
+from antdt.services.shards.ledger import LedgerState
+
+
+@dataclass(frozen=True)
+class LedgerChange:
+    state: LedgerState  # the new state (may be the same object: no write)
+    reply: BaseModel | ErrorReply  # what to answer once durable
+    puts: tuple[tuple[str, bytes], ...] = ()  # extra etcd keys (full keys) written in the same txn
+    deletes: tuple[str, ...] = ()  # extra etcd keys deleted in the same txn
+
+    @property
+    def rejected(self) -> bool:
+        return isinstance(self.reply, ErrorReply)
+
+
+#: An operation on one job's ledger. Pure: it may run several times (after a conflict
+#: with another replica it is re-applied to the reloaded state), and only the run that
+#: becomes durable is answered.
+Operation = Callable[[LedgerState], LedgerChange]
+
+
+def change_of(result: tuple[LedgerState, BaseModel | ErrorReply]) -> LedgerChange:
+    """Adapt a `(state, reply)` pair (what `apply_fetch` returns) to a LedgerChange."""
+    state, reply = result
+    return LedgerChange(state=state, reply=reply)
+
+
+class Writes:
+    """The extra keys of a batch, merged in operation order: a later put or delete of
+    the same key wins (etcd refuses a transaction that names a key twice)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, bytes | None] = {}  # None: delete
+
+    def add(self, change: LedgerChange) -> None:
+        for key, value in change.puts:
+            self._by_key[key] = value
+        for key in change.deletes:
+            self._by_key[key] = None
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def puts(self) -> list[tuple[str, bytes]]:
+        return [(k, v) for k, v in self._by_key.items() if v is not None]
+
+    def deletes(self) -> list[str]:
+        return [k for k, v in self._by_key.items() if v is None]
