@@ -69,6 +69,8 @@ def main() -> None:
     fault = Fault.from_env(settings.rank, settings.restart_count)
     mode = "a" if settings.restart_count else "w"
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
+    min_step_s = float(os.environ.get("ANTDT_DEMO_MIN_STEP_S", "0"))
+    started = time.perf_counter()
     for epoch in agent.epochs():
         for step in agent.steps():
             ids = step.sample_ids
@@ -93,6 +95,9 @@ def main() -> None:
                 }
                 progress.write(json.dumps(record) + "\n")
                 progress.flush()
+            if min_step_s:  # stands in for a bigger model (tests, demos)
+                time.sleep(max(0.0, min_step_s - (time.perf_counter() - started)))
+            started = time.perf_counter()
             checkpoints.maybe_save(agent, step.index, model, optimizer, seen)
             fault.maybe_fail(step.index)
     agent.close()

@@ -20,10 +20,14 @@ class RunningServices:
     by_name: dict[str, Any]
 
 
-async def start_services(settings: ServiceSettings, **overrides: Any) -> RunningServices:
+async def start_services(
+    settings: ServiceSettings,
+    names: tuple[str, ...] = ("monitor", "controller", "shards"),
+    **overrides: Any,
+) -> RunningServices:
     runtime = ServiceRuntime("test-services")
     by_name = {}
-    for name in ("monitor", "controller", "shards"):
+    for name in names:
         cls = settings_class(name)
         fields = {k: v for k, v in overrides.items() if k in cls.model_fields}
         service_settings = cls(**settings.model_dump(), **fields)

@@ -25,15 +25,20 @@ from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
 from antdt.schemas import (
     JobSpec,
     Keys,
+    ShardCommit,
     ShardFetch,
+    ShardRelease,
     ShardReply,
+    ShardRestore,
     ShardStatus,
     ShardStatusRequest,
     Subjects,
 )
 from antdt.services.shards.change import LedgerChange, Operation, Writes, change_of
+from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger, status
+from antdt.services.shards.ops import commit_op, release_op, restore_op
 
 log = structlog.get_logger("antdt.shards")
 QUEUE_GROUP = "antdt-shards"
@@ -43,6 +48,9 @@ class ShardsSettings(ServiceSettings):
     cas_retries: int = Field(default=20, ge=1, description="Ledger CAS attempts per batch")
     max_batch: int = Field(
         default=64, ge=1, le=1024, description="Most requests of a job in one commit"
+    )
+    checkpoints_kept: int = Field(
+        default=DEFAULT_KEEP, ge=2, le=100, description="Ledger snapshots kept per job"
     )
     fetch_concurrency: int = Field(
         default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
@@ -152,6 +160,21 @@ class ShardsService:
                 self._on_fetch,
                 queue=QUEUE_GROUP,
             )
+        for _ in range(self.settings.fetch_concurrency):  # every rank commits at once
+            await self.bus.subscribe(
+                self.subjects.any_job("shards.commit"),
+                ShardCommit,
+                self._on_commit,
+                queue=QUEUE_GROUP,
+            )
+        await self.bus.subscribe(
+            self.subjects.any_job("shards.restore"), ShardRestore, self._on_restore,
+            queue=QUEUE_GROUP,
+        )  # fmt: skip
+        await self.bus.subscribe(
+            self.subjects.any_job("shards.release"), ShardRelease, self._on_release,
+            queue=QUEUE_GROUP,
+        )  # fmt: skip
         await self.bus.subscribe(
             self.subjects.any_job("shards.status"),
             ShardStatusRequest,
@@ -184,6 +207,33 @@ class ShardsService:
         reply = await self.submit(req.job, fetch_op(req))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
+        return reply
+
+    async def _on_commit(self, req: ShardCommit, delivery: Delivery) -> BaseModel:
+        self._check_subject(req.job, delivery)
+        return await self.submit(req.job, commit_op(req, self.keys, self.settings.checkpoints_kept))
+
+    async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
+        """The snapshot is read before the operation is queued; the operation itself
+        checks that it is still one of the kept checkpoints."""
+        self._check_subject(req.job, delivery)
+        spec = await self.store.get_model(self.keys.spec(req.job), JobSpec)
+        if spec is None:
+            raise Rejected("unknown_job", f"job {req.job!r} is not registered")
+        snapshot = None
+        if req.step is not None:
+            key = self.keys.ledger_checkpoint(req.job, req.step)
+            stored = await self.store.get_model(key, LedgerState)
+            snapshot = stored[0] if stored is not None else None
+        op = restore_op(req, self.keys, snapshot, new_ledger(spec[0]))
+        reply = await self.submit(req.job, op)
+        log.info("ledger restored", job=req.job, step=req.step, rank=req.rank, reply=str(reply))
+        return reply
+
+    async def _on_release(self, req: ShardRelease, delivery: Delivery) -> BaseModel:
+        self._check_subject(req.job, delivery)
+        reply = await self.submit(req.job, release_op(req, self.keys))
+        log.info("rank released", job=req.job, rank=req.rank, reason=req.reason)
         return reply
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:

@@ -1,0 +1,51 @@
+"""Checkpoint commit, restore and release as committer operations: the pure outcomes of
+checkpoints.py turned into ledger changes, with each snapshot at its own etcd key
+(jobs/{job}/ledger/ckpt/{step}) written or deleted in the ledger's own transaction."""
+
+from __future__ import annotations
+
+from antdt.schemas import Keys, ShardCommit, ShardRelease, ShardRestore
+from antdt.services.shards.change import LedgerChange, Operation
+from antdt.services.shards.checkpoints import (
+    Outcome,
+    apply_commit,
+    apply_release,
+    apply_restore,
+)
+from antdt.services.shards.state import LedgerState
+
+
+def encode(state: LedgerState) -> bytes:
+    return LedgerState.__pydantic_serializer__.to_json(state)
+
+
+def to_change(outcome: Outcome, keys: Keys, job: str) -> LedgerChange:
+    return LedgerChange(
+        state=outcome.state,
+        reply=outcome.reply,
+        puts=tuple((keys.ledger_checkpoint(job, step), encode(s)) for step, s in outcome.store),
+        deletes=tuple(keys.ledger_checkpoint(job, step) for step in outcome.drop),
+    )
+
+
+def commit_op(req: ShardCommit, keys: Keys, keep: int) -> Operation:
+    def op(state: LedgerState) -> LedgerChange:
+        return to_change(apply_commit(state, req, keep), keys, req.job)
+
+    return op
+
+
+def restore_op(
+    req: ShardRestore, keys: Keys, snapshot: LedgerState | None, fresh: LedgerState
+) -> Operation:
+    def op(state: LedgerState) -> LedgerChange:
+        return to_change(apply_restore(state, req, snapshot, fresh), keys, req.job)
+
+    return op
+
+
+def release_op(req: ShardRelease, keys: Keys) -> Operation:
+    def op(state: LedgerState) -> LedgerChange:
+        return to_change(apply_release(state, req), keys, req.job)
+
+    return op

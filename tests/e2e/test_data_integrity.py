@@ -1,0 +1,181 @@
+"""Exactly once across faults (issue #3): a real data-parallel job (torch gloo ranks of
+antdt.demo.train) against real nats-server, etcd and services; a fault mid-epoch; then
+the sample-id audit over every rank's sample log: in each epoch, the ids that reached the
+final model's updates are exactly the dataset, each once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.schemas import StepEvent, Subjects
+from tests.e2e.conftest import start_services
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
+
+WORLD, DATASET, SHARD, BATCH, EPOCHS = 3, 2400, 40, 96, 2
+
+
+def job_env(settings: ServiceSettings, job: str, out: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        ANTDT_NATS__URL=settings.nats.url,
+        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        ANTDT_JOB=job,
+        ANTDT_DATASET_SIZE=str(DATASET),
+        ANTDT_SHARD_SIZE=str(SHARD),
+        ANTDT_GLOBAL_BATCH=str(BATCH),
+        ANTDT_EPOCHS=str(EPOCHS),
+        ANTDT_SEED="5",
+        ANTDT_SAMPLE_LOG=str(out / "samples"),
+        ANTDT_DEMO_OUT=str(out),
+        ANTDT_DEMO_WIDTH="32",
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+        **extra,
+    )
+    return env
+
+
+async def run_job(env: dict[str, str], *, max_restarts: int = 0) -> int:
+    from antdt.agent.launch import launch
+
+    command = [sys.executable, "-m", "antdt.demo.train"]
+    return await asyncio.to_thread(launch, WORLD, command, env=env, max_restarts=max_restarts)
+
+
+def audit(out: Path) -> list[dict[str, Any]]:
+    lines = read_sample_logs(out / "samples", WORLD)
+    assert exactly_once_problems(lines, DATASET, EPOCHS) == []
+    return lines
+
+
+def restores(lines: list[dict[str, Any]]) -> set[tuple[int, int | None]]:
+    return {(ln["incarnation"], ln["restored"]) for ln in lines if "restored" in ln}
+
+
+# ------------------------------------------------- a rank dies; the job restarts
+
+
+@pytest.mark.parametrize(
+    ("how", "fail_step"),
+    [("kill", 27), ("exit", 45)],
+    ids=["rank-killed-9-job-restarted-from-checkpoint", "rank-restarted-in-place"],
+)
+async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_nothing(
+    settings: ServiceSettings, tmp_path: Path, unique: str, how: str, fail_step: int
+) -> None:
+    """kill: SIGKILL mid-epoch, holding prefetched shards with partial positions; exit: the
+    rank's process fails (exit 1) in the second epoch, the group is restarted in place.
+    Either way the launcher restarts the group, every rank loads the last model
+    checkpoint and restores the ledger to it (DLRover loses the in-flight samples here)."""
+    running = await start_services(settings)
+    try:
+        env = job_env(
+            settings, f"ckpt-{unique}", tmp_path,
+            ANTDT_DEMO_CKPT_DIR=str(tmp_path), ANTDT_DEMO_CKPT_EVERY="10",
+            ANTDT_DEMO_FAIL=f"rank=1,step={fail_step},how={how}",
+        )  # fmt: skip
+        assert await run_job(env, max_restarts=1) == 0
+    finally:
+        await running.runtime.shutdown()
+    lines = audit(tmp_path)
+    last_checkpoint = fail_step // 10 * 10 - 1  # checkpoints after steps 9, 19, 29, ...
+    assert restores(lines) == {(1, last_checkpoint)}
+    undone = [
+        ln for ln in lines if ln.get("incarnation") == 0 and ln.get("step", 0) > last_checkpoint
+    ]
+    assert undone, "the failed run trained past its checkpoint: those steps are redone"
+
+
+# ---------------------------------------------- infrastructure faults, one run
+
+
+@pytest.fixture
+async def own_cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
+    """Servers this test may kill and restart without disturbing the others."""
+    cluster = await asyncio.to_thread(EmbeddedCluster(root=tmp_path / "servers", keep=True).start)
+    yield cluster
+    await asyncio.to_thread(cluster.stop)
+
+
+def shards_replica(
+    cluster: EmbeddedCluster, prefix: str, key_prefix: str
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, ANTDT_NATS__SUBJECT_PREFIX=prefix, ANTDT_ETCD__KEY_PREFIX=key_prefix,
+               ANTDT_TELEMETRY__LOG_FORMAT="json")  # fmt: skip
+    argv = [sys.executable, "-m", "antdt.cli", "shards", "--nats-url", cluster.nats.url,
+            "--etcd-endpoint", cluster.etcd.endpoint]  # fmt: skip
+    return subprocess.Popen(argv, env=env, start_new_session=True)
+
+
+async def test_shards_replica_nats_and_etcd_faults_lose_and_repeat_nothing(
+    own_cluster: EmbeddedCluster, tmp_path: Path, unique: str
+) -> None:
+    """Mid-run: kill -9 one of two shards replicas (the other keeps serving), restart
+    nats-server, kill -9 etcd and restart it on the same data dir."""
+    settings = ServiceSettings(
+        nats=NatsSettings(url=own_cluster.nats.url, subject_prefix=f"antdt.{unique}"),
+        etcd=EtcdSettings(
+            endpoint=own_cluster.etcd.endpoint, key_prefix=f"/{unique}/", lease_ttl_s=2, timeout_s=2
+        ),
+        replica_id=f"replica-{unique}",
+    )
+    running = await start_services(settings, names=("controller",))  # registers the job
+    replicas = [shards_replica(own_cluster, settings.nats.subject_prefix, settings.etcd.key_prefix)
+                for _ in range(2)]  # fmt: skip
+    job = f"infra-{unique}"
+    watcher, reached = await watch_steps(settings, job)
+    faults: list[str] = []
+
+    async def inject() -> None:
+        await wait_for(lambda: reached() >= 12, timeout=120, what="step 12")
+        replicas[0].kill()  # SIGKILL
+        faults.append("shards replica killed")
+        await wait_for(lambda: reached() >= 31, timeout=120, what="step 31")
+        await asyncio.to_thread(own_cluster.nats.stop)
+        await asyncio.to_thread(own_cluster.nats.start)
+        faults.append("nats restarted")
+        await wait_for(lambda: reached() >= 40, timeout=120, what="step 40")
+        own_cluster.etcd.kill()
+        await asyncio.sleep(1.0)  # an outage, not a blip: fetches fail meanwhile
+        await asyncio.to_thread(own_cluster.etcd.start)
+        faults.append("etcd killed and restarted")
+
+    try:
+        env = job_env(settings, job, tmp_path, ANTDT_DEMO_MIN_STEP_S="0.08")
+        injector = asyncio.create_task(inject())
+        assert await run_job(env) == 0
+        await injector
+    finally:
+        for proc in replicas:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+        await running.runtime.shutdown()
+        await watcher.close()
+    assert faults == ["shards replica killed", "nats restarted", "etcd killed and restarted"]
+    audit(tmp_path)
+
+
+async def watch_steps(settings: ServiceSettings, job: str) -> tuple[Bus, Callable[[], int]]:
+    """The highest step rank 0 has reported (a bus that survives the nats restart)."""
+    bus = await Bus(settings.nats, name="watch").connect()
+    highest = [-1]
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        highest[0] = max(highest[0], event.step)
+
+    await bus.subscribe(Subjects(settings.nats.subject_prefix).step(job, 0), StepEvent, on_step)
+    return bus, lambda: highest[0]
