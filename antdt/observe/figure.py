@@ -13,14 +13,14 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from antdt.observe.timeline import Marker, RankSeries, Timeline
+from antdt.observe.timeline import Marker, RankSeries, Timeline, robust_top
 
 PANEL_HEIGHTS = (3.0, 2.0, 1.4, 1.4)
 MAX_LABELS = 24  # marker labels drawn; beyond this only the lines (the tables list all)
 
 
 def draw(timeline: Timeline, *, width_in: float = 13.0) -> Figure:
-    fig = Figure(figsize=(width_in, sum(PANEL_HEIGHTS) + 1.4))
+    fig = Figure(figsize=(width_in, sum(PANEL_HEIGHTS) + 1.6), layout="constrained")
     FigureCanvasAgg(fig)  # Agg, no pyplot: no global state, no display
     axes = fig.subplots(
         len(PANEL_HEIGHTS), 1, sharex=True, gridspec_kw={"height_ratios": PANEL_HEIGHTS}
@@ -38,10 +38,24 @@ def draw(timeline: Timeline, *, width_in: float = 13.0) -> Figure:
     per_sample.set_ylabel("compute per sample, ms")
     batch.set_ylabel("local batch")
     eff.set_xlabel("step")
-    busy.legend(loc="upper left", fontsize=8, ncol=min(6, len(timeline.ranks) + 1))
+    _clip(busy, [v for s in timeline.ranks for v in s.busy_s] + [w for _, w in timeline.step_wall])
+    _clip(per_sample, [v for s in timeline.ranks for v in s.per_sample_ms])
+    busy.legend(
+        loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False,
+        ncol=min(7, len(timeline.ranks) + 1),
+    )  # fmt: skip
     fig.suptitle(_title(timeline), fontsize=11)
-    fig.tight_layout()
     return fig
+
+
+def _clip(ax: Any, values: list[float]) -> None:
+    """Keep one outlier from squashing a panel; say how many points lie above."""
+    top = robust_top(values)
+    if top is None:
+        return
+    ax.set_ylim(bottom=0, top=top)
+    above = sum(1 for v in values if v > top)
+    ax.set_title(f"{above} point(s) above {top:.3g} not shown", loc="right", fontsize=7)
 
 
 def _title(timeline: Timeline) -> str:
@@ -96,6 +110,7 @@ def _markers(ax: Any, markers: tuple[Marker, ...], *, labels: bool) -> None:
                 ha="left",
                 fontsize=7,
                 color=m.color,
+                bbox={"facecolor": "white", "alpha": 0.75, "edgecolor": "none", "pad": 1},
                 gid=f"marker-{m.kind}-{m.ref}",
             )
 

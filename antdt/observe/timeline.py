@@ -156,6 +156,16 @@ def _median_series(label: str, ranks: list[int], by_rank: dict[int, list[StepEve
     )
 
 
+def robust_top(values: list[float], *, q: float = 0.98, pad: float = 1.4) -> float | None:
+    """An upper axis limit that one outlier (a GC pause, a host hiccup) cannot squash the
+    picture with: the q-quantile times `pad`, or None (no limit) when nothing sticks out."""
+    finite = sorted(v for v in values if v == v)
+    if len(finite) < 20:
+        return None
+    top = finite[min(len(finite) - 1, int(q * len(finite)))] * pad
+    return top if finite[-1] > top > 0 else None
+
+
 def step_walls(steps: list[StepEvent]) -> list[tuple[int, float]]:
     """The job's wall time per step: the longest rank's (under BSP they all wait for it)."""
     walls: dict[int, float] = {}

@@ -15,6 +15,7 @@ from antdt.observe.timeline import (
     RunRecord,
     build_timeline,
     pick_ranks,
+    robust_top,
     step_clock,
 )
 from antdt.schemas import (
@@ -183,3 +184,12 @@ def test_large_jobs_draw_flagged_ranks_and_a_median_line() -> None:
     median = series[-1]
     assert median.label == f"median of {20 - (MAX_RANK_LINES - 1)} other ranks"
     assert not any(math.isnan(v) for v in median.per_sample_ms)
+
+
+def test_robust_top_ignores_a_lone_outlier_only() -> None:
+    steady = [1.0 + 0.01 * (i % 7) for i in range(100)]
+    assert robust_top(steady) is None  # nothing sticks out: matplotlib's own limits
+    top = robust_top([*steady, 50.0])
+    assert top is not None and 1.06 < top < 2.0
+    assert robust_top([1.0, 50.0]) is None  # too few points to call anything an outlier
+    assert robust_top([float("nan")] * 30) is None
