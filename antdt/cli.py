@@ -191,7 +191,7 @@ def report(
         "runs/report"
     ),
     nats_url: NatsOpt = None,
-    limit: Annotated[int, typer.Option(min=1, help="Messages read per source")] = 500_000,
+    limit: Annotated[int, typer.Option(min=1, help="Messages read per source")] = 200_000,
 ) -> None:
     """Draw a run from what JetStream recorded: per-rank step times over steps with
     incidents and actions marked, and balance efficiency; writes a PNG and an HTML file."""

@@ -28,7 +28,7 @@ from antdt.schemas import (
     Subjects,
 )
 
-DEFAULT_LIMIT = 500_000  # messages per source; a longer run is cut (and says so)
+DEFAULT_LIMIT = 200_000  # messages per source (~0.3 GB decoded); a longer run is cut, and says so
 ProgressFn = Callable[[str, int, int], None]
 
 

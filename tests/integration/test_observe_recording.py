@@ -4,12 +4,15 @@ bounded streams, the bus's bounded reads, `antdt report` and `antdt status --onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from antdt.observe import (
     HEALTH_STREAM,
@@ -17,6 +20,7 @@ from antdt.observe import (
     ensure_recording,
     fetch_run,
     load_state,
+    run_status,
     write_report,
 )
 from antdt.observe.timeline import RunRecord
@@ -181,3 +185,33 @@ async def test_cli_report_and_status_once(
     assert shown.returncode == 0, shown.stderr
     assert "act-1" in shown.stdout and "slow/persistent" not in shown.stdout  # no rank 3 health
     assert "job-a-r3-slow-1" in shown.stdout and "efficiency 0.90" in shown.stdout
+
+
+async def test_live_status_follows_new_actions(bus: Bus, settings: ServiceSettings) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    await ensure_recording(bus, subjects, LIMITS)
+    run = synthetic_run(steps=10)
+    await _record(bus, subjects, run)
+    # a terminal: without one rich.live draws only the last frame, when it stops
+    console = Console(record=True, width=200, force_terminal=True, file=io.StringIO())
+    task = asyncio.create_task(
+        run_status(settings.nats, JOB, once=False, refresh_s=0.05, console=console)
+    )
+
+    def shown(needle: str) -> bool:
+        return needle in console.export_text(clear=False)
+
+    try:
+        await wait_for(lambda: shown("act-1"), what="replayed action drawn")
+        later = run.actions[0].model_copy(
+            update={"action_id": "act-live", "decided_at": run.actions[0].decided_at + 60}
+        )
+        await bus.publish(subjects.action(JOB), later)  # live, like the controller
+        await wait_for(lambda: shown("act-live"), what="live action drawn")
+        health = run.health[-1].model_copy(update={"at": run.health[-1].at + 60, "step": 777})
+        await bus.publish(subjects.health(JOB), health)
+        await wait_for(lambda: shown("step 777"), what="live health drawn")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
