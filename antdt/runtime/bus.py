@@ -21,7 +21,14 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
 from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -47,6 +54,10 @@ class RequestRefused(BusError):
         self.reply = reply
 
 
+class StreamMissing(BusError):
+    """The JetStream stream does not exist (nobody ensured it)."""
+
+
 class Rejected(ValueError):
     """Raised by a handler to refuse a message with a machine code and a clear reason."""
 
@@ -54,6 +65,20 @@ class Rejected(ValueError):
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+@dataclass
+class Replay(Generic[M]):
+    """What a bounded read of a stream returned (`Bus.js_read`)."""
+
+    items: list[M]
+    available: int  # messages matching the filter when the read began
+    rejected: int = 0  # stored messages that failed validation (skipped)
+
+    @property
+    def truncated(self) -> bool:
+        """True when the limit (or the stream's retention, mid-read) cut the read short."""
+        return len(self.items) + self.rejected < self.available
 
 
 @dataclass(frozen=True)
@@ -327,8 +352,10 @@ class Bus:
         *,
         max_age_s: float = 7 * 86400,
         max_msgs: int = 1_000_000,
+        max_bytes: int | None = None,
     ) -> None:
-        """Create the stream, or update its subjects and limits (bounded retention)."""
+        """Create the stream, or update its subjects and limits (bounded retention).
+        `max_bytes` (None: no size cap) drops the oldest messages past that size."""
         js = self.nc.jetstream()
         config = StreamConfig(
             name=name,
@@ -338,6 +365,8 @@ class Bus:
             max_age=max_age_s,
             max_msgs=max_msgs,
         )
+        if max_bytes is not None:
+            config.max_bytes = max_bytes
         try:
             await js.stream_info(name)
             await js.update_stream(config)
@@ -378,6 +407,89 @@ class Bus:
                 await sub.unsubscribe()
         return out
 
+    async def js_read(
+        self,
+        stream: str,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        *,
+        limit: int = 100_000,
+        batch: int = 512,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Replay[M]:
+        """The first `limit` messages of `subject` (a filter, wildcards allowed) held in
+        `stream`, oldest first, without acks and without waiting for messages that are not
+        there: it reads what matched when it began. `on_progress(read, total)` after each
+        batch. Raises StreamMissing when the stream does not exist."""
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        try:
+            sub = await js.pull_subscribe(subject, stream=stream, config=config)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        replay: Replay[M] = Replay(items=[], available=0)
+        consumer = ""
+        try:
+            info = await sub.consumer_info()
+            consumer, replay.available = info.name or "", int(info.num_pending or 0)
+            await self._read_pending(sub, Decoder(target), replay, limit, batch, on_progress)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if consumer:  # else the server drops it after inactive_threshold
+                with contextlib.suppress(Exception):
+                    await js.delete_consumer(stream, consumer)
+        return replay
+
+    @staticmethod
+    async def _read_pending(
+        sub: Any,
+        decoder: Decoder[M],
+        replay: Replay[M],
+        limit: int,
+        batch: int,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
+        wanted = min(replay.available, limit)
+        read = 0
+        while read < wanted:
+            try:
+                msgs = await sub.fetch(batch=min(batch, wanted - read), timeout=2.0)
+            except NatsTimeoutError:
+                break  # expired by retention while we read
+            for msg in msgs:
+                try:
+                    replay.items.append(decoder.decode(msg.data))
+                except Rejected:
+                    replay.rejected += 1
+            read += len(msgs)
+            if on_progress is not None:
+                on_progress(read, wanted)
+
+    async def js_last(
+        self, stream: str, subject: str, target: type[M] | TypeAdapter[M]
+    ) -> M | None:
+        """The newest message of one literal `subject` in `stream` (None: none, or invalid).
+        Raises StreamMissing when the stream does not exist."""
+        js = self.nc.jetstream()
+        try:
+            await js.stream_info(stream)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        try:
+            raw = await js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return None
+        try:
+            return Decoder(target).decode(raw.data or b"")
+        except Rejected:
+            return None
+
 
 _ERROR_FIELDS = set(ErrorReply.model_fields)
 
@@ -404,7 +516,9 @@ __all__ = [
     "Delivery",
     "Rejected",
     "Rejections",
+    "Replay",
     "RequestRefused",
+    "StreamMissing",
     "WireModel",
     "decode_reply",
     "encode",

@@ -53,6 +53,25 @@ class TelemetrySettings(BaseModel):
     log_level: str = Field(default="info", description="debug, info, warning, error")
 
 
+class RecordingSettings(BaseModel):
+    """Bounded JetStream streams that keep step events and JobHealth for after-the-fact
+    reports (`antdt report`). Each stream drops its oldest messages past either limit."""
+
+    enabled: bool = Field(default=True, description="Ensure the recording streams on start")
+    steps_max_age_s: float = Field(
+        default=3 * 86400, gt=0, description="ANTDT_STEPS: keep step events this long, seconds"
+    )
+    steps_max_bytes: int = Field(
+        default=1024 * 1024 * 1024, gt=0, description="ANTDT_STEPS: size cap, bytes"
+    )
+    health_max_age_s: float = Field(
+        default=3 * 86400, gt=0, description="ANTDT_HEALTH: keep JobHealth this long, seconds"
+    )
+    health_max_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0, description="ANTDT_HEALTH: size cap, bytes"
+    )
+
+
 class ServiceSettings(BaseSettings):
     """The root settings of a control-plane service process."""
 
@@ -63,6 +82,7 @@ class ServiceSettings(BaseSettings):
     nats: NatsSettings = Field(default_factory=NatsSettings)
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    recording: RecordingSettings = Field(default_factory=RecordingSettings)
     replica_id: str = Field(
         default_factory=default_replica_id, description="Unique name of this service replica"
     )

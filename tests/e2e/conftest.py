@@ -1,17 +1,31 @@
 """Services for end-to-end tests: the real three services, in this test process, against
-the session's real nats-server and etcd, each test under its own prefixes."""
+the session's real nats-server and etcd, each test under its own prefixes; and one real
+4-rank lb-bsp job with a straggler, run once per session and shared by the tests that
+check what came of it (the control loop, the report, the status view)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from antdt.runtime.config import ServiceSettings
+from antdt.observe import ensure_recording
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.schemas import ActionRecord, Incident, JobHealth, StepEvent, Subjects
 from antdt.services.runner import settings_class, start_service
+
+WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 24000, 1024, 4, 15
 
 
 @dataclass
@@ -40,3 +54,85 @@ async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
     running = await start_services(settings, window=8)
     yield running
     await running.runtime.shutdown()
+
+
+def straggler_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str]:
+    """Rank 3 turns 3x slower at step ONSET under policy lb-bsp."""
+    env = dict(os.environ)
+    env.update(
+        ANTDT_NATS__URL=settings.nats.url,
+        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        ANTDT_JOB=job,
+        ANTDT_POLICY="lb-bsp",
+        ANTDT_DATASET_SIZE=str(DATASET),
+        ANTDT_SHARD_SIZE="256",
+        ANTDT_GLOBAL_BATCH=str(BATCH),
+        ANTDT_EPOCHS=str(EPOCHS),
+        ANTDT_SEED="3",
+        ANTDT_INJECT=f"rank=3,factor=3,from={ONSET}",
+        ANTDT_SAMPLE_LOG=str(out / "samples"),
+        ANTDT_DEMO_OUT=str(out),
+        ANTDT_DEMO_WIDTH="1024",
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+    )
+    return env
+
+
+@dataclass
+class StragglerRun:
+    """What one real job published, collected live, plus where its files went. The
+    services stay up (and the recording streams hold the run) until the session ends."""
+
+    job: str
+    settings: ServiceSettings
+    out: Path
+    rc: int = -1
+    steps: dict[int, list[StepEvent]] = field(default_factory=lambda: defaultdict(list))
+    health: list[JobHealth] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+    actions: list[ActionRecord] = field(default_factory=list)
+
+
+async def _collect(bus: Bus, run: StragglerRun) -> None:
+    subjects, job = Subjects(run.settings.nats.subject_prefix), run.job
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        run.steps[event.rank].append(event)
+
+    async def sink(items: list[Any], model: Any) -> None:
+        items.append(model)
+
+    await bus.subscribe(subjects.step(job, "*"), StepEvent, on_step)
+    await bus.subscribe(subjects.health(job), JobHealth, lambda m, _: sink(run.health, m))
+    await bus.subscribe(subjects.incident(job), Incident, lambda m, _: sink(run.incidents, m))
+    await bus.subscribe(subjects.action(job), ActionRecord, lambda m, _: sink(run.actions, m))
+    await bus.flush()
+
+
+@pytest.fixture(scope="session")
+async def straggler_run(
+    cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[StragglerRun]:
+    from antdt.agent.launch import launch
+
+    unique = "t" + uuid.uuid4().hex[:10]
+    settings = ServiceSettings(
+        nats=NatsSettings(url=cluster.nats.url, subject_prefix=f"antdt.{unique}"),
+        etcd=EtcdSettings(
+            endpoint=cluster.etcd.endpoint, key_prefix=f"/antdt-test/{unique}/", lease_ttl_s=2
+        ),
+        replica_id=f"replica-{unique}",
+    )
+    running = await start_services(settings, window=8)
+    bus = await Bus(settings.nats, name="e2e-straggler-run").connect()
+    run = StragglerRun(job=f"e2e-{unique}", settings=settings, out=tmp_path_factory.mktemp("run"))
+    try:
+        await ensure_recording(bus, Subjects(settings.nats.subject_prefix), settings.recording)
+        await _collect(bus, run)
+        command = [sys.executable, "-m", "antdt.demo.train"]
+        env = straggler_env(settings, run.job, run.out)
+        run.rc = await asyncio.to_thread(launch, WORLD, command, env=env)
+        yield run
+    finally:
+        await bus.close()
+        await running.runtime.shutdown()

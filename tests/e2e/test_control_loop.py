@@ -6,73 +6,24 @@ must recover, and every sample of every epoch must reach the model exactly once.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import statistics
-import sys
 from collections import Counter, defaultdict
-from pathlib import Path
 
 import pytest
 
-from antdt.runtime.bus import Bus, Delivery
-from antdt.schemas import ActionRecord, ActionResult, Incident, JobHealth, StepEvent, Subjects
-from tests.e2e.conftest import RunningServices
+from antdt.schemas import ActionResult
+from tests.e2e.conftest import BATCH, DATASET, EPOCHS, ONSET, WORLD, StragglerRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
-WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 24000, 1024, 4, 15
-
-
-def _env(settings, job: str, out: Path) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    env = dict(os.environ)
-    env.update(
-        ANTDT_NATS__URL=settings.nats.url,
-        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
-        ANTDT_JOB=job,
-        ANTDT_POLICY="lb-bsp",
-        ANTDT_DATASET_SIZE=str(DATASET),
-        ANTDT_SHARD_SIZE="256",
-        ANTDT_GLOBAL_BATCH=str(BATCH),
-        ANTDT_EPOCHS=str(EPOCHS),
-        ANTDT_SEED="3",
-        ANTDT_INJECT=f"rank=3,factor=3,from={ONSET}",
-        ANTDT_SAMPLE_LOG=str(out / "samples"),
-        ANTDT_DEMO_OUT=str(out),
-        ANTDT_DEMO_WIDTH="1024",
-        ANTDT_TELEMETRY__LOG_FORMAT="json",
-    )
-    return env
-
 
 async def test_straggler_detected_plan_applied_and_samples_exactly_once(
-    services: RunningServices, settings, bus: Bus, tmp_path: Path, unique: str
-) -> None:  # type: ignore[no-untyped-def]
-    from antdt.agent.launch import launch
-
-    job = f"e2e-{unique}"
-    subjects = Subjects(settings.nats.subject_prefix)
-    steps: dict[int, list[StepEvent]] = defaultdict(list)
-    health: list[JobHealth] = []
-    incidents: list[Incident] = []
-    actions: list[ActionRecord] = []
-
-    async def collect(sink: list, model: object, _: Delivery) -> None:  # type: ignore[type-arg]
-        sink.append(model)
-
-    async def on_step(event: StepEvent, _: Delivery) -> None:
-        steps[event.rank].append(event)
-
-    await bus.subscribe(subjects.any_job("step.*").replace("*", job, 1), StepEvent, on_step)
-    await bus.subscribe(subjects.health(job), JobHealth, lambda m, d: collect(health, m, d))
-    await bus.subscribe(subjects.incident(job), Incident, lambda m, d: collect(incidents, m, d))
-    await bus.subscribe(subjects.action(job), ActionRecord, lambda m, d: collect(actions, m, d))
-    await bus.flush()
-
-    command = [sys.executable, "-m", "antdt.demo.train"]
-    rc = await asyncio.to_thread(launch, WORLD, command, env=_env(settings, job, tmp_path))
-    assert rc == 0
+    straggler_run: StragglerRun,
+) -> None:
+    run = straggler_run  # the job runs once per session (tests/e2e/conftest.py)
+    assert run.rc == 0
+    steps, health, incidents, actions = run.steps, run.health, run.incidents, run.actions
 
     # 1. the slowed rank was detected
     slow = [i for i in incidents if i.rank == 3 and i.kind.value == "slow"]
@@ -116,7 +67,7 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     # 4. every sample of every epoch reached the model exactly once
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)
     for rank in range(WORLD):
-        for line in (tmp_path / f"samples.rank{rank}.jsonl").read_text().splitlines():
+        for line in (run.out / f"samples.rank{rank}.jsonl").read_text().splitlines():
             record = json.loads(line)
             per_epoch[record["epoch"]].update(record["ids"])
     assert sorted(per_epoch) == list(range(EPOCHS))

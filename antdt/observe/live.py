@@ -1,0 +1,142 @@
+"""`antdt status`, the I/O shell: fill a StatusState from what JetStream holds (incidents,
+actions, the last recorded JobHealth) and the controller's current plan, then follow the
+live subjects and redraw with rich.live until Ctrl-C (or print one frame: `--once`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import TypeVar
+
+from rich.console import Console
+from rich.live import Live
+
+from antdt.observe.recorder import HEALTH_STREAM
+from antdt.observe.status import StatusState, render
+from antdt.runtime.bus import Bus, BusError, Delivery, StreamMissing
+from antdt.runtime.config import NatsSettings
+from antdt.schemas import (
+    ACTION_STREAM,
+    INCIDENT_STREAM,
+    ActionRecord,
+    Incident,
+    JobHealth,
+    Plan,
+    PlanRequest,
+    Subjects,
+)
+
+M = TypeVar("M")
+HISTORY_LIMIT = 20_000  # incidents / actions replayed per job
+
+
+async def load_state(bus: Bus, subjects: Subjects, job: str, *, recent: int = 8) -> StatusState:
+    """What is known right now: replayed incidents and actions, the last recorded health,
+    the current plan. Sources that are missing become notes, not errors."""
+    state = StatusState(job=job, recent=recent)
+    for incident in await _history(bus, state, INCIDENT_STREAM, subjects.incident(job), Incident):
+        state.apply_incident(incident)
+    for action in await _history(bus, state, ACTION_STREAM, subjects.action(job), ActionRecord):
+        state.apply_action(action)
+    with contextlib.suppress(StreamMissing):
+        health = await bus.js_last(HEALTH_STREAM, subjects.health(job), JobHealth)
+        if health is not None:
+            state.apply_health(health)
+    await refresh_plan(bus, subjects, state)
+    return state
+
+
+async def _history(
+    bus: Bus, state: StatusState, stream: str, subject: str, target: type[M]
+) -> list[M]:
+    try:
+        return (await bus.js_read(stream, subject, target, limit=HISTORY_LIMIT)).items
+    except StreamMissing:
+        state.notes.append(f"stream {stream} does not exist yet")
+        return []
+
+
+async def refresh_plan(bus: Bus, subjects: Subjects, state: StatusState) -> None:
+    try:
+        plan = await bus.request(
+            subjects.plan_get(state.job), PlanRequest(job=state.job, rank=0), Plan, timeout=2.0
+        )
+    except BusError as exc:
+        if not any(n.startswith("plan unavailable") for n in state.notes):
+            state.notes.append(f"plan unavailable: {exc}")
+        return
+    state.notes = [n for n in state.notes if not n.startswith("plan unavailable")]
+    state.apply_plan(plan)
+
+
+async def follow(bus: Bus, subjects: Subjects, state: StatusState) -> asyncio.Event:
+    """Subscribe to the job's live subjects; the returned event is set on every change."""
+    changed = asyncio.Event()
+
+    async def on_health(health: JobHealth, _: Delivery) -> None:
+        state.apply_health(health)
+        changed.set()
+
+    async def on_incident(incident: Incident, _: Delivery) -> None:
+        state.apply_incident(incident)
+        changed.set()
+
+    async def on_action(action: ActionRecord, _: Delivery) -> None:
+        state.apply_action(action)
+        await refresh_plan(bus, subjects, state)
+        changed.set()
+
+    job = state.job
+    await bus.subscribe(subjects.health(job), JobHealth, on_health)
+    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    await bus.subscribe(subjects.action(job), ActionRecord, on_action)
+    return changed
+
+
+async def run_status(
+    nats: NatsSettings,
+    job: str,
+    *,
+    once: bool = False,
+    refresh_s: float = 1.0,
+    plan_every_s: float = 5.0,
+    console: Console | None = None,
+) -> StatusState:
+    console = console or Console()
+    subjects = Subjects(nats.subject_prefix)
+    bus = await Bus(nats, name=f"antdt-status-{job}").connect(retry_for_s=10)
+    try:
+        state = await load_state(bus, subjects, job)
+        changed = await follow(bus, subjects, state)
+        if once:
+            if state.health is None:  # nothing recorded: one live JobHealth (1 Hz)
+                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=3 * refresh_s + 1)
+            console.print(render(state, time.time()))
+            return state
+        await _live(bus, subjects, state, changed, console, refresh_s, plan_every_s)
+        return state
+    finally:
+        await bus.close()
+
+
+async def _live(
+    bus: Bus,
+    subjects: Subjects,
+    state: StatusState,
+    changed: asyncio.Event,
+    console: Console,
+    refresh_s: float,
+    plan_every_s: float,
+) -> None:
+    last_plan = time.monotonic()
+    with Live(render(state, time.time()), console=console, auto_refresh=False) as live:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout=refresh_s)
+            changed.clear()
+            if time.monotonic() - last_plan >= plan_every_s:
+                await refresh_plan(bus, subjects, state)
+                last_plan = time.monotonic()
+            live.update(render(state, time.time()), refresh=True)

@@ -1,0 +1,102 @@
+"""`antdt report` and `antdt status` on a real run: the session's 4-rank lb-bsp job with a
+3x-slow rank (tests/e2e/conftest.py). The report is drawn from what JetStream recorded;
+the PNG and the HTML are opened and must show the applied actions; the status view,
+rendered into a rich capture, must show the straggler's class and the action."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from antdt.observe import ensure_recording, load_state, render, report_job
+from antdt.runtime.bus import Bus
+from antdt.schemas import (
+    ACTION_STREAM,
+    INCIDENT_STREAM,
+    ActionResult,
+    IncidentKind,
+    IncidentState,
+    Subjects,
+)
+from tests.e2e.conftest import WORLD, StragglerRun
+from tests.unit.test_observe_report import marker_columns, parse_report
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
+
+
+async def _connect(run: StragglerRun) -> tuple[Bus, Subjects]:
+    """The streams' names are global: point their subjects back at this run's prefix, in
+    case a test since has pointed them at its own (stored messages are kept)."""
+    bus = await Bus(run.settings.nats, name="e2e-observe").connect()
+    subjects = Subjects(run.settings.nats.subject_prefix)
+    await ensure_recording(bus, subjects, run.settings.recording)
+    await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    await bus.ensure_stream(ACTION_STREAM, [subjects.any_job("action")])
+    return bus, subjects
+
+
+async def test_report_marks_the_applied_actions(
+    straggler_run: StragglerRun, tmp_path: Path
+) -> None:
+    run = straggler_run
+    assert run.rc == 0
+    applied = [a for a in run.actions if a.result == ActionResult.APPLIED]
+    assert applied, run.actions
+    bus, _ = await _connect(run)
+    await bus.close()
+
+    started = time.monotonic()
+    files = await report_job(run.settings.nats, run.job, tmp_path)
+    elapsed = time.monotonic() - started
+    timeline = files.timeline
+    assert timeline.notes == (), timeline.notes
+    # everything the ranks published was recorded (the live subscriber saw the same)
+    recorded = {(step, series.label) for series in timeline.ranks for step in series.steps}
+    seen = {(e.step, f"rank {e.rank}") for events in run.steps.values() for e in events}
+    assert recorded == seen and len(timeline.ranks) == WORLD
+    assert len(timeline.efficiency) >= len([h for h in run.health if h.ranks]) - 2
+
+    assert marker_columns(files.png), "no applied-action marker in the PNG"
+    page = parse_report(files.html)
+    rows = {r["id"]: r["class"] for r in page.tables["actions"]}
+    for action in applied:
+        assert rows[action.action_id] == "result-applied"
+        label = f"{action.kind} {list(action.local_batch or ())} applied"
+        assert label in page.svg_text, (label, page.svg_text[:40])
+    slow = {i.id for i in run.incidents if i.rank == 3 and i.kind == IncidentKind.SLOW}
+    assert slow <= {r["id"] for r in page.tables["incidents"]}
+    print(f"report of {len(seen)} step events written in {elapsed:.1f}s: {files.png}")
+
+
+async def test_status_shows_the_straggler_class_and_the_action(
+    straggler_run: StragglerRun,
+) -> None:
+    run = straggler_run
+    assert run.rc == 0
+    rank3 = [i for i in run.incidents if i.rank == 3 and i.kind == IncidentKind.SLOW]
+    assert rank3, run.incidents
+    last = max(rank3, key=lambda i: i.updated_at)
+    assert last.state != IncidentState.RESOLVED  # relieved by batch, still 3x per sample
+    applied = [a for a in run.actions if a.result == ActionResult.APPLIED]
+    bus, subjects = await _connect(run)
+    try:
+        state = await load_state(bus, subjects, run.job)
+    finally:
+        await bus.close()
+    console = Console(record=True, width=220, color_system=None, file=io.StringIO())
+    console.print(render(state, time.time()))
+    text = console.export_text()
+
+    row = next(line for line in text.splitlines() if re.match(r"^3\s+slot3\s", line.strip()))
+    assert f"slow/{last.straggler_class.value}" in row, text
+    latest = max(applied, key=lambda a: a.decided_at)
+    assert latest.action_id in text and str(list(latest.local_batch or ())) in text, text
+    assert state.plan is not None and state.plan.version == max(
+        a.plan_version or 0 for a in applied
+    )
+    assert f"plan v{state.plan.version} (lb-bsp)" in text
