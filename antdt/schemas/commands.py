@@ -5,10 +5,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Literal
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, model_validator
 
 from antdt.schemas.base import Count, Rank, Timestamp, Token, WireModel
-from antdt.schemas.plan import Plan
+from antdt.schemas.plan import Plan, check_accumulation
 
 ActionId = Annotated[str, Field(min_length=1, max_length=128, description="Idempotency key")]
 
@@ -73,6 +73,8 @@ class ActionRecord(WireModel):
     incident_id: str | None = Field(default=None, max_length=128)
     plan_version: Count | None = None
     local_batch: tuple[Count, ...] | None = None
+    micro_batch: tuple[Count, ...] | None = None
+    accumulation: tuple[int, ...] | None = None
     effective_step: Count | None = None
     decided_at: Timestamp
     completed_at: Timestamp
@@ -83,13 +85,34 @@ class ActionRecord(WireModel):
 
 
 class ActionProposal(WireModel):
-    """A custom policy's suggestion; the controller applies guardrails before acting."""
+    """A custom policy's suggestion (request/reply on `{p}.{job}.proposal`); the controller
+    owning the job applies the guardrails of every policy before acting. The reply is the
+    ActionRecord, or an ErrorReply saying why the proposal was refused."""
 
-    proposal_id: ActionId
+    proposal_id: ActionId = Field(
+        description="Idempotency key: the same id gets the same answer, never a second plan"
+    )
     job: Token
     source: str = Field(max_length=128, description="Who proposes (policy process name)")
-    local_batch: tuple[Count, ...] = Field(min_length=1)
+    local_batch: tuple[Count, ...] = Field(min_length=1, description="Per-rank samples per step")
+    micro_batch: tuple[Count, ...] | None = Field(
+        default=None, description="As in Plan: ceil(local_batch / accumulation) per rank"
+    )
+    accumulation: tuple[int, ...] | None = Field(
+        default=None, description="As in Plan: micro-steps per step per rank (None: 1)"
+    )
+    plan_version: Count | None = Field(
+        default=None,
+        description="Version of the plan the proposal was computed from; refused as stale "
+        "when the job's plan has moved on (None: not checked)",
+    )
     reason: str = Field(default="", max_length=512)
+    incident_id: str | None = Field(default=None, max_length=128)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ActionProposal:
+        check_accumulation(self.local_batch, self.micro_batch, self.accumulation)
+        return self
 
 
 class ErrorReply(WireModel):

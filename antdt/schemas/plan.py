@@ -47,10 +47,14 @@ class Plan(WireModel):
     version: Count = Field(description="Monotonic; agents ignore older versions")
     local_batch: tuple[Count, ...] = Field(min_length=1, description="Samples per rank per step")
     micro_batch: tuple[Count, ...] | None = Field(
-        default=None, description="Per-rank micro-batch (None: equal to local_batch)"
+        default=None,
+        description="Per-rank largest micro-batch, ceil(local_batch / accumulation): what "
+        "the rank's memory holds at once (None: equal to local_batch)",
     )
     accumulation: tuple[int, ...] | None = Field(
-        default=None, description="Per-rank gradient-accumulation steps (None: 1)"
+        default=None,
+        description="Per-rank micro-steps per step, gradients accumulated before the "
+        "all-reduce; micro-batch sizes differ by at most one (None: 1)",
     )
     effective_step: Count = Field(description="First step that runs under this plan")
     reason: str = Field(default="", max_length=512)
@@ -66,7 +70,13 @@ class Plan(WireModel):
             value = getattr(self, name)
             if value is not None and len(value) != n:
                 raise ValueError(f"{name} has {len(value)} entries for {n} ranks")
+        check_accumulation(self.local_batch, self.micro_batch, self.accumulation)
         return self
+
+    def micro_batches(self, rank: int) -> tuple[int, ...]:
+        """The sizes of `rank`'s micro-batches in one step, in order (see `split_batch`)."""
+        accumulation = 1 if self.accumulation is None else self.accumulation[rank]
+        return split_batch(self.local_batch[rank], accumulation)
 
     @property
     def global_batch(self) -> int:
@@ -75,6 +85,35 @@ class Plan(WireModel):
     @property
     def world_size(self) -> int:
         return len(self.local_batch)
+
+
+def split_batch(local_batch: int, accumulation: int) -> tuple[int, ...]:
+    """`local_batch` samples as `accumulation` micro-batches whose sizes differ by at most
+    one, the larger ones first: split_batch(10, 3) == (4, 3, 3). The largest is
+    ceil(local_batch / accumulation), the plan's `micro_batch`."""
+    base, extra = divmod(local_batch, accumulation)
+    return tuple(base + 1 if i < extra else base for i in range(accumulation))
+
+
+def check_accumulation(
+    local_batch: tuple[int, ...],
+    micro_batch: tuple[int, ...] | None,
+    accumulation: tuple[int, ...] | None,
+) -> None:
+    """Raise ValueError unless micro-batches and accumulation are absent together, or per
+    rank: 1 <= accumulation <= max(local_batch, 1) (no empty micro-batch) and
+    micro_batch == ceil(local_batch / accumulation)."""
+    if micro_batch is None and accumulation is None:
+        return
+    if micro_batch is None or accumulation is None:
+        raise ValueError("micro_batch and accumulation come together (or neither)")
+    if not len(local_batch) == len(micro_batch) == len(accumulation):
+        raise ValueError("local_batch, micro_batch and accumulation differ in length")
+    for rank, (b, m, a) in enumerate(zip(local_batch, micro_batch, accumulation, strict=True)):
+        if not 1 <= a <= max(b, 1):
+            raise ValueError(f"rank {rank}: accumulation {a} outside [1, {max(b, 1)}]")
+        if m != -(-b // a):
+            raise ValueError(f"rank {rank}: micro_batch {m} is not ceil({b} / {a})")
 
 
 class PlanRequest(WireModel):

@@ -30,6 +30,7 @@ from antdt.schemas import (
     Plan,
     Subjects,
 )
+from antdt.services.controller.plans import plan_violations
 from antdt.services.controller.policies.base import AdjustBatchAction
 
 log = structlog.get_logger("antdt.controller.executor")
@@ -58,20 +59,6 @@ def estimate_current_step(health: JobHealth | None, now: float) -> int:
     return health.step + math.ceil(max(0.0, now - health.at) / health.step_s)
 
 
-def plan_violations(spec: JobSpec, caps: dict[int, int], local_batch: tuple[int, ...]) -> str:
-    """Guardrails every plan must meet, whichever policy proposed it ('' when fine)."""
-    if len(local_batch) != spec.world_size:
-        return f"plan has {len(local_batch)} ranks, job has {spec.world_size}"
-    if sum(local_batch) != spec.global_batch:
-        return f"plan sums to {sum(local_batch)}, global batch is {spec.global_batch}"
-    upper = spec.max_local_batch or spec.global_batch
-    for rank, b in enumerate(local_batch):
-        cap = min(upper, caps.get(rank, upper))
-        if not spec.min_local_batch <= b <= cap:
-            return f"rank {rank}: batch {b} outside [{spec.min_local_batch}, {cap}]"
-    return ""
-
-
 class Executor:
     def __init__(
         self,
@@ -98,7 +85,9 @@ class Executor:
     async def adjust_batch(self, state: JobState, action: AdjustBatchAction) -> ActionRecord:
         decided_at = time.time()
         spec = state.spec
-        violation = plan_violations(spec, state.memory_caps, action.local_batch)
+        violation = plan_violations(
+            spec, state.memory_caps, action.local_batch, action.micro_batch, action.accumulation
+        )
         if violation:
             return await self._record(
                 state, action, decided_at, ActionResult.REFUSED, error=violation
@@ -107,9 +96,11 @@ class Executor:
             job=spec.job,
             version=state.plan.version + 1,
             local_batch=action.local_batch,
+            micro_batch=action.micro_batch,
+            accumulation=action.accumulation,
             effective_step=estimate_current_step(state.health, decided_at) + self.lead_steps,
             reason=action.reason[:512],
-            policy=spec.policy,
+            policy=action.source or spec.policy,
             created_at=decided_at,
         )
         revision = await self.store.cas(
@@ -134,6 +125,10 @@ class Executor:
             else ActionResult.FAILED
         )
         return await self._record(state, action, decided_at, result, plan=plan, acked=acked)
+
+    async def refuse(self, state: JobState, action: AdjustBatchAction, error: str) -> ActionRecord:
+        """Record that `action` was refused (a guardrail, a stale plan version), with why."""
+        return await self._record(state, action, time.time(), ActionResult.REFUSED, error=error)
 
     async def send_to_all(self, world_size: int, command: AdjustBatch) -> list[int]:
         """Send to every rank until each acks or the deadline passes; returns acked ranks."""
@@ -178,11 +173,13 @@ class Executor:
             action_id=action.action_id,
             job=state.spec.job,
             kind="adjust_batch",
-            policy=state.spec.policy,
+            policy=(action.source or state.spec.policy)[:64],
             reason=action.reason[:1024],
             incident_id=action.incident_id,
             plan_version=plan.version if plan else None,
             local_batch=plan.local_batch if plan else action.local_batch,
+            micro_batch=action.micro_batch,
+            accumulation=action.accumulation,
             effective_step=plan.effective_step if plan else None,
             decided_at=decided_at,
             completed_at=time.time(),

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from antdt.schemas import Plan
+from antdt.schemas import JobSpec, Plan
+from antdt.schemas.plan import check_accumulation
 
 if TYPE_CHECKING:
     from antdt.services.controller.policies.base import JobView
@@ -165,3 +166,81 @@ def next_plan(view: JobView, local_batch: Sequence[int], reason: str, effective_
         policy=view.spec.policy,
         created_at=view.now,
     )
+
+
+# -- micro-batches and gradient accumulation ---------------------------------------------------
+
+
+def plan_violations(
+    spec: JobSpec,
+    caps: Mapping[int, int],
+    local_batch: Sequence[int],
+    micro_batch: Sequence[int] | None = None,
+    accumulation: Sequence[int] | None = None,
+) -> str:
+    """Guardrails every plan must meet, whichever policy proposed it ('' when fine).
+
+    One batch per rank, summing to the global batch, each within [min_local_batch,
+    max_local_batch (else the global batch)]; what a rank holds in memory at once (its
+    micro-batch under accumulation, else its batch) within its memory cap; micro-batches
+    consistent with the accumulation (`antdt.schemas.plan.check_accumulation`)."""
+    if len(local_batch) != spec.world_size:
+        return f"plan has {len(local_batch)} ranks, job has {spec.world_size}"
+    if sum(local_batch) != spec.global_batch:
+        return f"plan sums to {sum(local_batch)}, global batch is {spec.global_batch}"
+    micro = None if micro_batch is None else tuple(micro_batch)
+    accum = None if accumulation is None else tuple(accumulation)
+    try:
+        check_accumulation(tuple(local_batch), micro, accum)
+    except ValueError as exc:
+        return str(exc)
+    upper = spec.max_local_batch or spec.global_batch
+    for rank, b in enumerate(local_batch):
+        if not spec.min_local_batch <= b <= upper:
+            return f"rank {rank}: batch {b} outside [{spec.min_local_batch}, {upper}]"
+        cap = caps.get(rank)
+        held = b if micro is None else micro[rank]
+        if cap is not None and held > cap:
+            what = "batch" if micro is None else "micro-batch"
+            return f"rank {rank}: {what} {held} exceeds its memory cap {cap}"
+    return ""
+
+
+def accumulation_upper_bounds(
+    n: int,
+    global_batch: int,
+    max_b: int | None,
+    caps: Mapping[int, int] | None,
+    max_accumulation: int,
+) -> tuple[int, ...]:
+    """Per-rank largest local batch when gradients may be accumulated: the memory cap
+    bounds the micro-batch only, so a rank holds up to cap x max_accumulation per step
+    (and never more than max_b or the global batch)."""
+    top = global_batch if max_b is None else min(max_b, global_batch)
+    caps = caps or {}
+    return tuple(
+        min(top, caps[rank] * max_accumulation) if rank in caps else top for rank in range(n)
+    )
+
+
+def micro_batching(
+    local_batch: Sequence[int], caps: Mapping[int, int], max_accumulation: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(micro_batch, accumulation) per rank: the fewest micro-steps whose micro-batches fit
+    the rank's memory cap, a = ceil(b / cap) (1 without a known cap or for an empty
+    batch), with balanced micro-batches m = ceil(b / a). The fewest micro-steps means the
+    largest micro-batch the device holds, where a device runs nearest its best throughput.
+    ValueError when a rank would need more than `max_accumulation` micro-steps."""
+    micro: list[int] = []
+    accumulation: list[int] = []
+    for rank, b in enumerate(local_batch):
+        cap = caps.get(rank)
+        a = 1 if cap is None or b == 0 else -(-b // cap)
+        if a > max_accumulation:
+            raise ValueError(
+                f"rank {rank}: batch {b} needs {a} micro-steps of at most {cap} "
+                f"> max_accumulation {max_accumulation}"
+            )
+        accumulation.append(a)
+        micro.append(-(-b // a))
+    return tuple(micro), tuple(accumulation)

@@ -39,6 +39,11 @@ class AdjustBatchAction:
     local_batch: tuple[int, ...]
     reason: str
     incident_id: str | None = None
+    # Gradient accumulation (antdt-dd): per-rank largest micro-batch and micro-steps, with
+    # the relation of `antdt.schemas.plan.check_accumulation`; None: one pass per step.
+    micro_batch: tuple[int, ...] | None = None
+    accumulation: tuple[int, ...] | None = None
+    source: str | None = None  # who decided, when not the job's policy (a custom policy)
 
 
 #: Every action a policy may return (KILL_RESTART joins later).
