@@ -11,6 +11,7 @@ from antdt.services.controller.policies.base import (
     JobView,
     Policy,
 )
+from antdt.services.controller.policies.dd import DdPolicy
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
 from antdt.services.controller.policies.none import NonePolicy
 
@@ -20,6 +21,7 @@ ENTRY_POINT_GROUP = "antdt.policies"
 BUILTIN_POLICIES: dict[str, Callable[[], Policy]] = {
     "none": NonePolicy,
     "lb-bsp": LbBspPolicy,
+    "antdt-dd": DdPolicy,
 }
 
 
@@ -52,6 +54,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Action",
     "AdjustBatchAction",
+    "DdPolicy",
     "JobView",
     "LbBspPolicy",
     "NonePolicy",

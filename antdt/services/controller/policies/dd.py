@@ -1,0 +1,192 @@
+"""The `antdt-dd` policy: dedicated heterogeneous clusters (AntDT-DD, DESIGN.md section 8).
+
+On a dedicated cluster the devices differ (older and newer GPUs, smaller and larger
+memories) but each one's speed is stable. So the policy plans once, from measured speeds,
+and then stays quiet:
+
+- **local batch** b_i in proportion to the rank's measured compute speed, the global batch
+  kept exactly, within [min_local_batch, max_local_batch];
+- **micro-batch and accumulation**: the memory cap (RankHello.max_local_batch) bounds what
+  a device holds at once, not what it processes per step: a rank runs a_i = ceil(b_i /
+  cap_i) micro-steps of balanced micro-batches m_i = ceil(b_i / a_i) <= cap_i and
+  accumulates their gradients before the all-reduce. The fewest micro-steps means the
+  largest micro-batch that fits, where a device is nearest its best throughput; a fast
+  device with a small memory still takes its full share of the global batch.
+
+The rules are ours (the paper publishes no constants). The model is linear (a rank's
+step time is b_i / speed_i) and ignores a per-micro-step overhead.
+
+When it acts (only on the health tick; incidents do not trigger it: a dedicated
+cluster's heterogeneity is static, transient noise is for `antdt-nd` / `lb-bsp`):
+
+1. never while the common guardrails hold (no health yet, cooldown, current plan not
+   measured yet, settling);
+2. at once when the current plan breaks a bound or a newly reported memory cap;
+3. otherwise only once every rank has a measured speed, and never within `replan_s` of
+   its own last plan (one with accumulation set): one plan, then quiet;
+4. and only when the predicted step time drops by at least `min_gain`.
+
+Parameters (``JobSpec.policy_params``):
+
+================  =======  =======================================================
+name              default  meaning
+================  =======  =======================================================
+min_gain          0.20     act only if the predicted step time drops this much
+replan_s          600.0    seconds after its last plan before considering another
+max_accumulation  16       most micro-steps per step a plan may give a rank
+max_change        8.0      per move, a rank's batch changes by at most this
+                           fraction of max(its batch, the mean batch): large by
+                           default so the one plan reaches its target
+cooldown_s        3.0      as for every policy (guardrails)
+settle_steps      8        as for every policy (guardrails)
+================  =======  =======================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from antdt.schemas import Incident, IncidentState, JobHealth, StragglerClass
+from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.guardrails import Guardrails, read_param
+from antdt.services.controller.plans import (
+    accumulation_upper_bounds,
+    bounded_change,
+    micro_batching,
+    plan_violations,
+    predicted_step_time,
+    proportional_shares,
+)
+from antdt.services.controller.policies.base import (
+    Action,
+    AdjustBatchAction,
+    JobView,
+    plan_action_id,
+)
+from antdt.services.controller.policies.lbbsp import measured_speeds
+
+#: dd's own defaults for the shared guardrails (a job's params still override them).
+DD_DEFAULTS: dict[str, PolicyParam] = {"max_change": 8.0}
+
+
+@dataclass(frozen=True)
+class DdParams:
+    rails: Guardrails
+    replan_s: float
+    max_accumulation: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, PolicyParam]) -> DdParams:
+        merged = {**DD_DEFAULTS, **params}
+        replan_s = read_param(merged, "replan_s", 600.0)
+        max_accumulation = read_param(merged, "max_accumulation", 16)
+        if replan_s < 0:
+            raise ValueError("policy param replan_s must be >= 0")
+        if max_accumulation < 1:
+            raise ValueError("policy param max_accumulation must be >= 1")
+        return cls(Guardrails.from_params(merged), replan_s, max_accumulation)
+
+
+@dataclass(frozen=True)
+class DdPlan:
+    local_batch: tuple[int, ...]
+    micro_batch: tuple[int, ...]
+    accumulation: tuple[int, ...]
+    reason: str
+
+
+class DdPolicy:
+    """AntDT-DD: speed-proportional batches, micro-batches within memory caps, gradient
+    accumulation; one plan, then quiet. See the module docstring."""
+
+    name = "antdt-dd"
+
+    def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
+        if not isinstance(event, JobHealth):
+            return []
+        params = DdParams.from_params(view.spec.policy_params)
+        if params.rails.hold_reason(view) is not None:
+            return []
+        plan = plan_dd(view, params)
+        if plan is None:
+            return []
+        return [
+            AdjustBatchAction(
+                action_id=plan_action_id(view),
+                local_batch=plan.local_batch,
+                micro_batch=plan.micro_batch,
+                accumulation=plan.accumulation,
+                reason=plan.reason,
+                incident_id=_deterministic_incident(view),
+            )
+        ]
+
+
+def current_violation(view: JobView) -> str:
+    """Why the view's current plan breaks the bounds or a memory cap ('' when it does not)."""
+    plan = view.plan
+    return plan_violations(
+        view.spec, view.memory_caps, plan.local_batch, plan.micro_batch, plan.accumulation
+    )
+
+
+def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
+    """The dd plan for this view, or None when the current one should stay. Pure."""
+    assert view.health is not None
+    spec, current = view.spec, view.plan
+    must_fix = current_violation(view)
+    speeds = measured_speeds(view)
+    if not must_fix:
+        if any(s is None for s in speeds):
+            return None  # plan from every rank's speed, or not at all
+        if current.accumulation is not None and view.now - current.created_at < params.replan_s:
+            return None  # one plan, then quiet
+    known = [s for s in speeds if s is not None]
+    fallback = statistics.median(known) if known else 1.0
+    filled = [fallback if s is None else s for s in speeds]
+    upper = accumulation_upper_bounds(
+        spec.world_size,
+        spec.global_batch,
+        spec.max_local_batch,
+        view.memory_caps,
+        params.max_accumulation,
+    )
+    max_change = params.rails.max_change
+    try:
+        target = proportional_shares(
+            spec.global_batch, filled, min_b=spec.min_local_batch, caps=dict(enumerate(upper))
+        )
+        # A broken cap is fixed in one move; otherwise the move is bounded.
+        local = target if must_fix else bounded_change(current.local_batch, target, max_change)
+        micro, accumulation = micro_batching(local, view.memory_caps, params.max_accumulation)
+    except ValueError:
+        return None  # no plan within the bounds: leave the job as it is
+    now_running = (
+        current.local_batch,
+        current.micro_batch or current.local_batch,
+        current.accumulation or (1,) * spec.world_size,
+    )
+    if (local, micro, accumulation) == now_running:
+        return None
+    before = predicted_step_time(current.local_batch, filled)
+    after = predicted_step_time(local, filled)
+    if not must_fix and not params.rails.worth_it(before, after):
+        return None
+    why = f"fix: {must_fix}; " if must_fix else ""
+    reason = (
+        f"antdt-dd: {why}batches proportional to compute speed, micro-batches within "
+        f"memory caps (accumulation up to {max(accumulation)}); predicted step "
+        f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
+    )
+    return DdPlan(local, micro, accumulation, reason)
+
+
+def _deterministic_incident(view: JobView) -> str | None:
+    """The hardware incident the plan answers, if the monitor opened one (for tracing)."""
+    for incident in view.open_incidents:
+        hardware = incident.straggler_class == StragglerClass.DETERMINISTIC
+        if hardware and incident.state != IncidentState.RESOLVED:
+            return incident.id
+    return None
