@@ -20,6 +20,7 @@ from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Compare, Get, Put, Store
 from antdt.schemas import (
     ACTION_STREAM,
+    ActionProposal,
     AdjustBatch,
     Incident,
     IncidentState,
@@ -35,6 +36,7 @@ from antdt.schemas import (
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.policies import load_policy
 from antdt.services.controller.policies.base import JobView, Policy
+from antdt.services.controller.proposals import ProposalDesk
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
@@ -89,6 +91,8 @@ class ControllerService:
         await self.bus.subscribe(s.any_job("health"), JobHealth, self._on_health)
         await self.bus.subscribe(s.any_job("incident"), Incident, self._on_incident)
         await self.bus.subscribe(s.any_job("hello.*"), RankHello, self._on_hello)
+        desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
+        await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn(
             "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)

@@ -1,0 +1,236 @@
+"""Custom policies: ActionProposals from any process, held to every policy's guardrails.
+
+A custom policy (any process, any language: `antdt schemas export` gives the JSON Schema)
+sends an `ActionProposal` by request/reply on `{p}.{job}.proposal`. Every controller
+replica subscribes; the replica that owns the job answers, with the `ActionRecord` of what
+it did (result applied, partial or failed), or with an `ErrorReply` saying why it refused
+(code and reason). A refusal by the owner is also recorded on ANTDT_ACTIONS, so
+`antdt actions` shows it. A proposal for a job that does not exist is refused by any
+replica (`unknown_job`); for a job owned by another replica this one stays silent.
+
+Checks, in order (`check_proposal`, pure, time as a value):
+
+=============  ==============================================================
+code           when
+=============  ==============================================================
+bad_request    malformed (refused by the bus before this module: schema, size,
+               micro-batches inconsistent with accumulation), subject and
+               payload name different jobs, fewer batches than ranks
+unknown_rank   batches for ranks the job does not have
+stale          `plan_version` given and the job's plan is another version
+guardrail      the plan rules of every policy (`plans.plan_violations`: global
+               batch kept, per-rank bounds, memory caps) and the bounded change
+               per adjustment (`max_change`)
+no_change      the proposal is the plan already running
+hold           cooldown since the last action; when health is known, the current
+               plan not measured yet or still settling
+=============  ==============================================================
+
+The guardrail parameters are the job's `policy_params` (cooldown_s, settle_steps,
+max_change) with the common defaults. Idempotency: a proposal id that was executed gets
+the same ActionRecord again, never a second plan (in the owner's memory; after a failover,
+`plan_version` makes the retry stale instead of applying it twice). Refusals are not
+remembered: a retry is checked afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
+
+from antdt.runtime.bus import Delivery, Rejected
+from antdt.runtime.store import Store
+from antdt.schemas import ActionProposal, ActionRecord, ActionResult, JobSpec, Keys, Subjects
+from antdt.services.controller.executor import Executor, JobState
+from antdt.services.controller.guardrails import Guardrails
+from antdt.services.controller.plans import plan_violations
+from antdt.services.controller.policies.base import AdjustBatchAction, JobView
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str
+    reason: str
+
+
+def check_proposal(view: JobView, proposal: ActionProposal, rails: Guardrails) -> Refusal | None:
+    """Why the owner must refuse `proposal` in this view (None: execute it). Pure."""
+    spec, plan = view.spec, view.plan
+    n = len(proposal.local_batch)
+    if n > spec.world_size:
+        return Refusal(
+            "unknown_rank",
+            f"batches for ranks {spec.world_size}..{n - 1}: job {spec.job} has ranks "
+            f"0..{spec.world_size - 1}",
+        )
+    if n < spec.world_size:
+        return Refusal("bad_request", f"{n} batches for the {spec.world_size} ranks of the job")
+    if proposal.plan_version is not None and proposal.plan_version != plan.version:
+        return Refusal(
+            "stale",
+            f"computed from plan version {proposal.plan_version}; the job's plan is "
+            f"version {plan.version}",
+        )
+    violation = plan_violations(
+        spec, view.memory_caps, proposal.local_batch, proposal.micro_batch, proposal.accumulation
+    )
+    if violation:
+        return Refusal("guardrail", violation)
+    too_far = change_violation(plan.local_batch, proposal.local_batch, rails.max_change)
+    if too_far:
+        return Refusal("guardrail", too_far)
+    if _running(proposal.local_batch, proposal.micro_batch, proposal.accumulation) == _running(
+        plan.local_batch, plan.micro_batch, plan.accumulation
+    ):
+        return Refusal("no_change", f"the proposal is plan version {plan.version}, running now")
+    hold = hold_reason(view, rails)
+    if hold:
+        return Refusal("hold", hold)
+    return None
+
+
+def change_violation(old: Sequence[int], new: Sequence[int], max_change: float) -> str:
+    """The first rank moving further than `plans.bounded_change` would let it ('' if none):
+    max(1, floor(max_change x max(old batch, mean batch)))."""
+    if math.isinf(max_change):
+        return ""
+    mean = sum(old) / len(old)
+    for rank, (a, b) in enumerate(zip(old, new, strict=True)):
+        limit = max(1, math.floor(max_change * max(a, mean)))
+        if abs(b - a) > limit:
+            return (
+                f"rank {rank}: batch {a} -> {b} moves by {abs(b - a)}, more than "
+                f"max_change {max_change:g} allows ({limit})"
+            )
+    return ""
+
+
+def hold_reason(view: JobView, rails: Guardrails) -> str | None:
+    """The timing guardrails: cooldown always; measured and settled plan when health is
+    known (a proposal brings its own figures, so no health is no reason to wait)."""
+    if view.last_action_at is not None and view.now - view.last_action_at < rails.cooldown_s:
+        ago = view.now - view.last_action_at
+        return f"cooling down: last action {ago:.1f}s ago, cooldown_s is {rails.cooldown_s:g}"
+    health = view.health
+    if health is not None:
+        if health.plan_version < view.plan.version:
+            return f"plan version {view.plan.version} not measured yet"
+        if health.step < view.plan.effective_step + rails.settle_steps:
+            return (
+                f"settling after the plan switch: step {health.step} < "
+                f"{view.plan.effective_step} + settle_steps {rails.settle_steps}"
+            )
+    return None
+
+
+def rails_for(spec: JobSpec) -> Guardrails:
+    """The job's guardrail parameters; the common defaults when they do not parse."""
+    try:
+        return Guardrails.from_params(spec.policy_params)
+    except ValueError:
+        return Guardrails()
+
+
+def proposal_action_id(job: str, proposal_id: str) -> str:
+    """The action id of an executed proposal: unique per job in ANTDT_ACTIONS (which
+    de-duplicates by it), at most 128 characters."""
+    action_id = f"{job}-proposal-{proposal_id}"
+    if len(action_id) <= 128:
+        return action_id
+    digest = hashlib.sha256(action_id.encode()).hexdigest()[:24]
+    return f"{job[:80]}-proposal-{digest}"
+
+
+def view_of(state: JobState, now: float) -> JobView:
+    return JobView(
+        spec=state.spec,
+        plan=state.plan,
+        health=state.health,
+        open_incidents=tuple(state.incidents.values()),
+        memory_caps=dict(state.memory_caps),
+        last_action_at=state.last_action_at,
+        now=now,
+    )
+
+
+def _running(
+    local: Sequence[int], micro: Sequence[int] | None, accumulation: Sequence[int] | None
+) -> tuple[tuple[int, ...], ...]:
+    return (
+        tuple(local),
+        tuple(micro or local),
+        tuple(accumulation or (1,) * len(local)),
+    )
+
+
+StateOf = Callable[[str], Awaitable[JobState | None]]
+
+
+class ProposalDesk:
+    """The I/O shell: one handler for `{p}.*.proposal`, executing through the executor."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        store: Store,
+        keys: Keys,
+        subjects: Subjects,
+        state_of: StateOf,
+        *,
+        remember: int = 1024,
+    ) -> None:
+        self.executor = executor
+        self.store = store
+        self.keys = keys
+        self.subjects = subjects
+        self.state_of = state_of  # the owned job's state, None when not owned
+        self.remember = remember
+        self.executed: OrderedDict[tuple[str, str], ActionRecord] = OrderedDict()
+
+    async def handle(self, proposal: ActionProposal, delivery: Delivery) -> ActionRecord | None:
+        job = self.subjects.job_of(delivery.subject)
+        if proposal.job != job:
+            raise Rejected("bad_request", f"proposal for job {proposal.job!r} sent on {job!r}")
+        state = await self.state_of(job)
+        if state is None:
+            if await self.store.get(self.keys.spec(job)) is None:
+                raise Rejected("unknown_job", f"job {job!r} is not registered")
+            return None  # another replica owns the job and answers
+        async with state.busy:  # one decision at a time per job, policies included
+            outcome = await self._decide(state, proposal)
+        if isinstance(outcome, Refusal):
+            raise Rejected(outcome.code, outcome.reason)
+        return outcome
+
+    async def _decide(self, state: JobState, proposal: ActionProposal) -> ActionRecord | Refusal:
+        key = (proposal.job, proposal.proposal_id)
+        if key in self.executed:
+            return self.executed[key]
+        action = AdjustBatchAction(
+            action_id=proposal_action_id(proposal.job, proposal.proposal_id),
+            local_batch=proposal.local_batch,
+            micro_batch=proposal.micro_batch,
+            accumulation=proposal.accumulation,
+            reason=proposal.reason or f"proposed by {proposal.source}",
+            incident_id=proposal.incident_id,
+            source=f"proposal:{proposal.source}"[:64],
+        )
+        now = time.time()
+        refusal = check_proposal(view_of(state, now), proposal, rails_for(state.spec))
+        if refusal is not None:
+            # A distinct id: ANTDT_ACTIONS de-duplicates by action id, and a retry of this
+            # proposal may yet be executed under the plain one.
+            refused = replace(action, action_id=f"{action.action_id[:100]}-refused-{now:.6f}")
+            await self.executor.refuse(state, refused, f"{refusal.code}: {refusal.reason}")
+            return refusal
+        record = await self.executor.adjust_batch(state, action)
+        if record.result == ActionResult.REFUSED:  # the executor's own last check
+            return Refusal("guardrail", record.error or "refused by the executor")
+        self.executed[key] = record
+        while len(self.executed) > self.remember:
+            self.executed.popitem(last=False)
+        return record
