@@ -490,6 +490,96 @@ class Bus:
         except Rejected:
             return None
 
+    async def js_durable(
+        self,
+        stream: str,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        *,
+        durable: str,
+        ack_wait_s: float = 30.0,
+        max_deliver: int = 5,
+        deliver_new: bool = False,
+    ) -> DurableConsumer[M]:
+        """A pull consumer of `subject` (a filter) in `stream` named `durable`, kept by the
+        server across restarts of this process: binding the same name again resumes after
+        the last acked message. Explicit acks; a message not acked within `ack_wait_s` is
+        delivered again, at most `max_deliver` times. Starts at the stream's first message
+        (`deliver_new`: at the next one) when the consumer is created. Raises StreamMissing
+        when the stream does not exist."""
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver,
+            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            filter_subject=subject,
+        )
+        try:
+            await js.stream_info(stream)
+            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        return DurableConsumer(sub, Decoder(target), f"{stream}/{durable}", self.rejections)
+
+
+@dataclass
+class Received(Generic[M]):
+    """One message from a durable consumer. `ack()` once handled (else the server
+    redelivers it after the consumer's ack wait), `nak()` to have it redelivered sooner,
+    `term()` never to see it again."""
+
+    model: M
+    subject: str
+    headers: Mapping[str, str]
+    delivered: int  # deliveries so far, this one included (1: the first)
+    msg: Any
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self.msg.nak(delay=delay_s)
+
+    async def term(self) -> None:
+        await self.msg.term()
+
+
+class DurableConsumer(Generic[M]):
+    """A pull subscription bound to a durable JetStream consumer (`Bus.js_durable`)."""
+
+    def __init__(self, sub: Any, decoder: Decoder[M], pattern: str, rejections: Rejections):
+        self._sub = sub
+        self._decoder = decoder
+        self._pattern = pattern
+        self._rejections = rejections
+
+    async def fetch(self, batch: int = 16, *, timeout: float = 1.0) -> list[Received[M]]:
+        """Up to `batch` messages, waiting at most `timeout` seconds for the first ([] when
+        none came). Invalid messages are counted, terminated and left out."""
+        try:
+            msgs = await self._sub.fetch(batch=batch, timeout=timeout)
+        except NatsTimeoutError:
+            return []
+        out: list[Received[M]] = []
+        for msg in msgs:
+            try:
+                model = self._decoder.decode(msg.data)
+            except Rejected as exc:
+                self._rejections.record(self._pattern, exc.code, exc.reason, msg.subject)
+                with contextlib.suppress(Exception):
+                    await msg.term()
+                continue
+            delivered = int(msg.metadata.num_delivered or 1)
+            out.append(Received(model, msg.subject, dict(msg.headers or {}), delivered, msg))
+        return out
+
+    async def close(self) -> None:
+        """Stop pulling; the consumer (and its position) stays on the server."""
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
+
 
 _ERROR_FIELDS = set(ErrorReply.model_fields)
 
@@ -514,6 +604,8 @@ __all__ = [
     "BusError",
     "Decoder",
     "Delivery",
+    "DurableConsumer",
+    "Received",
     "Rejected",
     "Rejections",
     "Replay",
