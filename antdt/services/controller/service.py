@@ -175,6 +175,8 @@ class ControllerService:
         plan = await self.store.get_model(self.keys.plan(job), Plan)
         if spec is None or plan is None:
             return None
+        if job in self.jobs:  # another handler loaded it while we read etcd: one state, one lock
+            return self.jobs[job]
         state = JobState(spec=spec[0], plan=plan[0], plan_revision=plan[1])
         self.jobs[job] = state
         if state.plan.version > 0:  # a takeover: make sure every rank has the current plan
