@@ -16,9 +16,11 @@ from rich.table import Table
 
 from antdt.bench.cases import (
     bench_detector_memory,
+    bench_incident_to_plan,
     bench_monitor_ingest,
     bench_raw_etcd_txn,
     bench_raw_pubsub,
+    bench_raw_request,
     bench_shards_cycles,
 )
 from antdt.runtime.servers import EmbeddedCluster
@@ -72,6 +74,35 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                 "baseline": txn["txn_per_s"],
                 "baseline_what": "raw serial etcd txn/s",
                 "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
+            }
+        )
+    rows += await incident_to_plan_rows(cluster)
+    return rows
+
+
+async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """Incident → plan on every rank (µs), against a raw request/reply round trip."""
+    with console.status("raw nats-py request/reply (baseline)"):
+        rtt = await bench_raw_request(cluster.nats.url, rounds=1000)
+    console.print(f"raw request/reply: p50 {rtt['p50_ms']:.2f} ms, p99 {rtt['p99_ms']:.2f} ms")
+    rows = []
+    for ranks in (4, 32):
+        with console.status(f"incident -> plan on every rank, {ranks} ranks"):
+            got = await bench_incident_to_plan(cluster, ranks=ranks, rounds=200)
+        console.print(
+            f"incident -> plan on every rank ({ranks} ranks): p50 {got['p50_ms']:.2f} ms, "
+            f"p99 {got['p99_ms']:.2f} ms; -> ActionRecord p99 {got['record_p99_ms']:.2f} ms"
+        )
+        rows.append(
+            {
+                "what": f"incident -> plan on every rank, p99 µs ({ranks} ranks, lb-bsp)",
+                "value": got["p99_ms"] * 1000,
+                "p50_ms": got["p50_ms"],
+                "p99_ms": got["p99_ms"],
+                "record_p99_ms": got["record_p99_ms"],
+                "baseline": rtt["p99_ms"] * 1000,
+                "baseline_what": "raw request/reply p99 µs",
+                "target": "p99 < 100 ms (100,000 µs)",
             }
         )
     return rows

@@ -3,12 +3,18 @@
 Each rank answers `{p}.{job}.cmd.{rank}` on its own NATS connection the way an agent does
 for AdjustBatch (a newer version is accepted, the same version is acked again, an older
 one is refused as stale; the ack says from which step the plan runs), and notes when each
-plan version reached it (`time.perf_counter()`), so a caller can wait until every rank
-holds a version. No training, no torch: only the command path."""
+plan version reached it (`time.time()`), so a caller can wait until every rank holds a
+version. No training, no torch: only the command path.
+
+In their own process (`python -m antdt.bench.ranks URL PREFIX JOB WORLD REPORT`, until
+stdin closes) they publish `{"version", "first", "last"}` on subject REPORT once every
+rank holds a version: what the latency bench measures against."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
@@ -31,11 +37,13 @@ class AckingRanks:
         world_size: int,
         *,
         wrong_rank: frozenset[int] = frozenset(),
+        report_subject: str | None = None,
     ) -> None:
         self.nats = nats
         self.job = job
         self.world_size = world_size
         self.wrong_rank = wrong_rank
+        self.report_subject = report_subject
         self.subjects = Subjects(nats.subject_prefix)
         self.plans: dict[int, dict[int, Plan]] = defaultdict(dict)  # rank -> version -> plan
         self.arrived: dict[int, dict[int, float]] = defaultdict(dict)  # version -> rank -> t
@@ -90,8 +98,10 @@ class AckingRanks:
                 raise Rejected("stale", f"plan version {plan.version} < {newest.version}")
             if plan.version not in self.plans[rank]:
                 self.plans[rank][plan.version] = plan
-                self.arrived[plan.version][rank] = time.perf_counter()
+                self.arrived[plan.version][rank] = time.time()
                 self.changed.set()
+                if self.report_subject and self.everyone_has(plan.version):
+                    await self._report(rank, plan.version)
             return self._ack(
                 cmd.action_id,
                 signed,
@@ -101,6 +111,12 @@ class AckingRanks:
             )
 
         return on_command
+
+    async def _report(self, rank: int, version: int) -> None:
+        times = self.arrived[version].values()
+        report = {"version": version, "first": min(times), "last": max(times)}
+        assert self.report_subject is not None
+        await self._buses[rank].publish_raw(self.report_subject, json.dumps(report).encode())
 
     def _ack(
         self,
@@ -114,3 +130,20 @@ class AckingRanks:
     ) -> Ack:
         return Ack(action_id=action_id, job=self.job, rank=rank, ok=ok, at=time.time(),
                    applied_step=applied_step, plan_version=plan_version, error=error)  # fmt: skip
+
+
+async def _serve(url: str, prefix: str, job: str, world_size: int, report: str) -> None:
+    nats = NatsSettings(url=url, subject_prefix=prefix)
+    ranks = await AckingRanks(nats, job, world_size, report_subject=report).start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until EOF
+    await ranks.close()
+
+
+def main() -> None:
+    url, prefix, job, world_size, report = sys.argv[1:6]
+    asyncio.run(_serve(url, prefix, job, int(world_size), report))
+
+
+if __name__ == "__main__":
+    main()
