@@ -67,6 +67,7 @@ def view(
     caps: dict[int, int] | None = None,
     version: int = 0,
     created_at: float = 0.0,
+    reason: str = "",
     health_version: int | None = None,
     step: int = 100,
     last_action_at: float | None = None,
@@ -75,7 +76,7 @@ def view(
     job_spec = job_spec or spec(len(speeds))
     plan = Plan(job=JOB, version=version, local_batch=batch or job_spec.equal_shares(),
                 micro_batch=micro, accumulation=accumulation, effective_step=10,
-                created_at=created_at)  # fmt: skip
+                created_at=created_at, reason=reason)  # fmt: skip
     seen = version if health_version is None else health_version
     return JobView(spec=job_spec, plan=plan, health=health(speeds, step=step, version=seen),
                    open_incidents=(), memory_caps=caps or {}, last_action_at=last_action_at,
@@ -96,6 +97,10 @@ def decide(v: JobView, event: JobHealth | Incident | None = None) -> list[Adjust
 
 AFTER_DD = dict(batch=(43, 43, 21, 21), micro=(15, 15, 11, 11), accumulation=(3, 3, 2, 2),
                 version=1, caps={0: 16, 1: 16, 2: 16, 3: 16})  # fmt: skip
+
+PROVISIONAL_PLAN = dict(batch=(37, 37, 18, 36), micro=(10, 10, 9, 12), accumulation=(4, 4, 2, 3),
+                        version=1, caps={r: 12 for r in range(4)},
+                        reason="antdt-dd provisional (no speed yet: ranks 3): ...")  # fmt: skip
 
 # (name, view, expected (local, micro, accumulation) or None for no action)
 CASES: list[tuple[str, JobView, tuple[tuple[int, ...], ...] | None]] = [
@@ -142,6 +147,16 @@ CASES: list[tuple[str, JobView, tuple[tuple[int, ...], ...] | None]] = [
         view(**{**AFTER_DD, "caps": {0: 10, 1: 16, 2: 16, 3: 16}}, created_at=NOW - 60),
         ((43, 43, 21, 21), (9, 15, 11, 11), (5, 3, 2, 2)),
     ),
+    (
+        "a broken cap while a rank has no speed: provisional fix at once",
+        view((2000.0, 2000.0, 1000.0, None), caps={r: 12 for r in range(4)}),
+        ((37, 37, 18, 36), (10, 10, 9, 12), (4, 4, 2, 3)),  # rank 3 at the median speed
+    ),
+    (
+        "provisional plan running, every speed known: the real plan, within replan_s",
+        view(**PROVISIONAL_PLAN, created_at=NOW - 60),
+        ((43, 43, 21, 21), (11, 11, 11, 11), (4, 4, 2, 2)),
+    ),
     ("cooling down after the last action", view(last_action_at=NOW - 1.0), None),
     ("current plan not measured yet", view(version=1, health_version=0), None),
     ("settling after the plan switch (step < effective 10 + settle 8)", view(step=15), None),
@@ -168,6 +183,7 @@ def test_dd_decisions(name: str, v: JobView, expected: tuple[tuple[int, ...], ..
     assert (action.local_batch, action.micro_batch, action.accumulation) == expected
     assert action.action_id == f"{JOB}-plan-{v.plan.version + 1}"
     assert action.reason.startswith("antdt-dd")
+    assert ("provisional" in action.reason) == ("no speed" in name)
     assert plan_violations(v.spec, v.memory_caps, *expected) == ""
 
 

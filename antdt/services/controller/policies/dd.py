@@ -21,9 +21,11 @@ cluster's heterogeneity is static, transient noise is for `antdt-nd` / `lb-bsp`)
 
 1. never while the common guardrails hold (no health yet, cooldown, current plan not
    measured yet, settling);
-2. at once when the current plan breaks a bound or a newly reported memory cap;
+2. at once when the current plan breaks a bound or a newly reported memory cap; if some
+   rank has no measured speed yet, the fix is *provisional* (the median speed stands in
+   for the unknown ones; the reason says so) and does not start the quiet period;
 3. otherwise only once every rank has a measured speed, and never within `replan_s` of
-   its own last plan (one with accumulation set): one plan, then quiet;
+   its own last (not provisional) plan, one with accumulation set: one plan, then quiet;
 4. and only when the predicted step time drops by at least `min_gain`.
 
 Parameters (``JobSpec.policy_params``):
@@ -69,6 +71,8 @@ from antdt.services.controller.policies.lbbsp import measured_speeds
 
 #: dd's own defaults for the shared guardrails (a job's params still override them).
 DD_DEFAULTS: dict[str, PolicyParam] = {"max_change": 8.0}
+#: How the reason of a plan made before every rank's speed was known begins.
+PROVISIONAL = "antdt-dd provisional"
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,8 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     if not must_fix:
         if any(s is None for s in speeds):
             return None  # plan from every rank's speed, or not at all
-        if current.accumulation is not None and view.now - current.created_at < params.replan_s:
+        ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
+        if ours and view.now - current.created_at < params.replan_s:
             return None  # one plan, then quiet
     known = [s for s in speeds if s is not None]
     fallback = statistics.median(known) if known else 1.0
@@ -175,8 +180,10 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     if not must_fix and not params.rails.worth_it(before, after):
         return None
     why = f"fix: {must_fix}; " if must_fix else ""
+    unknown = [str(r) for r, s in enumerate(speeds) if s is None]
+    head = f"{PROVISIONAL} (no speed yet: ranks {','.join(unknown)})" if unknown else "antdt-dd"
     reason = (
-        f"antdt-dd: {why}batches proportional to compute speed, micro-batches within "
+        f"{head}: {why}batches proportional to compute speed, micro-batches within "
         f"memory caps (accumulation up to {max(accumulation)}); predicted step "
         f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
     )
