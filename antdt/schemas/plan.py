@@ -54,7 +54,7 @@ class Plan(WireModel):
     accumulation: tuple[int, ...] | None = Field(
         default=None,
         description="Per-rank micro-steps per step, gradients accumulated before the "
-        "all-reduce; micro-batch sizes differ by at most one (None: 1)",
+        "all-reduce: chunks of micro_batch samples, the last one the rest (None: 1)",
     )
     effective_step: Count = Field(description="First step that runs under this plan")
     reason: str = Field(default="", max_length=512)
@@ -88,11 +88,13 @@ class Plan(WireModel):
 
 
 def split_batch(local_batch: int, accumulation: int) -> tuple[int, ...]:
-    """`local_batch` samples as `accumulation` micro-batches whose sizes differ by at most
-    one, the larger ones first: split_batch(10, 3) == (4, 3, 3). The largest is
-    ceil(local_batch / accumulation), the plan's `micro_batch`."""
-    base, extra = divmod(local_batch, accumulation)
-    return tuple(base + 1 if i < extra else base for i in range(accumulation))
+    """`local_batch` samples as `accumulation` micro-batches of m = ceil(local_batch /
+    accumulation) samples, the last one the rest: split_batch(10, 3) == (4, 4, 2). What
+    the agent's `Step.micro_batches` yields (chunks of the plan's micro-batch)."""
+    if local_batch == 0:
+        return (0,)
+    m = -(-local_batch // accumulation)
+    return (m,) * (accumulation - 1) + (local_batch - m * (accumulation - 1),)
 
 
 def check_accumulation(
@@ -101,8 +103,8 @@ def check_accumulation(
     accumulation: tuple[int, ...] | None,
 ) -> None:
     """Raise ValueError unless micro-batches and accumulation are absent together, or per
-    rank: 1 <= accumulation <= max(local_batch, 1) (no empty micro-batch) and
-    micro_batch == ceil(local_batch / accumulation)."""
+    rank b, m, a: 1 <= a <= max(b, 1), m == ceil(b / a) and a == ceil(b / m) when b > 0.
+    So chunks of m samples (the last one the rest) number exactly a, none empty."""
     if micro_batch is None and accumulation is None:
         return
     if micro_batch is None or accumulation is None:
@@ -114,6 +116,8 @@ def check_accumulation(
             raise ValueError(f"rank {rank}: accumulation {a} outside [1, {max(b, 1)}]")
         if m != -(-b // a):
             raise ValueError(f"rank {rank}: micro_batch {m} is not ceil({b} / {a})")
+        if b > 0 and a != -(-b // m):
+            raise ValueError(f"rank {rank}: {a} micro-steps where ceil({b} / {m}) suffice")
 
 
 class PlanRequest(WireModel):

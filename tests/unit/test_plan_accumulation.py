@@ -30,6 +30,7 @@ SPEC = JobSpec(job=JOB, world_size=4, dataset_size=1000, shard_size=10, global_b
         ((10, 6), (5, 6), (3, 1), "rank 0: micro_batch 5 is not ceil(10 / 3)"),
         ((10, 6), (0, 6), (0, 1), "rank 0: accumulation 0 outside [1, 10]"),
         ((2, 6), (1, 6), (3, 1), "rank 0: accumulation 3 outside [1, 2]"),
+        ((10, 6), (2, 6), (6, 1), "rank 0: 6 micro-steps where ceil(10 / 2) suffice"),
         ((10, 6), (4,), (3,), "micro_batch has 1 entries for 2 ranks"),
     ],
 )
@@ -56,7 +57,8 @@ def test_plan_schema_checks_accumulation(
 
 
 def test_split_batch() -> None:
-    assert split_batch(10, 3) == (4, 3, 3)
+    assert split_batch(10, 3) == (4, 4, 2)
+    assert split_batch(10, 4) == (3, 3, 3, 1)
     assert split_batch(9, 3) == (3, 3, 3)
     assert split_batch(7, 1) == (7,)
     assert split_batch(0, 1) == (0,)

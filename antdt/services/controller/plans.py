@@ -228,7 +228,7 @@ def micro_batching(
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(micro_batch, accumulation) per rank: the fewest micro-steps whose micro-batches fit
     the rank's memory cap, a = ceil(b / cap) (1 without a known cap or for an empty
-    batch), with balanced micro-batches m = ceil(b / a). The fewest micro-steps means the
+    batch), with micro-batches m = ceil(b / a) (the last one the rest). The fewest means the
     largest micro-batch the device holds, where a device runs nearest its best throughput.
     ValueError when a rank would need more than `max_accumulation` micro-steps."""
     micro: list[int] = []

@@ -8,7 +8,7 @@ and then stays quiet:
   kept exactly, within [min_local_batch, max_local_batch];
 - **micro-batch and accumulation**: the memory cap (RankHello.max_local_batch) bounds what
   a device holds at once, not what it processes per step: a rank runs a_i = ceil(b_i /
-  cap_i) micro-steps of balanced micro-batches m_i = ceil(b_i / a_i) <= cap_i and
+  cap_i) micro-steps of micro-batches m_i = ceil(b_i / a_i) <= cap_i (the last the rest) and
   accumulates their gradients before the all-reduce. The fewest micro-steps means the
   largest micro-batch that fits, where a device is nearest its best throughput; a fast
   device with a small memory still takes its full share of the global batch.
