@@ -66,6 +66,7 @@ def main() -> None:
     out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
     checkpoints = Checkpoints.from_env(settings.rank)
     seen = checkpoints.resume(agent, model, optimizer)
+    agent.restartable = checkpoints.path is not None
     fault = Fault.from_env(settings.rank, settings.restart_count)
     mode = "a" if settings.restart_count else "w"
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
@@ -99,6 +100,10 @@ def main() -> None:
                 time.sleep(max(0.0, min_step_s - (time.perf_counter() - started)))
             started = time.perf_counter()
             checkpoints.maybe_save(agent, step.index, model, optimizer, seen)
+            if agent.restart_due(step.index):  # the controller moves a rank off its host
+                checkpoints.save(agent, step.index, model, optimizer, seen)
+                torch.distributed.barrier()  # nobody leaves before rank 0 has saved
+                agent.exit_for_restart()
             fault.maybe_fail(step.index)
     agent.close()
     if progress is not None:
@@ -142,7 +147,13 @@ class Checkpoints:
     def maybe_save(
         self, agent: Any, step: int, model: torch.nn.Module, optimizer: Any, seen: int
     ) -> None:
-        if self.path is None or (step + 1) % self.every:
+        if self.path is not None and (step + 1) % self.every == 0:
+            self.save(agent, step, model, optimizer, seen)
+
+    def save(
+        self, agent: Any, step: int, model: torch.nn.Module, optimizer: Any, seen: int
+    ) -> None:
+        if self.path is None:
             return
         agent.commit(step)  # the ledger's snapshot first: a model without one is useless
         if self.rank == 0:
