@@ -76,10 +76,10 @@ def main() -> None:
     for epoch in agent.epochs():
         for step in agent.steps():
             ids = step.sample_ids
-            if ids:
-                index = torch.tensor(ids)
+            for chunk in step.micro_batches:  # one chunk unless the plan sets micro-batches
+                index = torch.tensor(chunk)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
-                loss.backward()
+                (loss * (len(chunk) / len(ids))).backward()
             step.sync(model)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(seen, total_samples, step.total_samples, settings)
