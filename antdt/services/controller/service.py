@@ -34,7 +34,7 @@ from antdt.schemas import (
 )
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.policies import load_policy
-from antdt.services.controller.policies.base import JobView, Policy
+from antdt.services.controller.policies.base import AdjustBatchAction, JobView, Policy
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
@@ -221,6 +221,9 @@ class ControllerService:
             for action in policy.decide(view, event):
                 if not self.ownership.owns(state.spec.job):
                     return
+                if not isinstance(action, AdjustBatchAction):
+                    log.warning("kill_restart not executed yet", action=action.action_id)
+                    continue
                 await self.executor.adjust_batch(state, action)
 
     def _policy(self, name: str) -> Policy:
