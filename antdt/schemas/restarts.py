@@ -28,6 +28,11 @@ class PendingRestart(WireModel):
     checkpoint_at: Timestamp | None = Field(
         default=None, description="When the job was seen to reach the checkpoint step"
     )
+    reason: str = Field(default="", max_length=512)
+    incident_id: str | None = Field(default=None, max_length=128)
+    local_batch_after: tuple[Count, ...] | None = Field(
+        default=None, description="The plan from checkpoint_step + 1 on (None: unchanged)"
+    )
 
 
 class RestartLedger(WireModel):
