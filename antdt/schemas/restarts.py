@@ -24,10 +24,7 @@ class PendingRestart(WireModel):
     host: Token = Field(description="The host the rank was moved away from")
     checkpoint_step: Count
     decided_at: Timestamp
-    step_s: Seconds = Field(default=0.0, description="Healthy step time before the restart")
-    checkpoint_at: Timestamp | None = Field(
-        default=None, description="When the job was seen to reach the checkpoint step"
-    )
+    step_s: Seconds = Field(default=0.0, description="Step time when the restart was decided")
     reason: str = Field(default="", max_length=512)
     incident_id: str | None = Field(default=None, max_length=128)
     local_batch_after: tuple[Count, ...] | None = Field(

@@ -138,11 +138,12 @@ async def test_adjust_then_restart_measure_and_stop(
     await job.ranks.health(STRAGGLER, step=step, plan_version=1, at=t0)
     await job.ranks.health(STRAGGLER, step=step, plan_version=1, at=t0 + 3)
     await job.ranks.hello({3: "slot4"})
+    state = controller.jobs[job.name]
+    await wait_for(lambda: state.hosts[3] == "slot4", what="the new process's hello")
     await job.ranks.health(HEALTHY, step=step + 3, plan_version=2, at=t0 + 7,
                            hosts={**SLOTS, 3: "slot4"})  # fmt: skip
     measured = await wait_for(lambda: _costs(job), what="restart cost measured")
     assert measured == (pytest.approx(7 - 2 * 0.1 - 0.1),)
-    state = controller.jobs[job.name]
     view = state.view(time.time())
     assert view.restarts.measured_cost_s == pytest.approx(6.7)
     assert view.hosts[3] == "slot4" and view.restarts.pending is None

@@ -13,6 +13,7 @@ from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.restarts import (
     AckTally,
+    Progress,
     abandon,
     begin,
     kill_command,
@@ -128,38 +129,69 @@ def test_tally_refuses_what_is_not_an_ack(reply: Ack | ErrorReply, reason: str) 
 # ------------------------------------------------------------------- measurement
 
 
+def fold(ledger: RestartLedger, healths: list[JobHealth], restarted: bool = True) -> tuple:
+    progress, costs = None, []
+    for h in healths:
+        ledger, progress, cost = observe(ledger, progress, h, restarted)
+        costs.append(cost)
+    return ledger, progress, costs
+
+
 def test_cost_from_checkpoint_to_resume() -> None:
     ledger = RestartLedger(count=1, pending=pending(50))
-    timeline = [at(45, 200.0), at(49, 201.0), at(50, 202.0), at(50, 203.0), at(50, 210.0)]
-    for h in timeline:
-        ledger, cost = observe(ledger, h)
-        assert cost is None
-    assert ledger.pending is not None and ledger.pending.checkpoint_at == 202.0
+    down = [at(45, 200.0), at(49, 201.0), at(50, 202.0), at(50, 203.0), at(50, 210.0)]
+    ledger, progress, costs = fold(ledger, down)
+    assert costs == [None] * 5 and progress == Progress(50, 202.0)
+    assert ledger.pending is not None
     # Resumed: step 53 seen at 215.5 -> step 51 ended at 215.3; minus one step of 0.1 s.
-    ledger, cost = observe(ledger, at(53, 215.5))
-    assert cost == pytest.approx(215.5 - 0.2 - 202.0 - 0.1)
-    assert ledger.pending is None and ledger.costs == (cost,) and ledger.count == 1
-    assert ledger.measured_cost_s == cost
+    ledger, progress, costs = fold(ledger, [*down, at(53, 215.5)])
+    assert costs[-1] == pytest.approx(215.5 - 0.2 - 202.0 - 0.1)
+    assert ledger.pending is None and ledger.costs == (costs[-1],) and ledger.count == 1
+    assert ledger.measured_cost_s == costs[-1] and progress is None
+
+
+def test_cost_when_the_last_step_before_the_checkpoint_was_not_seen() -> None:
+    """The job stops at 50 but health stays at 48: two steps (of the 0.2 s known when the
+    restart was decided) are taken off the stop time."""
+    ledger = RestartLedger(count=1, pending=pending(50))
+    ledger, _, costs = fold(ledger, [at(48, 100.0), at(48, 105.0), at(51, 110.0)])
+    assert costs[-1] == pytest.approx(110.0 - (100.0 + 2 * 0.2) - 0.1)
 
 
 def test_costs_keep_the_newest() -> None:
-    ledger = RestartLedger(costs=tuple(float(i) for i in range(MAX_COSTS)),
-                           pending=pending(50, checkpoint_at=100.0))  # fmt: skip
-    ledger, cost = observe(ledger, at(51, 110.0))
-    assert cost == pytest.approx(9.9)
-    assert len(ledger.costs) == MAX_COSTS and ledger.costs[-1] == cost and ledger.costs[0] == 1.0
+    ledger = RestartLedger(costs=tuple(float(i) for i in range(MAX_COSTS)), pending=pending(50))
+    ledger, _, costs = fold(ledger, [at(50, 100.0), at(51, 110.0)])
+    assert costs[-1] == pytest.approx(9.9)
+    assert len(ledger.costs) == MAX_COSTS and ledger.costs[-1] == costs[-1]
+    assert ledger.costs[0] == 1.0
 
 
-def test_past_the_checkpoint_unseen_is_not_measured() -> None:
-    ledger, cost = observe(RestartLedger(count=1, pending=pending(50)), at(60, 300.0))
-    assert cost is None and ledger.pending is None and ledger.costs == ()
+@pytest.mark.parametrize(
+    ("healths", "restarted"),
+    [
+        ([at(60, 300.0)], True),  # past the checkpoint before any sighting (a takeover)
+        ([at(50, 300.0), at(56, 300.6)], False),  # no new rank process: no restart
+    ],
+)
+def test_not_measured(healths: list[JobHealth], restarted: bool) -> None:
+    ledger, _, costs = fold(RestartLedger(count=1, pending=pending(50)), healths, restarted)
+    assert costs[-1] is None and ledger.pending is None and ledger.costs == ()
+    assert ledger.count == 1
+
+
+def test_waits_a_few_steps_for_the_hellos_of_the_new_processes() -> None:
+    ledger = RestartLedger(count=1, pending=pending(50))
+    ledger, progress, costs = fold(ledger, [at(50, 300.0), at(55, 310.0)], restarted=False)
+    assert costs == [None, None] and ledger.pending is not None
+    ledger, _, cost = observe(ledger, progress, at(56, 310.1), True)
+    assert cost == pytest.approx(310.1 - 5 * 0.1 - 300.0 - 0.1)
 
 
 def test_nothing_in_flight_nothing_changes() -> None:
     ledger = RestartLedger(count=1)
-    assert observe(ledger, at(60, 300.0)) == (ledger, None)
+    assert observe(ledger, None, at(60, 300.0), True) == (ledger, None, None)
 
 
 def test_negative_cost_is_clamped() -> None:
-    ledger = RestartLedger(pending=pending(50, checkpoint_at=300.0))
-    assert observe(ledger, at(55, 300.1))[1] == 0.0
+    ledger = RestartLedger(pending=pending(50))
+    assert fold(ledger, [at(50, 300.0), at(55, 300.1)])[2][-1] == 0.0

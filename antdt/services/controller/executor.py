@@ -32,6 +32,7 @@ from antdt.schemas import (
     Subjects,
 )
 from antdt.services.controller.policies.base import AdjustBatchAction, JobView, remaining_samples
+from antdt.services.controller.restarts import Progress
 
 log = structlog.get_logger("antdt.controller.executor")
 
@@ -53,6 +54,8 @@ class JobState:
     restarts_revision: int = 0  # mod revision of jobs/{job}/restarts (0: absent)
     ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # restart ledger writes
     resume_pending: bool = False  # a takeover: re-send and re-record on the first health
+    started: dict[int, float] = field(default_factory=dict)  # rank -> its process's start
+    progress: Progress | None = None  # where the job stands during a restart in flight
 
     def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
         """The read-only view a policy decides on."""

@@ -181,10 +181,14 @@ class Restarter:
 
     async def observe(self, state: JobState, health: JobHealth) -> float | None:
         """Fold health into the restart in flight; returns the cost once measured."""
-        if state.restarts.pending is None:
+        pending = state.restarts.pending
+        if pending is None:
             return None
+        restarted = any(at > pending.decided_at for at in state.started.values())
         async with state.ledger_lock:
-            ledger, cost = observe(state.restarts, health)
+            ledger, state.progress, cost = observe(
+                state.restarts, state.progress, health, restarted
+            )
             if ledger == state.restarts or not await self._write_ledger(state, ledger):
                 return None
         if cost is not None:

@@ -3,10 +3,7 @@
 - `restart_violation`: the guardrails checked again just before acting;
 - `begin`: the restart ledger once a restart is decided (budget used, the one in flight);
 - `AckTally`: which ranks accepted a broadcast KillRestart, and why others did not count;
-- `observe`: the measured restart cost, folded from the JobHealth stream: the job reaches
-  the checkpoint step and stops there (first health at that step: `checkpoint_at`), then
-  resumes (first health past it); cost = resume time - checkpoint time - one step, the
-  resume time extrapolated back to the first step after the checkpoint.
+- `observe`: the measured restart cost, folded from the JobHealth stream (see there).
 """
 
 from __future__ import annotations
@@ -140,23 +137,47 @@ class AckTally:
         return "; ".join(parts)[:1024] or None
 
 
-def observe(ledger: RestartLedger, health: JobHealth) -> tuple[RestartLedger, float | None]:
-    """Fold one JobHealth into the restart in flight: the ledger (unchanged when nothing
-    happened) and the restart cost in seconds once the job is seen to resume."""
+#: Steps past the checkpoint with no new rank process seen: the job did not restart.
+NO_RESTART_STEPS = 5
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The latest step seen at or before a restart's checkpoint step, and when it was
+    first seen: where the job stopped, once it stops advancing."""
+
+    step: int
+    at: float
+
+
+def observe(
+    ledger: RestartLedger, progress: Progress | None, health: JobHealth, restarted: bool
+) -> tuple[RestartLedger, Progress | None, float | None]:
+    """Fold one JobHealth into the restart in flight. Returns the ledger (changed once the
+    job resumed), the progress so far, and the restart cost in seconds once measured.
+
+    `restarted`: a rank said hello after the restart was decided (a new process). The job
+    stops at the checkpoint step C (the health's step stays at C, or a little before when
+    the last step's event was not published) and resumes at C + 1. The cost is the time
+    from the end of step C to the end of step C + 1, minus one step: resume and stop
+    times are extrapolated with the step time from the health nearest to them."""
     pending = ledger.pending
-    if pending is None or health.step < pending.checkpoint_step:
-        return ledger, None
-    if pending.checkpoint_at is None:
-        if health.step == pending.checkpoint_step:  # reached the checkpoint, stopped there
-            reached = pending.model_copy(update={"checkpoint_at": health.at})
-            return ledger.model_copy(update={"pending": reached}), None
-        # Past it before we saw it stop (a takeover, or ranks that did not stop): the
-        # checkpoint time is unknown, so there is nothing to measure.
-        return abandon(ledger), None
-    if health.step == pending.checkpoint_step:
-        return ledger, None  # still restarting
+    if pending is None:
+        return ledger, None, None
+    checkpoint = pending.checkpoint_step
+    if health.step <= checkpoint:
+        if progress is None or health.step > progress.step:
+            progress = Progress(health.step, health.at)
+        return ledger, progress, None
+    if not restarted and health.step <= checkpoint + NO_RESTART_STEPS:
+        return ledger, progress, None  # the new processes' hellos may still be on the way
+    if progress is None or not restarted:
+        # Past the checkpoint without a sighting before it (a takeover meanwhile) or
+        # without any new rank process: nothing to measure.
+        return abandon(ledger), None, None
     step_s = health.step_s if health.step_s > 0 else pending.step_s
-    resumed_at = health.at - (health.step - pending.checkpoint_step - 1) * step_s
-    cost = max(0.0, resumed_at - pending.checkpoint_at - step_s)
+    resumed_at = health.at - (health.step - checkpoint - 1) * step_s
+    stopped_at = progress.at + (checkpoint - progress.step) * pending.step_s
+    cost = max(0.0, resumed_at - stopped_at - step_s)
     costs = (*ledger.costs, cost)[-MAX_COSTS:]
-    return ledger.model_copy(update={"pending": None, "costs": costs}), cost
+    return ledger.model_copy(update={"pending": None, "costs": costs}), None, cost

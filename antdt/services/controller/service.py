@@ -210,6 +210,7 @@ class ControllerService:
         if state is None or hello.rank >= state.spec.world_size:
             return
         state.hosts[hello.rank] = hello.host
+        state.started[hello.rank] = hello.started_at
         if hello.max_local_batch is not None:
             state.memory_caps[hello.rank] = hello.max_local_batch
 
