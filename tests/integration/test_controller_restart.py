@@ -16,6 +16,7 @@ from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
 from antdt.schemas import (
+    ACTION_STREAM,
     Ack,
     ActionRecord,
     ActionResult,
@@ -211,3 +212,6 @@ async def test_never_restarts_a_job_it_does_not_own(
     record = await controller.restarter.kill_restart(state, replace(action), view)
     assert record.result == ActionResult.REFUSED and record.error == "job not owned by this replica"
     assert job.ranks.kills() == []
+    # Only the first (still believed owned) is on ANTDT_ACTIONS: the other replica answers now.
+    stored = await bus.js_read(ACTION_STREAM, job.subjects.action(job.name), ActionRecord)
+    assert [(r.kind, r.result) for r in stored.items] == [("kill_restart", ActionResult.FAILED)]

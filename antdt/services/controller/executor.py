@@ -195,8 +195,15 @@ class Executor:
         return ack.ok
 
     async def record(self, record: ActionRecord) -> ActionRecord:
-        """Keep the record and publish it on ANTDT_ACTIONS, de-duplicated by action id."""
+        """Keep the record and publish it on ANTDT_ACTIONS, de-duplicated by action id.
+        A failure because another replica owns the job now is not published: that replica
+        answers for the job (and may publish this very action id with its real result)."""
         self.records.append(record)
+        lost = not self.ownership.owns(record.job)
+        if lost and record.result in (ActionResult.FAILED, ActionResult.REFUSED):
+            log.info("action not recorded: job not owned", action=record.action_id,
+                     result=record.result.value, error=record.error)  # fmt: skip
+            return record
         try:
             subject = self.subjects.action(record.job)
             await self.bus.js_publish(subject, record, msg_id=record.action_id)
