@@ -26,6 +26,7 @@ from antdt.schemas import (
     JobSpec,
     Keys,
     KillRestart,
+    PendingRestart,
     Plan,
     RegisterReply,
     RestartLedger,
@@ -215,3 +216,51 @@ async def test_never_restarts_a_job_it_does_not_own(
     # Only the first (still believed owned) is on ANTDT_ACTIONS: the other replica answers now.
     stored = await bus.js_read(ACTION_STREAM, job.subjects.action(job.name), ActionRecord)
     assert [(r.kind, r.result) for r in stored.items] == [("kill_restart", ActionResult.FAILED)]
+
+
+@pytest.mark.parametrize(("step", "result"), [(40, "applied"), (60, "partial")])
+async def test_takeover_finishes_a_restart_left_in_flight(
+    running: RunningServices, bus: Bus, store: Store, settings: ServiceSettings, unique: str,
+    step: int, result: str,
+) -> None:  # fmt: skip
+    """A dead owner wrote the ledger (restart in flight, checkpoint 50) but recorded
+    nothing: the replica that claims the job broadcasts it again while the job is before
+    the checkpoint, else records what is known."""
+    controller: ControllerService = running.by_name["controller"]
+    job = Job(bus, store, settings, f"{unique}-left")
+    spec = JobSpec(job=job.name, world_size=4, dataset_size=10_000_000, shard_size=100,
+                   global_batch=128, policy="antdt-nd", policy_params=PARAMS)  # fmt: skip
+    plan = Plan(job=job.name, version=1, local_batch=(39, 38, 38, 13), effective_step=20,
+                created_at=time.time())  # fmt: skip
+    pending = PendingRestart(action_id=f"{job.name}-restart-1", rank=3, host="slot3",
+                             checkpoint_step=50, decided_at=time.time(), reason="left",
+                             local_batch_after=(32,) * 4)  # fmt: skip
+    ledger = RestartLedger(count=1, last_decided_at=time.time(), last_checkpoint_step=50,
+                           pending=pending)  # fmt: skip
+    job.ranks.versions = dict.fromkeys(range(4), 1)  # the ranks run plan 1 already
+    for key, value in [(job.keys.plan(job.name), plan), (job.keys.restarts(job.name), ledger),
+                       (job.keys.spec(job.name), spec)]:  # fmt: skip
+        await store.put(key, value.model_dump_json().encode())
+    await job.ranks.start()
+    await bus.subscribe(job.subjects.action(job.name), ActionRecord, _sink(job.records))
+    await wait_for(lambda: controller.ownership.owns(job.name), what="the job claimed")
+    await job.ranks.health(STRAGGLER, step=step, plan_version=1)
+    await wait_for(lambda: "kill_restart" in job.kinds(), what="the restart recorded")
+    kill = job.records[-1]
+    assert kill.action_id == f"{job.name}-restart-1" and kill.result.value == result
+    assert job.records[0].action_id == f"{job.name}-plan-1"  # re-sent, recorded once
+    if step < 50:
+        assert {r for r, c in job.ranks.received if isinstance(c, KillRestart)} == set(range(4))
+        after = await job.plan()
+        assert (after.version, after.effective_step) == (2, 51)
+    else:
+        assert job.ranks.kills() == [] and kill.error and "checkpoint" in kill.error
+        assert (await job.plan()).version == 1
+    assert (await job.ledger()).count == 1
+
+
+def _sink(into: list[ActionRecord]):  # type: ignore[no-untyped-def]
+    async def on_record(record: ActionRecord, _: Delivery) -> None:
+        into.append(record)
+
+    return on_record

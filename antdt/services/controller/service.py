@@ -219,6 +219,11 @@ class ControllerService:
         if state is None:
             return
         state.health = health
+        if state.resume_pending:  # first, so that measuring cannot drop what it finishes
+            async with state.busy:
+                if state.resume_pending:
+                    state.resume_pending = False
+                    await self.restarter.resume(state, frozenset(self.blocklist))
         try:
             await self.restarter.observe(state, health)
         except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
@@ -239,9 +244,6 @@ class ControllerService:
         if state.busy.locked():  # an action is in flight; the next event re-decides
             return
         async with state.busy:
-            if state.resume_pending and state.health is not None:
-                state.resume_pending = False
-                await self.restarter.resume(state, frozenset(self.blocklist))
             policy = self._policy(state.spec.policy)
             view = state.view(time.time(), frozenset(self.blocklist))
             for action in policy.decide(view, event):
