@@ -247,7 +247,7 @@ def nd_views(draw: st.DrawFn) -> JobView:
         "max_change": draw(st.sampled_from([0.1, 0.75, 10.0])),
         "restart_cost_s": draw(st.sampled_from([0.0, 1.0, 30.0])),
         "min_saving_ratio": draw(st.sampled_from([0.0, 1.0, 2.0])),
-        "restart_budget": draw(st.integers(0, 3)),
+        "restart_budget": draw(st.sampled_from([0, 2, 3])),
     }
     job_spec = spec(n, global_batch, min_local_batch=min_b, max_local_batch=max_b,
                     policy_params=params)  # fmt: skip
@@ -256,14 +256,18 @@ def nd_views(draw: st.DrawFn) -> JobView:
         batch = proportional_shares(global_batch, weights, min_b, max_b, caps)
     except ValueError:
         assume(False)
-    speeds = draw(st.lists(st.none() | st.floats(1.0, 1e4), min_size=n, max_size=n))
+    known = st.sampled_from([True, True, True, False])  # a quarter of the speeds unknown
+    speeds = [draw(st.floats(1.0, 1e4)) if draw(known) else None for _ in range(n)]
     slow = draw(st.integers(0, n - 1))
+    others = [x for r, x in enumerate(speeds) if r != slow and x is not None]
+    if others and draw(st.booleans()):  # mostly a real straggler: slower than the others
+        speeds[slow] = min(others) / draw(st.floats(1.2, 5.0))
     base = view(tuple(speeds), batch, job_spec=job_spec, caps=caps,
                 incidents=(persistent(rank=slow, host=f"h{slow}"),))  # fmt: skip
     return replace(
         base,
         hosts={r: f"h{r}" for r in range(n)},
-        restarts=RestartLedger(count=draw(st.integers(0, 3))),
+        restarts=RestartLedger(count=draw(st.integers(0, 2))),
         remaining_samples=draw(st.integers(0, 10**9)),
     )
 
