@@ -9,9 +9,11 @@ from antdt.services.controller.policies.base import (
     Action,
     AdjustBatchAction,
     JobView,
+    KillRestartAction,
     Policy,
 )
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
+from antdt.services.controller.policies.nd import AntDtNdPolicy
 from antdt.services.controller.policies.none import NonePolicy
 
 ENTRY_POINT_GROUP = "antdt.policies"
@@ -20,6 +22,7 @@ ENTRY_POINT_GROUP = "antdt.policies"
 BUILTIN_POLICIES: dict[str, Callable[[], Policy]] = {
     "none": NonePolicy,
     "lb-bsp": LbBspPolicy,
+    "antdt-nd": AntDtNdPolicy,
 }
 
 
@@ -52,7 +55,9 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Action",
     "AdjustBatchAction",
+    "AntDtNdPolicy",
     "JobView",
+    "KillRestartAction",
     "LbBspPolicy",
     "NonePolicy",
     "Policy",
