@@ -126,6 +126,9 @@ def launch(
     max_restarts: Annotated[
         int, typer.Option("--max-restarts", min=0, help="Group restarts after a rank fails")
     ] = 0,
+    spare_slots: Annotated[
+        int, typer.Option("--spare-slots", min=0, help="Spare host slots for KILL_RESTART")
+    ] = 0,
 ) -> None:
     """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
     With --max-restarts, a failed group is started again (ANTDT_RESTART_COUNT=k) to
@@ -135,7 +138,10 @@ def launch(
     command = [a for a in ctx.args if a != "--"]
     if not command:
         raise typer.BadParameter("give the command after --, e.g. -- python train.py")
-    raise typer.Exit(run_ranks(nproc, command, env=dict(os.environ), max_restarts=max_restarts))
+    code = run_ranks(
+        nproc, command, env=dict(os.environ), max_restarts=max_restarts, spare_slots=spare_slots
+    )
+    raise typer.Exit(code)
 
 
 @app.command()

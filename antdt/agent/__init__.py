@@ -17,11 +17,12 @@ from typing import Any
 
 import structlog
 
-from antdt.agent.agent import KILL_RESTART_UNSUPPORTED, Agent
+from antdt.agent.agent import Agent
 from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
 from antdt.agent.launch import init_process_group, launch
+from antdt.agent.restart import RESTART_EXIT_CODE
 from antdt.agent.settings import AgentSettings
 from antdt.agent.steps import Step
 
@@ -41,7 +42,7 @@ def init(settings: AgentSettings | None = None, **overrides: Any) -> Agent:
 
 
 __all__ = [
-    "KILL_RESTART_UNSUPPORTED",
+    "RESTART_EXIT_CODE",
     "Agent",
     "AgentClosed",
     "AgentError",

@@ -11,10 +11,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import structlog
 
+from antdt.agent import restart
 from antdt.agent.collectives import Collectives, TorchCollectives
 from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.inject import InjectionSchedule
@@ -46,8 +47,6 @@ from antdt.schemas import (
 
 log = structlog.get_logger("antdt.agent")
 
-KILL_RESTART_UNSUPPORTED = "kill_restart is not supported by this agent version (planned)"
-
 
 class Agent:
     """One rank's agent. `start()` connects and registers; then iterate `epochs()` and
@@ -78,6 +77,10 @@ class Agent:
         self._driver: StepDriver | None = None
         self.spec: JobSpec | None = None
         self.commands = 0
+        self._restart: restart.RestartRequest | None = None
+        #: Set by a script that checkpoints when restart_due() says so: only then is a
+        #: KILL_RESTART accepted (else the job would lose everything since its start).
+        self.restartable = False
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -361,12 +364,46 @@ class Agent:
         if cmd.job != s.job:
             raise Rejected("bad_request", f"command for job {cmd.job!r} sent to job {s.job!r}")
         if isinstance(cmd, KillRestart):
-            if cmd.rank != s.rank:
-                if delivery.subject == self.subjects.command_all(s.job):
-                    return None  # broadcast meant for another rank: its agent answers
-                raise Rejected("bad_request", f"kill_restart for rank {cmd.rank} sent to {s.rank}")
-            return self._ack(cmd.action_id, ok=False, error=KILL_RESTART_UNSUPPORTED)
+            return self._kill_restart(cmd)
         return self._adjust(cmd)
+
+    def _kill_restart(self, cmd: KillRestart) -> Ack:
+        """Every rank checkpoints at the step and exits; the group comes back with
+        `cmd.rank` moved off its host. Repeats of the same action are acked again."""
+        s = self.settings
+        with self._plan_lock:
+            next_step = self._next_step
+        known = self._restart
+        if known is not None and known.action_id == cmd.action_id:
+            return self._ack(cmd.action_id, ok=True, applied_step=known.step)
+        problem = restart.judge(cmd, next_step, s.world_size)
+        if not self.restartable:
+            problem = "this job's script does not checkpoint on request (agent.restartable)"
+        if problem is not None or known is not None:
+            reason = problem or f"a restart at step {known.step} is already pending"  # type: ignore[union-attr]
+            return self._ack(cmd.action_id, ok=False, error=reason)
+        self._restart = restart.RestartRequest(
+            cmd.action_id, cmd.checkpoint_step, cmd.avoid_hosts, cmd.rank
+        )
+        log.info("restart requested", job=s.job, step=cmd.checkpoint_step,
+                 avoid_hosts=list(cmd.avoid_hosts), action_id=cmd.action_id)  # fmt: skip
+        return self._ack(cmd.action_id, ok=True, applied_step=cmd.checkpoint_step)
+
+    def restart_due(self, step: int) -> bool:
+        """True once a KILL_RESTART asked this job to checkpoint at or before `step`
+        (the step just synced): checkpoint now, then call exit_for_restart()."""
+        request = self._restart
+        return request is not None and step >= request.step
+
+    def exit_for_restart(self) -> NoReturn:
+        """After the checkpoint of a requested restart: tell the launcher which hosts to
+        avoid, close the agent and exit with RESTART_EXIT_CODE."""
+        request = self._restart
+        if request is None:
+            raise RuntimeError("no restart was requested")
+        restart.write_request(os.environ.get("ANTDT_LAUNCH_DIR"), self.settings.rank, request)
+        self.close()
+        os._exit(restart.RESTART_EXIT_CODE)  # past torch's and atexit's teardown: no hang
 
     def _adjust(self, cmd: AdjustBatch) -> Ack:
         s, plan = self.settings, cmd.plan

@@ -9,25 +9,32 @@ call launch() from a thread that outlives the children (the main thread)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from antdt.agent.restart import RESTART_EXIT_CODE
 from antdt.runtime.servers import _die_with_parent, free_port
 
 #: How long children get to exit after SIGTERM before SIGKILL, seconds.
 GRACE_S = 5.0
+#: How long the other ranks get to finish their checkpoint and exit, seconds.
+RESTART_GRACE_S = 120.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
 def rank_env(
-    base: Mapping[str, str], rank: int, nproc: int, port: int, host_prefix: str
+    base: Mapping[str, str], rank: int, nproc: int, port: int, host: str
 ) -> dict[str, str]:
     env = dict(base)
     # The launcher's ranks are authoritative: a stray ANTDT_RANK would outrank RANK.
@@ -36,9 +43,48 @@ def rank_env(
     env.update(
         RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
         LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        ANTDT_HOST=f"{host_prefix}{rank}",
+        ANTDT_HOST=host,
     )  # fmt: skip
     return env
+
+
+@dataclass
+class Slots:
+    """Which host slot each rank runs on. One machine poses as `nproc + spare` hosts
+    (`<prefix><n>`); a restart requested with hosts to avoid moves their ranks to spare
+    slots, which stand in for healthy nodes (injected slowdowns name the old host)."""
+
+    nproc: int
+    spare: int = 0
+    prefix: str = "slot"
+    avoided: set[str] = field(default_factory=set)
+    hosts: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hosts = [f"{self.prefix}{rank}" for rank in range(self.nproc)]
+
+    def avoid(self, hosts: list[str]) -> list[str]:
+        """Move ranks off `hosts`; returns the moves made, as 'rank r: old -> new'."""
+        self.avoided.update(hosts)
+        free = [f"{self.prefix}{n}" for n in range(self.nproc + self.spare)]
+        free = [h for h in free if h not in self.avoided and h not in self.hosts]
+        moves = []
+        for rank, host in enumerate(self.hosts):
+            if host in self.avoided and free:
+                self.hosts[rank] = free.pop(0)
+                moves.append(f"rank {rank}: {host} -> {self.hosts[rank]}")
+        return moves
+
+
+def read_restart_requests(folder: Path) -> list[str]:
+    """Hosts the ranks were told to avoid (agent.exit_for_restart writes them); the
+    files are consumed."""
+    hosts: list[str] = []
+    for path in sorted(folder.glob("restart-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            hosts.extend(json.loads(path.read_text()).get("avoid_hosts", []))
+        path.unlink(missing_ok=True)
+    return hosts
 
 
 def exit_code(returncode: int) -> int:
@@ -77,36 +123,54 @@ def launch(
     env: dict[str, str] | None = None,
     host_prefix: str = "slot",
     max_restarts: int = 0,
+    spare_slots: int = 0,
+    max_requested_restarts: int = 3,
 ) -> int:
     """Run `command` as `nproc` ranks; returns 0 when all succeed, else the first
     non-zero exit code (the others are then stopped). `env` adds to os.environ.
     SIGINT/SIGTERM to the launcher are forwarded to every rank.
 
-    When a rank fails, the whole group is stopped and, up to `max_restarts` times,
-    started again (as torchrun does): each rank sees ANTDT_RESTART_COUNT (and
-    TORCHELASTIC_RESTART_COUNT) and is expected to resume from its last checkpoint."""
+    Restarts, as torchrun does them, of the whole group: after a rank failed (up to
+    `max_restarts`), or when the ranks exit with RESTART_EXIT_CODE because the
+    controller asked for a KILL_RESTART (up to `max_requested_restarts`; the ranks to
+    move go to one of `spare_slots` spare host slots). Each rank sees
+    ANTDT_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) and resumes from its checkpoint."""
     if nproc < 1:
         raise ValueError("nproc must be >= 1")
     if not command:
         raise ValueError("no command to launch")
-    if max_restarts < 0:
-        raise ValueError("max_restarts must be >= 0")
+    if max_restarts < 0 or max_requested_restarts < 0 or spare_slots < 0:
+        raise ValueError("restart and slot counts must be >= 0")
     base = {**os.environ, **(env or {})}
     stop_requested = threading.Event()  # the launcher was signalled: no restart then
-    code = 0
-    for attempt in range(max_restarts + 1):
-        base.update(ANTDT_RESTART_COUNT=str(attempt), TORCHELASTIC_RESTART_COUNT=str(attempt))
-        code = _run_group(nproc, command, base, host_prefix, stop_requested)
-        if code == 0 or stop_requested.is_set():
-            return code
-        if attempt < max_restarts:
-            print(f"antdt launch: a rank failed (exit {code}); restart {attempt + 1} of "
-                  f"{max_restarts}", flush=True)  # fmt: skip
-    return code
+    slots = Slots(nproc, spare_slots, host_prefix)
+    failures = requested = 0
+    with tempfile.TemporaryDirectory(prefix="antdt-launch-") as folder:
+        base["ANTDT_LAUNCH_DIR"] = folder
+        while True:
+            count = str(failures + requested)
+            base.update(ANTDT_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
+            code = _run_group(nproc, command, base, slots.hosts, stop_requested)
+            if code == 0 or stop_requested.is_set():
+                return code
+            if code == RESTART_EXIT_CODE and requested < max_requested_restarts:
+                requested += 1
+                moves = slots.avoid(read_restart_requests(Path(folder)))
+                _say(f"restart requested ({requested}/{max_requested_restarts}); "
+                     f"{'; '.join(moves) or 'no host moved'}")  # fmt: skip
+            elif code != RESTART_EXIT_CODE and failures < max_restarts:
+                failures += 1
+                _say(f"a rank failed (exit {code}); restart {failures} of {max_restarts}")
+            else:
+                return code
+
+
+def _say(message: str) -> None:
+    print(f"antdt launch: {message}", flush=True)
 
 
 def _run_group(
-    nproc: int, command: list[str], base: dict[str, str], host_prefix: str,
+    nproc: int, command: list[str], base: dict[str, str], hosts: list[str],
     stop_requested: threading.Event,
 ) -> int:  # fmt: skip
     port = free_port()
@@ -115,7 +179,7 @@ def _run_group(
     restore = _forward_signals(procs, stop_requested)
     try:
         for rank in range(nproc):
-            procs.append(_spawn(command, rank_env(base, rank, nproc, port, host_prefix)))
+            procs.append(_spawn(command, rank_env(base, rank, nproc, port, hosts[rank])))
         for rank, proc in enumerate(procs):
             threading.Thread(
                 target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True
@@ -127,18 +191,31 @@ def _run_group(
 
 
 def _supervise(procs: list[subprocess.Popen[bytes]], exits: queue.Queue[tuple[int, int]]) -> int:
-    first_failure = 0
+    """Wait for every rank. A failure stops the others (the collective job cannot go
+    on); a requested restart lets them finish their checkpoint and exit by themselves,
+    for up to RESTART_GRACE_S."""
+    first = 0
+    restart_deadline: float | None = None
     for _ in procs:
         while True:
             try:  # a timeout, so the main thread gets to run forwarded-signal handlers
                 _, code = exits.get(timeout=0.5)
                 break
             except queue.Empty:
-                continue
-        if code != 0 and first_failure == 0:
-            first_failure = exit_code(code)
-            _stop_all(procs)  # one rank failed: the collective job cannot go on
-    return first_failure
+                if restart_deadline is not None and time.monotonic() > restart_deadline:
+                    _stop_all(procs)
+                    restart_deadline = None
+        code = exit_code(code)
+        if code == 0 or first not in (0, RESTART_EXIT_CODE):
+            continue
+        if code == RESTART_EXIT_CODE:
+            first = first or code
+            if restart_deadline is None:
+                restart_deadline = time.monotonic() + RESTART_GRACE_S
+        else:
+            first = code
+            _stop_all(procs)
+    return first
 
 
 def _forward_signals(procs: list[subprocess.Popen[bytes]], stop_requested: threading.Event) -> Any:

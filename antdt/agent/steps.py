@@ -27,8 +27,8 @@ class Step:
 
     __slots__ = (
         "_comm_s", "_count_s", "_data_s", "_driver", "_finished", "_t0", "_t_yield", "_wall0",
-        "epoch", "index", "local_batch", "plan_version", "sample_ids", "synced",
-        "total_samples",
+        "epoch", "index", "local_batch", "micro_batch", "plan_version", "sample_ids",
+        "synced", "total_samples",
     )  # fmt: skip
 
     def __init__(
@@ -39,12 +39,22 @@ class Step:
         self.epoch = epoch
         self.plan_version = plan.version
         self.local_batch = plan.local_batch[driver.rank]
+        micro = plan.micro_batch[driver.rank] if plan.micro_batch else 0
+        self.micro_batch = micro or max(1, self.local_batch)
         self.sample_ids: list[int] = taken.ids
         self.total_samples = total
         self.synced = False
         self._finished = taken.finished
         self._t0 = self._t_yield = self._wall0 = 0.0
         self._data_s = self._count_s = self._comm_s = 0.0
+
+    @property
+    def micro_batches(self) -> list[list[int]]:
+        """The step's ids in chunks of the plan's micro-batch for this rank (antdt-dd:
+        what fits in memory); accumulate their gradients, each loss weighted by
+        len(chunk) / len(sample_ids), so the step's gradient is the mean over all ids."""
+        ids, size = self.sample_ids, self.micro_batch
+        return [ids[i : i + size] for i in range(0, len(ids), size)]
 
     def sync(self, model: Any = None) -> int:
         """End the step's compute: apply any injected slowdown, exchange batch-weighted

@@ -66,7 +66,9 @@ def main() -> None:
     out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
     checkpoints = Checkpoints.from_env(settings.rank)
     seen = checkpoints.resume(agent, model, optimizer)
+    agent.restartable = checkpoints.path is not None
     fault = Fault.from_env(settings.rank, settings.restart_count)
+    shrink = Shrink.from_env(settings.rank, settings.world_size)
     mode = "a" if settings.restart_count else "w"
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
     min_step_s = float(os.environ.get("ANTDT_DEMO_MIN_STEP_S", "0"))
@@ -74,10 +76,10 @@ def main() -> None:
     for epoch in agent.epochs():
         for step in agent.steps():
             ids = step.sample_ids
-            if ids:
-                index = torch.tensor(ids)
+            for chunk in step.micro_batches:  # one chunk unless the plan sets micro-batches
+                index = torch.tensor(chunk)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
-                loss.backward()
+                (loss * (len(chunk) / len(ids))).backward()
             step.sync(model)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(seen, total_samples, step.total_samples, settings)
@@ -99,8 +101,18 @@ def main() -> None:
                 time.sleep(max(0.0, min_step_s - (time.perf_counter() - started)))
             started = time.perf_counter()
             checkpoints.maybe_save(agent, step.index, model, optimizer, seen)
+            if agent.restart_due(step.index):  # the controller moves a rank off its host
+                checkpoints.save(agent, step.index, model, optimizer, seen)
+                torch.distributed.barrier()  # nobody leaves before rank 0 has saved
+                agent.exit_for_restart()
             fault.maybe_fail(step.index)
+            if shrink.at(step.index) and shrink.apply(agent):
+                break  # this rank left the job
+        if shrink.left:
+            break
     agent.close()
+    if shrink.left:
+        return
     if progress is not None:
         progress.close()
         result = {"accuracy": accuracy(model), "dropped_events": agent.dropped_events}
@@ -142,7 +154,13 @@ class Checkpoints:
     def maybe_save(
         self, agent: Any, step: int, model: torch.nn.Module, optimizer: Any, seen: int
     ) -> None:
-        if self.path is None or (step + 1) % self.every:
+        if self.path is not None and (step + 1) % self.every == 0:
+            self.save(agent, step, model, optimizer, seen)
+
+    def save(
+        self, agent: Any, step: int, model: torch.nn.Module, optimizer: Any, seen: int
+    ) -> None:
+        if self.path is None:
             return
         agent.commit(step)  # the ledger's snapshot first: a model without one is useless
         if self.rank == 0:
@@ -175,6 +193,50 @@ class Fault:
         if self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(1)
+
+
+class Shrink:
+    """An elastic shrink without rollback (ANTDT_DEMO_LEAVE="step=20"): after that step
+    the highest rank leaves (agent.leave hands its shards back from where its model got)
+    and the others re-form a smaller process group and train on; its updates so far
+    stay in the model."""
+
+    def __init__(self, step: int | None, rank: int, world: int) -> None:
+        self.step, self.rank, self.world, self.left = step, rank, world, False
+
+    @classmethod
+    def from_env(cls, rank: int, world: int) -> Shrink:
+        value = os.environ.get("ANTDT_DEMO_LEAVE", "")
+        step = int(value.split("=", 1)[1]) if value.startswith("step=") else None
+        return cls(step if world > 1 else None, rank, world)
+
+    def at(self, step: int) -> bool:
+        return self.step is not None and step == self.step
+
+    def apply(self, agent: Any) -> bool:
+        """True when this process left. Collective: every rank calls it at the step."""
+        dist = torch.distributed
+        port = torch.tensor([_free_port() if self.rank == 0 else 0])
+        dist.broadcast(port, 0)  # where the smaller group meets
+        dist.destroy_process_group()
+        if self.rank == self.world - 1:
+            agent.leave("elastic shrink")
+            self.left = True
+            return True
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=self.rank,
+            world_size=self.world - 1,
+        )  # fmt: skip
+        self.step = None
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -287,6 +287,48 @@ class Bus:
             raise BusError(f"request on {subject} timed out") from None
         return bytes(msg.data)
 
+    async def gather(
+        self,
+        subject: str,
+        model: BaseModel,
+        reply_type: type[R],
+        *,
+        timeout: float,
+        done: Callable[[list[R | ErrorReply]], bool] | None = None,
+    ) -> list[R | ErrorReply]:
+        """Scatter-gather: publish once with a private reply inbox and collect the replies
+        of every responder (e.g. all ranks on a broadcast subject) until `done(replies)`
+        holds or `timeout` passes. An ErrorReply is kept as such; a reply that is neither
+        is counted in `rejections` (pattern `gather`) and skipped."""
+        inbox = self.nc.new_inbox()
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_reply(msg: Msg) -> None:
+            queue.put_nowait(bytes(msg.data))
+
+        sub = await self.nc.subscribe(inbox, cb=on_reply)
+        replies: list[R | ErrorReply] = []
+        try:
+            headers = self.trace_headers() or None
+            await self.nc.publish(subject, encode(model), reply=inbox, headers=headers)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while done is None or not done(replies):
+                try:
+                    data = await asyncio.wait_for(queue.get(), deadline - loop.time())
+                except (TimeoutError, asyncio.TimeoutError):
+                    break
+                try:
+                    replies.append(decode_reply(data, reply_type))
+                except RequestRefused as exc:
+                    replies.append(exc.reply)
+                except BusError as exc:
+                    self.rejections.record("gather", "bad_reply", str(exc), subject)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return replies
+
     # -- subscribe -----------------------------------------------------------------
 
     async def subscribe(

@@ -25,6 +25,7 @@ from antdt.schemas.events import (
     StragglerClass,
 )
 from antdt.schemas.plan import JobSpec, Plan, PlanRequest, RegisterReply
+from antdt.schemas.restarts import BlocklistEntry, PendingRestart, RestartLedger
 from antdt.schemas.shards import (
     CommitReply,
     FetchStatus,
@@ -64,6 +65,7 @@ __all__ = [
     "ActionRecord",
     "ActionResult",
     "AdjustBatch",
+    "BlocklistEntry",
     "Cause",
     "Command",
     "CommitReply",
@@ -77,6 +79,7 @@ __all__ = [
     "JobSpec",
     "Keys",
     "KillRestart",
+    "PendingRestart",
     "Plan",
     "PlanRequest",
     "RankHealth",
@@ -84,6 +87,7 @@ __all__ = [
     "RankState",
     "RegisterReply",
     "ReleaseReply",
+    "RestartLedger",
     "RestoreReply",
     "ShardCommit",
     "ShardFetch",

@@ -75,7 +75,11 @@ class ActionRecord(WireModel):
     local_batch: tuple[Count, ...] | None = None
     micro_batch: tuple[Count, ...] | None = None
     accumulation: tuple[int, ...] | None = None
-    effective_step: Count | None = None
+    effective_step: Count | None = Field(
+        default=None, description="adjust_batch: the plan's first step; kill_restart: checkpoint"
+    )
+    rank: Rank | None = Field(default=None, description="kill_restart: the rank moved")
+    host: str | None = Field(default=None, max_length=128, description="kill_restart: host left")
     decided_at: Timestamp
     completed_at: Timestamp
     result: ActionResult

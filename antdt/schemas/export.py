@@ -18,6 +18,8 @@ EXPORTED: dict[str, Any] = {
     "Incident": schemas.Incident,
     "JobSpec": schemas.JobSpec,
     "Plan": schemas.Plan,
+    "RestartLedger": schemas.RestartLedger,
+    "BlocklistEntry": schemas.BlocklistEntry,
     "PlanRequest": schemas.PlanRequest,
     "RegisterReply": schemas.RegisterReply,
     "Command": schemas.COMMAND_ADAPTER,

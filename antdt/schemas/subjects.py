@@ -99,6 +99,16 @@ class Keys:
     def blocklist(self, host: str) -> str:
         return f"{self.prefix}blocklist/{host}"
 
+    def blocklists(self) -> str:
+        """Prefix of every blocklist key (all hosts, all jobs)."""
+        return f"{self.prefix}blocklist/"
+
+    def host_of_blocklist_key(self, key: str) -> str | None:
+        """The host of a `blocklist/{host}` key, None for other keys."""
+        if not key.startswith(self.blocklists()):
+            return None
+        return key[len(self.blocklists()) :] or None
+
     def job_of_spec_key(self, key: str) -> str | None:
         """The job id of a `jobs/{job}/spec` key, None for other keys."""
         if not key.startswith(self.jobs()) or not key.endswith("/spec"):

@@ -100,6 +100,27 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
     assert undone, "the failed run trained past its checkpoint: those steps are redone"
 
 
+# ------------------------------------------ a rank removed without a rollback
+
+
+async def test_a_rank_removed_without_rollback_hands_back_exactly_what_it_had_not_trained(
+    settings: ServiceSettings, tmp_path: Path, unique: str
+) -> None:
+    """After step 20 (mid-epoch 0) the highest rank leaves (agent.leave) and the other
+    two re-form a smaller gloo group and train on: no rollback, so the leaver's updates
+    stay in the model and only its untrained remainder goes back to the ledger."""
+    running = await start_services(settings, names=("controller", "shards"))
+    try:
+        env = job_env(settings, f"shrink-{unique}", tmp_path, ANTDT_DEMO_LEAVE="step=20")
+        assert await run_job(env) == 0
+    finally:
+        await running.runtime.shutdown()
+    lines = audit(tmp_path)
+    leaver = [ln["step"] for ln in lines if ln["rank"] == WORLD - 1 and "ids" in ln]
+    stayers = [ln["step"] for ln in lines if ln["rank"] == 0 and "ids" in ln]
+    assert max(leaver) == 20 and max(stayers) > 40
+
+
 # ---------------------------------------------- infrastructure faults, one run
 
 

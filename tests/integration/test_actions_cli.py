@@ -1,19 +1,20 @@
 """`antdt actions --job J` after real actions: applied (one with gradient accumulation) and
 refused proposals executed by the real controller, read back from JetStream ANTDT_ACTIONS
-and rendered (rich Console(record=True)); the Typer command prints the same."""
+and rendered (rich Console(record=True)); the `antdt actions` command prints the same."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
 from rich.console import Console
-from typer.testing import CliRunner
 
 from antdt.bench.ranks import AckingRanks
-from antdt.cli import app
 from antdt.cli_actions import actions_table, fetch_actions
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
@@ -87,14 +88,15 @@ async def test_actions_lists_decisions_reasons_and_results(
     ):  # fmt: skip
         assert expected in text, expected
 
+    # The command itself, as a user runs it (its own process: it configures logging).
+    env = {**os.environ, "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix}
+    command = [sys.executable, "-m", "antdt.cli", "actions", "--job", job,
+               "--nats-url", settings.nats.url]  # fmt: skip
     result = await asyncio.to_thread(
-        CliRunner().invoke,
-        app,
-        ["actions", "--job", job, "--nats-url", settings.nats.url],
-        env={"ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix},
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
     )
-    assert result.exit_code == 0, result.output
-    assert "24=12x2" in result.output and "refused" in result.output
+    assert result.returncode == 0, result.stderr
+    assert "24=12x2" in result.stdout and "refused" in result.stdout
 
     none, _ = await fetch_actions(settings.nats, "no-such-job", limit=100)
     empty = Console(record=True, width=120, file=io.StringIO())

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from antdt.agent import KILL_RESTART_UNSUPPORTED, Agent, AgentError
+from antdt.agent import Agent, AgentError
 from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import free_port
@@ -178,7 +178,7 @@ async def test_adjust_batch_acks_refusals_and_plan_switch(
     await asyncio.to_thread(agent.close)
 
 
-async def test_kill_restart_is_refused_for_now(
+async def test_kill_restart_is_acked_by_a_restartable_rank_and_falls_due_at_its_step(
     services: RunningServices,
     settings: ServiceSettings,
     unique: str,
@@ -187,10 +187,20 @@ async def test_kill_restart_is_refused_for_now(
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     agent = await start(agent_settings(settings.nats, unique, 0, 1), agents_to_close)
-    kill = KillRestart(action_id="k1", job=unique, rank=0, checkpoint_step=10)
-    ack = await bus.request(subjects.command(unique, 0), kill, Ack)
-    assert not ack.ok and ack.error == KILL_RESTART_UNSUPPORTED
-    with pytest.raises(RequestRefused, match="bad_request"):
-        other = kill.model_copy(update={"rank": 3})
-        await bus.request(subjects.command(unique, 0), other, Ack)
+    kill = KillRestart(action_id="k1", job=unique, rank=0, checkpoint_step=10, avoid_hosts=("h0",))
+    refused = await bus.request(subjects.command(unique, 0), kill, Ack)
+    assert not refused.ok and "checkpoint" in (refused.error or "")  # the script cannot
+    agent.restartable = True
+    for subject in (subjects.command(unique, 0), subjects.command_all(unique)):
+        ack = await bus.request(subject, kill, Ack)  # a repeat is acked again
+        assert ack.ok and ack.applied_step == 10
+    other = await bus.request(
+        subjects.command(unique, 0), kill.model_copy(update={"action_id": "k2"}), Ack
+    )
+    assert not other.ok and "pending" in (other.error or "")
+    assert not agent.restart_due(9) and agent.restart_due(10)
+    bad = await bus.request(
+        subjects.command(unique, 0), kill.model_copy(update={"rank": 3, "action_id": "k3"}), Ack
+    )
+    assert not bad.ok and "outside" in (bad.error or "")
     await asyncio.to_thread(agent.close)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from antdt.agent.launch import exit_code, launch, rank_env
+from antdt.agent.launch import Slots, exit_code, launch, rank_env
 from tests.helpers import wait_for_sync
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ANTDT_HOST",
@@ -83,7 +83,45 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path) -> None:
 
 
 def test_rank_env_and_exit_codes() -> None:
-    env = rank_env({"ANTDT_WORLD_SIZE": "9", "PATH": "/bin"}, 1, 2, 1234, "slot")
+    env = rank_env({"ANTDT_WORLD_SIZE": "9", "PATH": "/bin"}, 1, 2, 1234, "slot1")
     assert env["ANTDT_HOST"] == "slot1" and env["MASTER_PORT"] == "1234"
     assert "ANTDT_WORLD_SIZE" not in env and env["PATH"] == "/bin"
     assert exit_code(-9) == 137 and exit_code(2) == 2
+
+
+# Run 0: every rank records its host; rank 1 asks the launcher to avoid its host and all
+# exit with the restart code. Run 1 records the hosts again and ends.
+RESTART_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+out, rank = Path(sys.argv[1]), os.environ["RANK"]
+run = os.environ["ANTDT_RESTART_COUNT"]
+(out / f"run{run}-rank{rank}").write_text(os.environ["ANTDT_HOST"])
+if run == "0":
+    if rank == "1":
+        Path(os.environ["ANTDT_LAUNCH_DIR"], "restart-1.json").write_text(
+            json.dumps({"avoid_hosts": [os.environ["ANTDT_HOST"]]}))
+    sys.exit(75)
+"""
+
+
+def test_a_requested_restart_moves_the_rank_off_the_avoided_host(tmp_path: Path) -> None:
+    code = launch(3, [sys.executable, "-c", RESTART_SCRIPT, str(tmp_path)], spare_slots=1)
+    assert code == 0
+    hosts = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert [hosts[f"run0-rank{r}"] for r in range(3)] == ["slot0", "slot1", "slot2"]
+    assert [hosts[f"run1-rank{r}"] for r in range(3)] == ["slot0", "slot3", "slot2"]
+
+
+def test_failures_are_restarted_up_to_the_limit(tmp_path: Path) -> None:
+    script = "import os, sys; sys.exit(0 if os.environ['ANTDT_RESTART_COUNT'] == '2' else 4)"
+    assert launch(2, [sys.executable, "-c", script], max_restarts=2) == 0
+    assert launch(2, [sys.executable, "-c", script], max_restarts=1) == 4
+
+
+def test_slots_move_only_avoided_hosts_and_never_back() -> None:
+    slots = Slots(4, spare=2)
+    assert slots.avoid(["slot3"]) == ["rank 3: slot3 -> slot4"]
+    assert slots.avoid(["slot4"]) == ["rank 3: slot4 -> slot5"]
+    assert slots.avoid(["slot5"]) == []  # no spare left: the rank stays
+    assert slots.hosts == ["slot0", "slot1", "slot2", "slot5"]

@@ -157,7 +157,7 @@ def test_load_policy_by_entry_point_name(name: str, cls: type) -> None:
 def test_load_policy_falls_back_to_builtins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "entry_points", lambda group: [])
     assert isinstance(load_policy("lb-bsp"), LbBspPolicy)
-    assert registry.available_policies() == ("antdt-dd", "lb-bsp", "none")
+    assert registry.available_policies() == ("antdt-dd", "antdt-nd", "lb-bsp", "none")
 
 
 def test_unknown_policy_is_refused_with_the_known_names() -> None:

@@ -5,18 +5,23 @@
   reports the plan's version and at least `settle_steps` steps past its effective step;
 - hysteresis: act only when the predicted step time improves by at least `min_gain`;
 - bounds: per-rank [min_local_batch, min(max_local_batch, memory cap)];
-- bounded change: a rank's batch moves by at most `max_change` of max(its batch, mean).
+- bounded change: a rank's batch moves by at most `max_change` of max(its batch, mean);
+- restarts: at most `restart_budget` KILL_RESTARTs per job, `restart_cooldown_s` apart,
+  one in flight at a time (until the job is seen to resume, or `restart_timeout_s`), and
+  no decision until `settle_steps` steps after the job resumed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.plans import upper_bounds
-from antdt.services.controller.policies.base import JobView
+
+if TYPE_CHECKING:  # policies import the guardrails
+    from antdt.services.controller.policies.base import JobView
 
 T = TypeVar("T", int, float, str, bool)
 
@@ -43,6 +48,9 @@ class Guardrails:
     settle_steps: int = 8  # one detector window: every rank has a post-switch window
     min_gain: float = 0.20  # below this, on shared cores, a re-plan mostly chases noise
     max_change: float = 0.75  # a 3x (even 5x) straggler of 4 is fixed in one move
+    restart_budget: int = 2  # KILL_RESTARTs per job
+    restart_cooldown_s: float = 60.0  # between two KILL_RESTART decisions
+    restart_timeout_s: float = 600.0  # a restart not seen to resume stops blocking then
 
     @classmethod
     def from_params(cls, params: Mapping[str, PolicyParam]) -> Guardrails:
@@ -51,6 +59,9 @@ class Guardrails:
             settle_steps=read_param(params, "settle_steps", cls.settle_steps),
             min_gain=read_param(params, "min_gain", cls.min_gain),
             max_change=read_param(params, "max_change", cls.max_change),
+            restart_budget=read_param(params, "restart_budget", cls.restart_budget),
+            restart_cooldown_s=read_param(params, "restart_cooldown_s", cls.restart_cooldown_s),
+            restart_timeout_s=read_param(params, "restart_timeout_s", cls.restart_timeout_s),
         )
         if rails.cooldown_s < 0 or rails.settle_steps < 0:
             raise ValueError("cooldown_s and settle_steps must be >= 0")
@@ -58,7 +69,28 @@ class Guardrails:
             raise ValueError("min_gain must be in [0, 1)")
         if not rails.max_change > 0:
             raise ValueError("max_change must be > 0")
+        if rails.restart_budget < 0 or rails.restart_cooldown_s < 0:
+            raise ValueError("restart_budget and restart_cooldown_s must be >= 0")
+        if not rails.restart_timeout_s > 0:
+            raise ValueError("restart_timeout_s must be > 0")
         return rails
+
+    def restart_in_flight(self, view: JobView) -> bool:
+        """A restart was decided and the job has not been seen to resume (nor timed out)."""
+        pending = view.restarts.pending
+        return pending is not None and view.now - pending.decided_at < self.restart_timeout_s
+
+    def restart_hold_reason(self, view: JobView) -> str | None:
+        """Why no KILL_RESTART may be decided on this view now (None: it may)."""
+        ledger = view.restarts
+        if ledger.count >= self.restart_budget:
+            return f"restart budget used ({ledger.count} of {self.restart_budget})"
+        if self.restart_in_flight(view):
+            return "a restart is in flight"
+        last = ledger.last_decided_at
+        if last is not None and view.now - last < self.restart_cooldown_s:
+            return "restart cooling down"
+        return None
 
     def hold_reason(self, view: JobView) -> str | None:
         """Why no policy may act on this view now (None: it may)."""
@@ -68,6 +100,11 @@ class Guardrails:
             return "plan does not match the job's world size"
         if view.last_action_at is not None and view.now - view.last_action_at < self.cooldown_s:
             return "cooling down"
+        if self.restart_in_flight(view):
+            return "a restart is in flight"
+        resumed = view.restarts.last_checkpoint_step
+        if resumed is not None and view.health.step < resumed + 1 + self.settle_steps:
+            return "settling after the restart"
         if view.health.plan_version < view.plan.version:
             return "current plan not measured yet"
         if view.health.step < view.plan.effective_step + self.settle_steps:

@@ -110,20 +110,28 @@ def change_violation(old: Sequence[int], new: Sequence[int], max_change: float) 
 
 
 def hold_reason(view: JobView, rails: Guardrails) -> str | None:
-    """The timing guardrails: cooldown always; measured and settled plan when health is
-    known (a proposal brings its own figures, so no health is no reason to wait)."""
+    """The timing guardrails: cooldown and no restart in flight always; measured and
+    settled plan (and restart) when health is known (a proposal brings its own figures,
+    so no health is no reason to wait)."""
     if view.last_action_at is not None and view.now - view.last_action_at < rails.cooldown_s:
         ago = view.now - view.last_action_at
         return f"cooling down: last action {ago:.1f}s ago, cooldown_s is {rails.cooldown_s:g}"
-    health = view.health
-    if health is not None:
-        if health.plan_version < view.plan.version:
-            return f"plan version {view.plan.version} not measured yet"
-        if health.step < view.plan.effective_step + rails.settle_steps:
-            return (
-                f"settling after the plan switch: step {health.step} < "
-                f"{view.plan.effective_step} + settle_steps {rails.settle_steps}"
-            )
+    pending = view.restarts.pending
+    if pending is not None and rails.restart_in_flight(view):
+        return f"a restart is in flight ({pending.action_id}, step {pending.checkpoint_step})"
+    health, plan = view.health, view.plan
+    if health is None:
+        return None
+    resumed = view.restarts.last_checkpoint_step
+    if resumed is not None and health.step < resumed + 1 + rails.settle_steps:
+        return f"settling after the restart from step {resumed}"
+    if health.plan_version < plan.version:
+        return f"plan version {plan.version} not measured yet"
+    if health.step < plan.effective_step + rails.settle_steps:
+        return (
+            f"settling after the plan switch: step {health.step} < "
+            f"{plan.effective_step} + settle_steps {rails.settle_steps}"
+        )
     return None
 
 
@@ -143,18 +151,6 @@ def proposal_action_id(job: str, proposal_id: str) -> str:
         return action_id
     digest = hashlib.sha256(action_id.encode()).hexdigest()[:24]
     return f"{job[:80]}-proposal-{digest}"
-
-
-def view_of(state: JobState, now: float) -> JobView:
-    return JobView(
-        spec=state.spec,
-        plan=state.plan,
-        health=state.health,
-        open_incidents=tuple(state.incidents.values()),
-        memory_caps=dict(state.memory_caps),
-        last_action_at=state.last_action_at,
-        now=now,
-    )
 
 
 def _running(
@@ -220,7 +216,7 @@ class ProposalDesk:
             source=f"proposal:{proposal.source}"[:64],
         )
         now = time.time()
-        refusal = check_proposal(view_of(state, now), proposal, rails_for(state.spec))
+        refusal = check_proposal(state.view(now), proposal, rails_for(state.spec))
         if refusal is not None:
             # A distinct id: ANTDT_ACTIONS de-duplicates by action id, and a retry of this
             # proposal may yet be executed under the plain one.

@@ -3,11 +3,13 @@
 Registration and plan reads are served by any replica (queue group). Health, incidents and
 hellos reach every replica; only the job's owner (`owners/controller/{job}`) asks its
 policy and lets the executor act. Takeover: a replica that claims a job rebuilds its
-state from etcd and re-sends the current plan (agents treat a known version as a no-op)."""
+state from etcd (spec, plan, restart ledger) and, on the job's first health, re-sends the
+current plan (agents treat a known version as a no-op) and finishes an action the dead
+owner left in flight (`Restarter.resume`). Every replica follows the host blocklist
+(`blocklist/` in etcd) with a watch."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import structlog
@@ -21,7 +23,6 @@ from antdt.runtime.store import Compare, Get, Put, Store
 from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,
-    AdjustBatch,
     Incident,
     IncidentState,
     JobHealth,
@@ -31,12 +32,14 @@ from antdt.schemas import (
     PlanRequest,
     RankHello,
     RegisterReply,
+    RestartLedger,
     Subjects,
 )
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.policies import load_policy
-from antdt.services.controller.policies.base import JobView, Policy
+from antdt.services.controller.policies.base import AdjustBatchAction, Policy
 from antdt.services.controller.proposals import ProposalDesk
+from antdt.services.controller.restarter import Restarter
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
@@ -45,6 +48,9 @@ QUEUE_GROUP = "antdt-controller"
 
 class ControllerSettings(ServiceSettings):
     lead_steps: int = Field(default=3, ge=1, description="Steps between decision and effect")
+    restart_lead_steps: int = Field(
+        default=5, ge=1, description="Steps between a KILL_RESTART decision and its checkpoint"
+    )
     ack_timeout_s: float = Field(default=0.5, gt=0, description="Wait per command attempt, s")
     ack_deadline_s: float = Field(default=5.0, gt=0, description="Give up on acks after, s")
     action_retention_s: float = Field(
@@ -70,9 +76,10 @@ class ControllerService:
             ack_timeout_s=settings.ack_timeout_s,
             ack_deadline_s=settings.ack_deadline_s,
         )
+        self.restarter = Restarter(self.executor, restart_lead_steps=settings.restart_lead_steps)
         self.jobs: dict[str, JobState] = {}
         self.policies: dict[str, Policy] = {}
-        self._background: set[asyncio.Task[list[int]]] = set()
+        self.blocklist: set[str] = set()  # hosts under `blocklist/` (all jobs)
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -94,6 +101,7 @@ class ControllerService:
         desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
         await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
+        runtime.spawn("blocklist", self._follow_blocklist())
         runtime.spawn(
             "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
         )
@@ -175,22 +183,39 @@ class ControllerService:
         plan = await self.store.get_model(self.keys.plan(job), Plan)
         if spec is None or plan is None:
             return None
-        if job in self.jobs:  # another handler loaded it while we read etcd: one state, one lock
-            return self.jobs[job]
+        ledger = await self.store.get_model(self.keys.restarts(job), RestartLedger)
         state = JobState(spec=spec[0], plan=plan[0], plan_revision=plan[1])
-        self.jobs[job] = state
-        if state.plan.version > 0:  # a takeover: make sure every rank has the current plan
-            command = AdjustBatch(action_id=f"{job}-plan-{plan[0].version}", job=job, plan=plan[0])
-            task = asyncio.create_task(self.executor.send_to_all(state.spec.world_size, command))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        return state
+        if ledger is not None:
+            state.restarts, state.restarts_revision = ledger
+        # A takeover (or a restart of this replica): finish what was in flight.
+        state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
+        self.jobs.setdefault(job, state)
+        return self.jobs[job]
+
+    async def _follow_blocklist(self) -> None:
+        """Keep `self.blocklist` equal to the hosts under `blocklist/` (any job's)."""
+        prefix = self.keys.blocklists()
+        revision = await self.store.current_revision()
+        for item in await self.store.get_prefix(prefix, keys_only=True):
+            host = self.keys.host_of_blocklist_key(item.key)
+            if host:
+                self.blocklist.add(host)
+        async for event in self.store.watch_prefix(prefix, start_revision=revision + 1):
+            host = self.keys.host_of_blocklist_key(event.key)
+            if host and event.kind == "put":
+                self.blocklist.add(host)
+            elif host:
+                self.blocklist.discard(host)
 
     # -- events (owner only) -----------------------------------------------------------------------
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         state = await self._state(hello.job)
-        if state is not None and hello.max_local_batch is not None:
+        if state is None or hello.rank >= state.spec.world_size:
+            return
+        state.hosts[hello.rank] = hello.host
+        state.started[hello.rank] = hello.started_at
+        if hello.max_local_batch is not None:
             state.memory_caps[hello.rank] = hello.max_local_batch
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
@@ -198,6 +223,15 @@ class ControllerService:
         if state is None:
             return
         state.health = health
+        if state.resume_pending:  # first, so that measuring cannot drop what it finishes
+            async with state.busy:
+                if state.resume_pending:
+                    state.resume_pending = False
+                    await self.restarter.resume(state, frozenset(self.blocklist))
+        try:
+            await self.restarter.observe(state, health)
+        except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
+            log.warning("restart cost not observed", job=health.job, error=str(exc))
         await self._decide(state, health)
 
     async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
@@ -215,19 +249,14 @@ class ControllerService:
             return
         async with state.busy:
             policy = self._policy(state.spec.policy)
-            view = JobView(
-                spec=state.spec,
-                plan=state.plan,
-                health=state.health,
-                open_incidents=tuple(state.incidents.values()),
-                memory_caps=dict(state.memory_caps),
-                last_action_at=state.last_action_at,
-                now=time.time(),
-            )
+            view = state.view(time.time(), frozenset(self.blocklist))
             for action in policy.decide(view, event):
                 if not self.ownership.owns(state.spec.job):
                     return
-                await self.executor.adjust_batch(state, action)
+                if isinstance(action, AdjustBatchAction):
+                    await self.executor.adjust_batch(state, action)
+                else:
+                    await self.restarter.kill_restart(state, action, view)
 
     def _policy(self, name: str) -> Policy:
         if name not in self.policies:

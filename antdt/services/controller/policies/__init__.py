@@ -9,10 +9,12 @@ from antdt.services.controller.policies.base import (
     Action,
     AdjustBatchAction,
     JobView,
+    KillRestartAction,
     Policy,
 )
 from antdt.services.controller.policies.dd import DdPolicy
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
+from antdt.services.controller.policies.nd import AntDtNdPolicy
 from antdt.services.controller.policies.none import NonePolicy
 
 ENTRY_POINT_GROUP = "antdt.policies"
@@ -21,6 +23,7 @@ ENTRY_POINT_GROUP = "antdt.policies"
 BUILTIN_POLICIES: dict[str, Callable[[], Policy]] = {
     "none": NonePolicy,
     "lb-bsp": LbBspPolicy,
+    "antdt-nd": AntDtNdPolicy,
     "antdt-dd": DdPolicy,
 }
 
@@ -54,8 +57,10 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Action",
     "AdjustBatchAction",
+    "AntDtNdPolicy",
     "DdPolicy",
     "JobView",
+    "KillRestartAction",
     "LbBspPolicy",
     "NonePolicy",
     "Policy",

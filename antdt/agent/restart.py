@@ -1,0 +1,47 @@
+"""KILL_RESTART on the rank's side: the controller asks the job to checkpoint at a step
+and come back with one rank moved off its host. Every rank acts on it: at the step, the
+script checkpoints (agent.commit + its model) and calls agent.exit_for_restart(), which
+tells the launcher which hosts to avoid and exits with RESTART_EXIT_CODE; the launcher
+restarts the whole group and the ranks restore from that checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from antdt.schemas import KillRestart
+
+#: The exit code of a rank that checkpointed for a requested restart (EX_TEMPFAIL);
+#: `antdt launch` restarts the group on it (torchrun restarts on any failure).
+RESTART_EXIT_CODE = 75
+
+
+@dataclass(frozen=True)
+class RestartRequest:
+    action_id: str
+    step: int
+    avoid_hosts: tuple[str, ...]
+    rank: int
+
+
+def judge(cmd: KillRestart, next_step: int, world_size: int) -> str | None:
+    """Why this rank cannot honour the command (None: it can)."""
+    if cmd.rank >= world_size:
+        return f"kill_restart names rank {cmd.rank} outside a job of {world_size}"
+    if cmd.checkpoint_step < next_step:
+        return f"checkpoint step {cmd.checkpoint_step} has passed (next step {next_step})"
+    return None
+
+
+def write_request(folder: str | None, rank: int, request: RestartRequest) -> Path | None:
+    """Leave the hosts to avoid where the launcher looks (ANTDT_LAUNCH_DIR)."""
+    if not folder:
+        return None
+    path = Path(folder) / f"restart-{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"action_id": request.action_id, "step": request.step,
+                               "avoid_hosts": list(request.avoid_hosts)}))  # fmt: skip
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,234 @@
+"""The `antdt-nd` policy: AntDT for non-dedicated (shared) clusters.
+
+Two actions, as in the AntDT paper; the rules and constants below are ours (the paper
+does not publish its thresholds):
+
+- ADJUST_BS at once, for transient and persistent stragglers alike: the decision of
+  `lb-bsp` (batches proportional to measured speed, same parameters and guardrails).
+- KILL_RESTART for a persistent straggler (an open SLOW incident of class persistent
+  on the host the rank runs on now) when it pays:
+
+      saving = remaining_steps x (T_now - T_after)  >=  min_saving_ratio x restart_cost
+
+  T_now is the predicted step time of the best batch plan with the straggler as it is,
+  T_after the same with the rank as fast as the median of the others (the replacement
+  host is assumed healthy); remaining_steps comes from the spec and the latest health;
+  restart_cost is the mean measured restart cost of this job (time from the checkpoint
+  step to the first step after the restart) or, before any measurement, the parameter
+  `restart_cost_s`. It also needs a replacement host (see `host_pool`), the restart
+  budget, no restart in flight, the restart cooldown, and the common guardrails.
+  The action carries the plan for after the restart (`local_batch_after`: batches
+  proportional to the speeds with the rank healthy), and the rank's host goes on the
+  blocklist. Only one action per decision: a restart is never combined with ADJUST_BS.
+
+Parameters (``JobSpec.policy_params``), besides those of `lb-bsp` (variant, cooldown_s,
+settle_steps, min_gain, max_change, step) and the restart guardrails:
+
+==================  =======  =====================================================
+name                default  meaning
+==================  =======  =====================================================
+restart_cost_s      30.0     assumed restart cost, s, until one has been measured
+min_saving_ratio    2.0      restart only if the saving is at least this many times
+                             the restart cost (> 0 in any case)
+host_pool           ""       comma-separated hosts the job may use; a restart needs
+                             one that no rank uses and nobody blocklisted. "" means
+                             the launcher or scheduler always finds another host
+restart_budget      2        KILL_RESTARTs per job
+restart_cooldown_s  60.0     seconds between two KILL_RESTART decisions
+restart_timeout_s   600.0    a restart not seen to resume stops blocking after this
+==================  =======  =====================================================
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
+from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.guardrails import Guardrails, batch_bounds, read_param
+from antdt.services.controller.plans import predicted_step_time, proportional_shares
+from antdt.services.controller.policies.base import (
+    Action,
+    JobView,
+    KillRestartAction,
+    restart_action_id,
+)
+from antdt.services.controller.policies.lbbsp import LbBspPolicy, measured_speeds
+
+
+@dataclass(frozen=True)
+class NdParams:
+    rails: Guardrails
+    restart_cost_s: float = 30.0
+    min_saving_ratio: float = 2.0
+    host_pool: tuple[str, ...] = ()
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, PolicyParam]) -> NdParams:
+        pool = read_param(params, "host_pool", "")
+        nd = cls(
+            rails=Guardrails.from_params(params),
+            restart_cost_s=read_param(params, "restart_cost_s", cls.restart_cost_s),
+            min_saving_ratio=read_param(params, "min_saving_ratio", cls.min_saving_ratio),
+            host_pool=tuple(h.strip() for h in pool.split(",") if h.strip()),
+        )
+        if nd.restart_cost_s < 0 or nd.min_saving_ratio < 0:
+            raise ValueError("restart_cost_s and min_saving_ratio must be >= 0")
+        return nd
+
+
+@dataclass(frozen=True)
+class RestartEstimate:
+    """The cost model's figures for restarting one rank on a healthy host."""
+
+    step_now_s: float
+    step_after_s: float
+    steps_left: int
+    plan_after: tuple[int, ...] | None
+
+    @property
+    def saving_s(self) -> float:
+        return max(0.0, self.step_now_s - self.step_after_s) * self.steps_left
+
+
+class AntDtNdPolicy:
+    """AntDT-ND: ADJUST_BS at once, KILL_RESTART when it pays; see the module docstring."""
+
+    name = "antdt-nd"
+
+    def __init__(self) -> None:
+        self._adjust = LbBspPolicy()
+
+    def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
+        params = NdParams.from_params(view.spec.policy_params)
+        restart = decide_restart(view, event, params)
+        if restart is not None:
+            return [restart]
+        return [
+            replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
+            for action in self._adjust.decide(view, event)
+        ]
+
+
+def decide_restart(
+    view: JobView, event: JobHealth | Incident, params: NdParams
+) -> KillRestartAction | None:
+    """The KILL_RESTART this view calls for, if any (pure)."""
+    rails = params.rails
+    if rails.hold_reason(view) is not None or rails.restart_hold_reason(view) is not None:
+        return None
+    speeds = measured_speeds(view)
+    cost = view.restarts.measured_cost_s
+    cost_s, measured = (params.restart_cost_s, False) if cost is None else (cost, True)
+    for incident in persistent_stragglers(view, event):
+        host = view.hosts.get(incident.rank, incident.host)
+        if not replacement_available(view, params, host):
+            continue
+        estimate = estimate_restart(view, incident.rank, speeds)
+        if estimate is None or estimate.saving_s <= 0:
+            continue
+        if estimate.saving_s < params.min_saving_ratio * cost_s:
+            continue
+        return KillRestartAction(
+            action_id=restart_action_id(view),
+            rank=incident.rank,
+            host=host,
+            reason=_reason(incident, host, estimate, params, cost_s, measured),
+            incident_id=incident.id,
+            local_batch_after=estimate.plan_after,
+            expected_saving_s=estimate.saving_s,
+            restart_cost_s=cost_s,
+        )
+    return None
+
+
+def persistent_stragglers(view: JobView, event: JobHealth | Incident) -> list[Incident]:
+    """Open persistent SLOW incidents about the host each rank runs on now, worst first.
+    An incident about a host the rank has left (an earlier restart) does not count."""
+    incidents = {i.id: i for i in view.open_incidents}
+    if isinstance(event, Incident):
+        incidents[event.id] = event
+    found = [
+        i
+        for i in incidents.values()
+        if i.kind == IncidentKind.SLOW
+        and i.straggler_class == StragglerClass.PERSISTENT
+        and i.state != IncidentState.RESOLVED
+        and 0 <= i.rank < view.spec.world_size
+        and view.hosts.get(i.rank, i.host) == i.host
+    ]
+    return sorted(found, key=lambda i: (-i.ratio, i.rank))
+
+
+def replacement_available(view: JobView, params: NdParams, host: str) -> bool:
+    """A host to move the rank to: one of the pool that no rank uses and nobody
+    blocklisted; without a pool the launcher or scheduler is trusted to find one."""
+    if not params.host_pool:
+        return True
+    in_use = set(view.hosts.values()) | {host}
+    return any(h not in in_use and h not in view.blocklist for h in params.host_pool)
+
+
+def estimate_restart(
+    view: JobView, rank: int, speeds: Sequence[float | None]
+) -> RestartEstimate | None:
+    """Step times now and with `rank` as fast as the median of the others, both under the
+    best batch plan; None when speeds or the remaining length are unknown."""
+    steps_left = view.remaining_steps
+    own = speeds[rank] if 0 <= rank < len(speeds) else None
+    others = [s for r, s in enumerate(speeds) if r != rank and s is not None]
+    if steps_left is None or own is None or not others:
+        return None
+    healed = list(speeds)
+    healed[rank] = max(own, statistics.median(others))
+    now = _best_plan(view, speeds)
+    after = _best_plan(view, healed)
+    if now is None or after is None:
+        return None
+    plan_after = after[0] if after[0] != tuple(view.plan.local_batch) else None
+    return RestartEstimate(now[1], after[1], steps_left, plan_after)
+
+
+def _best_plan(
+    view: JobView, speeds: Sequence[float | None]
+) -> tuple[tuple[int, ...], float] | None:
+    """Batches proportional to speed within the bounds (ranks of unknown speed keep
+    theirs) and the predicted step time of the known ranks under it."""
+    current = view.plan.local_batch
+    _, upper = batch_bounds(view)
+    known = [r for r, s in enumerate(speeds) if s is not None]
+    kept = sum(b for r, b in enumerate(current) if r not in known)
+    known_speeds = [float(speeds[r] or 0.0) for r in known]
+    try:
+        shares = proportional_shares(
+            view.spec.global_batch - kept,
+            known_speeds,
+            min_b=view.spec.min_local_batch,
+            caps={i: upper[r] for i, r in enumerate(known)},
+        )
+    except ValueError:
+        return None
+    plan = list(current)
+    for i, r in enumerate(known):
+        plan[r] = shares[i]
+    return tuple(plan), predicted_step_time(shares, known_speeds)
+
+
+def _reason(
+    incident: Incident,
+    host: str,
+    estimate: RestartEstimate,
+    params: NdParams,
+    cost_s: float,
+    measured: bool,
+) -> str:
+    source = "measured" if measured else "assumed"
+    return (
+        f"antdt-nd kill_restart: rank {incident.rank} on {host} persistently "
+        f"{incident.ratio:.1f}x slow; saving {estimate.saving_s:.1f}s over "
+        f"{estimate.steps_left} steps (step {estimate.step_now_s * 1e3:.1f} ms -> "
+        f"{estimate.step_after_s * 1e3:.1f} ms) >= {params.min_saving_ratio:g} x "
+        f"{source} restart cost {cost_s:.1f}s"
+    )
