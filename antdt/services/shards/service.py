@@ -47,6 +47,13 @@ class ShardsSettings(ServiceSettings):
     fetch_concurrency: int = Field(
         default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
     )
+    commit_linger_s: float = Field(
+        default=0.001,
+        ge=0,
+        le=0.1,
+        description="While several ranks of a job are active, how long a commit may wait "
+        "for the rest of them to join it (0: never)",
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +144,7 @@ class ShardsService:
             self._spawn,
             retries=settings.cas_retries,
             max_batch=settings.max_batch,
+            linger_s=settings.commit_linger_s,
         )
 
     @property
