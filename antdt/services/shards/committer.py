@@ -193,15 +193,17 @@ class Committer:
                 queue.waiting.clear()
 
     async def _gather(self, queue: _JobQueue) -> None:
-        """Let requests that are about to arrive join the next batch."""
+        """Let requests that are about to arrive join the next batch. Only while several
+        ranks of the job are active (its previous batch had more than one): a lone
+        requester's next request cannot come before its reply, so it never waits."""
+        if queue.last_batch <= 1:
+            return
         # Messages already read off the socket reach the queue a few loop turns later.
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
-        # Several ranks of the job are active (the last batch had more than one): the
-        # ones just answered are sending their next request. Waiting for them, at most
-        # linger_s, turns several transactions (fsyncs) into one. A lone requester never
-        # waits: its previous batch was 1.
-        if self.linger_s > 0 and queue.last_batch > 1 and len(queue.waiting) < queue.last_batch:
+        # The ranks just answered are sending their next request: waiting for them, at
+        # most linger_s, turns several transactions (fsyncs) into one.
+        if self.linger_s > 0 and len(queue.waiting) < queue.last_batch:
             queue.expected = queue.last_batch
             queue.filled.clear()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
