@@ -225,6 +225,19 @@ async def test_a_lone_rank_never_waits_and_the_wait_is_bounded() -> None:
     assert isinstance(await asyncio.wait_for(c.submit(JOB, fetch(1)), 5), ShardReply)
 
 
+async def test_a_finished_job_is_forgotten_and_reloaded_on_demand() -> None:
+    store = MemoryLedgers(ledger(world=1, shards=2))
+    c = committer(store)
+    reply = await c.submit(JOB, fetch(0, want=2))
+    done = tuple(g.ref() for g in reply.grants)
+    assert JOB in c.cache
+    await c.submit(JOB, fetch(0, want=0, done=done))  # the last shard of the last epoch
+    assert store.state.complete
+    await wait_for(lambda: JOB not in c.cache and JOB not in c._jobs, what="job forgotten")
+    late = await c.submit(JOB, fetch(0, epoch=1))
+    assert late.status == FetchStatus.JOB_DONE and store.version == 3
+
+
 def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:
     def op(state: LedgerState) -> LedgerChange:
         deletes = (delete,) if delete else ()

@@ -47,8 +47,8 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Committed:
-    """A commit's outcome: `ok` and the new snapshot; or a conflict and the snapshot the
-    failed transaction read back (None: unknown, load again)."""
+    """A commit's outcome: `ok` and the new snapshot, or a conflict and the snapshot the
+    failed transaction read back; None: unknown, load it again."""
 
     ok: bool
     snapshot: Snapshot | None
@@ -191,6 +191,15 @@ class Committer:
                 for pending in [*batch, *queue.waiting]:
                     _fail(pending, gone)
                 queue.waiting.clear()
+            self._forget_if_complete(job)
+
+    def _forget_if_complete(self, job: str) -> None:
+        """A finished job's ledger never changes again: keep neither it nor its queue (a
+        late request reloads it), so a long-lived replica holds only live jobs."""
+        cached = self.cache.get(job)
+        if cached is not None and cached.state.complete:
+            del self.cache[job]
+            self._jobs.pop(job, None)
 
     async def _gather(self, queue: _JobQueue) -> None:
         """Let requests that are about to arrive join the next batch. Only while several
@@ -232,12 +241,11 @@ class Committer:
                 )
                 self.apply_seconds += applied - started
                 self.store_seconds += time.perf_counter() - applied
-                if done.ok and done.snapshot is not None:
-                    self.cache[job] = done.snapshot
+                self._recache(job, done.snapshot)
+                if done.ok:
                     self._answer(batch, result)
                     return result.applied
                 self.cas_conflicts += 1
-                self._recache(job, done.snapshot)
             error = Rejected("busy", f"ledger of {job!r} contended; retry")
         except Rejected as exc:  # e.g. unknown_job from load
             error = exc

@@ -101,7 +101,9 @@ class EtcdLedgers:
             return Committed(True, base)
         if revision.create == 0:
             created = result.gets[-1]
-            return Committed(True, _snapshot(created) if created is not None else None)
+            if created is None:
+                return Committed(True, None)
+            return Committed(True, Snapshot(state, _Revision(created.create_revision, 1)))
         return Committed(True, Snapshot(state, _Revision(revision.create, revision.version + 1)))
 
 
