@@ -48,7 +48,7 @@ class ShardsSettings(ServiceSettings):
         default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
     )
     commit_linger_s: float = Field(
-        default=0.001,
+        default=0.002,
         ge=0,
         le=0.1,
         description="While several ranks of a job are active, how long a commit may wait "
