@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.config import NatsSettings, TelemetrySettings
 from antdt.schemas import JobSpec
+from antdt.schemas.plan import PolicyParam
 
 TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -56,6 +57,9 @@ class AgentSettings(BaseSettings):
     epochs: int = Field(default=1, ge=1, description="Epochs to run, epochs")
     seed: int = Field(default=0, ge=0, description="Seed of shard and in-shard sample order")
     policy: str = Field(default="none", max_length=64, description="Controller policy name")
+    policy_params: dict[str, PolicyParam] = Field(
+        default_factory=dict, description="The policy's parameters (JSON in the env)"
+    )
     inject: str = Field(
         default="",
         description="Straggler schedule, e.g. 'rank=3,factor=3,from=30' (steps; factor x)",
@@ -113,4 +117,5 @@ class AgentSettings(BaseSettings):
             epochs=self.epochs,
             seed=self.seed,
             policy=self.policy,
+            policy_params=self.policy_params,
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,14 @@ from antdt.bench.cases import (
     bench_detector_memory,
     bench_incident_to_plan,
     bench_monitor_ingest,
-    bench_raw_etcd_txn,
     bench_raw_pubsub,
     bench_raw_request,
-    bench_shards_cycles,
+)
+from antdt.bench.shards import (
+    bench_ledger_sizes,
+    bench_raw_etcd_txn,
+    bench_raw_nats_request,
+    bench_shards,
 )
 from antdt.runtime.servers import EmbeddedCluster
 
@@ -60,23 +65,69 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                 "target": "reported",
             }
         )
-    with console.status("raw etcd transactions (baseline)"):
+    rows += await shards_rows(cluster)
+    rows += await incident_to_plan_rows(cluster)
+    return rows
+
+
+async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """Fetch+done cycles against one and two replica processes, next to the raw etcd
+    transaction and NATS request baselines that bound one client from below."""
+    with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
-    for clients in (1, 2, 8):
-        with console.status(f"shards fetch+done cycles, {clients} client(s)"):
-            cycles = await bench_shards_cycles(cluster, clients=clients, seconds=4.0)
+        req = await bench_raw_nats_request(cluster.nats.url, seconds=3.0)
+    floor_ms = txn["p50_ms"] + req["p50_ms"]
+    load = os.getloadavg()[0]
+    console.print(
+        f"load average {load:.1f} on {os.cpu_count()} CPUs (shared machines: figures move with it)"
+    )
+    console.print(
+        f"raw etcd txn: {txn['txn_per_s']:,.0f}/s, p50 {txn['p50_ms']:.2f} ms; raw NATS "
+        f"request/reply: {req['req_per_s']:,.0f}/s, p50 {req['p50_ms']:.2f} ms; one client "
+        f"needs both in series: floor {floor_ms:.2f} ms, at most {1000 / floor_ms:,.0f} cycles/s"
+    )
+    rows: list[dict[str, Any]] = [
+        _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
+        _baseline_row("raw serial NATS request/reply/s", req["req_per_s"], req),
+    ]
+    for replicas, clients in ((1, (1, 2, 8)), (2, (8,))):
+        with console.status(f"shards cycles, {replicas} replica(s)"):
+            results = await bench_shards(cluster, clients=clients, seconds=4.0, replicas=replicas)
+        for n, cycles in results.items():
+            console.print(f"shards, {n} client(s), {replicas} replica(s): " + _details(cycles))
+            rows.append(
+                {
+                    "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
+                    "durable in etcd",
+                    "value": cycles["cycles_per_s"],
+                    "p50_ms": cycles["p50_ms"],
+                    "p99_ms": cycles["p99_ms"],
+                    "baseline": txn["txn_per_s"],
+                    "baseline_what": "raw serial etcd txn/s",
+                    "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
+                    "details": cycles,
+                }
+            )
+    with console.status("ledger size in etcd"):
+        sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
+                                         ranks=1000, prefetch=2)  # fmt: skip
+    for shard_size, size in sizes.items():
+        console.print(
+            f"ledger, {shard_size:,}-sample shards: {size['bytes']:,.0f} bytes, filled at "
+            f"{size['fetches_per_s']:,.0f} fetches/s; encode {size['encode_ms']:.1f} ms, "
+            f"decode {size['decode_ms']:.1f} ms"
+        )
         rows.append(
             {
-                "what": f"shards fetch+done cycles/s, {clients} client(s), durable in etcd",
-                "value": cycles["cycles_per_s"],
-                "p50_ms": cycles["p50_ms"],
-                "p99_ms": cycles["p99_ms"],
-                "baseline": txn["txn_per_s"],
-                "baseline_what": "raw serial etcd txn/s",
-                "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
+                "what": f"ledger bytes in etcd: 10^9 samples, {shard_size:,}-sample shards, "
+                f"{size['in_flight']:,.0f} in flight (1,000 ranks x 2)",
+                "value": size["bytes"],
+                "baseline": None,
+                "baseline_what": "",
+                "target": "reported",
+                "details": size,
             }
         )
-    rows += await incident_to_plan_rows(cluster)
     return rows
 
 
@@ -106,6 +157,27 @@ async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]
             }
         )
     return rows
+
+
+def _baseline_row(what: str, value: float, latency: dict[str, float]) -> dict[str, Any]:
+    return {"what": what, "value": value, "p50_ms": latency["p50_ms"],
+            "p99_ms": latency["p99_ms"], "baseline": None, "baseline_what": "",
+            "target": "baseline"}  # fmt: skip
+
+
+def _details(cycles: dict[str, float]) -> str:
+    cpu = ", ".join(
+        f"{name.removesuffix('_cpu_us_per_cycle')} {value:,.0f}"
+        for name, value in cycles.items()
+        if name.endswith("_cpu_us_per_cycle")
+    )
+    return (
+        f"{cycles['cycles_per_s']:,.0f}/s, p50 {cycles['p50_ms']:.2f} ms, p99 "
+        f"{cycles['p99_ms']:.2f} ms, {cycles['requests_per_commit']:.1f} requests per commit, "
+        f"{cycles['cas_conflicts']:,.0f} CAS conflicts; per stage: ledger ops "
+        f"{cycles['apply_us_per_request']:,.0f} us per request, etcd txn "
+        f"{cycles['txn_ms_per_commit']:.2f} ms per commit; CPU us per cycle: {cpu}"
+    )
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:

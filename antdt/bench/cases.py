@@ -14,11 +14,10 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.runtime.store import Put, Store
+from antdt.runtime.store import Store
 from antdt.schemas import (
     INCIDENT_STREAM,
     ActionRecord,
-    FetchStatus,
     Incident,
     IncidentKind,
     IncidentState,
@@ -27,8 +26,6 @@ from antdt.schemas import (
     RankHealth,
     RankState,
     RegisterReply,
-    ShardFetch,
-    ShardReply,
     StepEvent,
     Subjects,
 )
@@ -130,77 +127,6 @@ async def bench_monitor_ingest(cluster: EmbeddedCluster, *, events: int) -> dict
     await runtime.shutdown()
     await store.close()
     return {"events_per_s": ingested / elapsed, "lost": len(payloads) - 1 - ingested}
-
-
-async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, float]:
-    """Baseline: serial single-key etcd transactions from one client."""
-    store = await Store(EtcdSettings(endpoint=endpoint)).connect()
-    deadline = time.perf_counter() + seconds
-    started, count = time.perf_counter(), 0
-    while time.perf_counter() < deadline:
-        await store.txn([], [Put("/bench/raw", b"x" * 200)])
-        count += 1
-    await store.close()
-    return {"txn_per_s": count / (time.perf_counter() - started)}
-
-
-async def bench_shards_cycles(
-    cluster: EmbeddedCluster, *, clients: int, seconds: float
-) -> dict[str, float]:
-    """Each client loops: report the shard it holds as done and fetch the next, in one
-    request; one shards replica; every ledger change durable in etcd before the reply."""
-    from antdt.services.controller.service import ControllerService, ControllerSettings
-    from antdt.services.shards.service import ShardsService, ShardsSettings
-
-    tag = f"shards{clients}"
-    base = _settings(cluster, tag)
-    runtime = ServiceRuntime("bench-shards")
-    services = []
-    for cls, service_cls in (
-        (ShardsSettings, ShardsService),
-        (ControllerSettings, ControllerService),
-    ):
-        settings = cls(**base.model_dump())
-        bus = await Bus(settings.nats, name=f"bench-{cls.__name__}").connect()
-        store = await Store(settings.etcd).connect()
-        service = service_cls(settings, bus, store)  # type: ignore[arg-type]
-        await service.start(runtime)
-        services.append((bus, store))
-    subjects = Subjects(base.nats.subject_prefix)
-    client = await Bus(base.nats, name="bench-client").connect()
-    spec = JobSpec(job="bench", world_size=clients, dataset_size=10**8, shard_size=10**4,
-                   global_batch=clients * 32, epochs=1)  # fmt: skip
-    await client.request(subjects.register("bench"), spec, RegisterReply)
-    latencies: list[float] = []
-    stop_at = time.perf_counter() + seconds
-
-    async def one_client(rank: int) -> None:
-        held: tuple = ()
-        while time.perf_counter() < stop_at:
-            started = time.perf_counter()
-            reply = await client.request(
-                subjects.shards("bench", "fetch"),
-                ShardFetch(job="bench", rank=rank, epoch=0, done=held, want=1),
-                ShardReply,
-            )
-            latencies.append(time.perf_counter() - started)
-            if reply.status != FetchStatus.OK:
-                break
-            held = tuple(g.ref() for g in reply.grants)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(one_client(r) for r in range(clients)))
-    elapsed = time.perf_counter() - started
-    await client.close()
-    await runtime.shutdown()
-    for _, store in services:
-        await store.close()
-    latencies.sort()
-    return {
-        "cycles_per_s": len(latencies) / elapsed,
-        "p50_ms": statistics.median(latencies) * 1000,
-        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1000,
-    }
 
 
 def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:

@@ -19,6 +19,7 @@ from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardRep
 from antdt.services.shards.change import LedgerChange, Writes, change_of
 from antdt.services.shards.committer import Committed, Committer, Snapshot, apply_batch
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
+from tests.helpers import wait_for
 
 JOB = "job1"
 
@@ -44,6 +45,7 @@ class MemoryLedgers:
     gate: asyncio.Event | None = None
     fail_with: Exception | None = None
     writes: list[LedgerState | None] = field(default_factory=list)  # one per commit
+    calls: int = 0  # commits entered (a gated one is in flight)
 
     async def load(self, job: str) -> Snapshot:
         if job != JOB:
@@ -53,6 +55,7 @@ class MemoryLedgers:
     async def commit(
         self, job: str, base: Snapshot, state: LedgerState | None, writes: Writes
     ) -> Committed:
+        self.calls += 1
         if self.gate is not None:
             await self.gate.wait()
         await asyncio.sleep(0)  # another committer may slip in here, as over a network
@@ -76,6 +79,10 @@ def committer(store: MemoryLedgers, **kw: Any) -> Committer:
     return Committer(store, lambda name, coro: asyncio.create_task(coro, name=name), **kw)
 
 
+async def in_commit(store: MemoryLedgers, calls: int = 1) -> None:
+    await wait_for(lambda: store.calls >= calls, what=f"{calls} commit(s) in flight")
+
+
 async def settled(*futures: asyncio.Future[BaseModel]) -> list[Any]:
     return await asyncio.gather(*futures, return_exceptions=True)
 
@@ -84,9 +91,9 @@ async def test_requests_queued_during_a_commit_share_the_next_one() -> None:
     store = MemoryLedgers(ledger(), gate=asyncio.Event())
     c = committer(store)
     first = c.enqueue(JOB, fetch(0))
-    await asyncio.sleep(0.01)  # the first commit is now held in flight by the gate
+    await in_commit(store)  # the first commit is now held in flight by the gate
     queued = [c.enqueue(JOB, fetch(rank)) for rank in (1, 2, 3)]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)
     assert not first.done() and not any(f.done() for f in queued)  # nothing before durable
     store.gate.set()  # type: ignore[union-attr]
     replies = await settled(first, *queued)
@@ -112,19 +119,19 @@ async def test_a_conflict_re_applies_the_batch_to_the_state_read_back() -> None:
 
 
 async def test_rejections_leave_the_state_alone_and_wait_for_the_commit() -> None:
-    store = MemoryLedgers(ledger(), gate=asyncio.Event())
+    store = MemoryLedgers(ledger())
     c = committer(store)
-    first = c.enqueue(JOB, fetch(0))
-    await asyncio.sleep(0.01)
+    await c.submit(JOB, fetch(0))
+    store.gate = asyncio.Event()
     bad = c.enqueue(JOB, fetch(9))  # rank outside the job
     good = c.enqueue(JOB, fetch(1))
-    await asyncio.sleep(0.01)
+    await in_commit(store, 2)  # the batch (bad, good) is judged and being committed
     assert not bad.done()  # judged on a cache that only the commit can confirm
-    store.gate.set()  # type: ignore[union-attr]
-    results = await settled(first, bad, good)
-    assert isinstance(results[1], Rejected) and results[1].code == "bad_request"
-    assert isinstance(results[2], ShardReply)
-    assert store.state.cursor == 2
+    store.gate.set()
+    results = await settled(bad, good)
+    assert isinstance(results[0], Rejected) and results[0].code == "bad_request"
+    assert isinstance(results[1], ShardReply)
+    assert store.state.cursor == 2 and c.batch_sizes[2] == 1
 
 
 async def test_a_batch_of_no_ops_and_rejections_is_only_checked() -> None:
@@ -184,11 +191,51 @@ async def test_a_failing_operation_does_not_fail_its_batch() -> None:
         raise KeyError("bug")
 
     first = c.enqueue(JOB, fetch(0))
-    await asyncio.sleep(0.01)
+    await in_commit(store)
     results = [c.enqueue(JOB, broken), c.enqueue(JOB, fetch(1))]
     store.gate.set()  # type: ignore[union-attr]
     out = await settled(first, *results)
     assert isinstance(out[1], KeyError) and isinstance(out[2], ShardReply)
+
+
+async def test_with_several_ranks_active_a_commit_waits_for_them() -> None:
+    store = MemoryLedgers(ledger(), gate=asyncio.Event())
+    c = committer(store, linger_s=30.0)
+    first = c.enqueue(JOB, fetch(0))
+    await in_commit(store)
+    queued = [c.enqueue(JOB, fetch(rank)) for rank in (1, 2)]
+    store.gate.set()  # type: ignore[union-attr]
+    await settled(first, *queued)
+    assert dict(c.batch_sizes) == {1: 1, 2: 1}
+    # Two ranks were active: the next commit waits (up to 30 s) for the second one.
+    lone = c.enqueue(JOB, fetch(0))
+    await wait_for(lambda: c._jobs[JOB].expected == 2, what="the commit waiting for 2")
+    assert not lone.done() and c.commits == 2
+    await asyncio.wait_for(settled(lone, c.enqueue(JOB, fetch(1))), 5)
+    assert c.batch_sizes[2] == 2 and c.commits == 3
+
+
+async def test_a_lone_rank_never_waits_and_the_wait_is_bounded() -> None:
+    store = MemoryLedgers(ledger())
+    c = committer(store, linger_s=30.0)
+    for _ in range(3):  # the previous batch was 1: no wait, or this would take 30 s each
+        await asyncio.wait_for(c.submit(JOB, fetch(0)), 5)
+    c.linger_s = 0.05
+    c._jobs[JOB].last_batch = 4  # as after a batch of four ranks
+    assert isinstance(await asyncio.wait_for(c.submit(JOB, fetch(1)), 5), ShardReply)
+
+
+async def test_a_finished_job_is_forgotten_and_reloaded_on_demand() -> None:
+    store = MemoryLedgers(ledger(world=1, shards=2))
+    c = committer(store)
+    reply = await c.submit(JOB, fetch(0, want=2))
+    done = tuple(g.ref() for g in reply.grants)
+    assert JOB in c.cache
+    await c.submit(JOB, fetch(0, want=0, done=done))  # the last shard of the last epoch
+    assert store.state.complete
+    await wait_for(lambda: JOB not in c.cache and JOB not in c._jobs, what="job forgotten")
+    late = await c.submit(JOB, fetch(0, epoch=1))
+    assert late.status == FetchStatus.JOB_DONE and store.version == 3
 
 
 def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:
@@ -216,7 +263,7 @@ async def test_extra_writes_beyond_the_limit_go_in_the_next_commit() -> None:
     store = MemoryLedgers(ledger(), gate=asyncio.Event())
     c = committer(store, max_writes=2)
     first = c.enqueue(JOB, put_op("k0"))
-    await asyncio.sleep(0.01)
+    await in_commit(store)
     rest = [c.enqueue(JOB, put_op(f"k{i}")) for i in range(1, 5)]
     store.gate.set()  # type: ignore[union-attr]
     await settled(first, *rest)
@@ -229,7 +276,7 @@ async def test_finish_completes_queued_work_then_refuses() -> None:
     c = committer(store)
     pending = [c.enqueue(JOB, fetch(rank)) for rank in range(3)]
     finishing = asyncio.create_task(c.finish())
-    await asyncio.sleep(0.01)
+    await wait_for(lambda: c._closed, what="finish started")
     with pytest.raises(Rejected, match="shutting down"):
         c.enqueue(JOB, fetch(0))
     store.gate.set()  # type: ignore[union-attr]

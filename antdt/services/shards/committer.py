@@ -15,6 +15,8 @@ is re-applied, in the same order, to the state the failed transaction read back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +31,9 @@ from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.ledger import LedgerState
 
 log = structlog.get_logger("antdt.shards.committer")
-GATHER_TURNS = 3
+#: Loop turns from a message read off the socket to its handler's enqueue (parse and
+#: queue it; the subscription task runs the handler).
+GATHER_TURNS = 2
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
@@ -43,8 +47,8 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Committed:
-    """A commit's outcome: `ok` and the new snapshot; or a conflict and the snapshot the
-    failed transaction read back (None: unknown, load again)."""
+    """A commit's outcome: `ok` and the new snapshot, or a conflict and the snapshot the
+    failed transaction read back; None: unknown, load it again."""
 
     ok: bool
     snapshot: Snapshot | None
@@ -108,6 +112,9 @@ class _Pending:
 class _JobQueue:
     waiting: deque[_Pending] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    last_batch: int = 0  # size of the job's previous batch: how many requesters to expect
+    expected: int = 0  # while lingering: wake when this many are waiting
+    filled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Committer:
@@ -121,12 +128,14 @@ class Committer:
         retries: int = 20,
         max_batch: int = 64,
         max_writes: int = 100,
+        linger_s: float = 0.0,
     ) -> None:
         self.store = store
         self._spawn = spawn
         self.retries = retries
         self.max_batch = max_batch
         self.max_writes = max_writes
+        self.linger_s = linger_s
         self.cache: dict[str, Snapshot] = {}
         self._jobs: dict[str, _JobQueue] = {}
         self._closed = False
@@ -134,6 +143,8 @@ class Committer:
         self.committed = 0  # operations answered by them
         self.cas_conflicts = 0
         self.batch_sizes: Counter[int] = Counter()
+        self.apply_seconds = 0.0  # in apply_batch (the pure ledger operations)
+        self.store_seconds = 0.0  # waiting on the store's transactions
 
     @property
     def requests_per_commit(self) -> float:
@@ -146,6 +157,8 @@ class Committer:
         future: asyncio.Future[BaseModel] = asyncio.get_running_loop().create_future()
         queue = self._jobs.setdefault(job, _JobQueue())
         queue.waiting.append(_Pending(op, future))
+        if queue.expected and len(queue.waiting) >= queue.expected:
+            queue.filled.set()
         if queue.task is None:
             queue.task = self._spawn(f"commit-{job}", self._run(job, queue))
         return future
@@ -165,8 +178,9 @@ class Committer:
         batch: list[_Pending] = []
         try:
             while queue.waiting:
-                await self._gather()
+                await self._gather(queue)
                 batch = self._take(queue)
+                queue.last_batch = len(batch)
                 applied = await self._commit(job, batch) if batch else 0
                 queue.waiting.extendleft(reversed(batch[applied:]))
                 batch = []
@@ -177,12 +191,33 @@ class Committer:
                 for pending in [*batch, *queue.waiting]:
                     _fail(pending, gone)
                 queue.waiting.clear()
+            self._forget_if_complete(job)
 
-    async def _gather(self) -> None:
-        # Messages already read from the socket reach the queue a few loop turns later
-        # (parse, subscription task, handler): let them, so they share this commit.
+    def _forget_if_complete(self, job: str) -> None:
+        """A finished job's ledger never changes again: keep neither it nor its queue (a
+        late request reloads it), so a long-lived replica holds only live jobs."""
+        cached = self.cache.get(job)
+        if cached is not None and cached.state.complete:
+            del self.cache[job]
+            self._jobs.pop(job, None)
+
+    async def _gather(self, queue: _JobQueue) -> None:
+        """Let requests that are about to arrive join the next batch. Only while several
+        ranks of the job are active (its previous batch had more than one): a lone
+        requester's next request cannot come before its reply, so it never waits."""
+        if queue.last_batch <= 1:
+            return
+        # Messages already read off the socket reach the queue a few loop turns later.
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
+        # The ranks just answered are sending their next request: waiting for them, at
+        # most linger_s, turns several transactions (fsyncs) into one.
+        if self.linger_s > 0 and len(queue.waiting) < queue.last_batch:
+            queue.expected = queue.last_batch
+            queue.filled.clear()
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(queue.filled.wait(), self.linger_s)
+            queue.expected = 0
 
     def _take(self, queue: _JobQueue) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -197,17 +232,20 @@ class Committer:
         try:
             for _ in range(self.retries):
                 base = self.cache.get(job) or await self.store.load(job)
+                started = time.perf_counter()
                 result = apply_batch(base.state, [p.op for p in batch], max_writes=self.max_writes)
                 changed = result.state is not base.state and result.state != base.state
+                applied = time.perf_counter()
                 done = await self.store.commit(
                     job, base, result.state if changed else None, result.writes
                 )
-                if done.ok and done.snapshot is not None:
-                    self.cache[job] = done.snapshot
+                self.apply_seconds += applied - started
+                self.store_seconds += time.perf_counter() - applied
+                self._recache(job, done.snapshot)
+                if done.ok:
                     self._answer(batch, result)
                     return result.applied
                 self.cas_conflicts += 1
-                self._recache(job, done.snapshot)
             error = Rejected("busy", f"ledger of {job!r} contended; retry")
         except Rejected as exc:  # e.g. unknown_job from load
             error = exc

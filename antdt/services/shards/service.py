@@ -55,6 +55,13 @@ class ShardsSettings(ServiceSettings):
     fetch_concurrency: int = Field(
         default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
     )
+    commit_linger_s: float = Field(
+        default=0.002,
+        ge=0,
+        le=0.1,
+        description="While several ranks of a job are active, how long a commit may wait "
+        "for the rest of them to join it (0: never)",
+    )
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,9 @@ class EtcdLedgers:
             return Committed(True, base)
         if revision.create == 0:
             created = result.gets[-1]
-            return Committed(True, _snapshot(created) if created is not None else None)
+            if created is None:
+                return Committed(True, None)
+            return Committed(True, Snapshot(state, _Revision(created.create_revision, 1)))
         return Committed(True, Snapshot(state, _Revision(revision.create, revision.version + 1)))
 
 
@@ -145,6 +154,7 @@ class ShardsService:
             self._spawn,
             retries=settings.cas_retries,
             max_batch=settings.max_batch,
+            linger_s=settings.commit_linger_s,
         )
 
     @property

@@ -1,0 +1,314 @@
+"""Shards benchmarks: fetch+done cycles against shards replicas in their own processes,
+the stored ledger's size, and the raw etcd and NATS baselines that bound them.
+
+A shards replica is its own process in production, and so are the ranks. Running the
+replica in the bench process would bill the clients' Python time to the service (one
+event loop, one core), so each replica runs in a child process and reports its counters
+(commits, requests per commit, CPU) over the measured window only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Put, Store
+from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardReply, Subjects
+
+
+async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, float]:
+    """Baseline: serial single-key etcd transactions from one client (fsync on, as the
+    ledger's). Its latency bounds a one-client shards cycle from below."""
+    store = await Store(EtcdSettings(endpoint=endpoint)).connect()
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        sent = time.perf_counter()
+        await store.txn([], [Put("/bench/raw", b"x" * 200)])
+        latencies.append(time.perf_counter() - sent)
+    elapsed = time.perf_counter() - started
+    await store.close()
+    return {"txn_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+
+
+async def bench_raw_nats_request(url: str, *, seconds: float) -> dict[str, float]:
+    """Baseline: serial nats-py request/reply between two connections (the responder
+    answers at once), payloads the size of a shard fetch and its reply. With the etcd
+    baseline it bounds a one-client shards cycle from below."""
+    requester = await Bus(NatsSettings(url=url), name="raw-requester").connect()
+    responder = await Bus(NatsSettings(url=url), name="raw-responder").connect()
+    answer = b"r" * 400
+
+    async def respond(msg: Any) -> None:
+        await msg.respond(answer)
+
+    await responder.nc.subscribe("raw.request", cb=respond)
+    await responder.flush()
+    latencies: list[float] = []
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    while time.perf_counter() < deadline:
+        sent = time.perf_counter()
+        await requester.nc.request("raw.request", b"q" * 150, timeout=2)
+        latencies.append(time.perf_counter() - sent)
+    elapsed = time.perf_counter() - started
+    await requester.close()
+    await responder.close()
+    return {"req_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {
+        "p50_ms": statistics.median(ordered) * 1000,
+        "p99_ms": ordered[int(0.99 * (len(ordered) - 1))] * 1000,
+    }
+
+
+def _replica_process(settings_json: str, conn: Any) -> None:
+    from antdt.runtime.logs import configure_logging
+
+    configure_logging("warning", "console")
+    asyncio.run(_serve_replica(settings_json, conn))
+
+
+async def _serve_replica(settings_json: str, conn: Any) -> None:
+    """Serve until told "stop"; on "go" and "stop" note the counters, send the deltas."""
+    from antdt.services.runner import start_service
+    from antdt.services.shards.service import ShardsSettings
+
+    runtime = ServiceRuntime("bench-shards-replica")
+    # Through __init__, so ANTDT_* variables fill what the bench leaves unset.
+    settings = ShardsSettings(**json.loads(settings_json))
+    service = await start_service("shards", settings, runtime)
+    conn.send("ready")
+    at_go: dict[str, float] = {}
+    while (command := await asyncio.to_thread(conn.recv)) != "exit":
+        committer = service.committer
+        figures = {
+            "cpu_s": time.process_time(),
+            "commits": committer.commits,
+            "committed": committer.committed,
+            "cas_conflicts": committer.cas_conflicts,
+            "apply_s": committer.apply_seconds,
+            "store_s": committer.store_seconds,
+        }
+        if command == "go":
+            at_go = figures
+        conn.send({name: value - at_go.get(name, 0) for name, value in figures.items()})
+    await runtime.shutdown()
+
+
+class ShardsReplicas:
+    """`count` shards replicas in child processes, against the bench cluster."""
+
+    def __init__(self, cluster: EmbeddedCluster, *, count: int) -> None:
+        import multiprocessing
+
+        base = ServiceSettings(
+            nats=NatsSettings(url=cluster.nats.url, subject_prefix="bench.shards"),
+            etcd=EtcdSettings(endpoint=cluster.etcd.endpoint, key_prefix="/bench/shards/"),
+        )
+        self.subjects = Subjects(base.nats.subject_prefix)
+        self.key_prefix = base.etcd.key_prefix
+        self.nats = base.nats
+        self.count = count
+        self.server_pids = {"nats": cluster.nats.pid, "etcd": cluster.etcd.pid}
+        context = multiprocessing.get_context("spawn")  # no fork of a process holding gRPC
+        self._conns = []
+        self._processes = []
+        for index in range(count):
+            settings = base.model_copy(update={"replica_id": f"bench-shards-{index}"})
+            here, there = context.Pipe()
+            process = context.Process(
+                target=_replica_process, args=(settings.model_dump_json(), there), daemon=True
+            )
+            process.start()
+            self._conns.append(here)
+            self._processes.append(process)
+
+    async def __aenter__(self) -> ShardsReplicas:
+        for conn in self._conns:
+            if not await asyncio.to_thread(conn.poll, 60) or conn.recv() != "ready":
+                raise RuntimeError("a shards replica did not start")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for conn, process in zip(self._conns, self._processes, strict=True):
+            conn.send("exit")
+            await asyncio.to_thread(process.join, 15)
+            if process.is_alive():
+                process.kill()
+
+    async def _ask(self, command: str) -> list[Any]:
+        for conn in self._conns:
+            conn.send(command)
+        return [await asyncio.to_thread(conn.recv) for conn in self._conns]
+
+    async def go(self) -> None:
+        await self._ask("go")
+
+    async def counters(self) -> dict[str, float]:
+        """Summed over the replicas."""
+        totals: dict[str, float] = {}
+        for figures in await self._ask("stop"):
+            for name, value in figures.items():
+                totals[name] = totals.get(name, 0) + value
+        return totals
+
+    async def register(self, store: Store, spec: JobSpec) -> None:
+        await store.put(f"{self.key_prefix}jobs/{spec.job}/spec", spec.model_dump_json().encode())
+
+
+async def bench_shards_cycles(
+    replicas: ShardsReplicas, store: Store, *, clients: int, seconds: float
+) -> dict[str, float]:
+    """Each client (its own NATS connection, like a rank) loops: report the shard it
+    holds as done and fetch the next, in one request; every ledger change durable in
+    etcd before the reply. Counters and CPU are taken over the measured window only."""
+    job = f"cycles{clients}x{replicas.count}"
+    spec = JobSpec(job=job, world_size=clients, dataset_size=10**9, shard_size=10**4,
+                   global_batch=clients * 32, epochs=1)  # fmt: skip
+    await replicas.register(store, spec)
+    buses = [await Bus(replicas.nats, name=f"bench-rank-{r}").connect() for r in range(clients)]
+    subject = replicas.subjects.shards(job, "fetch")
+    latencies: list[float] = []
+    measuring = False
+
+    async def one_client(rank: int, until: float) -> None:
+        held: tuple[Any, ...] = ()
+        while time.perf_counter() < until:
+            request = ShardFetch(job=job, rank=rank, epoch=0, done=held, want=1)
+            started = time.perf_counter()
+            reply = await buses[rank].request(subject, request, ShardReply)
+            if measuring:
+                latencies.append(time.perf_counter() - started)
+            if reply.status != FetchStatus.OK:
+                raise RuntimeError(f"rank {rank} got {reply.status}")
+            held = tuple(g.ref() for g in reply.grants)
+
+    warm_until = time.perf_counter() + 0.5
+    await asyncio.gather(*(one_client(r, warm_until) for r in range(clients)))
+    await replicas.go()
+    servers_cpu = {name: _cpu_seconds(pid) for name, pid in replicas.server_pids.items()}
+    measuring, cpu, started = True, time.process_time(), time.perf_counter()
+    await asyncio.gather(*(one_client(r, started + seconds) for r in range(clients)))
+    elapsed = time.perf_counter() - started
+    client_cpu = time.process_time() - cpu
+    counters = await replicas.counters()
+    for name, pid in replicas.server_pids.items():
+        servers_cpu[name] = _cpu_seconds(pid) - servers_cpu[name]
+    for bus in buses:
+        await bus.close()
+    cycles = len(latencies)
+    return {
+        "cycles_per_s": cycles / elapsed,
+        **_percentiles(latencies),
+        "requests_per_commit": counters["committed"] / max(counters["commits"], 1),
+        # Per-stage: the pure ledger operations per request, and the etcd transaction's
+        # wall time per commit as the service saw it (conflicted attempts included).
+        "apply_us_per_request": counters["apply_s"] / max(counters["committed"], 1) * 1e6,
+        "txn_ms_per_commit": counters["store_s"] / max(counters["commits"], 1) * 1000,
+        "cas_conflicts": counters["cas_conflicts"],
+        "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
+        "client_cpu_us_per_cycle": client_cpu / cycles * 1e6,
+        **{f"{name}_cpu_us_per_cycle": v / cycles * 1e6 for name, v in servers_cpu.items()},
+    }
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc), 0 if unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_ledger_size(
+    replicas: ShardsReplicas, store: Store, *, dataset_size: int, shard_size: int, ranks: int,
+    prefetch: int,
+) -> dict[str, float]:  # fmt: skip
+    """Bytes of the ledger stored in etcd once each of `ranks` ranks holds `prefetch`
+    shards (granted through the service, as in a running job), the fetch rate while
+    filling it, and what one commit's encoding and one reload's decoding of it cost."""
+    job = f"size{dataset_size}x{shard_size}"
+    spec = JobSpec(job=job, world_size=ranks, dataset_size=dataset_size, shard_size=shard_size,
+                   global_batch=ranks * 32)  # fmt: skip
+    await replicas.register(store, spec)
+    client = await Bus(replicas.nats, name="bench-size").connect()
+    subject = replicas.subjects.shards(job, "fetch")
+    gate = asyncio.Semaphore(64)
+
+    async def fill(rank: int) -> None:
+        async with gate:
+            request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch)
+            await client.request(subject, request, ShardReply, timeout=30)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(fill(r) for r in range(ranks)))
+    filled_s = time.perf_counter() - started
+    await client.close()
+    stored = await store.get(f"{replicas.key_prefix}jobs/{job}/ledger/state")
+    if stored is None:
+        raise RuntimeError("no ledger stored")
+    return {
+        "bytes": len(stored.value),
+        "in_flight": ranks * prefetch,
+        "fetches_per_s": ranks / filled_s,
+        **_codec_ms(stored.value),
+    }
+
+
+def _codec_ms(value: bytes) -> dict[str, float]:
+    from antdt.services.shards.ledger import LedgerState
+
+    started = time.perf_counter()
+    state = LedgerState.model_validate_json(value)
+    decoded = time.perf_counter()
+    LedgerState.__pydantic_serializer__.to_json(state)
+    return {
+        "decode_ms": (decoded - started) * 1000,
+        "encode_ms": (time.perf_counter() - decoded) * 1000,
+    }
+
+
+async def bench_shards(
+    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, replicas: int = 1
+) -> dict[int, dict[str, float]]:
+    """bench_shards_cycles for each client count, against `replicas` replica processes."""
+    store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
+    try:
+        async with ShardsReplicas(cluster, count=replicas) as running:
+            return {
+                n: await bench_shards_cycles(running, store, clients=n, seconds=seconds)
+                for n in clients
+            }
+    finally:
+        await store.close()
+
+
+async def bench_ledger_sizes(
+    cluster: EmbeddedCluster, *, dataset_size: int, shard_sizes: tuple[int, ...], ranks: int,
+    prefetch: int,
+) -> dict[int, dict[str, float]]:  # fmt: skip
+    """bench_ledger_size for each shard size, against one replica process."""
+    store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
+    try:
+        async with ShardsReplicas(cluster, count=1) as running:
+            return {
+                size: await bench_ledger_size(running, store, dataset_size=dataset_size,
+                                              shard_size=size, ranks=ranks, prefetch=prefetch)
+                for size in shard_sizes
+            }  # fmt: skip
+    finally:
+        await store.close()
