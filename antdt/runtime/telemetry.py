@@ -33,9 +33,14 @@ def _protocol(signal: str) -> str:
     )
 
 
-def otlp_exporter(endpoint: str, signal: str = "traces") -> Any:
-    """The OTLP exporter for `signal` ('traces' or 'metrics') at `endpoint`."""
+def otlp_exporter(endpoint: str, signal: str = "traces", timeout_s: float | None = None) -> Any:
+    """The OTLP exporter for `signal` ('traces' or 'metrics') at `endpoint`. `timeout_s`
+    bounds an export with its retries unless OTEL_EXPORTER_OTLP_[SIGNAL_]TIMEOUT is set."""
     path = f"/v1/{signal}"
+    env_timeout = f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"
+    kw: dict[str, Any] = {}
+    if timeout_s is not None and not any(os.environ.get(n) for n in env_timeout):
+        kw["timeout"] = timeout_s
     http = _protocol(signal.upper()).startswith("http") or endpoint.rstrip("/").endswith(path)
     if http:
         url = endpoint if "://" in endpoint else f"http://{endpoint}"
@@ -43,10 +48,10 @@ def otlp_exporter(endpoint: str, signal: str = "traces") -> Any:
         if signal == "traces":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            return OTLPSpanExporter(endpoint=url)
+            return OTLPSpanExporter(endpoint=url, **kw)
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter(endpoint=url)
+        return OTLPMetricExporter(endpoint=url, **kw)
     secure = endpoint.startswith("https://")
     target = endpoint.split("://", 1)[-1]
     if signal == "traces":
@@ -54,12 +59,12 @@ def otlp_exporter(endpoint: str, signal: str = "traces") -> Any:
             OTLPSpanExporter as GrpcSpans,
         )
 
-        return GrpcSpans(endpoint=target, insecure=not secure)
+        return GrpcSpans(endpoint=target, insecure=not secure, **kw)
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
         OTLPMetricExporter as GrpcMetrics,
     )
 
-    return GrpcMetrics(endpoint=target, insecure=not secure)
+    return GrpcMetrics(endpoint=target, insecure=not secure, **kw)
 
 
 def resource(service_name: str, extra: Mapping[str, str | int] | None = None) -> Resource:
@@ -76,6 +81,7 @@ def setup_tracing(
     *,
     install: bool = True,
     attributes: Mapping[str, str | int] | None = None,
+    export_timeout_s: float | None = None,
 ) -> TracerProvider:
     """A tracer provider for this process, installed as the global one (once; a provider
     already installed, e.g. the application's, stays) unless `install` is False. Without
@@ -84,7 +90,7 @@ def setup_tracing(
     if otlp_endpoint:
         exporter: SpanExporter | None = None
         try:
-            exporter = otlp_exporter(otlp_endpoint)
+            exporter = otlp_exporter(otlp_endpoint, timeout_s=export_timeout_s)
         except ImportError as exc:  # the agent's image may lack the exporter package
             log.warning("no OTLP exporter: spans not exported", error=str(exc))
         if exporter is not None:
