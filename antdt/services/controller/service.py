@@ -18,6 +18,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Compare, Get, Put, Store
+from antdt.runtime.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
     AdjustBatch,
@@ -71,6 +72,7 @@ class ControllerService:
         self.jobs: dict[str, JobState] = {}
         self.policies: dict[str, Policy] = {}
         self._background: set[asyncio.Task[list[int]]] = set()
+        self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -192,12 +194,14 @@ class ControllerService:
         if state is None:
             return
         state.health = health
+        self.traces.health(health)  # gauges; the effect of the last action
         await self._decide(state, health)
 
     async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
         state = await self._state(incident.job)
         if state is None:
             return
+        self.traces.incident(incident)  # decisions on it join its trace
         if incident.state == IncidentState.RESOLVED:
             state.incidents.pop(incident.id, None)
         else:
@@ -218,10 +222,12 @@ class ControllerService:
                 last_action_at=state.last_action_at,
                 now=time.time(),
             )
-            for action in policy.decide(view, event):
-                if not self.ownership.owns(state.spec.job):
-                    return
-                await self.executor.adjust_batch(state, action)
+            with self.traces.decide(state.spec.job, state.spec.policy, event) as decision:
+                for action in policy.decide(view, event):
+                    if not self.ownership.owns(state.spec.job):
+                        return
+                    with decision.action(action):
+                        decision.done(await self.executor.adjust_batch(state, action), view.health)
 
     def _policy(self, name: str) -> Policy:
         if name not in self.policies:
