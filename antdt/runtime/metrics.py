@@ -11,9 +11,10 @@ are the API's no-ops.
 | `antdt.actions` | counter | {action} | `antdt.job`, `antdt.action.kind`, `antdt.action.result` | controller |
 | `antdt.plan.latency` | histogram | s | `antdt.job`, `antdt.action.result` | controller: decision to the last ack |
 | `antdt.job.balance_efficiency` | observable gauge | 1 | `antdt.job` | controller, latest JobHealth of owned jobs |
-| `antdt.job.samples_per_s` | observable gauge | {sample}/s | `antdt.job` | controller, latest JobHealth |
+| `antdt.job.throughput` | observable gauge | {sample}/s | `antdt.job` | controller, latest JobHealth |
 
-Prometheus names them with `_` for `.` (`antdt_incidents_total`, `antdt_plan_latency_seconds`).
+Prometheus names them with `_` for `.` and the unit (`antdt_incidents_total`,
+`antdt_plan_latency_seconds_bucket`, `antdt_job_throughput_per_second`).
 Hooks cost a dict update or a counter add per incident or action, nothing per step event:
 the ingest and rejection counts are read from the monitor's own integers when scraped."""  # noqa: E501
 
@@ -31,6 +32,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from antdt.schemas import ActionRecord, Incident, JobHealth
 
+LATENCY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 STALE_S = 30.0  # a job's gauges vanish this long after its last JobHealth here
 
 
@@ -63,8 +65,9 @@ class _Instruments:
             "antdt.actions", unit="{action}", description="Actions recorded, by kind and result"
         )
         self.plan_latency = meter.create_histogram(
-            "antdt.plan.latency", unit="s", description="From a decision to its last ack"
-        )
+            "antdt.plan.latency", unit="s", description="From a decision to its last ack",
+            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
+        )  # fmt: skip
         meter.create_observable_counter(
             "antdt.monitor.events.ingested", [self._ingested], unit="{event}",
             description="Step events fed to a detector",
@@ -78,7 +81,7 @@ class _Instruments:
             description="T_ideal / T_step of the job's latest JobHealth",
         )  # fmt: skip
         meter.create_observable_gauge(
-            "antdt.job.samples_per_s", [self._gauge(2)], unit="{sample}/s",
+            "antdt.job.throughput", [self._gauge(2)], unit="{sample}/s",
             description="Job throughput in its latest JobHealth",
         )  # fmt: skip
 
