@@ -53,19 +53,27 @@ async def test_monitor_serves_prometheus_metrics(settings: ServiceSettings, bus:
     try:
         await wait_for(lambda: _scrape(port), timeout=30, what="/metrics answering")
         subjects = Subjects(settings.nats.subject_prefix)
-        for _ in range(3):  # not JSON: refused by the bus, counted
+
+        def rejected() -> int:
+            for line in _scrape(port).splitlines():
+                if line.startswith("antdt_monitor_events_rejected") and "bad_request" in line:
+                    return int(float(line.rsplit(" ", 1)[1]))
+            return 0
+
+        async def send_bad() -> int:  # not JSON: refused by the bus and counted
+            await bus.publish_raw(subjects.step("prom", 0), b"not json")
+            await bus.flush()
+            return await asyncio.to_thread(rejected)
+
+        # /metrics answers before the monitor subscribes: send until one is counted
+        seen = await wait_for(send_bad, timeout=30, interval=0.2, what="a rejection counted")
+        for _ in range(3):
             await bus.publish_raw(subjects.step("prom", 0), b"not json")
         await bus.flush()
-
-        def rejected() -> str | None:
-            text = _scrape(port)
-            lines = [x for x in text.splitlines() if x.startswith("antdt_monitor_events_rejected")]
-            ok = any('reason="bad_request"' in x and x.endswith(" 3.0") for x in lines)
-            return text if ok else None
-
-        text = await wait_for(
-            lambda: asyncio.to_thread(rejected), timeout=20, what="rejections in /metrics"
+        await wait_for(
+            lambda: asyncio.to_thread(lambda: rejected() >= seen + 3), timeout=20, what="3 more"
         )
+        text = _scrape(port)
         assert f'antdt_replica="{settings.replica_id}"' in text
         assert "antdt_monitor_events_ingested_total" in text
     finally:
