@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from typing import Any
 
@@ -138,3 +139,120 @@ def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     return {"bytes_per_rank": (after - before) / ranks, "ranks": ranks, "windows": windows}
+
+
+class _AloneCollectives:
+    """No other ranks: the agent's own cost, without communication."""
+
+    def count(self, local_samples: int) -> int:
+        return local_samples
+
+    def reduce_gradients(self, model: Any, local_samples: int) -> int:
+        return local_samples
+
+    def agree_max(self, value: int) -> int:
+        return value
+
+
+def _steps_cost(iterator: Any, steps: int) -> float:
+    """Seconds per step on the training thread (steps() + sync, no collectives)."""
+    model = object()
+    started = time.perf_counter()
+    for _ in range(steps):
+        next(iterator).sync(model)
+    return (time.perf_counter() - started) / steps
+
+
+async def bench_agent_tracing(
+    cluster: EmbeddedCluster, *, steps: int = 1500, rounds: int = 24, command_every: int = 300
+) -> dict[str, float]:
+    """The agent's cost per step on the training thread, tracing off and on, in one run.
+
+    Two one-rank jobs against the real controller and shards services: one agent without
+    a tracer provider (what a rank gets with no OTLP endpoint), one with its own provider
+    recording every span (batch processor into memory: export is off the training
+    thread anyway). Both get the same AdjustBatch every `command_every` steps, sent from
+    inside a span, so the traced one makes its `process` and `apply plan` spans. Rounds
+    alternate off/on (the order flips each round); each mode's figure is the median of its
+    rounds, the ratio the median of the rounds' on/off ratios (pairs of adjacent rounds
+    see the same load from the rest of the machine)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from antdt.agent import Agent, AgentSettings
+    from antdt.schemas import Ack, AdjustBatch, Plan
+    from antdt.services.controller.service import ControllerService, ControllerSettings
+    from antdt.services.shards.service import ShardsService, ShardsSettings
+
+    base = _settings(cluster, "tracing")
+    runtime = ServiceRuntime("bench-tracing")
+    stores = []
+    for cls, service_cls in (
+        (ShardsSettings, ShardsService),
+        (ControllerSettings, ControllerService),
+    ):
+        settings = cls(**base.model_dump())
+        store = await Store(settings.etcd).connect()
+        bus = await Bus(settings.nats, name=f"bench-{cls.__name__}").connect()
+        await service_cls(settings, bus, store).start(runtime)  # type: ignore[arg-type]
+        stores.append(store)
+    exporter = InMemorySpanExporter()
+    traced = TracerProvider()
+    traced.add_span_processor(BatchSpanProcessor(exporter))
+    client = await Bus(base.nats, name="bench-commander").connect()
+    sender = TracerProvider().get_tracer("bench")  # records nothing; gives the context
+    subjects = Subjects(base.nats.subject_prefix)
+    agents: dict[str, Any] = {}
+    iterators: dict[str, Any] = {}
+    for mode, provider in (("off", None), ("on", traced)):
+        cfg = AgentSettings(
+            nats=base.nats, job=f"bench-tracing-{mode}", rank=0, world_size=1, host="h0",
+            dataset_size=8 * (rounds + 1) * (steps + 200) * 2, shard_size=20_000, global_batch=8,
+            register_timeout_s=15.0,
+        )  # fmt: skip
+        agent = Agent(cfg, collectives=_AloneCollectives(), tracer_provider=provider)
+        await asyncio.to_thread(agent.start)
+        await asyncio.to_thread(next, agent.epochs())  # blocks until data: not on this loop
+        iterators[mode] = agent.steps()
+        await asyncio.to_thread(_steps_cost, iterators[mode], 200)  # warm up
+        agents[mode] = agent
+    versions = {mode: 0 for mode in agents}
+
+    async def commander(mode: str, done: asyncio.Event) -> None:
+        agent, next_at = agents[mode], agents[mode].step + command_every
+        while not done.is_set():
+            if agent.step >= next_at:
+                versions[mode] += 1
+                plan = Plan(job=agent.settings.job, version=versions[mode], local_batch=(8,),
+                            effective_step=agent.step + 3, created_at=time.time())  # fmt: skip
+                command = AdjustBatch(action_id=f"{mode}-{plan.version}", job=plan.job, plan=plan)
+                with sender.start_as_current_span("send adjust_batch"):
+                    await client.request(subjects.command(plan.job, 0), command, Ack)
+                next_at += command_every
+            await asyncio.sleep(0.002)
+
+    costs: dict[str, list[float]] = {mode: [] for mode in agents}
+    for i in range(rounds):
+        for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            done = asyncio.Event()
+            task = asyncio.create_task(commander(mode, done))
+            costs[mode].append(await asyncio.to_thread(_steps_cost, iterators[mode], steps))
+            done.set()
+            await task
+    for agent in agents.values():
+        await asyncio.to_thread(agent.close)  # flushes the traced one's provider
+    await client.close()
+    await runtime.shutdown()
+    for store in stores:
+        await store.close()
+    spans = exporter.get_finished_spans()
+    off, on = statistics.median(costs["off"]), statistics.median(costs["on"])
+    return {
+        "off_us": off * 1e6,
+        "on_us": on * 1e6,
+        "ratio": statistics.median(a / b for a, b in zip(costs["on"], costs["off"], strict=True)),
+        "commands": versions["on"],
+        "applied_spans": sum(1 for s in spans if s.name == "apply plan"),
+        "process_spans": sum(1 for s in spans if s.name.startswith("process ")),
+    }
