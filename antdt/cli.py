@@ -24,9 +24,17 @@ NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else 
 EtcdOpt = Annotated[
     str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
 ]
+MetricsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics here (else ANTDT_TELEMETRY__METRICS_PORT)"
+    ),
+]
 
 
-def _service_settings(name: str, nats_url: str | None, etcd_endpoint: str | None) -> Any:
+def _service_settings(
+    name: str, nats_url: str | None, etcd_endpoint: str | None, metrics_port: int | None = None
+) -> Any:
     from antdt.services.runner import settings_class
 
     settings = settings_class(name)()
@@ -34,6 +42,8 @@ def _service_settings(name: str, nats_url: str | None, etcd_endpoint: str | None
         settings.nats.url = nats_url
     if etcd_endpoint:
         settings.etcd.endpoint = etcd_endpoint
+    if metrics_port is not None:
+        settings.telemetry.metrics_port = metrics_port
     return settings
 
 
@@ -43,12 +53,16 @@ def _configure_logs(settings: Any) -> None:
     configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)
 
 
-def _run_services(names: list[str], nats_url: str | None, etcd_endpoint: str | None) -> None:
+def _run_services(
+    names: list[str], nats_url: str | None, etcd_endpoint: str | None, metrics: int | None
+) -> None:
     from antdt.services.runner import run_services
 
     _configure_logs(_service_settings(names[0], nats_url, etcd_endpoint))
     _ensure_recording(_service_settings(names[0], nats_url, etcd_endpoint))
-    asyncio.run(run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint)))
+    asyncio.run(
+        run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics))
+    )
 
 
 def _ensure_recording(settings: Any) -> None:
@@ -65,21 +79,27 @@ def _ensure_recording(settings: Any) -> None:
 
 
 @app.command()
-def monitor(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+def monitor(
+    nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None, metrics_port: MetricsOpt = None
+) -> None:
     """Run one Monitor replica against the given NATS and etcd."""
-    _run_services(["monitor"], nats_url, etcd_endpoint)
+    _run_services(["monitor"], nats_url, etcd_endpoint, metrics_port)
 
 
 @app.command()
-def controller(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+def controller(
+    nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None, metrics_port: MetricsOpt = None
+) -> None:
     """Run one Controller replica against the given NATS and etcd."""
-    _run_services(["controller"], nats_url, etcd_endpoint)
+    _run_services(["controller"], nats_url, etcd_endpoint, metrics_port)
 
 
 @app.command()
-def services(nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+def services(
+    nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None, metrics_port: MetricsOpt = None
+) -> None:
     """Run all three services in one process against the given NATS and etcd."""
-    _run_services(["monitor", "controller", "shards"], nats_url, etcd_endpoint)
+    _run_services(["monitor", "controller", "shards"], nats_url, etcd_endpoint, metrics_port)
 
 
 @app.command()
@@ -87,6 +107,7 @@ def up(
     data_dir: Annotated[
         Path | None, typer.Option(help="Keep server data here (default: a temp dir)")
     ] = None,
+    metrics_port: MetricsOpt = None,
 ) -> None:
     """Start embedded nats-server (JetStream) and etcd plus the three services, in the
     foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
@@ -111,7 +132,7 @@ def up(
         asyncio.run(
             run_services(
                 ["monitor", "controller", "shards"],
-                lambda n: _service_settings(n, nats_url, etcd_endpoint),
+                lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics_port),
                 ready=announce,
             )
         )

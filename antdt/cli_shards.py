@@ -21,17 +21,28 @@ NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else 
 EtcdOpt = Annotated[
     str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
 ]
+MetricsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port", help="Serve Prometheus /metrics here (else ANTDT_TELEMETRY__METRICS_PORT)"
+    ),
+]
 JobOpt = Annotated[str, typer.Option("--job", help="Job id")]
 
 
 @shards_app.callback(invoke_without_command=True)
-def shards(ctx: typer.Context, nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None) -> None:
+def shards(
+    ctx: typer.Context,
+    nats_url: NatsOpt = None,
+    etcd_endpoint: EtcdOpt = None,
+    metrics_port: MetricsOpt = None,
+) -> None:
     """Run one Shards replica against the given NATS and etcd (without a sub-command)."""
     if ctx.invoked_subcommand is not None:
         return
     from antdt.cli import _run_services
 
-    _run_services(["shards"], nats_url, etcd_endpoint)
+    _run_services(["shards"], nats_url, etcd_endpoint, metrics_port)
 
 
 @shards_app.command("status")

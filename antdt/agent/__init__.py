@@ -34,11 +34,29 @@ def init(settings: AgentSettings | None = None, **overrides: Any) -> Agent:
         settings = AgentSettings(**overrides)
     elif overrides:  # re-validated, unlike model_copy(update=...)
         settings = AgentSettings(**{**settings.model_dump(), **overrides})
-    if not structlog.is_configured():
-        from antdt.runtime.logs import configure_logging
+    from antdt.runtime.logs import bind_process, configure_logging
 
+    if not structlog.is_configured():
         configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)
-    return Agent(settings).start()
+    bind_process(job=settings.job, rank=settings.rank)
+    return Agent(settings, tracer_provider=_tracer_provider(settings)).start()
+
+
+def _tracer_provider(settings: AgentSettings) -> Any:
+    """With an OTLP endpoint (ANTDT_TELEMETRY__OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_*): this
+    process's tracer provider (service `antdt-agent`), installed as the global one unless
+    the application has its own, and flushed when the agent closes."""
+    if not settings.telemetry.otlp_endpoint:
+        return None
+    from antdt.runtime.telemetry import setup_tracing
+
+    attributes: dict[str, str | int] = {"antdt.job": settings.job, "antdt.rank": settings.rank}
+    return setup_tracing(
+        "antdt-agent",
+        settings.telemetry.otlp_endpoint,
+        attributes=attributes,
+        export_timeout_s=2.0,  # close() must not hang on a collector that is away
+    )
 
 
 __all__ = [

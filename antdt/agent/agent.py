@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import IO, Any, NoReturn
 
 import structlog
+from opentelemetry.sdk.trace import TracerProvider
 
 from antdt.agent import restart
 from antdt.agent.collectives import Collectives, TorchCollectives
@@ -29,6 +30,8 @@ from antdt.agent.shards import ShardStream
 from antdt.agent.steps import Step, StepDriver
 from antdt.agent.stream_state import StreamState
 from antdt.runtime.bus import Bus, BusError, Delivery, Rejected
+from antdt.runtime.telemetry import flush_tracing
+from antdt.runtime.tracing_agent import AgentTraces
 from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
@@ -53,8 +56,16 @@ class Agent:
     `steps()`; `close()` flushes and stops. The training thread never waits on the
     network except for data and for registration at start."""
 
-    def __init__(self, settings: AgentSettings, *, collectives: Collectives | None = None):
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        collectives: Collectives | None = None,
+        tracer_provider: TracerProvider | None = None,  # flushed by close(); None: global
+    ):
         self.settings = settings
+        self._tracer_provider = tracer_provider
+        self._traces = AgentTraces(settings.job, settings.rank, tracer_provider)
         self.subjects = Subjects(settings.nats.subject_prefix)
         self._schedule = InjectionSchedule.parse(settings.inject).for_rank(
             settings.rank, settings.host
@@ -208,6 +219,7 @@ class Agent:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._bus.drain(), max(0.5, deadline - time.monotonic()))
             await self._bus.close()
+        await asyncio.to_thread(flush_tracing, self._tracer_provider, 2.0)
 
     def __enter__(self) -> Agent:
         return self.start()
@@ -365,7 +377,7 @@ class Agent:
             raise Rejected("bad_request", f"command for job {cmd.job!r} sent to job {s.job!r}")
         if isinstance(cmd, KillRestart):
             return self._kill_restart(cmd)
-        return self._adjust(cmd)
+        return self._adjust(cmd, delivery.subject)
 
     def _kill_restart(self, cmd: KillRestart) -> Ack:
         """Every rank checkpoints at the step and exits; the group comes back with
@@ -405,7 +417,7 @@ class Agent:
         self.close()
         os._exit(restart.RESTART_EXIT_CODE)  # past torch's and atexit's teardown: no hang
 
-    def _adjust(self, cmd: AdjustBatch) -> Ack:
+    def _adjust(self, cmd: AdjustBatch, subject: str) -> Ack:
         s, plan = self.settings, cmd.plan
         with self._plan_lock:
             judgement = self._book.judge(plan, job=s.job, world_size=s.world_size)
@@ -418,6 +430,7 @@ class Agent:
             else:
                 at = applied_step(plan, self._next_step)
                 self._book = self._book.add(plan, at, self._next_step)
+        self._traces.command(cmd, subject, judgement.verdict.value, at)  # loop: spans here
         log.info("plan accepted", version=plan.version, applied_step=at,
                  local_batch=plan.local_batch[s.rank], action_id=cmd.action_id)  # fmt: skip
         return self._ack(cmd.action_id, ok=True, applied_step=at, plan_version=plan.version)
@@ -466,6 +479,7 @@ class Agent:
         bus = self._bus
         if not records:
             return
+        self._traces.stepped(records)  # loop: the span of a plan's first step
         if bus is None or not bus.connected:
             self._events.drop(len(records))  # the bus is down: drop, never buffer unboundedly
             return

@@ -16,12 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from antdt.bench.cases import (
+    bench_agent_tracing,
     bench_detector_memory,
-    bench_incident_to_plan,
     bench_monitor_ingest,
     bench_raw_pubsub,
-    bench_raw_request,
 )
+from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.shards import (
     bench_ledger_sizes,
     bench_raw_etcd_txn,
@@ -65,6 +65,21 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                 "target": "reported",
             }
         )
+    with console.status("agent per-step cost, tracing off vs on"):
+        tracing = await bench_agent_tracing(cluster)
+    console.print(
+        f"agent per-step cost: {tracing['off_us']:.1f} µs untraced, {tracing['on_us']:.1f} µs "
+        f"traced ({tracing['commands']} commands, {tracing['applied_spans']} apply spans)"
+    )
+    rows.append(
+        {
+            "what": "agent training-thread cost per step with tracing, µs",
+            "value": tracing["on_us"],
+            "baseline": tracing["off_us"],
+            "baseline_what": "same, tracing off",
+            "target": "ratio <= 1.05",
+        }
+    )
     rows += await shards_rows(cluster)
     rows += await incident_to_plan_rows(cluster)
     return rows

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -16,16 +13,7 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import (
-    INCIDENT_STREAM,
-    ActionRecord,
-    Incident,
-    IncidentKind,
-    IncidentState,
-    JobHealth,
     JobSpec,
-    RankHealth,
-    RankState,
-    RegisterReply,
     StepEvent,
     Subjects,
 )
@@ -153,136 +141,118 @@ def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:
     return {"bytes_per_rank": (after - before) / ranks, "ranks": ranks, "windows": windows}
 
 
-def _percentiles(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50_ms": statistics.median(ordered) * 1000,
-        "p99_ms": ordered[int(0.99 * (len(ordered) - 1))] * 1000,
-        "max_ms": ordered[-1] * 1000,
-        "samples": len(ordered),
-    }
+class _AloneCollectives:
+    """No other ranks: the agent's own cost, without communication."""
+
+    def count(self, local_samples: int) -> int:
+        return local_samples
+
+    def reduce_gradients(self, model: Any, local_samples: int) -> int:
+        return local_samples
+
+    def agree_max(self, value: int) -> int:
+        return value
 
 
-async def bench_raw_request(url: str, *, rounds: int) -> dict[str, float]:
-    """Baseline: nats-py request → responder on another connection → reply, one at a time,
-    with a payload the size of an AdjustBatch for 32 ranks."""
-    payload = b"x" * 1200
-    client = await Bus(NatsSettings(url=url), name="raw-req").connect()
-    server = await Bus(NatsSettings(url=url), name="raw-rep").connect()
-
-    async def on_msg(msg: Any) -> None:
-        await msg.respond(msg.data)
-
-    await server.nc.subscribe("raw.rtt", cb=on_msg)
-    await server.flush()
-    samples = []
-    for n in range(rounds + 20):
-        started = time.perf_counter()
-        await client.nc.request("raw.rtt", payload, timeout=2.0)
-        if n >= 20:  # warm-up
-            samples.append(time.perf_counter() - started)
-    await client.close()
-    await server.close()
-    return _percentiles(samples)
+def _steps_cost(iterator: Any, steps: int) -> float:
+    """Seconds per step on the training thread (steps() + sync, no collectives)."""
+    model = object()
+    started = time.perf_counter()
+    for _ in range(steps):
+        next(iterator).sync(model)
+    return (time.perf_counter() - started) / steps
 
 
-def _bench_health(job: str, ranks: int, slow: int, step: int, version: int) -> JobHealth:
-    rows = tuple(
-        RankHealth(
-            rank=r,
-            host=f"h{r}",
-            state=RankState.SLOW if r == slow else RankState.OK,
-            last_step=step,
-            local_batch=32,
-            samples_per_s=100.0 if r == slow else 300.0,
-            compute_s_per_sample=0.01 if r == slow else 1 / 300,
-            ratio=1.0,
-            data_wait_share=0.0,
-            comm_share=0.1,
-        )
-        for r in range(ranks)
-    )
-    return JobHealth(job=job, at=time.time(), step=step, step_s=0.1, samples_per_s=1000.0,
-                     balance_efficiency=0.5, plan_version=version, ranks=rows)  # fmt: skip
-
-
-async def bench_incident_to_plan(
-    cluster: EmbeddedCluster, *, ranks: int, rounds: int
+async def bench_agent_tracing(
+    cluster: EmbeddedCluster, *, steps: int = 1500, rounds: int = 24, command_every: int = 300
 ) -> dict[str, float]:
-    """Incident → plan applied on every rank, with the real controller (policy lb-bsp,
-    cooldown and settling off so that every round acts) and `ranks` stand-in ranks in
-    another process, each on its own connection, acking AdjustBatch. A round publishes what
-    the monitor does (JobHealth, then the Incident on JetStream; a different slow rank each
-    round) and measures until the last rank holds the new plan (the controller decided,
-    wrote the plan to etcd with CAS, sent it to every rank), not the wait for its
-    effective step; and until the ActionRecord (every ack collected, recorded on
-    JetStream). Wall-clock times, one host."""
+    """The agent's cost per step on the training thread, tracing off and on, in one run.
+
+    Two one-rank jobs against the real controller and shards services: one agent without
+    a tracer provider (what a rank gets with no OTLP endpoint), one with its own provider
+    recording every span (batch processor into memory: export is off the training
+    thread anyway). Both get the same AdjustBatch every `command_every` steps, sent from
+    inside a span, so the traced one makes its `process` and `apply plan` spans. Rounds
+    alternate off/on (the order flips each round); each mode's figure is the median of its
+    rounds, the ratio the median of the rounds' on/off ratios (pairs of adjacent rounds
+    see the same load from the rest of the machine)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from antdt.agent import Agent, AgentSettings
+    from antdt.schemas import Ack, AdjustBatch, Plan
     from antdt.services.controller.service import ControllerService, ControllerSettings
+    from antdt.services.shards.service import ShardsService, ShardsSettings
 
-    base = _settings(cluster, f"plan{ranks}")
-    settings = ControllerSettings(**base.model_dump())
-    runtime = ServiceRuntime("bench-controller")
-    bus = await Bus(settings.nats, name="bench-controller").connect()
-    store = await Store(settings.etcd).connect()
-    await ControllerService(settings, bus, store).start(runtime)
-    subjects, job = Subjects(base.nats.subject_prefix), "bench"
-    client = await Bus(base.nats, name="bench-monitor").connect()
-    await client.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
-    spec = JobSpec(job=job, world_size=ranks, dataset_size=10**6, shard_size=1000,
-                   global_batch=32 * ranks, policy="lb-bsp",
-                   policy_params={"cooldown_s": 0.0, "settle_steps": 0})  # fmt: skip
-    await client.request(subjects.register(job), spec, RegisterReply)
-    held: dict[int, dict[str, float]] = {}
-    recorded: dict[int, float] = {}
-    changed = asyncio.Event()
+    base = _settings(cluster, "tracing")
+    runtime = ServiceRuntime("bench-tracing")
+    stores = []
+    for cls, service_cls in (
+        (ShardsSettings, ShardsService),
+        (ControllerSettings, ControllerService),
+    ):
+        settings = cls(**base.model_dump())
+        store = await Store(settings.etcd).connect()
+        bus = await Bus(settings.nats, name=f"bench-{cls.__name__}").connect()
+        await service_cls(settings, bus, store).start(runtime)  # type: ignore[arg-type]
+        stores.append(store)
+    exporter = InMemorySpanExporter()
+    traced = TracerProvider()
+    traced.add_span_processor(BatchSpanProcessor(exporter))
+    client = await Bus(base.nats, name="bench-commander").connect()
+    sender = TracerProvider().get_tracer("bench")  # records nothing; gives the context
+    subjects = Subjects(base.nats.subject_prefix)
+    agents: dict[str, Any] = {}
+    iterators: dict[str, Any] = {}
+    for mode, provider in (("off", None), ("on", traced)):
+        cfg = AgentSettings(
+            nats=base.nats, job=f"bench-tracing-{mode}", rank=0, world_size=1, host="h0",
+            dataset_size=8 * (rounds + 1) * (steps + 200) * 2, shard_size=20_000, global_batch=8,
+            register_timeout_s=15.0,
+        )  # fmt: skip
+        agent = Agent(cfg, collectives=_AloneCollectives(), tracer_provider=provider)
+        await asyncio.to_thread(agent.start)
+        await asyncio.to_thread(next, agent.epochs())  # blocks until data: not on this loop
+        iterators[mode] = agent.steps()
+        await asyncio.to_thread(_steps_cost, iterators[mode], 200)  # warm up
+        agents[mode] = agent
+    versions = {mode: 0 for mode in agents}
 
-    async def on_held(msg: Any) -> None:
-        report = json.loads(msg.data)
-        held[report["version"]] = report
-        changed.set()
+    async def commander(mode: str, done: asyncio.Event) -> None:
+        agent, next_at = agents[mode], agents[mode].step + command_every
+        while not done.is_set():
+            if agent.step >= next_at:
+                versions[mode] += 1
+                plan = Plan(job=agent.settings.job, version=versions[mode], local_batch=(8,),
+                            effective_step=agent.step + 3, created_at=time.time())  # fmt: skip
+                command = AdjustBatch(action_id=f"{mode}-{plan.version}", job=plan.job, plan=plan)
+                with sender.start_as_current_span("send adjust_batch"):
+                    await client.request(subjects.command(plan.job, 0), command, Ack)
+                next_at += command_every
+            await asyncio.sleep(0.002)
 
-    async def on_record(record: ActionRecord, _: Any) -> None:
-        if record.plan_version is not None:
-            recorded[record.plan_version] = time.time()
-            changed.set()
-
-    report = f"{base.nats.subject_prefix}.bench.held"
-    await client.nc.subscribe(report, cb=on_held)
-    await client.subscribe(subjects.action(job), ActionRecord, on_record)
-    stand_in = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "antdt.bench.ranks", base.nats.url, base.nats.subject_prefix,
-        job, str(ranks), report, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert stand_in.stdout is not None and stand_in.stdin is not None
-    await asyncio.wait_for(stand_in.stdout.readline(), 60)  # "ready"
-    to_ranks, to_record, step = [], [], 100
-    for n in range(rounds + 10):
-        slow, version = n % ranks, n + 1  # the plan version this round makes
-        now = time.time()
-        incident = Incident(id=f"bench-{n}", job=job, rank=slow, host=f"h{slow}", ratio=3.0,
-                            kind=IncidentKind.SLOW, state=IncidentState.OPENED, step=step,
-                            opened_at=now, updated_at=now, windows=3)  # fmt: skip
-        health = _bench_health(job, ranks, slow, step, version - 1)
-        started = time.time()
-        await client.publish(subjects.health(job), health)
-        await client.js_publish(subjects.incident(job), incident)
-        deadline = time.monotonic() + 10.0
-        while (version not in held or version not in recorded) and time.monotonic() < deadline:
-            changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                await asyncio.wait_for(changed.wait(), 0.5)
-        if version not in held or version not in recorded:
-            raise RuntimeError(f"round {n}: plan version {version} did not reach every rank")
-        step += 1000  # past the new plan's effective step: no settling to wait for
-        if n >= 10:  # warm-up
-            to_ranks.append(held[version]["last"] - started)
-            to_record.append(recorded[version] - started)
-    stand_in.stdin.close()
-    await stand_in.wait()
+    costs: dict[str, list[float]] = {mode: [] for mode in agents}
+    for i in range(rounds):
+        for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
+            done = asyncio.Event()
+            task = asyncio.create_task(commander(mode, done))
+            costs[mode].append(await asyncio.to_thread(_steps_cost, iterators[mode], steps))
+            done.set()
+            await task
+    for agent in agents.values():
+        await asyncio.to_thread(agent.close)  # flushes the traced one's provider
     await client.close()
     await runtime.shutdown()
-    await store.close()
-    figures = _percentiles(to_ranks)
-    record = _percentiles(to_record)
-    figures.update(record_p50_ms=record["p50_ms"], record_p99_ms=record["p99_ms"])
-    return figures
+    for store in stores:
+        await store.close()
+    spans = exporter.get_finished_spans()
+    off, on = statistics.median(costs["off"]), statistics.median(costs["on"])
+    return {
+        "off_us": off * 1e6,
+        "on_us": on * 1e6,
+        "ratio": statistics.median(a / b for a, b in zip(costs["on"], costs["off"], strict=True)),
+        "commands": versions["on"],
+        "applied_spans": sum(1 for s in spans if s.name == "apply plan"),
+        "process_spans": sum(1 for s in spans if s.name.startswith("process ")),
+    }

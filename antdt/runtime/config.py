@@ -45,12 +45,36 @@ class EtcdSettings(BaseModel):
     lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
 
 
+def _env(*names: str) -> str | None:
+    return next((os.environ[n] for n in names if os.environ.get(n)), None)
+
+
 class TelemetrySettings(BaseModel):
     otlp_endpoint: str | None = Field(
-        default=None, description="OTLP endpoint (grpc host:port or http URL); None: no export"
+        default_factory=lambda: _env(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+        description="OTLP endpoint for spans (grpc host:port, or an http(s) URL; "
+        "default OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT); None: no export",
     )
     log_format: str = Field(default="auto", description="auto (console on a tty), json or console")
     log_level: str = Field(default="info", description="debug, info, warning, error")
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535, description="Serve Prometheus /metrics on this port"
+    )
+    metrics_host: str = Field(default="0.0.0.0", description="Address of the /metrics server")
+    metrics_otlp_endpoint: str | None = Field(
+        default_factory=lambda: _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        description="OTLP endpoint for metrics (default OTEL_EXPORTER_OTLP_METRICS_ENDPOINT; "
+        "not the traces one: Jaeger takes no metrics); None: no OTLP metrics",
+    )
+    metrics_interval_s: float = Field(
+        default=15.0, gt=0, description="Period of OTLP metric export, seconds"
+    )
+    effect_steps: int = Field(
+        default=16, ge=1, description="Steps after a plan's effective step at which the "
+        "controller measures its effect (span `effect`): >= 2 monitor windows",
+    )  # fmt: skip
 
 
 class RecordingSettings(BaseModel):

@@ -12,7 +12,7 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
-from antdt.runtime.telemetry import flush_tracing, setup_tracing
+from antdt.runtime.telemetry import flush_tracing, setup_metrics, setup_tracing
 
 SERVICE_NAMES = ("monitor", "controller", "shards")
 
@@ -67,8 +67,15 @@ async def run_services(
     """Run services in this process until SIGINT/SIGTERM, then shut down in stages."""
     runtime = ServiceRuntime("+".join(names))
     first = settings_for(names[0])
-    provider = setup_tracing("antdt-" + "-".join(names), first.telemetry.otlp_endpoint)
+    telemetry, service_name = first.telemetry, "antdt-" + "-".join(names)
+    provider = setup_tracing(service_name, telemetry.otlp_endpoint)
     runtime.on_shutdown("flush", lambda: asyncio.to_thread(flush_tracing, provider))
+    exported = setup_metrics(
+        service_name, port=telemetry.metrics_port, host=telemetry.metrics_host,
+        otlp_endpoint=telemetry.metrics_otlp_endpoint, interval_s=telemetry.metrics_interval_s,
+    )  # fmt: skip
+    if exported is not None:
+        runtime.on_shutdown("flush", lambda: asyncio.to_thread(exported.flush))
     runtime.install_signal_handlers()
     try:
         services = [await start_service(n, settings_for(n), runtime) for n in names]

@@ -1,7 +1,11 @@
 """Services for end-to-end tests: the real three services, in this test process, against
 the session's real nats-server and etcd, each test under its own prefixes; and one real
 4-rank lb-bsp job with a straggler, run once per session and shared by the tests that
-check what came of it (the control loop, the report, the status view)."""
+check what came of it (the control loop, the report, the status view, the traces).
+
+Telemetry of that run goes to a real OTLP receiver in this process (`telemetry`): the
+services here through the global tracer and meter providers, the ranks through
+ANTDT_TELEMETRY__OTLP_ENDPOINT."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import os
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +26,10 @@ from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.telemetry import MetricsExport, flush_tracing, setup_metrics, setup_tracing
 from antdt.schemas import ActionRecord, Incident, JobHealth, StepEvent, Subjects
 from antdt.services.runner import settings_class, start_service
+from tests.otlp_receiver import OtlpReceiver
 
 WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 24000, 1024, 4, 15
 
@@ -56,9 +62,41 @@ async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
     await running.runtime.shutdown()
 
 
-def straggler_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str]:
+@dataclass
+class Telemetry:
+    receiver: OtlpReceiver
+    tracer_provider: Any
+    metrics: MetricsExport
+
+    def flush(self) -> None:
+        self.tracer_provider.force_flush(5000)
+        self.metrics.provider.force_flush(5000)
+
+
+@pytest.fixture(scope="session")
+def telemetry() -> Iterator[Telemetry]:
+    """A real OTLP receiver, and this process's tracer and meter providers exporting to it."""
+    from opentelemetry import metrics, trace
+
+    receiver = OtlpReceiver().start()
+    provider = setup_tracing("antdt-test-services", receiver.endpoint)
+    exported = setup_metrics("antdt-test-services", otlp_endpoint=receiver.endpoint)
+    assert exported is not None
+    assert trace.get_tracer_provider() is provider, "another global tracer provider was set"
+    assert metrics.get_meter_provider() is exported.provider
+    yield Telemetry(receiver, provider, exported)
+    flush_tracing(provider)
+    exported.flush()
+    receiver.stop()
+
+
+def straggler_env(
+    settings: ServiceSettings, job: str, out: Path, otlp_endpoint: str | None = None
+) -> dict[str, str]:
     """Rank 3 turns 3x slower at step ONSET under policy lb-bsp."""
     env = dict(os.environ)
+    if otlp_endpoint:  # the ranks' spans go there; exported within 0.5 s and at close
+        env.update(ANTDT_TELEMETRY__OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
     env.update(
         ANTDT_NATS__URL=settings.nats.url,
         ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
@@ -111,7 +149,7 @@ async def _collect(bus: Bus, run: StragglerRun) -> None:
 
 @pytest.fixture(scope="session")
 async def straggler_run(
-    cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory
+    cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory, telemetry: Telemetry
 ) -> AsyncIterator[StragglerRun]:
     from antdt.agent.launch import launch
 
@@ -130,7 +168,7 @@ async def straggler_run(
         await ensure_recording(bus, Subjects(settings.nats.subject_prefix), settings.recording)
         await _collect(bus, run)
         command = [sys.executable, "-m", "antdt.demo.train"]
-        env = straggler_env(settings, run.job, run.out)
+        env = straggler_env(settings, run.job, run.out, telemetry.receiver.endpoint)
         run.rc = await asyncio.to_thread(launch, WORLD, command, env=env)
         yield run
     finally:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from antdt.runtime import tracing
 from antdt.runtime.bus import Bus, BusError
 from antdt.runtime.ownership import Ownership
 from antdt.runtime.store import Store
@@ -179,11 +180,13 @@ class Executor:
 
     async def _send_one(self, rank: int, command: AdjustBatch) -> bool:
         subject = self.subjects.command(command.job, rank)
-        try:
-            ack = await self.bus.request(subject, command, Ack, timeout=self.ack_timeout_s)
-        except BusError as exc:
-            log.info("no ack", job=command.job, rank=rank, error=str(exc))
-            return False
+        with tracing.send(subject, command, rank) as sent:  # a span per attempt, a child per ack
+            try:
+                ack = await self.bus.request(subject, command, Ack, timeout=self.ack_timeout_s)
+            except BusError as exc:
+                log.info("no ack", job=command.job, rank=rank, error=str(exc))
+                return False
+            sent(ack)
         reason = adjust_ack_problem(ack, rank, command)
         if reason:
             self.bus.rejections.record("adjust_ack", "bad_ack", reason, subject)

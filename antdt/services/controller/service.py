@@ -20,6 +20,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Compare, Get, Put, Store
+from antdt.runtime.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,
@@ -80,6 +81,7 @@ class ControllerService:
         self.jobs: dict[str, JobState] = {}
         self.policies: dict[str, Policy] = {}
         self.blocklist: set[str] = set()  # hosts under `blocklist/` (all jobs)
+        self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -223,6 +225,7 @@ class ControllerService:
         if state is None:
             return
         state.health = health
+        self.traces.health(health)  # gauges; the effect of the last action
         if state.resume_pending:  # first, so that measuring cannot drop what it finishes
             async with state.busy:
                 if state.resume_pending:
@@ -238,6 +241,7 @@ class ControllerService:
         state = await self._state(incident.job)
         if state is None:
             return
+        self.traces.incident(incident)  # decisions on it join its trace
         if incident.state == IncidentState.RESOLVED:
             state.incidents.pop(incident.id, None)
         else:
@@ -250,13 +254,16 @@ class ControllerService:
         async with state.busy:
             policy = self._policy(state.spec.policy)
             view = state.view(time.time(), frozenset(self.blocklist))
-            for action in policy.decide(view, event):
-                if not self.ownership.owns(state.spec.job):
-                    return
-                if isinstance(action, AdjustBatchAction):
-                    await self.executor.adjust_batch(state, action)
-                else:
-                    await self.restarter.kill_restart(state, action, view)
+            with self.traces.decide(state.spec.job, state.spec.policy, event) as decision:
+                for action in policy.decide(view, event):
+                    if not self.ownership.owns(state.spec.job):
+                        return
+                    with decision.action(action):
+                        if isinstance(action, AdjustBatchAction):
+                            record = await self.executor.adjust_batch(state, action)
+                        else:
+                            record = await self.restarter.kill_restart(state, action, view)
+                        decision.done(record, view.health)
 
     def _policy(self, name: str) -> Policy:
         if name not in self.policies:

@@ -13,11 +13,13 @@ import time
 import structlog
 from pydantic import Field
 
+from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Store
+from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import INCIDENT_STREAM, Incident, JobSpec, Keys, StepEvent, Subjects
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
 
@@ -56,6 +58,8 @@ class MonitorService:
         self.dropped_not_owner = 0
         self._seen_jobs: set[str] = set()
         self._last_claim: dict[str, float] = {}
+        self.traces = IncidentTraces()
+        metrics.watch_monitor(self)
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -133,20 +137,22 @@ class MonitorService:
 
     async def _publish_incident(self, incident: Incident) -> None:
         msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
-        try:
-            await self.bus.js_publish(self.subjects.incident(incident.job), incident, msg_id=msg_id)
-        except Exception as exc:  # JetStream briefly away: core subscribers still get it
-            log.warning("incident not persisted", incident=incident.id, error=str(exc))
-            await self.bus.publish(self.subjects.incident(incident.job), incident)
-        log.info(
-            "incident",
-            job=incident.job,
-            incident=incident.id,
-            rank=incident.rank,
-            kind=incident.kind.value,
-            state=incident.state.value,
-            ratio=round(incident.ratio, 3),
-        )
+        subject = self.subjects.incident(incident.job)
+        with self.traces.transition(incident, subject, msg_id):  # its headers carry the trace
+            try:
+                await self.bus.js_publish(subject, incident, msg_id=msg_id)
+            except Exception as exc:  # JetStream briefly away: core subscribers still get it
+                log.warning("incident not persisted", incident=incident.id, error=str(exc))
+                await self.bus.publish(subject, incident)
+            log.info(
+                "incident",
+                job=incident.job,
+                incident=incident.id,
+                rank=incident.rank,
+                kind=incident.kind.value,
+                state=incident.state.value,
+                ratio=round(incident.ratio, 3),
+            )
 
     async def _health_loop(self) -> None:
         while True:

@@ -1,0 +1,50 @@
+"""An incident's trace context travels with it through JetStream: the monitor's span is
+current while the incident is published, so the copy stored in the stream carries its
+`traceparent`, and a handler receiving it (live or replayed later) runs under it."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.tracing import IncidentTraces
+from antdt.schemas import Incident, IncidentKind, IncidentState, Subjects
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _incident(job: str) -> Incident:
+    return Incident(id=f"{job}-r1-slow-1", job=job, rank=1, host="h1", kind=IncidentKind.SLOW,
+                    state=IncidentState.OPENED, step=9, opened_at=1.7e9, updated_at=1.7e9,
+                    ratio=2.0, windows=3)  # fmt: skip
+
+
+async def test_incident_trace_context_is_stored_in_jetstream(bus: Bus, unique: str) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    subject, stream = subjects.incident("tj"), f"T_{unique}"
+    await bus.ensure_stream(stream, [subject], max_age_s=60)
+    seen: list[tuple[int, Delivery]] = []
+
+    async def on_incident(_: Incident, delivery: Delivery) -> None:
+        seen.append((trace.get_current_span().get_span_context().trace_id, delivery))
+
+    await bus.subscribe(subject, Incident, on_incident)
+    traces = IncidentTraces(provider=TracerProvider())
+    with traces.transition(_incident("tj"), subject, "m1") as span:
+        await bus.js_publish(subject, _incident("tj"), msg_id="m1")
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    span_id = format(span.get_span_context().span_id, "016x")
+
+    stored = await bus.nc.jetstream().get_last_msg(stream, subject)
+    assert stored.headers is not None
+    assert stored.headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
+    await wait_for(lambda: seen, what="live delivery")
+    assert format(seen[0][0], "032x") == trace_id  # the handler ran inside the trace
+
+    replay = await bus.nc.jetstream().pull_subscribe(subject, stream=stream)
+    (msg,) = await replay.fetch(1, timeout=2)
+    assert (msg.headers or {})["traceparent"].split("-")[1] == trace_id
+    await replay.unsubscribe()
