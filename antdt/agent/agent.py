@@ -9,9 +9,8 @@ import contextlib
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
-from typing import IO, Any, NoReturn
+from typing import Any, NoReturn
 
 import structlog
 from opentelemetry.sdk.trace import TracerProvider
@@ -22,8 +21,9 @@ from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.ledger import LedgerClient
 from antdt.agent.loopthread import LoopThread
-from antdt.agent.outbox import BoundedQueue, RestoreMark, SampleLine, StepRecord
+from antdt.agent.outbox import RestoreMark
 from antdt.agent.plans import PlanBook, Verdict, applied_step, select_plan
+from antdt.agent.publisher import Publisher
 from antdt.agent.register import register, spec_differences
 from antdt.agent.settings import AgentSettings
 from antdt.agent.shards import ShardStream
@@ -44,7 +44,6 @@ from antdt.schemas import (
     ReleaseReply,
     RestoreReply,
     ShardRestore,
-    StepEvent,
     Subjects,
 )
 
@@ -75,12 +74,7 @@ class Agent:
         self._book = PlanBook()
         self._locked: tuple[int, Plan] | None = None  # (step, plan) chosen for that step
         self._next_step = 0  # the first step whose plan is not chosen yet
-        self._events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
-        self._lines: deque[SampleLine | RestoreMark] = deque()
-        self._incarnation = 0
-        self._drain_scheduled = False
-        self._drain_task: asyncio.Task[None] | None = None
-        self._log_file: IO[str] | None = None
+        self._out = Publisher(settings, self.subjects, self._traces.stepped)
         self._thread: LoopThread | None = None
         self._bus: Bus | None = None
         self._stream: ShardStream | None = None
@@ -103,6 +97,7 @@ class Agent:
             return self
         s = self.settings
         self._thread = LoopThread(f"antdt-agent-{s.rank}").start()
+        self._out.thread = self._thread
         try:
             self._thread.run(self._connect(), timeout=s.register_timeout_s + 15)
         except BaseException:
@@ -114,8 +109,8 @@ class Agent:
         assert self._stream is not None
         self._driver = StepDriver(
             rank=s.rank, host=s.host, stream=self._stream, plan_for=self._plan_for,
-            collectives=self._get_collectives, schedule=self._schedule, emit=self._emit,
-            log_ids=self._log_ids if s.sample_log else None,
+            collectives=self._get_collectives, schedule=self._schedule, emit=self._out.emit,
+            log_ids=self._out.log_ids if s.sample_log else None,
         )  # fmt: skip
         atexit.register(self.close)
         log.info("agent started", job=s.job, rank=s.rank, host=s.host, plan=self.plan.version)
@@ -130,6 +125,7 @@ class Agent:
             self._bus = await asyncio.wait_for(
                 bus.connect(retry_for_s=s.register_timeout_s), s.register_timeout_s
             )
+            self._out.bus = self._bus
         except (BusError, TimeoutError) as exc:
             raise AgentError(
                 f"cannot connect to NATS at {s.nats.url}: {exc or 'timed out'}"
@@ -204,17 +200,13 @@ class Agent:
 
     async def _teardown(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        if self._drain_task is not None:
-            await asyncio.gather(self._drain_task, return_exceptions=True)
-        await self._drain()
+        await self._out.finish()
         if self._stream is not None:
             if not await self._stream.flush(max(0.0, deadline - time.monotonic())):
                 log.warning("done reports not delivered", pending=self._stream.unreported())
             await self._stream.stop()
-        await self._drain()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        await self._out.drain()
+        self._out.close_file()
         if self._bus is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._bus.drain(), max(0.5, deadline - time.monotonic()))
@@ -269,10 +261,9 @@ class Agent:
         timeout = s.ledger_timeout_s
         reply = self._thread.run(self._ledger.restore(req, timeout), timeout=timeout + 5)
         self._stream.set_incarnation(reply.incarnation)
-        self._incarnation = reply.incarnation
+        self._out.incarnation = reply.incarnation
         if s.sample_log:
-            self._lines.append(RestoreMark(reply.incarnation, step))
-            self._schedule_drain()
+            self._out.log_ids(RestoreMark(reply.incarnation, step))
         first = 0 if step is None else step + 1
         with self._plan_lock:
             self._next_step = driver.step = first
@@ -362,7 +353,7 @@ class Agent:
 
     @property
     def dropped_events(self) -> int:
-        return self._events.dropped
+        return self._out.events.dropped
 
     @property
     def fetch_errors(self) -> int:
@@ -438,85 +429,3 @@ class Agent:
     def _ack(self, action_id: str, *, ok: bool, **fields: Any) -> Ack:
         s = self.settings
         return Ack(action_id=action_id, job=s.job, rank=s.rank, ok=ok, at=time.time(), **fields)
-
-    # -- events and the sample log -----------------------------------------------------
-
-    def _emit(self, record: StepRecord) -> None:  # training thread
-        if self._events.put(record):
-            self._schedule_drain()
-
-    def _log_ids(self, line: SampleLine) -> None:  # training thread; never dropped
-        self._lines.append(line)
-        self._schedule_drain()
-
-    def _schedule_drain(self) -> None:
-        if not self._drain_scheduled and self._thread is not None:
-            self._drain_scheduled = True
-            self._thread.call_soon(self._start_drain)
-
-    def _start_drain(self) -> None:  # loop
-        self._drain_scheduled = False
-        # A running drain pops again after each await, so it will see the new items.
-        if self._drain_task is None or self._drain_task.done():
-            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        """Publish queued step events and write sample-log lines until both are empty."""
-        while True:
-            records, lines = self._events.pop_all(), self._pop_lines()
-            if not records and not lines:
-                return
-            self._write_lines(lines)
-            await self._publish(records)
-
-    def _pop_lines(self) -> list[SampleLine | RestoreMark]:
-        out: list[SampleLine | RestoreMark] = []
-        while self._lines:
-            out.append(self._lines.popleft())
-        return out
-
-    async def _publish(self, records: list[StepRecord]) -> None:
-        bus = self._bus
-        if not records:
-            return
-        self._traces.stepped(records)  # loop: the span of a plan's first step
-        if bus is None or not bus.connected:
-            self._events.drop(len(records))  # the bus is down: drop, never buffer unboundedly
-            return
-        s = self.settings
-        subject = self.subjects.step(s.job, s.rank)
-        for record in records:
-            try:
-                await bus.publish(subject, self._step_event(record))
-            except Exception as exc:
-                self._events.drop(1)
-                if self._events.dropped_later == 1:
-                    log.warning("step event not published", error=str(exc))
-
-    def _step_event(self, r: StepRecord) -> StepEvent:
-        s = self.settings
-        compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
-        return StepEvent(
-            job=s.job, rank=s.rank, host=s.host, step=r.step, epoch=r.epoch,
-            plan_version=r.plan_version, local_batch=r.local_batch, samples=r.samples,
-            compute_s=compute_s, data_wait_s=r.data_wait_s, comm_s=r.comm_s, step_s=r.step_s,
-            started_at=r.started_at, ended_at=r.started_at + r.step_s,
-        )  # fmt: skip
-
-    def _write_lines(self, lines: list[SampleLine | RestoreMark]) -> None:
-        if not lines or not self.settings.sample_log:
-            return
-        if self._log_file is None:
-            path = f"{self.settings.sample_log}.rank{self.settings.rank}.jsonl"
-            self._log_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the agent)
-        k = self._incarnation
-        for line in lines:
-            if isinstance(line, RestoreMark):
-                step = "null" if line.step is None else line.step
-                self._log_file.write(f'{{"incarnation":{k},"restored":{step}}}\n')
-                continue
-            ids = ",".join(map(str, line.ids))
-            self._log_file.write(
-                f'{{"incarnation":{k},"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n'
-            )
-        self._log_file.flush()  # a rank killed later must not lose lines of synced steps

@@ -1,0 +1,133 @@
+"""The loop's side of the outbox: step events to the bus, sample-log lines to the file.
+
+The training thread only appends (`emit`, `log_ids`) and schedules one drain on the loop;
+the drain publishes queued step events (dropped with a counter when the bus is down:
+never buffered without bound) and writes sample-log lines (never dropped: they are the
+exactly-once accounting)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+import structlog
+
+from antdt.agent.loopthread import LoopThread
+from antdt.agent.outbox import BoundedQueue, RestoreMark, SampleLine, StepRecord
+from antdt.agent.settings import AgentSettings
+from antdt.runtime.bus import Bus
+from antdt.schemas import StepEvent, Subjects
+
+log = structlog.get_logger("antdt.agent")
+
+
+class Publisher:
+    def __init__(
+        self, settings: AgentSettings, subjects: Subjects, on_records: Callable[[list[Any]], None]
+    ) -> None:
+        self.settings = settings
+        self._subject = subjects.step(settings.job, settings.rank)
+        self._on_records = on_records  # tracing: the span of a plan's first step
+        self.events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
+        self._lines: deque[SampleLine | RestoreMark] = deque()
+        self._scheduled = False
+        self._task: asyncio.Task[None] | None = None
+        self._file: IO[str] | None = None
+        self.thread: LoopThread | None = None
+        self.bus: Bus | None = None
+        self.incarnation = 0
+
+    # -- training thread -----------------------------------------------------------------
+
+    def emit(self, record: StepRecord) -> None:
+        if self.events.put(record):
+            self._schedule()
+
+    def log_ids(self, line: SampleLine | RestoreMark) -> None:  # never dropped
+        self._lines.append(line)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self.thread is not None:
+            self._scheduled = True
+            self.thread.call_soon(self._start)
+
+    # -- loop ------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._scheduled = False
+        # A running drain pops again after each await, so it will see the new items.
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.drain())
+
+    async def finish(self) -> None:
+        """Wait for a running drain, then drain what is left."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.drain()
+
+    def close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    async def drain(self) -> None:
+        """Publish queued step events and write sample-log lines until both are empty."""
+        while True:
+            records, lines = self.events.pop_all(), self._pop_lines()
+            if not records and not lines:
+                return
+            self._write_lines(lines)
+            await self._publish(records)
+
+    def _pop_lines(self) -> list[SampleLine | RestoreMark]:
+        out: list[SampleLine | RestoreMark] = []
+        while self._lines:
+            out.append(self._lines.popleft())
+        return out
+
+    async def _publish(self, records: list[StepRecord]) -> None:
+        bus = self.bus
+        if not records:
+            return
+        self._on_records(records)
+        if bus is None or not bus.connected:
+            self.events.drop(len(records))  # the bus is down: drop, never buffer unboundedly
+            return
+        for record in records:
+            try:
+                await bus.publish(self._subject, self._step_event(record))
+            except Exception as exc:
+                self.events.drop(1)
+                if self.events.dropped_later == 1:
+                    log.warning("step event not published", error=str(exc))
+
+    def _step_event(self, r: StepRecord) -> StepEvent:
+        s = self.settings
+        compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
+        return StepEvent(
+            job=s.job, rank=s.rank, host=s.host, step=r.step, epoch=r.epoch,
+            plan_version=r.plan_version, local_batch=r.local_batch, samples=r.samples,
+            compute_s=compute_s, data_wait_s=r.data_wait_s, comm_s=r.comm_s, step_s=r.step_s,
+            started_at=r.started_at, ended_at=r.started_at + r.step_s,
+        )  # fmt: skip
+
+    def _write_lines(self, lines: list[SampleLine | RestoreMark]) -> None:
+        if not lines or not self.settings.sample_log:
+            return
+        if self._file is None:
+            path = f"{self.settings.sample_log}.rank{self.settings.rank}.jsonl"
+            self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the agent)
+        k = self.incarnation
+        for line in lines:
+            if isinstance(line, RestoreMark):
+                step = "null" if line.step is None else line.step
+                self._file.write(f'{{"incarnation":{k},"restored":{step}}}\n')
+                continue
+            ids = ",".join(map(str, line.ids))
+            self._file.write(
+                f'{{"incarnation":{k},"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n'
+            )
+        self._file.flush()  # a rank killed later must not lose lines of synced steps
