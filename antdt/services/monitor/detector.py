@@ -122,6 +122,7 @@ class JobDetector:
             _Rank(rank, warmup_left=self.config.warmup_windows) for rank in range(world_size)
         ]
         self._judge = Judge(self.config)
+        self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None
         self._latest_step = 0
@@ -136,8 +137,14 @@ class JobDetector:
         return tuple(self._find_open(incident_id) for incident_id in self._open)
 
     def ingest(self, event: StepEvent, now: float) -> list[Incident]:
-        """Account one step event; returns the incident transitions it caused."""
-        now = self._tick(now)
+        """Account one step event; returns the incident transitions it caused.
+
+        This runs for every event the monitor receives (tens of thousands a second per
+        replica), so it reads each field once and inlines `_tick`."""
+        if now > self._clock:
+            self._clock = now
+        else:
+            now = self._clock  # time never runs backwards in here
         reason = self._rejection(event)
         if reason is not None:
             self.rejected[reason] += 1
@@ -147,12 +154,13 @@ class JobDetector:
         if rank.stall is not None:
             transitions.append(self._resolve_stall(rank, event.step, now))
         self._remember(rank, event, now)
-        if rank.window and rank.window[0].plan_version != event.plan_version:
+        window = rank.window
+        if window and window[0].plan_version != event.plan_version:
             # Never mix plans in one window: decisions must rest on post-switch figures.
-            rank.window.clear()
+            window.clear()
             self.discarded_windows += 1
-        rank.window.append(event)
-        if len(rank.window) >= self.config.window:
+        window.append(event)
+        if len(window) >= self._window_steps:
             transitions.extend(self._close_window(rank, event.step, now))
         return transitions
 
@@ -267,8 +275,10 @@ class JobDetector:
         rank.local_batch = event.local_batch
         if self._first_seen_at is None:
             self._first_seen_at = now
-        self._latest_step = max(self._latest_step, event.step)
-        self._plan_version = max(self._plan_version, event.plan_version)
+        if event.step > self._latest_step:
+            self._latest_step = event.step
+        if event.plan_version > self._plan_version:
+            self._plan_version = event.plan_version
 
     def _close_window(self, rank: _Rank, step: int, now: float) -> list[Incident]:
         stats = summarize(rank.window)

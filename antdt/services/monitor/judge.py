@@ -6,10 +6,8 @@ Pure: the Judge keeps each rank's latest window figures in sorted multisets so t
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from antdt.schemas import Cause
 from antdt.services.monitor.windows import SortedValues, WindowStats
@@ -25,9 +23,9 @@ class Verdict(enum.Enum):
     FAST = "fast"
 
 
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """The verdict on one window and the figures behind it."""
+class Judgement(NamedTuple):
+    """The verdict on one window and the figures behind it (a NamedTuple: immutable and
+    cheap to build, one per window close; see WindowStats)."""
 
     verdict: Verdict
     ratio: float = 1.0  # compute per sample over the other ranks' median
@@ -148,4 +146,4 @@ def _figures(stats: WindowStats) -> tuple[float, ...]:
 
 
 def _with(f: Judgement, verdict: Verdict, cause: Cause, strong: bool) -> Judgement:
-    return dataclasses.replace(f, verdict=verdict, cause=cause, strong=strong)
+    return f._replace(verdict=verdict, cause=cause, strong=strong)
