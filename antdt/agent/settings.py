@@ -12,7 +12,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.config import NatsSettings, TelemetrySettings
-from antdt.schemas import JobSpec
+from antdt.schemas import JobSpec, MonitorParams
 
 TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -80,6 +80,10 @@ class AgentSettings(BaseSettings):
         default=None, ge=1, description="Largest local batch memory holds (hello), samples"
     )
     device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
+    monitor: MonitorParams | None = Field(
+        default=None,
+        description="The job's detection tunables, e.g. ANTDT_MONITOR__WINDOW=16 (registered)",
+    )
 
     @model_validator(mode="after")
     def _rank_in_job(self) -> AgentSettings:
@@ -98,4 +102,5 @@ class AgentSettings(BaseSettings):
             epochs=self.epochs,
             seed=self.seed,
             policy=self.policy,
+            monitor=self.monitor,
         )

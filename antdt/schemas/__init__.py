@@ -24,7 +24,7 @@ from antdt.schemas.events import (
     StepEvent,
     StragglerClass,
 )
-from antdt.schemas.plan import JobSpec, Plan, PlanRequest, RegisterReply
+from antdt.schemas.plan import JobSpec, MonitorParams, Plan, PlanRequest, RegisterReply
 from antdt.schemas.shards import (
     FetchStatus,
     InFlight,
@@ -69,6 +69,7 @@ __all__ = [
     "JobSpec",
     "Keys",
     "KillRestart",
+    "MonitorParams",
     "Plan",
     "PlanRequest",
     "RankHealth",
