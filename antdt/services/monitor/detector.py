@@ -45,7 +45,7 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.monitor.judge import Judge, Judgement, Verdict
-from antdt.services.monitor.windows import WindowStats, summarize
+from antdt.services.monitor.windows import Row, WindowStats, row_of, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
@@ -91,7 +91,8 @@ class _Rank:
     last_ended_at: float = 0.0
     last_seen_at: float | None = None  # control-plane time of its latest accepted event
     local_batch: int = 0
-    window: list[StepEvent] = field(default_factory=list)
+    window: list[Row] = field(default_factory=list)  # the open window's figures
+    window_plan: int = 0  # plan version of the open window's steps
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
@@ -155,11 +156,13 @@ class JobDetector:
             transitions.append(self._resolve_stall(rank, event.step, now))
         self._remember(rank, event, now)
         window = rank.window
-        if window and window[0].plan_version != event.plan_version:
+        if window and rank.window_plan != event.plan_version:
             # Never mix plans in one window: decisions must rest on post-switch figures.
             window.clear()
             self.discarded_windows += 1
-        window.append(event)
+        if not window:
+            rank.window_plan = event.plan_version
+        window.append(row_of(event))
         if len(window) >= self._window_steps:
             transitions.extend(self._close_window(rank, event.step, now))
         return transitions
