@@ -262,11 +262,9 @@ class JobDetector:
         if not 0.0 <= event.started_at <= event.ended_at < math.inf:
             return "bad_time"
         rank = self._ranks[event.rank]
-        if event.step == rank.last_step:
-            return "duplicate_step"
-        if event.step < rank.last_step:
-            return "step_backwards"
-        if rank.last_step >= 0 and event.ended_at < rank.last_ended_at:
+        if event.step <= rank.last_step:
+            return "duplicate_step" if event.step == rank.last_step else "step_backwards"
+        if event.ended_at < rank.last_ended_at and rank.last_step >= 0:
             return "time_backwards"
         return None
 

@@ -14,79 +14,87 @@ from typing import NamedTuple
 
 from antdt.schemas import StepEvent
 
-
-class WindowStats(NamedTuple):
-    """Medians over one closed window of one rank (seconds, shares in [0, 1]).
-
-    A NamedTuple rather than a frozen dataclass: just as immutable, and built several
-    times faster (a frozen dataclass sets each field through object.__setattr__), which
-    shows at one per window close."""
-
-    compute_per_sample: float  # compute_s / samples: the straggler signal
-    busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
-    data_per_sample: float  # data_wait_s / samples
-    data_share: float  # data_wait_s / step_s
-    comm_share: float  # comm_s / step_s (gradient exchange incl. barrier wait)
-    step_s: float
-    comm_s: float
-    overhead_s: float  # step_s - compute_s - comm_s: data wait plus unattributed time
-    samples: float  # samples per step
-    events: int
-
-    @property
-    def samples_per_s(self) -> float:
-        """Compute throughput: samples per second of forward+backward."""
-        return 1.0 / self.compute_per_sample
-
-
 #: What a window keeps of each step event: (samples, compute_s, data_wait_s, comm_s,
-#: step_s). A tuple read in one C call, not the event itself: a fifth of the memory per
-#: tracked rank, and cheaper to read back when the window closes.
+#: step_s). A tuple read in one C call, not the event itself: a fraction of the memory
+#: per tracked rank, and cheaper to read back when the window closes.
 Row = tuple[int, float, float, float, float]
 row_of: Callable[[StepEvent], Row] = operator.attrgetter(
     "samples", "compute_s", "data_wait_s", "comm_s", "step_s"
 )
 
 
+class WindowStats(NamedTuple):
+    """Medians over one closed window of one rank (seconds, shares in [0, 1]).
+
+    The figures the Judge compares are computed when the window closes (once per W
+    events, on the ingest path); those only JobHealth and the stall limit read (about
+    once a second) are medians over the kept rows, computed when read. A NamedTuple
+    rather than a frozen dataclass: as immutable, and several times cheaper to build."""
+
+    compute_per_sample: float  # compute_s / samples: the straggler signal
+    busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
+    data_share: float  # data_wait_s / step_s
+    comm_share: float  # comm_s / step_s (gradient exchange incl. barrier wait)
+    rows: tuple[Row, ...]  # the window's steps
+
+    @property
+    def samples_per_s(self) -> float:
+        """Compute throughput: samples per second of forward+backward."""
+        return 1.0 / self.compute_per_sample
+
+    @property
+    def events(self) -> int:
+        return len(self.rows)
+
+    @property
+    def samples(self) -> float:
+        """Samples per step."""
+        return _median([n for n, _, _, _, _ in self.rows])
+
+    @property
+    def step_s(self) -> float:
+        return _median([s for _, _, _, _, s in self.rows])
+
+    @property
+    def comm_s(self) -> float:
+        return _median([m for _, _, _, m, _ in self.rows])
+
+    @property
+    def overhead_s(self) -> float:
+        """step_s - compute_s - comm_s: data wait plus time no stage claims."""
+        return _median([max(0.0, s - c - m) for _, c, _, m, s in self.rows])
+
+    @property
+    def data_per_sample(self) -> float:
+        return _median([d / n for n, c, d, _, _ in self.rows if n > 0 and c > 0])
+
+
 def summarize(rows: Sequence[Row]) -> WindowStats | None:
-    """The window's medians, or None when no step carried a measurable compute time.
+    """The window's statistics, or None when no step carried a measurable compute time.
 
     Steps with samples == 0 (or no compute time) still count towards closing the window
     and towards step/comm figures, but not towards per-sample figures. One pass over the
-    rows, then one sort per figure. This runs once per W events on the ingest path, so
-    the loop body calls no functions (calls per share cost a third of its time).
+    rows, then one sort per figure. The loop body calls no functions: calls per share
+    cost a third of its time, and this runs once per W events on the ingest path.
     """
-    compute, busy, data = [], [], []
-    step, comm, data_share, comm_share, overhead, samples = [], [], [], [], [], []
+    compute, busy, data_share, comm_share = [], [], [], []
     for n, c, d, m, s in rows:
         if n > 0 and c > 0:
             compute.append(c / n)
             busy.append((c + d) / n)
-            data.append(d / n)
-        step.append(s)
-        comm.append(m)
         # Parts may exceed step_s by the 5% the wire contract tolerates: clamp into [0, 1]
         # (conditionals, not min(): a builtin call per figure shows on this path).
         d_share, m_share = (d / s, m / s) if s > 0 else (0.0, 0.0)
         data_share.append(d_share if d_share < 1.0 else 1.0)
         comm_share.append(m_share if m_share < 1.0 else 1.0)
-        unclaimed = s - c - m
-        overhead.append(unclaimed if unclaimed > 0.0 else 0.0)
-        samples.append(n)
     if not compute:
         return None
-    busy_med, data_med = _median(busy), _median(data)
     return WindowStats(
         compute_per_sample=_median(compute),
-        busy_per_sample=busy_med,
-        data_per_sample=data_med,
+        busy_per_sample=_median(busy),
         data_share=_median(data_share),
         comm_share=_median(comm_share),
-        step_s=_median(step),
-        comm_s=_median(comm),
-        overhead_s=_median(overhead),
-        samples=_median(samples),
-        events=len(rows),
+        rows=tuple(rows),
     )
 
 
