@@ -123,7 +123,8 @@ class Judge:
 
     def _fast(self, f: Judgement) -> Judgement | None:
         delta = self.config.slow_threshold
-        if not self.config.leaders or len(self._compute) < 3 or f.ratio > 1.0 - delta:
+        # Cheapest test first: most windows are nowhere near a leader's ratio.
+        if f.ratio > 1.0 - delta or not self.config.leaders or len(self._compute) < 3:
             return None
         # Against all ranks too: in a small job one straggler drags "the others'" median
         # up, which would make every healthy rank look like a leader.
