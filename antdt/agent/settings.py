@@ -12,7 +12,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.config import NatsSettings, TelemetrySettings
-from antdt.schemas import JobSpec
+from antdt.schemas import JobSpec, MonitorParams
 from antdt.schemas.plan import PolicyParam
 
 TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
@@ -99,6 +99,10 @@ class AgentSettings(BaseSettings):
         default=None, max_length=128, pattern=TOKEN.pattern,
         description="Names this restart for restore() (default: agreed by the ranks)",
     )  # fmt: skip
+    monitor: MonitorParams | None = Field(
+        default=None,
+        description="The job's detection tunables, e.g. ANTDT_MONITOR__WINDOW=16 (registered)",
+    )
 
     @model_validator(mode="after")
     def _rank_in_job(self) -> AgentSettings:
@@ -118,4 +122,5 @@ class AgentSettings(BaseSettings):
             seed=self.seed,
             policy=self.policy,
             policy_params=self.policy_params,
+            monitor=self.monitor,
         )

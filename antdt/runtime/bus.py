@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import nats
 import structlog
@@ -81,9 +82,11 @@ class Replay(Generic[M]):
         return len(self.items) + self.rejected < self.available
 
 
-@dataclass(frozen=True)
-class Delivery:
-    """What a handler learns about a message besides its payload."""
+class Delivery(NamedTuple):
+    """What a handler learns about a message besides its payload.
+
+    Immutable; a NamedTuple because one is built per message and a frozen dataclass
+    costs several times more to build."""
 
     subject: str
     headers: Mapping[str, str]
@@ -100,12 +103,15 @@ class Decoder(Generic[M]):
         self._adapter: TypeAdapter[M] = (
             target if isinstance(target, TypeAdapter) else TypeAdapter(target)
         )
+        # The core validator's own method: TypeAdapter.validate_json only forwards to it,
+        # and that Python-level hop is a tenth of a decode on a busy subscription.
+        self._validate_json: Callable[[bytes], M] = self._adapter.validator.validate_json
 
     def decode(self, data: bytes) -> M:
         if len(data) > MAX_MESSAGE_BYTES:
             raise Rejected("too_large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
         try:
-            return self._adapter.validate_json(data)
+            return self._validate_json(data)
         except ValidationError as exc:
             raise Rejected("bad_request", _short_validation_error(exc)) from None
 
@@ -344,11 +350,8 @@ class Bus:
 
         A handler's returned model is the reply (when the message expects one). Bad input
         and handler failures are counted and answered with ErrorReply; they never escape."""
-        decoder = Decoder(target)
-
-        async def on_msg(msg: Msg) -> None:
-            await self._dispatch(subject, decoder, handler, msg)
-
+        # A partial, not a closure that awaits _dispatch: one coroutine less per message.
+        on_msg = functools.partial(self._dispatch, subject, Decoder(target), handler)
         sub = await self.nc.subscribe(
             subject,
             queue=queue,
@@ -365,8 +368,8 @@ class Bus:
     async def _dispatch(
         self, pattern: str, decoder: Decoder[M], handler: Handler[M], msg: Msg
     ) -> None:
-        headers = dict(msg.headers or {})
-        delivery = Delivery(subject=msg.subject, headers=headers, reply=msg.reply or "")
+        headers = dict(msg.headers) if msg.headers else {}
+        delivery = Delivery(msg.subject, headers, msg.reply or "")  # positional: cheaper
         token = otel_context.attach(propagate.extract(headers)) if headers else None
         try:
             model = decoder.decode(msg.data)

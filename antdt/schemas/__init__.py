@@ -24,7 +24,7 @@ from antdt.schemas.events import (
     StepEvent,
     StragglerClass,
 )
-from antdt.schemas.plan import JobSpec, Plan, PlanRequest, RegisterReply
+from antdt.schemas.plan import JobSpec, MonitorParams, Plan, PlanRequest, RegisterReply
 from antdt.schemas.restarts import BlocklistEntry, PendingRestart, RestartLedger
 from antdt.schemas.shards import (
     CommitReply,
@@ -79,6 +79,7 @@ __all__ = [
     "JobSpec",
     "Keys",
     "KillRestart",
+    "MonitorParams",
     "PendingRestart",
     "Plan",
     "PlanRequest",

@@ -9,6 +9,77 @@ from antdt.schemas.base import Count, Timestamp, Token, WireModel
 PolicyParam = float | int | str | bool
 
 
+class MonitorParams(WireModel):
+    """The monitor's detection tunables for one job (DESIGN.md section 7).
+
+    Every field is optional: one left out (None) takes the monitor replica's default
+    (`ANTDT_WINDOW`, `ANTDT_SLOW_THRESHOLD`, `ANTDT_PERSISTENT_WINDOWS`, else the
+    detector's own). Ratios compare a rank's median compute time per sample with the
+    median of the other ranks. A combination the monitor cannot use (for example a
+    slow_threshold above the replica's instant_threshold) makes it fall back to the
+    replica's defaults for the whole job and log a warning."""
+
+    window: int | None = Field(
+        default=None,
+        ge=2,
+        le=10_000,
+        description="W: events per detection window, per rank (steps)",
+    )
+    slow_threshold: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="δ: slow window at ratio >= 1+δ, leader's at <= 1-δ (fraction)",
+    )
+    instant_threshold: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=100.0,
+        description="Opens an incident in one window at ratio >= 1+this (fraction, >= δ)",
+    )
+    open_windows: int | None = Field(
+        default=None, ge=1, le=1000, description="Deviating windows in a row to open (windows)"
+    )
+    resolve_windows: int | None = Field(
+        default=None, ge=1, le=1000, description="Normal windows in a row to resolve (windows)"
+    )
+    persistent_windows: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="K: deviating windows after a normal one that make it persistent (windows)",
+    )
+    warmup_windows: int | None = Field(
+        default=None, ge=0, le=1000, description="First windows of each rank ignored (windows)"
+    )
+    stall_factor: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1000.0,
+        description="Stalled when silent this many median step times (multiple of step time)",
+    )
+    min_stall_s: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=86_400.0,
+        description="... and at least this long to be stalled (seconds)",
+    )
+    leaders: bool | None = Field(
+        default=None, description="Open incidents for leaders (ranks faster than the rest) too"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> MonitorParams:
+        slow, instant = self.slow_threshold, self.instant_threshold
+        if slow is not None and instant is not None and instant < slow:
+            raise ValueError("instant_threshold must be >= slow_threshold")
+        return self
+
+    def overrides(self) -> dict[str, float | int | bool]:
+        """The fields this job sets, by name (the detector's tunables share the names)."""
+        return self.model_dump(exclude_none=True, exclude={"schema_version"})
+
+
 class JobSpec(WireModel):
     """What a job is: registered once, stored at jobs/{job}/spec."""
 
@@ -24,6 +95,9 @@ class JobSpec(WireModel):
     min_local_batch: int = Field(default=1, ge=0, description="Smallest local batch a plan gives")
     max_local_batch: int | None = Field(
         default=None, ge=1, description="Largest local batch a plan gives (None: global batch)"
+    )
+    monitor: MonitorParams | None = Field(
+        default=None, description="Detection tunables for this job (None: the monitor's defaults)"
     )
 
     @model_validator(mode="after")

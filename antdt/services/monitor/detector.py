@@ -45,7 +45,7 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.monitor.judge import Judge, Judgement, Verdict
-from antdt.services.monitor.windows import WindowStats, summarize
+from antdt.services.monitor.windows import Row, WindowStats, row_of, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
@@ -91,7 +91,8 @@ class _Rank:
     last_ended_at: float = 0.0
     last_seen_at: float | None = None  # control-plane time of its latest accepted event
     local_batch: int = 0
-    window: list[StepEvent] = field(default_factory=list)
+    window: list[Row] = field(default_factory=list)  # the open window's figures
+    window_plan: int = 0  # plan version of the open window's steps
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
@@ -122,6 +123,7 @@ class JobDetector:
             _Rank(rank, warmup_left=self.config.warmup_windows) for rank in range(world_size)
         ]
         self._judge = Judge(self.config)
+        self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None
         self._latest_step = 0
@@ -136,8 +138,14 @@ class JobDetector:
         return tuple(self._find_open(incident_id) for incident_id in self._open)
 
     def ingest(self, event: StepEvent, now: float) -> list[Incident]:
-        """Account one step event; returns the incident transitions it caused."""
-        now = self._tick(now)
+        """Account one step event; returns the incident transitions it caused.
+
+        This runs for every event the monitor receives (tens of thousands a second per
+        replica), so it reads each field once and inlines `_tick`."""
+        if now > self._clock:
+            self._clock = now
+        else:
+            now = self._clock  # time never runs backwards in here
         reason = self._rejection(event)
         if reason is not None:
             self.rejected[reason] += 1
@@ -147,12 +155,15 @@ class JobDetector:
         if rank.stall is not None:
             transitions.append(self._resolve_stall(rank, event.step, now))
         self._remember(rank, event, now)
-        if rank.window and rank.window[0].plan_version != event.plan_version:
+        window = rank.window
+        if window and rank.window_plan != event.plan_version:
             # Never mix plans in one window: decisions must rest on post-switch figures.
-            rank.window.clear()
+            window.clear()
             self.discarded_windows += 1
-        rank.window.append(event)
-        if len(rank.window) >= self.config.window:
+        if not window:
+            rank.window_plan = event.plan_version
+        window.append(row_of(event))
+        if len(window) >= self._window_steps:
             transitions.extend(self._close_window(rank, event.step, now))
         return transitions
 
@@ -251,11 +262,9 @@ class JobDetector:
         if not 0.0 <= event.started_at <= event.ended_at < math.inf:
             return "bad_time"
         rank = self._ranks[event.rank]
-        if event.step == rank.last_step:
-            return "duplicate_step"
-        if event.step < rank.last_step:
-            return "step_backwards"
-        if rank.last_step >= 0 and event.ended_at < rank.last_ended_at:
+        if event.step <= rank.last_step:
+            return "duplicate_step" if event.step == rank.last_step else "step_backwards"
+        if event.ended_at < rank.last_ended_at and rank.last_step >= 0:
             return "time_backwards"
         return None
 
@@ -267,8 +276,10 @@ class JobDetector:
         rank.local_batch = event.local_batch
         if self._first_seen_at is None:
             self._first_seen_at = now
-        self._latest_step = max(self._latest_step, event.step)
-        self._plan_version = max(self._plan_version, event.plan_version)
+        if event.step > self._latest_step:
+            self._latest_step = event.step
+        if event.plan_version > self._plan_version:
+            self._plan_version = event.plan_version
 
     def _close_window(self, rank: _Rank, step: int, now: float) -> list[Incident]:
         stats = summarize(rank.window)

@@ -6,10 +6,8 @@ Pure: the Judge keeps each rank's latest window figures in sorted multisets so t
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from antdt.schemas import Cause
 from antdt.services.monitor.windows import SortedValues, WindowStats
@@ -25,9 +23,9 @@ class Verdict(enum.Enum):
     FAST = "fast"
 
 
-@dataclass(frozen=True, slots=True)
-class Judgement:
-    """The verdict on one window and the figures behind it."""
+class Judgement(NamedTuple):
+    """The verdict on one window and the figures behind it (a NamedTuple: immutable and
+    cheap to build, one per window close; see WindowStats)."""
 
     verdict: Verdict
     ratio: float = 1.0  # compute per sample over the other ranks' median
@@ -125,7 +123,8 @@ class Judge:
 
     def _fast(self, f: Judgement) -> Judgement | None:
         delta = self.config.slow_threshold
-        if not self.config.leaders or len(self._compute) < 3 or f.ratio > 1.0 - delta:
+        # Cheapest test first: most windows are nowhere near a leader's ratio.
+        if f.ratio > 1.0 - delta or not self.config.leaders or len(self._compute) < 3:
             return None
         # Against all ranks too: in a small job one straggler drags "the others'" median
         # up, which would make every healthy rank look like a leader.
@@ -148,4 +147,4 @@ def _figures(stats: WindowStats) -> tuple[float, ...]:
 
 
 def _with(f: Judgement, verdict: Verdict, cause: Cause, strong: bool) -> Judgement:
-    return dataclasses.replace(f, verdict=verdict, cause=cause, strong=strong)
+    return f._replace(verdict=verdict, cause=cause, strong=strong)

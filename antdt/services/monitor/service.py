@@ -22,14 +22,18 @@ from antdt.runtime.store import Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import INCIDENT_STREAM, Incident, JobSpec, Keys, StepEvent, Subjects
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
+from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
 SERVICE = "monitor"
 
 
 class MonitorSettings(ServiceSettings):
+    """A replica's settings. Window, δ and K are its defaults: a job's spec may override
+    them and the other detector tunables (`JobSpec.monitor`)."""
+
     window: int = Field(default=8, ge=2, description="Steps per detection window (W)")
-    slow_threshold: float = Field(default=0.25, gt=0, description="δ: slow at ratio >= 1+δ")
+    slow_threshold: float = Field(default=0.25, gt=0, lt=1, description="δ: slow at ratio >= 1+δ")
     persistent_windows: int = Field(default=3, ge=1, description="K: windows to persistent")
     health_interval_s: float = Field(default=1.0, gt=0, description="JobHealth period, seconds")
     incident_retention_s: float = Field(
@@ -60,6 +64,8 @@ class MonitorService:
         self._last_claim: dict[str, float] = {}
         self.traces = IncidentTraces()
         metrics.watch_monitor(self)
+        self._spec_problems: dict[str, str] = {}  # job -> why its spec is unreadable
+        self._spec_retry_at: dict[str, float] = {}  # job -> when to read a missing spec again
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -93,12 +99,48 @@ class MonitorService:
             return detector
         if not self.ownership.owns(job) and not await self._claim_now(job):
             return None
-        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
+        spec = await self._job_spec(job)
         if spec is None:
             return None
-        detector = JobDetector(job, spec[0].world_size, self.settings.detector_config())
-        self.detectors[job] = detector
+        detector = self.detectors[job] = self._new_detector(job, spec)
         return detector
+
+    def _new_detector(self, job: str, spec: JobSpec) -> JobDetector:
+        """The job's detector: this replica's defaults overridden by the job's params."""
+        config, problem = job_config(self.settings.detector_config(), spec.monitor)
+        if problem is not None:
+            log.warning("job's monitor params not used; replica defaults", job=job, reason=problem)
+        log.info(
+            "job taken on",
+            job=job,
+            world_size=spec.world_size,
+            window=config.window,
+            slow_threshold=config.slow_threshold,
+            persistent_windows=config.persistent_windows,
+        )
+        return JobDetector(job, spec.world_size, config)
+
+    async def _job_spec(self, job: str) -> JobSpec | None:
+        """The job's stored spec (a monitor section this replica cannot read is dropped:
+        replica defaults, logged). None while there is none or it is unreadable; then it
+        is read again at most once a second, and an unreadable one is warned about once."""
+        now = time.monotonic()
+        if now < self._spec_retry_at.get(job, 0.0):
+            return None
+        got = await self.store.get(self.keys.spec(job))
+        spec, problem = read_spec(got.value) if got is not None else (None, None)
+        if spec is not None:
+            self._spec_retry_at.pop(job, None)
+            if problem is not None:
+                log.warning(
+                    "job's monitor params not used; replica defaults", job=job, reason=problem
+                )
+            return spec
+        self._spec_retry_at[job] = now + 1.0
+        if problem is not None and self._spec_problems.get(job) != problem:
+            self._spec_problems[job] = problem
+            log.warning("job spec unreadable; job not monitored", job=job, reason=problem)
+        return None
 
     async def _claim_now(self, job: str) -> bool:
         """First sight of a job: claim it at once rather than at the next claim round,

@@ -1,0 +1,71 @@
+"""Per-job detector configuration: the replica's defaults overridden by the job's spec.
+
+Pure, no I/O. The service reads `jobs/{job}/spec` once, when it takes a job on, and
+builds the job's detector from what these functions return. Monitor params the replica
+cannot use never stop detection: the job gets the replica's defaults, and the reason
+comes back for the log. Only a spec without a usable world size leaves a job undetected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from antdt.schemas import JobSpec, MonitorParams
+from antdt.services.monitor.detector import DetectorConfig
+
+
+def read_spec(raw: bytes) -> tuple[JobSpec | None, str | None]:
+    """The stored spec, and why its `monitor` section was dropped (None: it was not).
+
+    A spec that is invalid only in its monitor section (written by hand, or by a newer
+    version with a field this one does not know) is kept without it. (None, reason) when
+    the spec itself is unreadable."""
+    try:
+        return JobSpec.model_validate_json(raw), None
+    except ValidationError as exc:
+        error = _short(exc)
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        return None, "spec is not JSON"
+    if not isinstance(fields, dict) or fields.get("monitor") is None:
+        return None, f"spec is invalid: {error}"
+    fields.pop("monitor")
+    try:
+        spec = JobSpec.model_validate(fields)
+    except ValidationError:
+        return None, f"spec is invalid: {error}"
+    return spec, f"monitor params invalid ({error})"
+
+
+def job_config(
+    defaults: DetectorConfig, params: MonitorParams | None
+) -> tuple[DetectorConfig, str | None]:
+    """`defaults` with the job's params applied, and why they were not (None: they were).
+
+    Each param is valid on its own (the wire schema checks ranges), but not every mix
+    with the replica's defaults is: a job's slow threshold above the replica's instant
+    threshold, say. The detector refuses such a config, and the job then runs on the
+    replica's defaults rather than on a half-applied mix."""
+    if params is None:
+        return defaults, None
+    overrides: dict[str, Any] = params.overrides()  # the names match DetectorConfig's
+    try:
+        return dataclasses.replace(defaults, **overrides), None
+    except (TypeError, ValueError) as exc:
+        return defaults, f"monitor params {overrides} rejected: {exc}"
+
+
+def _short(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "spec"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
+__all__ = ["job_config", "read_spec"]
