@@ -30,9 +30,12 @@ its slow rank. Thresholds and rules are ours (the papers do not publish theirs):
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from antdt.schemas import (
     Incident,
@@ -45,9 +48,21 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.monitor.judge import Judge, Judgement, Verdict
-from antdt.services.monitor.windows import Row, WindowStats, row_of, summarize
+from antdt.services.monitor.windows import Row, WindowStats, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
+
+#: Every field ingest reads, in this order, in one C call per event. Reading an attribute
+#: of a pydantic model goes through its __getattr__ hook (no interpreter fast path, ~40
+#: ns), and the checks and bookkeeping would make some 30 such reads; the model keeps its
+#: fields in its __dict__, so one item lookup each is enough. The last five are a Row.
+_Fields = tuple[str, int, str, int, int, int, float, float, int, float, float, float, float]
+_FIELD_NAMES = (
+    "job", "rank", "host", "step", "plan_version", "local_batch", "started_at", "ended_at",
+    "samples", "compute_s", "data_wait_s", "comm_s", "step_s",
+)  # fmt: skip
+_fields_of: Callable[[dict[str, Any]], _Fields] = operator.itemgetter(*_FIELD_NAMES)
+_ROW = slice(8, 13)
 
 
 @dataclass(frozen=True)
@@ -146,25 +161,26 @@ class JobDetector:
             self._clock = now
         else:
             now = self._clock  # time never runs backwards in here
-        reason = self._rejection(event)
+        fields = _fields_of(vars(event))
+        reason = self._rejection(fields)
         if reason is not None:
             self.rejected[reason] += 1
             return []
-        rank = self._ranks[event.rank]
+        rank, step, plan = self._ranks[fields[1]], fields[3], fields[4]
         transitions = []
         if rank.stall is not None:
-            transitions.append(self._resolve_stall(rank, event.step, now))
-        self._remember(rank, event, now)
+            transitions.append(self._resolve_stall(rank, step, now))
+        self._remember(rank, fields, now)
         window = rank.window
-        if window and rank.window_plan != event.plan_version:
+        if window and rank.window_plan != plan:
             # Never mix plans in one window: decisions must rest on post-switch figures.
             window.clear()
             self.discarded_windows += 1
         if not window:
-            rank.window_plan = event.plan_version
-        window.append(row_of(event))
+            rank.window_plan = plan
+        window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
         if len(window) >= self._window_steps:
-            transitions.extend(self._close_window(rank, event.step, now))
+            transitions.extend(self._close_window(rank, step, now))
         return transitions
 
     def check_stalls(self, now: float) -> list[Incident]:
@@ -243,43 +259,45 @@ class JobDetector:
         self._clock = max(self._clock, now)
         return self._clock
 
-    def _rejection(self, event: StepEvent) -> str | None:
+    def _rejection(self, fields: _Fields) -> str | None:
         """Why the event must be ignored, or None. Ignored events change nothing."""
-        if event.job != self.job:
+        job, rank, _, step, _, _, started_at, ended_at, samples, c, d, m, s = fields
+        if job != self.job:
             return "wrong_job"
-        if not 0 <= event.rank < self.world_size:
+        if not 0 <= rank < self.world_size:
             return "rank_out_of_range"
         # The wire schema already refuses these; the core checks again (cheap: NaN fails
         # every comparison) so that no caller can poison its medians or clock.
         if not (
-            0.0 <= event.compute_s <= _MAX_S
-            and 0.0 <= event.data_wait_s <= _MAX_S
-            and 0.0 <= event.comm_s <= _MAX_S
-            and 0.0 <= event.step_s <= _MAX_S
-            and event.samples >= 0
+            0.0 <= c <= _MAX_S
+            and 0.0 <= d <= _MAX_S
+            and 0.0 <= m <= _MAX_S
+            and 0.0 <= s <= _MAX_S
+            and samples >= 0
         ):
             return "bad_duration"
-        if not 0.0 <= event.started_at <= event.ended_at < math.inf:
+        if not 0.0 <= started_at <= ended_at < math.inf:
             return "bad_time"
-        rank = self._ranks[event.rank]
-        if event.step <= rank.last_step:
-            return "duplicate_step" if event.step == rank.last_step else "step_backwards"
-        if event.ended_at < rank.last_ended_at and rank.last_step >= 0:
+        last = self._ranks[rank]
+        if step <= last.last_step:
+            return "duplicate_step" if step == last.last_step else "step_backwards"
+        if ended_at < last.last_ended_at and last.last_step >= 0:
             return "time_backwards"
         return None
 
-    def _remember(self, rank: _Rank, event: StepEvent, now: float) -> None:
-        rank.host = event.host
-        rank.last_step = event.step
-        rank.last_ended_at = event.ended_at
+    def _remember(self, rank: _Rank, fields: _Fields, now: float) -> None:
+        _, _, host, step, plan, local_batch, _, ended_at = fields[:8]
+        rank.host = host
+        rank.last_step = step
+        rank.last_ended_at = ended_at
         rank.last_seen_at = now
-        rank.local_batch = event.local_batch
+        rank.local_batch = local_batch
         if self._first_seen_at is None:
             self._first_seen_at = now
-        if event.step > self._latest_step:
-            self._latest_step = event.step
-        if event.plan_version > self._plan_version:
-            self._plan_version = event.plan_version
+        if step > self._latest_step:
+            self._latest_step = step
+        if plan > self._plan_version:
+            self._plan_version = plan
 
     def _close_window(self, rank: _Rank, step: int, now: float) -> list[Incident]:
         stats = summarize(rank.window)

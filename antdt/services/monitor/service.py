@@ -65,6 +65,9 @@ class MonitorService:
         self.traces = IncidentTraces()
         metrics.watch_monitor(self)
         self._spec_problems: dict[str, str] = {}  # job -> why its spec is unreadable
+        # job -> its ranks' step subjects, built with its detector: checking an event's
+        # subject is then a lookup and a compare, not a string built per event.
+        self._step_subjects: dict[str, tuple[str, ...]] = {}
         self._spec_retry_at: dict[str, float] = {}  # job -> when to read a missing spec again
 
     async def start(self, runtime: ServiceRuntime) -> None:
@@ -92,6 +95,7 @@ class MonitorService:
 
     async def _forget(self, job: str) -> None:
         self.detectors.pop(job, None)
+        self._step_subjects.pop(job, None)
 
     async def _detector(self, job: str) -> JobDetector | None:
         detector = self.detectors.get(job)
@@ -103,6 +107,7 @@ class MonitorService:
         if spec is None:
             return None
         detector = self.detectors[job] = self._new_detector(job, spec)
+        self._step_subjects[job] = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
         return detector
 
     def _new_detector(self, job: str, spec: JobSpec) -> JobDetector:
@@ -156,9 +161,8 @@ class MonitorService:
             return False
 
     async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
-        job = event.job
-        # One string comparison: the subject must be exactly {p}.{job}.step.{rank}.
-        if delivery.subject != self.subjects.step(job, event.rank):
+        job, rank = event.job, event.rank
+        if not self._subject_matches(delivery.subject, job, rank):
             raise Rejected("bad_request", "job or rank does not match the subject")
         detector = self.detectors.get(job)
         if detector is None or not self.ownership.owns(job):
@@ -176,6 +180,14 @@ class MonitorService:
             await self.bus.publish(self.subjects.health(job), detector.health(now))
         for incident in incidents:
             await self._publish_incident(incident)
+
+    def _subject_matches(self, subject: str, job: str, rank: int) -> bool:
+        """The subject must be exactly {p}.{job}.step.{rank}."""
+        known = self._step_subjects.get(job)
+        if known is not None and 0 <= rank < len(known):
+            return known[rank] == subject
+        # A job this replica does not run yet, or a rank outside it (the detector counts).
+        return subject == self.subjects.step(job, rank)
 
     async def _publish_incident(self, incident: Incident) -> None:
         msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
@@ -202,7 +214,7 @@ class MonitorService:
             now = time.time()
             for job, detector in list(self.detectors.items()):
                 if not self.ownership.owns(job):
-                    self.detectors.pop(job, None)
+                    await self._forget(job)
                     continue
                 try:
                     for incident in detector.check_stalls(now):

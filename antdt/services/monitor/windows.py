@@ -8,19 +8,13 @@ a rank look slow, while a rank slow in most of its steps does.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from antdt.schemas import StepEvent
-
 #: What a window keeps of each step event: (samples, compute_s, data_wait_s, comm_s,
-#: step_s). A tuple read in one C call, not the event itself: a fraction of the memory
-#: per tracked rank, and cheaper to read back when the window closes.
+#: step_s). Not the event itself: a fraction of the memory per tracked rank, and cheaper
+#: to read back when the window closes.
 Row = tuple[int, float, float, float, float]
-row_of: Callable[[StepEvent], Row] = operator.attrgetter(
-    "samples", "compute_s", "data_wait_s", "comm_s", "step_s"
-)
 
 
 class WindowStats(NamedTuple):
