@@ -75,7 +75,9 @@ def _step(rank: int, n: int, job: str = "bench") -> StepEvent:
 
 async def bench_monitor_ingest(cluster: EmbeddedCluster, *, events: int) -> dict[str, float]:
     """Step events published as fast as one client can, ingested by one monitor replica
-    (validation + detector) that owns the job."""
+    (validation + detector) that owns the job. The publisher works exactly as the raw
+    baseline's does (pre-serialised payloads, nc.publish, same process and thread), so
+    the printed ratio compares like with like."""
     from antdt.services.monitor.service import MonitorService, MonitorSettings
 
     base = _settings(cluster, "ingest")

@@ -42,7 +42,7 @@ class Subjects:
         return f"{self.prefix}.{job}.action"
 
     def shards(self, job: str, verb: str) -> str:
-        """verb: fetch (done-and-fetch in one request), status."""
+        """verb: fetch (done-and-fetch in one request), commit, restore, release, status."""
         return f"{self.prefix}.{job}.shards.{verb}"
 
     def plan_get(self, job: str) -> str:
