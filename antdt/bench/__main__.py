@@ -39,7 +39,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         raw = await bench_raw_pubsub(cluster.nats.url, messages=100_000)
     console.print(f"raw nats-py pub/sub: {raw['msgs_per_s']:,.0f} msgs/s")
     with console.status("monitor ingest, one replica"):
-        ingest = await bench_monitor_ingest(cluster, events=60_000)
+        ingest = await bench_monitor_ingest(cluster, events=100_000)
     console.print(f"monitor ingest: {ingest['events_per_s']:,.0f} events/s")
     rows.append(
         {

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
+import sys
 import time
 from typing import Any
 
+from antdt.bench.publisher import step_event
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -28,9 +31,8 @@ def _settings(cluster: EmbeddedCluster, tag: str) -> ServiceSettings:
 
 
 async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
-    """Baseline: nats-py publish → subscriber callback, same payload size as a StepEvent."""
-    payload = _step(0, 0).model_dump_json().encode()
-    pub = await Bus(NatsSettings(url=url), name="raw-pub").connect()
+    """Baseline: a nats-py subscriber callback that only counts, fed by the same load
+    generator process as the monitor case (same payloads, one subject)."""
     sub = await Bus(NatsSettings(url=url), name="raw-sub").connect()
     count = 0
 
@@ -40,13 +42,27 @@ async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
 
     await sub.nc.subscribe("raw.bench", cb=on_msg, pending_msgs_limit=messages * 2)
     await sub.flush()
-    started = time.perf_counter()
-    for _ in range(messages):
-        await pub.nc.publish("raw.bench", payload)
-    elapsed = await _until_settled(lambda: count, messages, started)
-    await pub.close()
+    expected = messages // 64 * 64  # whole steps of the 64 ranks, as the monitor case
+    load = await _load(url, "raw", "bench", messages, "--raw", "raw.bench")
+    elapsed = await _received(lambda: count, expected)
+    await load.wait()
     await sub.close()
-    return {"msgs_per_s": count / elapsed, "lost": messages - count}
+    return {"msgs_per_s": count / elapsed, "lost": expected - count}
+
+
+async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> Any:
+    """Start the load generator (antdt.bench.publisher) in its own process."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "antdt.bench.publisher", url, prefix, job, "64", str(events),
+        *extra,
+    )  # fmt: skip
+
+
+async def _received(count: Any, expected: int, *, idle_s: float = 2.0) -> float:
+    """Seconds from the first message counted to the last: the receiver's rate."""
+    while count() == 0:
+        await asyncio.sleep(0.001)
+    return await _until_settled(count, expected, time.perf_counter(), idle_s=idle_s)
 
 
 async def _until_settled(
@@ -65,22 +81,13 @@ async def _until_settled(
     return time.perf_counter() - started
 
 
-def _step(rank: int, n: int, job: str = "bench") -> StepEvent:
-    return StepEvent(
-        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=32,
-        samples=32, compute_s=0.1, data_wait_s=0.001, comm_s=0.01, step_s=0.111,
-        started_at=1e9 + n, ended_at=1e9 + n + 0.111,
-    )  # fmt: skip
-
-
 async def bench_monitor_ingest(cluster: EmbeddedCluster, *, events: int) -> dict[str, float]:
-    """Step events published as fast as one client can, ingested by one monitor replica
-    (validation + detector) that owns the job. The publisher works exactly as the raw
-    baseline's does (pre-serialised payloads, nc.publish, same process and thread), so
-    the printed ratio compares like with like."""
+    """Step events of 64 ranks from the load generator process, ingested by one monitor
+    replica (validation + detector) that owns the job: the receiving side's rate, as for
+    the raw baseline."""
     from antdt.services.monitor.service import MonitorService, MonitorSettings
 
-    base = _settings(cluster, "ingest")
+    base = _settings(cluster, f"ingest{os.getpid()}{time.monotonic_ns() % 10**6}")
     settings = MonitorSettings(**base.model_dump())
     runtime = ServiceRuntime("bench-monitor")
     bus = await Bus(settings.nats, name="bench-monitor").connect()
@@ -93,30 +100,26 @@ async def bench_monitor_ingest(cluster: EmbeddedCluster, *, events: int) -> dict
     monitor = MonitorService(settings, bus, store)
     await monitor.start(runtime)
     subjects = Subjects(settings.nats.subject_prefix)
-    pub = await Bus(settings.nats, name="bench-pub").connect()
-    payloads = [
-        (subjects.step("bench", r), _step(r, n).model_dump_json().encode())
-        for n in range(events // 64)
-        for r in range(64)
-    ]
+    warm = await Bus(settings.nats, name="bench-warmup").connect()
     # First sight of the job makes the replica claim it; until that succeeds (the claim
-    # loop retries) events are dropped, so warm up until one is ingested.
+    # loop retries) events are dropped, so warm up (step 0) until one is ingested.
+    first = (subjects.step("bench", 0), step_event(0, 0, "bench").model_dump_json().encode())
     deadline = time.monotonic() + 30
     while monitor.ingested < 1:
         if time.monotonic() > deadline:
             raise RuntimeError("monitor never claimed the bench job")
-        await pub.publish_raw(payloads[0][0], payloads[0][1])
+        await warm.publish_raw(*first)
         await asyncio.sleep(0.1)
-    started = time.perf_counter()
-    for subject, data in payloads[1:]:
-        await pub.nc.publish(subject, data)
+    await warm.close()
     warmup = monitor.ingested
-    elapsed = await _until_settled(lambda: monitor.ingested - warmup + 1, len(payloads), started)
+    expected = events // 64 * 64
+    load = await _load(cluster.nats.url, settings.nats.subject_prefix, "bench", events)
+    elapsed = await _received(lambda: monitor.ingested - warmup, expected)
     ingested = monitor.ingested - warmup
-    await pub.close()
+    await load.wait()
     await runtime.shutdown()
     await store.close()
-    return {"events_per_s": ingested / elapsed, "lost": len(payloads) - 1 - ingested}
+    return {"events_per_s": ingested / elapsed, "lost": expected - ingested}
 
 
 def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:

@@ -1,0 +1,62 @@
+"""A load generator in its own process: publishes pre-serialised step events as fast as
+one nats-py client can. The monitor ingest case and its raw pub/sub baseline both use
+it, so that the receiving side is measured the same way in both and does not share a
+thread (or the GIL) with its load: in a real job the step events come from the ranks.
+
+    python -m antdt.bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import NatsSettings
+from antdt.schemas import StepEvent, Subjects
+
+
+def step_event(rank: int, n: int, job: str) -> StepEvent:
+    return StepEvent(
+        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=32,
+        samples=32, compute_s=0.1, data_wait_s=0.001, comm_s=0.01, step_s=0.111,
+        started_at=1e9 + n, ended_at=1e9 + n + 0.111,
+    )  # fmt: skip
+
+
+def payloads(
+    prefix: str, job: str, ranks: int, events: int, first_step: int
+) -> list[tuple[str, bytes]]:
+    subjects = Subjects(prefix)
+    return [
+        (subjects.step(job, r), step_event(r, n, job).model_dump_json().encode())
+        for n in range(first_step, first_step + events // ranks)
+        for r in range(ranks)
+    ]
+
+
+async def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
+    bus = await Bus(NatsSettings(url=url), name="bench-load").connect()
+    for subject, data in messages:
+        await bus.nc.publish(subject, data)
+    await bus.flush()
+    await bus.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    for name in ("url", "prefix", "job"):
+        parser.add_argument(name)
+    parser.add_argument("ranks", type=int)
+    parser.add_argument("events", type=int)
+    parser.add_argument("--first-step", type=int, default=1)
+    parser.add_argument("--raw", help="publish every payload to this one subject instead")
+    args = parser.parse_args()
+    messages = payloads(args.prefix, args.job, args.ranks, args.events, args.first_step)
+    if args.raw:
+        messages = [(args.raw, data) for _, data in messages]
+    asyncio.run(publish(args.url, messages))
+
+
+if __name__ == "__main__":
+    main()
