@@ -1,19 +1,19 @@
-"""The NATS seam: the only module that imports nats.
+"""The NATS seam: with its JetStream half (jetstream.py), the only module that imports
+nats.
 
 Typed publish/subscribe/request over pydantic wire models, validation at the boundary
 (every rejection counted, logged once per reason, answered with ErrorReply when a reply
-is expected), W3C trace context in headers, reconnects, JetStream streams."""
+is expected), W3C trace context in headers, reconnects; JetStream through the inherited
+`JetStreamMixin`. The errors, `Delivery`, decoding and reply parsing live in
+messages.py (no nats) and are re-exported here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
-import json
-from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import nats
 import structlog
@@ -22,129 +22,34 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-)
-from nats.js.errors import NotFoundError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.config import NatsSettings
-from antdt.schemas import MAX_MESSAGE_BYTES, ErrorReply, WireModel
+from antdt.runtime.jetstream import DurableConsumer, JetStreamMixin, Received
+from antdt.runtime.messages import (
+    BusError,
+    Decoder,
+    Delivery,
+    Handler,
+    Rejected,
+    Rejections,
+    Replay,
+    RequestRefused,
+    StreamMissing,
+    decode_reply,
+    encode,
+    trace_headers,
+)
+from antdt.schemas import ErrorReply, WireModel
 
 M = TypeVar("M")
 R = TypeVar("R", bound=BaseModel)
 log = structlog.get_logger("antdt.bus")
 
 
-class BusError(RuntimeError):
-    """The bus could not deliver (not connected, no responder, timeout)."""
-
-
-class RequestRefused(BusError):
-    """The responder answered with an ErrorReply."""
-
-    def __init__(self, reply: ErrorReply) -> None:
-        super().__init__(f"{reply.code}: {reply.error}")
-        self.reply = reply
-
-
-class StreamMissing(BusError):
-    """The JetStream stream does not exist (nobody ensured it)."""
-
-
-class Rejected(ValueError):
-    """Raised by a handler to refuse a message with a machine code and a clear reason."""
-
-    def __init__(self, code: str, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-@dataclass
-class Replay(Generic[M]):
-    """What a bounded read of a stream returned (`Bus.js_read`)."""
-
-    items: list[M]
-    available: int  # messages matching the filter when the read began
-    rejected: int = 0  # stored messages that failed validation (skipped)
-
-    @property
-    def truncated(self) -> bool:
-        """True when the limit (or the stream's retention, mid-read) cut the read short."""
-        return len(self.items) + self.rejected < self.available
-
-
-class Delivery(NamedTuple):
-    """What a handler learns about a message besides its payload.
-
-    Immutable; a NamedTuple because one is built per message and a frozen dataclass
-    costs several times more to build."""
-
-    subject: str
-    headers: Mapping[str, str]
-    reply: str
-
-
-Handler = Callable[[M, Delivery], Awaitable[BaseModel | None]]
-
-
-class Decoder(Generic[M]):
-    """Bytes → validated model (a model class or a TypeAdapter for unions)."""
-
-    def __init__(self, target: type[M] | TypeAdapter[M]) -> None:
-        self._adapter: TypeAdapter[M] = (
-            target if isinstance(target, TypeAdapter) else TypeAdapter(target)
-        )
-        # The core validator's own method: TypeAdapter.validate_json only forwards to it,
-        # and that Python-level hop is a tenth of a decode on a busy subscription.
-        self._validate_json: Callable[[bytes], M] = self._adapter.validator.validate_json
-
-    def decode(self, data: bytes) -> M:
-        if len(data) > MAX_MESSAGE_BYTES:
-            raise Rejected("too_large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
-        try:
-            return self._validate_json(data)
-        except ValidationError as exc:
-            raise Rejected("bad_request", _short_validation_error(exc)) from None
-
-
-def _short_validation_error(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "message"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
-
-
-def encode(model: BaseModel) -> bytes:
-    return model.model_dump_json().encode()
-
-
-class Rejections:
-    """Counts rejected messages by (subscription, code); logs each reason the first time."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
-
-    def record(self, pattern: str, code: str, reason: str, subject: str) -> None:
-        key = (pattern, code)
-        self.counts[key] += 1
-        if self.counts[key] == 1:
-            log.warning("message rejected", subject=subject, code=code, reason=reason)
-
-    def total(self, pattern: str | None = None) -> int:
-        return sum(n for (p, _), n in self.counts.items() if pattern is None or p == pattern)
-
-
-class Bus:
+class Bus(JetStreamMixin):
     """One NATS connection with typed helpers. Reconnects forever; buffers while away."""
 
     def __init__(self, settings: NatsSettings, *, name: str) -> None:
@@ -250,11 +155,7 @@ class Bus:
 
     # -- publish / request -------------------------------------------------------
 
-    @staticmethod
-    def trace_headers(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        headers: dict[str, str] = dict(extra or {})
-        propagate.inject(headers)
-        return headers
+    trace_headers = staticmethod(trace_headers)
 
     async def publish(
         self, subject: str, model: BaseModel, headers: Mapping[str, str] | None = None
@@ -388,261 +289,6 @@ class Bus:
             with contextlib.suppress(Exception):
                 await msg.respond(encode(reply))
 
-    # -- JetStream -------------------------------------------------------------------
-
-    async def ensure_stream(
-        self,
-        name: str,
-        subjects: list[str],
-        *,
-        max_age_s: float = 7 * 86400,
-        max_msgs: int = 1_000_000,
-        max_bytes: int | None = None,
-    ) -> None:
-        """Create the stream, or update its subjects and limits (bounded retention).
-        `max_bytes` (None: no size cap) drops the oldest messages past that size."""
-        js = self.nc.jetstream()
-        config = StreamConfig(
-            name=name,
-            subjects=subjects,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            max_age=max_age_s,
-            max_msgs=max_msgs,
-        )
-        if max_bytes is not None:
-            config.max_bytes = max_bytes
-        try:
-            await js.stream_info(name)
-            await js.update_stream(config)
-        except NotFoundError:
-            await js.add_stream(config)
-
-    async def js_publish(
-        self, subject: str, model: BaseModel, *, msg_id: str | None = None, timeout: float = 2.0
-    ) -> int:
-        """Publish to a stream and wait for its ack; returns the stream sequence.
-        `msg_id` de-duplicates retries (Nats-Msg-Id)."""
-        headers = self.trace_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
-        ack = await self.nc.jetstream().publish(
-            subject, encode(model), timeout=timeout, headers=headers or None
-        )
-        return int(ack.seq)
-
-    async def js_replay(
-        self, stream: str, subject: str, target: type[M] | TypeAdapter[M], *, limit: int = 10_000
-    ) -> list[M]:
-        """Every valid message of `subject` still held in `stream`, oldest first."""
-        js = self.nc.jetstream()
-        decoder = Decoder(target)
-        out: list[M] = []
-        sub = await js.pull_subscribe(subject, stream=stream)
-        try:
-            while len(out) < limit:
-                try:
-                    msgs = await sub.fetch(batch=min(256, limit - len(out)), timeout=0.5)
-                except NatsTimeoutError:
-                    break
-                for msg in msgs:
-                    with contextlib.suppress(Rejected):
-                        out.append(decoder.decode(msg.data))
-                    await msg.ack()
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return out
-
-    async def js_read(
-        self,
-        stream: str,
-        subject: str,
-        target: type[M] | TypeAdapter[M],
-        *,
-        limit: int = 100_000,
-        batch: int = 512,
-        on_progress: Callable[[int, int], None] | None = None,
-    ) -> Replay[M]:
-        """The first `limit` messages of `subject` (a filter, wildcards allowed) held in
-        `stream`, oldest first, without acks and without waiting for messages that are not
-        there: it reads what matched when it began. `on_progress(read, total)` after each
-        batch. Raises StreamMissing when the stream does not exist."""
-        js = self.nc.jetstream()
-        config = ConsumerConfig(
-            ack_policy=AckPolicy.NONE,
-            deliver_policy=DeliverPolicy.ALL,
-            inactive_threshold=30.0,
-            mem_storage=True,
-        )
-        try:
-            sub = await js.pull_subscribe(subject, stream=stream, config=config)
-        except NotFoundError:
-            raise StreamMissing(f"stream {stream} not found") from None
-        replay: Replay[M] = Replay(items=[], available=0)
-        consumer = ""
-        try:
-            info = await sub.consumer_info()
-            consumer, replay.available = info.name or "", int(info.num_pending or 0)
-            await self._read_pending(sub, Decoder(target), replay, limit, batch, on_progress)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-            if consumer:  # else the server drops it after inactive_threshold
-                with contextlib.suppress(Exception):
-                    await js.delete_consumer(stream, consumer)
-        return replay
-
-    @staticmethod
-    async def _read_pending(
-        sub: Any,
-        decoder: Decoder[M],
-        replay: Replay[M],
-        limit: int,
-        batch: int,
-        on_progress: Callable[[int, int], None] | None,
-    ) -> None:
-        wanted = min(replay.available, limit)
-        read = 0
-        while read < wanted:
-            try:
-                msgs = await sub.fetch(batch=min(batch, wanted - read), timeout=2.0)
-            except NatsTimeoutError:
-                break  # expired by retention while we read
-            for msg in msgs:
-                try:
-                    replay.items.append(decoder.decode(msg.data))
-                except Rejected:
-                    replay.rejected += 1
-            read += len(msgs)
-            if on_progress is not None:
-                on_progress(read, wanted)
-
-    async def js_last(
-        self, stream: str, subject: str, target: type[M] | TypeAdapter[M]
-    ) -> M | None:
-        """The newest message of one literal `subject` in `stream` (None: none, or invalid).
-        Raises StreamMissing when the stream does not exist."""
-        js = self.nc.jetstream()
-        try:
-            await js.stream_info(stream)
-        except NotFoundError:
-            raise StreamMissing(f"stream {stream} not found") from None
-        try:
-            raw = await js.get_last_msg(stream, subject)
-        except NotFoundError:
-            return None
-        try:
-            return Decoder(target).decode(raw.data or b"")
-        except Rejected:
-            return None
-
-    async def js_durable(
-        self,
-        stream: str,
-        subject: str,
-        target: type[M] | TypeAdapter[M],
-        *,
-        durable: str,
-        ack_wait_s: float = 30.0,
-        max_deliver: int = 5,
-        deliver_new: bool = False,
-    ) -> DurableConsumer[M]:
-        """A pull consumer of `subject` (a filter) in `stream` named `durable`, kept by the
-        server across restarts of this process: binding the same name again resumes after
-        the last acked message. Explicit acks; a message not acked within `ack_wait_s` is
-        delivered again, at most `max_deliver` times. Starts at the stream's first message
-        (`deliver_new`: at the next one) when the consumer is created. Raises StreamMissing
-        when the stream does not exist."""
-        js = self.nc.jetstream()
-        config = ConsumerConfig(
-            durable_name=durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            ack_wait=ack_wait_s,
-            max_deliver=max_deliver,
-            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
-            filter_subject=subject,
-        )
-        try:
-            await js.stream_info(stream)
-            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
-        except NotFoundError:
-            raise StreamMissing(f"stream {stream} not found") from None
-        return DurableConsumer(sub, Decoder(target), f"{stream}/{durable}", self.rejections)
-
-
-@dataclass
-class Received(Generic[M]):
-    """One message from a durable consumer. `ack()` once handled (else the server
-    redelivers it after the consumer's ack wait), `nak()` to have it redelivered sooner,
-    `term()` never to see it again."""
-
-    model: M
-    subject: str
-    headers: Mapping[str, str]
-    delivered: int  # deliveries so far, this one included (1: the first)
-    msg: Any
-
-    async def ack(self) -> None:
-        await self.msg.ack()
-
-    async def nak(self, delay_s: float | None = None) -> None:
-        await self.msg.nak(delay=delay_s)
-
-    async def term(self) -> None:
-        await self.msg.term()
-
-
-class DurableConsumer(Generic[M]):
-    """A pull subscription bound to a durable JetStream consumer (`Bus.js_durable`)."""
-
-    def __init__(self, sub: Any, decoder: Decoder[M], pattern: str, rejections: Rejections):
-        self._sub = sub
-        self._decoder = decoder
-        self._pattern = pattern
-        self._rejections = rejections
-
-    async def fetch(self, batch: int = 16, *, timeout: float = 1.0) -> list[Received[M]]:
-        """Up to `batch` messages, waiting at most `timeout` seconds for the first ([] when
-        none came). Invalid messages are counted, terminated and left out."""
-        try:
-            msgs = await self._sub.fetch(batch=batch, timeout=timeout)
-        except NatsTimeoutError:
-            return []
-        out: list[Received[M]] = []
-        for msg in msgs:
-            try:
-                model = self._decoder.decode(msg.data)
-            except Rejected as exc:
-                self._rejections.record(self._pattern, exc.code, exc.reason, msg.subject)
-                with contextlib.suppress(Exception):
-                    await msg.term()
-                continue
-            delivered = int(msg.metadata.num_delivered or 1)
-            out.append(Received(model, msg.subject, dict(msg.headers or {}), delivered, msg))
-        return out
-
-    async def close(self) -> None:
-        """Stop pulling; the consumer (and its position) stays on the server."""
-        with contextlib.suppress(Exception):
-            await self._sub.unsubscribe()
-
-
-_ERROR_FIELDS = set(ErrorReply.model_fields)
-
-
-def decode_reply(data: bytes, reply_type: type[R]) -> R:
-    """A reply is either `reply_type` or an ErrorReply (raised as RequestRefused)."""
-    try:
-        raw: Any = json.loads(data)
-    except ValueError:
-        raise BusError("reply is not JSON") from None
-    is_error = isinstance(raw, dict) and {"error", "code"} <= set(raw) <= _ERROR_FIELDS
-    if is_error and reply_type is not ErrorReply:
-        raise RequestRefused(ErrorReply.model_validate(raw))
-    try:
-        return reply_type.model_validate(raw)
-    except ValidationError as exc:
-        raise BusError(f"bad reply: {_short_validation_error(exc)}") from None
-
 
 __all__ = [
     "Bus",
@@ -650,6 +296,7 @@ __all__ = [
     "Decoder",
     "Delivery",
     "DurableConsumer",
+    "Handler",
     "Received",
     "Rejected",
     "Rejections",

@@ -1,0 +1,280 @@
+"""The JetStream half of the NATS seam (with bus.py, the only modules that import nats):
+bounded streams, de-duplicated publish, replay, bounded reads and durable consumers.
+`Bus` inherits these methods; use them through a connected Bus."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from nats.aio.client import Client as NatsClient
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, TypeAdapter
+
+from antdt.runtime.messages import (
+    Decoder,
+    Rejected,
+    Rejections,
+    Replay,
+    StreamMissing,
+    encode,
+    trace_headers,
+)
+
+M = TypeVar("M")
+
+
+class JetStreamMixin:
+    """JetStream on the connection of the Bus that inherits it."""
+
+    rejections: Rejections
+
+    @property
+    def nc(self) -> NatsClient:  # the Bus's connection
+        raise NotImplementedError
+
+    async def ensure_stream(
+        self,
+        name: str,
+        subjects: list[str],
+        *,
+        max_age_s: float = 7 * 86400,
+        max_msgs: int = 1_000_000,
+        max_bytes: int | None = None,
+    ) -> None:
+        """Create the stream, or update its subjects and limits (bounded retention).
+        `max_bytes` (None: no size cap) drops the oldest messages past that size."""
+        js = self.nc.jetstream()
+        config = StreamConfig(
+            name=name,
+            subjects=subjects,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            max_age=max_age_s,
+            max_msgs=max_msgs,
+        )
+        if max_bytes is not None:
+            config.max_bytes = max_bytes
+        try:
+            await js.stream_info(name)
+            await js.update_stream(config)
+        except NotFoundError:
+            await js.add_stream(config)
+
+    async def js_publish(
+        self, subject: str, model: BaseModel, *, msg_id: str | None = None, timeout: float = 2.0
+    ) -> int:
+        """Publish to a stream and wait for its ack; returns the stream sequence.
+        `msg_id` de-duplicates retries (Nats-Msg-Id)."""
+        headers = trace_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
+        ack = await self.nc.jetstream().publish(
+            subject, encode(model), timeout=timeout, headers=headers or None
+        )
+        return int(ack.seq)
+
+    async def js_replay(
+        self, stream: str, subject: str, target: type[M] | TypeAdapter[M], *, limit: int = 10_000
+    ) -> list[M]:
+        """Every valid message of `subject` still held in `stream`, oldest first."""
+        js = self.nc.jetstream()
+        decoder = Decoder(target)
+        out: list[M] = []
+        sub = await js.pull_subscribe(subject, stream=stream)
+        try:
+            while len(out) < limit:
+                try:
+                    msgs = await sub.fetch(batch=min(256, limit - len(out)), timeout=0.5)
+                except NatsTimeoutError:
+                    break
+                for msg in msgs:
+                    with contextlib.suppress(Rejected):
+                        out.append(decoder.decode(msg.data))
+                    await msg.ack()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return out
+
+    async def js_read(
+        self,
+        stream: str,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        *,
+        limit: int = 100_000,
+        batch: int = 512,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> Replay[M]:
+        """The first `limit` messages of `subject` (a filter, wildcards allowed) held in
+        `stream`, oldest first, without acks and without waiting for messages that are not
+        there: it reads what matched when it began. `on_progress(read, total)` after each
+        batch. Raises StreamMissing when the stream does not exist."""
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.NONE,
+            deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=30.0,
+            mem_storage=True,
+        )
+        try:
+            sub = await js.pull_subscribe(subject, stream=stream, config=config)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        replay: Replay[M] = Replay(items=[], available=0)
+        consumer = ""
+        try:
+            info = await sub.consumer_info()
+            consumer, replay.available = info.name or "", int(info.num_pending or 0)
+            await self._read_pending(sub, Decoder(target), replay, limit, batch, on_progress)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if consumer:  # else the server drops it after inactive_threshold
+                with contextlib.suppress(Exception):
+                    await js.delete_consumer(stream, consumer)
+        return replay
+
+    @staticmethod
+    async def _read_pending(
+        sub: Any,
+        decoder: Decoder[M],
+        replay: Replay[M],
+        limit: int,
+        batch: int,
+        on_progress: Callable[[int, int], None] | None,
+    ) -> None:
+        wanted = min(replay.available, limit)
+        read = 0
+        while read < wanted:
+            try:
+                msgs = await sub.fetch(batch=min(batch, wanted - read), timeout=2.0)
+            except NatsTimeoutError:
+                break  # expired by retention while we read
+            for msg in msgs:
+                try:
+                    replay.items.append(decoder.decode(msg.data))
+                except Rejected:
+                    replay.rejected += 1
+            read += len(msgs)
+            if on_progress is not None:
+                on_progress(read, wanted)
+
+    async def js_last(
+        self, stream: str, subject: str, target: type[M] | TypeAdapter[M]
+    ) -> M | None:
+        """The newest message of one literal `subject` in `stream` (None: none, or invalid).
+        Raises StreamMissing when the stream does not exist."""
+        js = self.nc.jetstream()
+        try:
+            await js.stream_info(stream)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        try:
+            raw = await js.get_last_msg(stream, subject)
+        except NotFoundError:
+            return None
+        try:
+            return Decoder(target).decode(raw.data or b"")
+        except Rejected:
+            return None
+
+    async def js_durable(
+        self,
+        stream: str,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        *,
+        durable: str,
+        ack_wait_s: float = 30.0,
+        max_deliver: int = 5,
+        deliver_new: bool = False,
+    ) -> DurableConsumer[M]:
+        """A pull consumer of `subject` (a filter) in `stream` named `durable`, kept by the
+        server across restarts of this process: binding the same name again resumes after
+        the last acked message. Explicit acks; a message not acked within `ack_wait_s` is
+        delivered again, at most `max_deliver` times. Starts at the stream's first message
+        (`deliver_new`: at the next one) when the consumer is created. Raises StreamMissing
+        when the stream does not exist."""
+        js = self.nc.jetstream()
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver,
+            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            filter_subject=subject,
+        )
+        try:
+            await js.stream_info(stream)
+            sub = await js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        except NotFoundError:
+            raise StreamMissing(f"stream {stream} not found") from None
+        return DurableConsumer(sub, Decoder(target), f"{stream}/{durable}", self.rejections)
+
+
+@dataclass
+class Received(Generic[M]):
+    """One message from a durable consumer. `ack()` once handled (else the server
+    redelivers it after the consumer's ack wait), `nak()` to have it redelivered sooner,
+    `term()` never to see it again."""
+
+    model: M
+    subject: str
+    headers: Mapping[str, str]
+    delivered: int  # deliveries so far, this one included (1: the first)
+    msg: Any
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+    async def nak(self, delay_s: float | None = None) -> None:
+        await self.msg.nak(delay=delay_s)
+
+    async def term(self) -> None:
+        await self.msg.term()
+
+
+class DurableConsumer(Generic[M]):
+    """A pull subscription bound to a durable JetStream consumer (`Bus.js_durable`)."""
+
+    def __init__(self, sub: Any, decoder: Decoder[M], pattern: str, rejections: Rejections):
+        self._sub = sub
+        self._decoder = decoder
+        self._pattern = pattern
+        self._rejections = rejections
+
+    async def fetch(self, batch: int = 16, *, timeout: float = 1.0) -> list[Received[M]]:
+        """Up to `batch` messages, waiting at most `timeout` seconds for the first ([] when
+        none came). Invalid messages are counted, terminated and left out."""
+        try:
+            msgs = await self._sub.fetch(batch=batch, timeout=timeout)
+        except NatsTimeoutError:
+            return []
+        out: list[Received[M]] = []
+        for msg in msgs:
+            try:
+                model = self._decoder.decode(msg.data)
+            except Rejected as exc:
+                self._rejections.record(self._pattern, exc.code, exc.reason, msg.subject)
+                with contextlib.suppress(Exception):
+                    await msg.term()
+                continue
+            delivered = int(msg.metadata.num_delivered or 1)
+            out.append(Received(model, msg.subject, dict(msg.headers or {}), delivered, msg))
+        return out
+
+    async def close(self) -> None:
+        """Stop pulling; the consumer (and its position) stays on the server."""
+        with contextlib.suppress(Exception):
+            await self._sub.unsubscribe()
