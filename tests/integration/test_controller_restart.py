@@ -146,6 +146,11 @@ async def test_adjust_then_restart_measure_and_stop(
                            hosts={**SLOTS, 3: "slot4"})  # fmt: skip
     measured = await wait_for(lambda: _costs(job), what="restart cost measured")
     assert measured == (pytest.approx(7 - 2 * 0.1 - 0.1),)
+    # etcd has it first; the controller's own copy follows once its transaction returned.
+    await wait_for(
+        lambda: state.view(time.time()).restarts.measured_cost_s is not None,
+        what="the measured cost in the controller's view",
+    )
     view = state.view(time.time())
     assert view.restarts.measured_cost_s == pytest.approx(6.7)
     assert view.hosts[3] == "slot4" and view.restarts.pending is None
