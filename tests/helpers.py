@@ -1,11 +1,19 @@
-"""Test helpers: wait for a condition with a deadline instead of sleeping."""
+"""Test helpers: wait for a condition with a deadline instead of sleeping; service
+replicas as real processes."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
+
+from antdt.runtime.config import ServiceSettings
 
 T = TypeVar("T")
 
@@ -41,3 +49,40 @@ def wait_for_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or 'condition'}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def service_replicas(
+    service: str,
+    settings: ServiceSettings,
+    names: list[str],
+    logs: Path,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """One `antdt <service>` process per name (its replica id), on the test's servers and
+    prefixes; each logs to logs/<name>.log; whatever is left is killed on exit."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    env = {
+        **os.environ,
+        "ANTDT_ETCD__LEASE_TTL_S": str(settings.etcd.lease_ttl_s),
+        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
+        "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
+        "ANTDT_TELEMETRY__LOG_FORMAT": "json",
+        **(extra_env or {}),
+    }
+    try:
+        for name in names:
+            out = (logs / f"{name}.log").open("wb")
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "antdt.cli", service, "--nats-url", settings.nats.url,
+                 "--etcd-endpoint", settings.etcd.endpoint],
+                env={**env, "ANTDT_REPLICA_ID": name}, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        yield procs
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,7 +33,7 @@ from antdt.schemas import (
     StragglerClass,
     Subjects,
 )
-from tests.helpers import wait_for
+from tests.helpers import service_replicas, wait_for
 from tests.integration.fake_ranks import FakeRanks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -47,34 +44,10 @@ PARAMS = {"restart_cost_s": 1.0, "settle_steps": 2, "cooldown_s": 0.0}
 DOWN_TICKS = 15  # the simulated restart: health stays at the checkpoint step this long
 
 
-@contextlib.contextmanager
-def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Iterator[dict]:
-    """One `antdt controller` process per name; whatever is left is killed on exit."""
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    env = {
-        **os.environ,
-        "ANTDT_ETCD__LEASE_TTL_S": str(settings.etcd.lease_ttl_s),
-        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-        "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
-        "ANTDT_TELEMETRY__LOG_FORMAT": "json",
-        "ANTDT_ACK_DEADLINE_S": "30",  # the owner is surely still waiting when killed
-    }
-    try:
-        for name in names:
-            out = (logs / f"{name}.log").open("wb")
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "antdt.cli", "controller", "--nats-url", settings.nats.url,
-                 "--etcd-endpoint", settings.etcd.endpoint],
-                env={**env, "ANTDT_REPLICA_ID": name}, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        yield procs
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Any:
+    """One `antdt controller` process per name; the owner must still be waiting for acks when
+    it is killed, so their deadline is long."""
+    return service_replicas("controller", settings, names, logs, {"ANTDT_ACK_DEADLINE_S": "30"})
 
 
 class Job:

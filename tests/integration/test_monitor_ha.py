@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +17,7 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
 from antdt.schemas import JobHealth, JobSpec, Keys, StepEvent, Subjects
-from tests.helpers import wait_for
+from tests.helpers import service_replicas, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,34 +33,8 @@ def step(rank: int, n: int) -> StepEvent:
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Iterator[dict]:
-    """Start one `antdt monitor` process per name; kill whatever is left on exit."""
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    env = {
-        **os.environ,
-        "ANTDT_ETCD__LEASE_TTL_S": str(settings.etcd.lease_ttl_s),
-        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-        "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
-        "ANTDT_TELEMETRY__LOG_FORMAT": "json",
-    }
-    try:
-        for name in names:
-            out = (logs / f"{name}.log").open("wb")
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "antdt.cli", "monitor", "--nats-url", settings.nats.url,
-                 "--etcd-endpoint", settings.etcd.endpoint],
-                env={**env, "ANTDT_REPLICA_ID": name},
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-        yield procs
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Any:
+    return service_replicas("monitor", settings, names, logs)
 
 
 async def test_owner_killed_another_replica_takes_over(
