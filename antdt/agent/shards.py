@@ -23,6 +23,9 @@ from antdt.schemas import ShardRef, ShardReply
 
 log = structlog.get_logger("antdt.agent.shards")
 T = TypeVar("T")
+#: Seconds a rank with nothing to ask waits before having its unconfirmed done refs
+#: confirmed (the service writes them within milliseconds; the next fetch usually does it).
+CONFIRM_AFTER_S = 0.1
 
 
 class Backoff:
@@ -64,6 +67,7 @@ class ShardStream:
         self.errors: Counter[str] = Counter()
         self.requests = 0
         self.closed = False
+        self._confirm = False  # the next request should confirm unconfirmed done refs
 
     # -- loop side ------------------------------------------------------------------------
 
@@ -99,9 +103,11 @@ class ShardStream:
         while True:
             self._wake.clear()  # before looking at the state: a later wake is never lost
             with self._cond:
-                fetch = self._state.next_fetch()
+                fetch = self._state.next_fetch(confirm=self._confirm)
+                unconfirmed = bool(self._state.unconfirmed)
+            self._confirm = False
             if fetch is None:
-                await self._wake.wait()
+                await self._idle(unconfirmed)
                 continue
             try:
                 if not self._bus.connected:
@@ -126,6 +132,16 @@ class ShardStream:
             if delay:
                 await asyncio.sleep(delay)
 
+    async def _idle(self, unconfirmed: bool) -> None:
+        """Wait for the training thread; with done refs still unconfirmed, only so long."""
+        if not unconfirmed:
+            await self._wake.wait()
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), CONFIRM_AFTER_S)
+        except (TimeoutError, asyncio.TimeoutError):
+            self._confirm = True
+
     def _failed(self, exc: Exception) -> None:
         with self._cond:
             if isinstance(exc, RequestRefused):
@@ -146,6 +162,7 @@ class ShardStream:
             with self._cond:
                 if self._state.unreported() == 0 or self._state.job_done:
                     return True
+            self._confirm = True
             self._wake.set()
             await asyncio.sleep(0.01)
         return False

@@ -50,6 +50,9 @@ class StreamState:
     local: LocalShards = field(init=False)
     pending_done: list[ShardRef] = field(default_factory=list)
     sending: list[ShardRef] = field(default_factory=list)
+    # Reported, accepted, not yet durable (the reply listed them): reported again.
+    unconfirmed: list[ShardRef] = field(default_factory=list)
+    unsynced: set[ShardRef] = field(default_factory=set)  # taken to the end, step not synced
     demand: int = 0  # samples a blocked take still lacks
     batch_hint: int = 0  # the last batch asked for: what the next take will want
     dropped_grants: int = 0
@@ -77,17 +80,24 @@ class StreamState:
             return False
         return bool(self.pending_done) or self.want() > 0
 
-    def next_fetch(self) -> ShardFetch | None:
-        """The next request, or None when there is nothing to ask or report. Done refs it
-        carries move to `sending` until `on_reply` or `on_failure`."""
-        if not self.needs_fetch():
+    def next_fetch(self, confirm: bool = False) -> ShardFetch | None:
+        """The next request, or None when there is nothing to ask or report (`confirm`:
+        also to have unconfirmed done refs confirmed). Done refs it carries move to
+        `sending` until `on_reply` or `on_failure`."""
+        if not (self.needs_fetch() or (confirm and self.unconfirmed and not self.job_done)):
             return None
-        self.sending = self.pending_done[:MAX_DONE]
-        self.pending_done = self.pending_done[MAX_DONE:]
+        report = self.unconfirmed + self.pending_done
+        self.sending, self.pending_done, self.unconfirmed = report[:MAX_DONE], report[MAX_DONE:], []
         return ShardFetch(
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
-            want=self.want(), incarnation=self.incarnation,
+            want=self.want(), incarnation=self.incarnation, held=self.held(),
         )  # fmt: skip
+
+    def held(self) -> tuple[ShardRef, ...]:
+        """Every grant this rank holds and has not reported done, so the service hands
+        out only what it lacks."""
+        held = [c.grant.ref() for c in self.local.cursors]
+        return tuple(held + sorted(self.unsynced, key=lambda r: (r.epoch, r.shard)))[:64]
 
     def on_refused(self, code: str, reason: str) -> None:
         """A refusal: final for a process of another incarnation or a removed rank."""
@@ -106,7 +116,7 @@ class StreamState:
     def on_reply(self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]) -> float:
         """Apply a reply; `cursors` are its grants opened (ordered) by the shell outside
         the lock. Returns seconds to wait before the next request (0: go on)."""
-        self.sending = []
+        self.sending, self.unconfirmed = [], list(reply.unconfirmed)
         if reply.status is FetchStatus.JOB_DONE:
             self.job_done = True
             self.local = LocalShards(seed=self.seed)
@@ -151,7 +161,9 @@ class StreamState:
         """Move up to n - len(into.ids) ids into `into`. True when the take is complete:
         it has n ids, or this rank gets no more data in `epoch`."""
         self.batch_hint = n
+        finished = len(into.finished)
         self.local.take(n - len(into.ids), epoch, into)
+        self.unsynced.update(into.finished[finished:])
         if len(into.ids) < n and self._should_recheck(epoch, into):
             into.rechecked, self.exhausted = True, False  # the fetcher asks once more
         done = len(into.ids) >= n or self.epoch_over(epoch)
@@ -175,6 +187,7 @@ class StreamState:
 
     def synced(self, refs: list[ShardRef]) -> None:
         """The step that consumed these shards' last samples has updated the model."""
+        self.unsynced.difference_update(refs)
         self.pending_done.extend(refs)
 
     def advance(self, finished_epoch: int) -> None:
@@ -189,13 +202,14 @@ class StreamState:
         return self.job_done or (self.established and self.epoch >= epoch)
 
     def unreported(self) -> int:
-        return len(self.pending_done) + len(self.sending)
+        """Done refs not yet known durable by the service."""
+        return len(self.pending_done) + len(self.sending) + len(self.unconfirmed)
 
     # -- checkpoints and removal -------------------------------------------------------
 
     def unacknowledged(self) -> tuple[ShardRef, ...]:
         """Finished shards the service may not know of yet (a repeat is harmless)."""
-        return tuple(dict.fromkeys(self.sending + self.pending_done))
+        return tuple(dict.fromkeys(self.sending + self.unconfirmed + self.pending_done))
 
     def positions(self) -> tuple[ShardPosition, ...]:
         """How far the model got in every shard held; call between steps, when what was

@@ -99,6 +99,7 @@ async def _serve_replica(settings_json: str, conn: Any) -> None:
             "commits": committer.commits,
             "committed": committer.committed,
             "cas_conflicts": committer.cas_conflicts,
+            "early": committer.early,
             "apply_s": committer.apply_seconds,
             "store_s": committer.store_seconds,
         }
@@ -185,9 +186,13 @@ async def bench_shards_cycles(
     measuring = False
 
     async def one_client(rank: int, until: float) -> None:
+        # As the agent does: report the shard finished (and any done refs the last reply
+        # left unconfirmed), say that nothing else is held, ask for the next.
         held: tuple[Any, ...] = ()
+        unconfirmed: tuple[Any, ...] = ()
         while time.perf_counter() < until:
-            request = ShardFetch(job=job, rank=rank, epoch=0, done=held, want=1)
+            request = ShardFetch(job=job, rank=rank, epoch=0, done=unconfirmed + held,
+                                 want=1, held=())  # fmt: skip
             started = time.perf_counter()
             reply = await buses[rank].request(subject, request, ShardReply)
             if measuring:
@@ -195,6 +200,7 @@ async def bench_shards_cycles(
             if reply.status != FetchStatus.OK:
                 raise RuntimeError(f"rank {rank} got {reply.status}")
             held = tuple(g.ref() for g in reply.grants)
+            unconfirmed = reply.unconfirmed
 
     warm_until = time.perf_counter() + 0.5
     await asyncio.gather(*(one_client(r, warm_until) for r in range(clients)))
@@ -219,6 +225,7 @@ async def bench_shards_cycles(
         "apply_us_per_request": counters["apply_s"] / max(counters["committed"], 1) * 1e6,
         "txn_ms_per_commit": counters["store_s"] / max(counters["commits"], 1) * 1000,
         "cas_conflicts": counters["cas_conflicts"],
+        "early_share": counters["early"] / cycles,
         "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
         "client_cpu_us_per_cycle": client_cpu / cycles * 1e6,
         **{f"{name}_cpu_us_per_cycle": v / cycles * 1e6 for name, v in servers_cpu.items()},

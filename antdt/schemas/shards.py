@@ -59,7 +59,13 @@ Incarnation = Annotated[
 
 
 class ShardFetch(WireModel):
-    """Report finished shards and ask for up to `want` more, in one request."""
+    """Report finished shards and ask for up to `want` more, in one request.
+
+    With `held` (every grant the rank holds and has not finished), the reply carries only
+    what the rank lacks, and may be sent before the done refs are durable: then it lists
+    them in `unconfirmed`, and the rank sends them again with its next request. Without
+    `held`, the reply re-sends everything the rank holds and waits until every change is
+    durable."""
 
     job: Token
     rank: Rank
@@ -67,6 +73,11 @@ class ShardFetch(WireModel):
     done: tuple[ShardRef, ...] = Field(default=(), max_length=64)
     want: int = Field(default=1, ge=0, le=8, description="New grants wanted")
     incarnation: Incarnation = 0
+    held: tuple[ShardRef, ...] | None = Field(
+        default=None,
+        max_length=64,
+        description="Grants the rank holds and has not finished; None: not said",
+    )
 
 
 class FetchStatus(str, Enum):
@@ -87,6 +98,12 @@ class ShardReply(WireModel):
     status: FetchStatus
     grants: tuple[ShardGrant, ...] = ()
     retry_after_s: float = Field(default=0.0, ge=0, le=60)
+    unconfirmed: tuple[ShardRef, ...] = Field(
+        default=(),
+        max_length=64,
+        description="Done refs of the request accepted but not yet durable: report them "
+        "again (a repeated done is a no-op) until a reply no longer lists them",
+    )
 
 
 class ShardStatusRequest(WireModel):

@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from antdt.runtime.bus import Rejected
 from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
 from antdt.services.shards.change import LedgerChange, Writes, change_of
-from antdt.services.shards.committer import Committed, Committer, Snapshot, apply_batch
+from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
+from antdt.services.shards.service import fetch_op
 from tests.helpers import wait_for
 
 JOB = "job1"
@@ -198,31 +199,61 @@ async def test_a_failing_operation_does_not_fail_its_batch() -> None:
     assert isinstance(out[1], KeyError) and isinstance(out[2], ShardReply)
 
 
-async def test_with_several_ranks_active_a_commit_waits_for_them() -> None:
-    store = MemoryLedgers(ledger(), gate=asyncio.Event())
-    c = committer(store, linger_s=30.0)
-    first = c.enqueue(JOB, fetch(0))
-    await in_commit(store)
-    queued = [c.enqueue(JOB, fetch(rank)) for rank in (1, 2)]
+async def test_reserved_shards_go_out_before_the_write_and_dones_follow() -> None:
+    store = MemoryLedgers(ledger(world=2, shards=80))
+    c = committer(store, flush_interval_s=30.0)
+    first = await c.submit(JOB, fetch_op(req(0, want=2), reserve=4))
+    # New grants wait for their write; the 4 reserved with them are written at once too.
+    assert len(first.grants) == 2 and c.early == 0
+    await wait_for(lambda: len(store.state.in_flight) == 6, what="reservation written")
+    writes = len(store.writes)
+    refs = tuple(g.ref() for g in first.grants)
+    reply = await asyncio.wait_for(
+        c.submit(JOB, fetch_op(req(0, done=refs[:1], held=refs[1:]), reserve=4)), 5
+    )
+    # Handed out from the reservation: answered before any write, done not yet durable.
+    assert c.early == 1 and len(store.writes) == writes
+    assert reply.unconfirmed == refs[:1] and store.state.done_count == 0
+    assert reply.grants[0].shard in {e.shard for e in store.state.in_flight if e.rank == 0}
+    # The done mark follows with the next write (here forced by an answer that waits).
+    await c.submit(JOB, fetch_op(req(1), reserve=0))
+    assert store.state.done_count == 1
+
+
+async def test_without_a_waiting_answer_the_write_comes_within_the_interval() -> None:
+    store = MemoryLedgers(ledger(world=1, shards=80))
+    c = committer(store, flush_interval_s=0.2)
+    first = await c.submit(JOB, fetch_op(req(0), reserve=8))
+    await wait_for(lambda: len(store.state.in_flight) == 9, what="reservation written")
+    writes = len(store.writes)
+    held = tuple(g.ref() for g in first.grants)
+    reply = await c.submit(JOB, fetch_op(req(0, done=held), reserve=8))
+    assert reply.unconfirmed == held and len(store.writes) == writes
+    await wait_for(lambda: store.state.done_count == 1, what="the done written", timeout=5)
+    assert len(store.writes) == writes + 1
+    again = await c.submit(JOB, fetch_op(req(0, done=held, held=reply_refs(reply)), reserve=8))
+    assert again.unconfirmed == ()  # durable now: the rank may forget it
+
+
+async def test_an_early_answer_waits_when_its_reservation_is_not_durable_yet() -> None:
+    store = MemoryLedgers(ledger(world=1, shards=80), gate=asyncio.Event())
+    c = committer(store, flush_interval_s=30.0)
+    first = c.enqueue(JOB, fetch_op(req(0), reserve=4))
+    await in_commit(store)  # the grant and its reservation are being written
+    second = c.enqueue(JOB, fetch_op(req(0, held=(), want=1), reserve=4))
+    await asyncio.sleep(0.01)
+    assert not second.done()  # it hands out a reserved shard not yet durable
     store.gate.set()  # type: ignore[union-attr]
-    await settled(first, *queued)
-    assert dict(c.batch_sizes) == {1: 1, 2: 1}
-    # Two ranks were active: the next commit waits (up to 30 s) for the second one.
-    lone = c.enqueue(JOB, fetch(0))
-    await wait_for(lambda: c._jobs[JOB].expected == 2, what="the commit waiting for 2")
-    assert not lone.done() and c.commits == 2
-    await asyncio.wait_for(settled(lone, c.enqueue(JOB, fetch(1))), 5)
-    assert c.batch_sizes[2] == 2 and c.commits == 3
+    out = await settled(first, second)
+    assert all(isinstance(r, ShardReply) for r in out) and c.early == 0
 
 
-async def test_a_lone_rank_never_waits_and_the_wait_is_bounded() -> None:
-    store = MemoryLedgers(ledger())
-    c = committer(store, linger_s=30.0)
-    for _ in range(3):  # the previous batch was 1: no wait, or this would take 30 s each
-        await asyncio.wait_for(c.submit(JOB, fetch(0)), 5)
-    c.linger_s = 0.05
-    c._jobs[JOB].last_batch = 4  # as after a batch of four ranks
-    assert isinstance(await asyncio.wait_for(c.submit(JOB, fetch(1)), 5), ShardReply)
+def req(rank: int, want: int = 1, done: tuple[Any, ...] = (), held: tuple[Any, ...] = ()) -> Any:
+    return ShardFetch(job=JOB, rank=rank, epoch=0, done=done, want=want, held=held)
+
+
+def reply_refs(reply: Any) -> tuple[Any, ...]:
+    return tuple(g.ref() for g in reply.grants)
 
 
 async def test_a_finished_job_is_forgotten_and_reloaded_on_demand() -> None:
@@ -246,17 +277,6 @@ def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:
                             puts=((key, value),), deletes=deletes)  # fmt: skip
 
     return op
-
-
-def test_apply_batch_merges_writes_and_splits_at_the_transaction_limit() -> None:
-    state = ledger()
-    ops = [put_op("a"), put_op("b", delete="a"), put_op("!"), put_op("c"), put_op("d")]
-    result = apply_batch(state, ops, max_writes=3)
-    assert result.applied == 4  # "d" would make four keys: it waits for the next batch
-    assert result.writes.puts() == [("b", b"v"), ("c", b"v")]
-    assert result.writes.deletes() == ["a"]
-    assert isinstance(result.outcomes[2], LedgerChange) and result.outcomes[2].rejected
-    assert apply_batch(state, ops[4:], max_writes=0).applied == 1  # one op always goes
 
 
 async def test_extra_writes_beyond_the_limit_go_in_the_next_commit() -> None:
@@ -311,9 +331,12 @@ def test_two_replicas_never_grant_a_shard_twice(schedule: list[tuple[int, int, i
     asyncio.run(_two_replicas(schedule))
 
 
-async def _two_replicas(schedule: list[tuple[int, int, int, bool]]) -> None:
-    store = MemoryLedgers(ledger(world=4, shards=12))
-    fleet = Fleet([committer(store), committer(store)])
+async def _two_replicas(
+    schedule: list[tuple[int, int, int, bool]], reserve: int | None = None, interval: float = 0
+) -> None:
+    store = MemoryLedgers(ledger(world=4, shards=12 if reserve is None else 60))
+    made = [committer(store, flush_interval_s=interval) for _ in range(2)]
+    fleet = Fleet(made, reserve=reserve)
     for wave in waves(schedule):
         await fleet.send(wave)
     for round_ in range(20):  # then every rank finishes what it holds, replicas alternating
@@ -321,7 +344,19 @@ async def _two_replicas(schedule: list[tuple[int, int, int, bool]]) -> None:
             break
         await fleet.send([(round_ % 2, rank, 3) for rank in range(4)])
     assert store.state.complete, "the job did not finish"
-    assert fleet.completed == set(range(12)) and set(fleet.holder) == set(range(12))
+    shards = set(range(store.state.num_shards))
+    assert fleet.completed == shards and set(fleet.holder) == shards
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedules, st.integers(1, 4), st.sampled_from([0.0, 0.001, 0.02]))
+def test_two_replicas_answering_early_never_grant_a_shard_twice(
+    schedule: list[tuple[int, int, int, bool]], reserve: int, interval: float
+) -> None:
+    """The same, with ranks that say what they hold: replicas reserve shards ahead and
+    hand them out before writing; done marks are written behind and re-sent until a reply
+    no longer lists them as unconfirmed."""
+    asyncio.run(_two_replicas(schedule, reserve=reserve, interval=interval))
 
 
 @dataclass
@@ -330,15 +365,26 @@ class Fleet:
     checks on every reply that no shard was ever granted to two ranks."""
 
     replicas: list[Committer]
+    reserve: int | None = None  # None: ranks do not say what they hold
     holder: dict[int, int] = field(default_factory=dict)  # shard -> rank granted it
+    unconfirmed: dict[int, tuple[Any, ...]] = field(
+        default_factory=lambda: dict.fromkeys(range(4), ())
+    )
     held: dict[int, tuple[Any, ...]] = field(default_factory=lambda: dict.fromkeys(range(4), ()))
     epoch: dict[int, int] = field(default_factory=lambda: dict.fromkeys(range(4), 0))
     completed: set[int] = field(default_factory=set)
 
+    def op(self, rank: int, want: int, done: tuple[Any, ...], epoch: int) -> Any:
+        if self.reserve is None:
+            return fetch(rank, want, done, epoch)
+        report = tuple(dict.fromkeys(self.unconfirmed[rank] + done))
+        request = ShardFetch(job=JOB, rank=rank, epoch=epoch, done=report, want=want, held=())
+        return fetch_op(request, self.reserve)
+
     async def send(self, wave: list[tuple[int, int, int]]) -> None:
         sent = [(rank, self.held[rank], self.epoch[rank]) for _, rank, _ in wave]
         futures = [
-            self.replicas[replica].enqueue(JOB, fetch(rank, want, done, epoch))
+            self.replicas[replica].enqueue(JOB, self.op(rank, want, done, epoch))
             for (replica, _, want), (rank, done, epoch) in zip(wave, sent, strict=True)
         ]
         for (rank, done, epoch), result in zip(sent, await settled(*futures), strict=True):
@@ -348,5 +394,6 @@ class Fleet:
                 assert self.holder.setdefault(grant.shard, rank) == rank, "granted twice"
             reported = {ref.shard for ref in done}
             self.held[rank] = tuple(g.ref() for g in result.grants if g.shard not in reported)
+            self.unconfirmed[rank] = result.unconfirmed
             if result.status == FetchStatus.EPOCH_DONE and not result.grants:
                 self.epoch[rank] = epoch + 1  # ask for the next epoch: JOB_DONE at the end

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from antdt.schemas import ErrorReply
+from antdt.services.shards.early import Early
 from antdt.services.shards.ledger import LedgerState
 
 
@@ -24,6 +25,7 @@ class LedgerChange:
     reply: BaseModel | ErrorReply  # what to answer once durable
     puts: tuple[tuple[str, bytes], ...] = ()  # extra etcd keys (full keys) written in the same txn
     deletes: tuple[str, ...] = ()  # extra etcd keys deleted in the same txn
+    early: Early | None = None  # the reply may go before the write if this holds (early.py)
 
     @property
     def rejected(self) -> bool:

@@ -1,16 +1,36 @@
-"""Group commit of ledger operations, per job.
+"""Write-behind group commit of ledger operations, per job.
 
-Operations of a job that arrive while a commit is in flight queue up; the job's commit
-task then applies every queued operation in arrival order to the cached ledger and
-writes the result in ONE compare-and-swap transaction, so N concurrent requests cost one
-etcd round trip and one fsync instead of N. Replies go out only after that transaction
-succeeded: nothing is answered before it is durable.
+Each operation is applied to the job's working ledger the moment it arrives, in arrival
+order. A flush task per job writes the working ledger in ONE compare-and-swap
+transaction: every operation applied while a write is in flight goes into the next one,
+so N concurrent requests cost one etcd round trip and one fsync instead of N.
 
-Rejections wait for the transaction too. They are judged against the cached ledger
-(plus the batch's earlier operations), and the cache may be stale when another replica
-wrote: only a successful compare (CAS, or a compare-only check when the batch writes
-nothing) proves the state they were judged on was the real one. On a conflict the batch
-is re-applied, in the same order, to the state the failed transaction read back."""
+An operation is answered either
+  * early, right after it is applied, when early.py allows it: a fetch that only hands
+    out shards already granted to its rank in the stored ledger. Its done refs become
+    durable with a later write; the reply lists them as `unconfirmed` until then and the
+    rank reports them again. Or
+  * after the write that contains it succeeded: everything else (new grants, epoch
+    changes, checkpoints, restores, releases, and refusals).
+
+Refusals wait for a write too: they are judged against the cached ledger, which may be
+stale when another replica wrote; only a successful compare (CAS, or a compare-only
+check when nothing changed) proves the state they were judged on was the real one.
+
+Pacing: a write starts at once when an answer waits on it; otherwise at most
+`flush_interval_s` after the first change it carries, so a busy job writes a few hundred
+times a second, not once per request. Grants reserved ahead are written within that
+interval, while the rank still has half its reservation to go (ledger.py); a rank that
+reaches a reserved shard not yet written waits for the write, which then starts at once.
+
+On a conflict every unwritten operation is applied again, in order, to the state the
+failed transaction read back; unanswered ones are answered from that. Answers already
+sent stay valid: they handed out shards that the stored ledger had granted to that rank,
+which only a release or a restore takes away, and both fence the rank. When a write
+cannot be made at all, the unanswered operations fail (`busy`, `unavailable`) and the
+answered ones are dropped, which loses nothing: their done refs are reported again and
+their reservations were never handed out.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +38,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,13 +46,14 @@ import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
-from antdt.schemas import ErrorReply
+from antdt.schemas import ShardReply
 from antdt.services.shards.change import LedgerChange, Operation, Writes
+from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState
 
 log = structlog.get_logger("antdt.shards.committer")
-#: Loop turns from a message read off the socket to its handler's enqueue (parse and
-#: queue it; the subscription task runs the handler).
+#: Loop turns from a message read off the socket to its handler's enqueue: a write that
+#: starts after them carries the requests that arrived together.
 GATHER_TURNS = 2
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
@@ -66,59 +87,32 @@ class LedgerStore(Protocol):
 
 
 @dataclass
-class BatchResult:
-    """What applying a batch to a state gives: the final state, the merged extra
-    writes, one outcome per applied operation (a change, or the exception the operation
-    raised), and how many operations of the batch were applied."""
+class _Applied:
+    """An operation applied to the working ledger and not yet written."""
 
-    state: LedgerState
-    writes: Writes
-    outcomes: list[LedgerChange | Exception]
-
-    @property
-    def applied(self) -> int:
-        return len(self.outcomes)
-
-
-def apply_batch(state: LedgerState, ops: Sequence[Operation], *, max_writes: int) -> BatchResult:
-    """Apply `ops` in order. A rejected (or failing) operation leaves the state as it
-    was. Stops before an operation whose extra writes would exceed `max_writes` (etcd
-    bounds the operations of one transaction), unless it is the first."""
-    result = BatchResult(state, Writes(), [])
-    for op in ops:
-        try:
-            change = op(result.state)
-        except Exception as exc:  # a bug in one operation must not fail its neighbours
-            log.exception("ledger operation failed")
-            result.outcomes.append(exc)
-            continue
-        if not change.rejected:
-            extra = len(change.puts) + len(change.deletes)
-            if result.outcomes and len(result.writes) + extra > max_writes:
-                break
-            result.state = change.state
-            result.writes.add(change)
-        result.outcomes.append(change)
-    return result
-
-
-@dataclass
-class _Pending:
     op: Operation
-    future: asyncio.Future[BaseModel]
+    change: LedgerChange
+    future: asyncio.Future[BaseModel]  # done once answered (early, or after the write)
 
 
 @dataclass
-class _JobQueue:
-    waiting: deque[_Pending] = field(default_factory=deque)
+class _Job:
+    stored: Snapshot | None = None
+    index: Stored | None = None
+    working: LedgerState | None = None
+    applied: list[_Applied] = field(default_factory=list)
+    waiting: deque[tuple[Operation, asyncio.Future[BaseModel]]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
-    last_batch: int = 0  # size of the job's previous batch: how many requesters to expect
-    expected: int = 0  # while lingering: wake when this many are waiting
-    filled: asyncio.Event = field(default_factory=asyncio.Event)
+    urgent: bool = False  # an answer waits on the next write
+    since: float = 0.0  # monotonic time of the oldest unwritten change
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def rebase(self, snapshot: Snapshot) -> None:
+        self.stored, self.index, self.working = snapshot, Stored(snapshot.state), snapshot.state
 
 
 class Committer:
-    """Serialises each job's operations into batches, one transaction per batch."""
+    """Applies each job's operations as they come; writes them behind, in batches."""
 
     def __init__(
         self,
@@ -126,156 +120,268 @@ class Committer:
         spawn: Spawn,
         *,
         retries: int = 20,
-        max_batch: int = 64,
         max_writes: int = 100,
-        linger_s: float = 0.0,
+        flush_interval_s: float = 0.005,
     ) -> None:
         self.store = store
         self._spawn = spawn
         self.retries = retries
-        self.max_batch = max_batch
         self.max_writes = max_writes
-        self.linger_s = linger_s
-        self.cache: dict[str, Snapshot] = {}
-        self._jobs: dict[str, _JobQueue] = {}
+        self.flush_interval_s = flush_interval_s
+        self._jobs: dict[str, _Job] = {}
         self._closed = False
         self.commits = 0  # successful transactions (writes or compare-only checks)
-        self.committed = 0  # operations answered by them
+        self.committed = 0  # operations made durable by them
+        self.early = 0  # operations answered before their write
+        self.early_revised = 0  # early answers whose operation came out differently on a retry
         self.cas_conflicts = 0
         self.batch_sizes: Counter[int] = Counter()
-        self.apply_seconds = 0.0  # in apply_batch (the pure ledger operations)
+        self.apply_seconds = 0.0  # in the pure ledger operations
         self.store_seconds = 0.0  # waiting on the store's transactions
 
     @property
     def requests_per_commit(self) -> float:
         return self.committed / self.commits if self.commits else 0.0
 
+    @property
+    def cache(self) -> dict[str, Snapshot]:
+        """The stored ledgers this replica knows, by job."""
+        return {job: j.stored for job, j in self._jobs.items() if j.stored is not None}
+
     def enqueue(self, job: str, op: Operation) -> asyncio.Future[BaseModel]:
-        """Queue `op` for `job`; the future resolves once its outcome is durable."""
+        """Apply `op` to `job`'s ledger; the future resolves with its reply when it may
+        be sent (early, or once durable), or with Rejected."""
         if self._closed:
             raise Rejected("unavailable", "shards replica shutting down; retry")
         future: asyncio.Future[BaseModel] = asyncio.get_running_loop().create_future()
-        queue = self._jobs.setdefault(job, _JobQueue())
-        queue.waiting.append(_Pending(op, future))
-        if queue.expected and len(queue.waiting) >= queue.expected:
-            queue.filled.set()
-        if queue.task is None:
-            queue.task = self._spawn(f"commit-{job}", self._run(job, queue))
+        j = self._jobs.get(job)
+        if j is None:
+            j = self._jobs[job] = _Job()
+        if j.working is None:
+            j.waiting.append((op, future))
+            j.urgent = True
+        else:
+            self._apply(j, op, future)
+        if j.task is None:
+            j.task = self._spawn(f"commit-{job}", self._run(job, j))
         return future
 
     async def submit(self, job: str, op: Operation) -> BaseModel:
-        """Apply `op` to `job`'s ledger; returns its reply once durable, raises Rejected
-        for an ErrorReply (or `busy` / `unavailable` when it could not be committed)."""
+        """Apply `op` to `job`'s ledger; returns its reply, raises Rejected for an
+        ErrorReply (or `busy` / `unavailable` when it could not be committed)."""
         return await self.enqueue(job, op)
 
     async def finish(self) -> None:
-        """Refuse new operations; let every queued and in-flight commit complete."""
+        """Refuse new operations; write and answer everything applied or queued."""
         self._closed = True
-        tasks = [q.task for q in self._jobs.values() if q.task is not None]
+        for j in self._jobs.values():
+            j.urgent = True
+            j.wake.set()
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, job: str, queue: _JobQueue) -> None:
-        batch: list[_Pending] = []
+    # -- applying -----------------------------------------------------------------------
+
+    def _apply(self, j: _Job, op: Operation, future: asyncio.Future[BaseModel]) -> None:
+        assert j.working is not None and j.index is not None
+        started = time.perf_counter()
         try:
-            while queue.waiting:
-                await self._gather(queue)
-                batch = self._take(queue)
-                queue.last_batch = len(batch)
-                applied = await self._commit(job, batch) if batch else 0
-                queue.waiting.extendleft(reversed(batch[applied:]))
-                batch = []
-        finally:
-            queue.task = None  # no await between the empty check and here: none is lost
-            if batch or queue.waiting:  # cancelled mid-commit: the outcome is unknown
-                gone = Rejected("unavailable", "shards replica shutting down; retry")
-                for pending in [*batch, *queue.waiting]:
-                    _fail(pending, gone)
-                queue.waiting.clear()
-            self._forget_if_complete(job)
-
-    def _forget_if_complete(self, job: str) -> None:
-        """A finished job's ledger never changes again: keep neither it nor its queue (a
-        late request reloads it), so a long-lived replica holds only live jobs."""
-        cached = self.cache.get(job)
-        if cached is not None and cached.state.complete:
-            del self.cache[job]
-            self._jobs.pop(job, None)
-
-    async def _gather(self, queue: _JobQueue) -> None:
-        """Let requests that are about to arrive join the next batch. Only while several
-        ranks of the job are active (its previous batch had more than one): a lone
-        requester's next request cannot come before its reply, so it never waits."""
-        if queue.last_batch <= 1:
+            change = op(j.working)
+        except Exception as exc:  # a bug in one operation must not fail its neighbours
+            log.exception("ledger operation failed")
+            future.set_exception(exc)
             return
-        # Messages already read off the socket reach the queue a few loop turns later.
+        finally:
+            self.apply_seconds += time.perf_counter() - started
+        if not j.applied:
+            j.since = time.monotonic()
+            j.wake.set()
+        j.applied.append(_Applied(op, change, future))
+        if not change.rejected:
+            j.working = change.state
+        reply = self._early_reply(j, change)
+        if reply is not None:
+            self.early += 1
+            future.set_result(reply)
+        elif not j.urgent:
+            j.urgent = True
+            j.wake.set()
+
+    @staticmethod
+    def _early_reply(j: _Job, change: LedgerChange) -> BaseModel | None:
+        if change.early is None or not isinstance(change.reply, ShardReply):
+            return None
+        assert j.index is not None
+        return early_reply(change.reply, change.early, j.index)
+
+    def _reapply(self, j: _Job) -> None:
+        """Apply every unwritten operation again, in order, to the stored ledger."""
+        assert j.stored is not None
+        state = j.stored.state
+        kept = []
+        for entry in j.applied:
+            try:
+                change = entry.op(state)
+            except Exception as exc:
+                log.exception("ledger operation failed")
+                _fail(entry.future, exc)
+                continue
+            revised = entry.future.done() and change.reply != entry.change.reply
+            if revised and self._early_reply(j, change) is None:
+                self.early_revised += 1
+                log.warning("an early answer came out differently on the stored ledger",
+                            reply=str(change.reply)[:200])  # fmt: skip
+            entry.change = change
+            kept.append(entry)
+            if not change.rejected:
+                state = change.state
+        j.applied, j.working = kept, state
+
+    # -- writing ------------------------------------------------------------------------
+
+    async def _run(self, job: str, j: _Job) -> None:
+        try:
+            while j.applied or j.waiting:  # else a new operation starts a new task
+                if j.working is None and not await self._load(job, j):
+                    return
+                await self._pace(j)
+                await self._flush(job, j)
+        finally:
+            j.task = None  # no await between the empty check and here: none is lost
+            gone = Rejected("unavailable", "shards replica shutting down; retry")
+            for entry in j.applied:  # cancelled mid-write: the outcome is unknown
+                _fail(entry.future, gone)
+            for _, future in j.waiting:
+                _fail(future, gone)
+            j.applied.clear()
+            j.waiting.clear()
+            if j.stored is not None and j.stored.state.complete:
+                # A finished job's ledger never changes again: a late request reloads it.
+                self._jobs.pop(job, None)
+
+    async def _load(self, job: str, j: _Job) -> bool:
+        try:
+            j.rebase(await self.store.load(job))
+        except Exception as exc:  # unknown_job, or etcd unreachable
+            error = exc if isinstance(exc, Rejected) else _unavailable(job, exc)
+            for entry in j.applied:
+                _fail(entry.future, error)
+            for _, future in j.waiting:
+                _fail(future, error)
+            j.applied.clear()
+            j.waiting.clear()
+            self._jobs.pop(job, None)
+            return False
+        self._reapply(j)
+        while j.waiting:
+            op, future = j.waiting.popleft()
+            if not future.done():  # its requester gave up (cancelled)
+                self._apply(j, op, future)
+        return True
+
+    async def _pace(self, j: _Job) -> None:
+        """Let the requests that arrived together join; then wait for an answer that
+        needs the write, or the flush interval, whichever comes first."""
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
-        # The ranks just answered are sending their next request: waiting for them, at
-        # most linger_s, turns several transactions (fsyncs) into one.
-        if self.linger_s > 0 and len(queue.waiting) < queue.last_batch:
-            queue.expected = queue.last_batch
-            queue.filled.clear()
+        while not j.urgent and not self._closed:
+            left = j.since + self.flush_interval_s - time.monotonic()
+            if left <= 0:
+                return
+            j.wake.clear()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(queue.filled.wait(), self.linger_s)
-            queue.expected = 0
+                await asyncio.wait_for(j.wake.wait(), left)
 
-    def _take(self, queue: _JobQueue) -> list[_Pending]:
-        batch: list[_Pending] = []
-        while queue.waiting and len(batch) < self.max_batch:
-            pending = queue.waiting.popleft()
-            if not pending.future.done():  # its requester gave up (cancelled)
-                batch.append(pending)
-        return batch
+    def _prefix(self, j: _Job) -> int:
+        """How many unwritten operations the next write carries: all, unless their extra
+        keys exceed what etcd takes in one transaction (the first always goes)."""
+        keys: set[str] = set()
+        for count, entry in enumerate(j.applied):
+            change = entry.change
+            if not change.rejected:
+                extra = {k for k, _ in change.puts} | set(change.deletes)
+                if count and len(keys | extra) > self.max_writes:
+                    return count
+                keys |= extra
+        return len(j.applied)
 
-    async def _commit(self, job: str, batch: list[_Pending]) -> int:
-        """Commit a prefix of `batch` and answer it; returns the prefix's length."""
-        try:
-            for _ in range(self.retries):
-                base = self.cache.get(job) or await self.store.load(job)
-                started = time.perf_counter()
-                result = apply_batch(base.state, [p.op for p in batch], max_writes=self.max_writes)
-                changed = result.state is not base.state and result.state != base.state
-                applied = time.perf_counter()
-                done = await self.store.commit(
-                    job, base, result.state if changed else None, result.writes
-                )
-                self.apply_seconds += applied - started
-                self.store_seconds += time.perf_counter() - applied
-                self._recache(job, done.snapshot)
-                if done.ok:
-                    self._answer(batch, result)
-                    return result.applied
-                self.cas_conflicts += 1
-            error = Rejected("busy", f"ledger of {job!r} contended; retry")
-        except Rejected as exc:  # e.g. unknown_job from load
-            error = exc
-        except Exception as exc:  # etcd unreachable or refusing: the outcome is unknown
-            self.cache.pop(job, None)
-            log.warning("ledger commit failed", job=job, error=repr(exc))
-            error = Rejected("unavailable", f"ledger store unavailable: {type(exc).__name__}")
-        for pending in batch:
-            _fail(pending, error)
-        return len(batch)
+    async def _flush(self, job: str, j: _Job) -> None:
+        for _ in range(self.retries):
+            assert j.stored is not None
+            count = self._prefix(j)
+            batch = j.applied[:count]
+            writes = Writes()
+            for entry in batch:
+                if not entry.change.rejected:
+                    writes.add(entry.change)
+            state = batch[-1].change.state if batch else j.stored.state
+            changed = state is not j.stored.state and state != j.stored.state
+            if not changed and not len(writes) and all(e.future.done() for e in batch):
+                del j.applied[:count]  # answered, and nothing to write
+                self._settle(j)
+                return
+            started = time.perf_counter()
+            try:
+                done = await self.store.commit(job, j.stored, state if changed else None, writes)
+            except Exception as exc:  # etcd unreachable or refusing: the outcome is unknown
+                log.warning("ledger commit failed", job=job, error=repr(exc))
+                self._give_up(j, _unavailable(job, exc))
+                return
+            finally:
+                self.store_seconds += time.perf_counter() - started
+            if done.ok:
+                self._written(j, batch, done.snapshot)
+                return
+            self.cas_conflicts += 1
+            if done.snapshot is None:
+                j.working = None  # reloaded (and re-applied) by the run loop
+                return
+            j.rebase(done.snapshot)
+            self._reapply(j)
+        self._give_up(j, Rejected("busy", f"ledger of {job!r} contended; retry"))
 
-    def _recache(self, job: str, snapshot: Snapshot | None) -> None:
-        if snapshot is None:
-            self.cache.pop(job, None)
-        else:
-            self.cache[job] = snapshot
-
-    def _answer(self, batch: list[_Pending], result: BatchResult) -> None:
+    def _written(self, j: _Job, batch: list[_Applied], snapshot: Snapshot | None) -> None:
         self.commits += 1
-        self.committed += result.applied
-        self.batch_sizes[result.applied] += 1
-        for pending, outcome in zip(batch, result.outcomes, strict=False):
-            if isinstance(outcome, Exception):
-                _fail(pending, outcome)
-            elif isinstance(outcome.reply, ErrorReply):
-                _fail(pending, Rejected(outcome.reply.code, outcome.reply.error))
-            elif not pending.future.done():
-                pending.future.set_result(outcome.reply)
+        self.committed += len(batch)
+        self.batch_sizes[len(batch)] += 1
+        del j.applied[: len(batch)]
+        for entry in batch:
+            _answer(entry)
+        if snapshot is None:
+            j.working = None  # written, but its token is unknown: reload
+        else:
+            assert j.stored is not None
+            j.stored, j.index = snapshot, Stored(snapshot.state)
+        self._settle(j)
+
+    def _settle(self, j: _Job) -> None:
+        """After a write: is another one due at once?"""
+        j.urgent = any(not e.future.done() for e in j.applied)
+        j.since = time.monotonic()
+
+    def _give_up(self, j: _Job, error: Exception) -> None:
+        for entry in j.applied:
+            _fail(entry.future, error)
+        j.applied.clear()
+        j.working = None  # reload before the next operation is applied
+        j.stored = j.index = None
+        j.urgent = False
 
 
-def _fail(pending: _Pending, error: Exception) -> None:
-    if not pending.future.done():
-        pending.future.set_exception(error)
+def _answer(entry: _Applied) -> None:
+    if entry.future.done():
+        return
+    reply = entry.change.reply
+    if entry.change.rejected:
+        entry.future.set_exception(Rejected(reply.code, reply.error))  # type: ignore[union-attr]
+    else:
+        entry.future.set_result(reply)
+
+
+def _fail(future: asyncio.Future[BaseModel], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _unavailable(job: str, exc: Exception) -> Rejected:
+    return Rejected("unavailable", f"ledger store unavailable: {type(exc).__name__}")

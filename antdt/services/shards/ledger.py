@@ -18,6 +18,7 @@ from antdt.schemas import (
     ShardRef,
     ShardReply,
 )
+from antdt.services.shards.early import Early
 from antdt.services.shards.permutation import index_of, shard_at
 from antdt.services.shards.state import (
     InFlightEntry,
@@ -35,6 +36,7 @@ __all__ = [
     "Requeued",
     "apply_fetch",
     "new_ledger",
+    "plan_fetch",
     "release_rank",
     "shard_range",
     "status",
@@ -61,29 +63,54 @@ def release_rank(state: LedgerState, rank: int) -> LedgerState:
     )
 
 
-def apply_fetch(state: LedgerState, req: ShardFetch) -> tuple[LedgerState, ShardReply | ErrorReply]:
-    """Account the request's done shards, then grant up to `want` new ones.
+def apply_fetch(
+    state: LedgerState, req: ShardFetch, reserve: int = 0
+) -> tuple[LedgerState, ShardReply | ErrorReply]:
+    """`plan_fetch` without what the committer needs to answer early."""
+    result = plan_fetch(state, req, reserve)
+    return result.state, result.reply
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """A fetch's outcome. `early`: the reply may go out before this change is durable,
+    if what it delivers is already durable (see Early); `reserved`: grants made ahead
+    for the rank and not yet delivered, which should become durable soon."""
+
+    state: LedgerState
+    reply: ShardReply | ErrorReply
+    early: Early | None = None
+    reserved: int = 0
+
+
+def plan_fetch(state: LedgerState, req: ShardFetch, reserve: int = 0) -> FetchResult:
+    """Account the request's done shards, then deliver up to `want` grants.
 
     Epochs: the rank's epoch equal to the ledger's gets grants (EPOCH_DONE when none is
     left); the next epoch starts once the current one is complete (PENDING until then,
     JOB_DONE after the last); an earlier epoch gets EPOCH_DONE; a later one is stale.
+
+    A request that says what it `held` may have up to `reserve` shards granted to its rank
+    ahead of need (see `_deliver`); without it, the reply re-sends every grant it holds.
     """
     work = Work.of(state)
     error = _check_request(state, req) or _apply_done(work, state, req)
     if error is not None:
-        return state, error
+        return FetchResult(state, error)
     if req.epoch < state.epoch:
-        return work.state(), work.reply(FetchStatus.EPOCH_DONE)
+        return FetchResult(work.state(), work.reply(FetchStatus.EPOCH_DONE))
     if req.epoch == state.epoch + 1:
         if not work.finished():
-            return work.state(), work.reply(FetchStatus.PENDING, retry=PENDING_RETRY_S)
+            return FetchResult(work.state(), work.reply(FetchStatus.PENDING, retry=PENDING_RETRY_S))
         if state.epoch + 1 >= state.epochs:
             work.complete = True
-            return work.state(), work.reply(FetchStatus.JOB_DONE)
+            return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
         work.next_epoch()
     if work.complete:
-        return work.state(), work.reply(FetchStatus.JOB_DONE)
-    return _grant(work, req)
+        return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
+    if req.held is None:
+        return _grant(work, req)
+    return _deliver(work, req, reserve)
 
 
 # ------------------------------------------------------------------- internals
@@ -150,14 +177,61 @@ def apply_done(
     return None
 
 
-def _grant(work: Work, req: ShardFetch) -> tuple[LedgerState, ShardReply]:
+def _grant(work: Work, req: ShardFetch) -> FetchResult:
     # Every reply re-sends what the rank already holds: a reply lost in flight (timeout,
     # NATS restart) must not strand its shards in DOING. Agents ignore grants seen before.
     # The status speaks of new work only: EPOCH_DONE still means "nothing new to grant".
     held = work.held_by(req.rank)
     fresh = [work.grant(req.rank) for _ in range(req.want) if work.grantable()]
     status = FetchStatus.OK if fresh or work.grantable() else FetchStatus.EPOCH_DONE
-    return work.state(), work.reply(status, held + fresh)
+    return FetchResult(work.state(), work.reply(status, held + fresh))
+
+
+def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
+    """Deliver what the rank lacks: first the shards granted to it that it does not hold
+    (reserved ahead, restored, or in a reply that was lost), then new grants; then top up
+    its reservation. A reservation is an ordinary grant, durable like any other, that the
+    rank has not been told of yet; handing it out later needs no write, so such a reply
+    may go out before the request's done refs are durable (FetchResult.early)."""
+    rank = req.rank
+    known = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
+    lacking = [
+        e for e in work.in_flight.values() if e.rank == rank and (e.shard, e.attempt) not in known
+    ]
+    delivered = lacking[: req.want]
+    fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
+    spare = len(lacking) - len(delivered)
+    target = reservation_target(work, reserve)
+    reserved = 0
+    if spare * 2 < target:  # below half: top up in one go, so one write serves many
+        while spare + reserved < target and work.grantable():
+            work.grant(rank)
+            reserved += 1
+    grants = [work.grant_of(e) for e in delivered] + fresh
+    left = spare + reserved > 0 or work.grantable()
+    status = FetchStatus.OK if grants or left else FetchStatus.EPOCH_DONE
+    early = None
+    if status is FetchStatus.OK and grants and not fresh:
+        early = Early(
+            rank=rank,
+            epoch=work.epoch,
+            incarnation=work.base.incarnation,
+            deliveries=tuple((e.shard, e.attempt) for e in delivered),
+            done=req.done,
+        )
+    return FetchResult(work.state(), work.reply(status, grants), early, reserved)
+
+
+def reservation_target(work: Work, reserve: int) -> int:
+    """Shards to keep reserved for a rank: `reserve`, but never more than a quarter of
+    an even share of what is left to grant, so the end of an epoch is not held back by
+    shards reserved for a slow rank (a reservation is never taken from a live rank)."""
+    if reserve <= 0:
+        return 0
+    base = work.base
+    grantable = base.num_shards - work.cursor + len(work.requeued)
+    active = max(1, base.world_size - len(base.left))
+    return min(reserve, grantable // (4 * active))
 
 
 @dataclass
@@ -236,21 +310,14 @@ class Work:
 
     def held_by(self, rank: int) -> list[ShardGrant]:
         """The grants `rank` holds now, from their recorded positions."""
-        grants = []
-        for entry in self.in_flight.values():
-            if entry.rank == rank:
-                start, end = shard_range(self.base, entry.shard)
-                grants.append(
-                    ShardGrant(
-                        epoch=self.epoch,
-                        shard=entry.shard,
-                        attempt=entry.attempt,
-                        start=start,
-                        end=end,
-                        position=entry.position,
-                    )
-                )
-        return grants
+        return [self.grant_of(e) for e in self.in_flight.values() if e.rank == rank]
+
+    def grant_of(self, entry: InFlightEntry) -> ShardGrant:
+        start, end = shard_range(self.base, entry.shard)
+        return ShardGrant(
+            epoch=self.epoch, shard=entry.shard, attempt=entry.attempt, start=start, end=end,
+            position=entry.position,
+        )  # fmt: skip
 
     def finished(self) -> bool:
         return self.cursor == self.base.num_shards and not self.in_flight and not self.requeued

@@ -57,6 +57,12 @@ def _check(n: int, value: int, what: str) -> None:
         raise ValueError(f"{what} {value} outside [0, {n})")
 
 
+#: Positions of recently computed shards: a done report (often repeated, under
+#: write-behind) asks for the position of a shard granted shortly before. Bounded.
+_RECENT: dict[tuple[int, int, int, int], int] = {}
+_RECENT_MAX = 1 << 16
+
+
 def shard_at(seed: int, epoch: int, num_shards: int, index: int) -> int:
     """The shard at position `index` of epoch `epoch`'s order (a bijection of the range)."""
     _check(num_shards, index, "index")
@@ -64,11 +70,17 @@ def shard_at(seed: int, epoch: int, num_shards: int, index: int) -> int:
     x = _forward(index, half, keys)
     while x >= num_shards:
         x = _forward(x, half, keys)
+    if len(_RECENT) >= _RECENT_MAX:
+        _RECENT.clear()
+    _RECENT[(seed, epoch, num_shards, x)] = index
     return x
 
 
 def index_of(seed: int, epoch: int, num_shards: int, shard: int) -> int:
     """Inverse of shard_at: the position of `shard` in epoch `epoch`'s order."""
+    known = _RECENT.get((seed, epoch, num_shards, shard))
+    if known is not None:
+        return known
     _check(num_shards, shard, "shard")
     half, keys = _half_bits(num_shards), _round_keys(seed, epoch)
     x = _backward(shard, half, keys)

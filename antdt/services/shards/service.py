@@ -1,10 +1,13 @@
 """Shards service shell: done-and-fetch over request/reply in a queue group, ledger in etcd.
 
-Every replica serves every job. Each ledger change goes through the per-job group
-committer (committer.py): concurrent requests of a job share one compare-and-swap
-transaction on the ledger key, and are answered only once it is durable. Two replicas
-can never grant the same shard twice: a replica whose cached ledger is stale fails the
-compare, re-applies its batch to the state read back in the same transaction, retries.
+Every replica serves every job. Each ledger change goes through the per-job
+write-behind committer (committer.py): concurrent requests of a job share one
+compare-and-swap transaction on the ledger key. A fetch that only hands out shards
+already granted to its rank in etcd (reserved ahead) is answered at once, its done marks
+written behind; everything else is answered once durable (early.py says which is
+which). Two replicas can never grant the same shard twice: a replica whose cached
+ledger is stale fails the compare, re-applies its unwritten operations to the state
+read back in the same transaction, retries.
 
 nats-py runs one subscription's handler for one message at a time, so a replica holds
 `fetch_concurrency` subscriptions in the queue group: that many requests can wait on a
@@ -34,10 +37,10 @@ from antdt.schemas import (
     ShardStatusRequest,
     Subjects,
 )
-from antdt.services.shards.change import LedgerChange, Operation, Writes, change_of
+from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
-from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger, status
+from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch, status
 from antdt.services.shards.ops import commit_op, release_op, restore_op
 
 log = structlog.get_logger("antdt.shards")
@@ -46,21 +49,25 @@ QUEUE_GROUP = "antdt-shards"
 
 class ShardsSettings(ServiceSettings):
     cas_retries: int = Field(default=20, ge=1, description="Ledger CAS attempts per batch")
-    max_batch: int = Field(
-        default=64, ge=1, le=1024, description="Most requests of a job in one commit"
-    )
     checkpoints_kept: int = Field(
         default=DEFAULT_KEEP, ge=2, le=100, description="Ledger snapshots kept per job"
     )
     fetch_concurrency: int = Field(
         default=64, ge=1, le=1024, description="Fetch requests one replica holds at once"
     )
-    commit_linger_s: float = Field(
-        default=0.002,
+    flush_interval_s: float = Field(
+        default=0.005,
         ge=0,
-        le=0.1,
-        description="While several ranks of a job are active, how long a commit may wait "
-        "for the rest of them to join it (0: never)",
+        le=1.0,
+        description="Seconds, at most, between a change whose answer went out early (done "
+        "marks) and its write; changes someone waits on are written at once",
+    )
+    reserve_shards: int = Field(
+        default=16,
+        ge=0,
+        le=64,
+        description="Shards granted to a rank ahead of its asking (capped near the end of "
+        "an epoch), so that handing them out needs no etcd write; 0: never",
     )
 
 
@@ -131,11 +138,12 @@ def _snapshot(stored: Versioned) -> Snapshot:
     return Snapshot(state, _Revision(stored.create_revision, stored.version))
 
 
-def fetch_op(req: ShardFetch) -> Operation:
+def fetch_op(req: ShardFetch, reserve: int = 0) -> Operation:
     """A ShardFetch as a ledger operation."""
 
     def op(state: LedgerState) -> LedgerChange:
-        return change_of(apply_fetch(state, req))
+        result = plan_fetch(state, req, reserve)
+        return LedgerChange(state=result.state, reply=result.reply, early=result.early)
 
     return op
 
@@ -153,8 +161,7 @@ class ShardsService:
             self.ledgers,
             self._spawn,
             retries=settings.cas_retries,
-            max_batch=settings.max_batch,
-            linger_s=settings.commit_linger_s,
+            flush_interval_s=settings.flush_interval_s,
         )
 
     @property
@@ -214,7 +221,7 @@ class ShardsService:
 
     async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
-        reply = await self.submit(req.job, fetch_op(req))
+        reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
         return reply

@@ -1,0 +1,63 @@
+"""When a fetch reply may go out before its change is durable (write-behind).
+
+A fetch changes the ledger in two ways: it marks the rank's done shards, and it hands
+the rank shards. Handing out must be durable before the rank trains on it: otherwise a
+replica that crashed after answering would leave the shards TODO in etcd, and another
+rank would get them too. Done marks need not be: the rank keeps reporting a done shard
+until a reply says it is durable, so a crash loses no done mark, only delays it.
+
+So a reply may go out early when every shard it delivers was already granted to that
+rank, with that attempt, in the ledger as stored (a reservation made by an earlier,
+durable write). Its done refs that are still open in the stored ledger are listed as
+`unconfirmed`, for the rank to report again. Everything else (new grants, epoch changes,
+refusals, checkpoints) is answered only after its write, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from antdt.schemas import ShardRef, ShardReply
+from antdt.services.shards.state import LedgerState
+
+
+@dataclass(frozen=True)
+class Early:
+    """What a fetch reply delivers from reservations, and the done refs it reported."""
+
+    rank: int
+    epoch: int
+    incarnation: int
+    deliveries: tuple[tuple[int, int], ...]  # (shard, attempt)
+    done: tuple[ShardRef, ...]
+
+
+class Stored:
+    """The ledger as stored, indexed for early-reply checks: epoch and in-flight holders."""
+
+    __slots__ = ("epoch", "holders", "incarnation")
+
+    def __init__(self, state: LedgerState) -> None:
+        self.epoch = state.epoch
+        self.incarnation = state.incarnation
+        self.holders = {e.shard: (e.rank, e.attempt) for e in state.in_flight}
+
+
+def early_reply(reply: ShardReply, early: Early, stored: Stored) -> ShardReply | None:
+    """The reply to send before the write, or None: it must wait for the write."""
+    if (early.epoch, early.incarnation) != (stored.epoch, stored.incarnation):
+        return None
+    holders = stored.holders
+    for shard, attempt in early.deliveries:
+        if holders.get(shard) != (early.rank, attempt):
+            return None
+    unconfirmed = tuple(ref for ref in early.done if _open(ref, early.rank, stored))
+    return reply.model_copy(update={"unconfirmed": unconfirmed}) if unconfirmed else reply
+
+
+def _open(ref: ShardRef, rank: int, stored: Stored) -> bool:
+    """Is this done ref not yet durable? Still in flight for the rank as stored, or of
+    an epoch the stored ledger has not reached."""
+    if ref.epoch != stored.epoch:
+        return ref.epoch > stored.epoch
+    return stored.holders.get(ref.shard) == (rank, ref.attempt)
