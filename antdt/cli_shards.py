@@ -105,7 +105,10 @@ def render_status(status: ShardStatus) -> Group:
     per_rank: dict[int, list[str]] = defaultdict(list)
     for entry in status.in_flight:
         per_rank[entry.rank].append(f"{entry.shard}@{entry.position} (a{entry.attempt})")
-    table = Table("rank", "in flight: shard@position (attempt)", title="in flight per rank")
+    table = Table(
+        "rank", "in flight: shard@position (attempt)",
+        title="in flight per rank (held, or reserved ahead)",
+    )  # fmt: skip
     for rank in sorted(per_rank):
         table.add_row(str(rank), ", ".join(per_rank[rank]))
     checkpoints = ", ".join(map(str, status.checkpoints)) or "none"
