@@ -246,7 +246,8 @@ async def bench_ledger_size(
     prefetch: int,
 ) -> dict[str, float]:  # fmt: skip
     """Bytes of the ledger stored in etcd once each of `ranks` ranks holds `prefetch`
-    shards (granted through the service, as in a running job), the fetch rate while
+    shards (granted through the service, as in a running job, reservations included: at
+    this many ranks MAX_RESERVED leaves none), the fetch rate while
     filling it, and what one commit's encoding and one reload's decoding of it cost."""
     job = f"size{dataset_size}x{shard_size}"
     spec = JobSpec(job=job, world_size=ranks, dataset_size=dataset_size, shard_size=shard_size,
@@ -258,7 +259,7 @@ async def bench_ledger_size(
 
     async def fill(rank: int) -> None:
         async with gate:
-            request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch)
+            request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch, held=())
             await client.request(subject, request, ShardReply, timeout=30)
 
     started = time.perf_counter()

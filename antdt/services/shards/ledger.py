@@ -42,6 +42,10 @@ __all__ = [
     "status",
 ]
 
+#: Most shards reserved ahead across all ranks of a job: reservations are DOING entries
+#: of the stored ledger, which must stay compact (one etcd value, written every few ms).
+#: A job with more ranks than this reserves nothing: its many ranks fill every write anyway.
+MAX_RESERVED = 256
 #: How long a rank asking for the next epoch too early should wait before asking again.
 PENDING_RETRY_S = 0.05
 
@@ -225,13 +229,14 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
 def reservation_target(work: Work, reserve: int) -> int:
     """Shards to keep reserved for a rank: `reserve`, but never more than a quarter of
     an even share of what is left to grant, so the end of an epoch is not held back by
-    shards reserved for a slow rank (a reservation is never taken from a live rank)."""
+    shards reserved for a slow rank (a reservation is never taken from a live rank), nor
+    more than an even share of MAX_RESERVED."""
     if reserve <= 0:
         return 0
     base = work.base
     grantable = base.num_shards - work.cursor + len(work.requeued)
     active = max(1, base.world_size - len(base.left))
-    return min(reserve, grantable // (4 * active))
+    return min(reserve, grantable // (4 * active), MAX_RESERVED // active)
 
 
 @dataclass
