@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from antdt.runtime.bus import Bus
+from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
@@ -184,8 +184,10 @@ async def bench_shards_cycles(
     subject = replicas.subjects.shards(job, "fetch")
     latencies: list[float] = []
     measuring = False
+    busy = 0
 
     async def one_client(rank: int, until: float) -> None:
+        nonlocal busy
         # As the agent does: report the shard finished (and any done refs the last reply
         # left unconfirmed), say that nothing else is held, ask for the next.
         held: tuple[Any, ...] = ()
@@ -194,7 +196,13 @@ async def bench_shards_cycles(
             request = ShardFetch(job=job, rank=rank, epoch=0, done=unconfirmed + held,
                                  want=1, held=())  # fmt: skip
             started = time.perf_counter()
-            reply = await buses[rank].request(subject, request, ShardReply)
+            try:
+                reply = await buses[rank].request(subject, request, ShardReply)
+            except RequestRefused as refused:
+                if refused.reply.code != "busy":
+                    raise
+                busy += 1  # two replicas contending; the agent retries the same way
+                continue
             if measuring:
                 latencies.append(time.perf_counter() - started)
             if reply.status != FetchStatus.OK:
@@ -226,6 +234,7 @@ async def bench_shards_cycles(
         "txn_ms_per_commit": counters["store_s"] / max(counters["commits"], 1) * 1000,
         "cas_conflicts": counters["cas_conflicts"],
         "early_share": counters["early"] / cycles,
+        "busy_refusals": busy,
         "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
         "client_cpu_us_per_cycle": client_cpu / cycles * 1e6,
         **{f"{name}_cpu_us_per_cycle": v / cycles * 1e6 for name, v in servers_cpu.items()},

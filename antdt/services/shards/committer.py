@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine
@@ -306,7 +307,7 @@ class Committer:
         return len(j.applied)
 
     async def _flush(self, job: str, j: _Job) -> None:
-        for _ in range(self.retries):
+        for attempt in range(self.retries):
             assert j.stored is not None
             count = self._prefix(j)
             batch = j.applied[:count]
@@ -338,6 +339,9 @@ class Committer:
                 return
             j.rebase(done.snapshot)
             self._reapply(j)
+            # Two replicas writing the same job every few milliseconds can keep beating
+            # each other to it: back off (jittered) so one of them gets a turn.
+            await asyncio.sleep(random.uniform(0, min(0.0005 * 2**attempt, 0.02)))
         self._give_up(j, Rejected("busy", f"ledger of {job!r} contended; retry"))
 
     def _written(self, j: _Job, batch: list[_Applied], snapshot: Snapshot | None) -> None:
