@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
-from antdt.services.shards.change import LedgerChange, Writes, change_of
+from antdt.services.shards.change import LedgerChange, Writes
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
 from antdt.services.shards.service import fetch_op
@@ -33,7 +33,7 @@ def ledger(world: int = 4, shards: int = 40, epochs: int = 1) -> LedgerState:
 
 def fetch(rank: int, want: int = 1, done: tuple[Any, ...] = (), epoch: int = 0) -> Any:
     req = ShardFetch(job=JOB, rank=rank, epoch=epoch, done=done, want=want)
-    return lambda state: change_of(apply_fetch(state, req))
+    return fetch_op(req)
 
 
 @dataclass

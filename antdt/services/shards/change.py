@@ -38,12 +38,6 @@ class LedgerChange:
 Operation = Callable[[LedgerState], LedgerChange]
 
 
-def change_of(result: tuple[LedgerState, BaseModel | ErrorReply]) -> LedgerChange:
-    """Adapt a `(state, reply)` pair (what `apply_fetch` returns) to a LedgerChange."""
-    state, reply = result
-    return LedgerChange(state=state, reply=reply)
-
-
 class Writes:
     """The extra keys of a batch, merged in operation order: a later put or delete of
     the same key wins (etcd refuses a transaction that names a key twice)."""

@@ -67,11 +67,9 @@ def release_rank(state: LedgerState, rank: int) -> LedgerState:
     )
 
 
-def apply_fetch(
-    state: LedgerState, req: ShardFetch, reserve: int = 0
-) -> tuple[LedgerState, ShardReply | ErrorReply]:
-    """`plan_fetch` without what the committer needs to answer early."""
-    result = plan_fetch(state, req, reserve)
+def apply_fetch(state: LedgerState, req: ShardFetch) -> tuple[LedgerState, ShardReply | ErrorReply]:
+    """`plan_fetch` without reservations, as a (state, reply) pair."""
+    result = plan_fetch(state, req)
     return result.state, result.reply
 
 
