@@ -8,6 +8,7 @@
             step.sync(model)               # batch-weighted gradient all-reduce
             optimizer.step(); optimizer.zero_grad()
     agent.close()
+    antdt.agent.destroy_process_group()   # barrier, then leave the group
 
 Importing this package does not import torch; the parts that need it import it lazily."""
 
@@ -21,7 +22,7 @@ from antdt.agent.agent import Agent
 from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
-from antdt.agent.launch import init_process_group, launch
+from antdt.agent.launch import destroy_process_group, init_process_group, launch
 from antdt.agent.restart import RESTART_EXIT_CODE
 from antdt.agent.settings import AgentSettings
 from antdt.agent.steps import Step
@@ -70,6 +71,7 @@ __all__ = [
     "Step",
     "WeightedHookState",
     "allreduce_weighted",
+    "destroy_process_group",
     "init",
     "init_process_group",
     "launch",

@@ -258,3 +258,21 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 1800.0) -> None
         world_size=int(world),
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def destroy_process_group() -> None:
+    """Leave torch.distributed cleanly: a barrier, then destroy. A no-op when not
+    initialised.
+
+    Why the barrier: a gloo rank that tears its pairs down while a peer is still
+    finishing the last collective can abort that peer ("terminate called without an
+    active exception", SIGABRT). After the barrier every rank is past its last op."""
+    import gc
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    gc.collect()  # a DDP reducer caught in a cycle still holds work on the group
+    dist.barrier()
+    dist.destroy_process_group()

@@ -117,7 +117,7 @@ def main() -> None:
         progress.close()
         result = {"accuracy": accuracy(model), "dropped_events": agent.dropped_events}
         (out / "result.json").write_text(json.dumps(result))
-    torch.distributed.destroy_process_group()
+    antdt_agent.destroy_process_group()
 
 
 class Checkpoints:
@@ -218,7 +218,7 @@ class Shrink:
         dist = torch.distributed
         port = torch.tensor([_free_port() if self.rank == 0 else 0])
         dist.broadcast(port, 0)  # where the smaller group meets
-        dist.destroy_process_group()
+        antdt_agent.destroy_process_group()
         if self.rank == self.world - 1:
             agent.leave("elastic shrink")
             self.left = True

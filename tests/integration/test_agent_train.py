@@ -54,7 +54,7 @@ SCRIPT = textwrap.dedent(
     with open(sys.argv[1] + f".rank{agent.settings.rank}.params", "w") as f:
         f.write(repr(params))
     agent.close()
-    torch.distributed.destroy_process_group()
+    antdt.agent.destroy_process_group()
     """
 )
 
