@@ -86,11 +86,14 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
 
 
 async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
-    """Fetch+done cycles against one and two replica processes, next to the raw etcd
-    transaction and NATS request baselines that bound one client from below."""
+    """Fetch+done cycles against one and two replica processes. Baselines from the same
+    run: a raw etcd transaction and, at each client count, raw NATS request/reply with a
+    trivial responder process (the transport alone: what a cycle over NATS can reach)."""
     with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
-        req = await bench_raw_nats_request(cluster.nats.url, seconds=3.0)
+        raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n)
+               for n in (1, 2, 8)}  # fmt: skip
+    req = raw[1]
     floor_ms = txn["p50_ms"] + req["p50_ms"]
     load = os.getloadavg()[0]
     console.print(
@@ -102,15 +105,27 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         f"waiting for etcd on every cycle would need both in series: {floor_ms:.2f} ms, at "
         f"most {1000 / floor_ms:,.0f} cycles/s (write-behind takes etcd off that path)"
     )
+    console.print(
+        "raw NATS request/reply, trivial responder process: "
+        + ", ".join(f"{n} client(s) {r['req_per_s']:,.0f}/s" for n, r in raw.items())
+        + " (the transport's ceiling for shards cycles on this machine)"
+    )
     rows: list[dict[str, Any]] = [
         _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
-        _baseline_row("raw serial NATS request/reply/s", req["req_per_s"], req),
+        *(
+            _baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r)
+            for n, r in raw.items()
+        ),
     ]
     for replicas, clients in ((1, (1, 2, 8)), (2, (8,))):
         with console.status(f"shards cycles, {replicas} replica(s)"):
             results = await bench_shards(cluster, clients=clients, seconds=4.0, replicas=replicas)
         for n, cycles in results.items():
-            console.print(f"shards, {n} client(s), {replicas} replica(s): " + _details(cycles))
+            console.print(
+                f"shards, {n} client(s), {replicas} replica(s): "
+                f"{cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} of raw NATS at {n}; "
+                + _details(cycles)
+            )
             rows.append(
                 {
                     "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
@@ -118,8 +133,8 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                     "value": cycles["cycles_per_s"],
                     "p50_ms": cycles["p50_ms"],
                     "p99_ms": cycles["p99_ms"],
-                    "baseline": txn["txn_per_s"],
-                    "baseline_what": "raw serial etcd txn/s",
+                    "baseline": raw[n]["req_per_s"],
+                    "baseline_what": f"raw NATS request/reply/s, {n} client(s)",
                     "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
                     "details": cycles,
                 }

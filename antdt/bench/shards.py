@@ -40,30 +40,66 @@ async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, floa
     return {"txn_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
 
 
-async def bench_raw_nats_request(url: str, *, seconds: float) -> dict[str, float]:
-    """Baseline: serial nats-py request/reply between two connections (the responder
-    answers at once), payloads the size of a shard fetch and its reply. With the etcd
-    baseline it bounds a one-client shards cycle from below."""
-    requester = await Bus(NatsSettings(url=url), name="raw-requester").connect()
-    responder = await Bus(NatsSettings(url=url), name="raw-responder").connect()
+async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) -> dict[str, float]:
+    """Baseline: nats-py request/reply alone. A responder in its own process answers at
+    once; `clients` connections in this process each loop request -> reply, payloads the
+    size of a shard fetch and its reply. Laid out like the shards bench (replica process,
+    clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
+    one client's latency floor with the etcd baseline; with many, the transport's CPU."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    here, there = context.Pipe()
+    responder = context.Process(target=_raw_responder, args=(url, there), daemon=True)
+    responder.start()
+    try:
+        if not await asyncio.to_thread(here.poll, 60) or here.recv() != "ready":
+            raise RuntimeError("the raw NATS responder did not start")
+        settings = NatsSettings(url=url)
+        buses = [await Bus(settings, name=f"raw-{i}").connect() for i in range(clients)]
+        latencies: list[float] = []
+
+        async def one_client(bus: Bus, until: float, measuring: bool) -> None:
+            while time.perf_counter() < until:
+                sent = time.perf_counter()
+                await bus.nc.request("raw.request", b"q" * 150, timeout=2)
+                if measuring:
+                    latencies.append(time.perf_counter() - sent)
+
+        warm_until = time.perf_counter() + 0.3
+        await asyncio.gather(*(one_client(b, warm_until, False) for b in buses))
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client(b, started + seconds, True) for b in buses))
+        elapsed = time.perf_counter() - started
+        for bus in buses:
+            await bus.close()
+    finally:
+        here.send("exit")
+        await asyncio.to_thread(responder.join, 10)
+        if responder.is_alive():
+            responder.kill()
+    return {"req_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+
+
+def _raw_responder(url: str, conn: Any) -> None:
+    from antdt.runtime.logs import configure_logging
+
+    configure_logging("warning", "console")
+    asyncio.run(_serve_raw(url, conn))
+
+
+async def _serve_raw(url: str, conn: Any) -> None:
+    bus = await Bus(NatsSettings(url=url), name="raw-responder").connect()
     answer = b"r" * 400
 
     async def respond(msg: Any) -> None:
         await msg.respond(answer)
 
-    await responder.nc.subscribe("raw.request", cb=respond)
-    await responder.flush()
-    latencies: list[float] = []
-    deadline = time.perf_counter() + seconds
-    started = time.perf_counter()
-    while time.perf_counter() < deadline:
-        sent = time.perf_counter()
-        await requester.nc.request("raw.request", b"q" * 150, timeout=2)
-        latencies.append(time.perf_counter() - sent)
-    elapsed = time.perf_counter() - started
-    await requester.close()
-    await responder.close()
-    return {"req_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+    await bus.nc.subscribe("raw.request", cb=respond)
+    await bus.flush()
+    conn.send("ready")
+    await asyncio.to_thread(conn.recv)  # "exit"
+    await bus.close()
 
 
 def _percentiles(latencies: list[float]) -> dict[str, float]:

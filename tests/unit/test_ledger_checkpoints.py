@@ -34,6 +34,7 @@ from antdt.services.shards.checkpoints import (
 )
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger, plan_fetch
+from antdt.services.shards.work import Work
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Sim:
         result = plan_fetch(self.ledger, req, self.reserve)
         self.ledger, reply = result.state, result.reply
         assert not isinstance(reply, ErrorReply), reply
+        assert_index_matches(self.ledger)
         early = early_reply(reply, result.early, Stored(self.stored)) if result.early else None
         if early is None:
             self.stored = self.ledger  # answered once written
@@ -211,6 +213,14 @@ JOBS = st.builds(
     epochs=st.integers(1, 3),
     seed=st.integers(0, 5),
 )
+
+
+def assert_index_matches(state: LedgerState) -> None:
+    """The cached in-flight index a Work starts from is the state's own in-flight tuple."""
+    work = Work.of(state)
+    assert list(work.in_flight.values()) == list(state.in_flight)
+    for rank in range(state.world_size):
+        assert work.entries_of(rank) == [e for e in state.in_flight if e.rank == rank]
 
 
 @settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])

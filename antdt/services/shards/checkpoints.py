@@ -122,10 +122,9 @@ def _positions_at_step(work: Work, req: ShardCommit) -> list[InFlightEntry] | Er
     if isinstance(listed, ErrorReply):
         return listed
     held = []
-    for entry in work.in_flight.values():
-        if entry.rank == req.rank:
-            position = listed.pop(entry.shard, entry.position)
-            held.append(entry.model_copy(update={"position": position}))
+    for entry in work.entries_of(req.rank):
+        position = listed.pop(entry.shard, entry.position)
+        held.append(entry.model_copy(update={"position": position}))
     if listed:  # listed, but not in flight for this rank (any more)
         shard = next(iter(listed))
         return error("fenced", f"shard {shard} is not held by rank {req.rank}")
@@ -258,7 +257,7 @@ def apply_release(state: LedgerState, req: ShardRelease) -> Outcome:
         return refused(state, listed)
     for shard, position in listed.items():
         work.in_flight[shard] = work.in_flight[shard].model_copy(update={"position": position})
-    mine = [e for e in work.in_flight.values() if e.rank == req.rank]
+    mine = work.entries_of(req.rank)
     for entry in mine:
         start, end = shard_range(state, entry.shard)
         if entry.position == end - start:  # consumed to its end: done, nothing to return

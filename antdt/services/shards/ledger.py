@@ -8,33 +8,27 @@ the same request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from antdt.schemas import (
-    ErrorReply,
-    FetchStatus,
-    ShardFetch,
-    ShardGrant,
-    ShardRef,
-    ShardReply,
-)
+from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Early
-from antdt.services.shards.permutation import index_of, shard_at
 from antdt.services.shards.state import (
     InFlightEntry,
     LedgerState,
-    PendingCheckpoint,
     Requeued,
     new_ledger,
     shard_range,
     status,
 )
+from antdt.services.shards.work import Work, error
 
 __all__ = [
     "InFlightEntry",
     "LedgerState",
     "Requeued",
+    "Work",
     "apply_fetch",
+    "error",
     "new_ledger",
     "plan_fetch",
     "release_rank",
@@ -54,7 +48,7 @@ def release_rank(state: LedgerState, rank: int) -> LedgerState:
     """Hand a removed rank's in-flight shards back, to be granted again from their
     recorded position (with a new attempt, so the old holder is fenced). A pending
     checkpoint is dropped: the rank's commit to it no longer describes the job."""
-    mine = [e for e in state.in_flight if e.rank == rank]
+    mine = Work.of(state).entries_of(rank)
     if not mine and state.pending is None:
         return state
     back = tuple(Requeued(shard=e.shard, position=e.position, attempt=e.attempt) for e in mine)
@@ -116,10 +110,6 @@ def plan_fetch(state: LedgerState, req: ShardFetch, reserve: int = 0) -> FetchRe
 
 
 # ------------------------------------------------------------------- internals
-
-
-def error(code: str, message: str) -> ErrorReply:
-    return ErrorReply(code=code, error=message)
 
 
 _error = error
@@ -197,9 +187,7 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     may go out before the request's done refs are durable (FetchResult.early)."""
     rank = req.rank
     known = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
-    lacking = [
-        e for e in work.in_flight.values() if e.rank == rank and (e.shard, e.attempt) not in known
-    ]
+    lacking = [e for e in work.entries_of(rank) if (e.shard, e.attempt) not in known]
     delivered = lacking[: req.want]
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
     spare = len(lacking) - len(delivered)
@@ -235,131 +223,3 @@ def reservation_target(work: Work, reserve: int) -> int:
     grantable = base.num_shards - work.cursor + len(work.requeued)
     active = max(1, base.world_size - len(base.left))
     return min(reserve, grantable // (4 * active), MAX_RESERVED // active)
-
-
-@dataclass
-class Work:
-    """A mutable working copy of a ledger for one request; discarded on error."""
-
-    base: LedgerState
-    epoch: int
-    cursor: int
-    done_count: int
-    complete: bool
-    in_flight: dict[int, InFlightEntry]  # shard -> entry, in grant order
-    requeued: list[Requeued]
-    requeued_shards: set[int] = field(default_factory=set)
-    pending: PendingCheckpoint | None = None
-    late: list[Requeued] = field(default_factory=list)  # grants to ranks after their commit
-
-    @classmethod
-    def of(cls, state: LedgerState) -> Work:
-        return cls(
-            base=state,
-            epoch=state.epoch,
-            cursor=state.cursor,
-            done_count=state.done_count,
-            complete=state.complete,
-            in_flight={e.shard: e for e in state.in_flight},
-            requeued=list(state.requeued),
-            requeued_shards={r.shard for r in state.requeued},
-            pending=state.pending,
-            late=list(state.pending.late) if state.pending else [],
-        )
-
-    def done(self, ref: ShardRef, rank: int) -> ErrorReply | None:
-        entry = self.in_flight.get(ref.shard)
-        if entry is not None:
-            if (entry.rank, entry.attempt) != (rank, ref.attempt):
-                return _error(
-                    "fenced",
-                    f"shard {ref.shard} attempt {ref.attempt} is held by rank {entry.rank} "
-                    f"as attempt {entry.attempt}",
-                )
-            del self.in_flight[ref.shard]
-            self.done_count += 1
-            self._maybe_complete()
-            return None
-        if ref.shard in self.requeued_shards:
-            return _error("fenced", f"shard {ref.shard} was taken back from its rank")
-        base = self.base
-        if index_of(base.seed, self.epoch, base.num_shards, ref.shard) < self.cursor:
-            return None  # already done: a repeated done is a no-op
-        return _error("fenced", f"shard {ref.shard} was not granted in epoch {self.epoch}")
-
-    def grantable(self) -> bool:
-        return bool(self.requeued) or self.cursor < self.base.num_shards
-
-    def grant(self, rank: int) -> ShardGrant:
-        if self.requeued:
-            back = self.requeued.pop(0)
-            self.requeued_shards.discard(back.shard)
-            shard, position, attempt = back.shard, back.position, back.attempt + 1
-        else:
-            base = self.base
-            shard = shard_at(base.seed, self.epoch, base.num_shards, self.cursor)
-            position, attempt = 0, 0
-            self.cursor += 1
-        if self.pending is not None and rank in self.pending.committed():
-            # Granted after the rank's commit: untouched at the checkpoint's step.
-            self.late.append(Requeued(shard=shard, position=position, attempt=attempt))
-        self.in_flight[shard] = InFlightEntry(
-            shard=shard, rank=rank, attempt=attempt, position=position
-        )
-        start, end = shard_range(self.base, shard)
-        return ShardGrant(
-            epoch=self.epoch, shard=shard, attempt=attempt, start=start, end=end, position=position
-        )
-
-    def held_by(self, rank: int) -> list[ShardGrant]:
-        """The grants `rank` holds now, from their recorded positions."""
-        return [self.grant_of(e) for e in self.in_flight.values() if e.rank == rank]
-
-    def grant_of(self, entry: InFlightEntry) -> ShardGrant:
-        start, end = shard_range(self.base, entry.shard)
-        return ShardGrant(
-            epoch=self.epoch, shard=entry.shard, attempt=entry.attempt, start=start, end=end,
-            position=entry.position,
-        )  # fmt: skip
-
-    def finished(self) -> bool:
-        return self.cursor == self.base.num_shards and not self.in_flight and not self.requeued
-
-    def next_epoch(self) -> None:
-        self.epoch += 1
-        self.cursor = self.done_count = 0
-        # Ranks leave an epoch only together, after any checkpoint inside it is complete:
-        # a checkpoint still pending here can never complete. Drop it.
-        self.pending, self.late = None, []
-
-    def _maybe_complete(self) -> None:
-        if self.epoch == self.base.epochs - 1 and self.finished():
-            self.complete = True
-
-    def state(self) -> LedgerState:
-        return self.base.model_copy(
-            update={
-                "epoch": self.epoch,
-                "cursor": self.cursor,
-                "done_count": self.done_count,
-                "complete": self.complete,
-                "in_flight": tuple(self.in_flight.values()),
-                "requeued": tuple(self.requeued),
-                "pending": (
-                    self.pending.model_copy(update={"late": tuple(self.late)})
-                    if self.pending is not None
-                    else None
-                ),
-            }
-        )
-
-    def reply(
-        self, status: FetchStatus, grants: list[ShardGrant] | None = None, retry: float = 0.0
-    ) -> ShardReply:
-        return ShardReply(
-            job=self.base.job,
-            epoch=self.epoch,
-            status=status,
-            grants=tuple(grants or ()),
-            retry_after_s=retry,
-        )
