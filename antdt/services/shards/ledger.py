@@ -48,7 +48,7 @@ def release_rank(state: LedgerState, rank: int) -> LedgerState:
     """Hand a removed rank's in-flight shards back, to be granted again from their
     recorded position (with a new attempt, so the old holder is fenced). A pending
     checkpoint is dropped: the rank's commit to it no longer describes the job."""
-    mine = Work.of(state).entries_of(rank)
+    mine = [e for e in state.in_flight if e.rank == rank]
     if not mine and state.pending is None:
         return state
     back = tuple(Requeued(shard=e.shard, position=e.position, attempt=e.attempt) for e in mine)
