@@ -38,6 +38,21 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def go_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of an embedded Go server: GOMAXPROCS half this process's CPUs (at
+    least 1), unless the caller's environment sets it.
+
+    Why: these servers share a small machine with CPU-bound Python services and ranks.
+    Go's scheduler keeps idle threads spinning for work, and hands each message between
+    threads; on 2 cores that cost nats-server a third more CPU per request/reply and etcd
+    twice as much per transaction (`make bench`), CPU taken from the services."""
+    env = dict(os.environ if base is None else base)
+    if "GOMAXPROCS" not in env:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        env["GOMAXPROCS"] = str(max(1, (cpus or 2) // 2))
+    return env
+
+
 def find_nats_server() -> str:
     candidates = [Path(sys.executable).parent / "nats-server", shutil.which("nats-server")]
     for cand in candidates:
@@ -145,7 +160,7 @@ class _EmbeddedServer:
         return self._process.pid if self._process else None
 
     def _run(self, name: str, argv: list[str], log: Path, ready: object, timeout: float) -> None:
-        self._process = ManagedProcess(name, argv, log).spawn()
+        self._process = ManagedProcess(name, argv, log, env=go_server_env()).spawn()
         _wait_ready(self._process, ready, timeout)
 
     def kill(self) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from antdt.runtime.servers import EmbeddedCluster
 from tests.helpers import wait_for_sync
 
 pytestmark = pytest.mark.integration
@@ -81,3 +82,20 @@ def test_antdt_up_stops_cleanly(tmp_path: Path, sig: signal.Signals) -> None:
     proc.send_signal(sig)
     assert proc.wait(timeout=30) == 0
     wait_for_sync(lambda: not any(_alive(p) for p in children), timeout=10, what="no process left")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        pairs = (item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        return {k.decode(): v.decode() for k, v in pairs}
+
+
+def test_go_servers_get_half_the_cpus_unless_told(cluster: EmbeddedCluster) -> None:
+    from antdt.runtime.servers import go_server_env
+
+    half = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    for pid in (cluster.nats.pid, cluster.etcd.pid):
+        assert pid is not None
+        assert _environ(pid)["GOMAXPROCS"] == os.environ.get("GOMAXPROCS", half)
+    assert go_server_env({})["GOMAXPROCS"] == half
+    assert go_server_env({"GOMAXPROCS": "7", "X": "y"}) == {"GOMAXPROCS": "7", "X": "y"}
