@@ -25,6 +25,7 @@ from antdt.agent.outbox import RestoreMark
 from antdt.agent.plans import PlanBook, Verdict, applied_step, select_plan
 from antdt.agent.publisher import Publisher
 from antdt.agent.register import register, spec_differences
+from antdt.agent.route import ShardRoute
 from antdt.agent.settings import AgentSettings
 from antdt.agent.shards import ShardStream
 from antdt.agent.steps import Step, StepDriver
@@ -140,9 +141,8 @@ class Agent:
             shard_size=reply.spec.shard_size,
         )  # fmt: skip
         assert self._thread is not None
-        self._stream = ShardStream(
-            state, bus=bus, subject=self.subjects.shards(s.job, "fetch"), loop=self._thread.loop
-        )
+        route = ShardRoute(self.subjects, s.job)
+        self._stream = ShardStream(state, bus=bus, route=route, loop=self._thread.loop)
         self._ledger = LedgerClient(bus, self.subjects, s.job, self._stream)
         # The fetcher starts with the first epoch, or after a restore: a restarted job
         # must not take data before its ledger is back at the checkpoint.

@@ -16,6 +16,7 @@ from typing import TypeVar
 import structlog
 
 from antdt.agent.errors import AgentClosed, AgentError
+from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
 from antdt.runtime.bus import Bus, BusError, RequestRefused
@@ -52,13 +53,13 @@ class ShardStream:
         state: StreamState,
         *,
         bus: Bus,
-        subject: str,
+        route: ShardRoute,
         loop: asyncio.AbstractEventLoop,
         request_timeout_s: float | None = None,
     ) -> None:
         self._state = state
         self._bus = bus
-        self._subject = subject
+        self.route = route
         self._loop = loop
         self._timeout = request_timeout_s
         self._cond = threading.Condition()
@@ -116,8 +117,9 @@ class ShardStream:
                     raise BusError("not connected to NATS")
                 self.requests += 1
                 reply = await self._bus.request(
-                    self._subject, fetch, ShardReply, timeout=self._timeout
+                    self.route.subject, fetch, ShardReply, timeout=self._timeout
                 )
+                self.route.on_reply(reply.route, time.monotonic())
                 cursors = open_cursors(reply.grants, self._state.seed)  # shuffles: no lock held
                 with self._cond:
                     delay = self._state.on_reply(fetch, reply, cursors)
@@ -125,6 +127,7 @@ class ShardStream:
             except Exception as exc:  # the fetcher must outlive any failure
                 # BusError (no responder, timeout), RequestRefused (the service may be
                 # failing over), or the client's own errors while NATS is away.
+                self.route.on_failure(time.monotonic())
                 self._failed(exc)
                 await asyncio.sleep(backoff.next())
                 continue

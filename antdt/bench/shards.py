@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from antdt.agent.route import ShardRoute
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -217,7 +218,7 @@ async def bench_shards_cycles(
                    global_batch=clients * 32, epochs=1)  # fmt: skip
     await replicas.register(store, spec)
     buses = [await Bus(replicas.nats, name=f"bench-rank-{r}").connect() for r in range(clients)]
-    subject = replicas.subjects.shards(job, "fetch")
+    routes = [ShardRoute(replicas.subjects, job) for _ in range(clients)]
     latencies: list[float] = []
     measuring = False
     busy = 0
@@ -225,7 +226,9 @@ async def bench_shards_cycles(
     async def one_client(rank: int, until: float) -> None:
         nonlocal busy
         # As the agent does: report the shard finished (and any done refs the last reply
-        # left unconfirmed), say that nothing else is held, ask for the next.
+        # left unconfirmed), say that nothing else is held, ask for the next; send it to
+        # the replica the last reply named as the job's owner.
+        route = routes[rank]
         held: tuple[Any, ...] = ()
         unconfirmed: tuple[Any, ...] = ()
         while time.perf_counter() < until:
@@ -233,12 +236,14 @@ async def bench_shards_cycles(
                                  want=1, held=())  # fmt: skip
             started = time.perf_counter()
             try:
-                reply = await buses[rank].request(subject, request, ShardReply)
+                reply = await buses[rank].request(route.subject, request, ShardReply)
             except RequestRefused as refused:
                 if refused.reply.code != "busy":
                     raise
                 busy += 1  # two replicas contending; the agent retries the same way
+                route.on_failure(time.perf_counter())
                 continue
+            route.on_reply(reply.route, time.perf_counter())
             if measuring:
                 latencies.append(time.perf_counter() - started)
             if reply.status != FetchStatus.OK:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.store import Compare, Lease, Put, Store
+from antdt.runtime.store import Compare, Delete, Lease, Put, Store
 from antdt.schemas import Keys
 
 log = structlog.get_logger("antdt.ownership")
@@ -95,6 +95,15 @@ class Ownership:
         self._owned[job] = got.create_revision
         log.info("job acquired", service=self.service, job=job, replica=self.replica_id)
         return True
+
+    async def release(self, job: str) -> None:
+        """Give `job` up (its work is over): delete our key, if it is still ours."""
+        revision = self._owned.pop(job, None)
+        if revision is None:
+            return
+        key = self.keys.owner(self.service, job)
+        await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
+        log.info("job released", service=self.service, job=job, replica=self.replica_id)
 
     async def owner_of(self, job: str) -> str | None:
         got = await self.store.get(self.keys.owner(self.service, job))

@@ -50,6 +50,7 @@ from antdt.schemas.subjects import (
     INCIDENT_STREAM,
     Keys,
     Subjects,
+    route_token,
 )
 
 __all__ = [
@@ -104,4 +105,5 @@ __all__ = [
     "StragglerClass",
     "Subjects",
     "WireModel",
+    "route_token",
 ]

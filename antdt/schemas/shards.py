@@ -104,6 +104,15 @@ class ShardReply(WireModel):
         description="Done refs of the request accepted but not yet durable: report them "
         "again (a repeated done is a no-op) until a reply no longer lists them",
     )
+    route: str = Field(
+        default="",
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_\-]*$",
+        description="The route token of the replica that owns the job's ledger: send the "
+        "next fetches to `{p}.{job}.shards.fetch.{route}`, and back to the queue group "
+        "when that fails. Empty: use the queue group. Only performance depends on it "
+        "(any replica serves any request, compare-and-swap keeps grants apart)",
+    )
 
 
 class ShardStatusRequest(WireModel):

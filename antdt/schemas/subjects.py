@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_SUBJECT_PREFIX = "antdt.v1"
@@ -9,6 +10,12 @@ DEFAULT_KEY_PREFIX = "/antdt/v1/"
 
 INCIDENT_STREAM = "ANTDT_INCIDENTS"
 ACTION_STREAM = "ANTDT_ACTIONS"
+
+
+def route_token(replica_id: str) -> str:
+    """A replica id as one subject token (host names may hold dots): every character
+    outside [A-Za-z0-9_-] becomes '_', at most 128 characters."""
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", replica_id)[:128] or "_"
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ class Subjects:
     def shards(self, job: str, verb: str) -> str:
         """verb: fetch (done-and-fetch in one request), commit, restore, release, status."""
         return f"{self.prefix}.{job}.shards.{verb}"
+
+    def shards_direct(self, job: str, verb: str, route: str) -> str:
+        """`shards(job, verb)` addressed to one replica (its route token, see
+        `route_token`): how ranks reach the replica that owns their job's ledger."""
+        return f"{self.prefix}.{job}.shards.{verb}.{route}"
 
     def plan_get(self, job: str) -> str:
         return f"{self.prefix}.{job}.plan.get"

@@ -20,7 +20,8 @@ from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.schemas import StepEvent, Subjects
+from antdt.runtime.store import Store
+from antdt.schemas import Keys, StepEvent, Subjects
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 
@@ -133,10 +134,11 @@ async def own_cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
 
 
 def shards_replica(
-    cluster: EmbeddedCluster, prefix: str, key_prefix: str
+    cluster: EmbeddedCluster, prefix: str, key_prefix: str, replica_id: str
 ) -> subprocess.Popen[bytes]:
     env = dict(os.environ, ANTDT_NATS__SUBJECT_PREFIX=prefix, ANTDT_ETCD__KEY_PREFIX=key_prefix,
-               ANTDT_TELEMETRY__LOG_FORMAT="json")  # fmt: skip
+               ANTDT_TELEMETRY__LOG_FORMAT="json", ANTDT_REPLICA_ID=replica_id,
+               ANTDT_ETCD__LEASE_TTL_S="2")  # fmt: skip
     argv = [sys.executable, "-m", "antdt.cli", "shards", "--nats-url", cluster.nats.url,
             "--etcd-endpoint", cluster.etcd.endpoint]  # fmt: skip
     return subprocess.Popen(argv, env=env, start_new_session=True)
@@ -145,8 +147,9 @@ def shards_replica(
 async def test_shards_replica_nats_and_etcd_faults_lose_and_repeat_nothing(
     own_cluster: EmbeddedCluster, tmp_path: Path, unique: str
 ) -> None:
-    """Mid-run: kill -9 one of two shards replicas (the other keeps serving), restart
-    nats-server, kill -9 etcd and restart it on the same data dir."""
+    """Mid-run: kill -9 the one of two shards replicas that owns the job, which the ranks
+    send their fetches to (they fall back to the queue group, the other takes the job
+    over), restart nats-server, kill -9 etcd and restart it on the same data dir."""
     settings = ServiceSettings(
         nats=NatsSettings(url=own_cluster.nats.url, subject_prefix=f"antdt.{unique}"),
         etcd=EtcdSettings(
@@ -155,15 +158,19 @@ async def test_shards_replica_nats_and_etcd_faults_lose_and_repeat_nothing(
         replica_id=f"replica-{unique}",
     )
     running = await start_services(settings, names=("controller",))  # registers the job
-    replicas = [shards_replica(own_cluster, settings.nats.subject_prefix, settings.etcd.key_prefix)
-                for _ in range(2)]  # fmt: skip
+    replicas = {f"shards-{i}": shards_replica(own_cluster, settings.nats.subject_prefix,
+                                              settings.etcd.key_prefix, f"shards-{i}")
+                for i in range(2)}  # fmt: skip
+    store = await Store(settings.etcd).connect()
     job = f"infra-{unique}"
     watcher, reached = await watch_steps(settings, job)
     faults: list[str] = []
 
     async def inject() -> None:
         await wait_for(lambda: reached() >= 12, timeout=120, what="step 12")
-        replicas[0].kill()  # SIGKILL
+        owner = await store.get(Keys(settings.etcd.key_prefix).owner("shards", job))
+        assert owner is not None, "no shards replica owns the job"
+        replicas[owner.value.decode()].kill()  # SIGKILL
         faults.append("shards replica killed")
         await wait_for(lambda: reached() >= 31, timeout=120, what="step 31")
         await asyncio.to_thread(own_cluster.nats.stop)
@@ -181,9 +188,10 @@ async def test_shards_replica_nats_and_etcd_faults_lose_and_repeat_nothing(
         assert await run_job(env) == 0
         await injector
     finally:
-        for proc in replicas:
+        for proc in replicas.values():
             proc.send_signal(signal.SIGTERM)
             proc.wait(10)
+        await store.close()
         await running.runtime.shutdown()
         await watcher.close()
     assert faults == ["shards replica killed", "nats restarted", "etcd killed and restarted"]

@@ -82,7 +82,7 @@ class ShardsTap:
     through the nats-server; it never answers anything. Requests are matched to replies by
     their reply inbox, so the tap also listens on `_INBOX.>`.
 
-    While attached the fetch subject has a subscriber, so a request made while no shards
+    While attached the fetch subjects have a subscriber, so a request made while no shards
     service runs times out instead of failing fast with "no responders": use the tap only
     where the service stays up."""
 
@@ -95,7 +95,8 @@ class ShardsTap:
 
     async def attach(self) -> ShardsTap:
         subject = Subjects(self.bus.settings.subject_prefix).shards(self.job, "fetch")
-        self._subs.append(await self.bus.nc.subscribe(subject, cb=self._on_fetch))
+        for tapped in (subject, f"{subject}.*"):  # the queue group's, and every replica's
+            self._subs.append(await self.bus.nc.subscribe(tapped, cb=self._on_fetch))
         self._subs.append(await self.bus.nc.subscribe("_INBOX.>", cb=self._on_reply))  # replies
         await self.bus.flush()
         return self

@@ -149,6 +149,11 @@ class Committer:
         """The stored ledgers this replica knows, by job."""
         return {job: j.stored for job, j in self._jobs.items() if j.stored is not None}
 
+    def unwritten(self, job: str) -> int:
+        """Operations of `job` applied or queued here and not yet written."""
+        j = self._jobs.get(job)
+        return len(j.applied) + len(j.waiting) if j is not None else 0
+
     def enqueue(self, job: str, op: Operation) -> asyncio.Future[BaseModel]:
         """Apply `op` to `job`'s ledger; the future resolves with its reply when it may
         be sent (early, or once durable), or with Rejected."""

@@ -7,7 +7,9 @@ already granted to its rank in etcd (reserved ahead) is answered at once, its do
 written behind; everything else is answered once durable (early.py says which is
 which). Two replicas can never grant the same shard twice: a replica whose cached
 ledger is stale fails the compare, re-applies its unwritten operations to the state
-read back in the same transaction, retries.
+read back in the same transaction, retries. Ranks still keep to one replica per job
+when they can (routing.py): each fetch reply names the job's owner, whose own subject
+the agent uses next, so that two replicas rarely write one ledger at once.
 
 nats-py runs one subscription's handler for one message at a time, so a replica holds
 `fetch_concurrency` subscriptions in the queue group: that many requests can wait on a
@@ -26,6 +28,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
 from antdt.schemas import (
+    FetchStatus,
     JobSpec,
     Keys,
     ShardCommit,
@@ -42,6 +45,7 @@ from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch, status
 from antdt.services.shards.ops import commit_op, release_op, restore_op
+from antdt.services.shards.routing import Routes
 
 log = structlog.get_logger("antdt.shards")
 QUEUE_GROUP = "antdt-shards"
@@ -157,6 +161,7 @@ class ShardsService:
         self.keys = Keys(settings.etcd.key_prefix)
         self.ledgers = EtcdLedgers(store, self.keys)
         self._runtime: ServiceRuntime | None = None
+        self.routes = Routes(store, settings, self._spawn)
         self.committer = Committer(
             self.ledgers,
             self._spawn,
@@ -173,6 +178,13 @@ class ShardsService:
         for _ in range(self.settings.fetch_concurrency):
             await self.bus.subscribe(
                 self.subjects.any_job("shards.fetch"),
+                ShardFetch,
+                self._on_fetch,
+                queue=QUEUE_GROUP,
+            )
+        for _ in range(self.settings.fetch_concurrency):  # ranks that follow our route
+            await self.bus.subscribe(
+                self.subjects.shards_direct("*", "fetch", self.routes.token),
                 ShardFetch,
                 self._on_fetch,
                 queue=QUEUE_GROUP,
@@ -202,6 +214,9 @@ class ShardsService:
         # committer refuses new work and waits for whatever is still queued.
         runtime.on_shutdown("drain", self.bus.drain)
         runtime.on_shutdown("finish", self.committer.finish)
+        runtime.on_shutdown("revoke", self.routes.stop)
+        runtime.spawn("owners", self.routes.follow())
+        runtime.spawn("lease", self.routes.keep_lease())
         log.info("shards service started", replica=self.settings.replica_id)
 
     async def submit(self, job: str, op: Operation) -> BaseModel:
@@ -224,7 +239,8 @@ class ShardsService:
         reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
-        return reply
+        route = self.routes.route(req.job, finished=reply.status is FetchStatus.JOB_DONE)
+        return reply.model_copy(update={"route": route}) if route else reply
 
     async def _on_commit(self, req: ShardCommit, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)

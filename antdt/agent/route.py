@@ -1,0 +1,44 @@
+"""Where a rank's next shard fetch goes: the shards service's queue group, or straight
+to the replica that owns the job's ledger (services/shards/routing.py says why).
+
+Pure: the caller passes the time. Each fetch reply names the owner's route; a direct
+request that fails (the replica died, drained, or timed out) sends the next one through
+the queue group, where any live replica answers. The failed replica is not taken back
+for `cooldown_s`, even if replies keep naming it: after a kill -9 its ownership lives
+on in etcd until its lease lapses, and the others still name it until then."""
+
+from __future__ import annotations
+
+from antdt.schemas import Subjects
+
+#: Seconds a replica whose direct request failed is not routed to again.
+ROUTE_COOLDOWN_S = 10.0
+
+
+class ShardRoute:
+    def __init__(self, subjects: Subjects, job: str, *, cooldown_s: float = ROUTE_COOLDOWN_S):
+        self._subjects = subjects
+        self._job = job
+        self.cooldown_s = cooldown_s
+        self.shared = subjects.shards(job, "fetch")
+        self.route = ""  # the replica the next fetch goes to; "" for the queue group
+        self.subject = self.shared
+        self._avoid: dict[str, float] = {}  # route -> time until which it is not used
+        self.fallbacks = 0  # direct requests that failed
+
+    def on_reply(self, route: str, now: float) -> None:
+        """A reply arrived (naming the owner's route, or "")."""
+        if route and self._avoid.get(route, 0.0) > now:
+            route = ""
+        if route != self.route:
+            self.route = route
+            self.subject = (
+                self._subjects.shards_direct(self._job, "fetch", route) if route else self.shared
+            )
+
+    def on_failure(self, now: float) -> None:
+        """The last request got no reply, or a refusal: back to the queue group."""
+        if self.route:
+            self.fallbacks += 1
+            self._avoid[self.route] = now + self.cooldown_s
+            self.route, self.subject = "", self.shared

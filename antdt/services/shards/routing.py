@@ -1,0 +1,137 @@
+"""Job affinity between shards replicas: which replica the ranks of a job should ask.
+
+Every replica serves every job (queue group), and compare-and-swap keeps two replicas
+from granting a shard twice. But two replicas writing one job's ledger beat each other
+to it: each one's writes fail the other's compare, their cached ledgers go stale, and
+answers that could go out before the write (reservations, early.py) wait for one.
+Measured with `make bench`: two replicas serving 8 ranks of one job did half of what
+one replica did.
+
+So a job has an owner: the replica holding `owners/shards/{job}`, bound to its lease as
+every service's ownership is (runtime/ownership.py). Each fetch reply names the owner's
+route token; the agent sends its next fetches straight to that replica
+(`{p}.{job}.shards.fetch.{route}`) and back through the queue group when that fails. A
+replica that gets a request for a job another replica owns still serves it: ownership
+only steers the ranks, it guards nothing, and it is answered with the owner's route.
+
+Takeover: every replica follows `owners/shards/` with a watch. When an owner's key goes
+(its lease lapsed: the replica died; or revoked at shutdown), the next request that
+reaches another replica claims the job. A job whose ledger is complete is given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.ownership import Ownership
+from antdt.runtime.store import Store
+from antdt.schemas import Keys, route_token
+
+log = structlog.get_logger("antdt.shards.routing")
+SERVICE = "shards"
+#: Seconds between two claims of one job by this replica when the last one failed
+#: (etcd away): requests keep coming, claims should not.
+CLAIM_RETRY_S = 1.0
+Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
+
+
+class Routes:
+    """This replica's view of who owns which job, and its own claims."""
+
+    def __init__(self, store: Store, settings: ServiceSettings, spawn: Spawn) -> None:
+        self.store = store
+        self.keys = Keys(settings.etcd.key_prefix)
+        self.ownership = Ownership.for_service(store, settings, SERVICE)
+        self.token = route_token(settings.replica_id)
+        self._spawn = spawn
+        self._owners: dict[str, str] = {}  # job -> its owner's route token, as etcd says
+        self._claiming: set[str] = set()
+        self._claim_after: dict[str, float] = {}  # job -> monotonic time of the next try
+        self.claims = 0  # jobs this replica acquired
+
+    def route(self, job: str, *, finished: bool = False) -> str:
+        """The route token to answer a request of `job` with ("" if none is known yet:
+        a claim starts). `finished`: the job's ledger is complete; the owner gives it
+        up and nobody claims it again."""
+        if finished:
+            if self.ownership.owns(job):
+                self._spawn(f"release-{job}", self._release(job))
+            return ""
+        if self.ownership.owns(job):
+            return self.token
+        owner = self._owners.get(job)
+        if owner is None:
+            self._claim_soon(job)
+            return ""
+        return owner
+
+    def _claim_soon(self, job: str) -> None:
+        if job in self._claiming or self._claim_after.get(job, 0.0) > time.monotonic():
+            return
+        self._claiming.add(job)
+        self._spawn(f"claim-{job}", self._claim(job))
+
+    async def _claim(self, job: str) -> None:
+        try:
+            if await self.ownership.try_acquire(job):
+                self.claims += 1
+                self._claim_after.pop(job, None)
+                return
+            owner = await self.ownership.owner_of(job)
+            if owner is not None:
+                self._owners[job] = route_token(owner)
+        except Exception as exc:  # etcd away: serve without a route, try again later
+            log.info("job claim failed", job=job, error=repr(exc))
+            self._claim_after[job] = time.monotonic() + CLAIM_RETRY_S
+        finally:
+            self._claiming.discard(job)
+
+    async def _release(self, job: str) -> None:
+        with contextlib.suppress(Exception):  # the lease's end removes the key anyway
+            await self.ownership.release(job)
+
+    async def follow(self) -> None:
+        """Run as a task: keep the owners map equal to `owners/shards/`, whatever etcd
+        does (the watch resumes after an outage; the first read is retried)."""
+        prefix = self.keys.owners(SERVICE)
+        while True:
+            try:
+                revision = await self.store.current_revision()
+                items = await self.store.get_prefix(prefix)
+                break
+            except Exception as exc:
+                log.info("owners not readable yet", error=repr(exc))
+                await asyncio.sleep(CLAIM_RETRY_S)
+        for item in items:
+            self._owners[item.key[len(prefix) :]] = route_token(item.value.decode())
+        async for event in self.store.watch_prefix(prefix, start_revision=revision + 1):
+            job = event.key[len(prefix) :]
+            if event.kind == "put":
+                self._owners[job] = route_token(event.value.decode())
+            else:
+                self._owners.pop(job, None)
+
+    async def keep_lease(self) -> None:
+        """Run as a task: drop our jobs the moment the lease lapses, then lease anew.
+        Failures to lease (etcd away) are retried, never raised."""
+        while True:
+            try:
+                await self.ownership.watch_lease()
+                return  # stopped
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.info("ownership lease unavailable", error=repr(exc))
+                await asyncio.sleep(CLAIM_RETRY_S)
+
+    async def stop(self) -> None:
+        """Revoke the lease: other replicas may claim our jobs at once (idempotent)."""
+        with contextlib.suppress(Exception):
+            await self.ownership.stop()

@@ -1,0 +1,127 @@
+"""Job affinity between two shards replicas (routing.py), real nats-server and etcd:
+ranks that follow the route in each reply end up at one replica, so the two stop
+contending for the job's ledger; when that replica goes, the ranks fall back to the
+queue group, the other replica claims the job, and no shard is granted twice or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from antdt.agent.route import ShardRoute
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.store import Store
+from antdt.schemas import Keys, ShardReply, Subjects, route_token
+from antdt.services.shards.service import ShardsService
+from tests.helpers import wait_for
+from tests.integration.test_shards_concurrency import Fleet, ledger_in_etcd, register, start_replica
+
+pytestmark = pytest.mark.integration
+
+
+class Ranks:
+    """`world` ranks of one job, each following its replies' route as the agent does."""
+
+    def __init__(self, settings: ServiceSettings, job: str, world: int) -> None:
+        self.settings, self.job, self.world = settings, job, world
+        self.fleet = Fleet(job, world)
+        subjects = Subjects(settings.nats.subject_prefix)
+        self.routes = [ShardRoute(subjects, job, cooldown_s=30) for _ in range(world)]
+        self.buses: list[Bus] = []
+        self.failures = 0
+        self.seen: set[str] = set()  # every route a reply named
+
+    async def connect(self) -> Ranks:
+        self.buses = [await Bus(self.settings.nats, name=f"rank-{r}").connect()
+                      for r in range(self.world)]  # fmt: skip
+        return self
+
+    async def step(self, rank: int) -> None:
+        """One done-and-fetch; a failed request falls back to the queue group."""
+        route, fleet = self.routes[rank], self.fleet
+        held = len(fleet.held.get(rank, ()))
+        sent = fleet.request(rank, want=1, report=min(held, 1))
+        try:
+            reply = await self.buses[rank].request(route.subject, sent, ShardReply, timeout=5)
+        except Exception:
+            self.failures += 1
+            route.on_failure(time.monotonic())
+            await asyncio.sleep(0.02)
+            return
+        route.on_reply(reply.route, time.monotonic())
+        self.seen.add(reply.route)
+        if wait := fleet.on_reply(rank, sent, reply):
+            await asyncio.sleep(wait)
+
+    async def run(self, steps: int) -> None:
+        async def one(rank: int) -> None:
+            for _ in range(steps):
+                if rank not in self.fleet.finished:
+                    await self.step(rank)
+
+        await asyncio.gather(*(one(r) for r in range(self.world)))
+
+    async def close(self) -> None:
+        for bus in self.buses:
+            await bus.close()
+
+
+def served(replica: ShardsService) -> int:
+    return replica.committer.committed
+
+
+async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
+    settings: ServiceSettings, store: Store
+) -> None:
+    world, shards, epochs = 4, 120, 1
+    job = "routed"
+    await register(store, settings, job, world=world, shards=shards, epochs=epochs)
+    runtimes = [ServiceRuntime(f"replica-{i}") for i in range(2)]
+    replicas = [await start_replica(settings, f"host.r{i}", runtimes[i]) for i in range(2)]
+    owner_key = Keys(settings.etcd.key_prefix).owner("shards", job)
+    ranks = await Ranks(settings, job, world).connect()
+    try:
+        # Warm up until every rank has a route: all of them name the same replica.
+        for _ in range(100):
+            await ranks.run(steps=1)
+            if all(r.route for r in ranks.routes):
+                break
+        routes = {r.route for r in ranks.routes}
+        assert len(routes) == 1 and "" not in routes
+        owner_index = [route_token(f"host.r{i}") for i in range(2)].index(routes.pop())
+        owner, other = replicas[owner_index], replicas[1 - owner_index]
+        stored = await store.get(owner_key)
+        assert stored is not None and stored.value.decode() == f"host.r{owner_index}"
+
+        # Steady state: the owner serves every request, nothing contends.
+        await wait_for(lambda: other.committer.unwritten(job) == 0, what="the other's writes")
+        before = [served(owner), served(other), owner.cas_conflicts + other.cas_conflicts]
+        await ranks.run(steps=10)
+        await wait_for(lambda: owner.committer.unwritten(job) == 0, what="the owner's writes")
+        assert served(other) == before[1], "a rank that follows its route reached the other"
+        assert served(owner) >= before[0] + world * 10
+        assert owner.cas_conflicts + other.cas_conflicts == before[2]
+
+        # The owner goes (drained, lease revoked): the ranks fall back, the other claims.
+        await runtimes[owner_index].shutdown()
+        while len(ranks.fleet.finished) < world:
+            await asyncio.wait_for(ranks.run(steps=5), 30)
+        assert ranks.failures >= 1, "no rank noticed the owner had gone"
+        assert other.routes.token in ranks.seen, "the other replica never took the job over"
+        assert {r.route for r in ranks.routes} <= {other.routes.token, ""}
+
+        # A finished job is given up: its owner key goes.
+        async def released() -> bool:
+            return await store.get(owner_key) is None
+
+        await wait_for(released, what="the finished job's owner key gone")
+    finally:
+        await ranks.close()
+        for runtime in runtimes:
+            await runtime.shutdown()
+    ranks.fleet.check_complete(shards, epochs)
+    assert (await ledger_in_etcd(store, settings, job)).complete
