@@ -101,6 +101,7 @@ def render_status(status: ShardStatus) -> Group:
                                             f"({done_pct:.1f}%)", "green"),
         f"  todo {status.todo}  in flight {len(status.in_flight)}  "
         f"incarnation {status.incarnation}",
+        f"  served by {status.owner}" if status.owner else "",
     )  # fmt: skip
     per_rank: dict[int, list[str]] = defaultdict(list)
     for entry in status.in_flight:

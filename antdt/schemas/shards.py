@@ -146,6 +146,12 @@ class ShardStatus(WireModel):
         default=(), description="Ranks that committed the pending checkpoint"
     )
     left: tuple[Rank, ...] = Field(default=(), description="Ranks removed from the job")
+    owner: str = Field(
+        default="",
+        max_length=256,
+        description="The shards replica that owns the job, which its ranks send their "
+        "fetches to; empty: none at the moment",
+    )
 
 
 class ShardPosition(WireModel):

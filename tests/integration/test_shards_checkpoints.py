@@ -33,6 +33,7 @@ from antdt.schemas import (
 )
 from antdt.services.shards.state import LedgerState
 from tests.e2e.conftest import RunningServices, start_services
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -111,6 +112,14 @@ async def test_commit_restore_and_fencing_through_the_service(
     assert any(x.shard == g.shard and x.position == 4 for x in resumed.grants)
     text = render(back)
     assert "incarnation 1" in text and f"{g.shard}@4" in text and "checkpoints (steps): 9" in text
+
+    async def owned() -> ShardStatus | None:  # claimed on the first fetch, in the background
+        now = await status(bus, job)
+        return now if now.owner else None
+
+    replica = running.by_name["shards"].settings.replica_id
+    assert (await wait_for(owned, what="an owner")).owner == replica
+    assert f"served by {replica}" in render(await status(bus, job))
 
 
 def running_prefix(running: RunningServices) -> str:

@@ -272,4 +272,6 @@ class ShardsService:
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
         self._check_subject(req.job, delivery)
         # Fresh from etcd, not the committer's cache: another replica may have written.
-        return status((await self.ledgers.load(req.job)).state)
+        ledger = status((await self.ledgers.load(req.job)).state)
+        owner = await self.routes.ownership.owner_of(req.job)
+        return ledger.model_copy(update={"owner": owner}) if owner else ledger
