@@ -38,6 +38,7 @@ class Ownership:
         self._owned: dict[str, int] = {}  # job -> create revision of our owner key
         self._lost_callbacks: list[Callable[[str], Awaitable[None]]] = []
         self._stopped = False
+        self._lease_lock = asyncio.Lock()
 
     @classmethod
     def for_service(
@@ -68,11 +69,14 @@ class Ownership:
         return Compare(self.keys.owner(self.service, job), "create", self._owned.get(job, -1))
 
     async def _ensure_lease(self) -> Lease:
-        if self._lease is None or self._lease.lost.is_set():
-            if self._lease is not None:
-                await self._drop_all("lease lost")
-            self._lease = await self.store.grant_lease(self.ttl_s)
-        return self._lease
+        # One at a time: the lease watcher and a claim may both find no lease, and two
+        # grants would leave one lease kept alive for nothing, or watched instead of ours.
+        async with self._lease_lock:
+            if self._lease is None or self._lease.lost.is_set():
+                if self._lease is not None:
+                    await self._drop_all("lease lost")
+                self._lease = await self.store.grant_lease(self.ttl_s)
+            return self._lease
 
     async def try_acquire(self, job: str) -> bool:
         """Claim `job` if nobody owns it (or we already do). Never steals."""
