@@ -52,7 +52,8 @@ class RestartLedger(WireModel):
 
 
 class BlocklistEntry(WireModel):
-    """Why a host is avoided (`blocklist/{host}`); delete the key to allow it again."""
+    """Why a host is avoided (`blocklist/{host}`), and until when. Delete the key (`antdt
+    blocklist allow HOST`) to allow it again sooner."""
 
     host: Token
     job: Token
@@ -60,3 +61,13 @@ class BlocklistEntry(WireModel):
     action_id: str = Field(min_length=1, max_length=128)
     reason: str = Field(default="", max_length=512)
     at: Timestamp
+    until: Timestamp | None = Field(
+        default=None,
+        description="Unix time from which the host may be used again (what slowed it on a "
+        "shared cluster, another tenant's load, comes and goes); None: until the key is "
+        "deleted",
+    )
+
+    def active(self, now: float) -> bool:
+        """Is the host still to be avoided at `now`?"""
+        return self.until is None or now < self.until

@@ -125,7 +125,8 @@ async def test_adjust_then_restart_measure_and_stop(
     assert ledger.pending.checkpoint_step == step
     entry = await store.get_model(job.keys.blocklist("slot3"), BlocklistEntry)
     assert entry is not None and entry[0].action_id == kill.action_id
-    await wait_for(lambda: controller.blocklist == {"slot3"}, what="blocklist followed")
+    await wait_for(lambda: controller.blocklist.hosts(time.time()) == {"slot3"}, what="blocklist")
+    assert entry[0].until == entry[0].at + controller.settings.blocklist_ttl_s
     await wait_for(lambda: len(job.records) >= 3, what="plan after the restart recorded")
     after = await job.plan()
     assert (after.version, after.local_batch, after.effective_step) == (2, (32,) * 4, step + 1)

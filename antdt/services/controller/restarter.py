@@ -62,9 +62,12 @@ log = structlog.get_logger("antdt.controller.restarter")
 
 
 class Restarter:
-    def __init__(self, executor: Executor, *, restart_lead_steps: int) -> None:
+    def __init__(
+        self, executor: Executor, *, restart_lead_steps: int, blocklist_ttl_s: float = 0.0
+    ) -> None:
         self.x = executor
         self.restart_lead_steps = restart_lead_steps
+        self.blocklist_ttl_s = blocklist_ttl_s  # 0: until deleted
 
     async def kill_restart(
         self, state: JobState, action: KillRestartAction, view: JobView
@@ -80,9 +83,10 @@ class Restarter:
         step = estimate_current_step(health, decided_at) + self.restart_lead_steps
         ledger = begin(state.restarts, action, checkpoint_step=step, decided_at=decided_at,
                        step_s=health.step_s if health else 0.0)  # fmt: skip
+        until = decided_at + self.blocklist_ttl_s if self.blocklist_ttl_s else None
         entry = BlocklistEntry(host=action.host, job=state.spec.job, rank=action.rank,
                                action_id=action.action_id, reason=action.reason[:512],
-                               at=decided_at)  # fmt: skip
+                               at=decided_at, until=until)  # fmt: skip
         blocked = Put(self.x.keys.blocklist(action.host), entry.model_dump_json().encode())
         async with state.ledger_lock:
             written = await self._write_ledger(state, ledger, also=[blocked])

@@ -6,7 +6,7 @@ policy and lets the executor act. Takeover: a replica that claims a job rebuilds
 state from etcd (spec, plan, restart ledger) and, on the job's first health, re-sends the
 current plan (agents treat a known version as a no-op) and finishes an action the dead
 owner left in flight (`Restarter.resume`). Every replica follows the host blocklist
-(`blocklist/` in etcd) with a watch."""
+(`blocklist/` in etcd) with a watch (blocklist.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from antdt.schemas import (
     RestartLedger,
     Subjects,
 )
+from antdt.services.controller.blocklist import Blocklist
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.policies import load_policy
 from antdt.services.controller.policies.base import AdjustBatchAction, Policy
@@ -57,6 +58,12 @@ class ControllerSettings(ServiceSettings):
     action_retention_s: float = Field(
         default=30 * 86400, gt=0, description="ANTDT_ACTIONS max age, seconds"
     )
+    blocklist_ttl_s: float = Field(
+        default=6 * 3600,
+        ge=0,
+        description="Seconds a host stays on the blocklist after a KILL_RESTART moved a rank "
+        "off it; 0: until an operator allows it again (antdt blocklist allow)",
+    )
 
 
 class ControllerService:
@@ -77,10 +84,14 @@ class ControllerService:
             ack_timeout_s=settings.ack_timeout_s,
             ack_deadline_s=settings.ack_deadline_s,
         )
-        self.restarter = Restarter(self.executor, restart_lead_steps=settings.restart_lead_steps)
+        self.restarter = Restarter(
+            self.executor,
+            restart_lead_steps=settings.restart_lead_steps,
+            blocklist_ttl_s=settings.blocklist_ttl_s,
+        )
         self.jobs: dict[str, JobState] = {}
         self.policies: dict[str, Policy] = {}
-        self.blocklist: set[str] = set()  # hosts under `blocklist/` (all jobs)
+        self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
 
     async def start(self, runtime: ServiceRuntime) -> None:
@@ -103,7 +114,8 @@ class ControllerService:
         desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
         await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
-        runtime.spawn("blocklist", self._follow_blocklist())
+        runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
+        runtime.spawn("blocklist-sweep", self.blocklist.sweep_expired(self.store, self.keys))
         runtime.spawn(
             "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
         )
@@ -194,21 +206,6 @@ class ControllerService:
         self.jobs.setdefault(job, state)
         return self.jobs[job]
 
-    async def _follow_blocklist(self) -> None:
-        """Keep `self.blocklist` equal to the hosts under `blocklist/` (any job's)."""
-        prefix = self.keys.blocklists()
-        revision = await self.store.current_revision()
-        for item in await self.store.get_prefix(prefix, keys_only=True):
-            host = self.keys.host_of_blocklist_key(item.key)
-            if host:
-                self.blocklist.add(host)
-        async for event in self.store.watch_prefix(prefix, start_revision=revision + 1):
-            host = self.keys.host_of_blocklist_key(event.key)
-            if host and event.kind == "put":
-                self.blocklist.add(host)
-            elif host:
-                self.blocklist.discard(host)
-
     # -- events (owner only) -----------------------------------------------------------------------
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
@@ -230,7 +227,7 @@ class ControllerService:
             async with state.busy:
                 if state.resume_pending:
                     state.resume_pending = False
-                    await self.restarter.resume(state, frozenset(self.blocklist))
+                    await self.restarter.resume(state, self.blocklist.hosts(time.time()))
         try:
             await self.restarter.observe(state, health)
         except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
@@ -253,7 +250,7 @@ class ControllerService:
             return
         async with state.busy:
             policy = self._policy(state.spec.policy)
-            view = state.view(time.time(), frozenset(self.blocklist))
+            view = state.view(time.time(), self.blocklist.hosts(time.time()))
             with self.traces.decide(state.spec.job, state.spec.policy, event) as decision:
                 for action in policy.decide(view, event):
                     if not self.ownership.owns(state.spec.job):
