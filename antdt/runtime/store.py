@@ -1,15 +1,18 @@
 """The etcd seam: the only module that imports the etcd client (aetcd).
 
-Keys and values are str/bytes here; callers never see aetcd types. Multi-key changes go
-through `txn` (one etcd transaction), fenced writes compare mod revisions."""
+Keys and values are str/bytes here; callers never see aetcd types, nor its exceptions:
+every call raises StoreError (StoreUnavailable when etcd could not be reached or did not
+answer in time: worth retrying). Multi-key changes go through `txn` (one etcd
+transaction), fenced writes compare mod revisions."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import aetcd
 import structlog
@@ -19,10 +22,36 @@ from antdt.runtime.config import EtcdSettings
 
 log = structlog.get_logger("antdt.store")
 T = TypeVar("T", bound=BaseModel)
+P = ParamSpec("P")
+R = TypeVar("R")
+S = TypeVar("S")
 
 
 class StoreError(RuntimeError):
-    """etcd is unreachable or refused the call."""
+    """etcd refused the call, or could not be reached (StoreUnavailable)."""
+
+
+class StoreUnavailable(StoreError):
+    """etcd could not be reached, or did not answer in time: worth retrying."""
+
+
+_UNAVAILABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError)
+
+
+def _etcd_call(
+    method: Callable[Concatenate[S, P], Awaitable[R]],
+) -> Callable[Concatenate[S, P], Awaitable[R]]:
+    """Translate the client's exceptions into StoreError at the seam."""
+
+    @functools.wraps(method)
+    async def call(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(self, *args, **kwargs)
+        except aetcd.ClientError as exc:
+            kind = StoreUnavailable if isinstance(exc, _UNAVAILABLE) else StoreError
+            raise kind(f"etcd {method.__name__}: {type(exc).__name__}: {exc}") from exc
+
+    return call
 
 
 @dataclass(frozen=True)
@@ -182,10 +211,12 @@ class Store:
 
     # -- reads and writes --------------------------------------------------------------
 
+    @_etcd_call
     async def get(self, key: str) -> Versioned | None:
         got = await self.client.get(key.encode())
         return _versioned(got) if got is not None else None
 
+    @_etcd_call
     async def get_prefix(self, prefix: str, *, keys_only: bool = False) -> list[Versioned]:
         got = await self.client.get_prefix(prefix.encode(), keys_only=keys_only)
         return [_versioned(kv) for kv in got]
@@ -197,15 +228,19 @@ class Store:
             return None
         return model.model_validate_json(got.value), got.mod_revision
 
+    @_etcd_call
     async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:
         await self.client.put(key.encode(), value, lease=lease.id if lease else None)
 
+    @_etcd_call
     async def delete(self, key: str) -> bool:
         return bool(await self.client.delete(key.encode()))
 
+    @_etcd_call
     async def delete_prefix(self, prefix: str) -> None:
         await self.client.delete_prefix(prefix.encode())
 
+    @_etcd_call
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()
     ) -> TxnResult:
@@ -275,11 +310,13 @@ class Store:
 
     # -- leases and watches --------------------------------------------------------------
 
+    @_etcd_call
     async def grant_lease(self, ttl: int | None = None) -> Lease:
         ttl = ttl or self.settings.lease_ttl_s
         raw = await self.client.lease(ttl)
         return Lease(self, int(raw.id), ttl)
 
+    @_etcd_call
     async def current_revision(self) -> int:
         status = await self.client.get_prefix(b"/antdt-revision-probe", keys_only=True)
         return int(status.header.revision)
@@ -322,7 +359,7 @@ async def retrying(call: Any, *, attempts: int = 50, delay_s: float = 0.1) -> An
     for attempt in range(attempts):
         try:
             return await call()
-        except (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError):
+        except StoreUnavailable:
             if attempt == attempts - 1:
                 raise
             await asyncio.sleep(delay_s)

@@ -9,7 +9,16 @@ import pytest
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.ownership import Ownership
 from antdt.runtime.servers import EmbeddedEtcd
-from antdt.runtime.store import Compare, Delete, Get, Put, Store, WatchEvent, retrying
+from antdt.runtime.store import (
+    Compare,
+    Delete,
+    Get,
+    Put,
+    Store,
+    StoreUnavailable,
+    WatchEvent,
+    retrying,
+)
 from antdt.schemas import JobSpec, Keys
 from tests.helpers import wait_for
 
@@ -138,3 +147,22 @@ async def _put_and_seen(store: Store, key: str, seen: list[WatchEvent]) -> bool:
         await store.put(key, b"1")
         await asyncio.sleep(0.05)
     return bool(seen)
+
+
+async def test_etcd_away_is_a_store_error_not_the_clients(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
+    """Callers see StoreUnavailable (retryable) from every call, never an aetcd type."""
+    etcd = EmbeddedEtcd(tmp_path / "e").start()
+    store = await Store(EtcdSettings(endpoint=etcd.endpoint, timeout_s=1)).connect()
+    await store.put(f"/{unique}/a", b"1")
+    etcd.kill()
+    calls = [lambda: store.get(f"/{unique}/a"), lambda: store.put(f"/{unique}/a", b"2"),
+             lambda: store.txn([], [Put(f"/{unique}/a", b"3")]), store.current_revision,
+             lambda: store.get_prefix(f"/{unique}/")]  # fmt: skip
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as raised:
+            await call()
+        assert type(raised.value.__cause__).__module__.startswith("aetcd")
+    etcd.start()
+    assert (await retrying(lambda: store.get(f"/{unique}/a"))).value == b"1"
+    await store.close()
+    etcd.stop()
