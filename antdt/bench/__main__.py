@@ -113,7 +113,11 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [
         _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
         *(
-            _baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r)
+            {
+                **_baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r),
+                "series": "raw NATS request/reply",
+                "clients": n,
+            }
             for n, r in raw.items()
         ),
     ]
@@ -145,6 +149,8 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                     "baseline_what": f"raw NATS request/reply/s, {n} client(s)",
                     "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
                     "details": cycles,
+                    "series": f"shards, {replicas} replica(s)",
+                    "clients": n,
                 }
             )
     with console.status("ledger size in etcd"):
@@ -249,7 +255,10 @@ def main() -> None:
     out = Path("runs/bench")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
-    console.print(f"{time.time() - started:.0f}s; figures in {out / 'results.json'}")
+    from antdt.bench.chart import save_chart
+
+    picture = save_chart(rows, out / "bench.png")
+    console.print(f"{time.time() - started:.0f}s; figures in {out / 'results.json'}, {picture}")
 
 
 if __name__ == "__main__":

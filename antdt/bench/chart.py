@@ -1,0 +1,85 @@
+"""The bench as a picture (runs/bench/bench.png), next to its table: shards fetch+done
+cycles/s by client count against the raw NATS request/reply ceiling of the same run and
+the targets, and every row that has a same-run baseline as its ratio to it."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+#: (clients, cycles/s) the issue asks of one shards replica on the 2-core machine.
+SHARDS_TARGETS = ((1, 1000.0), (8, 4000.0))
+
+
+def series_of(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float, float]]]:
+    """(clients, value, p50 ms) per series, by client count."""
+    found: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
+    for row in rows:
+        if "series" in row:
+            found[row["series"]].append((row["clients"], row["value"], row.get("p50_ms") or 0.0))
+    return {name: sorted(points) for name, points in found.items()}
+
+
+def draw(rows: list[dict[str, Any]]) -> Figure:
+    series = series_of(rows)
+    if not series:
+        raise ValueError("no shards or raw NATS rows to draw")
+    fig = Figure(figsize=(13.0, 5.0), layout="constrained")
+    FigureCanvasAgg(fig)  # Agg, no pyplot: no global state, no display
+    cycles, ratios = fig.subplots(1, 2, gridspec_kw={"width_ratios": (1.0, 1.3)})
+    for index, (name, points) in enumerate(series.items()):
+        clients = [c for c, _, _ in points]
+        values = [v for _, v, _ in points]
+        raw = name.startswith("raw")
+        [line] = cycles.plot(clients, values, marker="o", ls="--" if raw else "-", label=name,
+                             color="grey" if raw else None)  # fmt: skip
+        for c, v, p50 in points:
+            if not raw:  # one series below its points, the next above: no overlap at 8
+                cycles.annotate(f"{v:,.0f}/s, p50 {p50:.1f} ms", (c, v), fontsize=7,
+                                color=line.get_color(), textcoords="offset points",
+                                xytext=(6, -12 if index % 2 else 6))  # fmt: skip
+    cycles.scatter([c for c, _ in SHARDS_TARGETS], [v for _, v in SHARDS_TARGETS], marker="x",
+                   color="red", zorder=3, label="target")  # fmt: skip
+    cycles.set_xscale("log", base=2)
+    cycles.set_xticks([1, 2, 8], labels=["1", "2", "8"])
+    cycles.set_xlim(0.8, 20)
+    cycles.set_xlabel("concurrent clients")
+    cycles.set_ylabel("per second")
+    cycles.set_ylim(bottom=0)
+    cycles.set_title("shards fetch+done cycles vs the bare transport", fontsize=10)
+    cycles.legend(fontsize=8, frameon=False)
+    _ratios(ratios, rows)
+    fig.suptitle("make bench (figures of one run; ratios are against same-run baselines)",
+                 fontsize=11)  # fmt: skip
+    return fig
+
+
+def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
+    with_baseline = [row for row in rows if row.get("baseline")]
+    pairs = [(row["what"], row["value"] / row["baseline"]) for row in with_baseline]
+    # Some rows are rates (higher is better), some latencies or costs: each says its target.
+    labels = [f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}"
+              for r in with_baseline]  # fmt: skip
+    ax.barh(range(len(pairs)), [ratio for _, ratio in pairs], color="tab:blue")
+    ax.set_yticks(range(len(pairs)), labels=labels, fontsize=6.5)
+    ax.invert_yaxis()
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("value / same-run baseline (log)")
+    ax.set_title("every row with a baseline", fontsize=10)
+    for i, (_, ratio) in enumerate(pairs):
+        ax.annotate(f"{ratio:.2f}", (ratio, i), fontsize=7, va="center",
+                    textcoords="offset points", xytext=(3, 0))  # fmt: skip
+
+
+def _short(what: str, width: int = 60) -> str:
+    return what if len(what) <= width else what[: width - 1] + "…"
+
+
+def save_chart(rows: list[dict[str, Any]], path: Path) -> Path:
+    draw(rows).savefig(path, format="png", dpi=110)
+    return path

@@ -1,0 +1,39 @@
+"""The bench picture: drawn from the rows `make bench` writes, as a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from antdt.bench.chart import save_chart, series_of
+
+
+def rows() -> list[dict[str, object]]:
+    made: list[dict[str, object]] = []
+    for clients, raw, shards in ((1, 1800.0, 950.0), (2, 3100.0, 1350.0), (8, 5800.0, 1950.0)):
+        made.append({"what": f"raw NATS request/reply/s, {clients} client(s)", "value": raw,
+                     "p50_ms": 0.5, "baseline": None, "target": "baseline",
+                     "series": "raw NATS request/reply", "clients": clients})  # fmt: skip
+        made.append({"what": f"shards fetch+done cycles/s, {clients} client(s)", "value": shards,
+                     "p50_ms": 1.0, "baseline": raw, "target": ">= 1,000",
+                     "series": "shards, 1 replica(s)", "clients": clients})  # fmt: skip
+    made.append({"what": "ledger bytes", "value": 103878, "baseline": None, "target": "reported"})
+    return made
+
+
+def test_series_by_client_count() -> None:
+    series = series_of(list(reversed(rows())))
+    assert series["shards, 1 replica(s)"] == [(1, 950.0, 1.0), (2, 1350.0, 1.0), (8, 1950.0, 1.0)]
+    assert [c for c, _, _ in series["raw NATS request/reply"]] == [1, 2, 8]
+
+
+def test_the_picture_is_a_png(tmp_path: Path) -> None:
+    path = save_chart(rows(), tmp_path / "bench.png")
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000
+
+
+def test_rows_without_series_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no shards"):
+        save_chart([{"what": "x", "value": 1.0, "baseline": None}], tmp_path / "b.png")
