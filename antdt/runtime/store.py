@@ -321,6 +321,26 @@ class Store:
         status = await self.client.get_prefix(b"/antdt-revision-probe", keys_only=True)
         return int(status.header.revision)
 
+    async def follow_prefix(
+        self, prefix: str, *, retry_s: float = 1.0
+    ) -> AsyncIterator[WatchEvent]:
+        """What is under `prefix` now, as puts, then every change after it: what a replica
+        needs to keep a map equal to etcd's. The first read is retried while etcd is
+        away; the watch resumes on its own (watch_prefix)."""
+        while True:
+            try:
+                revision = await self.current_revision()
+                items = await self.get_prefix(prefix)
+                break
+            except StoreError as exc:
+                log.info("prefix not readable yet", prefix=prefix, error=str(exc))
+                await asyncio.sleep(retry_s)
+        for item in items:
+            yield WatchEvent(kind="put", key=item.key, value=item.value,
+                             mod_revision=item.mod_revision)  # fmt: skip
+        async for event in self.watch_prefix(prefix, start_revision=revision + 1):
+            yield event
+
     async def watch_prefix(
         self, prefix: str, *, start_revision: int | None = None, retry_s: float = 0.3
     ) -> AsyncIterator[WatchEvent]:

@@ -61,22 +61,9 @@ class Blocklist:
 
     async def follow(self, store: Store, keys: Keys) -> None:
         """Run as a task: keep `entries` equal to what is under `blocklist/`."""
-        prefix = keys.blocklists()
-        while True:
-            try:
-                revision = await store.current_revision()
-                items = await store.get_prefix(prefix)
-                break
-            except Exception as exc:  # etcd away at start: the watch resumes, not this
-                log.info("blocklist not readable yet", error=repr(exc))
-                await asyncio.sleep(RETRY_S)
-        for item in items:
-            if host := keys.host_of_blocklist_key(item.key):
-                self.apply(host, item.value, item.mod_revision)
-        async for event in store.watch_prefix(prefix, start_revision=revision + 1):
+        async for event in store.follow_prefix(keys.blocklists(), retry_s=RETRY_S):
             if host := keys.host_of_blocklist_key(event.key):
-                value = event.value if event.kind == "put" else None
-                self.apply(host, value, event.mod_revision)
+                self.apply(host, event.value if event.kind == "put" else None, event.mod_revision)
 
     async def sweep_expired(
         self, store: Store, keys: Keys, *, interval_s: float = SWEEP_INTERVAL_S

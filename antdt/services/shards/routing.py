@@ -101,17 +101,7 @@ class Routes:
         """Run as a task: keep the owners map equal to `owners/shards/`, whatever etcd
         does (the watch resumes after an outage; the first read is retried)."""
         prefix = self.keys.owners(SERVICE)
-        while True:
-            try:
-                revision = await self.store.current_revision()
-                items = await self.store.get_prefix(prefix)
-                break
-            except Exception as exc:
-                log.info("owners not readable yet", error=repr(exc))
-                await asyncio.sleep(CLAIM_RETRY_S)
-        for item in items:
-            self._owners[item.key[len(prefix) :]] = route_token(item.value.decode())
-        async for event in self.store.watch_prefix(prefix, start_revision=revision + 1):
+        async for event in self.store.follow_prefix(prefix, retry_s=CLAIM_RETRY_S):
             job = event.key[len(prefix) :]
             if event.kind == "put":
                 self._owners[job] = route_token(event.value.decode())
