@@ -53,13 +53,15 @@ def restart_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str
 
 def throughput(progress: list[dict[str, float]], first: int, last: int) -> float:
     """Samples per second over steps [first, last] of rank 0's progress records: the
-    median of the per-step rates, so that one step stalled by the machine (the suite's
-    own servers share its 2 cores) or an epoch's short tail steps do not decide it."""
+    upper quartile of the per-step rates. The machine (the suite's own servers share its
+    2 cores) only ever slows a step, and stalls a quarter of the steps at times, which
+    moved the median by 0.2 between runs; a straggler, persistent, slows every step, so
+    the upper quartile still shows one that was only worked around."""
     rows = sorted((r for r in progress if first <= r["step"] <= last), key=lambda r: r["step"])
     assert len(rows) >= 5, (first, last, len(rows))
     pairs = itertools.pairwise(rows)
     rates = [b["samples"] / (b["t"] - a["t"]) for a, b in pairs if b["t"] > a["t"]]
-    return statistics.median(rates)
+    return statistics.quantiles(rates, n=4)[2]
 
 
 async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
