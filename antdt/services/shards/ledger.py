@@ -174,7 +174,7 @@ def _grant(work: Work, req: ShardFetch) -> FetchResult:
     # NATS restart) must not strand its shards in DOING. Agents ignore grants seen before.
     # The status speaks of new work only: EPOCH_DONE still means "nothing new to grant".
     held = work.held_by(req.rank)
-    fresh = [work.grant(req.rank) for _ in range(req.want) if work.grantable()]
+    fresh = [work.grant_of(work.grant(req.rank)) for _ in range(req.want) if work.grantable()]
     status = FetchStatus.OK if fresh or work.grantable() else FetchStatus.EPOCH_DONE
     return FetchResult(work.state(), work.reply(status, held + fresh))
 
@@ -197,7 +197,7 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
         while spare + reserved < target and work.grantable():
             work.grant(rank)
             reserved += 1
-    grants = [work.grant_of(e) for e in delivered] + fresh
+    grants = [work.grant_of(e) for e in delivered + fresh]
     left = spare + reserved > 0 or work.grantable()
     status = FetchStatus.OK if grants or left else FetchStatus.EPOCH_DONE
     early = None

@@ -154,7 +154,9 @@ class Work:
     def grantable(self) -> bool:
         return bool(self.requeued) or self.cursor < self.base.num_shards
 
-    def grant(self, rank: int) -> ShardGrant:
+    def grant(self, rank: int) -> InFlightEntry:
+        """The next shard (re-queued first, then the epoch's order) granted to `rank`; its
+        ShardGrant, if the rank is to be told now, is `grant_of(entry)`."""
         if self.requeued:
             back = self.requeued.pop(0)
             self.requeued_shards.discard(back.shard)
@@ -170,7 +172,7 @@ class Work:
         entry = InFlightEntry(shard=shard, rank=rank, attempt=attempt, position=position)
         self.in_flight[shard] = entry
         self._shards_of(rank)[shard] = None
-        return self.grant_of(entry)
+        return entry
 
     def held_by(self, rank: int) -> list[ShardGrant]:
         """The grants `rank` holds now, from their recorded positions."""
