@@ -143,7 +143,7 @@ class Agent:
         assert self._thread is not None
         route = ShardRoute(self.subjects, s.job)
         self._stream = ShardStream(state, bus=bus, route=route, loop=self._thread.loop)
-        self._ledger = LedgerClient(bus, self.subjects, s.job, self._stream)
+        self._ledger = LedgerClient(bus, self._stream)
         # The fetcher starts with the first epoch, or after a restore: a restarted job
         # must not take data before its ledger is back at the checkpoint.
 

@@ -22,7 +22,6 @@ from antdt.schemas import (
     ReleaseReply,
     RestoreReply,
     ShardRestore,
-    Subjects,
     WireModel,
 )
 
@@ -34,10 +33,8 @@ COMMIT_POLL_S = 0.02
 
 
 class LedgerClient:
-    def __init__(self, bus: Bus, subjects: Subjects, job: str, stream: ShardStream) -> None:
+    def __init__(self, bus: Bus, stream: ShardStream) -> None:
         self._bus = bus
-        self._subjects = subjects
-        self._job = job
         self._stream = stream
 
     async def restore(self, req: ShardRestore, timeout_s: float) -> RestoreReply:
@@ -74,21 +71,24 @@ class LedgerClient:
     async def _call(
         self, verb: str, build: Callable[[], WireModel], reply_type: type[R], deadline: float
     ) -> R:
-        subject = self._subjects.shards(self._job, verb)
+        route = self._stream.route  # to the job's owner when the last fetch named one
         backoff = Backoff()
         while True:
             try:
                 if not self._bus.connected:
                     raise BusError("not connected to NATS")
                 timeout = max(0.1, min(5.0, deadline - time.monotonic()))
+                subject = route.subject_for(verb)
                 return await self._bus.request(subject, build(), reply_type, timeout=timeout)
             except RequestRefused as exc:
                 if exc.reply.code != "busy":
                     reason = f"{verb} refused ({exc.reply.code}): {exc.reply.error}"
                     raise AgentError(reason) from None
                 problem = str(exc)
+                route.on_failure(time.monotonic())
             except BusError as exc:
                 problem = str(exc)
+                route.on_failure(time.monotonic())
             if time.monotonic() > deadline:
                 raise AgentError(f"{verb}: the shards service did not answer ({problem})")
             log.warning("ledger request failed, retrying", verb=verb, error=problem)

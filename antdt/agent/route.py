@@ -1,5 +1,7 @@
-"""Where a rank's next shard fetch goes: the shards service's queue group, or straight
-to the replica that owns the job's ledger (services/shards/routing.py says why).
+"""Where a rank's next shard request goes: the shards service's queue group, or straight
+to the replica that owns the job's ledger (services/shards/routing.py says why). Fetches
+follow it, and so do checkpoint commits and releases: every rank commits at once, and
+through the queue group two replicas would contend for the ledger just then.
 
 Pure: the caller passes the time. Each fetch reply names the owner's route; a direct
 request that fails (the replica died, drained, or timed out) sends the next one through
@@ -25,6 +27,14 @@ class ShardRoute:
         self.subject = self.shared
         self._avoid: dict[str, float] = {}  # route -> time until which it is not used
         self.fallbacks = 0  # direct requests that failed
+
+    def subject_for(self, verb: str) -> str:
+        """The subject of a `verb` request (fetch, commit, restore, release) now."""
+        if verb == "fetch":
+            return self.subject
+        if self.route:
+            return self._subjects.shards_direct(self._job, verb, self.route)
+        return self._subjects.shards(self._job, verb)
 
     def on_reply(self, route: str, now: float) -> None:
         """A reply arrived (naming the owner's route, or "")."""

@@ -10,12 +10,15 @@ import time
 
 import pytest
 
+from antdt.agent.ledger import LedgerClient
 from antdt.agent.route import ShardRoute
+from antdt.agent.shards import ShardStream
+from antdt.agent.stream_state import StreamState
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
-from antdt.schemas import Keys, ShardReply, Subjects, route_token
+from antdt.schemas import CommitReply, Keys, ShardCommit, ShardReply, Subjects, route_token
 from antdt.services.shards.service import ShardsService
 from tests.helpers import wait_for
 from tests.integration.test_shards_concurrency import Fleet, ledger_in_etcd, register, start_replica
@@ -65,6 +68,16 @@ class Ranks:
 
         await asyncio.gather(*(one(r) for r in range(self.world)))
 
+    async def converge(self) -> str:
+        """Run until every rank has a route; they all name one replica: its token."""
+        for _ in range(100):
+            await self.run(steps=1)
+            if all(r.route for r in self.routes):
+                break
+        routes = {r.route for r in self.routes}
+        assert len(routes) == 1 and "" not in routes
+        return routes.pop()
+
     async def close(self) -> None:
         for bus in self.buses:
             await bus.close()
@@ -86,13 +99,7 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
     ranks = await Ranks(settings, job, world).connect()
     try:
         # Warm up until every rank has a route: all of them name the same replica.
-        for _ in range(100):
-            await ranks.run(steps=1)
-            if all(r.route for r in ranks.routes):
-                break
-        routes = {r.route for r in ranks.routes}
-        assert len(routes) == 1 and "" not in routes
-        owner_index = [route_token(f"host.r{i}") for i in range(2)].index(routes.pop())
+        owner_index = [route_token(f"host.r{i}") for i in range(2)].index(await ranks.converge())
         owner, other = replicas[owner_index], replicas[1 - owner_index]
         stored = await store.get(owner_key)
         assert stored is not None and stored.value.decode() == f"host.r{owner_index}"
@@ -128,3 +135,51 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
             await runtime.shutdown()
     ranks.fleet.check_complete(shards, epochs)
     assert (await ledger_in_etcd(store, settings, job)).complete
+
+
+async def test_checkpoint_commits_go_to_the_owner_and_fall_back_with_it(
+    settings: ServiceSettings, store: Store
+) -> None:
+    """Every rank commits at once at a checkpoint: sent to the owner, as fetches are, the
+    commits share its writes instead of splitting between two replicas that then contend.
+    When the owner is gone, the agent's commit falls back to the queue group."""
+    world, shards = 4, 80
+    job = "routed-commits"
+    await register(store, settings, job, world=world, shards=shards, epochs=1)
+    runtimes = [ServiceRuntime(f"replica-{i}") for i in range(2)]
+    replicas = [await start_replica(settings, f"host.c{i}", runtimes[i]) for i in range(2)]
+    ranks = await Ranks(settings, job, world).connect()
+    try:
+        owner_index = [route_token(f"host.c{i}") for i in range(2)].index(await ranks.converge())
+        owner, other = replicas[owner_index], replicas[1 - owner_index]
+        await wait_for(lambda: other.committer.unwritten(job) == 0, what="the other's writes")
+        before = [served(other), owner.cas_conflicts + other.cas_conflicts]
+
+        async def commit(rank: int, step: int) -> CommitReply:
+            request = ShardCommit(job=job, rank=rank, step=step, epoch=0)
+            subject = ranks.routes[rank].subject_for("commit")
+            return await ranks.buses[rank].request(subject, request, CommitReply, timeout=5)
+
+        await asyncio.gather(*(commit(r, 10) for r in range(world)))
+        replies = await asyncio.gather(*(commit(r, 10) for r in range(world)))  # as agents poll
+        assert all(reply.complete for reply in replies), replies
+        assert served(other) == before[0], "a commit that follows the route reached the other"
+        assert owner.cas_conflicts + other.cas_conflicts == before[1]
+
+        # The owner goes; each rank's agent commits the next checkpoint through its route,
+        # finds no one there, and goes back to the queue group, where the other answers.
+        await runtimes[owner_index].shutdown()
+        loop = asyncio.get_running_loop()
+        clients = []
+        for rank in range(world):
+            state = StreamState(job=job, rank=rank, seed=0, prefetch=1, shard_size=100)
+            stream = ShardStream(state, bus=ranks.buses[rank], route=ranks.routes[rank],
+                                 loop=loop)  # fmt: skip
+            clients.append(LedgerClient(ranks.buses[rank], stream))
+        replies = await asyncio.gather(*(c.commit(20, timeout_s=20) for c in clients))
+        assert all(reply.complete and 20 in reply.checkpoints for reply in replies)
+        assert all(r.route == "" and r.fallbacks == 1 for r in ranks.routes)
+    finally:
+        await ranks.close()
+        for runtime in runtimes:
+            await runtime.shutdown()

@@ -175,35 +175,20 @@ class ShardsService:
 
     async def start(self, runtime: ServiceRuntime) -> None:
         self._runtime = runtime
-        for _ in range(self.settings.fetch_concurrency):
-            await self.bus.subscribe(
-                self.subjects.any_job("shards.fetch"),
-                ShardFetch,
-                self._on_fetch,
-                queue=QUEUE_GROUP,
-            )
-        for _ in range(self.settings.fetch_concurrency):  # ranks that follow our route
-            await self.bus.subscribe(
-                self.subjects.shards_direct("*", "fetch", self.routes.token),
-                ShardFetch,
-                self._on_fetch,
-                queue=QUEUE_GROUP,
-            )
-        for _ in range(self.settings.fetch_concurrency):  # every rank commits at once
-            await self.bus.subscribe(
-                self.subjects.any_job("shards.commit"),
-                ShardCommit,
-                self._on_commit,
-                queue=QUEUE_GROUP,
-            )
-        await self.bus.subscribe(
-            self.subjects.any_job("shards.restore"), ShardRestore, self._on_restore,
-            queue=QUEUE_GROUP,
-        )  # fmt: skip
-        await self.bus.subscribe(
-            self.subjects.any_job("shards.release"), ShardRelease, self._on_release,
-            queue=QUEUE_GROUP,
-        )  # fmt: skip
+        many = self.settings.fetch_concurrency  # every rank fetches, and commits at once
+        verbs: list[tuple[str, type[BaseModel], Any, int]] = [
+            ("fetch", ShardFetch, self._on_fetch, many),
+            ("commit", ShardCommit, self._on_commit, many),
+            ("restore", ShardRestore, self._on_restore, 1),
+            ("release", ShardRelease, self._on_release, 1),
+        ]
+        for verb, model, handler, count in verbs:
+            # The shared subject, and our own for the ranks that follow our route.
+            shared = self.subjects.any_job(f"shards.{verb}")
+            direct = self.subjects.shards_direct("*", verb, self.routes.token)
+            for subject in (shared, direct):
+                for _ in range(count):
+                    await self.bus.subscribe(subject, model, handler, queue=QUEUE_GROUP)
         await self.bus.subscribe(
             self.subjects.any_job("shards.status"),
             ShardStatusRequest,
