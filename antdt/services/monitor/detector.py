@@ -31,10 +31,9 @@ from __future__ import annotations
 
 import math
 import operator
-import statistics
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from antdt.schemas import (
@@ -42,13 +41,12 @@ from antdt.schemas import (
     IncidentKind,
     IncidentState,
     JobHealth,
-    RankHealth,
-    RankState,
     StepEvent,
     StragglerClass,
 )
 from antdt.services.monitor.judge import Judge, Judgement, Verdict
-from antdt.services.monitor.windows import Row, WindowStats, summarize
+from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
+from antdt.services.monitor.windows import summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
@@ -96,31 +94,6 @@ class DetectorConfig:
             raise ValueError("stall_factor must be > 0 and min_stall_s >= 0")
 
 
-@dataclass(slots=True)
-class _Rank:
-    """Everything the detector remembers about one rank."""
-
-    rank: int
-    host: str = ""
-    last_step: int = -1  # -1: no event yet
-    last_ended_at: float = 0.0
-    last_seen_at: float | None = None  # control-plane time of its latest accepted event
-    local_batch: int = 0
-    window: list[Row] = field(default_factory=list)  # the open window's figures
-    window_plan: int = 0  # plan version of the open window's steps
-    warmup_left: int = 0  # measurable windows still to ignore (warm-up)
-    stats: WindowStats | None = None  # latest closed window
-    judgement: Judgement | None = None  # of the latest closed window
-    had_normal: bool = False  # some evaluated window was normal
-    streak: int = 0  # consecutive deviating windows of `streak_kind`
-    streak_kind: IncidentKind | None = None
-    normal_streak: int = 0  # consecutive normal windows while an incident is open
-    deviation: Incident | None = None  # open SLOW or LEADER incident
-    deviation_windows: int = 0  # deviating windows of the open incident
-    deterministic: bool = False  # the open incident deviated from the start
-    stall: Incident | None = None  # open STALLED incident
-
-
 class JobDetector:
     """Detector for one job; see the module docstring for the rules."""
 
@@ -135,7 +108,7 @@ class JobDetector:
         #: partial windows dropped because the plan changed under them
         self.discarded_windows = 0
         self._ranks = [
-            _Rank(rank, warmup_left=self.config.warmup_windows) for rank in range(world_size)
+            RankMemory(rank, warmup_left=self.config.warmup_windows) for rank in range(world_size)
         ]
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
@@ -203,7 +176,7 @@ class JobDetector:
 
     def stall_limit_s(self) -> float:
         """Silence (seconds) after which a rank counts as stalled."""
-        step_s = self._median_step_s()
+        step_s = median_step_s(self._ranks)
         return max(self.config.min_stall_s, self.config.stall_factor * step_s)
 
     def mark_mitigating(self, incident_id: str, now: float) -> Incident | None:
@@ -223,35 +196,12 @@ class JobDetector:
         return updated
 
     def health(self, now: float) -> JobHealth:
-        """The job's health now. Figures come from each rank's latest closed window.
-
-        step_s: median over ranks of their window-median step time. samples_per_s: the
-        samples of one step over all ranks divided by step_s. balance_efficiency:
-        T_ideal / step_s with T_ideal = B / sum(speeds) + min overhead + min comm, where
-        overhead is data wait plus time no stage claims, and min comm is the pure
-        communication of the rank everyone waited for; rebalancing removes neither.
-        """
-        now = self._tick(now)
-        measured = [r.stats for r in self._ranks if r.stats is not None]
-        step_s = statistics.median(s.step_s for s in measured) if measured else 0.0
-        batch = sum(s.samples for s in measured)
-        efficiency = 1.0
-        if measured and step_s > 0:
-            speed = sum(s.samples_per_s for s in measured)
-            ideal = batch / speed + min(s.overhead_s for s in measured)
-            ideal += min(s.comm_s for s in measured)
-            efficiency = min(1.0, max(0.0, ideal / step_s))
-        return JobHealth(
-            job=self.job,
-            at=now,
-            step=self._latest_step,
-            step_s=step_s,
-            samples_per_s=batch / step_s if step_s > 0 else 0.0,
-            balance_efficiency=efficiency,
-            plan_version=self._plan_version,
-            ranks=tuple(self._rank_health(r) for r in self._ranks),
-            open_incidents=tuple(self._open),
-        )
+        """The job's health now (ranks.job_health says how its figures are made)."""
+        progress = JobProgress(
+            job=self.job, at=self._tick(now), step=self._latest_step,
+            plan_version=self._plan_version, open_incidents=tuple(self._open),
+        )  # fmt: skip
+        return job_health(self._ranks, progress)
 
     # ------------------------------------------------------------------ ingestion
 
@@ -285,7 +235,7 @@ class JobDetector:
             return "time_backwards"
         return None
 
-    def _remember(self, rank: _Rank, fields: _Fields, now: float) -> None:
+    def _remember(self, rank: RankMemory, fields: _Fields, now: float) -> None:
         _, _, host, step, plan, local_batch, _, ended_at = fields[:8]
         rank.host = host
         rank.last_step = step
@@ -299,7 +249,7 @@ class JobDetector:
         if plan > self._plan_version:
             self._plan_version = plan
 
-    def _close_window(self, rank: _Rank, step: int, now: float) -> list[Incident]:
+    def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         stats = summarize(rank.window)
         rank.window.clear()
         if stats is None:
@@ -316,7 +266,9 @@ class JobDetector:
 
     # ------------------------------------------------------------ state machine
 
-    def _advance(self, rank: _Rank, judged: Judgement, step: int, now: float) -> list[Incident]:
+    def _advance(
+        self, rank: RankMemory, judged: Judgement, step: int, now: float
+    ) -> list[Incident]:
         """Move the rank's incident state machine by one closed window."""
         if judged.verdict is Verdict.UNEVALUATED:
             return []
@@ -340,7 +292,7 @@ class JobDetector:
         return transitions + ([escalation] if escalation else [])
 
     def _normal_window(
-        self, rank: _Rank, judged: Judgement, step: int, now: float
+        self, rank: RankMemory, judged: Judgement, step: int, now: float
     ) -> list[Incident]:
         rank.had_normal = True
         rank.streak_kind, rank.streak = None, 0
@@ -352,7 +304,7 @@ class JobDetector:
         return [self._resolve_deviation(rank, judged, step, now)]
 
     def _open_deviation(
-        self, rank: _Rank, kind: IncidentKind, judged: Judgement, step: int, now: float
+        self, rank: RankMemory, kind: IncidentKind, judged: Judgement, step: int, now: float
     ) -> Incident:
         # A rank that deviated before any of its windows looked normal is built that way
         # (hardware), not suffering contention: the streak started with no normal window.
@@ -381,7 +333,7 @@ class JobDetector:
         return incident
 
     def _maybe_escalate(
-        self, rank: _Rank, judged: Judgement, step: int, now: float
+        self, rank: RankMemory, judged: Judgement, step: int, now: float
     ) -> Incident | None:
         incident = rank.deviation
         if (
@@ -398,7 +350,9 @@ class JobDetector:
         ).model_copy(update={"straggler_class": StragglerClass.PERSISTENT})
         return rank.deviation
 
-    def _resolve_deviation(self, rank: _Rank, judged: Judgement, step: int, now: float) -> Incident:
+    def _resolve_deviation(
+        self, rank: RankMemory, judged: Judgement, step: int, now: float
+    ) -> Incident:
         incident = rank.deviation
         assert incident is not None
         if rank.deterministic:
@@ -419,7 +373,7 @@ class JobDetector:
         self,
         incident: Incident,
         judged: Judgement,
-        rank: _Rank,
+        rank: RankMemory,
         step: int,
         now: float,
         state: IncidentState,
@@ -437,14 +391,14 @@ class JobDetector:
 
     # --------------------------------------------------------------------- stalls
 
-    def _silent_since(self, rank: _Rank) -> float:
+    def _silent_since(self, rank: RankMemory) -> float:
         # A rank never heard from is silent since the job's first event anywhere.
         if rank.last_seen_at is not None:
             return rank.last_seen_at
         assert self._first_seen_at is not None
         return self._first_seen_at
 
-    def _open_stall(self, rank: _Rank, now: float, limit: float) -> Incident:
+    def _open_stall(self, rank: RankMemory, now: float, limit: float) -> Incident:
         silent_s = now - self._silent_since(rank)
         incident = Incident(
             id=self._new_id(rank.rank, IncidentKind.STALLED),
@@ -464,7 +418,7 @@ class JobDetector:
         self._open[incident.id] = rank.rank
         return incident
 
-    def _resolve_stall(self, rank: _Rank, step: int, now: float) -> Incident:
+    def _resolve_stall(self, rank: RankMemory, step: int, now: float) -> Incident:
         incident = rank.stall
         assert incident is not None
         evidence = {**incident.evidence, "silent_s": now - self._silent_since(rank)}
@@ -492,32 +446,6 @@ class JobDetector:
             if incident is not None and incident.id == incident_id:
                 return incident
         raise KeyError(incident_id)
-
-    def _median_step_s(self) -> float:
-        steps = [r.stats.step_s for r in self._ranks if r.stats is not None]
-        return statistics.median(steps) if steps else 0.0
-
-    def _rank_state(self, rank: _Rank) -> RankState:
-        if rank.stall is not None:
-            return RankState.STALLED
-        if rank.deviation is not None:
-            return RankState(rank.deviation.kind.value)
-        return RankState.OK if rank.stats is not None else RankState.UNKNOWN
-
-    def _rank_health(self, rank: _Rank) -> RankHealth:
-        stats = rank.stats
-        return RankHealth(
-            rank=rank.rank,
-            host=rank.host,
-            state=self._rank_state(rank),
-            last_step=max(rank.last_step, 0),
-            local_batch=rank.local_batch,
-            samples_per_s=stats.samples_per_s if stats else 0.0,
-            compute_s_per_sample=stats.compute_per_sample if stats else 0.0,
-            ratio=rank.judgement.ratio if rank.judgement else 1.0,
-            data_wait_share=stats.data_share if stats else 0.0,
-            comm_share=stats.comm_share if stats else 0.0,
-        )
 
 
 __all__ = ["DetectorConfig", "JobDetector"]
