@@ -196,6 +196,28 @@ def test_no_plan_change_after_restart_when_already_equal() -> None:
     assert estimate is not None and estimate.plan_after is None
 
 
+def test_plan_after_restart_takes_ranks_judged_normal_as_equally_fast() -> None:
+    # Ranks 0-2 measured 10% apart, but the detector holds none of them deviating: noise.
+    # After the restart every rank runs on a healthy host, so the plan is equal shares.
+    noisy = (1100.0, 1000.0, 920.0, 330.0)
+    [action] = decide(nd_view(speeds=noisy, batch=(42, 38, 35, 13), version=1))
+    assert isinstance(action, KillRestartAction)
+    assert action.local_batch_after == (32, 32, 32, 32)
+
+
+def test_plan_after_restart_keeps_a_leader_the_detector_reported() -> None:
+    leader = Incident(
+        id=f"{JOB}-r0-leader-1", job=JOB, rank=0, host="h0", kind=IncidentKind.LEADER,
+        straggler_class=StragglerClass.DETERMINISTIC, state=IncidentState.OPENED, step=90,
+        opened_at=900.0, updated_at=950.0, ratio=0.5, windows=4,
+    )  # fmt: skip
+    speeds = (2000.0, 1000.0, 1000.0, 330.0)
+    [action] = decide(nd_view(speeds=speeds, batch=(60, 26, 26, 16), version=1,
+                              incidents=(persistent(), leader)))  # fmt: skip
+    assert isinstance(action, KillRestartAction)
+    assert action.local_batch_after == (51, 26, 26, 25)
+
+
 def test_plan_after_restart_respects_memory_caps() -> None:
     [action] = decide(nd_view(caps={0: 30}, batch=(30, 42, 42, 14), version=1))
     assert isinstance(action, KillRestartAction)
