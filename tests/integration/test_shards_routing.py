@@ -83,6 +83,16 @@ class Ranks:
             await bus.close()
 
 
+async def two_replicas(
+    settings: ServiceSettings, host: str
+) -> tuple[list[ServiceRuntime], list[ShardsService], list[str]]:
+    """Two replicas (ids host0, host1), each in its own runtime so that one can go, and
+    their route tokens."""
+    runtimes = [ServiceRuntime(f"replica-{i}") for i in range(2)]
+    replicas = [await start_replica(settings, f"{host}{i}", runtimes[i]) for i in range(2)]
+    return runtimes, replicas, [route_token(f"{host}{i}") for i in range(2)]
+
+
 def served(replica: ShardsService) -> int:
     return replica.committer.committed
 
@@ -93,13 +103,12 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
     world, shards, epochs = 4, 120, 1
     job = "routed"
     await register(store, settings, job, world=world, shards=shards, epochs=epochs)
-    runtimes = [ServiceRuntime(f"replica-{i}") for i in range(2)]
-    replicas = [await start_replica(settings, f"host.r{i}", runtimes[i]) for i in range(2)]
+    runtimes, replicas, tokens = await two_replicas(settings, "host.r")
     owner_key = Keys(settings.etcd.key_prefix).owner("shards", job)
     ranks = await Ranks(settings, job, world).connect()
     try:
         # Warm up until every rank has a route: all of them name the same replica.
-        owner_index = [route_token(f"host.r{i}") for i in range(2)].index(await ranks.converge())
+        owner_index = tokens.index(await ranks.converge())
         owner, other = replicas[owner_index], replicas[1 - owner_index]
         stored = await store.get(owner_key)
         assert stored is not None and stored.value.decode() == f"host.r{owner_index}"
@@ -146,11 +155,10 @@ async def test_checkpoint_commits_go_to_the_owner_and_fall_back_with_it(
     world, shards = 4, 80
     job = "routed-commits"
     await register(store, settings, job, world=world, shards=shards, epochs=1)
-    runtimes = [ServiceRuntime(f"replica-{i}") for i in range(2)]
-    replicas = [await start_replica(settings, f"host.c{i}", runtimes[i]) for i in range(2)]
+    runtimes, replicas, tokens = await two_replicas(settings, "host.c")
     ranks = await Ranks(settings, job, world).connect()
     try:
-        owner_index = [route_token(f"host.c{i}") for i in range(2)].index(await ranks.converge())
+        owner_index = tokens.index(await ranks.converge())
         owner, other = replicas[owner_index], replicas[1 - owner_index]
         await wait_for(lambda: other.committer.unwritten(job) == 0, what="the other's writes")
         before = [served(other), owner.cas_conflicts + other.cas_conflicts]
