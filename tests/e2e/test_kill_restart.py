@@ -128,7 +128,10 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     after = throughput(progress, restart.effective_step + 6, last_step)
     print(f"throughput: before onset {before:.0f}/s, after restart {after:.0f}/s "
           f"({after / before:.2f})")  # fmt: skip
-    assert after >= 0.9 * before
+    # With the plan back at equal shares (checked exactly above), what is left between
+    # the two figures is the machine: equal plans measured 0.89-1.07 across runs here. A
+    # job still behind the straggler, only batch-adjusted, runs at about 0.75.
+    assert after >= 0.85 * before
 
     # 5. and every sample of every epoch reached the final model exactly once
     assert exactly_once_problems(lines, DATASET, EPOCHS) == []
