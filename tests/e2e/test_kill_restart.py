@@ -113,10 +113,13 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     moved = [h for h in hellos if h.rank == 3 and h.host == "slot4"]
     assert moved, [(h.rank, h.host) for h in hellos]
 
-    # 3. after it, every rank on a healthy host: equal shares again (the ranks the detector
-    # judged normal count as equally fast, whatever their noisy speeds)
+    # 3. after it, rank 3 is planned as healthy: a share no smaller than the others'. (Ranks
+    # the detector judged normal count as equally fast, whatever their noisy speeds; one
+    # it reported as a leader keeps its larger share.)
     later = [a for a in adjusts if (a.effective_step or 0) > restart.effective_step]
-    assert later and later[0].local_batch == (BATCH // WORLD,) * WORLD, later
+    assert later and later[0].local_batch is not None, later
+    plan_after = later[0].local_batch
+    assert plan_after[3] >= min(plan_after[:3]), plan_after
 
     # 4. resumed from the restart's checkpoint, at (nearly) full speed
     lines = read_sample_logs(tmp_path / "samples", WORLD)
@@ -128,9 +131,9 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     after = throughput(progress, restart.effective_step + 6, last_step)
     print(f"throughput: before onset {before:.0f}/s, after restart {after:.0f}/s "
           f"({after / before:.2f})")  # fmt: skip
-    # With the plan back at equal shares (checked exactly above), what is left between
-    # the two figures is the machine: equal plans measured 0.89-1.07 across runs here. A
-    # job still behind the straggler, only batch-adjusted, runs at about 0.75.
+    # With rank 3 planned as healthy (checked above), what is left between the two figures
+    # is the machine and any leader's share: 0.89-1.07 across runs here. A job still
+    # behind the straggler, only batch-adjusted, runs at about 0.75.
     assert after >= 0.85 * before
 
     # 5. and every sample of every epoch reached the final model exactly once
