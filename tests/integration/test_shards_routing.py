@@ -19,7 +19,8 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
 from antdt.schemas import CommitReply, Keys, ShardCommit, ShardReply, Subjects, route_token
-from antdt.services.shards.service import ShardsService
+from antdt.services.runner import start_service
+from antdt.services.shards.service import ShardsService, ShardsSettings
 from tests.helpers import wait_for
 from tests.integration.test_shards_concurrency import Fleet, ledger_in_etcd, register, start_replica
 
@@ -191,3 +192,43 @@ async def test_checkpoint_commits_go_to_the_owner_and_fall_back_with_it(
         await ranks.close()
         for runtime in runtimes:
             await runtime.shutdown()
+
+
+async def test_an_idle_job_is_given_up_and_claimed_again_by_its_next_request(
+    settings: ServiceSettings, store: Store
+) -> None:
+    """A replica running for months must not keep the ledger and the owner key of every
+    job it ever served: one nobody asked about for idle_job_s is dropped, and its next
+    request loads it again, from etcd, where nothing was lost."""
+    world, shards = 2, 30
+    job = "idle-job"
+    await register(store, settings, job, world=world, shards=shards, epochs=1)
+    runtime = ServiceRuntime("replica-idle")
+    replica_settings = ShardsSettings(
+        **{**settings.model_dump(), "replica_id": "host.i0", "idle_job_s": 0.3}
+    )
+    replica: ShardsService = await start_service("shards", replica_settings, runtime)
+    owner_key = Keys(settings.etcd.key_prefix).owner("shards", job)
+    ranks = await Ranks(settings, job, world).connect()
+
+    async def owner() -> str | None:
+        stored = await store.get(owner_key)
+        return stored.value.decode() if stored is not None else None
+
+    async def given_up() -> bool:
+        return await owner() is None and job not in replica.committer.cache
+
+    try:
+        assert await ranks.converge() == route_token("host.i0")
+        assert await owner() == "host.i0" and job in replica.committer.cache
+        await wait_for(given_up, timeout=10, what="the idle job given up")
+        assert replica.idle_dropped == 1
+        await ranks.run(steps=1)
+        await wait_for(owner, timeout=10, what="the job claimed again")
+        while len(ranks.fleet.finished) < world:
+            await asyncio.wait_for(ranks.run(steps=5), 30)
+    finally:
+        await ranks.close()
+        await runtime.shutdown()
+    ranks.fleet.check_complete(shards, 1)
+    assert (await ledger_in_etcd(store, settings, job)).complete

@@ -5,6 +5,7 @@ driven step by step (a gate holds a commit in flight)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -267,6 +268,26 @@ async def test_a_finished_job_is_forgotten_and_reloaded_on_demand() -> None:
     await wait_for(lambda: JOB not in c.cache and JOB not in c._jobs, what="job forgotten")
     late = await c.submit(JOB, fetch(0, epoch=1))
     assert late.status == FetchStatus.JOB_DONE and store.version == 3
+
+
+async def test_an_idle_job_is_forgotten_only_when_nothing_is_in_progress() -> None:
+    store = MemoryLedgers(ledger())
+    store.gate = asyncio.Event()
+    c = committer(store)
+    pending = asyncio.ensure_future(c.submit(JOB, fetch(0)))  # a new grant: waits on a write
+    await in_commit(store)
+    far = time.monotonic() + 3600
+    assert c.idle_jobs(far, idle_s=1) == [] and not c.forget(JOB, far, idle_s=1)
+    store.gate.set()
+    first = await pending
+    await wait_for(lambda: c._jobs[JOB].task is None, what="commit task done")
+    now = time.monotonic()
+    assert c.idle_jobs(now, idle_s=60) == []  # asked just now
+    assert c.idle_jobs(now + 61, idle_s=60) == [JOB]
+    assert c.forget(JOB, now + 61, idle_s=60) and JOB not in c.cache
+    # Forgotten, not lost: the next request loads what was written and carries on.
+    again = await c.submit(JOB, fetch(0, done=reply_refs(first)))
+    assert again.grants[0].shard != first.grants[0].shard and store.state.done_count == 1
 
 
 def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:

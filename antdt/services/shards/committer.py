@@ -106,6 +106,7 @@ class _Job:
     task: asyncio.Task[None] | None = None
     urgent: bool = False  # an answer waits on the next write
     since: float = 0.0  # monotonic time of the oldest unwritten change
+    used: float = 0.0  # monotonic time of the last operation enqueued
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def rebase(self, snapshot: Snapshot) -> None:
@@ -163,6 +164,7 @@ class Committer:
         j = self._jobs.get(job)
         if j is None:
             j = self._jobs[job] = _Job()
+        j.used = time.monotonic()
         if j.working is None:
             j.waiting.append((op, future))
             j.urgent = True
@@ -171,6 +173,20 @@ class Committer:
         if j.task is None:
             j.task = self._spawn(f"commit-{job}", self._run(job, j))
         return future
+
+    def idle_jobs(self, now: float, idle_s: float) -> list[str]:
+        """Jobs with nothing unwritten or in progress and no operation since
+        `now - idle_s` (monotonic seconds)."""
+        return [job for job, j in self._jobs.items() if _idle(j, now, idle_s)]
+
+    def forget(self, job: str, now: float, idle_s: float) -> bool:
+        """Drop `job`'s cached ledger if it is still idle (see idle_jobs); the next
+        operation loads it from the store again. Returns whether it was dropped."""
+        j = self._jobs.get(job)
+        if j is None or not _idle(j, now, idle_s):
+            return False
+        del self._jobs[job]
+        return True
 
     async def submit(self, job: str, op: Operation) -> BaseModel:
         """Apply `op` to `job`'s ledger; returns its reply, raises Rejected for an
@@ -375,6 +391,10 @@ class Committer:
         j.working = None  # reload before the next operation is applied
         j.stored = j.index = None
         j.urgent = False
+
+
+def _idle(j: _Job, now: float, idle_s: float) -> bool:
+    return j.task is None and not j.applied and not j.waiting and j.used + idle_s <= now
 
 
 def _answer(entry: _Applied) -> None:

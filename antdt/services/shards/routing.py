@@ -16,7 +16,10 @@ only steers the ranks, it guards nothing, and it is answered with the owner's ro
 
 Takeover: every replica follows `owners/shards/` with a watch. When an owner's key goes
 (its lease lapsed: the replica died; or revoked at shutdown), the next request that
-reaches another replica claims the job. A job whose ledger is complete is given up.
+reaches another replica claims the job. A job whose ledger is complete is given up, and
+so is a job no rank has asked about for `idle_job_s` (its ranks are gone, or paused): a
+long-lived replica must not hold the keys, and cache the ledgers, of every job it ever
+served. Its next request claims it again.
 """
 
 from __future__ import annotations
@@ -92,6 +95,11 @@ class Routes:
             self._claim_after[job] = time.monotonic() + CLAIM_RETRY_S
         finally:
             self._claiming.discard(job)
+
+    async def forget(self, job: str) -> None:
+        """Give `job` up (idle): release it if ours, forget any claim backoff."""
+        self._claim_after.pop(job, None)
+        await self._release(job)
 
     async def _release(self, job: str) -> None:
         with contextlib.suppress(Exception):  # the lease's end removes the key anyway

@@ -17,6 +17,8 @@ commit at once, which is what lets them share one."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,12 @@ class ShardsSettings(ServiceSettings):
         le=1.0,
         description="Seconds, at most, between a change whose answer went out early (done "
         "marks) and its write; changes someone waits on are written at once",
+    )
+    idle_job_s: float = Field(
+        default=600.0,
+        ge=0.05,
+        description="Seconds without a request after which this replica drops a job: its "
+        "cached ledger and its ownership (the next request loads and claims it again)",
     )
     reserve_shards: int = Field(
         default=16,
@@ -162,6 +170,7 @@ class ShardsService:
         self.ledgers = EtcdLedgers(store, self.keys)
         self._runtime: ServiceRuntime | None = None
         self.routes = Routes(store, settings, self._spawn)
+        self.idle_dropped = 0  # jobs forgotten after idle_job_s without a request
         self.committer = Committer(
             self.ledgers,
             self._spawn,
@@ -202,7 +211,20 @@ class ShardsService:
         runtime.on_shutdown("revoke", self.routes.stop)
         runtime.spawn("owners", self.routes.follow())
         runtime.spawn("lease", self.routes.keep_lease())
+        runtime.spawn("idle", self._drop_idle_jobs())
         log.info("shards service started", replica=self.settings.replica_id)
+
+    async def _drop_idle_jobs(self) -> None:
+        """Run as a task: forget the jobs nobody asked about for `idle_job_s`."""
+        idle_s = self.settings.idle_job_s
+        while True:
+            await asyncio.sleep(min(idle_s / 4, 30.0))
+            now = time.monotonic()
+            for job in self.committer.idle_jobs(now, idle_s):
+                if self.committer.forget(job, now, idle_s):
+                    self.idle_dropped += 1
+                    log.info("idle job dropped", job=job, idle_s=idle_s)
+                    await self.routes.forget(job)
 
     async def submit(self, job: str, op: Operation) -> BaseModel:
         """Apply `op` to `job`'s ledger through the group committer. Returns the reply
