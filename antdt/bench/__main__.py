@@ -22,6 +22,7 @@ from antdt.bench.cases import (
     bench_raw_pubsub,
 )
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
+from antdt.bench.master import bench_memory_master
 from antdt.bench.shards import (
     bench_ledger_sizes,
     bench_raw_etcd_txn,
@@ -87,12 +88,16 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
 
 async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     """Fetch+done cycles against one and two replica processes. Baselines from the same
-    run: a raw etcd transaction and, at each client count, raw NATS request/reply with a
-    trivial responder process (the transport alone: what a cycle over NATS can reach)."""
+    run: a raw etcd transaction; at each client count, raw NATS request/reply with a
+    trivial responder process (the transport alone: what a cycle over NATS can reach),
+    and the same cycles against an in-memory master (DLRover's design, master.py: what
+    the issue compares with). The shards rows' ratio is against the master."""
     with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
         raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n)
                for n in (1, 2, 8)}  # fmt: skip
+    with console.status("in-memory shard master, not durable (baseline)"):
+        master = await bench_memory_master(cluster, clients=(1, 2, 8), seconds=4.0)
     req = raw[1]
     floor_ms = txn["p50_ms"] + req["p50_ms"]
     load = os.getloadavg()[0]
@@ -110,6 +115,14 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         + ", ".join(f"{n} client(s) {r['req_per_s']:,.0f}/s" for n, r in raw.items())
         + " (the transport's ceiling for shards cycles on this machine)"
     )
+    console.print(
+        "in-memory shard master (DLRover's design: no durability, no fencing), same "
+        "cycles and transport: "
+        + ", ".join(
+            f"{n} client(s) {m['cycles_per_s']:,.0f}/s, p50 {m['p50_ms']:.2f} ms"
+            for n, m in master.items()
+        )
+    )
     rows: list[dict[str, Any]] = [
         _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
         *(
@@ -120,6 +133,18 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             }
             for n, r in raw.items()
         ),
+        *(
+            {
+                **_baseline_row(
+                    f"in-memory shard master cycles/s, not durable, {n} client(s)",
+                    m["cycles_per_s"],
+                    m,
+                ),
+                "series": "in-memory master, not durable",
+                "clients": n,
+            }
+            for n, m in master.items()
+        ),
     ]
     one_replica: dict[int, float] = {}
     for replicas, clients in ((1, (1, 2, 8)), (2, (8,))):
@@ -128,8 +153,9 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         for n, cycles in results.items():
             console.print(
                 f"shards, {n} client(s), {replicas} replica(s): "
-                f"{cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} of raw NATS at {n}; "
-                + _details(cycles)
+                f"{cycles['cycles_per_s'] / master[n]['cycles_per_s']:.2f} of the in-memory "
+                f"master and {cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} of raw NATS "
+                f"at {n}; " + _details(cycles)
             )
             if replicas == 1:
                 one_replica[n] = cycles["cycles_per_s"]
@@ -145,8 +171,9 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                     "value": cycles["cycles_per_s"],
                     "p50_ms": cycles["p50_ms"],
                     "p99_ms": cycles["p99_ms"],
-                    "baseline": raw[n]["req_per_s"],
-                    "baseline_what": f"raw NATS request/reply/s, {n} client(s)",
+                    "baseline": master[n]["cycles_per_s"],
+                    "baseline_what": f"in-memory master, {n} client(s)",
+                    "raw_nats": raw[n]["req_per_s"],
                     "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
                     "details": cycles,
                     "series": f"shards, {replicas} replica(s)",

@@ -1,6 +1,7 @@
 """The bench as a picture (runs/bench/bench.png), next to its table: shards fetch+done
-cycles/s by client count against the raw NATS request/reply ceiling of the same run and
-the targets, and every row that has a same-run baseline as its ratio to it."""
+cycles/s by client count against the raw NATS request/reply ceiling and an in-memory
+master (no durability) of the same run, and the targets; and every row that has a
+same-run baseline as its ratio to it."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
         clients = [c for c, _, _ in points]
         values = [v for _, v, _ in points]
         raw = name.startswith("raw")
-        [line] = cycles.plot(clients, values, marker="o", ls="--" if raw else "-", label=name,
-                             color="grey" if raw else None)  # fmt: skip
+        baseline = raw or name.startswith("in-memory")
+        [line] = cycles.plot(clients, values, marker="o", ls="--" if baseline else "-",
+                             label=name, color="grey" if raw else None)  # fmt: skip
         for c, v, p50 in points:
             if not raw:  # one series below its points, the next above: no overlap at 8
                 cycles.annotate(f"{v:,.0f}/s, p50 {p50:.1f} ms", (c, v), fontsize=7,
@@ -50,7 +52,8 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
     cycles.set_xlabel("concurrent clients")
     cycles.set_ylabel("per second")
     cycles.set_ylim(bottom=0)
-    cycles.set_title("shards fetch+done cycles vs the bare transport", fontsize=10)
+    cycles.set_title("shards fetch+done cycles vs an in-memory master and the bare transport",
+                     fontsize=10)  # fmt: skip
     cycles.legend(fontsize=8, frameon=False)
     _ratios(ratios, rows)
     fig.suptitle("make bench (figures of one run; ratios are against same-run baselines)",

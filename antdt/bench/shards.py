@@ -14,7 +14,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from antdt.agent.route import ShardRoute
 from antdt.runtime.bus import Bus, RequestRefused
@@ -203,12 +203,26 @@ class ShardsReplicas:
                 totals[name] = totals.get(name, 0) + value
         return totals
 
-    async def register(self, store: Store, spec: JobSpec) -> None:
+    async def register(self, store: Store | None, spec: JobSpec) -> None:
+        assert store is not None, "shards replicas read the job's spec from etcd"
         await store.put(f"{self.key_prefix}jobs/{spec.job}/spec", spec.model_dump_json().encode())
 
 
+class CycleServer(Protocol):
+    """What answers the cycles: shards replicas, or the in-memory master (master.py)."""
+
+    count: int
+    nats: NatsSettings
+    subjects: Subjects
+    server_pids: dict[str, int | None]
+
+    async def register(self, store: Store | None, spec: JobSpec) -> None: ...
+    async def go(self) -> None: ...
+    async def counters(self) -> dict[str, float]: ...
+
+
 async def bench_shards_cycles(
-    replicas: ShardsReplicas, store: Store, *, clients: int, seconds: float
+    replicas: CycleServer, store: Store | None, *, clients: int, seconds: float
 ) -> dict[str, float]:
     """Each client (its own NATS connection, like a rank) loops: report the shard it
     holds as done and fetch the next, in one request; every ledger change durable in
@@ -268,17 +282,26 @@ async def bench_shards_cycles(
     return {
         "cycles_per_s": cycles / elapsed,
         **_percentiles(latencies),
+        **_commit_figures(counters, cycles),
+        "busy_refusals": busy,
+        "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
+        "client_cpu_us_per_cycle": client_cpu / cycles * 1e6,
+        **{f"{name}_cpu_us_per_cycle": v / cycles * 1e6 for name, v in servers_cpu.items()},
+    }
+
+
+def _commit_figures(counters: dict[str, float], cycles: int) -> dict[str, float]:
+    """A shards replica's write-behind figures (none for the in-memory master)."""
+    if "commits" not in counters:
+        return {}
+    return {
         "requests_per_commit": counters["committed"] / max(counters["commits"], 1),
         # Per-stage: the pure ledger operations per request, and the etcd transaction's
         # wall time per commit as the service saw it (conflicted attempts included).
         "apply_us_per_request": counters["apply_s"] / max(counters["committed"], 1) * 1e6,
         "txn_ms_per_commit": counters["store_s"] / max(counters["commits"], 1) * 1000,
         "cas_conflicts": counters["cas_conflicts"],
-        "early_share": counters["early"] / cycles,
-        "busy_refusals": busy,
-        "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
-        "client_cpu_us_per_cycle": client_cpu / cycles * 1e6,
-        **{f"{name}_cpu_us_per_cycle": v / cycles * 1e6 for name, v in servers_cpu.items()},
+        "early_share": counters["early"] / max(cycles, 1),
     }
 
 

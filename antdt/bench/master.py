@@ -1,0 +1,139 @@
+"""Baseline for the shards bench: an in-memory shard master, as DLRover builds its own.
+
+DLRover's master keeps a job's shards in one process: a queue of shards to do, a dict of
+shards being done, a done report pops its entry. Nothing is durable, and nothing fences:
+a master that dies loses the job's progress; a rank restarted in place loses what it had
+in flight. Issue #3 measures the shards service against it ("the in-memory DLRover
+master does about 960 cycles/s here"). This one answers the same ShardFetch and
+ShardReply messages over the same transport (nats-py request/reply, pydantic on both
+sides, its own process), so the ratio of the two is the cost of durability and
+exactly-once accounting on the machine of the run, whatever its speed that day."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import Any
+
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import NatsSettings
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardGrant, ShardReply, Subjects
+
+#: The master's subject prefix: its own, so that no shards replica answers for it.
+PREFIX = "bench.master"
+
+
+class MemoryShards:
+    """One job's shards, in memory: to do (in order), being done (shard -> rank)."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        shards = -(-spec.dataset_size // spec.shard_size)
+        self.todo: deque[int] = deque(range(shards))
+        self.doing: dict[int, int] = {}
+        self.done = 0
+
+    def fetch(self, req: ShardFetch) -> ShardReply:
+        for ref in req.done:
+            if self.doing.get(ref.shard) == req.rank:
+                del self.doing[ref.shard]
+                self.done += 1
+        grants: list[ShardGrant] = []
+        size, total = self.spec.shard_size, self.spec.dataset_size
+        while len(grants) < req.want and self.todo:
+            shard = self.todo.popleft()
+            self.doing[shard] = req.rank
+            start = shard * size
+            grants.append(ShardGrant(epoch=0, shard=shard, attempt=0, start=start,
+                                     end=min(start + size, total)))  # fmt: skip
+        status = FetchStatus.OK if grants or self.todo else FetchStatus.EPOCH_DONE
+        return ShardReply(job=self.spec.job, epoch=0, status=status, grants=tuple(grants))
+
+
+def _master_process(url: str, conn: Any) -> None:
+    from antdt.runtime.logs import configure_logging
+
+    configure_logging("warning", "console")
+    asyncio.run(_serve(url, conn))
+
+
+async def _serve(url: str, conn: Any) -> None:
+    """Serve every job registered over `conn` until told "exit"; on "go" and "stop"
+    report CPU seconds since "go", as a shards replica does."""
+    bus = await Bus(NatsSettings(url=url, subject_prefix=PREFIX), name="memory-master").connect()
+    subjects = Subjects(PREFIX)
+    jobs: dict[str, MemoryShards] = {}
+
+    async def on_fetch(req: ShardFetch, delivery: Delivery) -> ShardReply:
+        return jobs[req.job].fetch(req)  # never awaits: one subscription serves in order
+
+    await bus.subscribe(subjects.any_job("shards.fetch"), ShardFetch, on_fetch)
+    conn.send("ready")
+    at_go = 0.0
+    while (command := await asyncio.to_thread(conn.recv)) != "exit":
+        if isinstance(command, JobSpec):
+            jobs[command.job] = MemoryShards(command)
+            conn.send("registered")
+            continue
+        if command == "go":
+            at_go = time.process_time()
+        conn.send({"cpu_s": time.process_time() - at_go})
+    await bus.close()
+
+
+class MemoryMaster:
+    """The in-memory master in a child process, driven like ShardsReplicas."""
+
+    count = 1
+
+    def __init__(self, url: str, server_pids: dict[str, int | None]) -> None:
+        import multiprocessing
+
+        self.nats = NatsSettings(url=url, subject_prefix=PREFIX)
+        self.subjects = Subjects(PREFIX)
+        self.server_pids = server_pids
+        context = multiprocessing.get_context("spawn")
+        self._conn, there = context.Pipe()
+        self._process = context.Process(target=_master_process, args=(url, there), daemon=True)
+        self._process.start()
+
+    async def __aenter__(self) -> MemoryMaster:
+        if not await asyncio.to_thread(self._conn.poll, 60) or self._conn.recv() != "ready":
+            raise RuntimeError("the in-memory master did not start")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._conn.send("exit")
+        await asyncio.to_thread(self._process.join, 15)
+        if self._process.is_alive():
+            self._process.kill()
+
+    async def _ask(self, command: Any) -> Any:
+        self._conn.send(command)
+        return await asyncio.to_thread(self._conn.recv)
+
+    async def register(self, store: Store | None, spec: JobSpec) -> None:
+        await self._ask(spec)  # the master keeps it in memory: no store
+
+    async def go(self) -> None:
+        await self._ask("go")
+
+    async def counters(self) -> dict[str, float]:
+        return dict(await self._ask("stop"))
+
+
+async def bench_memory_master(
+    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float
+) -> dict[int, dict[str, float]]:
+    """The shards bench's cycles (bench_shards_cycles, same clients) against the
+    in-memory master, for each client count."""
+    from antdt.bench.shards import bench_shards_cycles
+
+    pids = {"nats": cluster.nats.pid}
+    async with MemoryMaster(cluster.nats.url, pids) as master:
+        return {
+            n: await bench_shards_cycles(master, None, clients=n, seconds=seconds) for n in clients
+        }
