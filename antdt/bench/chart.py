@@ -43,7 +43,7 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
             if not raw:  # one series below its points, the next above: no overlap at 8
                 cycles.annotate(f"{v:,.0f}/s, p50 {p50:.1f} ms", (c, v), fontsize=7,
                                 color=line.get_color(), textcoords="offset points",
-                                xytext=(6, -12 if index % 2 else 6))  # fmt: skip
+                                xytext=(6, -12 if index % 2 and not baseline else 6))  # fmt: skip
     cycles.scatter([c for c, _ in SHARDS_TARGETS], [v for _, v in SHARDS_TARGETS], marker="x",
                    color="red", zorder=3, label="target")  # fmt: skip
     cycles.set_xscale("log", base=2)
