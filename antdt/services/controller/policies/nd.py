@@ -4,7 +4,8 @@ Two actions, as in the AntDT paper; the rules and constants below are ours (the 
 does not publish its thresholds):
 
 - ADJUST_BS at once, for transient and persistent stragglers alike: the decision of
-  `lb-bsp` (batches proportional to measured speed, same parameters and guardrails).
+  `lb-bsp` (batches proportional to speed as the detector judges it, same parameters and
+  guardrails).
 - KILL_RESTART for a persistent straggler (an open SLOW incident of class persistent
   on the host the rank runs on now) when it pays:
 
@@ -57,7 +58,7 @@ from antdt.services.controller.policies.base import (
     KillRestartAction,
     restart_action_id,
 )
-from antdt.services.controller.policies.lbbsp import LbBspPolicy, measured_speeds
+from antdt.services.controller.policies.lbbsp import LbBspPolicy, judged_speeds, measured_speeds
 
 
 @dataclass(frozen=True)
@@ -193,27 +194,6 @@ def estimate_restart(
         return None
     plan_after = after[0] if after[0] != tuple(view.plan.local_batch) else None
     return RestartEstimate(now[1], after[1], steps_left, plan_after)
-
-
-def judged_speeds(
-    view: JobView, speeds: Sequence[float | None], deviating: set[int]
-) -> list[float | None]:
-    """Measured speeds, except that every rank the detector does not hold deviating (no
-    open SLOW or LEADER incident, not in `deviating`) counts as typical: the median of
-    those ranks. Their differences are within the detector's noise band, and a plan built
-    on them outlives the straggler it was for: on the 2-core test machine, four identical
-    ranks measured up to 27% apart while one was slowed, and the plan made from that for
-    after the restart (284, 251, 238, 251 samples) ran at 0.88 of equal shares."""
-    held = deviating | {
-        i.rank
-        for i in view.open_incidents
-        if i.kind in (IncidentKind.SLOW, IncidentKind.LEADER) and i.state != IncidentState.RESOLVED
-    }
-    normal = [s for r, s in enumerate(speeds) if s is not None and r not in held]
-    if not normal:
-        return list(speeds)
-    typical = statistics.median(normal)
-    return [s if s is None or r in held else typical for r, s in enumerate(speeds)]
 
 
 def _best_plan(
