@@ -16,11 +16,13 @@ import time
 from collections import deque
 from typing import Any
 
+from antdt.bench.shards import Children, bench_shards_cycles
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardGrant, ShardReply, Subjects
+from antdt.services.shards.state import ceil_div
 
 #: The master's subject prefix: its own, so that no shards replica answers for it.
 PREFIX = "bench.master"
@@ -31,8 +33,7 @@ class MemoryShards:
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec
-        shards = -(-spec.dataset_size // spec.shard_size)
-        self.todo: deque[int] = deque(range(shards))
+        self.todo: deque[int] = deque(range(ceil_div(spec.dataset_size, spec.shard_size)))
         self.doing: dict[int, int] = {}
         self.done = 0
 
@@ -90,30 +91,21 @@ class MemoryMaster:
     count = 1
 
     def __init__(self, url: str, server_pids: dict[str, int | None]) -> None:
-        import multiprocessing
-
         self.nats = NatsSettings(url=url, subject_prefix=PREFIX)
         self.subjects = Subjects(PREFIX)
         self.server_pids = server_pids
-        context = multiprocessing.get_context("spawn")
-        self._conn, there = context.Pipe()
-        self._process = context.Process(target=_master_process, args=(url, there), daemon=True)
-        self._process.start()
+        self._children = Children("the in-memory master", [(_master_process, (url,))])
 
     async def __aenter__(self) -> MemoryMaster:
-        if not await asyncio.to_thread(self._conn.poll, 60) or self._conn.recv() != "ready":
-            raise RuntimeError("the in-memory master did not start")
+        await self._children.started()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._conn.send("exit")
-        await asyncio.to_thread(self._process.join, 15)
-        if self._process.is_alive():
-            self._process.kill()
+        await self._children.stop()
 
     async def _ask(self, command: Any) -> Any:
-        self._conn.send(command)
-        return await asyncio.to_thread(self._conn.recv)
+        [answer] = await self._children.ask(command)
+        return answer
 
     async def register(self, store: Store | None, spec: JobSpec) -> None:
         await self._ask(spec)  # the master keeps it in memory: no store
@@ -130,8 +122,6 @@ async def bench_memory_master(
 ) -> dict[int, dict[str, float]]:
     """The shards bench's cycles (bench_shards_cycles, same clients) against the
     in-memory master, for each client count."""
-    from antdt.bench.shards import bench_shards_cycles
-
     pids = {"nats": cluster.nats.pid}
     async with MemoryMaster(cluster.nats.url, pids) as master:
         return {

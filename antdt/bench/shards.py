@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +24,44 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Put, Store
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardReply, Subjects
+
+
+class Children:
+    """Bench processes, each with a pipe: it sends "ready" once serving, answers each
+    command sent to it, and returns on "exit". Spawned, not forked: a fork of a process
+    holding gRPC (the bench's etcd client) is unsafe."""
+
+    def __init__(self, what: str, targets: list[tuple[Callable[..., None], tuple[Any, ...]]]):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.what = what
+        self._conns: list[Any] = []
+        self._processes: list[Any] = []
+        for target, args in targets:
+            here, there = context.Pipe()
+            process = context.Process(target=target, args=(*args, there), daemon=True)
+            process.start()
+            self._conns.append(here)
+            self._processes.append(process)
+
+    async def started(self) -> None:
+        for conn in self._conns:
+            if not await asyncio.to_thread(conn.poll, 60) or conn.recv() != "ready":
+                raise RuntimeError(f"{self.what} did not start")
+
+    async def ask(self, command: Any) -> list[Any]:
+        """Send `command` to every child; their answers, in order."""
+        for conn in self._conns:
+            conn.send(command)
+        return [await asyncio.to_thread(conn.recv) for conn in self._conns]
+
+    async def stop(self) -> None:
+        for conn, process in zip(self._conns, self._processes, strict=True):
+            conn.send("exit")
+            await asyncio.to_thread(process.join, 15)
+            if process.is_alive():
+                process.kill()
 
 
 async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, float]:
@@ -47,15 +86,9 @@ async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) 
     size of a shard fetch and its reply. Laid out like the shards bench (replica process,
     clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
     one client's latency floor with the etcd baseline; with many, the transport's CPU."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("spawn")
-    here, there = context.Pipe()
-    responder = context.Process(target=_raw_responder, args=(url, there), daemon=True)
-    responder.start()
+    responder = Children("the raw NATS responder", [(_raw_responder, (url,))])
     try:
-        if not await asyncio.to_thread(here.poll, 60) or here.recv() != "ready":
-            raise RuntimeError("the raw NATS responder did not start")
+        await responder.started()
         settings = NatsSettings(url=url)
         buses = [await Bus(settings, name=f"raw-{i}").connect() for i in range(clients)]
         latencies: list[float] = []
@@ -75,10 +108,7 @@ async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) 
         for bus in buses:
             await bus.close()
     finally:
-        here.send("exit")
-        await asyncio.to_thread(responder.join, 10)
-        if responder.is_alive():
-            responder.kill()
+        await responder.stop()
     return {"req_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
 
 
@@ -150,8 +180,6 @@ class ShardsReplicas:
     """`count` shards replicas in child processes, against the bench cluster."""
 
     def __init__(self, cluster: EmbeddedCluster, *, count: int) -> None:
-        import multiprocessing
-
         base = ServiceSettings(
             nats=NatsSettings(url=cluster.nats.url, subject_prefix="bench.shards"),
             etcd=EtcdSettings(endpoint=cluster.etcd.endpoint, key_prefix="/bench/shards/"),
@@ -161,44 +189,26 @@ class ShardsReplicas:
         self.nats = base.nats
         self.count = count
         self.server_pids = {"nats": cluster.nats.pid, "etcd": cluster.etcd.pid}
-        context = multiprocessing.get_context("spawn")  # no fork of a process holding gRPC
-        self._conns = []
-        self._processes = []
-        for index in range(count):
-            settings = base.model_copy(update={"replica_id": f"bench-shards-{index}"})
-            here, there = context.Pipe()
-            process = context.Process(
-                target=_replica_process, args=(settings.model_dump_json(), there), daemon=True
-            )
-            process.start()
-            self._conns.append(here)
-            self._processes.append(process)
+        settings = [base.model_copy(update={"replica_id": f"bench-shards-{index}"})
+                    for index in range(count)]  # fmt: skip
+        self._children = Children(
+            "a shards replica", [(_replica_process, (s.model_dump_json(),)) for s in settings]
+        )
 
     async def __aenter__(self) -> ShardsReplicas:
-        for conn in self._conns:
-            if not await asyncio.to_thread(conn.poll, 60) or conn.recv() != "ready":
-                raise RuntimeError("a shards replica did not start")
+        await self._children.started()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for conn, process in zip(self._conns, self._processes, strict=True):
-            conn.send("exit")
-            await asyncio.to_thread(process.join, 15)
-            if process.is_alive():
-                process.kill()
-
-    async def _ask(self, command: str) -> list[Any]:
-        for conn in self._conns:
-            conn.send(command)
-        return [await asyncio.to_thread(conn.recv) for conn in self._conns]
+        await self._children.stop()
 
     async def go(self) -> None:
-        await self._ask("go")
+        await self._children.ask("go")
 
     async def counters(self) -> dict[str, float]:
         """Summed over the replicas."""
         totals: dict[str, float] = {}
-        for figures in await self._ask("stop"):
+        for figures in await self._children.ask("stop"):
             for name, value in figures.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
