@@ -12,11 +12,22 @@ are the API's no-ops.
 | `antdt.plan.latency` | histogram | s | `antdt.job`, `antdt.action.result` | controller: decision to the last ack |
 | `antdt.job.balance_efficiency` | observable gauge | 1 | `antdt.job` | controller, latest JobHealth of owned jobs |
 | `antdt.job.throughput` | observable gauge | {sample}/s | `antdt.job` | controller, latest JobHealth |
+| `antdt.shards.requests` | observable counter | {request} | `antdt.replica`, `antdt.shards.verb` | shards |
+| `antdt.shards.requests.refused` | observable counter | {request} | `antdt.replica`, `reason`, `messaging.destination.name` | shards |
+| `antdt.shards.commits` | observable counter | {transaction} | `antdt.replica` | shards: ledger writes (and compare-only checks) that succeeded |
+| `antdt.shards.operations.committed` | observable counter | {operation} | `antdt.replica` | shards: ledger operations those made durable |
+| `antdt.shards.operations.early` | observable counter | {operation} | `antdt.replica` | shards: fetches answered before their write |
+| `antdt.shards.conflicts` | observable counter | {conflict} | `antdt.replica` | shards: failed compare-and-swaps (another replica wrote) |
+| `antdt.shards.store.duration` | observable counter | s | `antdt.replica` | shards: time spent in ledger transactions |
+| `antdt.shards.ledger.shards` | observable gauge | {shard} | `antdt.job`, `antdt.shards.state` (done, todo, in_flight) | shards replica owning the job |
+| `antdt.shards.ledger.epoch` | observable gauge | {epoch} | `antdt.job` | shards replica owning the job |
+| `antdt.shards.ledger.incarnation` | observable gauge | {restart} | `antdt.job` | shards replica owning the job |
 
 Prometheus names them with `_` for `.` and the unit (`antdt_incidents_total`,
 `antdt_plan_latency_seconds_bucket`, `antdt_job_throughput_per_second`).
 Hooks cost a dict update or a counter add per incident or action, nothing per step event:
-the ingest and rejection counts are read from the monitor's own integers when scraped."""  # noqa: E501
+the ingest and rejection counts are read from the monitor's own integers when scraped, and
+every shards instrument from the shards service's own counters and cached ledgers."""  # noqa: E501
 
 from __future__ import annotations
 
@@ -25,6 +36,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from opentelemetry import metrics
@@ -52,10 +64,53 @@ class MonitorLike(Protocol):
     def detectors(self) -> Mapping[str, Any]: ...  # job -> .rejected: Counter[reason]
 
 
+class ShardsLike(Protocol):
+    """What the shards instruments read (antdt.services.shards.ShardsService)."""
+
+    @property
+    def settings(self) -> Any: ...  # .replica_id
+
+    @property
+    def bus(self) -> Any: ...  # .rejections.counts: Counter[(subscription, code)]
+
+    def counters(self) -> Mapping[str, float]:
+        """SHARDS_COUNTERS' keys, and `requests.{verb}` for each verb served."""
+
+    def owned_ledgers(self) -> Iterable[LedgerFigures]:
+        """The stored ledgers of the jobs this replica owns, as last written or read."""
+
+
+@dataclass(frozen=True)
+class LedgerFigures:
+    """One job's data ledger, as the shards gauges show it."""
+
+    job: str
+    epoch: int
+    incarnation: int
+    done: int  # shards of the current epoch
+    todo: int
+    in_flight: int
+
+
+#: instrument -> (counter key, unit, description) of the shards counters.
+SHARDS_COUNTERS = {
+    "antdt.shards.commits": ("commits", "{transaction}",
+                             "Ledger transactions that succeeded"),
+    "antdt.shards.operations.committed": ("committed", "{operation}",
+                                          "Ledger operations made durable"),
+    "antdt.shards.operations.early": ("early", "{operation}",
+                                      "Fetches answered before their write (write-behind)"),
+    "antdt.shards.conflicts": ("conflicts", "{conflict}",
+                               "Ledger compare-and-swaps that failed: another replica wrote"),
+    "antdt.shards.store.duration": ("store_s", "s", "Time spent in ledger transactions"),
+}  # fmt: skip
+
+
 class _Instruments:
     def __init__(self) -> None:
         meter = metrics.get_meter("antdt")
         self.monitors: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.shards: weakref.WeakSet[Any] = weakref.WeakSet()
         self.health: dict[str, tuple[float, float, float]] = {}  # job -> (t, eff, samples/s)
         self.lock = threading.Lock()
         self.incidents = meter.create_counter(
@@ -85,9 +140,70 @@ class _Instruments:
             description="Job throughput in its latest JobHealth",
         )  # fmt: skip
 
-    def _live_monitors(self) -> list[Any]:
+        self._shards_instruments(meter)
+
+    def _shards_instruments(self, meter: metrics.Meter) -> None:
+        meter.create_observable_counter(
+            "antdt.shards.requests", [self._shards_requests], unit="{request}",
+            description="Shards requests that passed validation, by verb (one the ledger refuses "
+            "counts here and in antdt.shards.requests.refused)",
+        )  # fmt: skip
+        meter.create_observable_counter(
+            "antdt.shards.requests.refused", [self._shards_refused], unit="{request}",
+            description="Shards requests answered with an ErrorReply, by code",
+        )  # fmt: skip
+        for name, (key, unit, description) in SHARDS_COUNTERS.items():
+            meter.create_observable_counter(
+                name, [self._shards_counter(key)], unit=unit, description=description
+            )
+        meter.create_observable_gauge(
+            "antdt.shards.ledger.shards", [self._ledgers(_by_state)], unit="{shard}",
+            description="Shards of the current epoch done, to do and in flight",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "antdt.shards.ledger.epoch", [self._ledgers(lambda f: [(f.epoch, {})])],
+            unit="{epoch}", description="The epoch the job's ledger is at",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "antdt.shards.ledger.incarnation",
+            [self._ledgers(lambda f: [(f.incarnation, {})])],
+            unit="{restart}", description="Restores of the job's ledger (0: first run)",
+        )  # fmt: skip
+
+    def _live(self, services: weakref.WeakSet[Any]) -> list[Any]:
         with self.lock:
-            return list(self.monitors)
+            return list(services)
+
+    def _live_monitors(self) -> list[Any]:
+        return self._live(self.monitors)
+
+    def _shards_requests(self, _: CallbackOptions) -> Iterable[Observation]:
+        for s in self._live(self.shards):
+            replica = s.settings.replica_id
+            for key, n in s.counters().items():
+                if key.startswith("requests."):
+                    verb = key.removeprefix("requests.")
+                    yield Observation(n, {"antdt.replica": replica, "antdt.shards.verb": verb})
+
+    def _shards_refused(self, _: CallbackOptions) -> Iterable[Observation]:
+        for s in self._live(self.shards):
+            yield from _refusals(s.settings.replica_id, s.bus.rejections.counts)
+
+    def _shards_counter(self, key: str) -> Any:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            for s in self._live(self.shards):
+                yield Observation(s.counters()[key], {"antdt.replica": s.settings.replica_id})
+
+        return observe
+
+    def _ledgers(self, values: Any) -> Any:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            for s in self._live(self.shards):
+                for figures in s.owned_ledgers():
+                    for value, attrs in values(figures):
+                        yield Observation(value, {"antdt.job": figures.job, **attrs})
+
+        return observe
 
     def _ingested(self, _: CallbackOptions) -> Iterable[Observation]:
         for m in self._live_monitors():
@@ -96,10 +212,8 @@ class _Instruments:
     def _rejected(self, _: CallbackOptions) -> Iterable[Observation]:
         for m in self._live_monitors():
             replica = m.settings.replica_id
+            yield from _refusals(replica, m.bus.rejections.counts)
             with contextlib.suppress(RuntimeError):  # mutated by the service's loop meanwhile
-                for (subscription, code), n in dict(m.bus.rejections.counts).items():
-                    attrs = {"antdt.replica": replica, "reason": code}
-                    yield Observation(n, {**attrs, "messaging.destination.name": subscription})
                 for job, detector in dict(m.detectors).items():
                     for reason, n in dict(detector.rejected).items():
                         yield Observation(
@@ -117,6 +231,21 @@ class _Instruments:
                         yield Observation(row[field], {"antdt.job": job})
 
         return observe
+
+
+def _refusals(replica: str, counts: Mapping[tuple[str, str], int]) -> Iterable[Observation]:
+    """A bus's rejection counts, by reason and subscription."""
+    rows: list[tuple[tuple[str, str], int]] = []
+    with contextlib.suppress(RuntimeError):  # mutated by the service's loop meanwhile
+        rows = list(dict(counts).items())
+    for (subscription, code), n in rows:
+        attrs = {"antdt.replica": replica, "reason": code}
+        yield Observation(n, {**attrs, "messaging.destination.name": subscription})
+
+
+def _by_state(figures: LedgerFigures) -> list[tuple[int, dict[str, str]]]:
+    counts = (("done", figures.done), ("todo", figures.todo), ("in_flight", figures.in_flight))
+    return [(n, {"antdt.shards.state": state}) for state, n in counts]
 
 
 _instruments: _Instruments | None = None
@@ -137,6 +266,14 @@ def watch_monitor(monitor: MonitorLike) -> None:
     instruments = _get()
     with instruments.lock:
         instruments.monitors.add(monitor)
+
+
+def watch_shards(service: ShardsLike) -> None:
+    """Serve this shards replica's counters and its owned jobs' ledgers (read when
+    collected)."""
+    instruments = _get()
+    with instruments.lock:
+        instruments.shards.add(service)
 
 
 def incident(inc: Incident) -> None:

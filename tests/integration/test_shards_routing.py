@@ -125,6 +125,11 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
         assert served(other) == before[1], "a rank that follows its route reached the other"
         assert served(owner) >= before[0] + world * 10
         assert owner.cas_conflicts + other.cas_conflicts == before[2]
+        # Its metrics show the job's ledger from the owner only: the other's cached copy
+        # is stale.
+        stored_ledger = await ledger_in_etcd(store, settings, job)
+        assert [(f.job, f.done) for f in owner.owned_ledgers()] == [(job, stored_ledger.done_count)]
+        assert job in other.committer.cache and other.owned_ledgers() == []
 
         # The owner goes (drained, lease revoked): the ranks fall back, the other claims.
         await runtimes[owner_index].shutdown()

@@ -18,13 +18,16 @@ commit at once, which is what lets them share one."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from pydantic import BaseModel, Field
 
+from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -171,16 +174,51 @@ class ShardsService:
         self._runtime: ServiceRuntime | None = None
         self.routes = Routes(store, settings, self._spawn)
         self.idle_dropped = 0  # jobs forgotten after idle_job_s without a request
+        self.requests: Counter[str] = Counter()  # valid requests handled, by verb
         self.committer = Committer(
             self.ledgers,
             self._spawn,
             retries=settings.cas_retries,
             flush_interval_s=settings.flush_interval_s,
         )
+        metrics.watch_shards(self)
 
     @property
     def cas_conflicts(self) -> int:
         return self.committer.cas_conflicts
+
+    def counters(self) -> dict[str, float]:
+        """For the metrics (read from their thread): see metrics.SHARDS_COUNTERS."""
+        c = self.committer
+        figures: dict[str, float] = {
+            "commits": c.commits,
+            "committed": c.committed,
+            "early": c.early,
+            "conflicts": c.cas_conflicts,
+            "store_s": c.store_seconds,
+        }
+        with contextlib.suppress(RuntimeError):  # a first request of a verb meanwhile
+            figures.update({f"requests.{verb}": n for verb, n in self.requests.items()})
+        return figures
+
+    def owned_ledgers(self) -> list[metrics.LedgerFigures]:
+        """The cached ledgers of the jobs this replica owns (read from the metrics'
+        thread): only the owner reports a job, so that no stale copy shows beside it."""
+        cached: list[tuple[str, Snapshot]] = []
+        with contextlib.suppress(RuntimeError):  # a job cached or dropped meanwhile
+            cached = list(self.committer.cache.items())
+        return [
+            metrics.LedgerFigures(
+                job=job,
+                epoch=s.state.epoch,
+                incarnation=s.state.incarnation,
+                done=s.state.done_count,
+                todo=s.state.todo_count,
+                in_flight=len(s.state.in_flight),
+            )
+            for job, s in cached
+            if self.routes.ownership.owns(job)
+        ]
 
     async def start(self, runtime: ServiceRuntime) -> None:
         self._runtime = runtime
@@ -243,6 +281,7 @@ class ShardsService:
 
     async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
+        self.requests["fetch"] += 1
         reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
@@ -251,12 +290,14 @@ class ShardsService:
 
     async def _on_commit(self, req: ShardCommit, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
+        self.requests["commit"] += 1
         return await self.submit(req.job, commit_op(req, self.keys, self.settings.checkpoints_kept))
 
     async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
         """The snapshot is read before the operation is queued; the operation itself
         checks that it is still one of the kept checkpoints."""
         self._check_subject(req.job, delivery)
+        self.requests["restore"] += 1
         spec = await self.store.get_model(self.keys.spec(req.job), JobSpec)
         if spec is None:
             raise Rejected("unknown_job", f"job {req.job!r} is not registered")
@@ -272,12 +313,14 @@ class ShardsService:
 
     async def _on_release(self, req: ShardRelease, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
+        self.requests["release"] += 1
         reply = await self.submit(req.job, release_op(req, self.keys))
         log.info("rank released", job=req.job, rank=req.rank, reason=req.reason)
         return reply
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
         self._check_subject(req.job, delivery)
+        self.requests["status"] += 1
         # Fresh from etcd, not the committer's cache: another replica may have written.
         ledger = status((await self.ledgers.load(req.job)).state)
         owner = await self.routes.ownership.owner_of(req.job)

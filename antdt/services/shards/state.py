@@ -122,6 +122,12 @@ class LedgerState(_Frozen):
     def active_ranks(self) -> set[int]:
         return set(range(self.world_size)) - set(self.left)
 
+    @property
+    def todo_count(self) -> int:
+        """Shards of the current epoch waiting to be granted (never granted, or handed
+        back and re-queued)."""
+        return self.num_shards - self.cursor + len(self.requeued)
+
 
 def new_ledger(spec: JobSpec) -> LedgerState:
     """The ledger of a job that has not started: epoch 0, nothing handed out."""
@@ -163,7 +169,7 @@ def status(state: LedgerState) -> ShardStatus:
         epochs=state.epochs,
         num_shards=state.num_shards,
         done=state.done_count,
-        todo=state.num_shards - state.cursor + len(state.requeued),
+        todo=state.todo_count,
         in_flight=tuple(
             InFlight(rank=e.rank, shard=e.shard, attempt=e.attempt, position=e.position)
             for e in state.in_flight
