@@ -54,6 +54,7 @@ from antdt.services.shards.routing import Routes
 
 log = structlog.get_logger("antdt.shards")
 QUEUE_GROUP = "antdt-shards"
+VERBS = ("fetch", "commit", "restore", "release", "status")
 
 
 class ShardsSettings(ServiceSettings):
@@ -174,7 +175,9 @@ class ShardsService:
         self._runtime: ServiceRuntime | None = None
         self.routes = Routes(store, settings, self._spawn)
         self.idle_dropped = 0  # jobs forgotten after idle_job_s without a request
-        self.requests: Counter[str] = Counter()  # valid requests handled, by verb
+        # Valid requests handled, by verb: every key there from the start, so that the
+        # metrics' thread reads a dict that never changes size (and rates start at 0).
+        self.requests: Counter[str] = Counter(dict.fromkeys(VERBS, 0))
         self.committer = Committer(
             self.ledgers,
             self._spawn,
@@ -197,8 +200,7 @@ class ShardsService:
             "conflicts": c.cas_conflicts,
             "store_s": c.store_seconds,
         }
-        with contextlib.suppress(RuntimeError):  # a first request of a verb meanwhile
-            figures.update({f"requests.{verb}": n for verb, n in self.requests.items()})
+        figures.update({f"requests.{verb}": n for verb, n in self.requests.items()})
         return figures
 
     def owned_ledgers(self) -> list[metrics.LedgerFigures]:
