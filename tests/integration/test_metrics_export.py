@@ -18,10 +18,18 @@ from collections.abc import AsyncIterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from antdt.runtime.bus import Bus, RequestRefused
+from antdt.runtime.bus import Bus, BusError, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
-from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardReply, Subjects
+from antdt.schemas import (
+    ErrorReply,
+    FetchStatus,
+    ShardFetch,
+    ShardReply,
+    ShardStatus,
+    ShardStatusRequest,
+    Subjects,
+)
 from tests.helpers import wait_for
 from tests.integration.test_shards_concurrency import register
 
@@ -125,11 +133,13 @@ async def test_shards_replica_serves_its_requests_writes_and_ledgers(
     subjects = Subjects(settings.nats.subject_prefix)
     fetch = subjects.shards(job, "fetch")
     async with _service("shards", settings) as port:
-        # /metrics answers before the replica subscribes: the first fetch waits for it.
-        first = await wait_for(
-            lambda: _fetch(bus, fetch, ShardFetch(job=job, rank=0, epoch=0, held=())),
+        # /metrics answers before the replica subscribes (status last): wait for a status
+        # answer, so that every fetch below is sent once and counted once.
+        await wait_for(
+            lambda: _status(bus, subjects.shards(job, "status"), ShardStatusRequest(job=job)),
             timeout=30, interval=0.2, what="the replica answering",
         )  # fmt: skip
+        first = await bus.request(fetch, ShardFetch(job=job, rank=0, epoch=0, held=()), ShardReply)
         held = tuple(g.ref() for g in first.grants)
         unconfirmed: tuple[object, ...] = ()
         for _ in range(cycles):  # as the agent does: done, unconfirmed again, next
@@ -180,7 +190,7 @@ async def test_shards_replica_serves_its_requests_writes_and_ledgers(
         assert store_s is not None and store_s > 0
 
 
-async def _fetch(bus: Bus, subject: str, request: ShardFetch) -> ShardReply | None:
-    with contextlib.suppress(Exception):  # no responder yet
-        return await bus.request(subject, request, ShardReply, timeout=1)
+async def _status(bus: Bus, subject: str, request: ShardStatusRequest) -> ShardStatus | None:
+    with contextlib.suppress(BusError):  # no responder yet
+        return await bus.request(subject, request, ShardStatus, timeout=2)
     return None
