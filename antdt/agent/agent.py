@@ -38,9 +38,11 @@ from antdt.schemas import (
     Ack,
     AdjustBatch,
     CommitReply,
+    ExitReason,
     JobSpec,
     KillRestart,
     Plan,
+    RankExit,
     RankHello,
     ReleaseReply,
     RestoreReply,
@@ -88,6 +90,7 @@ class Agent:
         #: KILL_RESTART accepted (else the job would lose everything since its start).
         self.restartable = False
         self._closed = False
+        self._exit_reason = ExitReason.CLOSED  # what close() tells the monitor
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -178,11 +181,15 @@ class Agent:
         )  # fmt: skip
 
     def close(self) -> None:
-        """Flush step events and done reports (bounded by close_timeout_s), drain the bus
-        and stop the loop. Idempotent."""
+        """Flush step events and done reports (bounded by close_timeout_s), say the rank
+        exits (finished when the shards service said the job is done; its silence is then
+        no stall), drain the bus and stop the loop. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        done = self._stream is not None and self._stream.job_done
+        if done and self._exit_reason is ExitReason.CLOSED:
+            self._exit_reason = ExitReason.FINISHED
         atexit.unregister(self.close)
         if self._driver is not None:
             with contextlib.suppress(RuntimeError):
@@ -201,6 +208,7 @@ class Agent:
     async def _teardown(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         await self._out.finish()
+        await self._say_exit()
         if self._stream is not None:
             if not await self._stream.flush(max(0.0, deadline - time.monotonic())):
                 log.warning("done reports not delivered", pending=self._stream.unreported())
@@ -212,6 +220,18 @@ class Agent:
                 await asyncio.wait_for(self._bus.drain(), max(0.5, deadline - time.monotonic()))
             await self._bus.close()
         await asyncio.to_thread(flush_tracing, self._tracer_provider, 2.0)
+
+    async def _say_exit(self) -> None:
+        """RankExit, after the last step event (same connection, so in order on NATS)."""
+        if self._bus is None:
+            return
+        s = self.settings
+        exit = RankExit(
+            job=s.job, rank=s.rank, host=s.host, pid=os.getpid(), reason=self._exit_reason,
+            step=max(self.step - 1, 0), at=time.time(),
+        )  # fmt: skip
+        with contextlib.suppress(Exception):  # NATS away: the monitor sees a stall instead
+            await self._bus.publish(self.subjects.exit(s.job, s.rank), exit)
 
     def __enter__(self) -> Agent:
         return self.start()
@@ -405,6 +425,7 @@ class Agent:
         if request is None:
             raise RuntimeError("no restart was requested")
         restart.write_request(os.environ.get("ANTDT_LAUNCH_DIR"), self.settings.rank, request)
+        self._exit_reason = ExitReason.RESTART
         self.close()
         os._exit(restart.RESTART_EXIT_CODE)  # past torch's and atexit's teardown: no hang
 

@@ -16,7 +16,14 @@ from rich.text import Text
 from antdt.schemas import ActionRecord, ActionResult, Incident, IncidentState, JobHealth, Plan
 
 SPARK = "▁▂▃▄▅▆▇█"
-STATE_STYLE = {"ok": "green", "slow": "bold red", "leader": "cyan", "stalled": "bold magenta"}
+STATE_STYLE = {
+    "ok": "green",
+    "slow": "bold red",
+    "leader": "cyan",
+    "stalled": "bold magenta",
+    "exited": "dim",
+    "restarting": "yellow",
+}
 
 
 @dataclass

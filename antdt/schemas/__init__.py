@@ -14,10 +14,12 @@ from antdt.schemas.commands import (
 )
 from antdt.schemas.events import (
     Cause,
+    ExitReason,
     Incident,
     IncidentKind,
     IncidentState,
     JobHealth,
+    RankExit,
     RankHealth,
     RankHello,
     RankState,
@@ -71,6 +73,7 @@ __all__ = [
     "Command",
     "CommitReply",
     "ErrorReply",
+    "ExitReason",
     "FetchStatus",
     "InFlight",
     "Incident",
@@ -84,6 +87,7 @@ __all__ = [
     "PendingRestart",
     "Plan",
     "PlanRequest",
+    "RankExit",
     "RankHealth",
     "RankHello",
     "RankState",

@@ -53,6 +53,27 @@ class RankHello(WireModel):
     started_at: Timestamp
 
 
+class ExitReason(str, Enum):
+    """Why a rank's process stopped (RankExit)."""
+
+    FINISHED = "finished"  # the shards service said the job is done
+    CLOSED = "closed"  # the script closed its agent before the job was done
+    RESTART = "restart"  # it exits to be restarted (KILL_RESTART); it will come back
+
+
+class RankExit(WireModel):
+    """Sent by an agent as it closes: the rank stops on purpose, so its silence from now
+    on is not a stall. Published after its last step event."""
+
+    job: Token
+    rank: Rank
+    host: Token
+    pid: int = Field(ge=0, description="OS process id of the rank")
+    reason: ExitReason
+    step: Count = Field(description="Last step this process ran (0 if none)")
+    at: Timestamp
+
+
 class RankState(str, Enum):
     """How the monitor sees one rank right now."""
 
@@ -61,6 +82,8 @@ class RankState(str, Enum):
     LEADER = "leader"
     STALLED = "stalled"
     UNKNOWN = "unknown"
+    EXITED = "exited"  # its process finished or closed (RankExit)
+    RESTARTING = "restarting"  # its process exited to be restarted (RankExit)
 
 
 class RankHealth(WireModel):

@@ -14,6 +14,7 @@ from antdt import schemas
 EXPORTED: dict[str, Any] = {
     "StepEvent": schemas.StepEvent,
     "RankHello": schemas.RankHello,
+    "RankExit": schemas.RankExit,
     "JobHealth": schemas.JobHealth,
     "Incident": schemas.Incident,
     "JobSpec": schemas.JobSpec,

@@ -30,6 +30,10 @@ class Subjects:
     def hello(self, job: str, rank: int | str) -> str:
         return f"{self.prefix}.{job}.hello.{rank}"
 
+    def exit(self, job: str, rank: int | str) -> str:
+        """An agent says its rank stops on purpose (RankExit)."""
+        return f"{self.prefix}.{job}.exit.{rank}"
+
     def health(self, job: str) -> str:
         return f"{self.prefix}.{job}.health"
 

@@ -1,7 +1,8 @@
 """Real torch ranks (gloo, started by antdt.agent.launch) training with the agent against
 the real services (policy "none", so the only plan change is the one the test commands):
 every sample once per epoch, replicas identical, a commanded plan switch applied at its
-step, and the injected straggler visible in the step events."""
+step, the injected straggler visible in the step events, and the job's end seen as an
+end (every rank finished, its incidents resolved, no stall)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,29 @@ import statistics
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from antdt.agent import launch
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
-from antdt.schemas import Ack, AdjustBatch, Plan, StepEvent, Subjects
+from antdt.schemas import (
+    Ack,
+    AdjustBatch,
+    ExitReason,
+    Incident,
+    IncidentKind,
+    IncidentState,
+    JobHealth,
+    Plan,
+    RankExit,
+    RankState,
+    StepEvent,
+    Subjects,
+)
 from tests.e2e.conftest import RunningServices
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import assert_exactly_once, read_sample_log, real_services
@@ -70,11 +85,23 @@ async def test_two_torch_ranks_train_with_the_agent(
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     events: list[StepEvent] = []
+    exits: list[RankExit] = []
+    healths: list[JobHealth] = []
+    incidents: list[Incident] = []
 
     async def on_step(event: StepEvent, _: Delivery) -> None:
         events.append(event)
 
+    def collect(into: list[Any]) -> Callable[[Any, Delivery], Awaitable[None]]:
+        async def append(message: Any, _: Delivery) -> None:
+            into.append(message)
+
+        return append
+
     await bus.subscribe(subjects.step(unique, "*"), StepEvent, on_step)
+    await bus.subscribe(subjects.exit(unique, "*"), RankExit, collect(exits))
+    await bus.subscribe(subjects.health(unique), JobHealth, collect(healths))
+    await bus.subscribe(subjects.incident(unique), Incident, collect(incidents))
     await bus.flush()
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -115,6 +142,33 @@ async def test_two_torch_ranks_train_with_the_agent(
                                     and e.samples) for r in range(2)}  # fmt: skip
     assert compute[1] > 2 * compute[0], compute  # the injected straggler on host slot1
     print(f"\nsteps={_steps(events)} switch_at={switch} median compute_s={compute}")
+    await _assert_the_job_ended(services, unique, exits, healths, incidents, _steps(events))
+
+
+async def _assert_the_job_ended(
+    services: RunningServices,
+    job: str,
+    exits: list[RankExit],
+    healths: list[JobHealth],
+    incidents: list[Incident],
+    steps: int,
+) -> None:
+    """Both ranks said they finished after their last step; the monitor published a last
+    health with both exited, resolved what it had open and forgot the job (so it can
+    never call the finished ranks stalled); the controller dropped its state too."""
+    monitor, controller = services.by_name["monitor"], services.by_name["controller"]
+    await wait_for(lambda: job not in monitor.detectors, what="the monitor forgets the job")
+    await wait_for(lambda: job not in controller.jobs, what="the controller drops the job")
+    assert sorted((x.rank, x.reason, x.step) for x in exits) == [
+        (0, ExitReason.FINISHED, steps - 1), (1, ExitReason.FINISHED, steps - 1)
+    ]  # fmt: skip
+    await wait_for(
+        lambda: any(all(r.state is RankState.EXITED for r in h.ranks) for h in healths),
+        what="a last health with every rank exited",
+    )
+    latest = {i.id: i for i in incidents}  # JetStream order: the last transition wins
+    assert not [i for i in latest.values() if i.state is not IncidentState.RESOLVED]
+    assert not [i for i in incidents if i.kind is IncidentKind.STALLED]
 
 
 def _steps(events: list[StepEvent]) -> int:

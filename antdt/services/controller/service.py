@@ -32,6 +32,7 @@ from antdt.schemas import (
     Plan,
     PlanRequest,
     RankHello,
+    RankState,
     RegisterReply,
     RestartLedger,
     Subjects,
@@ -46,6 +47,8 @@ from antdt.services.controller.restarter import Restarter
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
 QUEUE_GROUP = "antdt-controller"
+#: Ended jobs remembered (so late events do not load them again), at most.
+MAX_ENDED = 4096
 
 
 class ControllerSettings(ServiceSettings):
@@ -90,6 +93,7 @@ class ControllerService:
             blocklist_ttl_s=settings.blocklist_ttl_s,
         )
         self.jobs: dict[str, JobState] = {}
+        self._ended: dict[str, None] = {}  # jobs whose ranks all exited, oldest first
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
@@ -186,7 +190,10 @@ class ControllerService:
         self.jobs.pop(job, None)
 
     async def _state(self, job: str) -> JobState | None:
-        """The owned job's state, loaded from etcd on first use after a claim."""
+        """The owned job's state, loaded from etcd on first use after a claim (not for a
+        job that ended, until one of its ranks says hello again)."""
+        if job in self._ended:
+            return None
         if not self.ownership.owns(job):
             self.jobs.pop(job, None)
             return None
@@ -209,6 +216,7 @@ class ControllerService:
     # -- events (owner only) -----------------------------------------------------------------------
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
+        self._ended.pop(hello.job, None)
         state = await self._state(hello.job)
         if state is None or hello.rank >= state.spec.world_size:
             return
@@ -220,6 +228,16 @@ class ControllerService:
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
         state = await self._state(health.job)
         if state is None:
+            return
+        if job_ended(health):
+            # Every rank stopped on purpose: nothing left to act on, and the resolutions
+            # that follow must not load it again. A rank's hello (the job started over)
+            # makes it live again.
+            self.jobs.pop(health.job, None)
+            self._ended[health.job] = None
+            while len(self._ended) > MAX_ENDED:
+                del self._ended[next(iter(self._ended))]
+            log.info("job ended; state dropped", job=health.job)
             return
         state.health = health
         self.traces.health(health)  # gauges; the effect of the last action
@@ -248,6 +266,8 @@ class ControllerService:
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
         if state.busy.locked():  # an action is in flight; the next event re-decides
             return
+        if state.health is not None and ranks_away(state.health):
+            return  # a plan needs every rank's ack: not while some have exited or restart
         async with state.busy:
             policy = self._policy(state.spec.policy)
             view = state.view(time.time(), self.blocklist.hosts(time.time()))
@@ -266,3 +286,13 @@ class ControllerService:
         if name not in self.policies:
             self.policies[name] = load_policy(name)
         return self.policies[name]
+
+
+def job_ended(health: JobHealth) -> bool:
+    """Every rank's process finished or closed (the monitor's last health of the job)."""
+    return all(r.state is RankState.EXITED for r in health.ranks)
+
+
+def ranks_away(health: JobHealth) -> bool:
+    """Some rank's process exited (finished, closed, or to be restarted)."""
+    return any(r.state in (RankState.EXITED, RankState.RESTARTING) for r in health.ranks)

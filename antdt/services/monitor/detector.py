@@ -25,6 +25,12 @@ its slow rank. Thresholds and rules are ours (the papers do not publish theirs):
 - class: deterministic when it deviated from its first evaluated windows (no normal
   window before); persistent (and ESCALATED) once it deviated for `persistent_windows`
   windows after a normal period; transient when it resolves before that.
+
+Silence: a rank silent for `stall_factor` median step times (at least `min_stall_s`) is
+STALLED, unless its agent said it stopped on purpose (RankExit, see `rank_exited`): a
+rank that finished is never stalled, one exiting to be restarted only after a further
+`restart_grace_s`. Once every rank has exited and none is coming back, the job is over
+(`ended`): nothing stalls, and its incidents resolve.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from antdt.schemas import (
+    ExitReason,
     Incident,
     IncidentKind,
     IncidentState,
     JobHealth,
+    RankExit,
     StepEvent,
     StragglerClass,
 )
@@ -75,6 +83,7 @@ class DetectorConfig:
     persistent_windows: int = 3  # K: deviating K+ windows after a normal period: persistent
     stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
     min_stall_s: float = 10.0  # ... and at least this many seconds
+    restart_grace_s: float = 120.0  # a rank exiting to be restarted gets this much more
     leaders: bool = True  # open LEADER incidents too
     warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
     data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
@@ -90,8 +99,8 @@ class DetectorConfig:
             raise ValueError("open_windows, resolve_windows, persistent_windows must be >= 1")
         if self.warmup_windows < 0:
             raise ValueError("warmup_windows must be >= 0")
-        if self.stall_factor <= 0 or self.min_stall_s < 0:
-            raise ValueError("stall_factor must be > 0 and min_stall_s >= 0")
+        if self.stall_factor <= 0 or self.min_stall_s < 0 or self.restart_grace_s < 0:
+            raise ValueError("stall_factor must be > 0, min_stall_s and restart_grace_s >= 0")
 
 
 class JobDetector:
@@ -143,6 +152,8 @@ class JobDetector:
         transitions = []
         if rank.stall is not None:
             transitions.append(self._resolve_stall(rank, step, now))
+        if rank.exited is not None and step > rank.exit_step:
+            rank.exited = None  # back (restarted); a late event of the old process is not
         self._remember(rank, fields, now)
         window = rank.window
         if window and rank.window_plan != plan:
@@ -159,13 +170,20 @@ class JobDetector:
     def check_stalls(self, now: float) -> list[Incident]:
         """Open STALLED incidents for silent ranks; call about once a second."""
         now = self._tick(now)
-        if self._first_seen_at is None:
+        if self._first_seen_at is None or self.ended:
             return []
         limit = self.stall_limit_s()
-        silent = [r for r in self._ranks if now - self._silent_since(r) > limit]
+        restarting = limit + self.config.restart_grace_s
+        watched = [r for r in self._ranks if r.exited is not ExitReason.FINISHED]
+        silent = [
+            r
+            for r in watched
+            if now - self._silent_since(r)
+            > (restarting if r.exited is ExitReason.RESTART else limit)
+        ]
         if not silent:
             return []
-        if len(silent) < len(self._ranks):
+        if len(silent) < len(watched):
             # The job moves on without them: each silent rank is stalled on its own.
             culprits = [r for r in silent if r.stall is None]
         else:
@@ -173,6 +191,53 @@ class JobDetector:
             behind = min(r.last_step for r in silent)
             culprits = [r for r in silent if r.last_step == behind and r.stall is None]
         return [self._open_stall(r, now, limit) for r in culprits]
+
+    @property
+    def ended(self) -> bool:
+        """Every rank exited and none is to be restarted: the job is over."""
+        return all(r.exited not in (None, ExitReason.RESTART) for r in self._ranks)
+
+    def rank_exited(self, exit: RankExit, now: float) -> list[Incident]:
+        """A rank's agent says its process stops on purpose; the incident transitions.
+
+        Finished: its incidents resolve, and it is never stalled. Closed before the job
+        was done: its slow or leader incident resolves (its speed no longer matters), but
+        its silence still counts, as the others cannot go on without it. Restart: nothing
+        resolves (the restart is the mitigation under way) and it stalls only after a
+        further `restart_grace_s`. A later step from the rank means it is back. When the
+        job has `ended`, every incident still open resolves."""
+        now = self._tick(now)
+        if exit.job != self.job or not 0 <= exit.rank < self.world_size:
+            self.rejected["wrong_job" if exit.job != self.job else "rank_out_of_range"] += 1
+            return []
+        rank = self._ranks[exit.rank]
+        rank.exited, rank.exit_step = exit.reason, max(exit.step, rank.last_step)
+        ending = [rank] if exit.reason is not ExitReason.RESTART else []
+        if self.ended:
+            ending = self._ranks
+        transitions = []
+        for r in ending:
+            if r.deviation is not None:
+                transitions.append(self._close_on_exit(r, r.deviation, now))
+            if r.stall is not None and (self.ended or r.exited is ExitReason.FINISHED):
+                transitions.append(self._close_on_exit(r, r.stall, now))
+        return transitions
+
+    def _close_on_exit(self, rank: RankMemory, incident: Incident, now: float) -> Incident:
+        del self._open[incident.id]
+        if incident is rank.stall:
+            rank.stall = None
+        else:
+            rank.deviation = None
+            rank.deviation_windows = rank.normal_streak = 0
+            rank.deterministic = False
+        return incident.model_copy(
+            update={
+                "state": IncidentState.RESOLVED,
+                "updated_at": now,
+                "evidence": {**incident.evidence, "exited": 1.0},
+            }
+        )
 
     def stall_limit_s(self) -> float:
         """Silence (seconds) after which a rank counts as stalled."""

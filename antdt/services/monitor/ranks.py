@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from antdt.schemas import Incident, IncidentKind, JobHealth, RankHealth, RankState
+from antdt.schemas import ExitReason, Incident, IncidentKind, JobHealth, RankHealth, RankState
 from antdt.services.monitor.judge import Judgement
 from antdt.services.monitor.windows import Row, WindowStats
 
@@ -36,6 +36,8 @@ class RankMemory:
     deviation_windows: int = 0  # deviating windows of the open incident
     deterministic: bool = False  # the open incident deviated from the start
     stall: Incident | None = None  # open STALLED incident
+    exited: ExitReason | None = None  # its process stopped on purpose (RankExit) ...
+    exit_step: int = -1  # ... after this step: only a later step means it is back
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,8 @@ def job_health(ranks: list[RankMemory], progress: JobProgress) -> JobHealth:
 
 
 def rank_state(rank: RankMemory) -> RankState:
+    if rank.exited is not None:
+        return RankState.RESTARTING if rank.exited is ExitReason.RESTART else RankState.EXITED
     if rank.stall is not None:
         return RankState.STALLED
     if rank.deviation is not None:

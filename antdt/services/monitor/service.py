@@ -3,7 +3,13 @@
 Every replica subscribes to every job's steps; only the job's owner (lease-bound key
 `owners/monitor/{job}`) feeds its detector, so a job's state lives in one place. An event
 of a job we do not own costs one dict lookup. When a replica dies its lease lapses and
-another claims the job on its next claim round."""
+another claims the job on its next claim round.
+
+A job ends when every rank's agent said it stopped on purpose (RankExit; none exiting to
+be restarted): the owner publishes the resolutions and a last health with every rank
+`exited`, then forgets the job. Events of the old run that arrive after that, within
+ENDED_GRACE_S and not past its last step, are dropped instead of starting the job over;
+anything else (a restart of the job) starts a new detector."""
 
 from __future__ import annotations
 
@@ -20,12 +26,25 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Store
 from antdt.runtime.tracing import IncidentTraces
-from antdt.schemas import INCIDENT_STREAM, Incident, JobSpec, Keys, StepEvent, Subjects
+from antdt.schemas import (
+    INCIDENT_STREAM,
+    Incident,
+    JobSpec,
+    Keys,
+    RankExit,
+    StepEvent,
+    Subjects,
+)
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
 SERVICE = "monitor"
+#: How long after a job ended its late step events are dropped (seconds): they were in
+#: flight as it ended; a restarted job's first step comes much later.
+ENDED_GRACE_S = 10.0
+#: Ended jobs remembered for that purpose, at most (the oldest go first).
+MAX_ENDED = 4096
 
 
 class MonitorSettings(ServiceSettings):
@@ -69,6 +88,8 @@ class MonitorService:
         # subject is then a lookup and a compare, not a string built per event.
         self._step_subjects: dict[str, tuple[str, ...]] = {}
         self._spec_retry_at: dict[str, float] = {}  # job -> when to read a missing spec again
+        self._ended: dict[str, tuple[float, int]] = {}  # job -> (when it ended, last step)
+        self.dropped_ended = 0  # late step events of jobs that had ended
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -78,6 +99,7 @@ class MonitorService:
         )
         self.ownership.on_lost(self._forget)
         await self.bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
+        await self.bus.subscribe(self.subjects.any_job("exit.*"), RankExit, self._on_exit)
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn(
             "claim",
@@ -166,6 +188,9 @@ class MonitorService:
             raise Rejected("bad_request", "job or rank does not match the subject")
         detector = self.detectors.get(job)
         if detector is None or not self.ownership.owns(job):
+            if self._late_for_ended_job(job, event.step):
+                self.dropped_ended += 1
+                return
             self._seen_jobs.add(job)
             detector = await self._detector(job)
             if detector is None:
@@ -180,6 +205,42 @@ class MonitorService:
             await self.bus.publish(self.subjects.health(job), detector.health(now))
         for incident in incidents:
             await self._publish_incident(incident)
+
+    async def _on_exit(self, exit: RankExit, delivery: Delivery) -> None:
+        if delivery.subject != self.subjects.exit(exit.job, exit.rank):
+            raise Rejected("bad_request", "job or rank does not match the subject")
+        detector = self.detectors.get(exit.job)
+        if detector is None or not self.ownership.owns(exit.job):
+            return  # not ours, or never stepped here: nothing to stop watching
+        now = time.time()
+        incidents = detector.rank_exited(exit, now)
+        log.info("rank exited", job=exit.job, rank=exit.rank, reason=exit.reason.value)
+        # Health first, as for steps: whoever reacts to a resolution sees the rank exited.
+        health = detector.health(now)
+        await self.bus.publish(self.subjects.health(exit.job), health)
+        for incident in incidents:
+            await self._publish_incident(incident)
+        if detector.ended:
+            log.info("job ended", job=exit.job, step=health.step)
+            self._remember_ended(exit.job, health.step)
+            await self._forget(exit.job)
+
+    def _remember_ended(self, job: str, step: int) -> None:
+        self._ended.pop(job, None)
+        self._ended[job] = (time.monotonic(), step)
+        while len(self._ended) > MAX_ENDED:
+            del self._ended[next(iter(self._ended))]
+        self._seen_jobs.discard(job)
+
+    def _late_for_ended_job(self, job: str, step: int) -> bool:
+        ended = self._ended.get(job)
+        if ended is None:
+            return False
+        at, last_step = ended
+        if step <= last_step and time.monotonic() - at < ENDED_GRACE_S:
+            return True
+        del self._ended[job]  # a new run of the job
+        return False
 
     def _subject_matches(self, subject: str, job: str, rank: int) -> bool:
         """The subject must be exactly {p}.{job}.step.{rank}."""

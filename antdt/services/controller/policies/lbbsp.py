@@ -192,7 +192,7 @@ def measured_speeds(view: JobView) -> tuple[float | None, ...]:
     speeds: list[float | None] = [None] * view.spec.world_size
     assert view.health is not None
     for rank in view.health.ranks:
-        usable = rank.state not in (RankState.UNKNOWN, RankState.STALLED)
+        usable = rank.state in (RankState.OK, RankState.SLOW, RankState.LEADER)
         if usable and rank.samples_per_s > 0 and rank.rank < len(speeds):
             speeds[rank.rank] = rank.samples_per_s
     return tuple(speeds)
