@@ -1,10 +1,12 @@
 """The controller's per-job state when the first events of a job arrive together: the
 JobHealth and the Incident that the monitor publishes back to back right after the
 controller claimed the job must land in one state (one decision lock, the health kept),
-so that the incident's decision sees the health and acts."""
+so that the incident's decision sees the health and acts. And when ranks leave: no plan
+while one has exited, the state dropped once all have, and back with a hello."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -20,19 +22,24 @@ from antdt.schemas import (
     JobHealth,
     JobSpec,
     RankHealth,
+    RankHello,
     RankState,
     RegisterReply,
     Subjects,
 )
 from tests.e2e.conftest import start_services
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 WORLD = 4
 
 
-def health(job: str) -> JobHealth:
+def health(job: str, away: dict[int, RankState] | None = None) -> JobHealth:
+    """Rank 3 three times slower; `away`: ranks shown exited or restarting instead."""
+    away = away or {}
     ranks = tuple(
-        RankHealth(rank=r, host=f"h{r}", state=RankState.SLOW if r == 3 else RankState.OK,
+        RankHealth(rank=r, host=f"h{r}",
+                   state=away.get(r, RankState.SLOW if r == 3 else RankState.OK),
                    last_step=100, local_batch=16, samples_per_s=100.0 if r == 3 else 300.0,
                    compute_s_per_sample=0.01, ratio=1.0, data_wait_share=0.0, comm_share=0.1)
         for r in range(WORLD)
@@ -61,6 +68,48 @@ async def test_first_health_and_incident_share_one_state(
         await ranks.wait_version(1, timeout=10)
         state = running.by_name["controller"].jobs[job]
         assert state.health is not None and "i1" in state.incidents
+    finally:
+        await ranks.close()
+        await running.runtime.shutdown()
+
+
+async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_hello(
+    settings: ServiceSettings, bus: Bus
+) -> None:
+    running = await start_services(settings, ("controller",))
+    controller = running.by_name["controller"]
+    job, subjects = "ranks-leave", Subjects(settings.nats.subject_prefix)
+    ranks = await AckingRanks(settings.nats, job, WORLD).start()
+    try:
+        await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
+        spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
+                       global_batch=64, policy="lb-bsp")  # fmt: skip
+        await bus.request(subjects.register(job), spec, RegisterReply)
+        now = time.time()
+        incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
+                            state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
+                            ratio=3.0, windows=3)  # fmt: skip
+        # Rank 0 is restarting: the straggler is plain to see, but a plan needs every ack.
+        await bus.publish(subjects.health(job), health(job, {0: RankState.RESTARTING}))
+        await bus.js_publish(subjects.incident(job), incident)
+        await wait_for(lambda: job in controller.jobs and "i1" in controller.jobs[job].incidents,
+                       what="the controller has the health and the incident")  # fmt: skip
+        await asyncio.sleep(0.5)  # a plan would be on its way to the ranks by now
+        assert ranks.commands == 0
+        await bus.publish(subjects.health(job), health(job))  # everyone back: it plans
+        await ranks.wait_version(1, timeout=10)
+
+        ended = {r: RankState.EXITED for r in range(WORLD)}
+        await bus.publish(subjects.health(job), health(job, ended))
+        await wait_for(lambda: job not in controller.jobs, what="the ended job dropped")
+        await bus.js_publish(subjects.incident(job), incident.model_copy(update={"id": "i2"}))
+        await asyncio.sleep(0.5)  # the late incident must not load the job again
+        assert job not in controller.jobs
+
+        hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1,
+                          started_at=time.time())  # fmt: skip
+        await bus.publish(subjects.hello(job, 0), hello)  # the job starts over
+        await wait_for(lambda: job in controller.jobs, what="the job live again")
     finally:
         await ranks.close()
         await running.runtime.shutdown()
