@@ -68,8 +68,13 @@ class StatusState:
         return sorted(self.actions.values(), key=lambda a: a.decided_at)[-self.recent :]
 
     def rank_class(self, rank: int) -> str:
-        """The straggler class of the rank's newest open incident ('' when none)."""
-        mine = [i for i in self.open_incidents() if i.rank == rank]
+        """The straggler class of the rank's newest open incident, or of the one still
+        open when its rank exited (a finished job shows what it ended with); '' if none."""
+        mine = [
+            i
+            for i in self.incidents.values()
+            if i.rank == rank and (i.state != IncidentState.RESOLVED or i.evidence.get("exited"))
+        ]
         if not mine:
             return ""
         newest = max(mine, key=lambda i: i.updated_at)

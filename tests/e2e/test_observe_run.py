@@ -19,11 +19,13 @@ from antdt.schemas import (
     ACTION_STREAM,
     INCIDENT_STREAM,
     ActionResult,
+    Incident,
     IncidentKind,
     IncidentState,
     Subjects,
 )
 from tests.e2e.conftest import WORLD, StragglerRun
+from tests.helpers import wait_for
 from tests.unit.test_observe_report import marker_columns, parse_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
@@ -80,8 +82,15 @@ async def test_status_shows_the_straggler_class_and_the_action(
     assert run.rc == 0
     rank3 = [i for i in run.incidents if i.rank == 3 and i.kind == IncidentKind.SLOW]
     assert rank3, run.incidents
-    last = max(rank3, key=lambda i: i.updated_at)
-    assert last.state != IncidentState.RESOLVED  # relieved by batch, still 3x per sample
+    # Relieved by batch, still 3x per sample: open until the job ended (its ranks exited).
+    await wait_for(lambda: any("exited" in i.evidence for i in rank3_slow(run)),
+                   what="rank 3's incident resolved as the job ended")  # fmt: skip
+    rank3 = rank3_slow(run)
+    ended = max(rank3, key=lambda i: i.updated_at)
+    assert ended.state == IncidentState.RESOLVED and ended.evidence.get("exited") == 1.0
+    running = [i for i in rank3 if i.id == ended.id and "exited" not in i.evidence]
+    last = max(running, key=lambda i: i.updated_at)
+    assert last.state != IncidentState.RESOLVED
     applied = [a for a in run.actions if a.result == ActionResult.APPLIED]
     bus, subjects = await _connect(run)
     try:
@@ -93,7 +102,7 @@ async def test_status_shows_the_straggler_class_and_the_action(
     text = console.export_text()
 
     row = next(line for line in text.splitlines() if re.match(r"^3\s+slot3\s", line.strip()))
-    assert f"slow/{last.straggler_class.value}" in row, text
+    assert f"slow/{last.straggler_class.value}" in row and "exited" in row, text
     latest = max(applied, key=lambda a: a.decided_at)
     assert latest.action_id in text and str(list(latest.local_batch or ())) in text, text
     # The plan is the controller's latest: an action whose acks failed (ranks exiting at
@@ -102,3 +111,7 @@ async def test_status_shows_the_straggler_class_and_the_action(
         a.plan_version or 0 for a in run.actions
     )
     assert f"plan v{state.plan.version} (lb-bsp)" in text
+
+
+def rank3_slow(run: StragglerRun) -> list[Incident]:
+    return [i for i in run.incidents if i.rank == 3 and i.kind == IncidentKind.SLOW]
