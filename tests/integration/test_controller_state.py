@@ -7,7 +7,11 @@ while one has exited, the state dropped once all have, and back with a hello."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -48,11 +52,22 @@ def health(job: str, away: dict[int, RankState] | None = None) -> JobHealth:
                      balance_efficiency=0.5, plan_version=0, ranks=ranks)  # fmt: skip
 
 
-async def test_first_health_and_incident_share_one_state(
-    settings: ServiceSettings, bus: Bus
-) -> None:
+@dataclass
+class LbBspJob:
+    """A registered lb-bsp job with acking ranks, its controller, and a SLOW incident on
+    rank 3 ready to publish."""
+
+    job: str
+    subjects: Subjects
+    controller: Any
+    ranks: AckingRanks
+    incident: Incident
+
+
+@contextlib.asynccontextmanager
+async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncIterator[LbBspJob]:
     running = await start_services(settings, ("controller",))
-    job, subjects = "first-events", Subjects(settings.nats.subject_prefix)
+    subjects = Subjects(settings.nats.subject_prefix)
     ranks = await AckingRanks(settings.nats, job, WORLD).start()
     try:
         await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
@@ -63,46 +78,42 @@ async def test_first_health_and_incident_share_one_state(
         incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
                             state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
                             ratio=3.0, windows=3)  # fmt: skip
-        await bus.publish(subjects.health(job), health(job))
-        await bus.js_publish(subjects.incident(job), incident)
-        await ranks.wait_version(1, timeout=10)
-        state = running.by_name["controller"].jobs[job]
-        assert state.health is not None and "i1" in state.incidents
+        yield LbBspJob(job, subjects, running.by_name["controller"], ranks, incident)
     finally:
         await ranks.close()
         await running.runtime.shutdown()
 
 
+async def test_first_health_and_incident_share_one_state(
+    settings: ServiceSettings, bus: Bus
+) -> None:
+    async with lbbsp_job(settings, bus, "first-events") as t:
+        await bus.publish(t.subjects.health(t.job), health(t.job))
+        await bus.js_publish(t.subjects.incident(t.job), t.incident)
+        await t.ranks.wait_version(1, timeout=10)
+        state = t.controller.jobs[t.job]
+        assert state.health is not None and "i1" in state.incidents
+
+
 async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_hello(
     settings: ServiceSettings, bus: Bus
 ) -> None:
-    running = await start_services(settings, ("controller",))
-    controller = running.by_name["controller"]
-    job, subjects = "ranks-leave", Subjects(settings.nats.subject_prefix)
-    ranks = await AckingRanks(settings.nats, job, WORLD).start()
-    try:
-        await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
-        spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
-                       global_batch=64, policy="lb-bsp")  # fmt: skip
-        await bus.request(subjects.register(job), spec, RegisterReply)
-        now = time.time()
-        incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
-                            state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
-                            ratio=3.0, windows=3)  # fmt: skip
+    async with lbbsp_job(settings, bus, "ranks-leave") as t:
+        job, subjects, controller = t.job, t.subjects, t.controller
         # Rank 0 is restarting: the straggler is plain to see, but a plan needs every ack.
         await bus.publish(subjects.health(job), health(job, {0: RankState.RESTARTING}))
-        await bus.js_publish(subjects.incident(job), incident)
+        await bus.js_publish(subjects.incident(job), t.incident)
         await wait_for(lambda: job in controller.jobs and "i1" in controller.jobs[job].incidents,
                        what="the controller has the health and the incident")  # fmt: skip
         await asyncio.sleep(0.5)  # a plan would be on its way to the ranks by now
-        assert ranks.commands == 0
+        assert t.ranks.commands == 0
         await bus.publish(subjects.health(job), health(job))  # everyone back: it plans
-        await ranks.wait_version(1, timeout=10)
+        await t.ranks.wait_version(1, timeout=10)
 
         ended = {r: RankState.EXITED for r in range(WORLD)}
         await bus.publish(subjects.health(job), health(job, ended))
         await wait_for(lambda: job not in controller.jobs, what="the ended job dropped")
-        await bus.js_publish(subjects.incident(job), incident.model_copy(update={"id": "i2"}))
+        await bus.js_publish(subjects.incident(job), t.incident.model_copy(update={"id": "i2"}))
         await asyncio.sleep(0.5)  # the late incident must not load the job again
         assert job not in controller.jobs
 
@@ -110,6 +121,3 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
                           started_at=time.time())  # fmt: skip
         await bus.publish(subjects.hello(job, 0), hello)  # the job starts over
         await wait_for(lambda: job in controller.jobs, what="the job live again")
-    finally:
-        await ranks.close()
-        await running.runtime.shutdown()
