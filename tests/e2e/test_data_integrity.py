@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
-from antdt.schemas import Keys, StepEvent, Subjects
+from antdt.schemas import JobHealth, Keys, RankState, StepEvent, Subjects
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 
@@ -83,15 +84,19 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
     Either way the launcher restarts the group, every rank loads the last model
     checkpoint and restores the ledger to it (DLRover loses the in-flight samples here)."""
     running = await start_services(settings)
+    job = f"ckpt-{unique}"
+    watcher = await HealthWatch.start(settings, job, running.by_name["monitor"])
     try:
         env = job_env(
-            settings, f"ckpt-{unique}", tmp_path,
+            settings, job, tmp_path,
             ANTDT_DEMO_CKPT_DIR=str(tmp_path), ANTDT_DEMO_CKPT_EVERY="10",
             ANTDT_DEMO_FAIL=f"rank=1,step={fail_step},how={how}",
         )  # fmt: skip
         assert await run_job(env, max_restarts=1) == 0
+        await wait_for(lambda: watcher.ended, timeout=15, what="the job's end, seen by the monitor")
     finally:
         await running.runtime.shutdown()
+        await watcher.bus.close()
     lines = audit(tmp_path)
     last_checkpoint = fail_step // 10 * 10 - 1  # checkpoints after steps 9, 19, 29, ...
     assert restores(lines) == {(1, last_checkpoint)}
@@ -99,6 +104,54 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
         ln for ln in lines if ln.get("incarnation") == 0 and ln.get("step", 0) > last_checkpoint
     ]
     assert undone, "the failed run trained past its checkpoint: those steps are redone"
+    watcher.assert_followed_the_restart()
+
+
+@dataclass
+class HealthWatch:
+    """The monitor's view of a job restarted from a checkpoint: its health reports, and
+    its detector's rejections (the detector is dropped when the job ends)."""
+
+    bus: Bus
+    healths: list[JobHealth] = field(default_factory=list)
+    detector: Any = None
+
+    @classmethod
+    async def start(cls, settings: ServiceSettings, job: str, monitor: Any) -> HealthWatch:
+        watch = cls(await Bus(settings.nats, name="health-watch").connect())
+
+        async def on_health(health: JobHealth, _: Delivery) -> None:
+            watch.healths.append(health)
+            watch.detector = monitor.detectors.get(job, watch.detector)
+
+        subjects = Subjects(settings.nats.subject_prefix)
+        await watch.bus.subscribe(subjects.health(job), JobHealth, on_health)
+        return watch
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.healths) and all(
+            r.state is RankState.EXITED for r in self.healths[-1].ranks
+        )
+
+    def assert_followed_the_restart(self) -> None:
+        """The monitor saw the job start over (its health went back from the failed run's
+        last step: health comes once a second, the restarted run may be past that step by
+        then), took in every step of the restarted run, none refused as a step back (they
+        repeat the failed run's steps after the checkpoint), up to the last, and reported
+        no rank of the restarted run stalled."""
+        assert self.detector is not None, "the monitor never watched the job"
+        assert self.detector.rejected.get("step_backwards", 0) == 0
+        steps = [h.step for h in self.healths]
+        back = [i for i in range(1, len(steps)) if steps[i] < steps[i - 1]]
+        assert back, f"the monitor's health never went back: {steps}"
+        assert max(steps[back[0] :]) == DATASET // BATCH * EPOCHS - 1
+        stalled = [h.step for h in self.healths[back[0] :] if RankState.STALLED in _states(h)]
+        assert not stalled, f"stalled after the restart at steps {stalled}"
+
+
+def _states(health: JobHealth) -> set[RankState]:
+    return {r.state for r in health.ranks}
 
 
 # ------------------------------------------ a rank removed without a rollback

@@ -58,10 +58,11 @@ class Job:
     comm: float = 0.002  # pure communication, seconds
     jitter: float = 0.0  # sigma of lognormal per-step noise on compute
     seed: int = 0
+    t0: float = 1000.0  # Unix time of the first step's start
 
     def events(self, steps: range) -> Iterator[tuple[float, StepEvent]]:
         rng = random.Random(self.seed)
-        t = 1000.0
+        t = self.t0
         for step in steps:
             batches = [int(self.batch(r, step)) for r in range(self.world)]
             compute = [

@@ -31,6 +31,11 @@ STALLED, unless its agent said it stopped on purpose (RankExit, see `rank_exited
 rank that finished is never stalled, one exiting to be restarted only after a further
 `restart_grace_s`. Once every rank has exited and none is coming back, the job is over
 (`ended`): nothing stalls, and its incidents resolve.
+
+Restarts: a rank whose new process says hello (`rank_started`) counts its steps afresh,
+because a job restarted from a checkpoint steps again from there: its next step may be
+lower than its last. Until that first step it is coming back, with the same grace as a
+rank that exited to be restarted.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from antdt.schemas import (
     IncidentState,
     JobHealth,
     RankExit,
+    RankHello,
     StepEvent,
     StragglerClass,
 )
@@ -222,6 +228,38 @@ class JobDetector:
             if r.stall is not None and (self.ended or r.exited is ExitReason.FINISHED):
                 transitions.append(self._close_on_exit(r, r.stall, now))
         return transitions
+
+    def rank_started(self, hello: RankHello, now: float) -> None:
+        """A rank's process started (RankHello) while the job was being watched: the job,
+        or this rank, was restarted. Its steps count afresh, from wherever its checkpoint
+        puts them; its speed is measured afresh too (it may run on another host, and warms
+        up again). Until its first step it is coming back: stalled only after the limit
+        plus `restart_grace_s`, as after a RankExit for a restart. Its open incidents
+        stay: a restart is how they get mitigated, and the new process's windows (or, for
+        a stall, its first step) resolve them. A hello older than the rank's current
+        process, or for another job or world, is counted and changes nothing."""
+        now = self._tick(now)
+        reason = None
+        if hello.job != self.job:
+            reason = "wrong_job"
+        elif not 0 <= hello.rank < self.world_size:
+            reason = "rank_out_of_range"
+        elif hello.world_size != self.world_size:
+            reason = "world_size_mismatch"
+        elif hello.started_at < self._ranks[hello.rank].started_at:
+            reason = "stale_hello"
+        if reason is not None:
+            self.rejected[reason] += 1
+            return
+        rank = self._ranks[hello.rank]
+        rank.started_at, rank.host = hello.started_at, hello.host
+        rank.last_step, rank.last_ended_at, rank.last_seen_at = -1, 0.0, now
+        rank.window.clear()
+        rank.warmup_left = self.config.warmup_windows
+        rank.stats = rank.judgement = None
+        rank.streak, rank.streak_kind = 0, None
+        rank.exited, rank.exit_step = ExitReason.RESTART, -1  # back at its first step
+        self._latest_step = max(0, *(r.last_step for r in self._ranks))
 
     def _close_on_exit(self, rank: RankMemory, incident: Incident, now: float) -> Incident:
         del self._open[incident.id]

@@ -38,6 +38,7 @@ class RankMemory:
     stall: Incident | None = None  # open STALLED incident
     exited: ExitReason | None = None  # its process stopped on purpose (RankExit) ...
     exit_step: int = -1  # ... after this step: only a later step means it is back
+    started_at: float = 0.0  # when its current process started (RankHello), Unix seconds
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,11 @@ A job ends when every rank's agent said it stopped on purpose (RankExit; none ex
 be restarted): the owner publishes the resolutions and a last health with every rank
 `exited`, then forgets the job. Events of the old run that arrive after that, within
 ENDED_GRACE_S and not past its last step, are dropped instead of starting the job over;
-anything else (a restart of the job) starts a new detector."""
+anything else (a restart of the job), or a rank's hello, starts a new detector.
+
+A rank's hello (RankHello: its process started) while the job is watched means the job
+or the rank was restarted: its steps count afresh from there (a restart from a checkpoint
+steps back), see JobDetector.rank_started."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from antdt.schemas import (
     JobSpec,
     Keys,
     RankExit,
+    RankHello,
     StepEvent,
     Subjects,
 )
@@ -100,6 +105,7 @@ class MonitorService:
         self.ownership.on_lost(self._forget)
         await self.bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
         await self.bus.subscribe(self.subjects.any_job("exit.*"), RankExit, self._on_exit)
+        await self.bus.subscribe(self.subjects.any_job("hello.*"), RankHello, self._on_hello)
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn(
             "claim",
@@ -224,6 +230,18 @@ class MonitorService:
             log.info("job ended", job=exit.job, step=health.step)
             self._remember_ended(exit.job, health.step)
             await self._forget(exit.job)
+
+    async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
+        if delivery.subject != self.subjects.hello(hello.job, hello.rank):
+            raise Rejected("bad_request", "job or rank does not match the subject")
+        self._ended.pop(hello.job, None)  # a new run: its steps are not late ones
+        detector = self.detectors.get(hello.job)
+        if detector is None or not self.ownership.owns(hello.job):
+            return  # a job starting: its first step brings it in
+        now = time.time()
+        detector.rank_started(hello, now)
+        log.info("rank started", job=hello.job, rank=hello.rank, host=hello.host)
+        await self.bus.publish(self.subjects.health(hello.job), detector.health(now))
 
     def _remember_ended(self, job: str, step: int) -> None:
         self._ended.pop(job, None)
