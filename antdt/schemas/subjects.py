@@ -112,6 +112,11 @@ class Keys:
     def restarts(self, job: str) -> str:
         return f"{self.prefix}jobs/{job}/restarts"
 
+    def ended(self, job: str) -> str:
+        """The job's last JobHealth (every rank exited), written by the monitor when the
+        job ended; deleted when it registers again. Services stop claiming such a job."""
+        return f"{self.prefix}jobs/{job}/ended"
+
     def blocklist(self, host: str) -> str:
         return f"{self.prefix}blocklist/{host}"
 
@@ -127,6 +132,14 @@ class Keys:
 
     def job_of_spec_key(self, key: str) -> str | None:
         """The job id of a `jobs/{job}/spec` key, None for other keys."""
-        if not key.startswith(self.jobs()) or not key.endswith("/spec"):
+        return self._job_of(key, "/spec")
+
+    def job_of_ended_key(self, key: str) -> str | None:
+        """The job id of a `jobs/{job}/ended` key, None for other keys."""
+        return self._job_of(key, "/ended")
+
+    def _job_of(self, key: str, leaf: str) -> str | None:
+        if not key.startswith(self.jobs()) or not key.endswith(leaf):
             return None
-        return key[len(self.jobs()) : -len("/spec")] or None
+        job = key[len(self.jobs()) : -len(leaf)]
+        return job if job and "/" not in job else None

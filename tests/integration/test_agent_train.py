@@ -155,10 +155,20 @@ async def _assert_the_job_ended(
 ) -> None:
     """Both ranks said they finished after their last step; the monitor published a last
     health with both exited, resolved what it had open and forgot the job (so it can
-    never call the finished ranks stalled); the controller dropped its state too."""
+    never call the finished ranks stalled); the controller dropped its state too. The
+    job's end is stored (`ended`, its last health), no service owns it any more, and
+    their claim rounds leave it alone."""
     monitor, controller = services.by_name["monitor"], services.by_name["controller"]
     await wait_for(lambda: job not in monitor.detectors, what="the monitor forgets the job")
     await wait_for(lambda: job not in controller.jobs, what="the controller drops the job")
+    store, keys = monitor.store, monitor.keys
+    stored = await wait_for(lambda: store.get(keys.ended(job)), what="the job's end stored")
+    last = JobHealth.model_validate_json(stored.value)
+    assert [r.state for r in last.ranks] == [RankState.EXITED] * 2 and last.step == steps - 1
+    for service in ("monitor", "controller"):
+        owner = keys.owner(service, job)
+        await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives it up")
+    assert job not in await monitor._known_jobs() and job not in await controller._claimable()
     assert sorted((x.rank, x.reason, x.step) for x in exits) == [
         (0, ExitReason.FINISHED, steps - 1), (1, ExitReason.FINISHED, steps - 1)
     ]  # fmt: skip
@@ -169,6 +179,10 @@ async def _assert_the_job_ended(
     latest = {i.id: i for i in incidents}  # JetStream order: the last transition wins
     assert not [i for i in latest.values() if i.state is not IncidentState.RESOLVED]
     assert not [i for i in incidents if i.kind is IncidentKind.STALLED]
+
+
+async def _absent(store: Any, key: str) -> bool:
+    return await store.get(key) is None
 
 
 def _steps(events: list[StepEvent]) -> int:

@@ -4,17 +4,25 @@ ownership, and bad input on every subject (rejected, counted, service keeps runn
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from antdt.runtime.bus import Bus, RequestRefused
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.store import Store
 from antdt.schemas import (
     ErrorReply,
+    ExitReason,
     FetchStatus,
     JobHealth,
     JobSpec,
+    Keys,
     Plan,
     PlanRequest,
+    RankExit,
+    RankHello,
+    RankState,
     RegisterReply,
     ShardFetch,
     ShardReply,
@@ -23,6 +31,8 @@ from antdt.schemas import (
     StepEvent,
     Subjects,
 )
+from antdt.services.monitor.service import MonitorSettings
+from antdt.services.runner import start_service
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 
@@ -138,3 +148,63 @@ async def test_monitor_rejects_bad_steps_and_keeps_running(
     await wait_for(lambda: monitor.ingested >= 24, what="valid steps ingested after bad ones")
     await wait_for(lambda: any(h.ranks for h in healths), what="health with ranks")
     assert not monitor.detectors["j4"].open_incidents
+
+
+async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
+    running: RunningServices, bus: Bus, settings: ServiceSettings
+) -> None:
+    """Both ranks of j5 finish: the monitor stores the job's end and, like the controller,
+    gives the job up. A late step reaching either monitor replica (the one that owned the
+    job, or one that never did) claims nothing. Registering j5 again (a new run) deletes
+    the end, and the services take the job on again."""
+    subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
+    monitor, controller = running.by_name["monitor"], running.by_name["controller"]
+    other = await start_service(
+        "monitor", MonitorSettings(**{**settings.model_dump(), "replica_id": "monitor-2"}),
+        running.runtime,
+    )  # fmt: skip
+    store = monitor.store
+    await bus.request(subjects.register("j5"), spec("j5"), RegisterReply)
+    await _steps(bus, subjects, range(3))
+    await wait_for(lambda: "j5" in monitor.detectors or "j5" in other.detectors)
+    for rank in range(2):
+        await bus.publish(subjects.exit("j5", rank), finished("j5", rank, step=2))
+    end = await wait_for(lambda: store.get(keys.ended("j5")), what="the job's end stored")
+    assert {r.state for r in JobHealth.model_validate_json(end.value).ranks} == {RankState.EXITED}
+    for service in ("monitor", "controller"):
+        owner = keys.owner(service, "j5")
+        await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives j5 up")
+
+    async def late_step_dropped_by_both() -> bool:
+        await _steps(bus, subjects, range(1, 2))  # every claim try is at most once a second
+        return all("j5" in m._ended for m in (monitor, other))
+
+    await wait_for(late_step_dropped_by_both, timeout=10, interval=0.3, what="late steps dropped")
+    assert not monitor.detectors.get("j5") and not other.detectors.get("j5")
+    assert await _absent(store, keys.owner("monitor", "j5"))
+    assert "j5" not in await monitor._known_jobs() and "j5" not in await controller._claimable()
+
+    again = await bus.request(subjects.register("j5"), spec("j5"), RegisterReply)
+    assert not again.created and await _absent(store, keys.ended("j5"))
+    await wait_for(lambda: controller.ownership.owns("j5"), what="the controller owns j5 again")
+    hello = RankHello(job="j5", rank=0, world_size=2, host="h0", pid=3, started_at=time.time())
+    await bus.publish(subjects.hello("j5", 0), hello)
+    await _steps(bus, subjects, range(3))  # the new run steps from 0 again
+    await wait_for(lambda: "j5" in monitor.detectors or "j5" in other.detectors,
+                   what="a monitor watches j5 again")  # fmt: skip
+
+
+def finished(job: str, rank: int, step: int) -> RankExit:
+    return RankExit(job=job, rank=rank, host=f"h{rank}", pid=1, reason=ExitReason.FINISHED,
+                    step=step, at=time.time())  # fmt: skip
+
+
+async def _steps(bus: Bus, subjects: Subjects, steps: range) -> None:
+    for n in steps:
+        for rank in range(2):
+            await bus.publish(subjects.step("j5", rank), step("j5", rank, n))
+    await bus.flush()
+
+
+async def _absent(store: Store, key: str) -> bool:
+    return await store.get(key) is None

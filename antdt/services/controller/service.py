@@ -18,8 +18,8 @@ from pydantic import Field
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop
-from antdt.runtime.store import Compare, Get, Put, Store
+from antdt.runtime.ownership import Ownership, claim_loop, live_jobs
+from antdt.runtime.store import Compare, Delete, Get, Put, Store
 from antdt.runtime.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
@@ -146,13 +146,16 @@ class ControllerService:
             created_at=time.time(),
         )
         spec_key, plan_key = self.keys.spec(spec.job), self.keys.plan(spec.job)
+        # A job that ended and registers again is live again: its `ended` key goes.
+        ended = Delete(self.keys.ended(spec.job))
         result = await self.store.txn(
             [Compare.absent(spec_key)],
             [
                 Put(spec_key, spec.model_dump_json().encode()),
                 Put(plan_key, plan.model_dump_json().encode()),
+                ended,
             ],
-            [Get(spec_key), Get(plan_key)],
+            [Get(spec_key), Get(plan_key), ended],
         )
         if result.succeeded:
             log.info("job registered", job=spec.job, policy=spec.policy, world_size=spec.world_size)
@@ -179,12 +182,18 @@ class ControllerService:
     # -- ownership -----------------------------------------------------------------------------
 
     async def _claimable(self) -> list[str]:
-        specs = await self.store.get_prefix(self.keys.jobs(), keys_only=True)
-        return sorted(j for j in (self.keys.job_of_spec_key(s.key) for s in specs) if j)
+        return [j for j in await live_jobs(self.store, self.keys) if j not in self._ended]
 
     async def _claim(self, job: str) -> None:
         if not self.ownership.owns(job):
             await self.ownership.try_acquire(job)
+
+    async def _give_up(self, job: str) -> None:
+        """An ended job needs no owner (its registration makes it claimed again)."""
+        try:
+            await self.ownership.release(job)
+        except Exception as exc:  # etcd away: the job stays claimed, which is harmless
+            log.warning("ended job not released", job=job, error=str(exc))
 
     async def _forget(self, job: str) -> None:
         self.jobs.pop(job, None)
@@ -238,6 +247,7 @@ class ControllerService:
             while len(self._ended) > MAX_ENDED:
                 del self._ended[next(iter(self._ended))]
             log.info("job ended; state dropped", job=health.job)
+            await self._give_up(health.job)
             return
         state.health = health
         self.traces.health(health)  # gauges; the effect of the last action

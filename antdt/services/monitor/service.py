@@ -27,12 +27,13 @@ from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.ownership import Ownership, claim_loop, live_jobs
 from antdt.runtime.store import Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (
     INCIDENT_STREAM,
     Incident,
+    JobHealth,
     JobSpec,
     Keys,
     RankExit,
@@ -117,9 +118,7 @@ class MonitorService:
         log.info("monitor started", replica=self.settings.replica_id)
 
     async def _known_jobs(self) -> list[str]:
-        specs = await self.store.get_prefix(self.keys.jobs(), keys_only=True)
-        jobs = {self.keys.job_of_spec_key(s.key) for s in specs}
-        return sorted(j for j in jobs | self._seen_jobs if j)
+        return await live_jobs(self.store, self.keys, also=self._seen_jobs)
 
     async def _forget(self, job: str) -> None:
         self.detectors.pop(job, None)
@@ -130,6 +129,8 @@ class MonitorService:
         if detector is not None and self.ownership.owns(job):
             return detector
         if not self.ownership.owns(job) and not await self._claim_now(job):
+            return None
+        if await self._ended_in_store(job):
             return None
         spec = await self._job_spec(job)
         if spec is None:
@@ -230,6 +231,31 @@ class MonitorService:
             log.info("job ended", job=exit.job, step=health.step)
             self._remember_ended(exit.job, health.step)
             await self._forget(exit.job)
+            await self._record_end(health)
+
+    async def _record_end(self, health: JobHealth) -> None:
+        """Store the ended job's last health (`jobs/{job}/ended`) and give the job up: no
+        replica claims it again until it registers again (the controller then deletes
+        the key). Without this, every job ever run kept an owner in every service."""
+        try:
+            await self.store.put(self.keys.ended(health.job), health.model_dump_json().encode())
+            await self.ownership.release(health.job)
+        except Exception as exc:  # etcd away: the job stays claimed, which is harmless
+            log.warning("job end not recorded", job=health.job, error=str(exc))
+
+    async def _ended_in_store(self, job: str) -> bool:
+        """Just claimed `job` on a late event: has it ended (another replica owned it)?
+        Then give it up again and drop its late events here too."""
+        stored = await self.store.get(self.keys.ended(job))
+        if stored is None:
+            return False
+        try:
+            step = JobHealth.model_validate_json(stored.value).step
+        except ValueError:
+            step = 2**62  # unreadable: drop every late event for the grace period
+        self._remember_ended(job, step)
+        await self.ownership.release(job)
+        return True
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
