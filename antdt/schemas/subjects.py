@@ -112,6 +112,13 @@ class Keys:
     def restarts(self, job: str) -> str:
         return f"{self.prefix}jobs/{job}/restarts"
 
+    def rank_hello(self, job: str, rank: int) -> str:
+        """The latest RankHello of the job's rank (stored by the controller)."""
+        return f"{self.prefix}jobs/{job}/ranks/{rank}"
+
+    def rank_hellos(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/ranks/"
+
     def ended(self, job: str) -> str:
         """The job's last JobHealth (every rank exited), written by the monitor when the
         job ended; deleted when it registers again. Services stop claiming such a job."""

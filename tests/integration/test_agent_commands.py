@@ -14,6 +14,7 @@ import pytest
 from antdt.agent import Agent, AgentError
 from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.config import NatsSettings, ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import free_port
 from antdt.runtime.store import Store
 from antdt.schemas import (
@@ -27,6 +28,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.services.runner import settings_class, start_service
 from tests.e2e.conftest import RunningServices
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import (
@@ -204,3 +206,44 @@ async def test_kill_restart_is_acked_by_a_restartable_rank_and_falls_due_at_its_
     )
     assert not bad.ok and "outside" in (bad.error or "")
     await asyncio.to_thread(agent.close)
+
+
+async def test_the_controller_knows_each_rank_from_its_hello_sent_before_registering(
+    settings: ServiceSettings, unique: str, agents_to_close: list[Agent]
+) -> None:
+    """An agent says hello and then registers: on a new job the hello arrives before any
+    replica owns the job (registration claims it). Its host and memory cap must still
+    reach the job's state, or a plan could give the rank more than its memory holds. A
+    replica that takes the job over must know them as well, even one started after the
+    hellos (a rolling upgrade of the controllers)."""
+    runtimes = [ServiceRuntime(f"controller-{i}") for i in range(3)]
+    controllers = [
+        await start_service("controller", _replica(settings, f"c{i}"), runtime)
+        for i, runtime in enumerate(runtimes[:2])
+    ]
+    said = ({0: 64, 1: 32}, {0: "h0", 1: "h1"})
+    try:
+        for rank, cap in ((0, 64), (1, 32)):
+            await start(agent_settings(settings.nats, unique, rank, 2, max_local_batch=cap),
+                        agents_to_close)  # fmt: skip
+        owner = await wait_for(lambda: next((c for c in controllers if unique in c.jobs), None),
+                               what="the job's state")  # fmt: skip
+        state = owner.jobs[unique]
+        assert (state.memory_caps, state.hosts) == said
+        heir = controllers[1 - controllers.index(owner)]
+        await runtimes[controllers.index(owner)].shutdown()  # revokes its lease
+        await wait_for(lambda: heir.ownership.owns(unique), timeout=30, what="the takeover")
+        state = await heir._state(unique)
+        assert (state.memory_caps, state.hosts) == said
+        await runtimes[controllers.index(heir)].shutdown()
+        late = await start_service("controller", _replica(settings, "c2"), runtimes[2])
+        await wait_for(lambda: late.ownership.owns(unique), timeout=30, what="a late replica")
+        state = await late._state(unique)
+        assert (state.memory_caps, state.hosts) == said  # from etcd
+    finally:
+        for runtime in runtimes:
+            await runtime.shutdown()
+
+
+def _replica(settings: ServiceSettings, replica_id: str) -> Any:
+    return settings_class("controller")(**{**settings.model_dump(), "replica_id": replica_id})

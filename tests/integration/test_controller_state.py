@@ -62,6 +62,7 @@ class LbBspJob:
     controller: Any
     ranks: AckingRanks
     incident: Incident
+    spec: JobSpec
 
 
 @contextlib.asynccontextmanager
@@ -78,7 +79,7 @@ async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncItera
         incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
                             state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
                             ratio=3.0, windows=3)  # fmt: skip
-        yield LbBspJob(job, subjects, running.by_name["controller"], ranks, incident)
+        yield LbBspJob(job, subjects, running.by_name["controller"], ranks, incident, spec)
     finally:
         await ranks.close()
         await running.runtime.shutdown()
@@ -119,5 +120,6 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
 
         hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1,
                           started_at=time.time())  # fmt: skip
-        await bus.publish(subjects.hello(job, 0), hello)  # the job starts over
+        await bus.publish(subjects.hello(job, 0), hello)  # the job starts over: as an
+        await bus.request(subjects.register(job), t.spec, RegisterReply)  # agent does
         await wait_for(lambda: job in controller.jobs, what="the job live again")

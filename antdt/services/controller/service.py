@@ -39,6 +39,7 @@ from antdt.schemas import (
 )
 from antdt.services.controller.blocklist import Blocklist
 from antdt.services.controller.executor import Executor, JobState
+from antdt.services.controller.hellos import RankHellos, learn_hello
 from antdt.services.controller.policies import load_policy
 from antdt.services.controller.policies.base import AdjustBatchAction, Policy
 from antdt.services.controller.proposals import ProposalDesk
@@ -94,6 +95,7 @@ class ControllerService:
         )
         self.jobs: dict[str, JobState] = {}
         self._ended: dict[str, None] = {}  # jobs whose ranks all exited, oldest first
+        self.hellos = RankHellos(store, self.keys, self.ownership)
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
@@ -132,6 +134,7 @@ class ControllerService:
     async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
         if self.subjects.job_of(delivery.subject) != spec.job:
             raise Rejected("bad_request", "job does not match the subject")
+        self._ended.pop(spec.job, None)  # registering again: the job runs again
         try:
             self._policy(spec.policy)  # an unknown policy is refused before anything is stored
         except ValueError as exc:
@@ -185,8 +188,11 @@ class ControllerService:
         return [j for j in await live_jobs(self.store, self.keys) if j not in self._ended]
 
     async def _claim(self, job: str) -> None:
+        """Registration claims the job, and loads its state with the hellos its ranks
+        said before (a rank says hello first, then registers)."""
         if not self.ownership.owns(job):
             await self.ownership.try_acquire(job)
+        await self._state(job)
 
     async def _give_up(self, job: str) -> None:
         """An ended job needs no owner (its registration makes it claimed again)."""
@@ -217,6 +223,8 @@ class ControllerService:
         state = JobState(spec=spec[0], plan=plan[0], plan_revision=plan[1])
         if ledger is not None:
             state.restarts, state.restarts_revision = ledger
+        for hello in await self.hellos.load(job):
+            learn_hello(state, hello)
         # A takeover (or a restart of this replica): finish what was in flight.
         state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
         self.jobs.setdefault(job, state)
@@ -225,14 +233,15 @@ class ControllerService:
     # -- events (owner only) -----------------------------------------------------------------------
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
+        if delivery.subject != self.subjects.hello(hello.job, hello.rank):
+            raise Rejected("bad_request", "job or rank does not match the subject")
         self._ended.pop(hello.job, None)
-        state = await self._state(hello.job)
-        if state is None or hello.rank >= state.spec.world_size:
+        if not self.hellos.remember(hello):
             return
-        state.hosts[hello.rank] = hello.host
-        state.started[hello.rank] = hello.started_at
-        if hello.max_local_batch is not None:
-            state.memory_caps[hello.rank] = hello.max_local_batch
+        state = await self._state(hello.job)  # loading it learns (and stores) the hello
+        if state is not None and state.started.get(hello.rank) != hello.started_at:
+            learn_hello(state, hello)
+            await self.hellos.save(hello)
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
         state = await self._state(health.job)

@@ -1,0 +1,103 @@
+"""What each rank's latest process said of itself (RankHello): host, start, memory cap.
+
+The controller needs them to plan (a memory cap bounds a rank's local batch, or its
+micro-batch) and to restart (the host to avoid). They must outlive the replica that
+heard them, and be known before anyone owns the job:
+
+  * every replica keeps, in memory, the latest hello of every rank of every job it heard
+    (owned or not): a rank says hello *before* it registers, so on a new job nobody owns
+    the job yet when its first hellos arrive;
+  * the owner stores each hello at `jobs/{job}/ranks/{rank}` (fenced by its ownership,
+    so no one else writes them, and nothing is written for a job that was never
+    registered), and a replica loading a job's state (at registration, after a claim, on
+    a takeover, after its own restart) reads them back, merged with what it heard:
+    the hello of the newest process wins, and one heard but not yet stored is stored.
+"""
+
+from __future__ import annotations
+
+import structlog
+from pydantic import ValidationError
+
+from antdt.runtime.ownership import Ownership
+from antdt.runtime.store import Put, Store
+from antdt.schemas import Keys, RankHello
+from antdt.services.controller.executor import JobState
+
+log = structlog.get_logger("antdt.controller.hellos")
+#: Jobs whose hellos a replica keeps in memory (the least recently heard from go first).
+MAX_JOBS = 4096
+
+
+class RankHellos:
+    def __init__(self, store: Store, keys: Keys, ownership: Ownership) -> None:
+        self.store = store
+        self.keys = keys
+        self.ownership = ownership
+        self._heard: dict[str, dict[int, RankHello]] = {}  # job -> rank -> latest
+
+    def remember(self, hello: RankHello) -> bool:
+        """Keep `hello` as its rank's latest; False if a newer process already said one."""
+        ranks = self._heard.pop(hello.job, {})  # re-inserted: most recently heard from
+        self._heard[hello.job] = ranks
+        while len(self._heard) > MAX_JOBS:
+            del self._heard[next(iter(self._heard))]
+        known = ranks.get(hello.rank)
+        if known is not None and known.started_at > hello.started_at:
+            return False
+        ranks[hello.rank] = hello
+        return True
+
+    async def load(self, job: str) -> list[RankHello]:
+        """The latest hello of each rank of `job`, stored or heard; the heard ones that
+        are newer than the stored are stored (by the owner only)."""
+        newest = dict(await self._stored(job))
+        unsaved = []
+        for rank, hello in self._heard.get(job, {}).items():
+            stored = newest.get(rank)
+            if stored is None or hello.started_at > stored.started_at:
+                newest[rank] = hello
+                unsaved.append(hello)
+        for hello in unsaved:
+            await self.save(hello)
+        return [newest[rank] for rank in sorted(newest)]
+
+    async def save(self, hello: RankHello) -> None:
+        """Store `hello` if we own its job (a lost race or etcd away: logged, the next
+        owner stores what it heard)."""
+        key = self.keys.rank_hello(hello.job, hello.rank)
+        try:
+            result = await self.store.txn(
+                [self.ownership.fence(hello.job)], [Put(key, hello.model_dump_json().encode())]
+            )
+        except Exception as exc:
+            log.warning("hello not stored", job=hello.job, rank=hello.rank, error=str(exc))
+            return
+        if not result.succeeded:
+            log.info("hello not stored: job not ours", job=hello.job, rank=hello.rank)
+
+    async def _stored(self, job: str) -> dict[int, RankHello]:
+        found: dict[int, RankHello] = {}
+        for item in await self.store.get_prefix(self.keys.rank_hellos(job)):
+            try:
+                hello = RankHello.model_validate_json(item.value)
+            except ValidationError:
+                log.warning("stored hello unreadable; ignored", key=item.key)
+                continue
+            if hello.job == job and item.key == self.keys.rank_hello(job, hello.rank):
+                found[hello.rank] = hello
+        return found
+
+
+def learn_hello(state: JobState, hello: RankHello) -> None:
+    """What a rank's (latest) process said of itself: its host, start and memory cap (the
+    cap describes that process's device: none said means none known)."""
+    rank = hello.rank
+    if rank >= state.spec.world_size or hello.world_size != state.spec.world_size:
+        return
+    state.hosts[rank] = hello.host
+    state.started[rank] = hello.started_at
+    if hello.max_local_batch is not None:
+        state.memory_caps[rank] = hello.max_local_batch
+    else:
+        state.memory_caps.pop(rank, None)
