@@ -12,6 +12,7 @@ from rich.console import Console
 
 from antdt.cli_actions import actions
 from antdt.cli_blocklist import blocklist_app
+from antdt.cli_jobs import jobs_app
 from antdt.cli_shards import shards_app
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
@@ -19,6 +20,7 @@ schemas_app = typer.Typer(no_args_is_help=True, help="The wire contract.")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(shards_app, name="shards")
 app.add_typer(blocklist_app, name="blocklist")
+app.add_typer(jobs_app, name="jobs")
 app.command()(actions)
 console = Console(stderr=True)
 

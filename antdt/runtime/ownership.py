@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -135,16 +135,6 @@ class Ownership:
         self._owned = {}
         if self._lease is not None:
             await self._lease.revoke()
-
-
-async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[str]:
-    """Jobs registered (a spec), and `also` these, that have not ended (no `ended` key),
-    sorted: the ones worth claiming. A finished job's keys stay in etcd for its history,
-    but nobody owns it: claim rounds and ownership slots grow with live jobs only."""
-    found = await store.get_prefix(keys.jobs(), keys_only=True)
-    registered = {job for job in (keys.job_of_spec_key(f.key) for f in found) if job}
-    ended = {job for job in (keys.job_of_ended_key(f.key) for f in found) if job}
-    return sorted((registered | set(also)) - ended)
 
 
 async def claim_loop(

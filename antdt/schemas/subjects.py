@@ -97,6 +97,10 @@ class Keys:
     def jobs(self) -> str:
         return f"{self.prefix}jobs/"
 
+    def job(self, job: str) -> str:
+        """Prefix of every key of one job."""
+        return f"{self.prefix}jobs/{job}/"
+
     def spec(self, job: str) -> str:
         return f"{self.prefix}jobs/{job}/spec"
 

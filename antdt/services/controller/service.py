@@ -10,6 +10,7 @@ owner left in flight (`Restarter.resume`). Every replica follows the host blockl
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import structlog
@@ -17,8 +18,9 @@ from pydantic import Field
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.jobs import expired, live_jobs, read_ended, remove_job, scan_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop, live_jobs
+from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Compare, Delete, Get, Put, Store
 from antdt.runtime.tracing import DecisionTraces
 from antdt.schemas import (
@@ -50,6 +52,8 @@ SERVICE = "controller"
 QUEUE_GROUP = "antdt-controller"
 #: Ended jobs remembered (so late events do not load them again), at most.
 MAX_ENDED = 4096
+#: Seconds between sweeps for ended jobs past their retention, at most.
+RETENTION_SWEEP_S = 3600.0
 
 
 class ControllerSettings(ServiceSettings):
@@ -67,6 +71,13 @@ class ControllerSettings(ServiceSettings):
         ge=0,
         description="Seconds a host stays on the blocklist after a KILL_RESTART moved a rank "
         "off it; 0: until an operator allows it again (antdt blocklist allow)",
+    )
+    job_retention_s: float = Field(
+        default=7 * 86400,
+        ge=0,
+        description="Seconds an ended job's keys (spec, plan, ledger and its checkpoints, "
+        "restart ledger, rank hellos) stay in etcd after it ended; 0: kept for good "
+        "(antdt jobs remove deletes one)",
     )
 
 
@@ -122,6 +133,8 @@ class ControllerService:
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
         runtime.spawn("blocklist-sweep", self.blocklist.sweep_expired(self.store, self.keys))
+        if self.settings.job_retention_s > 0:
+            runtime.spawn("job-retention", self._remove_old_jobs())
         runtime.spawn(
             "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
         )
@@ -193,6 +206,22 @@ class ControllerService:
         if not self.ownership.owns(job):
             await self.ownership.try_acquire(job)
         await self._state(job)
+
+    async def _remove_old_jobs(self) -> None:
+        """Run as a task: remove the keys of jobs ended `job_retention_s` ago. Every
+        replica sweeps (each removal holds only if the job's `ended` key is unchanged, so
+        two replicas never remove twice, and a job registered again is never removed)."""
+        retention_s = self.settings.job_retention_s
+        interval_s = min(max(retention_s / 4, 0.1), RETENTION_SWEEP_S)
+        while True:
+            try:
+                scanned = await scan_jobs(self.store, self.keys)
+                ended = await read_ended(self.store, self.keys, scanned.ended)
+                for record in expired(ended, time.time(), retention_s):
+                    await remove_job(self.store, self.keys, record)
+            except Exception as exc:  # etcd away: the next sweep
+                log.info("job retention sweep failed", error=repr(exc))
+            await asyncio.sleep(interval_s)
 
     async def _give_up(self, job: str) -> None:
         """An ended job needs no owner (its registration makes it claimed again)."""

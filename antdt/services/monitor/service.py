@@ -26,8 +26,9 @@ from pydantic import Field
 from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.jobs import live_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop, live_jobs
+from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.store import Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (

@@ -1,0 +1,94 @@
+"""Jobs as etcd sees them: which are registered, which ended and when, and the removal
+of an ended job's keys (its retention).
+
+A job's keys all live under `jobs/{job}/`: spec, plan, ledger and its checkpoint
+snapshots, restart ledger, rank hellos, and `ended` once every rank exited (the monitor
+writes the job's last health there). Nothing else deletes them, so without a retention
+etcd grows with every job ever run until it hits its space quota and refuses all writes.
+Shared by the controller (the sweep) and the CLI (`antdt jobs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import structlog
+from pydantic import ValidationError
+
+from antdt.runtime.store import Compare, Delete, Store
+from antdt.schemas import JobHealth, Keys
+
+log = structlog.get_logger("antdt.jobs")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """An ended job: when (its last health's time, Unix seconds), at which step, and the
+    mod revision of its `ended` key (a removal holds only while that key is unchanged)."""
+
+    job: str
+    at: float
+    step: int
+    revision: int
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """What one prefix scan of `jobs/` says: the registered jobs, and the ended ones."""
+
+    registered: frozenset[str]
+    ended: frozenset[str]
+
+
+async def scan_jobs(store: Store, keys: Keys) -> JobKeys:
+    found = await store.get_prefix(keys.jobs(), keys_only=True)
+    registered = {job for job in (keys.job_of_spec_key(f.key) for f in found) if job}
+    ended = {job for job in (keys.job_of_ended_key(f.key) for f in found) if job}
+    return JobKeys(frozenset(registered), frozenset(ended))
+
+
+async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[str]:
+    """Jobs registered (a spec), and `also` these, that have not ended, sorted: the ones
+    worth claiming. An ended job's keys stay in etcd for its history (until its
+    retention), but nobody owns it: claim rounds and ownership slots grow with live jobs
+    only."""
+    scanned = await scan_jobs(store, keys)
+    return sorted((scanned.registered | set(also)) - scanned.ended)
+
+
+async def read_ended(store: Store, keys: Keys, jobs: Iterable[str]) -> list[Ended]:
+    """The `ended` records of `jobs` (those gone meanwhile are left out; an unreadable
+    one counts as ended at time 0, so that a retention removes it)."""
+    records = []
+    for job in sorted(jobs):
+        stored = await store.get(keys.ended(job))
+        if stored is None:
+            continue
+        try:
+            health = JobHealth.model_validate_json(stored.value)
+            at, step = health.at, health.step
+        except ValidationError:
+            log.warning("ended record unreadable", job=job)
+            at, step = 0.0, 0
+        records.append(Ended(job, at, step, stored.mod_revision))
+    return records
+
+
+def expired(records: Iterable[Ended], now: float, retention_s: float) -> list[Ended]:
+    """The jobs ended at least `retention_s` before `now` (none when retention_s <= 0:
+    kept for good)."""
+    if retention_s <= 0:
+        return []
+    return [r for r in records if now - r.at >= retention_s]
+
+
+async def remove_job(store: Store, keys: Keys, record: Ended) -> bool:
+    """Delete every key of the ended job, only if its `ended` key is still the one read
+    (registering the job again deletes it: a job run again is never removed)."""
+    result = await store.txn(
+        [Compare.mod_is(keys.ended(record.job), record.revision)],
+        [Delete(keys.job(record.job), prefix=True)],
+    )
+    if result.succeeded:
+        log.info("ended job removed", job=record.job, ended_at=record.at, step=record.step)
+    return result.succeeded
