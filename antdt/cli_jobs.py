@@ -32,6 +32,7 @@ class JobRow:
     ended_at: float | None  # None: live
     ended_step: int
     owners: dict[str, str]  # service -> replica
+    finished: bool = True  # its data: ledger complete, or none
 
 
 def jobs_table(rows: list[JobRow], now: float, retention_s: float) -> Table:
@@ -59,6 +60,8 @@ def _state(row: JobRow, now: float, retention_s: float) -> Text:
         return Text("live", style="green")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.ended_at))
     text = f"ended {when} at step {row.ended_step}"
+    if not row.finished:
+        return Text(text + " (data unfinished: kept)", style="yellow")
     if retention_s > 0:
         left_h = max(0.0, row.ended_at + retention_s - now) / 3600
         text += f" (removed in {left_h:.0f}h)"
@@ -97,7 +100,8 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
                 spec = None
             record = ended.get(job)
             rows.append(JobRow(job, spec, record.at if record else None,
-                               record.step if record else 0, owners.get(job, {})))  # fmt: skip
+                               record.step if record else 0, owners.get(job, {}),
+                               record.finished if record else True))  # fmt: skip
         return rows
     finally:
         await store.close()

@@ -9,6 +9,7 @@ Shared by the controller (the sweep) and the CLI (`antdt jobs`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,13 +24,16 @@ log = structlog.get_logger("antdt.jobs")
 
 @dataclass(frozen=True)
 class Ended:
-    """An ended job: when (its last health's time, Unix seconds), at which step, and the
-    mod revision of its `ended` key (a removal holds only while that key is unchanged)."""
+    """An ended job: when (its last health's time, Unix seconds), at which step, the mod
+    revision of its `ended` key (a removal holds only while that key is unchanged), and
+    whether its data is finished: its ledger complete, or no ledger at all. Ranks that
+    closed before the end leave an unfinished ledger, which a later run may restore."""
 
     job: str
     at: float
     step: int
     revision: int
+    finished: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,16 +74,30 @@ async def read_ended(store: Store, keys: Keys, jobs: Iterable[str]) -> list[Ende
         except ValidationError:
             log.warning("ended record unreadable", job=job)
             at, step = 0.0, 0
-        records.append(Ended(job, at, step, stored.mod_revision))
+        finished = await _ledger_finished(store, keys, job)
+        records.append(Ended(job, at, step, stored.mod_revision, finished))
     return records
 
 
+async def _ledger_finished(store: Store, keys: Keys, job: str) -> bool:
+    """No ledger, or one whose `complete` flag is set. Read as plain JSON (the ledger's
+    model belongs to the shards service); an unreadable one counts as unfinished."""
+    stored = await store.get(keys.ledger(job))
+    if stored is None:
+        return True
+    try:
+        return json.loads(stored.value).get("complete") is True
+    except (ValueError, AttributeError):
+        return False
+
+
 def expired(records: Iterable[Ended], now: float, retention_s: float) -> list[Ended]:
-    """The jobs ended at least `retention_s` before `now` (none when retention_s <= 0:
-    kept for good)."""
+    """The finished jobs ended at least `retention_s` before `now` (none when
+    retention_s <= 0: kept for good). An unfinished one is kept: a later run of the job
+    restores its ledger from a checkpoint (`antdt jobs remove` deletes it by hand)."""
     if retention_s <= 0:
         return []
-    return [r for r in records if now - r.at >= retention_s]
+    return [r for r in records if r.finished and now - r.at >= retention_s]
 
 
 async def remove_job(store: Store, keys: Keys, record: Ended) -> bool:

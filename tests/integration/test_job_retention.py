@@ -66,7 +66,9 @@ async def test_an_ended_job_is_removed_after_its_retention_but_not_one_run_again
     keys = Keys(settings.etcd.key_prefix)
     await run_and_end(bus, "gone")
     await run_and_end(bus, "again")
-    for job in ("gone", "again"):
+    await run_and_end(bus, "paused")  # its ranks closed mid-epoch: a later run resumes it
+    await store.put(keys.ledger("paused"), b'{"job": "paused", "epoch": 0, "complete": false}')
+    for job in ("gone", "again", "paused"):
         await wait_for(lambda j=job: store.get(keys.ended(j)), what=f"{job} ended")
     [seen] = await read_ended(store, keys, ["again"])
     await bus.request(Subjects(bus.settings.subject_prefix).register("again"), spec("again"),
@@ -82,11 +84,15 @@ async def test_an_ended_job_is_removed_after_its_retention_but_not_one_run_again
     await asyncio.sleep(RETENTION_S)  # two more sweeps
     remaining = await keys_of(store, keys, "again")
     assert keys.spec("again") in remaining and keys.plan("again") in remaining
+    assert keys.ledger("paused") in await keys_of(store, keys, "paused")
 
 
-def test_the_retention_keeps_jobs_ended_less_long_ago_and_zero_keeps_them_all() -> None:
-    records = [Ended("old", at=100.0, step=9, revision=5), Ended("new", at=190.0, step=9,
-                                                                  revision=6)]  # fmt: skip
+def test_the_retention_keeps_recent_and_unfinished_jobs_and_zero_keeps_them_all() -> None:
+    records = [
+        Ended("old", at=100.0, step=9, revision=5),
+        Ended("new", at=190.0, step=9, revision=6),
+        Ended("unfinished", at=100.0, step=9, revision=7, finished=False),
+    ]
     assert [r.job for r in expired(records, now=200.0, retention_s=50.0)] == ["old"]
     assert expired(records, now=200.0, retention_s=0.0) == []
 
@@ -99,15 +105,20 @@ async def test_the_cli_lists_live_and_ended_jobs_and_removes_only_an_ended_one(
     try:
         keys = Keys(settings.etcd.key_prefix)
         await run_and_end(bus, "done")
+        await run_and_end(bus, "paused")
+        await store.put(keys.ledger("paused"), b'{"complete": false}')
         await bus.request(Subjects(bus.settings.subject_prefix).register("busy"), spec("busy"),
                           RegisterReply)  # fmt: skip
-        await wait_for(lambda: store.get(keys.ended("done")), what="done ended")
+        for job in ("done", "paused"):
+            await wait_for(lambda j=job: store.get(keys.ended(j)), what=f"{job} ended")
         env = {"ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
                "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix, "COLUMNS": "250"}  # fmt: skip
         runner = CliRunner()
         listed = await asyncio.to_thread(runner.invoke, app, ["jobs", "list"], env=env)
         assert listed.exit_code == 0, listed.output
-        assert "jobs: 1 live, 1 ended" in listed.output and "at step 2" in listed.output
+        assert "jobs: 1 live, 2 ended" in listed.output and "at step 2" in listed.output
+        paused_row = next(line for line in listed.output.splitlines() if "paused" in line)
+        assert "data unfinished" in paused_row
         busy_row = next(line for line in listed.output.splitlines() if "busy" in line)
         assert "live" in busy_row and "controller=" in busy_row
         refused = await asyncio.to_thread(runner.invoke, app, ["jobs", "remove", "busy"], env=env)
