@@ -13,14 +13,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from antdt.cli_etcd import EtcdOpt, connected, etcd_settings
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import BlocklistEntry, Keys
 
 blocklist_app = typer.Typer(no_args_is_help=True, help=__doc__)
 out = Console()
-EtcdOpt = Annotated[
-    str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
-]
 #: One row: the host, and its entry (None: a value that is not a BlocklistEntry).
 Row = tuple[str, BlocklistEntry | None]
 
@@ -51,24 +49,12 @@ def blocklist_table(rows: list[Row], now: float) -> Table:
     return table
 
 
-def _settings(etcd_endpoint: str | None) -> ServiceSettings:
-    settings = ServiceSettings()
-    if etcd_endpoint:
-        settings.etcd.endpoint = etcd_endpoint
-    return settings
-
-
 async def read_blocklist(settings: ServiceSettings) -> list[Row]:
     from pydantic import ValidationError
 
-    from antdt.runtime.store import Store
-
     keys = Keys(settings.etcd.key_prefix)
-    store = await Store(settings.etcd).connect(retry_for_s=5.0)
-    try:
+    async with connected(settings) as store:
         items = await store.get_prefix(keys.blocklists())
-    finally:
-        await store.close()
     rows: list[Row] = []
     for item in items:
         host = keys.host_of_blocklist_key(item.key)
@@ -83,19 +69,14 @@ async def read_blocklist(settings: ServiceSettings) -> list[Row]:
 
 async def allow_host(settings: ServiceSettings, host: str) -> bool:
     """Delete `blocklist/{host}`; False if it was not there."""
-    from antdt.runtime.store import Store
-
-    store = await Store(settings.etcd).connect(retry_for_s=5.0)
-    try:
+    async with connected(settings) as store:
         return await store.delete(Keys(settings.etcd.key_prefix).blocklist(host))
-    finally:
-        await store.close()
 
 
 @blocklist_app.command("list")
 def list_command(etcd_endpoint: EtcdOpt = None) -> None:
     """Every blocklisted host: until when, since when, and the restart that put it there."""
-    settings = _settings(etcd_endpoint)
+    settings = etcd_settings(etcd_endpoint)
     try:
         rows = asyncio.run(read_blocklist(settings))
     except Exception as exc:
@@ -109,7 +90,7 @@ def allow_command(
     etcd_endpoint: EtcdOpt = None,
 ) -> None:
     """Take HOST off the blocklist now: restarts may place ranks on it again."""
-    settings = _settings(etcd_endpoint)
+    settings = etcd_settings(etcd_endpoint)
     try:
         removed = asyncio.run(allow_host(settings, host))
     except Exception as exc:

@@ -14,14 +14,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from antdt.cli_etcd import EtcdOpt, connected, etcd_settings
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import JobSpec, Keys
 
 jobs_app = typer.Typer(no_args_is_help=True, help=__doc__)
 out = Console()
-EtcdOpt = Annotated[
-    str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
-]
 SERVICES = ("monitor", "controller", "shards")
 
 
@@ -68,22 +66,13 @@ def _state(row: JobRow, now: float, retention_s: float) -> Text:
     return Text(text, style="dim")
 
 
-def _settings(etcd_endpoint: str | None) -> ServiceSettings:
-    settings = ServiceSettings()
-    if etcd_endpoint:
-        settings.etcd.endpoint = etcd_endpoint
-    return settings
-
-
 async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
     from pydantic import ValidationError
 
     from antdt.runtime.jobs import read_ended, scan_jobs
-    from antdt.runtime.store import Store
 
     keys = Keys(settings.etcd.key_prefix)
-    store = await Store(settings.etcd).connect(retry_for_s=5.0)
-    try:
+    async with connected(settings) as store:
         scanned = await scan_jobs(store, keys)
         ended = {r.job: r for r in await read_ended(store, keys, scanned.ended)}
         owners: dict[str, dict[str, str]] = {}
@@ -103,18 +92,14 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
                                record.step if record else 0, owners.get(job, {}),
                                record.finished if record else True))  # fmt: skip
         return rows
-    finally:
-        await store.close()
 
 
 async def remove_ended_job(settings: ServiceSettings, job: str) -> str | None:
     """Delete the ended `job`'s keys; None when done, else why not."""
     from antdt.runtime.jobs import read_ended, remove_job
-    from antdt.runtime.store import Store
 
     keys = Keys(settings.etcd.key_prefix)
-    store = await Store(settings.etcd).connect(retry_for_s=5.0)
-    try:
+    async with connected(settings) as store:
         if await store.get(keys.spec(job)) is None:
             return f"job {job} is not registered"
         records = await read_ended(store, keys, [job])
@@ -123,8 +108,6 @@ async def remove_ended_job(settings: ServiceSettings, job: str) -> str | None:
         if not await remove_job(store, keys, records[0]):
             return f"job {job} was registered again meanwhile"
         return None
-    finally:
-        await store.close()
 
 
 @jobs_app.command("list")
@@ -136,7 +119,7 @@ def list_command(
 ) -> None:
     """Every registered job: live or ended (when, at which step), its ranks, policy and
     dataset, and the replica of each service that owns it (ended jobs have none)."""
-    settings = _settings(etcd_endpoint)
+    settings = etcd_settings(etcd_endpoint)
     try:
         rows = asyncio.run(read_jobs(settings))
     except Exception as exc:
@@ -151,7 +134,7 @@ def remove_command(
 ) -> None:
     """Delete every key of an ended JOB now (spec, plan, ledger and its checkpoints,
     restart ledger, hellos). A live job is refused."""
-    settings = _settings(etcd_endpoint)
+    settings = etcd_settings(etcd_endpoint)
     try:
         problem = asyncio.run(remove_ended_job(settings, job))
     except Exception as exc:

@@ -12,15 +12,13 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from antdt.cli_etcd import EtcdOpt
 from antdt.schemas import ReleaseReply, ShardRelease, ShardStatus, ShardStatusRequest, Subjects
 
 shards_app = typer.Typer(help=__doc__)
 out = Console()
 
 NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")]
-EtcdOpt = Annotated[
-    str | None, typer.Option("--etcd-endpoint", help="etcd host:port (else ANTDT_ETCD__ENDPOINT)")
-]
 MetricsOpt = Annotated[
     int | None,
     typer.Option(
