@@ -141,7 +141,8 @@ class Agent:
         self._adopt(reply.spec, reply.plan)
         state = StreamState(
             job=s.job, rank=s.rank, seed=reply.spec.seed, prefetch=s.prefetch,
-            shard_size=reply.spec.shard_size,
+            shard_size=reply.spec.shard_size, global_batch=reply.spec.global_batch,
+            batch_hint=self.plan.local_batch[s.rank],  # the first fetch comes before a take
         )  # fmt: skip
         assert self._thread is not None
         route = ShardRoute(self.subjects, s.job)

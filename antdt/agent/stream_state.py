@@ -41,6 +41,7 @@ class StreamState:
     seed: int
     prefetch: int
     shard_size: int
+    global_batch: int = 0  # samples per step of the whole job (0: unknown)
     epoch: int = 0
     incarnation: int = 0  # set by a restore; fences this process from older ones
     established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
@@ -88,9 +89,14 @@ class StreamState:
             return None
         report = self.unconfirmed + self.pending_done
         self.sending, self.pending_done, self.unconfirmed = report[:MAX_DONE], report[MAX_DONE:], []
+        # The batch of the latest take is this rank's share of the job's consumption,
+        # which bounds what the service reserves for it.
+        share = 0 < self.batch_hint <= self.global_batch
         return ShardFetch(
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
             want=self.want(), incarnation=self.incarnation, held=self.held(),
+            local_batch=self.batch_hint if share else None,
+            global_batch=self.global_batch if share else None,
         )  # fmt: skip
 
     def held(self) -> tuple[ShardRef, ...]:

@@ -78,6 +78,26 @@ class ShardFetch(WireModel):
         max_length=64,
         description="Grants the rank holds and has not finished; None: not said",
     )
+    local_batch: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="Samples per step the rank takes under its current plan; with "
+        "global_batch, its share of the job's consumption, which bounds what the service "
+        "reserves for it (a slow rank with a small batch must not hold the epoch's last "
+        "shards); None: an even share",
+    )
+    global_batch: int | None = Field(
+        default=None, ge=1, le=10_000_000, description="Samples per step of all ranks together"
+    )
+
+    @model_validator(mode="after")
+    def _share(self) -> ShardFetch:
+        if (self.local_batch is None) != (self.global_batch is None):
+            raise ValueError("local_batch and global_batch go together")
+        if self.local_batch is not None and self.local_batch > (self.global_batch or 0):
+            raise ValueError("local_batch exceeds global_batch")
+        return self
 
 
 class FetchStatus(str, Enum):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from antdt.agent.sampling import Cursor, Taken
 from antdt.agent.stream_state import MIN_RETRY_S, StreamState, open_cursors
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
@@ -9,7 +12,8 @@ from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardRe
 
 def state(**kw: int) -> StreamState:
     return StreamState(job="j", rank=0, seed=0, prefetch=kw.get("prefetch", 2),
-                       shard_size=kw.get("shard_size", 4))  # fmt: skip
+                       shard_size=kw.get("shard_size", 4),
+                       global_batch=kw.get("global_batch", 0))  # fmt: skip
 
 
 def g(shard: int, epoch: int = 0, size: int = 4, position: int = 0) -> ShardGrant:
@@ -178,3 +182,24 @@ def test_grants_of_a_lost_reply_sent_again_are_taken_and_the_held_ones_ignored()
     answer(s, reply(FetchStatus.EPOCH_DONE, 0, g(1), g(2), g(3)))
     assert s.take(20, 0, rest) and sorted(rest.ids) == list(range(4, 16))
     assert s.epoch_over(0)
+
+
+def test_a_fetch_says_the_rank_share_of_the_batch_once_known() -> None:
+    s = state(global_batch=1024)
+    first = s.next_fetch()
+    assert first is not None and (first.local_batch, first.global_batch) == (None, None)
+    answer(s, reply(FetchStatus.OK, 0, g(0, size=128)))
+    s.take(33, 0, Taken())  # the plan's local batch
+    later = s.next_fetch(confirm=True)
+    assert later is not None and (later.local_batch, later.global_batch) == (33, 1024)
+    unknown = state()  # no global batch: an even share, as before
+    unknown.take(33, 0, Taken())
+    fetch = unknown.next_fetch()
+    assert fetch is not None and fetch.local_batch is None
+
+
+def test_a_share_must_be_whole_and_within_the_global_batch() -> None:
+    ShardFetch(job="j", rank=0, epoch=0, local_batch=0, global_batch=8)  # a rank left out
+    for bad in ({"local_batch": 4}, {"global_batch": 8}, {"local_batch": 9, "global_batch": 8}):
+        with pytest.raises(ValidationError):
+            ShardFetch(job="j", rank=0, epoch=0, **bad)

@@ -74,11 +74,21 @@ def test_early_answers_need_the_delivery_stored_and_list_dones_not_yet_written()
 
 def test_reservations_thin_out_towards_the_end_and_are_bounded_per_job() -> None:
     work = Work.of(ledger(world=2, shards=400))
-    assert reservation_target(work, 16) == 16
-    assert reservation_target(Work.of(ledger(world=2, shards=40)), 16) == 5  # 40 // 8
-    assert reservation_target(Work.of(ledger(world=64, shards=10**5)), 16) == MAX_RESERVED // 64
-    assert reservation_target(Work.of(ledger(world=1000, shards=10**5)), 16) == 0
-    assert reservation_target(work, 0) == 0
+    assert reservation_target(work, 16, 1 / 2) == 16
+    assert reservation_target(Work.of(ledger(world=2, shards=40)), 16, 1 / 2) == 5  # 40 // 8
+    many = Work.of(ledger(world=64, shards=10**5))
+    assert reservation_target(many, 16, 1 / 64) == MAX_RESERVED // 64
+    assert reservation_target(Work.of(ledger(world=1000, shards=10**5)), 16, 1 / 1000) == 0
+    assert reservation_target(work, 0, 1 / 2) == 0
+
+
+def test_a_rank_with_a_small_share_of_the_batch_reserves_in_proportion() -> None:
+    """lb-bsp gave the straggler 33 of 1024 samples per step: an even share reserved for
+    it would last it longer than the epoch, and everyone would wait for it at the end."""
+    work = Work.of(ledger(world=4, shards=187))
+    assert reservation_target(work, 16, 331 / 1024) == 15  # 187 * 0.32 / 4
+    assert reservation_target(work, 16, 33 / 1024) == 1
+    assert reservation_target(work, 16, 1 / 4) == 11  # no batches said: an even share
 
 
 def test_epoch_done_only_when_nothing_is_left_for_the_rank() -> None:

@@ -191,7 +191,7 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     delivered = lacking[: req.want]
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
     spare = len(lacking) - len(delivered)
-    target = reservation_target(work, reserve)
+    target = reservation_target(work, reserve, consumption_share(req, work))
     reserved = 0
     if spare * 2 < target:  # below half: top up in one go, so one write serves many
         while spare + reserved < target and work.grantable():
@@ -212,14 +212,25 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     return FetchResult(work.state(), work.reply(status, grants), early, reserved)
 
 
-def reservation_target(work: Work, reserve: int) -> int:
-    """Shards to keep reserved for a rank: `reserve`, but never more than a quarter of
-    an even share of what is left to grant, so the end of an epoch is not held back by
-    shards reserved for a slow rank (a reservation is never taken from a live rank), nor
-    more than an even share of MAX_RESERVED."""
+def consumption_share(req: ShardFetch, work: Work) -> float:
+    """The rank's share of the job's consumption: its local batch over the global one
+    when it says them, else an even share of the active ranks."""
+    if req.local_batch is not None and req.global_batch:
+        return req.local_batch / req.global_batch
+    base = work.base
+    return 1 / max(1, base.world_size - len(base.left))
+
+
+def reservation_target(work: Work, reserve: int, share: float) -> int:
+    """Shards to keep reserved for a rank whose consumption `share` of the job is given:
+    `reserve`, but never more than a quarter of its share of what is left to grant, nor
+    its share of MAX_RESERVED. A reservation is never taken back from a live rank, so
+    what a rank holds at the end of an epoch is what every other rank waits for: a slow
+    rank (lb-bsp gave it a small batch) reserved an even share would hold the epoch's
+    last shards for many steps while the others idle."""
     if reserve <= 0:
         return 0
     base = work.base
     grantable = base.num_shards - work.cursor + len(work.requeued)
-    active = max(1, base.world_size - len(base.left))
-    return min(reserve, grantable // (4 * active), MAX_RESERVED // active)
+    # The epsilon keeps an even share exact: 40 * (1/2) / 4 must floor to 5, not 4.
+    return min(reserve, int(grantable * share / 4 + 1e-9), int(MAX_RESERVED * share + 1e-9))
