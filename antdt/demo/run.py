@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from antdt.demo.stats import RunStats, summarize, write_table
 from antdt.demo.watch import JobWatcher
@@ -86,15 +87,20 @@ def _run_job(
     runner = threading.Thread(target=lambda: rc.append(launch(WORLD, command, env=env)))
     started = time.time()
     runner.start()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("{task.fields[info]}"))  # fmt: skip
+    # The summary wraps under the bar rather than squeezing it (a narrow terminal).
+    columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+               TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")))  # fmt: skip
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"policy {policy:7}", total=total_steps, info="")
         while runner.is_alive():
             runner.join(0.25)
             steps = _count_lines(progress_file)
-            bar.update(task, completed=min(steps, total_steps), info=watcher.summary_line())
-        bar.update(task, completed=total_steps, info=watcher.summary_line())
+            # Epoch tails (uneven batches) may add steps to the estimate.
+            bar.update(task, completed=steps, total=max(steps, total_steps),
+                       info=watcher.summary_line())  # fmt: skip
+        steps = _count_lines(progress_file)
+        bar.update(task, completed=steps, total=steps, info=watcher.summary_line())
     watcher.stop()
     if not rc or rc[0] != 0:
         raise RuntimeError(f"training with policy {policy} failed (exit {rc}); see {out}")
