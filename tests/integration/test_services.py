@@ -208,3 +208,27 @@ async def _steps(bus: Bus, subjects: Subjects, steps: range) -> None:
 
 async def _absent(store: Store, key: str) -> bool:
     return await store.get(key) is None
+
+
+async def test_steps_of_unregistered_jobs_claim_nothing_and_are_not_remembered(
+    running: RunningServices, bus: Bus, settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Job ids come off the wire: steps naming jobs nobody registered (a typo, a stray
+    publisher) must not make the monitor own them (owner keys, ownership slots, claim
+    rounds) nor grow what it remembers per job."""
+    from antdt.services.monitor import service as monitor_module
+
+    monkeypatch.setattr(monitor_module, "MAX_PACED", 8)
+    subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
+    monitor = running.by_name["monitor"]
+    store = monitor.store
+    junk = [f"stray{i}" for i in range(20)]
+    for job in junk:
+        await bus.publish(subjects.step(job, 0), step(job, 0, 1))
+    await bus.flush()
+    await wait_for(lambda: monitor.dropped_not_owner >= len(junk), what="the stray steps seen")
+    owned = await store.get_prefix(keys.owners("monitor"), keys_only=True)
+    assert [o.key for o in owned] == []
+    assert not monitor.detectors and not monitor.ownership.jobs
+    assert len(monitor._last_claim) <= 8 and len(monitor._spec_retry_at) <= 8
+    assert await monitor._known_jobs() == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TypeVar
 
 import structlog
 from pydantic import Field
@@ -46,12 +47,16 @@ from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
+V = TypeVar("V")
 SERVICE = "monitor"
 #: How long after a job ended its late step events are dropped (seconds): they were in
 #: flight as it ended; a restarted job's first step comes much later.
 ENDED_GRACE_S = 10.0
 #: Ended jobs remembered for that purpose, at most (the oldest go first).
 MAX_ENDED = 4096
+#: Jobs whose claim and spec reads a replica paces, at most (the least recent go first):
+#: job ids come off the wire, and steps of unregistered jobs must not grow memory.
+MAX_PACED = 4096
 
 
 class MonitorSettings(ServiceSettings):
@@ -86,7 +91,6 @@ class MonitorService:
         self.detectors: dict[str, JobDetector] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
-        self._seen_jobs: set[str] = set()
         self._last_claim: dict[str, float] = {}
         self.traces = IncidentTraces()
         metrics.watch_monitor(self)
@@ -119,7 +123,7 @@ class MonitorService:
         log.info("monitor started", replica=self.settings.replica_id)
 
     async def _known_jobs(self) -> list[str]:
-        return await live_jobs(self.store, self.keys, also=self._seen_jobs)
+        return await live_jobs(self.store, self.keys)
 
     async def _forget(self, job: str) -> None:
         self.detectors.pop(job, None)
@@ -129,12 +133,15 @@ class MonitorService:
         detector = self.detectors.get(job)
         if detector is not None and self.ownership.owns(job):
             return detector
-        if not self.ownership.owns(job) and not await self._claim_now(job):
+        claimed = not self.ownership.owns(job)
+        if claimed and not await self._claim_now(job):
             return None
         if await self._ended_in_store(job):
             return None
         spec = await self._job_spec(job)
         if spec is None:
+            if claimed:  # not registered (yet): claiming it would hold a slot for nothing
+                await self.ownership.release(job)
             return None
         detector = self.detectors[job] = self._new_detector(job, spec)
         self._step_subjects[job] = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
@@ -171,9 +178,9 @@ class MonitorService:
                     "job's monitor params not used; replica defaults", job=job, reason=problem
                 )
             return spec
-        self._spec_retry_at[job] = now + 1.0
+        _put_bounded(self._spec_retry_at, job, now + 1.0)
         if problem is not None and self._spec_problems.get(job) != problem:
-            self._spec_problems[job] = problem
+            _put_bounded(self._spec_problems, job, problem)
             log.warning("job spec unreadable; job not monitored", job=job, reason=problem)
         return None
 
@@ -183,7 +190,7 @@ class MonitorService:
         now = time.monotonic()
         if now - self._last_claim.get(job, -1e9) < 1.0:
             return False
-        self._last_claim[job] = now
+        _put_bounded(self._last_claim, job, now)
         try:
             return await self.ownership.try_acquire(job)
         except Exception as exc:
@@ -199,7 +206,6 @@ class MonitorService:
             if self._late_for_ended_job(job, event.step):
                 self.dropped_ended += 1
                 return
-            self._seen_jobs.add(job)
             detector = await self._detector(job)
             if detector is None:
                 self.dropped_not_owner += 1
@@ -271,11 +277,7 @@ class MonitorService:
         await self.bus.publish(self.subjects.health(hello.job), detector.health(now))
 
     def _remember_ended(self, job: str, step: int) -> None:
-        self._ended.pop(job, None)
-        self._ended[job] = (time.monotonic(), step)
-        while len(self._ended) > MAX_ENDED:
-            del self._ended[next(iter(self._ended))]
-        self._seen_jobs.discard(job)
+        _put_bounded(self._ended, job, (time.monotonic(), step), MAX_ENDED)
 
     def _late_for_ended_job(self, job: str, step: int) -> bool:
         ended = self._ended.get(job)
@@ -328,3 +330,12 @@ class MonitorService:
                     await self.bus.publish(self.subjects.health(job), detector.health(now))
                 except Exception as exc:
                     log.warning("health publish failed", job=job, error=str(exc))
+
+
+def _put_bounded(table: dict[str, V], job: str, value: V, cap: int | None = None) -> None:
+    """Set `table[job]` as its most recent entry, dropping the least recent beyond `cap`
+    (MAX_PACED by default)."""
+    table.pop(job, None)
+    table[job] = value
+    while len(table) > (MAX_PACED if cap is None else cap):
+        del table[next(iter(table))]
