@@ -18,7 +18,7 @@ import pytest
 from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
-from antdt.schemas import ActionRecord, ActionResult, RankHello, Subjects
+from antdt.schemas import ActionRecord, ActionResult, RankHello, StepEvent, Subjects
 from tests.e2e.conftest import start_services
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
@@ -51,6 +51,15 @@ def restart_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str
     return env
 
 
+def compute_speed(steps: list[StepEvent], first: int, last: int) -> float:
+    """Median samples per compute-second of ranks 0-2 (never slowed) over steps
+    [first, last]: the machine's speed then."""
+    window = [e for e in steps if e.rank < 3 and first <= e.step <= last]
+    rates = [e.samples / e.compute_s for e in window if e.samples and e.compute_s > 0]
+    assert len(rates) >= 5, (first, last, len(rates))
+    return statistics.median(rates)
+
+
 def throughput(progress: list[dict[str, float]], first: int, last: int) -> float:
     """Samples per second over steps [first, last] of rank 0's progress records: the
     upper quartile of the per-step rates. The machine (the suite's own servers share its
@@ -73,15 +82,20 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     subjects = Subjects(settings.nats.subject_prefix)
     actions: list[ActionRecord] = []
     hellos: list[RankHello] = []
+    steps: list[StepEvent] = []
 
     async def on_action(record: ActionRecord, _: Delivery) -> None:
         actions.append(record)
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        steps.append(event)
 
     async def on_hello(hello: RankHello, _: Delivery) -> None:
         hellos.append(hello)
 
     await bus.subscribe(subjects.action(job), ActionRecord, on_action)
     await bus.subscribe(subjects.hello(job, "*"), RankHello, on_hello)
+    await bus.subscribe(subjects.step(job, "*"), StepEvent, on_step)
     await bus.flush()
     running = await start_services(settings, window=WINDOW)
     try:
@@ -129,12 +143,18 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     before = throughput(progress, 5, ONSET - 1)
     last_step = max(r["step"] for r in progress)
     after = throughput(progress, restart.effective_step + 6, last_step)
+    # The machine's own speed moves during a run (the suite's servers and the VM's
+    # neighbours share its cores): once it ran 17% slower across every step after the
+    # restart. Ranks 0-2 never straggle, so their compute speed is the machine's.
+    machine = compute_speed(steps, restart.effective_step + 6, last_step) / compute_speed(
+        steps, 5, ONSET - 1
+    )
     print(f"throughput: before onset {before:.0f}/s, after restart {after:.0f}/s "
-          f"({after / before:.2f})")  # fmt: skip
+          f"({after / before:.2f}; the machine at {machine:.2f} of its speed before)")  # fmt: skip
     # With rank 3 planned as healthy (checked above), what is left between the two figures
-    # is the machine and any leader's share: 0.89-1.07 across runs here. A job still
+    # is any leader's share: 0.89-1.07 across runs here (machine included). A job still
     # behind the straggler, only batch-adjusted, runs at about 0.75.
-    assert after >= 0.85 * before
+    assert after >= 0.85 * before * min(machine, 1.0)
 
     # 5. and every sample of every epoch reached the final model exactly once
     assert exactly_once_problems(lines, DATASET, EPOCHS) == []
