@@ -42,6 +42,7 @@ class StreamState:
     prefetch: int
     shard_size: int
     global_batch: int = 0  # samples per step of the whole job (0: unknown)
+    say_share: bool = True  # False once a service too old for the batch fields refused them
     epoch: int = 0
     incarnation: int = 0  # set by a restore; fences this process from older ones
     established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
@@ -91,7 +92,7 @@ class StreamState:
         self.sending, self.pending_done, self.unconfirmed = report[:MAX_DONE], report[MAX_DONE:], []
         # The batch of the latest take is this rank's share of the job's consumption,
         # which bounds what the service reserves for it.
-        share = 0 < self.batch_hint <= self.global_batch
+        share = self.say_share and 0 < self.batch_hint <= self.global_batch
         return ShardFetch(
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
             want=self.want(), incarnation=self.incarnation, held=self.held(),
@@ -109,6 +110,10 @@ class StreamState:
         """A refusal: final for a process of another incarnation or a removed rank."""
         if code in FATAL_CODES:
             self.fatal = f"{code}: {reason}"
+        elif code == "bad_request" and ("local_batch" in reason or "global_batch" in reason):
+            # A shards service of an earlier version, which knows no batch share: ask as
+            # before (an even share is reserved for this rank).
+            self.say_share = False
         self.on_failure()
 
     def on_failure(self) -> None:

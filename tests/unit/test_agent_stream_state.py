@@ -203,3 +203,17 @@ def test_a_share_must_be_whole_and_within_the_global_batch() -> None:
     for bad in ({"local_batch": 4}, {"global_batch": 8}, {"local_batch": 9, "global_batch": 8}):
         with pytest.raises(ValidationError):
             ShardFetch(job="j", rank=0, epoch=0, **bad)
+
+
+def test_a_service_that_knows_no_batch_share_is_asked_without_it() -> None:
+    """An agent of this version against a shards service of an earlier one, which refuses
+    fields it does not know: one refusal, then the fetch goes without them."""
+    s = state(global_batch=1024)
+    answer(s, reply(FetchStatus.OK, 0, g(0, size=128)))
+    s.take(33, 0, Taken())
+    refused = s.next_fetch(confirm=True)
+    assert refused is not None and refused.local_batch == 33
+    s.on_refused("bad_request", "local_batch: Extra inputs are not permitted")
+    again = s.next_fetch(confirm=True)
+    assert again is not None and (again.local_batch, again.global_batch) == (None, None)
+    assert again.done == refused.done and s.fatal is None
