@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -217,3 +219,14 @@ def test_a_service_that_knows_no_batch_share_is_asked_without_it() -> None:
     again = s.next_fetch(confirm=True)
     assert again is not None and (again.local_batch, again.global_batch) == (None, None)
     assert again.done == refused.done and s.fatal is None
+
+
+def test_a_refused_unknown_field_is_named_in_the_reason() -> None:
+    """What the fallback above reads: the bus names an unknown field in its refusal."""
+    from antdt.runtime.bus import Rejected
+    from antdt.runtime.messages import Decoder
+
+    request = ShardFetch(job="j", rank=0, epoch=0).model_dump()
+    with pytest.raises(Rejected) as refused:
+        Decoder(ShardFetch).decode(json.dumps({**request, "next_field": 1}).encode())
+    assert refused.value.code == "bad_request" and "next_field" in refused.value.reason
