@@ -135,18 +135,17 @@ class HealthWatch:
         )
 
     def assert_followed_the_restart(self) -> None:
-        """The monitor saw the job start over (its health went back from the failed run's
-        last step: health comes once a second, the restarted run may be past that step by
-        then), took in every step of the restarted run, none refused as a step back (they
-        repeat the failed run's steps after the checkpoint), up to the last, and reported
-        no rank of the restarted run stalled."""
+        """The monitor saw the restarted ranks come back (`restarting` from their hellos to
+        their first steps), took in every step of the restarted run, none refused as a
+        step back (they repeat the failed run's steps after the checkpoint), up to the
+        last, and reported no rank stalled once they were back."""
         assert self.detector is not None, "the monitor never watched the job"
         assert self.detector.rejected.get("step_backwards", 0) == 0
-        steps = [h.step for h in self.healths]
-        back = [i for i in range(1, len(steps)) if steps[i] < steps[i - 1]]
-        assert back, f"the monitor's health never went back: {steps}"
-        assert max(steps[back[0] :]) == DATASET // BATCH * EPOCHS - 1
-        stalled = [h.step for h in self.healths[back[0] :] if RankState.STALLED in _states(h)]
+        coming = [i for i, h in enumerate(self.healths) if RankState.RESTARTING in _states(h)]
+        assert coming, f"no rank seen restarting: {[_states(h) for h in self.healths]}"
+        back = self.healths[coming[-1] :]
+        assert max(h.step for h in back) == DATASET // BATCH * EPOCHS - 1
+        stalled = [h.step for h in back if RankState.STALLED in _states(h)]
         assert not stalled, f"stalled after the restart at steps {stalled}"
 
 

@@ -32,9 +32,13 @@ def test_a_job_restarted_from_an_earlier_checkpoint_is_watched_again_from_its_fi
     for rank in range(4):
         detector.rank_started(hello(rank, now), now)
     assert states(detector, now) == [RankState.RESTARTING] * 4
+    assert detector.health(now).step == 199  # until the restarted run's first step
     assert detector.check_stalls(now + LIMIT + GRACE - 1) == []  # starting up takes time
+    _, first = run(Job(4, t0=now + 30), range(150, 151), detector)
+    assert detector.health(now + 31).step == 150  # the job went back to its checkpoint
     # The restarted run steps again from 150, with the old steps' figures.
-    _, transitions = run(Job(4, t0=now + 30), range(150, 260), detector)
+    _, rest = run(Job(4, t0=now + 31), range(151, 260), detector)
+    transitions = first + rest
     assert detector.rejected == {}
     resolved = [i for i in transitions if i.state is IncidentState.RESOLVED]
     assert {(i.rank, i.kind, i.step) for i in resolved} == {

@@ -130,6 +130,9 @@ class JobDetector:
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None
         self._latest_step = 0
+        # A rank restarted (hello) since the last step: the job's next step may be lower
+        # than `_latest_step` (a restart from a checkpoint) and is the job's step then.
+        self._rewind = False
         self._plan_version = 0
         self._incident_counter = 0
         self._open: dict[str, int] = {}  # open incident id -> rank, in opening order
@@ -259,7 +262,7 @@ class JobDetector:
         rank.stats = rank.judgement = None
         rank.streak, rank.streak_kind = 0, None
         rank.exited, rank.exit_step = ExitReason.RESTART, -1  # back at its first step
-        self._latest_step = max(0, *(r.last_step for r in self._ranks))
+        self._rewind = True  # health keeps the last step until the restarted run's first
 
     def _close_on_exit(self, rank: RankMemory, incident: Incident, now: float) -> Incident:
         del self._open[incident.id]
@@ -349,6 +352,8 @@ class JobDetector:
             self._first_seen_at = now
         if step > self._latest_step:
             self._latest_step = step
+        elif self._rewind:
+            self._latest_step, self._rewind = step, False
         if plan > self._plan_version:
             self._plan_version = plan
 
