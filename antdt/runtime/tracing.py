@@ -20,11 +20,10 @@ sender's context while a handler runs. Spans are made with the global tracer pro
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -38,10 +37,10 @@ from opentelemetry.trace import (
 )
 
 from antdt.runtime import metrics
+from antdt.runtime.recent import Recent
 from antdt.schemas import Ack, ActionRecord, ActionResult, Incident, IncidentState, JobHealth
 
 JOB, RANK, INCIDENT, ACTION = "antdt.job", "antdt.rank", "antdt.incident.id", "antdt.action.id"
-V = TypeVar("V")
 
 
 def messaging(subject: str, operation: str, message_id: str | None = None) -> dict[str, Any]:
@@ -74,26 +73,6 @@ def _current() -> SpanContext | None:
     return ctx if ctx.is_valid else None
 
 
-class _Recent(Generic[V]):
-    """A bounded map that forgets its oldest entries."""
-
-    def __init__(self, limit: int) -> None:
-        self._items: OrderedDict[str, V] = OrderedDict()
-        self._limit = limit
-
-    def get(self, key: str) -> V | None:
-        return self._items.get(key)
-
-    def put(self, key: str, value: V) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self._limit:
-            self._items.popitem(last=False)
-
-    def pop(self, key: str) -> V | None:
-        return self._items.pop(key, None)
-
-
 # -- monitor -------------------------------------------------------------------------------
 
 
@@ -104,7 +83,7 @@ class IncidentTraces:
 
     def __init__(self, limit: int = 100_000, *, provider: TracerProvider | None = None) -> None:
         self._tracer = (provider or trace.get_tracer_provider()).get_tracer("antdt.monitor")
-        self._roots: _Recent[SpanContext] = _Recent(limit)
+        self._roots: Recent[SpanContext] = Recent(limit)
 
     @contextmanager
     def transition(self, incident: Incident, subject: str, msg_id: str) -> Iterator[Span]:
@@ -225,7 +204,7 @@ class DecisionTraces:
     ) -> None:
         self.tracer = (provider or trace.get_tracer_provider()).get_tracer("antdt.controller")
         self.effect_steps = effect_steps
-        self._incidents: _Recent[SpanContext] = _Recent(limit)
+        self._incidents: Recent[SpanContext] = Recent(limit)
         self._effects: dict[str, list[_Effect]] = {}  # job -> applied actions not measured
 
     def incident(self, incident: Incident) -> None:

@@ -216,11 +216,10 @@ async def test_steps_of_unregistered_jobs_claim_nothing_and_are_not_remembered(
     """Job ids come off the wire: steps naming jobs nobody registered (a typo, a stray
     publisher) must not make the monitor own them (owner keys, ownership slots, claim
     rounds) nor grow what it remembers per job."""
-    from antdt.services.monitor import service as monitor_module
-
-    monkeypatch.setattr(monitor_module, "MAX_PACED", 8)
     subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
     monitor = running.by_name["monitor"]
+    for table in (monitor._last_claim, monitor._spec_retry_at):
+        monkeypatch.setattr(table, "limit", 8)  # MAX_PACED, made small
     store = monitor.store
     junk = [f"stray{i}" for i in range(20)]
     for job in junk:

@@ -20,6 +20,7 @@ import structlog
 from pydantic import ValidationError
 
 from antdt.runtime.ownership import Ownership
+from antdt.runtime.recent import Recent
 from antdt.runtime.store import Put, Store
 from antdt.schemas import Keys, RankHello
 from antdt.services.controller.executor import JobState
@@ -34,14 +35,12 @@ class RankHellos:
         self.store = store
         self.keys = keys
         self.ownership = ownership
-        self._heard: dict[str, dict[int, RankHello]] = {}  # job -> rank -> latest
+        self._heard: Recent[dict[int, RankHello]] = Recent(MAX_JOBS)  # job -> rank -> latest
 
     def remember(self, hello: RankHello) -> bool:
         """Keep `hello` as its rank's latest; False if a newer process already said one."""
-        ranks = self._heard.pop(hello.job, {})  # re-inserted: most recently heard from
-        self._heard[hello.job] = ranks
-        while len(self._heard) > MAX_JOBS:
-            del self._heard[next(iter(self._heard))]
+        ranks = self._heard.get(hello.job) or {}
+        self._heard.put(hello.job, ranks)  # the job most recently heard from
         known = ranks.get(hello.rank)
         if known is not None and known.started_at > hello.started_at:
             return False
@@ -53,7 +52,7 @@ class RankHellos:
         are newer than the stored are stored (by the owner only)."""
         newest = dict(await self._stored(job))
         unsaved = []
-        for rank, hello in self._heard.get(job, {}).items():
+        for rank, hello in (self._heard.get(job) or {}).items():
             stored = newest.get(rank)
             if stored is None or hello.started_at > stored.started_at:
                 newest[rank] = hello

@@ -21,6 +21,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.jobs import expired, live_jobs, read_ended, remove_job, scan_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.recent import Recent
 from antdt.runtime.store import Compare, Delete, Get, Put, Store
 from antdt.runtime.tracing import DecisionTraces
 from antdt.schemas import (
@@ -105,7 +106,7 @@ class ControllerService:
             blocklist_ttl_s=settings.blocklist_ttl_s,
         )
         self.jobs: dict[str, JobState] = {}
-        self._ended: dict[str, None] = {}  # jobs whose ranks all exited, oldest first
+        self._ended: Recent[None] = Recent(MAX_ENDED)  # jobs whose ranks all exited
         self.hellos = RankHellos(store, self.keys, self.ownership)
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
@@ -147,7 +148,7 @@ class ControllerService:
     async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
         if self.subjects.job_of(delivery.subject) != spec.job:
             raise Rejected("bad_request", "job does not match the subject")
-        self._ended.pop(spec.job, None)  # registering again: the job runs again
+        self._ended.pop(spec.job)  # registering again: the job runs again
         try:
             self._policy(spec.policy)  # an unknown policy is refused before anything is stored
         except ValueError as exc:
@@ -264,7 +265,7 @@ class ControllerService:
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
             raise Rejected("bad_request", "job or rank does not match the subject")
-        self._ended.pop(hello.job, None)
+        self._ended.pop(hello.job)
         if not self.hellos.remember(hello):
             return
         state = await self._state(hello.job)  # loading it learns (and stores) the hello
@@ -281,9 +282,7 @@ class ControllerService:
             # that follow must not load it again. A rank's hello (the job started over)
             # makes it live again.
             self.jobs.pop(health.job, None)
-            self._ended[health.job] = None
-            while len(self._ended) > MAX_ENDED:
-                del self._ended[next(iter(self._ended))]
+            self._ended.put(health.job, None)
             log.info("job ended; state dropped", job=health.job)
             await self._give_up(health.job)
             return

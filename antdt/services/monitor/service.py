@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TypeVar
 
 import structlog
 from pydantic import Field
@@ -30,6 +29,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.jobs import live_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.recent import Recent
 from antdt.runtime.store import Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (
@@ -47,7 +47,6 @@ from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
-V = TypeVar("V")
 SERVICE = "monitor"
 #: How long after a job ended its late step events are dropped (seconds): they were in
 #: flight as it ended; a restarted job's first step comes much later.
@@ -91,15 +90,16 @@ class MonitorService:
         self.detectors: dict[str, JobDetector] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
-        self._last_claim: dict[str, float] = {}
+        # Per job id off the wire, bounded: steps of unregistered jobs must not grow them.
+        self._last_claim: Recent[float] = Recent(MAX_PACED)
         self.traces = IncidentTraces()
         metrics.watch_monitor(self)
-        self._spec_problems: dict[str, str] = {}  # job -> why its spec is unreadable
+        self._spec_problems: Recent[str] = Recent(MAX_PACED)  # job -> why it is unreadable
         # job -> its ranks' step subjects, built with its detector: checking an event's
         # subject is then a lookup and a compare, not a string built per event.
         self._step_subjects: dict[str, tuple[str, ...]] = {}
-        self._spec_retry_at: dict[str, float] = {}  # job -> when to read a missing spec again
-        self._ended: dict[str, tuple[float, int]] = {}  # job -> (when it ended, last step)
+        self._spec_retry_at: Recent[float] = Recent(MAX_PACED)  # job -> when to read it again
+        self._ended: Recent[tuple[float, int]] = Recent(MAX_ENDED)  # job -> (when, last step)
         self.dropped_ended = 0  # late step events of jobs that had ended
 
     async def start(self, runtime: ServiceRuntime) -> None:
@@ -167,20 +167,20 @@ class MonitorService:
         replica defaults, logged). None while there is none or it is unreadable; then it
         is read again at most once a second, and an unreadable one is warned about once."""
         now = time.monotonic()
-        if now < self._spec_retry_at.get(job, 0.0):
+        if now < (self._spec_retry_at.get(job) or 0.0):
             return None
         got = await self.store.get(self.keys.spec(job))
         spec, problem = read_spec(got.value) if got is not None else (None, None)
         if spec is not None:
-            self._spec_retry_at.pop(job, None)
+            self._spec_retry_at.pop(job)
             if problem is not None:
                 log.warning(
                     "job's monitor params not used; replica defaults", job=job, reason=problem
                 )
             return spec
-        _put_bounded(self._spec_retry_at, job, now + 1.0)
+        self._spec_retry_at.put(job, now + 1.0)
         if problem is not None and self._spec_problems.get(job) != problem:
-            _put_bounded(self._spec_problems, job, problem)
+            self._spec_problems.put(job, problem)
             log.warning("job spec unreadable; job not monitored", job=job, reason=problem)
         return None
 
@@ -188,9 +188,10 @@ class MonitorService:
         """First sight of a job: claim it at once rather than at the next claim round,
         at most once a second per job (a non-owner sees every event of the job)."""
         now = time.monotonic()
-        if now - self._last_claim.get(job, -1e9) < 1.0:
+        last = self._last_claim.get(job)
+        if last is not None and now - last < 1.0:
             return False
-        _put_bounded(self._last_claim, job, now)
+        self._last_claim.put(job, now)
         try:
             return await self.ownership.try_acquire(job)
         except Exception as exc:
@@ -267,7 +268,7 @@ class MonitorService:
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
             raise Rejected("bad_request", "job or rank does not match the subject")
-        self._ended.pop(hello.job, None)  # a new run: its steps are not late ones
+        self._ended.pop(hello.job)  # a new run: its steps are not late ones
         detector = self.detectors.get(hello.job)
         if detector is None or not self.ownership.owns(hello.job):
             return  # a job starting: its first step brings it in
@@ -277,7 +278,7 @@ class MonitorService:
         await self.bus.publish(self.subjects.health(hello.job), detector.health(now))
 
     def _remember_ended(self, job: str, step: int) -> None:
-        _put_bounded(self._ended, job, (time.monotonic(), step), MAX_ENDED)
+        self._ended.put(job, (time.monotonic(), step))
 
     def _late_for_ended_job(self, job: str, step: int) -> bool:
         ended = self._ended.get(job)
@@ -286,7 +287,7 @@ class MonitorService:
         at, last_step = ended
         if step <= last_step and time.monotonic() - at < ENDED_GRACE_S:
             return True
-        del self._ended[job]  # a new run of the job
+        self._ended.pop(job)  # a new run of the job
         return False
 
     def _subject_matches(self, subject: str, job: str, rank: int) -> bool:
@@ -330,12 +331,3 @@ class MonitorService:
                     await self.bus.publish(self.subjects.health(job), detector.health(now))
                 except Exception as exc:
                     log.warning("health publish failed", job=job, error=str(exc))
-
-
-def _put_bounded(table: dict[str, V], job: str, value: V, cap: int | None = None) -> None:
-    """Set `table[job]` as its most recent entry, dropping the least recent beyond `cap`
-    (MAX_PACED by default)."""
-    table.pop(job, None)
-    table[job] = value
-    while len(table) > (MAX_PACED if cap is None else cap):
-        del table[next(iter(table))]
