@@ -90,7 +90,7 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
             record = ended.get(job)
             rows.append(JobRow(job, spec, record.at if record else None,
                                record.step if record else 0, owners.get(job, {}),
-                               record.finished if record else True))  # fmt: skip
+                               record is None or record.finished is not False))  # fmt: skip
         return rows
 
 

@@ -10,6 +10,7 @@ Shared by the controller (the sweep) and the CLI (`antdt jobs`)."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,14 +27,15 @@ log = structlog.get_logger("antdt.jobs")
 class Ended:
     """An ended job: when (its last health's time, Unix seconds), at which step, the mod
     revision of its `ended` key (a removal holds only while that key is unchanged), and
-    whether its data is finished: its ledger complete, or no ledger at all. Ranks that
-    closed before the end leave an unfinished ledger, which a later run may restore."""
+    whether its data is finished: its ledger complete, or no ledger at all (None: not
+    read). Ranks that closed before the end leave an unfinished ledger, which a later run
+    may restore."""
 
     job: str
     at: float
     step: int
     revision: int
-    finished: bool = True
+    finished: bool | None = True
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,14 @@ async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[
     return sorted((scanned.registered | set(also)) - scanned.ended)
 
 
-async def read_ended(store: Store, keys: Keys, jobs: Iterable[str]) -> list[Ended]:
+async def read_ended(
+    store: Store, keys: Keys, jobs: Iterable[str], *, ledgers_before: float = math.inf
+) -> list[Ended]:
     """The `ended` records of `jobs` (those gone meanwhile are left out; an unreadable
-    one counts as ended at time 0, so that a retention removes it)."""
+    one counts as ended at time 0, so that a retention removes it). Whether the data
+    finished is read (the ledger: up to a few hundred kB) only for jobs that ended
+    before `ledgers_before`, Unix seconds: a sweep needs it only for those it may
+    remove."""
     records = []
     for job in sorted(jobs):
         stored = await store.get(keys.ended(job))
@@ -74,7 +81,7 @@ async def read_ended(store: Store, keys: Keys, jobs: Iterable[str]) -> list[Ende
         except ValidationError:
             log.warning("ended record unreadable", job=job)
             at, step = 0.0, 0
-        finished = await _ledger_finished(store, keys, job)
+        finished = await _ledger_finished(store, keys, job) if at < ledgers_before else None
         records.append(Ended(job, at, step, stored.mod_revision, finished))
     return records
 
@@ -97,7 +104,7 @@ def expired(records: Iterable[Ended], now: float, retention_s: float) -> list[En
     restores its ledger from a checkpoint (`antdt jobs remove` deletes it by hand)."""
     if retention_s <= 0:
         return []
-    return [r for r in records if r.finished and now - r.at >= retention_s]
+    return [r for r in records if r.finished is True and now - r.at >= retention_s]
 
 
 async def remove_job(store: Store, keys: Keys, record: Ended) -> bool:

@@ -216,9 +216,11 @@ class ControllerService:
         interval_s = min(max(retention_s / 4, 0.1), RETENTION_SWEEP_S)
         while True:
             try:
-                scanned = await scan_jobs(self.store, self.keys)
-                ended = await read_ended(self.store, self.keys, scanned.ended)
-                for record in expired(ended, time.time(), retention_s):
+                scanned, now = await scan_jobs(self.store, self.keys), time.time()
+                ended = await read_ended(
+                    self.store, self.keys, scanned.ended, ledgers_before=now - retention_s
+                )
+                for record in expired(ended, now, retention_s):
                     await remove_job(self.store, self.keys, record)
             except Exception as exc:  # etcd away: the next sweep
                 log.info("job retention sweep failed", error=repr(exc))
