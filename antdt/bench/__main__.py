@@ -22,6 +22,7 @@ from antdt.bench.cases import (
     bench_raw_pubsub,
 )
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
+from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.master import bench_memory_master
 from antdt.bench.shards import (
     bench_ledger_sizes,
@@ -82,6 +83,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         }
     )
     rows += await shards_rows(cluster)
+    rows += await ledger_write_rows(cluster)
     rows += await incident_to_plan_rows(cluster)
     return rows
 
@@ -201,6 +203,39 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+async def ledger_write_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """Bytes a 1,000-rank job's ledger writes put into etcd's history per second, under
+    the default write budget, against the same load unpaced."""
+    ranks, every_s = 1000, 5.0
+    results = {}
+    for name, budget in (("unpaced", 0.0), ("budget", None)):
+        with console.status(f"ledger writes, {ranks} ranks asking every {every_s:.0f} s, {name}"):
+            results[name] = await bench_ledger_writes(
+                cluster, ranks=ranks, every_s=every_s, seconds=8.0, budget=budget
+            )
+        got = results[name]
+        console.print(
+            f"ledger writes, {name}: {got['written_bytes_per_s'] / 1e6:.2f} MB/s into etcd, "
+            f"{got['commits_per_s']:.0f} writes/s for {got['requests_per_s']:.0f} requests/s, "
+            f"fetch p50 {got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f} ms, "
+            f"service CPU {got['service_cpu_share']:.0%}"
+        )
+    paced, unpaced = results["budget"], results["unpaced"]
+    return [
+        {
+            "what": f"ledger bytes/s into etcd's history, {ranks} ranks asking every "
+            f"{every_s:.0f} s, default write budget",
+            "value": paced["written_bytes_per_s"],
+            "p50_ms": paced["p50_ms"],
+            "p99_ms": paced["p99_ms"],
+            "baseline": unpaced["written_bytes_per_s"],
+            "baseline_what": "same load, unpaced",
+            "target": "<= 1 MiB/s (the budget)",
+            "details": {"paced": paced, "unpaced": unpaced},
+        }
+    ]
 
 
 async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:

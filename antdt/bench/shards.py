@@ -169,6 +169,8 @@ async def _serve_replica(settings_json: str, conn: Any) -> None:
             "early": committer.early,
             "apply_s": committer.apply_seconds,
             "store_s": committer.store_seconds,
+            "written_bytes": committer.written_bytes,
+            "budget_waits": committer.budget_waits,
         }
         if command == "go":
             at_go = figures
@@ -179,7 +181,10 @@ async def _serve_replica(settings_json: str, conn: Any) -> None:
 class ShardsReplicas:
     """`count` shards replicas in child processes, against the bench cluster."""
 
-    def __init__(self, cluster: EmbeddedCluster, *, count: int) -> None:
+    def __init__(
+        self, cluster: EmbeddedCluster, *, count: int, settings: dict[str, Any] | None = None
+    ) -> None:
+        """`settings`: ShardsSettings fields to set, beyond the connections."""
         base = ServiceSettings(
             nats=NatsSettings(url=cluster.nats.url, subject_prefix="bench.shards"),
             etcd=EtcdSettings(endpoint=cluster.etcd.endpoint, key_prefix="/bench/shards/"),
@@ -189,11 +194,12 @@ class ShardsReplicas:
         self.nats = base.nats
         self.count = count
         self.server_pids = {"nats": cluster.nats.pid, "etcd": cluster.etcd.pid}
-        settings = [base.model_copy(update={"replica_id": f"bench-shards-{index}"})
-                    for index in range(count)]  # fmt: skip
-        self._children = Children(
-            "a shards replica", [(_replica_process, (s.model_dump_json(),)) for s in settings]
-        )
+        each = [
+            json.dumps({**base.model_dump(mode="json"), **(settings or {}),
+                        "replica_id": f"bench-shards-{index}"})
+            for index in range(count)
+        ]  # fmt: skip
+        self._children = Children("a shards replica", [(_replica_process, (one,)) for one in each])
 
     async def __aenter__(self) -> ShardsReplicas:
         await self._children.started()
@@ -312,6 +318,8 @@ def _commit_figures(counters: dict[str, float], cycles: int) -> dict[str, float]
         "txn_ms_per_commit": counters["store_s"] / max(counters["commits"], 1) * 1000,
         "cas_conflicts": counters["cas_conflicts"],
         "early_share": counters["early"] / max(cycles, 1),
+        "written_bytes_per_cycle": counters["written_bytes"] / max(cycles, 1),
+        "budget_waits": counters["budget_waits"],
     }
 
 

@@ -19,6 +19,8 @@ are the API's no-ops.
 | `antdt.shards.operations.early` | observable counter | {operation} | `antdt.replica` | shards: fetches answered before their write |
 | `antdt.shards.conflicts` | observable counter | {conflict} | `antdt.replica` | shards: failed compare-and-swaps (another replica wrote) |
 | `antdt.shards.store.duration` | observable counter | s | `antdt.replica` | shards: time spent in ledger transactions |
+| `antdt.shards.written` | observable counter | By | `antdt.replica` | shards: bytes those transactions wrote to etcd |
+| `antdt.shards.budget_waits` | observable counter | {write} | `antdt.replica` | shards: ledger writes the write budget held back |
 | `antdt.shards.ledger.shards` | observable gauge | {shard} | `antdt.job`, `antdt.shards.state` (done, todo, in_flight) | shards replica owning the job |
 | `antdt.shards.ledger.epoch` | observable gauge | {epoch} | `antdt.job` | shards replica owning the job |
 | `antdt.shards.ledger.incarnation` | observable gauge | {restart} | `antdt.job` | shards replica owning the job |
@@ -103,6 +105,10 @@ SHARDS_COUNTERS = {
     "antdt.shards.conflicts": ("conflicts", "{conflict}",
                                "Ledger compare-and-swaps that failed: another replica wrote"),
     "antdt.shards.store.duration": ("store_s", "s", "Time spent in ledger transactions"),
+    "antdt.shards.written": ("written_bytes", "By",
+                             "Bytes the ledger transactions wrote to etcd"),
+    "antdt.shards.budget_waits": ("budget_waits", "{write}",
+                                  "Ledger writes held back by the job's write budget"),
 }  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.master import MemoryShards, bench_memory_master
 from antdt.bench.shards import bench_shards
 from antdt.runtime.servers import EmbeddedCluster
@@ -35,3 +36,26 @@ async def test_both_drivers_serve_real_cycles(cluster: EmbeddedCluster) -> None:
         assert figures["cycles_per_s"] > 10 and figures["service_cpu_us_per_cycle"] > 0
     assert "requests_per_commit" not in master[2]  # nothing is written behind
     assert shards[2]["requests_per_commit"] >= 1 and shards[2]["cas_conflicts"] == 0
+
+
+async def test_the_write_budget_bounds_what_a_job_writes_into_etcd(
+    cluster: EmbeddedCluster,
+) -> None:
+    """A replica process under a small budget writes at most about that much, and less
+    than the same load unpaced, while answering every request."""
+    load = {"ranks": 40, "every_s": 0.1, "seconds": 1.5}
+    unpaced = await bench_ledger_writes(cluster, budget=0.0, **load)  # type: ignore[arg-type]
+    budget = 20_000.0
+    paced = await bench_ledger_writes(
+        cluster,
+        budget=budget,
+        burst_s=0.0,
+        **load,  # type: ignore[arg-type]
+    )
+    for figures in (unpaced, paced):
+        assert figures["requests_per_s"] > 100  # every rank kept being answered
+    # Each write waits its own bytes / budget: one write's worth of slack at the start.
+    assert 0 < paced["written_bytes_per_s"] <= budget * 1.2
+    assert unpaced["written_bytes_per_s"] > 2 * paced["written_bytes_per_s"]
+    assert paced["requests_per_commit"] > 2 * unpaced["requests_per_commit"]
+    assert paced["budget_waits"] > 0 and unpaced["budget_waits"] == 0

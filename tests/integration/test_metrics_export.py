@@ -188,6 +188,8 @@ async def test_shards_replica_serves_its_requests_writes_and_ledgers(
         assert await _value(port, "antdt_shards_conflicts_total", **replica) == 0
         store_s = await _value(port, "antdt_shards_store_duration_seconds_total", **replica)
         assert store_s is not None and store_s > 0
+        written = await _value(port, "antdt_shards_written_bytes_total", **replica)
+        assert written is not None and written > 0
 
 
 async def _status(bus: Bus, subject: str, request: ShardStatusRequest) -> ShardStatus | None:

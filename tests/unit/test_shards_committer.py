@@ -47,6 +47,7 @@ class MemoryLedgers:
     gate: asyncio.Event | None = None
     fail_with: Exception | None = None
     writes: list[LedgerState | None] = field(default_factory=list)  # one per commit
+    written_at: list[float] = field(default_factory=list)  # monotonic, one per commit
     calls: int = 0  # commits entered (a gated one is in flight)
 
     async def load(self, job: str) -> Snapshot:
@@ -71,7 +72,10 @@ class MemoryLedgers:
             self.extra.pop(key, None)
         self.extra.update(writes.puts())
         self.writes.append(state)
-        return Committed(True, Snapshot(self.state, self.version))
+        self.written_at.append(time.monotonic())
+        written = sum(len(value) for _, value in writes.puts())
+        written += len(state.model_dump_json()) if state is not None else 0
+        return Committed(True, Snapshot(self.state, self.version), written)
 
     def other_replica_writes(self, state: LedgerState) -> None:
         self.state, self.version = state, self.version + 1
@@ -247,6 +251,58 @@ async def test_an_early_answer_waits_when_its_reservation_is_not_durable_yet() -
     store.gate.set()  # type: ignore[union-attr]
     out = await settled(first, second)
     assert all(isinstance(r, ShardReply) for r in out) and c.early == 0
+
+
+async def test_a_job_s_writes_keep_to_its_write_budget() -> None:
+    """Each answer waits on a write (new grants); with a budget of one ledger per 0.2 s
+    the requests that come within that share the next write instead of one each."""
+    store = MemoryLedgers(ledger(world=4, shards=400))
+    size = len(store.state.model_dump_json())
+    c = committer(store, write_bytes_per_s=size / 0.2, write_burst_s=0.0)
+    await c.submit(JOB, fetch(0))
+    started = time.monotonic()
+    spread = []
+    for rank in (1, 2, 3):
+        spread.append(c.enqueue(JOB, fetch(rank)))
+        await asyncio.sleep(0.03)
+    replies = await asyncio.wait_for(asyncio.gather(*spread), 5)
+    assert all(isinstance(r, ShardReply) and r.grants for r in replies)
+    assert len(store.writes) == 2  # the first request's, then one for the three
+    # The first write (a ledger at least as big as the empty one) bought 0.2 s or more.
+    assert store.written_at[1] - store.written_at[0] >= 0.19
+    assert time.monotonic() - started >= 0.15 and c.budget_waits == 1
+    # Without a budget the same spread costs a write each.
+    free = MemoryLedgers(ledger(world=4, shards=400))
+    unpaced = committer(free)
+    await unpaced.submit(JOB, fetch(0))
+    for rank in (1, 2, 3):
+        await unpaced.submit(JOB, fetch(rank))
+    assert len(free.writes) == 4 and unpaced.budget_waits == 0
+
+
+async def test_writes_within_the_burst_do_not_wait() -> None:
+    store = MemoryLedgers(ledger(world=4, shards=400))
+    size = len(store.state.model_dump_json())
+    # The bucket holds about 6 writes: the first few go at once, then writes are paced.
+    c = committer(store, write_bytes_per_s=size / 0.2, write_burst_s=1.2)
+    started = time.monotonic()
+    for rank in (0, 1, 2):
+        await c.submit(JOB, fetch(rank))
+    assert time.monotonic() - started < 0.15 and c.budget_waits == 0
+    for _ in range(6):
+        await c.submit(JOB, fetch(3))
+    assert c.budget_waits > 0 and time.monotonic() - started >= 0.3
+
+
+async def test_shutting_down_writes_at_once_whatever_the_budget() -> None:
+    store = MemoryLedgers(ledger(world=2))
+    c = committer(store, write_bytes_per_s=1.0, write_burst_s=0.0)  # the next: hours
+    await c.submit(JOB, fetch(0))
+    held = c.enqueue(JOB, fetch(1))
+    await asyncio.sleep(0.05)
+    assert not held.done() and len(store.writes) == 1
+    await asyncio.wait_for(c.finish(), 5)
+    assert isinstance(held.result(), ShardReply) and len(store.writes) == 2
 
 
 def req(rank: int, want: int = 1, done: tuple[Any, ...] = (), held: tuple[Any, ...] = ()) -> Any:

@@ -23,6 +23,14 @@ times a second, not once per request. Grants reserved ahead are written within t
 interval, while the rank still has half its reservation to go (ledger.py); a rank that
 reaches a reserved shard not yet written waits for the write, which then starts at once.
 
+Either way a job's writes keep to a bandwidth budget (`write_bytes_per_s`), a token
+bucket holding `write_burst_s` seconds of it: a write of B bytes takes B tokens, and
+once they run out the next write waits until the bucket is back above zero. Every write
+is the whole ledger (about 50 kB at a thousand ranks) and etcd keeps each one until it
+compacts its history, so a large job asking a hundred times a second would grow etcd by
+megabytes a second; paced, each write carries more requests instead. A small job never
+empties the bucket, so it never waits.
+
 On a conflict every unwritten operation is applied again, in order, to the state the
 failed transaction read back; unanswered ones are answered from that. Answers already
 sent stay valid: they handed out shards that the stored ledger had granted to that rank,
@@ -74,6 +82,7 @@ class Committed:
 
     ok: bool
     snapshot: Snapshot | None
+    written_bytes: int = 0  # what a successful transaction wrote (values of its puts)
 
 
 class LedgerStore(Protocol):
@@ -107,6 +116,9 @@ class _Job:
     urgent: bool = False  # an answer waits on the next write
     since: float = 0.0  # monotonic time of the oldest unwritten change
     used: float = 0.0  # monotonic time of the last operation enqueued
+    next_write: float = 0.0  # monotonic time before which the write budget holds writes
+    tokens: float | None = None  # bytes the budget allows now (None: a full bucket)
+    tokens_at: float = 0.0  # monotonic time `tokens` was counted
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def rebase(self, snapshot: Snapshot) -> None:
@@ -124,12 +136,16 @@ class Committer:
         retries: int = 20,
         max_writes: int = 100,
         flush_interval_s: float = 0.005,
+        write_bytes_per_s: float = 0.0,
+        write_burst_s: float = 1.0,
     ) -> None:
         self.store = store
         self._spawn = spawn
         self.retries = retries
         self.max_writes = max_writes
         self.flush_interval_s = flush_interval_s
+        self.write_bytes_per_s = write_bytes_per_s  # 0: no budget
+        self.write_burst_s = write_burst_s  # the bucket holds this many seconds of budget
         self._jobs: dict[str, _Job] = {}
         self._closed = False
         self.commits = 0  # successful transactions (writes or compare-only checks)
@@ -140,6 +156,8 @@ class Committer:
         self.batch_sizes: Counter[int] = Counter()
         self.apply_seconds = 0.0  # in the pure ledger operations
         self.store_seconds = 0.0  # waiting on the store's transactions
+        self.written_bytes = 0  # values written by successful transactions
+        self.budget_waits = 0  # writes held back by the write budget
 
     @property
     def requests_per_commit(self) -> float:
@@ -303,16 +321,23 @@ class Committer:
 
     async def _pace(self, j: _Job) -> None:
         """Let the requests that arrived together join; then wait for an answer that
-        needs the write, or the flush interval, whichever comes first."""
+        needs the write, or the flush interval, whichever comes first; and in any case
+        until the write budget allows the next write."""
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
-        while not j.urgent and not self._closed:
-            left = j.since + self.flush_interval_s - time.monotonic()
-            if left <= 0:
+        held = False
+        while not self._closed:
+            now = time.monotonic()
+            interval_due = now if j.urgent else j.since + self.flush_interval_s
+            due = max(j.next_write, interval_due)
+            if due <= now:
                 return
+            if j.next_write > interval_due and not held:
+                held = True  # counted once per write
+                self.budget_waits += 1
             j.wake.clear()
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(j.wake.wait(), left)
+                await asyncio.wait_for(j.wake.wait(), due - now)
 
     def _prefix(self, j: _Job) -> int:
         """How many unwritten operations the next write carries: all, unless their extra
@@ -352,7 +377,7 @@ class Committer:
             finally:
                 self.store_seconds += time.perf_counter() - started
             if done.ok:
-                self._written(j, batch, done.snapshot)
+                self._written(j, batch, done)
                 return
             self.cas_conflicts += 1
             if done.snapshot is None:
@@ -365,19 +390,29 @@ class Committer:
             await asyncio.sleep(random.uniform(0, min(0.0005 * 2**attempt, 0.02)))
         self._give_up(j, Rejected("busy", f"ledger of {job!r} contended; retry"))
 
-    def _written(self, j: _Job, batch: list[_Applied], snapshot: Snapshot | None) -> None:
+    def _written(self, j: _Job, batch: list[_Applied], done: Committed) -> None:
         self.commits += 1
         self.committed += len(batch)
         self.batch_sizes[len(batch)] += 1
+        self.written_bytes += done.written_bytes
+        if self.write_bytes_per_s > 0:
+            self._spend(j, done.written_bytes, time.monotonic())
         del j.applied[: len(batch)]
         for entry in batch:
             _answer(entry)
-        if snapshot is None:
+        if done.snapshot is None:
             j.working = None  # written, but its token is unknown: reload
         else:
             assert j.stored is not None
-            j.stored, j.index = snapshot, Stored(snapshot.state)
+            j.stored, j.index = done.snapshot, Stored(done.snapshot.state)
         self._settle(j)
+
+    def _spend(self, j: _Job, written: int, now: float) -> None:
+        """Take a write's bytes from the job's bucket; in debt, hold the next write."""
+        rate, capacity = self.write_bytes_per_s, self.write_bytes_per_s * self.write_burst_s
+        tokens = capacity if j.tokens is None else j.tokens + (now - j.tokens_at) * rate
+        j.tokens, j.tokens_at = min(capacity, tokens) - written, now
+        j.next_write = now + max(0.0, -j.tokens) / rate
 
     def _settle(self, j: _Job) -> None:
         """After a write: is another one due at once?"""

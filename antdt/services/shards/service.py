@@ -72,6 +72,21 @@ class ShardsSettings(ServiceSettings):
         description="Seconds, at most, between a change whose answer went out early (done "
         "marks) and its write; changes someone waits on are written at once",
     )
+    ledger_write_bytes_per_s: float = Field(
+        default=1024**2,
+        ge=0,
+        description="Bytes per second that one job's ledger writes to etcd, on average "
+        "over ledger_write_burst_s: past it a write waits, and carries every request that "
+        "came meanwhile. Each write is the whole ledger (about 50 bytes per shard in "
+        "flight) and stays in etcd's history until etcd compacts it; 0: no limit",
+    )
+    ledger_write_burst_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="Seconds of ledger_write_bytes_per_s a job may write in a burst before "
+        "its writes are paced (0: every write waits its own bytes' worth)",
+    )
     idle_job_s: float = Field(
         default=600.0,
         ge=0.05,
@@ -118,10 +133,14 @@ class EtcdLedgers:
     ) -> Committed:
         key = self.keys.ledger(job)
         revision: _Revision = base.token
-        success: list[Op] = [Put(k, v) for k, v in writes.puts()]
+        puts = writes.puts()
+        success: list[Op] = [Put(k, v) for k, v in puts]
         success += [Delete(k) for k in writes.deletes()]
+        written = sum(len(v) for _, v in puts)
         if state is not None:
-            success.append(Put(key, _encode(state)))
+            encoded = _encode(state)
+            written += len(encoded)
+            success.append(Put(key, encoded))
             if revision.create == 0:
                 success.append(Get(key))  # the new key's create revision: the next token
         result = await self.store.txn(_unchanged(key, revision), success, [Get(key)])
@@ -129,13 +148,15 @@ class EtcdLedgers:
             current = result.gets[0] if result.gets else None
             return Committed(False, _snapshot(current) if current is not None else None)
         if state is None:
-            return Committed(True, base)
+            return Committed(True, base, written)
         if revision.create == 0:
             created = result.gets[-1]
             if created is None:
-                return Committed(True, None)
-            return Committed(True, Snapshot(state, _Revision(created.create_revision, 1)))
-        return Committed(True, Snapshot(state, _Revision(revision.create, revision.version + 1)))
+                return Committed(True, None, written)
+            token = _Revision(created.create_revision, 1)
+        else:
+            token = _Revision(revision.create, revision.version + 1)
+        return Committed(True, Snapshot(state, token), written)
 
 
 def _unchanged(key: str, revision: _Revision) -> list[Compare]:
@@ -183,6 +204,8 @@ class ShardsService:
             self._spawn,
             retries=settings.cas_retries,
             flush_interval_s=settings.flush_interval_s,
+            write_bytes_per_s=settings.ledger_write_bytes_per_s,
+            write_burst_s=settings.ledger_write_burst_s,
         )
         metrics.watch_shards(self)
 
@@ -199,6 +222,8 @@ class ShardsService:
             "early": c.early,
             "conflicts": c.cas_conflicts,
             "store_s": c.store_seconds,
+            "written_bytes": c.written_bytes,
+            "budget_waits": c.budget_waits,
         }
         figures.update({f"requests.{verb}": n for verb, n in self.requests.items()})
         return figures
