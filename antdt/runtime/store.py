@@ -31,6 +31,13 @@ class StoreError(RuntimeError):
     """etcd refused the call, or could not be reached (StoreUnavailable)."""
 
 
+class HistoryCompacted(StoreError):
+    """A watch asked for changes from a revision etcd has compacted away."""
+
+    def __init__(self, prefix: str, revision: int | None) -> None:
+        super().__init__(f"changes under {prefix!r} from revision {revision} were compacted")
+
+
 class StoreUnavailable(StoreError):
     """etcd could not be reached, or did not answer in time: worth retrying."""
 
@@ -326,26 +333,54 @@ class Store:
     ) -> AsyncIterator[WatchEvent]:
         """What is under `prefix` now, as puts, then every change after it: what a replica
         needs to keep a map equal to etcd's. The first read is retried while etcd is
-        away; the watch resumes on its own (watch_prefix)."""
+        away; the watch resumes on its own (watch_prefix). A watch that fell behind
+        etcd's compaction (away longer than etcd keeps history) cannot resume where it
+        was: the prefix is read again, and what went meanwhile is yielded as deletes."""
+        known: set[str] = set()
+        while True:
+            revision, items = await self._read_prefix(prefix, retry_s)
+            present = {item.key for item in items}
+            for key in sorted(known - present):
+                yield WatchEvent(kind="delete", key=key, value=b"", mod_revision=revision)
+            for item in items:
+                yield WatchEvent(kind="put", key=item.key, value=item.value,
+                                 mod_revision=item.mod_revision)  # fmt: skip
+            known = present
+            try:
+                async for event in self.watch_prefix(
+                    prefix, start_revision=revision + 1, on_compacted="raise"
+                ):
+                    if event.kind == "put":
+                        known.add(event.key)
+                    else:
+                        known.discard(event.key)
+                    yield event
+            except HistoryCompacted:
+                log.warning("watch fell behind etcd's compaction; reading again", prefix=prefix)
+
+    async def _read_prefix(self, prefix: str, retry_s: float) -> tuple[int, list[Versioned]]:
+        """The revision and the items under `prefix` as of it (retried while etcd is away;
+        the revision is read first, so no change after it is missed)."""
         while True:
             try:
                 revision = await self.current_revision()
-                items = await self.get_prefix(prefix)
-                break
+                return revision, await self.get_prefix(prefix)
             except StoreError as exc:
                 log.info("prefix not readable yet", prefix=prefix, error=str(exc))
                 await asyncio.sleep(retry_s)
-        for item in items:
-            yield WatchEvent(kind="put", key=item.key, value=item.value,
-                             mod_revision=item.mod_revision)  # fmt: skip
-        async for event in self.watch_prefix(prefix, start_revision=revision + 1):
-            yield event
 
     async def watch_prefix(
-        self, prefix: str, *, start_revision: int | None = None, retry_s: float = 0.3
+        self,
+        prefix: str,
+        *,
+        start_revision: int | None = None,
+        retry_s: float = 0.3,
+        on_compacted: Literal["resume", "raise"] = "resume",
     ) -> AsyncIterator[WatchEvent]:
         """Every change under `prefix`, resuming after etcd restarts from the revision
-        after the last one delivered (so nothing is missed and nothing repeats)."""
+        after the last one delivered (so nothing is missed and nothing repeats). When
+        etcd has compacted that revision away, the changes since are gone: "resume"
+        carries on from now (missing them), "raise" raises HistoryCompacted."""
         next_revision = start_revision
         while True:
             client = self._new_client()  # a watch gets its own channel: restarts stay local
@@ -363,7 +398,9 @@ class Store:
                     )
             except asyncio.CancelledError:
                 raise
-            except aetcd.RevisionCompactedError:
+            except aetcd.RevisionCompactedError as exc:
+                if on_compacted == "raise":
+                    raise HistoryCompacted(prefix, next_revision) from exc
                 log.warning("watch revision compacted; resuming from now", prefix=prefix)
                 next_revision = None
             except Exception as exc:
@@ -372,6 +409,11 @@ class Store:
                 with contextlib.suppress(Exception):
                     await client.close()
             await asyncio.sleep(retry_s)
+
+    @_etcd_call
+    async def compact(self, revision: int) -> None:
+        """Drop etcd's history before `revision` (what etcd's auto-compaction does)."""
+        await self.client.compact(revision)
 
 
 async def retrying(call: Any, *, attempts: int = 50, delay_s: float = 0.1) -> Any:

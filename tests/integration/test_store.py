@@ -16,6 +16,7 @@ from antdt.runtime.store import (
     Put,
     Store,
     StoreUnavailable,
+    Versioned,
     WatchEvent,
     retrying,
 )
@@ -166,3 +167,48 @@ async def test_etcd_away_is_a_store_error_not_the_clients(tmp_path, unique) -> N
     assert (await retrying(lambda: store.get(f"/{unique}/a"))).value == b"1"
     await store.close()
     etcd.stop()
+
+
+class _CompactedBetween(Store):
+    """A store whose first prefix read is followed, before the watch starts, by changes
+    and a compaction of etcd's history past them: as if the watch had been away longer
+    than etcd keeps history."""
+
+    reads = 0
+
+    async def get_prefix(self, prefix: str) -> list[Versioned]:
+        items = await super().get_prefix(prefix)
+        self.reads += 1
+        if self.reads == 1:
+            await self.delete(f"{prefix}a")
+            await self.put(f"{prefix}c", b"3")
+            await self.compact(await self.current_revision())
+        return items
+
+
+async def test_follow_reads_again_when_its_watch_falls_behind_compaction(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
+    etcd = EmbeddedEtcd(tmp_path / "e").start()  # its own: compaction is etcd-wide
+    prefix = f"/{unique}/"
+    store = await _CompactedBetween(EtcdSettings(endpoint=etcd.endpoint)).connect()
+    await store.put(f"{prefix}a", b"1")
+    await store.put(f"{prefix}b", b"2")
+    mirror: dict[str, bytes] = {}
+
+    async def follow() -> None:
+        async for event in store.follow_prefix(prefix, retry_s=0.1):
+            if event.kind == "put":
+                mirror[event.key] = event.value
+            else:
+                mirror.pop(event.key, None)
+
+    task = asyncio.create_task(follow())
+    try:
+        await wait_for(lambda: store.reads >= 2, what="the prefix read again")
+        await wait_for(lambda: set(mirror) == {f"{prefix}b", f"{prefix}c"}, what="the mirror")
+        await store.put(f"{prefix}d", b"4")  # and the watch goes on after the read
+        await wait_for(lambda: f"{prefix}d" in mirror, what="a change after the read")
+        assert mirror == {f"{prefix}b": b"2", f"{prefix}c": b"3", f"{prefix}d": b"4"}
+    finally:
+        task.cancel()
+        await store.close()
+        etcd.stop()
