@@ -129,6 +129,7 @@ class JobDetector:
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None
+        self._last_heard_at: float | None = None  # latest accepted step, exit or hello
         self._latest_step = 0
         # A rank restarted (hello) since the last step: the job's next step may be lower
         # than `_latest_step` (a restart from a checkpoint) and is the job's step then.
@@ -206,6 +207,27 @@ class JobDetector:
         """Every rank exited and none is to be restarted: the job is over."""
         return all(r.exited not in (None, ExitReason.RESTART) for r in self._ranks)
 
+    def abandoned(self, now: float, after_s: float) -> bool:
+        """No rank was heard from (step, exit or hello) for `after_s` seconds, and the job
+        has not ended: its launcher gave up (a rank died with no restart left, the
+        allocation ended) without the ranks saying so. `after_s` 0: never."""
+        heard = self._last_heard_at
+        return after_s > 0 and heard is not None and not self.ended and now - heard >= after_s
+
+    def abandon(self, now: float) -> list[Incident]:
+        """End an abandoned job: every rank not yet exited counts as closed, so the job
+        has `ended`, and every incident still open resolves, as when the ranks exit."""
+        now = self._tick(now)
+        for rank in self._ranks:
+            if rank.exited in (None, ExitReason.RESTART):
+                rank.exited, rank.exit_step = ExitReason.CLOSED, rank.last_step
+        return [
+            self._close_on_exit(rank, incident, now)
+            for rank in self._ranks
+            for incident in (rank.deviation, rank.stall)
+            if incident is not None
+        ]
+
     def rank_exited(self, exit: RankExit, now: float) -> list[Incident]:
         """A rank's agent says its process stops on purpose; the incident transitions.
 
@@ -219,6 +241,7 @@ class JobDetector:
         if exit.job != self.job or not 0 <= exit.rank < self.world_size:
             self.rejected["wrong_job" if exit.job != self.job else "rank_out_of_range"] += 1
             return []
+        self._last_heard_at = now
         rank = self._ranks[exit.rank]
         rank.exited, rank.exit_step = exit.reason, max(exit.step, rank.last_step)
         ending = [rank] if exit.reason is not ExitReason.RESTART else []
@@ -257,6 +280,7 @@ class JobDetector:
         rank = self._ranks[hello.rank]
         rank.started_at, rank.host = hello.started_at, hello.host
         rank.last_step, rank.last_ended_at, rank.last_seen_at = -1, 0.0, now
+        self._last_heard_at = now
         rank.window.clear()
         rank.warmup_left = self.config.warmup_windows
         rank.stats = rank.judgement = None
@@ -346,7 +370,7 @@ class JobDetector:
         rank.host = host
         rank.last_step = step
         rank.last_ended_at = ended_at
-        rank.last_seen_at = now
+        rank.last_seen_at = self._last_heard_at = now
         rank.local_batch = local_batch
         if self._first_seen_at is None:
             self._first_seen_at = now

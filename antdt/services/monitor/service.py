@@ -70,6 +70,14 @@ class MonitorSettings(ServiceSettings):
         default=7 * 86400, gt=0, description="ANTDT_INCIDENTS max age, seconds"
     )
     max_jobs: int | None = Field(default=None, description="Jobs one replica may own")
+    abandon_after_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Seconds without a step, exit or hello from any rank of a job after "
+        "which it is taken as abandoned (its launcher gave up without the ranks exiting) "
+        "and ended: its incidents resolve, its ranks show exited, the services give it "
+        "up; registering it again makes it live. 0: never",
+    )
 
     def detector_config(self) -> DetectorConfig:
         return DetectorConfig(
@@ -237,9 +245,23 @@ class MonitorService:
             await self._publish_incident(incident)
         if detector.ended:
             log.info("job ended", job=exit.job, step=health.step)
-            self._remember_ended(exit.job, health.step)
-            await self._forget(exit.job)
-            await self._record_end(health)
+            await self._end(health)
+
+    async def _abandon(self, detector: JobDetector, now: float) -> None:
+        """End a job no rank was heard from for `abandon_after_s`: as if its ranks exited."""
+        incidents = detector.abandon(now)
+        health = detector.health(now)
+        log.warning("job abandoned: no rank heard from; ended", job=detector.job,
+                    step=health.step, silent_s=self.settings.abandon_after_s)  # fmt: skip
+        await self.bus.publish(self.subjects.health(detector.job), health)
+        for incident in incidents:
+            await self._publish_incident(incident)
+        await self._end(health)
+
+    async def _end(self, health: JobHealth) -> None:
+        self._remember_ended(health.job, health.step)
+        await self._forget(health.job)
+        await self._record_end(health)
 
     async def _record_end(self, health: JobHealth) -> None:
         """Store the ended job's last health (`jobs/{job}/ended`) and give the job up: no
@@ -326,6 +348,9 @@ class MonitorService:
                     await self._forget(job)
                     continue
                 try:
+                    if detector.abandoned(now, self.settings.abandon_after_s):
+                        await self._abandon(detector, now)
+                        continue
                     for incident in detector.check_stalls(now):
                         await self._publish_incident(incident)
                     await self.bus.publish(self.subjects.health(job), detector.health(now))

@@ -1,0 +1,69 @@
+"""A job whose ranks all went silent without exiting (its launcher gave up) is ended by
+the monitor after `abandon_after_s`, and both services give it up: before, it stayed
+live and stalled for good, holding an ownership slot in each service, and `antdt jobs
+remove` refused it."""
+
+from __future__ import annotations
+
+import pytest
+
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.jobs import live_jobs
+from antdt.schemas import (
+    Incident,
+    IncidentState,
+    JobHealth,
+    Keys,
+    RankState,
+    RegisterReply,
+    Subjects,
+)
+from tests.e2e.conftest import start_services
+from tests.helpers import wait_for
+from tests.integration.test_services import spec, step
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_job_whose_ranks_went_silent_is_ended_and_given_up(
+    bus: Bus, settings: ServiceSettings, unique: str
+) -> None:
+    running = await start_services(settings, ("monitor", "controller"), abandon_after_s=2.0)
+    try:
+        monitor, controller = running.by_name["monitor"], running.by_name["controller"]
+        subjects, keys, store = (
+            Subjects(settings.nats.subject_prefix),
+            Keys(settings.etcd.key_prefix),
+            monitor.store,
+        )
+        job = f"gone-{unique}"
+        incidents: list[Incident] = []
+
+        async def on_incident(incident: Incident, _: object) -> None:
+            incidents.append(incident)
+
+        await bus.subscribe(subjects.incident(job), Incident, on_incident)
+        await bus.request(subjects.register(job), spec(job), RegisterReply)
+        for n in range(12):
+            for rank in (0, 1):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+        await wait_for(lambda: job in monitor.detectors, what="the monitor watches the job")
+        assert controller.ownership.owns(job)
+        # Then nothing: no step, no exit, no hello.
+        end = await wait_for(lambda: store.get(keys.ended(job)), timeout=15, what="the job ended")
+        health = JobHealth.model_validate_json(end.value)
+        assert {r.state for r in health.ranks} == {RankState.EXITED} and health.step == 11
+        for service in ("monitor", "controller"):
+            owner = keys.owner(service, job)
+            await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives it up")
+        assert job not in await live_jobs(store, keys) and job not in monitor.detectors
+        opened = {i.id for i in incidents if i.state is IncidentState.OPENED}
+        resolved = {i.id for i in incidents if i.state is IncidentState.RESOLVED}
+        assert opened <= resolved  # whatever opened (a stall) was resolved as it ended
+    finally:
+        await running.runtime.shutdown()
+
+
+async def _absent(store: object, key: str) -> bool:
+    return await store.get(key) is None  # type: ignore[attr-defined]
