@@ -61,6 +61,36 @@ async def test_a_job_whose_ranks_went_silent_is_ended_and_given_up(
         opened = {i.id for i in incidents if i.state is IncidentState.OPENED}
         resolved = {i.id for i in incidents if i.state is IncidentState.RESOLVED}
         assert opened <= resolved  # whatever opened (a stall) was resolved as it ended
+        # It was only silent (a long evaluation, say): its next steps make it live again.
+        for n in range(12, 20):
+            for rank in (0, 1):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+        await wait_for(lambda: _absent(store, keys.ended(job)), what="its end deleted")
+        await wait_for(lambda: job in monitor.detectors, what="the monitor watches it again")
+        await wait_for(lambda: controller.ownership.owns(job), timeout=15,
+                       what="the controller takes it on again")  # fmt: skip
+    finally:
+        await running.runtime.shutdown()
+
+
+async def test_a_job_claimed_after_its_ranks_went_silent_is_ended_too(
+    settings: ServiceSettings, unique: str
+) -> None:
+    """A monitor replica that took the job over after the ranks went silent never gets
+    an event of it, so it has no detector: the job is abandoned from the claim on."""
+    running = await start_services(settings, ("monitor",), abandon_after_s=2.0)
+    try:
+        monitor = running.by_name["monitor"]
+        keys, store = Keys(settings.etcd.key_prefix), monitor.store
+        job = f"silent-{unique}"
+        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
+        await wait_for(lambda: monitor.ownership.owns(job), timeout=15, what="claimed")
+        end = await wait_for(lambda: store.get(keys.ended(job)), timeout=15, what="ended")
+        health = JobHealth.model_validate_json(end.value)
+        assert {r.state for r in health.ranks} == {RankState.EXITED} and health.step == 0
+        await wait_for(lambda: _absent(store, keys.owner("monitor", job)), what="given up")
+        assert job not in await live_jobs(store, keys)
+        await wait_for(lambda: job not in monitor._unwatched, what="no longer tracked")
     finally:
         await running.runtime.shutdown()
 

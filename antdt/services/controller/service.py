@@ -276,6 +276,10 @@ class ControllerService:
             await self.hellos.save(hello)
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
+        if health.job in self._ended and not job_ended(health):
+            # The monitor took the job for abandoned and it stepped on: live again (the
+            # claim round takes it once its `ended` key is gone).
+            self._ended.pop(health.job)
         state = await self._state(health.job)
         if state is None:
             return

@@ -30,7 +30,7 @@ from antdt.runtime.jobs import live_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.recent import Recent
-from antdt.runtime.store import Store
+from antdt.runtime.store import Compare, Delete, Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (
     INCIDENT_STREAM,
@@ -96,6 +96,8 @@ class MonitorService:
         self.keys = Keys(settings.etcd.key_prefix)
         self.ownership = Ownership.for_service(store, settings, SERVICE, max_jobs=settings.max_jobs)
         self.detectors: dict[str, JobDetector] = {}
+        # Owned jobs without a detector (no event since the claim) -> since when (Unix s).
+        self._unwatched: dict[str, float] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
         # Per job id off the wire, bounded: steps of unregistered jobs must not grow them.
@@ -137,14 +139,17 @@ class MonitorService:
         self.detectors.pop(job, None)
         self._step_subjects.pop(job, None)
 
-    async def _detector(self, job: str) -> JobDetector | None:
+    async def _detector(self, job: str, step: int | None = None) -> JobDetector | None:
+        """The owned job's detector, claiming the job and loading its spec if need be;
+        None if another replica owns it, it is not registered, or it ended (unless a
+        `step` past its end shows it did not: see _ended_in_store)."""
         detector = self.detectors.get(job)
         if detector is not None and self.ownership.owns(job):
             return detector
         claimed = not self.ownership.owns(job)
         if claimed and not await self._claim_now(job):
             return None
-        if await self._ended_in_store(job):
+        if await self._ended_in_store(job, step):
             return None
         spec = await self._job_spec(job)
         if spec is None:
@@ -215,7 +220,7 @@ class MonitorService:
             if self._late_for_ended_job(job, event.step):
                 self.dropped_ended += 1
                 return
-            detector = await self._detector(job)
+            detector = await self._detector(job, event.step)
             if detector is None:
                 self.dropped_not_owner += 1
                 return
@@ -273,17 +278,25 @@ class MonitorService:
         except Exception as exc:  # etcd away: the job stays claimed, which is harmless
             log.warning("job end not recorded", job=health.job, error=str(exc))
 
-    async def _ended_in_store(self, job: str) -> bool:
+    async def _ended_in_store(self, job: str, step: int | None = None) -> bool:
         """Just claimed `job` on a late event: has it ended (another replica owned it)?
-        Then give it up again and drop its late events here too."""
+        Then give it up again and drop its late events here too. A step past the end's
+        step shows the job did not end (it was taken for abandoned while its ranks were
+        silent, in a long evaluation say): its end is deleted and it is live again."""
         stored = await self.store.get(self.keys.ended(job))
         if stored is None:
             return False
         try:
-            step = JobHealth.model_validate_json(stored.value).step
+            ended_step = JobHealth.model_validate_json(stored.value).step
         except ValueError:
-            step = 2**62  # unreadable: drop every late event for the grace period
-        self._remember_ended(job, step)
+            ended_step = 2**62  # unreadable: drop every late event for the grace period
+        if step is not None and step > ended_step:
+            key = self.keys.ended(job)
+            await self.store.txn([Compare.mod_is(key, stored.mod_revision)], [Delete(key)])
+            log.warning("an ended job steps on: live again", job=job, step=step,
+                        ended_step=ended_step)  # fmt: skip
+            return False
+        self._remember_ended(job, ended_step)
         await self.ownership.release(job)
         return True
 
@@ -356,3 +369,21 @@ class MonitorService:
                     await self.bus.publish(self.subjects.health(job), detector.health(now))
                 except Exception as exc:
                     log.warning("health publish failed", job=job, error=str(exc))
+            await self._end_unwatched(now)
+
+    async def _end_unwatched(self, now: float) -> None:
+        """A job claimed after its ranks went silent has no detector here, so it would be
+        held for good: no rank heard from `abandon_after_s` after the claim, it is
+        abandoned too (its health: every rank exited, step 0)."""
+        after_s = self.settings.abandon_after_s
+        owned = [job for job in self.ownership.jobs if job not in self.detectors]
+        self._unwatched = {job: self._unwatched.get(job, now) for job in owned}
+        for job, since in list(self._unwatched.items()):
+            if after_s <= 0 or now - since < after_s:
+                continue
+            try:
+                detector = await self._detector(job)  # None: ended meanwhile, or gone
+                if detector is not None and not detector.ended:
+                    await self._abandon(detector, now)
+            except Exception as exc:  # etcd or NATS away: the next round
+                log.warning("abandoned job not ended", job=job, error=str(exc))
