@@ -132,6 +132,7 @@ class ControllerService:
         desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
         await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
+        runtime.spawn("hellos", self.hellos.write_loop())
         runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
         runtime.spawn("blocklist-sweep", self.blocklist.sweep_expired(self.store, self.keys))
         if self.settings.job_retention_s > 0:
@@ -140,6 +141,7 @@ class ControllerService:
             "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
         )
         runtime.on_shutdown("drain", self.bus.drain)
+        runtime.on_shutdown("finish", self.hellos.flush)  # while we still own the jobs
         runtime.on_shutdown("revoke", self.ownership.stop)
         log.info("controller started", replica=self.settings.replica_id)
 
@@ -273,7 +275,7 @@ class ControllerService:
         state = await self._state(hello.job)  # loading it learns (and stores) the hello
         if state is not None and state.started.get(hello.rank) != hello.started_at:
             learn_hello(state, hello)
-            await self.hellos.save(hello)
+            self.hellos.save(hello)
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
         if health.job in self._ended and not job_ended(health):
