@@ -77,7 +77,7 @@ async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, floa
         latencies.append(time.perf_counter() - sent)
     elapsed = time.perf_counter() - started
     await store.close()
-    return {"txn_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+    return {"txn_per_s": len(latencies) / elapsed, **percentiles(latencies)}
 
 
 async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) -> dict[str, float]:
@@ -109,7 +109,7 @@ async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) 
             await bus.close()
     finally:
         await responder.stop()
-    return {"req_per_s": len(latencies) / elapsed, **_percentiles(latencies)}
+    return {"req_per_s": len(latencies) / elapsed, **percentiles(latencies)}
 
 
 def _raw_responder(url: str, conn: Any) -> None:
@@ -133,7 +133,7 @@ async def _serve_raw(url: str, conn: Any) -> None:
     await bus.close()
 
 
-def _percentiles(latencies: list[float]) -> dict[str, float]:
+def percentiles(latencies: list[float]) -> dict[str, float]:
     ordered = sorted(latencies)
     return {
         "p50_ms": statistics.median(ordered) * 1000,
@@ -297,7 +297,7 @@ async def bench_shards_cycles(
     cycles = len(latencies)
     return {
         "cycles_per_s": cycles / elapsed,
-        **_percentiles(latencies),
+        **percentiles(latencies),
         **_commit_figures(counters, cycles),
         "busy_refusals": busy,
         "service_cpu_us_per_cycle": counters["cpu_s"] / cycles * 1e6,
