@@ -116,8 +116,7 @@ class _Job:
     urgent: bool = False  # an answer waits on the next write
     since: float = 0.0  # monotonic time of the oldest unwritten change
     used: float = 0.0  # monotonic time of the last operation enqueued
-    next_write: float = 0.0  # monotonic time before which the write budget holds writes
-    tokens: float | None = None  # bytes the budget allows now (None: a full bucket)
+    tokens: float | None = None  # bytes the write budget allowed (None: a full bucket)
     tokens_at: float = 0.0  # monotonic time `tokens` was counted
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -326,13 +325,14 @@ class Committer:
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
         held = False
+        budget_due = self._budget_due(j)
         while not self._closed:
             now = time.monotonic()
             interval_due = now if j.urgent else j.since + self.flush_interval_s
-            due = max(j.next_write, interval_due)
+            due = max(budget_due, interval_due)
             if due <= now:
                 return
-            if j.next_write > interval_due and not held:
+            if budget_due > interval_due and not held:
                 held = True  # counted once per write
                 self.budget_waits += 1
             j.wake.clear()
@@ -408,11 +408,17 @@ class Committer:
         self._settle(j)
 
     def _spend(self, j: _Job, written: int, now: float) -> None:
-        """Take a write's bytes from the job's bucket; in debt, hold the next write."""
+        """Take a write's bytes from the job's bucket (it may go into debt)."""
         rate, capacity = self.write_bytes_per_s, self.write_bytes_per_s * self.write_burst_s
         tokens = capacity if j.tokens is None else j.tokens + (now - j.tokens_at) * rate
         j.tokens, j.tokens_at = min(capacity, tokens) - written, now
-        j.next_write = now + max(0.0, -j.tokens) / rate
+
+    def _budget_due(self, j: _Job) -> float:
+        """Monotonic time before which the write budget holds the job's next write: when
+        its bucket, in debt, is back at zero (0.0: now)."""
+        if j.tokens is None or j.tokens >= 0:
+            return 0.0
+        return j.tokens_at - j.tokens / self.write_bytes_per_s
 
     def _settle(self, j: _Job) -> None:
         """After a write: is another one due at once?"""
