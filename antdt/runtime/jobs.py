@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from pydantic import ValidationError
@@ -36,6 +36,7 @@ class Ended:
     step: int
     revision: int
     finished: bool | None = True
+    readable: bool = True  # False: not a JobHealth (at and step are then 0)
 
 
 @dataclass(frozen=True)
@@ -72,18 +73,27 @@ async def read_ended(
     remove."""
     records = []
     for job in sorted(jobs):
-        stored = await store.get(keys.ended(job))
-        if stored is None:
+        record = await read_end(store, keys, job)
+        if record is None:
             continue
-        try:
-            health = JobHealth.model_validate_json(stored.value)
-            at, step = health.at, health.step
-        except ValidationError:
-            log.warning("ended record unreadable", job=job)
-            at, step = 0.0, 0
-        finished = await _ledger_finished(store, keys, job) if at < ledgers_before else None
-        records.append(Ended(job, at, step, stored.mod_revision, finished))
+        if record.at < ledgers_before:
+            record = replace(record, finished=await _ledger_finished(store, keys, job))
+        records.append(record)
     return records
+
+
+async def read_end(store: Store, keys: Keys, job: str) -> Ended | None:
+    """The job's `ended` record, None if it has not ended; its data is not read
+    (`finished` None). An unreadable one is logged and counts as ended at time 0."""
+    stored = await store.get(keys.ended(job))
+    if stored is None:
+        return None
+    try:
+        health = JobHealth.model_validate_json(stored.value)
+    except ValidationError:
+        log.warning("ended record unreadable", job=job)
+        return Ended(job, 0.0, 0, stored.mod_revision, None, readable=False)
+    return Ended(job, health.at, health.step, stored.mod_revision, None)
 
 
 async def _ledger_finished(store: Store, keys: Keys, job: str) -> bool:

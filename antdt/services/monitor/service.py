@@ -26,7 +26,7 @@ from pydantic import Field
 from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import live_jobs
+from antdt.runtime.jobs import live_jobs, read_end
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.recent import Recent
@@ -283,16 +283,14 @@ class MonitorService:
         Then give it up again and drop its late events here too. A step past the end's
         step shows the job did not end (it was taken for abandoned while its ranks were
         silent, in a long evaluation say): its end is deleted and it is live again."""
-        stored = await self.store.get(self.keys.ended(job))
-        if stored is None:
+        record = await read_end(self.store, self.keys, job)
+        if record is None:
             return False
-        try:
-            ended_step = JobHealth.model_validate_json(stored.value).step
-        except ValueError:
-            ended_step = 2**62  # unreadable: drop every late event for the grace period
+        # Unreadable: drop every late event for the grace period.
+        ended_step = record.step if record.readable else 2**62
         if step is not None and step > ended_step:
             key = self.keys.ended(job)
-            await self.store.txn([Compare.mod_is(key, stored.mod_revision)], [Delete(key)])
+            await self.store.txn([Compare.mod_is(key, record.revision)], [Delete(key)])
             log.warning("an ended job steps on: live again", job=job, step=step,
                         ended_step=ended_step)  # fmt: skip
             return False
