@@ -201,7 +201,10 @@ class CommitReply(WireModel):
     job: Token
     step: Count
     complete: bool = Field(description="Every rank committed: the snapshot for `step` is stored")
-    waiting_for: tuple[Rank, ...] = Field(default=(), description="Ranks yet to commit")
+    waiting: Count = Field(default=0, description="How many ranks have yet to commit")
+    waiting_for: tuple[Rank, ...] = Field(
+        default=(), description="The ranks yet to commit, when there are at most 16 of them"
+    )
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
 
 

@@ -31,14 +31,17 @@ def test_a_state_decoded_from_json_is_indexed_like_the_one_built() -> None:
         assert [e.shard for e in Work.of(decoded).entries_of(rank)] == by_rank(state, rank)
 
 
-def test_changing_a_work_after_state_leaves_that_states_index_alone() -> None:
+def test_changing_a_work_after_state_fails_and_leaves_that_states_index_alone() -> None:
     state = ledger()
     work = Work.of(state)
     mine = work.entries_of(1)
     work.done(ShardRef(epoch=0, shard=mine[0].shard, attempt=0), 1)
-    after_done = work.state()
-    work.grant(1)  # the Work goes on: neither state may see this grant
-    work.done(ShardRef(epoch=0, shard=mine[1].shard, attempt=0), 1)
+    after_done = work.state()  # hands its index over: no O(in flight) copy is kept
+    with pytest.raises(TypeError):
+        work.grant(1)
+    with pytest.raises(TypeError):
+        work.done(ShardRef(epoch=0, shard=mine[1].shard, attempt=0), 1)
+    assert [e.shard for e in work.entries_of(1)] == by_rank(after_done, 1)  # still readable
     assert [e.shard for e in Work.of(after_done).entries_of(1)] == by_rank(after_done, 1)
     assert [e.shard for e in Work.of(state).entries_of(1)] == by_rank(state, 1)
     assert len(by_rank(after_done, 1)) == 2 and len(by_rank(state, 1)) == 3
@@ -59,6 +62,22 @@ def test_an_evicted_index_is_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
     other = ledger(world=2)  # evicts `state`'s index
     assert [e.shard for e in Work.of(state).entries_of(2)] == by_rank(state, 2)
     assert [e.shard for e in Work.of(other).entries_of(1)] == by_rank(other, 1)
+
+
+def test_the_cache_keeps_the_newest_indexes_within_its_entry_bound() -> None:
+    """Bounded in entries, not only in indexes: 512 indexes of a 10^4-rank job's 2 * 10^4
+    entries held 600 MB. The newest stays, however large: the next operation uses it."""
+    cache = _IndexCache(size=512, max_entries=20)
+    states = [ledger(world=3) for _ in range(4)]  # 9 entries in flight each
+    for state in states:
+        Work.of(state)  # a miss: indexed into the module's cache, not this one
+        cache.put(state.in_flight, {}, {})
+    assert cache.indexed == 18 and cache.get(states[0].in_flight) is None
+    assert cache.get(states[2].in_flight) is not None and cache.get(states[3].in_flight) is not None
+    huge = ledger(world=10)  # 30 entries: over the bound alone
+    cache.put(huge.in_flight, {}, {})
+    assert cache.indexed == 30 and cache.get(huge.in_flight) is not None
+    assert cache.get(states[3].in_flight) is None
 
 
 def test_a_position_update_keeps_the_rank_index() -> None:

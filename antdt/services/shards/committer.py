@@ -370,6 +370,10 @@ class Committer:
             started = time.perf_counter()
             try:
                 done = await self.store.commit(job, j.stored, state if changed else None, writes)
+            except Rejected as exc:  # the store refused before sending (too_large)
+                log.error("ledger commit refused", job=job, code=exc.code, reason=exc.reason)
+                self._give_up(j, exc)
+                return
             except Exception as exc:  # etcd unreachable or refusing: the outcome is unknown
                 log.warning("ledger commit failed", job=job, error=repr(exc))
                 self._give_up(j, _unavailable(job, exc))

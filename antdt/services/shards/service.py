@@ -93,6 +93,14 @@ class ShardsSettings(ServiceSettings):
         description="Seconds without a request after which this replica drops a job: its "
         "cached ledger and its ownership (the next request loads and claims it again)",
     )
+    max_txn_bytes: int = Field(
+        default=1_500_000,
+        ge=10_000,
+        description="Bytes, at most, of keys and values in one ledger transaction. Keep it "
+        "under etcd's --max-request-bytes (1.5 MiB by default): etcd refuses a larger "
+        "request, and a ledger that outgrew it could never be written again. A change "
+        "past it is refused with code too_large, naming the sizes, and nothing is written",
+    )
     reserve_shards: int = Field(
         default=16,
         ge=0,
@@ -115,9 +123,10 @@ class _Revision:
 class EtcdLedgers:
     """The committer's store: one etcd key per job's ledger, JSON."""
 
-    def __init__(self, store: Store, keys: Keys) -> None:
+    def __init__(self, store: Store, keys: Keys, max_txn_bytes: int = 1_500_000) -> None:
         self.store = store
         self.keys = keys
+        self.max_txn_bytes = max_txn_bytes
 
     async def load(self, job: str) -> Snapshot:
         stored = await self.store.get(self.keys.ledger(job))
@@ -143,6 +152,15 @@ class EtcdLedgers:
             success.append(Put(key, encoded))
             if revision.create == 0:
                 success.append(Get(key))  # the new key's create revision: the next token
+        size = written + sum(len(op.key) for op in success) + len(key)  # + the compare
+        if size > self.max_txn_bytes:
+            raise Rejected(
+                "too_large",
+                f"the ledger of job {job!r} would take a {size:,}-byte etcd transaction, "
+                f"over max_txn_bytes ({self.max_txn_bytes:,}): nothing was written. Raise "
+                "etcd's --max-request-bytes and the shards service's max_txn_bytes together, "
+                "or have the ranks hold fewer shards each (prefetch)",
+            )
         result = await self.store.txn(_unchanged(key, revision), success, [Get(key)])
         if not result.succeeded:
             current = result.gets[0] if result.gets else None
@@ -192,7 +210,7 @@ class ShardsService:
         self.store = store
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.keys = Keys(settings.etcd.key_prefix)
-        self.ledgers = EtcdLedgers(store, self.keys)
+        self.ledgers = EtcdLedgers(store, self.keys, settings.max_txn_bytes)
         self._runtime: ServiceRuntime | None = None
         self.routes = Routes(store, settings, self._spawn)
         self.idle_dropped = 0  # jobs forgotten after idle_job_s without a request

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from antdt.schemas import InFlight, JobSpec, ShardStatus
 from antdt.schemas.base import Token
+from antdt.services.shards.columns import commit_columns, entry_columns
 
 NonNegative = Annotated[int, Field(ge=0)]
 
@@ -40,6 +41,10 @@ class Requeued(_Frozen):
     attempt: NonNegative = Field(description="The last attempt granted")
 
 
+_REQUEUED = entry_columns(("shard", "position", "attempt"))
+Requeues = Annotated[tuple[Requeued, ...], _REQUEUED.read, _REQUEUED.write]
+
+
 class InFlightEntry(_Frozen):
     """A shard granted to `rank` as `attempt`; `position` is where it resumes: the grant's
     position until the rank commits a checkpoint, then how far the model got."""
@@ -50,11 +55,26 @@ class InFlightEntry(_Frozen):
     position: NonNegative
 
 
+_IN_FLIGHT = entry_columns(("shard", "rank", "attempt", "position"))
+InFlightEntries = Annotated[tuple[InFlightEntry, ...], _IN_FLIGHT.read, _IN_FLIGHT.write]
+
+
 class RankCommit(_Frozen):
     """One rank's part of a pending checkpoint: what it held at the step, and how far."""
 
     rank: NonNegative
     held: tuple[InFlightEntry, ...] = ()
+
+    @model_validator(mode="after")
+    def _own_entries(self) -> RankCommit:
+        # Stored as columns, an entry's rank is its commit's (columns.py).
+        if any(entry.rank != self.rank for entry in self.held):
+            raise ValueError(f"a commit of rank {self.rank} holds another rank's entry")
+        return self
+
+
+_COMMITS = commit_columns()
+RankCommits = Annotated[tuple[RankCommit, ...], _COMMITS.read, _COMMITS.write]
 
 
 class PendingCheckpoint(_Frozen):
@@ -63,11 +83,13 @@ class PendingCheckpoint(_Frozen):
 
     step: NonNegative
     epoch: NonNegative
-    commits: tuple[RankCommit, ...] = ()
-    late: tuple[Requeued, ...] = ()
+    commits: RankCommits = ()
+    late: Requeues = ()
 
-    def committed(self) -> set[int]:
-        return {c.rank for c in self.commits}
+    def committed(self) -> frozenset[int]:
+        """The ranks that committed. Asked on every commit and every grant while the
+        checkpoint is pending, so it is built once per `commits` tuple (see _COMMITTED)."""
+        return committed_ranks(self.commits)
 
 
 class LedgerState(_Frozen):
@@ -82,8 +104,8 @@ class LedgerState(_Frozen):
     shard_size: int = Field(ge=1)
     seed: NonNegative
     cursor: int = Field(ge=0, description="Shards of the epoch's order handed out so far")
-    requeued: tuple[Requeued, ...] = ()
-    in_flight: tuple[InFlightEntry, ...] = ()
+    requeued: Requeues = ()
+    in_flight: InFlightEntries = ()
     done_count: int = Field(ge=0, description="Shards of the current epoch done")
     complete: bool = False
     incarnation: NonNegative = Field(default=0, description="Restores so far")
@@ -123,10 +145,35 @@ class LedgerState(_Frozen):
         return set(range(self.world_size)) - set(self.left)
 
     @property
+    def active_count(self) -> int:
+        """len(active_ranks()), without building the set: `left` holds job ranks only."""
+        return self.world_size - len(self.left)
+
+    @property
     def todo_count(self) -> int:
         """Shards of the current epoch waiting to be granted (never granted, or handed
         back and re-queued)."""
         return self.num_shards - self.cursor + len(self.requeued)
+
+
+#: commits tuple id -> (the tuple, its ranks). Identity-keyed, as work.py's index: the
+#: tuple is held here, so its id is not reused while cached. A few per pending checkpoint.
+_COMMITTED: dict[int, tuple[tuple[RankCommit, ...], frozenset[int]]] = {}
+_COMMITTED_MAX = 64
+
+
+def committed_ranks(
+    commits: tuple[RankCommit, ...], known: frozenset[int] | None = None
+) -> frozenset[int]:
+    """The ranks of `commits`; `known`: already computed by the caller (cached as such)."""
+    hit = _COMMITTED.get(id(commits))
+    if hit is not None and hit[0] is commits:
+        return hit[1]
+    ranks = known if known is not None else frozenset(c.rank for c in commits)
+    if len(_COMMITTED) >= _COMMITTED_MAX:
+        _COMMITTED.clear()
+    _COMMITTED[id(commits)] = (commits, ranks)
+    return ranks
 
 
 def new_ledger(spec: JobSpec) -> LedgerState:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from antdt.schemas import ErrorReply, FetchStatus, ShardGrant, ShardRef, ShardReply
 from antdt.services.shards.permutation import index_of, shard_at
@@ -36,10 +37,16 @@ def error(code: str, message: str) -> ErrorReply:
 
 class _IndexCache:
     """Indexes of recent in-flight tuples, keyed by identity (a tuple is immutable, and
-    the cache holds it, so its id cannot be reused while cached). Bounded, LRU."""
+    the cache holds it, so its id cannot be reused while cached). LRU, bounded both in
+    indexes and in the in-flight entries they index: an index costs about 50 bytes per
+    entry, and a job of 10^4 ranks has 2 * 10^4 entries in flight, so 512 of its indexes
+    held 600 MB. Each operation uses the index of the state the last one built, so a few
+    per job are enough; an evicted one is rebuilt when needed."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_entries: int = 1 << 17) -> None:
         self.size = size
+        self.max_entries = max_entries
+        self.indexed = 0  # in-flight entries of the cached indexes, together
         self._entries: OrderedDict[int, _Indexed] = OrderedDict()
 
     def get(
@@ -57,10 +64,16 @@ class _IndexCache:
         by_shard: dict[int, InFlightEntry],
         by_rank: RankShards,
     ) -> None:
+        replaced = self._entries.pop(id(in_flight), None)
+        if replaced is not None:
+            self.indexed -= len(replaced[0])
         self._entries[id(in_flight)] = (in_flight, by_shard, by_rank)
-        self._entries.move_to_end(id(in_flight))
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self.indexed += len(in_flight)
+        while len(self._entries) > 1 and (
+            len(self._entries) > self.size or self.indexed > self.max_entries
+        ):
+            _, (evicted, _, _) = self._entries.popitem(last=False)
+            self.indexed -= len(evicted)
 
 
 #: A few per job a replica serves (stored, working, a snapshot or two): jobs beyond that
@@ -200,11 +213,14 @@ class Work:
             self.complete = True
 
     def state(self) -> LedgerState:
-        """The next state. Its index is this Work's, handed over: the Work carries on
-        with copies, so changing it afterwards cannot corrupt the cached index."""
+        """The next state. Its index is this Work's, handed over: the Work keeps read-only
+        views of it, so that changing the Work afterwards fails instead of corrupting the
+        cached index (copying it instead would cost O(in flight) per operation)."""
         in_flight = tuple(self.in_flight.values())
         _INDEXES.put(in_flight, self.in_flight, self._ranks)
-        self.in_flight, self._ranks, self._owned = dict(self.in_flight), dict(self._ranks), set()
+        self.in_flight = MappingProxyType(self.in_flight)  # type: ignore[assignment]
+        self._ranks = MappingProxyType(self._ranks)  # type: ignore[assignment]
+        self._owned = set()  # so a change of a rank's shards goes through the view
         return self.base.model_copy(
             update={
                 "epoch": self.epoch,

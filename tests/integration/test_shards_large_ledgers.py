@@ -1,0 +1,108 @@
+"""Ledgers of large jobs against the real etcd and a real shards replica: a checkpoint of
+10^4 ranks is written and read back within etcd's request limit, and a ledger that would
+outgrow the limit is refused with a clear error, nothing written, the replica serving on."""
+
+from __future__ import annotations
+
+import pytest
+from structlog.testing import capture_logs
+
+from antdt.runtime.bus import Bus, RequestRefused
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.store import Store
+from antdt.schemas import (
+    FetchStatus,
+    Keys,
+    ShardCommit,
+    ShardFetch,
+    ShardReply,
+    ShardStatus,
+    ShardStatusRequest,
+    Subjects,
+)
+from antdt.services.runner import start_service
+from antdt.services.shards.change import Writes
+from antdt.services.shards.checkpoints import apply_commit
+from antdt.services.shards.committer import Snapshot
+from antdt.services.shards.ops import to_change
+from antdt.services.shards.service import EtcdLedgers, ShardsService, ShardsSettings, _Revision
+from antdt.services.shards.state import LedgerState, PendingCheckpoint, RankCommit
+from tests.integration.test_shards_concurrency import register
+from tests.unit.test_ledger_columns import ETCD_MAX_REQUEST, big_job, older_format
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_checkpoint_of_ten_thousand_ranks_is_written_to_real_etcd(
+    settings: ServiceSettings, store: Store
+) -> None:
+    """All ranks but one committed, then the last: both writes (the second with the
+    snapshot in the same transaction) pass etcd's default request limit, and read back."""
+    ranks, keys = 10_000, Keys(settings.etcd.key_prefix)
+    ledgers = EtcdLedgers(store, keys)
+    steady = big_job(ranks)
+    commits = tuple(
+        RankCommit(rank=r, held=steady.in_flight[2 * r : 2 * r + 2])  # big_job's order
+        for r in range(ranks - 1)
+    )
+    pending = steady.model_copy(
+        update={"pending": PendingCheckpoint(step=7, epoch=0, commits=commits)}
+    )
+    pending = LedgerState.model_validate(pending.model_dump())
+    assert len(older_format(pending)) > ETCD_MAX_REQUEST  # what could not be written
+    first = await ledgers.commit("big", Snapshot(steady, _Revision(0, 0)), pending, Writes())
+    assert first.ok and first.snapshot is not None
+    out = apply_commit(pending, ShardCommit(job="big", rank=ranks - 1, step=7, epoch=0))
+    writes = Writes()
+    writes.add(to_change(out, keys, "big"))
+    second = await ledgers.commit("big", first.snapshot, out.state, writes)
+    assert second.ok
+    loaded = await ledgers.load("big")
+    assert loaded.state == out.state and loaded.state.checkpoints == (7,)
+    snapshot = await store.get_model(keys.ledger_checkpoint("big", 7), LedgerState)
+    assert snapshot is not None and len(snapshot[0].in_flight) == 2 * ranks
+
+
+async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_written(
+    settings: ServiceSettings, store: Store
+) -> None:
+    job, world = "outgrown", 400
+    await register(store, settings, job, world=world, shards=10_000, epochs=1)
+    await register(store, settings, "neighbour", world=1, shards=10, epochs=1)
+    runtime = ServiceRuntime("small-txn")
+    replica_settings = ShardsSettings(
+        **{**settings.model_dump(), "replica_id": "small", "max_txn_bytes": 10_000}
+    )
+    service: ShardsService = await start_service("shards", replica_settings, runtime)
+    bus = await Bus(settings.nats, name="ranks").connect()
+    subjects = Subjects(settings.nats.subject_prefix)
+    fetch, status = subjects.shards(job, "fetch"), subjects.shards(job, "status")
+    try:
+        refused, before, asked = None, None, 0
+        with capture_logs() as logs:
+            for rank in range(world):  # each rank takes two shards: the ledger grows
+                before = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
+                try:
+                    await bus.request(fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2),
+                                      ShardReply)  # fmt: skip
+                    asked += 1
+                except RequestRefused as exc:
+                    refused = exc
+                    break
+        assert refused is not None, "the ledger never reached max_txn_bytes"
+        assert refused.reply.code == "too_large" and "max_txn_bytes" in refused.reply.error
+        assert 100 < asked < world
+        after = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
+        assert after == before  # nothing written
+        assert any(e["event"] == "ledger commit refused" and e["code"] == "too_large"
+                   for e in logs)  # fmt: skip
+        # The replica serves on: the same job's done marks shrink it, and other jobs.
+        neighbour = ShardFetch(job="neighbour", rank=0, epoch=0)
+        other = await bus.request(subjects.shards("neighbour", "fetch"), neighbour, ShardReply)
+        assert other.status is FetchStatus.OK
+        counts = service.bus.rejections.counts
+        assert sum(n for (_, code), n in counts.items() if code == "too_large") >= 1
+    finally:
+        await bus.close()
+        await runtime.shutdown()
