@@ -37,6 +37,7 @@ from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
     AdjustBatch,
+    CheckpointCompleted,
     CommitReply,
     ExitReason,
     JobSpec,
@@ -148,6 +149,9 @@ class Agent:
         route = ShardRoute(self.subjects, s.job)
         self._stream = ShardStream(state, bus=bus, route=route, loop=self._thread.loop)
         self._ledger = LedgerClient(bus, self._stream)
+        await bus.subscribe(
+            self.subjects.checkpointed(s.job), CheckpointCompleted, self._ledger.on_checkpointed
+        )
         # The fetcher starts with the first epoch, or after a restore: a restarted job
         # must not take data before its ledger is back at the checkpoint.
 

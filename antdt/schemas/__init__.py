@@ -29,6 +29,7 @@ from antdt.schemas.events import (
 from antdt.schemas.plan import JobSpec, MonitorParams, Plan, PlanRequest, RegisterReply
 from antdt.schemas.restarts import BlocklistEntry, PendingRestart, RestartLedger
 from antdt.schemas.shards import (
+    CheckpointCompleted,
     CommitReply,
     FetchStatus,
     InFlight,
@@ -70,6 +71,7 @@ __all__ = [
     "AdjustBatch",
     "BlocklistEntry",
     "Cause",
+    "CheckpointCompleted",
     "Command",
     "CommitReply",
     "ErrorReply",

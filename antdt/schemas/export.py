@@ -32,6 +32,7 @@ EXPORTED: dict[str, Any] = {
     "ShardReply": schemas.ShardReply,
     "ShardStatusRequest": schemas.ShardStatusRequest,
     "ShardStatus": schemas.ShardStatus,
+    "CheckpointCompleted": schemas.CheckpointCompleted,
 }
 
 

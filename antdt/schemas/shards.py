@@ -201,10 +201,25 @@ class CommitReply(WireModel):
     job: Token
     step: Count
     complete: bool = Field(description="Every rank committed: the snapshot for `step` is stored")
+    completed_now: bool = Field(
+        default=False,
+        description="This commit completed the checkpoint: its snapshot was written with it",
+    )
     waiting: Count = Field(default=0, description="How many ranks have yet to commit")
     waiting_for: tuple[Rank, ...] = Field(
         default=(), description="The ranks yet to commit, when there are at most 16 of them"
     )
+    checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
+
+
+class CheckpointCompleted(WireModel):
+    """Published on `{p}.{job}.shards.checkpointed` once the ledger snapshot of checkpoint
+    `step` is durable (every active rank committed). Ranks waiting in `commit` ask again
+    at once instead of at their next poll; anyone may subscribe (a checkpoint's data
+    positions are safe from here on)."""
+
+    job: Token
+    step: Count
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
 
 

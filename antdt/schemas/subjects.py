@@ -56,6 +56,11 @@ class Subjects:
         """verb: fetch (done-and-fetch in one request), commit, restore, release, status."""
         return f"{self.prefix}.{job}.shards.{verb}"
 
+    def checkpointed(self, job: str) -> str:
+        """Where the shards service announces a job's completed checkpoints (published,
+        not a request: every rank of the job listens)."""
+        return f"{self.prefix}.{job}.shards.checkpointed"
+
     def shards_direct(self, job: str, verb: str, route: str) -> str:
         """`shards(job, verb)` addressed to one replica (its route token, see
         `route_token`): how ranks reach the replica that owns their job's ledger."""

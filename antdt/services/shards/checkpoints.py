@@ -178,13 +178,15 @@ def _complete(state: LedgerState, pending: PendingCheckpoint, keep: int) -> Outc
     current = state.model_copy(update={"pending": None, "checkpoints": kept})
     return Outcome(
         current,
-        _commit_reply(current, pending.step, complete=True),
+        _commit_reply(current, pending.step, complete=True, now=True),
         store=((pending.step, snapshot),),
         drop=dropped,
     )
 
 
-def _commit_reply(state: LedgerState, step: int, *, complete: bool) -> CommitReply:
+def _commit_reply(
+    state: LedgerState, step: int, *, complete: bool, now: bool = False
+) -> CommitReply:
     """The reply names the waiting ranks only when they are few: listing them costs
     O(ranks) per commit, and a job of 10^4 ranks commits 10^4 times per checkpoint."""
     count = 0
@@ -194,8 +196,8 @@ def _commit_reply(state: LedgerState, step: int, *, complete: bool) -> CommitRep
         if count <= WAITING_LISTED:
             waiting_for = tuple(sorted(state.active_ranks() - state.pending.committed()))
     return CommitReply(
-        job=state.job, step=step, complete=complete, waiting=count, waiting_for=waiting_for,
-        checkpoints=state.checkpoints,
+        job=state.job, step=step, complete=complete, completed_now=now, waiting=count,
+        waiting_for=waiting_for, checkpoints=state.checkpoints,
     )  # fmt: skip
 
 

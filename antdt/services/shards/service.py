@@ -33,6 +33,8 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
 from antdt.schemas import (
+    CheckpointCompleted,
+    CommitReply,
     FetchStatus,
     JobSpec,
     Keys,
@@ -336,7 +338,22 @@ class ShardsService:
     async def _on_commit(self, req: ShardCommit, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
         self.requests["commit"] += 1
-        return await self.submit(req.job, commit_op(req, self.keys, self.settings.checkpoints_kept))
+        op = commit_op(req, self.keys, self.settings.checkpoints_kept)
+        reply = await self.submit(req.job, op)
+        if isinstance(reply, CommitReply) and reply.completed_now:  # durable: announce it
+            await self._announce(reply)
+        return reply
+
+    async def _announce(self, reply: CommitReply) -> None:
+        """Tell the job's waiting ranks that checkpoint `reply.step` is complete. Best
+        effort: a rank that misses it learns the same at its next poll."""
+        event = CheckpointCompleted(job=reply.job, step=reply.step, checkpoints=reply.checkpoints)
+        try:
+            await self.bus.publish(self.subjects.checkpointed(reply.job), event)
+        except Exception as exc:  # NATS away: the reply itself still goes out
+            log.warning("checkpoint not announced", job=reply.job, step=reply.step, error=repr(exc))
+        else:
+            log.info("checkpoint complete", job=reply.job, step=reply.step)
 
     async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
         """The snapshot is read before the operation is queued; the operation itself
