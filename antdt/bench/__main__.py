@@ -21,6 +21,7 @@ from antdt.bench.cases import (
     bench_monitor_ingest,
     bench_raw_pubsub,
 )
+from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.master import bench_memory_master
@@ -84,6 +85,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     )
     rows += await shards_rows(cluster)
     rows += await ledger_write_rows(cluster)
+    rows += await checkpoint_rows_of(cluster)
     rows += await incident_to_plan_rows(cluster)
     return rows
 
@@ -236,6 +238,21 @@ async def ledger_write_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             "details": {"paced": paced, "unpaced": unpaced},
         }
     ]
+
+
+async def checkpoint_rows_of(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """Every rank of a 10^3- and a 10^4-rank job commits one checkpoint at once."""
+    results = {}
+    for ranks in (1000, 10_000):
+        with console.status(f"checkpoint of {ranks:,} ranks through one replica"):
+            got = results[ranks] = await bench_checkpoint(cluster, ranks=ranks)
+        console.print(
+            f"checkpoint, {ranks:,} ranks: complete in {got['complete_s']:.1f} s, "
+            f"{got['commits_per_s']:,.0f} commits/s (fetches {got['fetches_per_s']:,.0f}/s), "
+            f"{got['requests_per_write']:.0f} commits per write, peak ledger "
+            f"{got['peak_bytes']:,.0f} bytes ({got['peak_bytes_as_objects']:,.0f} as objects)"
+        )
+    return checkpoint_rows(results)
 
 
 async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import nats
 import structlog
@@ -59,6 +59,7 @@ class Bus(JetStreamMixin):
         self.handler_errors = 0
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
+        self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
 
     # -- connection ---------------------------------------------------------------
 
@@ -140,6 +141,13 @@ class Bus(JetStreamMixin):
         """Stop taking new messages, let in-flight handlers finish, flush, close."""
         if self._nc is None or self._nc.is_closed:
             return
+        # Each subscription first (it waits for its queued messages to reach a handler),
+        # then the handlers that run as tasks (concurrency > 1): their replies need the
+        # connection, which the connection's own drain closes.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(_drain(sub) for sub in self._subs)), timeout=5)
+        if self._handling:
+            await asyncio.wait(set(self._handling), timeout=5)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._nc.drain(), timeout=5)
         with contextlib.suppress(Exception):
@@ -246,13 +254,23 @@ class Bus(JetStreamMixin):
         *,
         queue: str = "",
         pending_msgs: int = 500_000,
+        concurrency: int = 1,
     ) -> None:
         """Validate every message into `target`, then call `handler(model, delivery)`.
 
         A handler's returned model is the reply (when the message expects one). Bad input
-        and handler failures are counted and answered with ErrorReply; they never escape."""
+        and handler failures are counted and answered with ErrorReply; they never escape.
+
+        nats-py runs a subscription's handler for one message at a time. With
+        `concurrency` > 1 each message is handled by a task of its own, started in arrival
+        order, at most `concurrency` at once (then the subscription waits for one to end):
+        for handlers that wait on something shared, such as a write many requests join."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
-        on_msg = functools.partial(self._dispatch, subject, Decoder(target), handler)
+        on_msg: Callable[[Msg], Coroutine[Any, Any, None]] = functools.partial(
+            self._dispatch, subject, Decoder(target), handler
+        )
+        if concurrency > 1:
+            on_msg = self._as_tasks(on_msg, asyncio.Semaphore(concurrency))
         sub = await self.nc.subscribe(
             subject,
             queue=queue,
@@ -265,6 +283,21 @@ class Bus(JetStreamMixin):
         # "subscribed" means "will receive what is published from now on".
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)  # type: ignore[arg-type]
+
+    def _as_tasks(
+        self, on_msg: Callable[[Msg], Coroutine[Any, Any, None]], slots: asyncio.Semaphore
+    ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
+        def release(task: asyncio.Task[None]) -> None:
+            self._handling.discard(task)
+            slots.release()
+
+        async def start(msg: Msg) -> None:
+            await slots.acquire()
+            task = asyncio.get_running_loop().create_task(on_msg(msg))
+            self._handling.add(task)
+            task.add_done_callback(release)
+
+        return start
 
     async def _dispatch(
         self, pattern: str, decoder: Decoder[M], handler: Handler[M], msg: Msg
@@ -288,6 +321,11 @@ class Bus(JetStreamMixin):
         if msg.reply and reply is not None:
             with contextlib.suppress(Exception):
                 await msg.respond(encode(reply))
+
+
+async def _drain(sub: NatsSubscription) -> None:
+    with contextlib.suppress(Exception):  # closed already, or the connection is away
+        await sub.drain()
 
 
 __all__ = [

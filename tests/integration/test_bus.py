@@ -119,6 +119,49 @@ async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type
     await other.close()
 
 
+async def test_a_subscription_with_concurrency_handles_that_many_at_once_and_drains(
+    settings,  # type: ignore[no-untyped-def]
+) -> None:
+    """Handlers that wait on something shared (a ledger write) run side by side, at most
+    `concurrency`; draining the bus still answers every request already taken."""
+    server = await Bus(settings.nats, name="server").connect()
+    client = await Bus(settings.nats, name="client").connect()
+    subject = Subjects(settings.nats.subject_prefix).plan_get("job1")
+    release, running, peak = asyncio.Event(), set[int](), 0
+
+    async def slow(req: PlanRequest, _: Delivery) -> PlanRequest:
+        nonlocal peak
+        running.add(req.rank)
+        peak = max(peak, len(running))
+        await release.wait()
+        await asyncio.sleep(0.2)  # still working when the drain has started
+        running.discard(req.rank)
+        return req  # echoed
+
+    await server.subscribe(subject, PlanRequest, slow, concurrency=4)
+    asking = [
+        asyncio.ensure_future(
+            client.request(subject, PlanRequest(job="job1", rank=r), PlanRequest, timeout=10)
+        )
+        for r in range(6)
+    ]
+    try:
+        await wait_for(lambda: len(running) == 4, what="four handlers at once")
+        await asyncio.sleep(0.1)
+        assert peak == 4  # the other two wait for a slot
+        draining = asyncio.ensure_future(server.drain())
+        await asyncio.sleep(0.1)
+        assert not draining.done()  # waits for the handlers it started
+        release.set()
+        await asyncio.wait_for(draining, 10)
+        replies = await asyncio.gather(*asking)
+        assert sorted(r.rank for r in replies) == list(range(6))
+    finally:
+        release.set()
+        await client.close()
+        await server.close()
+
+
 async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     tracer = TracerProvider().get_tracer("test")

@@ -1,0 +1,153 @@
+"""Checkpoints of large jobs through a real shards replica: every rank of a job holding
+`prefetch` shards commits the same checkpoint, as agents do after one synced step.
+
+Reported: how fast the commits are served (against how fast the same replica granted
+the shards: a commit that cost O(ranks) would fall far behind at 10^4 ranks), how long
+the checkpoint took to complete, and the stored ledger's size at its peak (all ranks but
+one committed) against the same state written as JSON objects, the format before
+columns, which etcd's 1.5 MiB request limit refused at 10^4 ranks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from antdt.bench.shards import ShardsReplicas, percentiles
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import EtcdSettings
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+from antdt.schemas import (
+    CommitReply,
+    JobSpec,
+    ShardCommit,
+    ShardFetch,
+    ShardGrant,
+    ShardPosition,
+    ShardReply,
+)
+
+#: Requests in flight at once: agents all commit at once, but one client process
+#: holding 10^4 requests would measure itself more than the service.
+CONCURRENT = 2048
+
+
+async def bench_checkpoint(
+    cluster: EmbeddedCluster, *, ranks: int, prefetch: int = 2
+) -> dict[str, float]:
+    store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
+    try:
+        async with ShardsReplicas(cluster, count=1) as replica:
+            return await _checkpoint(replica, store, ranks, prefetch)
+    finally:
+        await store.close()
+
+
+async def _checkpoint(
+    replica: ShardsReplicas, store: Store, ranks: int, prefetch: int
+) -> dict[str, float]:
+    job = f"ckpt{ranks}"
+    spec = JobSpec(job=job, world_size=ranks, dataset_size=10**9, shard_size=10**4,
+                   global_batch=ranks * 32)  # fmt: skip
+    await replica.register(store, spec)
+    bus = await Bus(replica.nats, name="bench-checkpoint").connect()
+    gate = asyncio.Semaphore(CONCURRENT)
+    held: dict[int, tuple[ShardGrant, ...]] = {}
+
+    async def fetch(rank: int) -> None:
+        async with gate:
+            request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch, held=())
+            subject = replica.subjects.shards(job, "fetch")
+            held[rank] = (await bus.request(subject, request, ShardReply, timeout=60)).grants
+
+    latencies: list[float] = []
+    completed: list[CommitReply] = []
+
+    async def commit(rank: int) -> None:
+        positions = tuple(
+            ShardPosition(epoch=0, shard=g.shard, attempt=g.attempt, position=g.size // 2)
+            for g in held[rank][:1]  # half-way through its first shard
+        )
+        request = ShardCommit(job=job, rank=rank, step=10, epoch=0, positions=positions)
+        async with gate:
+            sent = time.perf_counter()
+            reply = await bus.request(
+                replica.subjects.shards(job, "commit"), request, CommitReply, timeout=60
+            )
+            latencies.append(time.perf_counter() - sent)
+        if reply.completed_now:
+            completed.append(reply)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(fetch(r) for r in range(ranks)))
+        fetches_per_s = ranks / (time.perf_counter() - started)
+        await replica.go()
+        started = time.perf_counter()
+        await asyncio.gather(*(commit(r) for r in range(ranks - 1)))
+        peak = await _stored(store, replica, job)  # every rank but the last committed
+        await commit(ranks - 1)
+        elapsed = time.perf_counter() - started
+        counters = await replica.counters()
+    finally:
+        await bus.close()
+    if len(completed) != 1:
+        raise RuntimeError(f"the checkpoint completed {len(completed)} times")
+    return {
+        "ranks": ranks,
+        "fetches_per_s": fetches_per_s,
+        "commits_per_s": ranks / elapsed,
+        "complete_s": elapsed,
+        **percentiles(latencies),
+        "service_cpu_us_per_commit": counters["cpu_s"] / ranks * 1e6,
+        "peak_bytes": len(peak),
+        "peak_bytes_as_objects": len(_as_objects(peak)),
+        "requests_per_write": counters["committed"] / max(counters["commits"], 1),
+    }
+
+
+async def _stored(store: Store, replica: ShardsReplicas, job: str) -> bytes:
+    stored = await store.get(f"{replica.key_prefix}jobs/{job}/ledger/state")
+    if stored is None:
+        raise RuntimeError("no ledger stored")
+    return stored.value
+
+
+def _as_objects(value: bytes) -> bytes:
+    """The same ledger as it was stored before columns: every list as JSON objects."""
+    from antdt.services.shards.ledger import LedgerState
+
+    state = LedgerState.model_validate_json(value)
+    return json.dumps(state.model_dump(mode="python"), separators=(",", ":")).encode()
+
+
+def checkpoint_rows(results: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for ranks, got in results.items():
+        rows.append(
+            {
+                "what": f"checkpoint commits/s through one replica, {ranks:,} ranks x 2 shards",
+                "value": got["commits_per_s"],
+                "p50_ms": got["p50_ms"],
+                "p99_ms": got["p99_ms"],
+                "baseline": got["fetches_per_s"],
+                "baseline_what": "fetches/s granting those shards",
+                "target": "reported (no O(ranks) per commit)",
+                "details": got,
+            }
+        )
+    largest = results[max(results)]
+    rows.append(
+        {
+            "what": f"ledger bytes at a checkpoint's peak, {largest['ranks']:,} ranks x 2 "
+            "shards, all but one committed",
+            "value": largest["peak_bytes"],
+            "baseline": largest["peak_bytes_as_objects"],
+            "baseline_what": "as JSON objects, the format before",
+            "target": "< 1,572,864 (etcd's request limit)",
+            "details": largest,
+        }
+    )
+    return rows
