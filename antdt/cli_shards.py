@@ -14,6 +14,7 @@ from rich.text import Text
 
 from antdt.cli_etcd import EtcdOpt
 from antdt.schemas import ReleaseReply, ShardRelease, ShardStatus, ShardStatusRequest, Subjects
+from antdt.schemas.shards import STATUS_LISTED_MAX
 
 shards_app = typer.Typer(help=__doc__)
 out = Console()
@@ -44,11 +45,20 @@ def shards(
 
 
 @shards_app.command("status")
-def status_command(job: JobOpt, nats_url: NatsOpt = None) -> None:
+def status_command(
+    job: JobOpt,
+    rank: Annotated[
+        list[int] | None,
+        typer.Option("--rank", min=0, help="Only this rank's shards (repeat for more)"),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option(min=0, max=STATUS_LISTED_MAX, help="In-flight shards listed at most")
+    ] = 200,
+    nats_url: NatsOpt = None,
+) -> None:
     """Epoch, progress, in-flight shards per rank, checkpoints and incarnation of a job."""
-    status = asyncio.run(
-        _request(nats_url, job, "status", ShardStatusRequest(job=job), ShardStatus)
-    )
+    req = ShardStatusRequest(job=job, ranks=tuple(rank or ()), limit=limit)
+    status = asyncio.run(_request(nats_url, job, "status", req, ShardStatus))
     out.print(render_status(status))
 
 
@@ -97,26 +107,38 @@ def render_status(status: ShardStatus) -> Group:
         f"  epoch {status.epoch + 1}/{status.epochs}  ",
         ("complete" if status.complete else f"{status.done}/{status.num_shards} shards done "
                                             f"({done_pct:.1f}%)", "green"),
-        f"  todo {status.todo}  in flight {len(status.in_flight)}  "
+        f"  todo {status.todo}  in flight {max(status.in_flight_total, len(status.in_flight))}  "
         f"incarnation {status.incarnation}",
         f"  served by {status.owner}" if status.owner else "",
     )  # fmt: skip
     per_rank: dict[int, list[str]] = defaultdict(list)
     for entry in status.in_flight:
         per_rank[entry.rank].append(f"{entry.shard}@{entry.position} (a{entry.attempt})")
+    shown = len(status.in_flight)
+    total = max(status.in_flight_total, shown)  # 0 from a service that did not count
+    more = f"; {shown:,} of {total:,} listed (--rank, --limit)" if shown < total else ""
     table = Table(
         "rank", "in flight: shard@position (attempt)",
-        title="in flight per rank (held, or reserved ahead)",
+        title=f"in flight per rank (held, or reserved ahead{more})",
     )  # fmt: skip
     for rank in sorted(per_rank):
         table.add_row(str(rank), ", ".join(per_rank[rank]))
     checkpoints = ", ".join(map(str, status.checkpoints)) or "none"
     lines: list[Text | Table] = [head, table, Text(f"checkpoints (steps): {checkpoints}")]
     if status.pending_checkpoint is not None:
-        committed = ", ".join(map(str, status.committed_ranks)) or "none"
+        committed = _ranks_text(status.committed_ranks)
         lines.append(
             Text(f"pending checkpoint at step {status.pending_checkpoint}: committed {committed}")
         )
     if status.left:
         lines.append(Text(f"removed ranks: {', '.join(map(str, status.left))}", "yellow"))
     return Group(*lines)
+
+
+def _ranks_text(ranks: tuple[int, ...], shown: int = 32) -> str:
+    """Ranks as a list, or, for many, how many and the first few."""
+    if not ranks:
+        return "none"
+    if len(ranks) <= shown:
+        return ", ".join(map(str, ranks))
+    return f"{len(ranks):,} ranks ({', '.join(map(str, ranks[:shown]))}, ...)"

@@ -135,8 +135,23 @@ class ShardReply(WireModel):
     )
 
 
+#: In-flight shards a ShardStatus lists at most (70 bytes each as JSON, at most): a job of
+#: 10^4 ranks holding two shards each made a 1.4 MB reply, past nats-server's 1 MB limit.
+STATUS_LISTED_MAX = 3000
+
+
 class ShardStatusRequest(WireModel):
     job: Token
+    ranks: tuple[Rank, ...] = Field(
+        default=(), max_length=1024, description="Only these ranks' in-flight shards (empty: any)"
+    )
+    limit: int = Field(
+        default=2000,
+        ge=0,
+        le=STATUS_LISTED_MAX,
+        description="In-flight shards listed at most (lowest ranks first); "
+        "`in_flight_total` counts them all",
+    )
 
 
 class InFlight(WireModel):
@@ -155,7 +170,10 @@ class ShardStatus(WireModel):
     num_shards: Count
     done: Count
     todo: Count
-    in_flight: tuple[InFlight, ...]
+    in_flight: tuple[InFlight, ...] = Field(
+        description="In-flight shards of the ranks asked for, at most the request's limit"
+    )
+    in_flight_total: Count = Field(default=0, description="Shards in flight in all")
     complete: bool = False
     incarnation: Count = 0
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a ledger snapshot")

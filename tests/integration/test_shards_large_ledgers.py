@@ -1,8 +1,11 @@
 """Ledgers of large jobs against the real etcd and a real shards replica: a checkpoint of
-10^4 ranks is written and read back within etcd's request limit, and a ledger that would
-outgrow the limit is refused with a clear error, nothing written, the replica serving on."""
+10^4 ranks is written and read back within etcd's request limit, a ledger that would
+outgrow the limit is refused with a clear error, nothing written, the replica serving on,
+and the status of a large job stays within a message."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 from structlog.testing import capture_logs
@@ -12,6 +15,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
 from antdt.schemas import (
+    MAX_MESSAGE_BYTES,
     FetchStatus,
     Keys,
     ShardCommit,
@@ -21,6 +25,7 @@ from antdt.schemas import (
     ShardStatusRequest,
     Subjects,
 )
+from antdt.schemas.shards import STATUS_LISTED_MAX
 from antdt.services.runner import start_service
 from antdt.services.shards.change import Writes
 from antdt.services.shards.checkpoints import apply_commit
@@ -28,6 +33,8 @@ from antdt.services.shards.committer import Snapshot
 from antdt.services.shards.ops import to_change
 from antdt.services.shards.service import EtcdLedgers, ShardsService, ShardsSettings, _Revision
 from antdt.services.shards.state import LedgerState, PendingCheckpoint, RankCommit
+from antdt.services.shards.state import status as ledger_status
+from tests.integration.test_shards_checkpoints import render
 from tests.integration.test_shards_concurrency import register
 from tests.unit.test_ledger_columns import ETCD_MAX_REQUEST, big_job, older_format
 
@@ -106,3 +113,46 @@ async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_wri
     finally:
         await bus.close()
         await runtime.shutdown()
+
+
+async def test_status_of_a_large_job_lists_a_bounded_part_and_counts_the_rest(
+    settings: ServiceSettings, store: Store, bus: Bus
+) -> None:
+    """A ShardStatus listing every in-flight shard of a 10^4-rank job was 1.4 MB, past
+    nats-server's payload limit: `antdt shards status` got no answer. It lists at most
+    the request's limit, lowest ranks first, or the ranks asked for, and counts them all."""
+    job, world, held = "wide", 300, 8
+    await register(store, settings, job, world=world, shards=10_000, epochs=1)
+    runtime = ServiceRuntime("status")
+    await start_service("shards", ShardsSettings(**settings.model_dump()), runtime)
+    subjects = Subjects(settings.nats.subject_prefix)
+    try:
+        fetch = subjects.shards(job, "fetch")
+        await asyncio.gather(*(
+            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=held), ShardReply)
+            for r in range(world)
+        ))  # fmt: skip
+        ask = subjects.shards(job, "status")
+        default = await bus.request(ask, ShardStatusRequest(job=job), ShardStatus)
+        assert default.in_flight_total == world * held and len(default.in_flight) == 2000
+        assert [e.rank for e in default.in_flight] == sorted(e.rank for e in default.in_flight)
+        assert "2,000 of 2,400 listed" in render(default)
+        some = await bus.request(ask, ShardStatusRequest(job=job, ranks=(7, 299)), ShardStatus)
+        assert sorted({e.rank for e in some.in_flight}) == [7, 299]
+        assert len(some.in_flight) == 2 * held and some.in_flight_total == world * held
+    finally:
+        await runtime.shutdown()
+
+
+def test_the_status_of_ten_thousand_ranks_fits_a_message() -> None:
+    job = big_job(10_000)
+    wide = tuple(  # the widest numbers a 10^4-rank job's entries can have
+        e.model_copy(update={"shard": 99_990 + i, "rank": 9_999, "position": 9_999})
+        for i, e in enumerate(job.in_flight[:10])
+    )
+    job = job.model_copy(update={"in_flight": wide + job.in_flight[10:]})
+    status = ledger_status(job, ranks=(), limit=STATUS_LISTED_MAX)
+    assert status.in_flight_total == 20_000 and len(status.in_flight) == STATUS_LISTED_MAX
+    per_entry = max(len(e.model_dump_json()) for e in status.in_flight)
+    assert per_entry * STATUS_LISTED_MAX + 1000 < MAX_MESSAGE_BYTES
+    assert len(status.model_dump_json()) < MAX_MESSAGE_BYTES

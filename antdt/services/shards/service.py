@@ -391,6 +391,6 @@ class ShardsService:
         self._check_subject(req.job, delivery)
         self.requests["status"] += 1
         # Fresh from etcd, not the committer's cache: another replica may have written.
-        ledger = status((await self.ledgers.load(req.job)).state)
+        ledger = status((await self.ledgers.load(req.job)).state, req.ranks, req.limit)
         owner = await self.routes.ownership.owner_of(req.job)
         return ledger.model_copy(update={"owner": owner}) if owner else ledger

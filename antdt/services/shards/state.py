@@ -208,8 +208,14 @@ def shard_range(state: LedgerState, shard: int) -> tuple[int, int]:
     return start, min(start + state.shard_size, state.dataset_size)
 
 
-def status(state: LedgerState) -> ShardStatus:
+def status(state: LedgerState, ranks: tuple[int, ...] = (), limit: int = 2000) -> ShardStatus:
+    """The ledger as `antdt shards status` shows it: the in-flight shards of `ranks` (all
+    when empty), lowest ranks first, at most `limit` of them, and how many in all."""
     pending = state.pending
+    wanted = set(ranks)
+    listed = sorted(
+        (e for e in state.in_flight if not wanted or e.rank in wanted), key=lambda e: e.rank
+    )[:limit]
     return ShardStatus(
         job=state.job,
         epoch=state.epoch,
@@ -219,8 +225,9 @@ def status(state: LedgerState) -> ShardStatus:
         todo=state.todo_count,
         in_flight=tuple(
             InFlight(rank=e.rank, shard=e.shard, attempt=e.attempt, position=e.position)
-            for e in state.in_flight
+            for e in listed
         ),
+        in_flight_total=len(state.in_flight),
         complete=state.complete,
         incarnation=state.incarnation,
         checkpoints=state.checkpoints,
