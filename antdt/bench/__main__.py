@@ -250,7 +250,8 @@ async def checkpoint_rows_of(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             f"checkpoint, {ranks:,} ranks: complete in {got['complete_s']:.1f} s, "
             f"{got['commits_per_s']:,.0f} commits/s (fetches {got['fetches_per_s']:,.0f}/s), "
             f"{got['requests_per_write']:.0f} commits per write, peak ledger "
-            f"{got['peak_bytes']:,.0f} bytes ({got['peak_bytes_as_objects']:,.0f} as objects)"
+            f"{got['peak_bytes']:,.0f} bytes ({got['peak_bytes_as_objects']:,.0f} as objects); "
+            f"every rank restored it in {got['restore_s']:.2f} s"
         )
     return checkpoint_rows(results)
 

@@ -16,11 +16,14 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
 from antdt.schemas import (
     MAX_MESSAGE_BYTES,
+    CommitReply,
     FetchStatus,
     Keys,
+    RestoreReply,
     ShardCommit,
     ShardFetch,
     ShardReply,
+    ShardRestore,
     ShardStatus,
     ShardStatusRequest,
     Subjects,
@@ -34,6 +37,7 @@ from antdt.services.shards.ops import to_change
 from antdt.services.shards.service import EtcdLedgers, ShardsService, ShardsSettings, _Revision
 from antdt.services.shards.state import LedgerState, PendingCheckpoint, RankCommit
 from antdt.services.shards.state import status as ledger_status
+from tests.integration.agent_fixtures import shard_status
 from tests.integration.test_shards_checkpoints import render
 from tests.integration.test_shards_concurrency import register
 from tests.unit.test_ledger_columns import ETCD_MAX_REQUEST, big_job, older_format
@@ -156,3 +160,47 @@ def test_the_status_of_ten_thousand_ranks_fits_a_message() -> None:
     per_entry = max(len(e.model_dump_json()) for e in status.in_flight)
     assert per_entry * STATUS_LISTED_MAX + 1000 < MAX_MESSAGE_BYTES
     assert len(status.model_dump_json()) < MAX_MESSAGE_BYTES
+
+
+async def test_every_rank_of_a_restart_restores_with_one_read_of_the_snapshot(
+    settings: ServiceSettings, store: Store, bus: Bus
+) -> None:
+    """A restarted job's ranks all restore the same checkpoint at once. Each request read
+    and decoded the snapshot, one request at a time: 20 s for 1,000 ranks. They now share
+    one read; the first restores, every other is answered from the ledger."""
+    job, world = "restarted", 300
+    await register(store, settings, job, world=world, shards=10_000, epochs=1)
+    runtime = ServiceRuntime("restores")
+    service: ShardsService = await start_service(
+        "shards", ShardsSettings(**settings.model_dump()), runtime
+    )
+    subjects = Subjects(settings.nats.subject_prefix)
+    try:
+        fetch, commit = subjects.shards(job, "fetch"), subjects.shards(job, "commit")
+        await asyncio.gather(*(
+            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=2), ShardReply)
+            for r in range(world)
+        ))  # fmt: skip
+        commits = await asyncio.gather(*(
+            bus.request(commit, ShardCommit(job=job, rank=r, step=5, epoch=0), CommitReply)
+            for r in range(world)
+        ))  # fmt: skip
+        assert sum(c.completed_now for c in commits) == 1
+        restore = subjects.shards(job, "restore")
+        replies = await asyncio.gather(*(
+            bus.request(restore, ShardRestore(job=job, rank=r, token="again", step=5),
+                        RestoreReply, timeout=10)
+            for r in range(world)
+        ))  # fmt: skip
+        assert sum(r.restored for r in replies) == 1
+        assert {(r.incarnation, r.step) for r in replies} == {(1, 5)}
+        assert service.restores.reads <= 2  # the job's spec and the snapshot, once each
+        late = await bus.request(  # a rank retrying, after the restore: from the ledger
+            restore, ShardRestore(job=job, rank=0, token="again", step=5), RestoreReply
+        )
+        assert (late.incarnation, late.restored) == (1, False)
+        assert service.restores.reads <= 2
+        ledger = await shard_status(bus, job)
+        assert ledger.incarnation == 1 and ledger.in_flight_total == world * 2
+    finally:
+        await runtime.shutdown()

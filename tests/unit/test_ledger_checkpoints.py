@@ -27,6 +27,7 @@ from antdt.schemas import (
     ShardRestore,
 )
 from antdt.services.shards.checkpoints import (
+    NOT_READ,
     Outcome,
     apply_commit,
     apply_release,
@@ -320,6 +321,23 @@ def test_restore_to_an_unknown_checkpoint_is_refused() -> None:
     out = apply_restore(state, ShardRestore(job="job", rank=0, token="t", step=7), None, state)
     assert isinstance(out.reply, ErrorReply) and out.reply.code == "unknown_checkpoint"
     assert out.state is state
+
+
+def test_a_restore_without_its_inputs_answers_a_known_token_and_refuses_a_new_one() -> None:
+    """The shell passes no snapshot and no start when it expects the token to be known
+    (every rank of a restart but the first): NOT_READ tells it to read them after all."""
+    state = new_ledger(spec())
+    first = apply_restore(state, ShardRestore(job="job", rank=0, token="t", step=None), None, state)
+    again = apply_restore(
+        first.state, ShardRestore(job="job", rank=1, token="t", step=None), None, None
+    )
+    assert isinstance(again.reply, RestoreReply) and not again.reply.restored
+    assert again.reply.incarnation == 1 and again.state is first.state
+    new = apply_restore(
+        first.state, ShardRestore(job="job", rank=1, token="u", step=None), None, None
+    )
+    assert isinstance(new.reply, ErrorReply) and new.reply.code == NOT_READ
+    assert new.state is first.state
 
 
 def test_release_returns_shards_from_the_reported_position() -> None:

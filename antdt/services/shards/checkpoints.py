@@ -52,6 +52,9 @@ from antdt.services.shards.state import (
 #: Snapshots kept per job: a model checkpoint written after its ledger snapshot may be
 #: lost with the process, so the one before must still be restorable.
 DEFAULT_KEEP = 3
+#: A restore refused because the shell did not read its snapshot and the job's start
+#: (it expected the token to be known already): it reads them and applies it again.
+NOT_READ = "not_read"
 #: A commit reply lists the ranks yet to commit when there are at most this many.
 WAITING_LISTED = 16
 
@@ -205,11 +208,16 @@ def _commit_reply(
 
 
 def apply_restore(
-    state: LedgerState, req: ShardRestore, snapshot: LedgerState | None, fresh: LedgerState
+    state: LedgerState,
+    req: ShardRestore,
+    snapshot: LedgerState | None,
+    fresh: LedgerState | None,
 ) -> Outcome:
     """Start a new incarnation from the snapshot of checkpoint `req.step` (`snapshot`,
-    loaded by the shell), or from `fresh` (the job's start) when step is None. The same
-    token again (another rank of the same restart) changes nothing."""
+    loaded by the shell; None: not kept), or from `fresh` (the job's start) when step is
+    None. The same token again (another rank of the same restart) changes nothing, and
+    needs neither: the shell may pass fresh=None when it expects the token to be known,
+    and gets NOT_READ back if it is not."""
     if req.job != state.job or req.rank >= state.world_size:
         return refused(state, error("bad_request", "restore for another job or rank"))
     if req.token == state.restore_token:
@@ -217,6 +225,8 @@ def apply_restore(
             message = f"this restart restored step {state.restored_step}, not {req.step}"
             return refused(state, error("stale", message))
         return Outcome(state, _restore_reply(state, restored=False))
+    if fresh is None:
+        return refused(state, error(NOT_READ, f"restore token {req.token!r} is new here"))
     if req.step is not None and (snapshot is None or req.step not in state.checkpoints):
         message = f"no ledger snapshot for step {req.step}; kept: {list(state.checkpoints)}"
         return refused(state, error("unknown_checkpoint", message))

@@ -167,6 +167,11 @@ class Committer:
         """The stored ledgers this replica knows, by job."""
         return {job: j.stored for job, j in self._jobs.items() if j.stored is not None}
 
+    def working(self, job: str) -> LedgerState | None:
+        """`job`'s working ledger (what the next operation is applied to), if loaded."""
+        j = self._jobs.get(job)
+        return j.working if j is not None else None
+
     def unwritten(self, job: str) -> int:
         """Operations of `job` applied or queued here and not yet written."""
         j = self._jobs.get(job)

@@ -36,7 +36,7 @@ def commit_op(req: ShardCommit, keys: Keys, keep: int) -> Operation:
 
 
 def restore_op(
-    req: ShardRestore, keys: Keys, snapshot: LedgerState | None, fresh: LedgerState
+    req: ShardRestore, keys: Keys, snapshot: LedgerState | None, fresh: LedgerState | None
 ) -> Operation:
     def op(state: LedgerState) -> LedgerChange:
         return to_change(apply_restore(state, req, snapshot, fresh), keys, req.job)

@@ -40,6 +40,7 @@ from antdt.schemas import (
     FetchStatus,
     JobSpec,
     Keys,
+    RestoreReply,
     ShardCommit,
     ShardFetch,
     ShardRelease,
@@ -53,7 +54,8 @@ from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch, status
-from antdt.services.shards.ops import commit_op, release_op, restore_op
+from antdt.services.shards.ops import commit_op, release_op
+from antdt.services.shards.restores import Restores
 from antdt.services.shards.routing import Routes
 
 log = structlog.get_logger("antdt.shards")
@@ -233,6 +235,7 @@ class ShardsService:
             write_bytes_per_s=settings.ledger_write_bytes_per_s,
             write_burst_s=settings.ledger_write_burst_s,
         )
+        self.restores = Restores(store, self.keys, self.committer)
         metrics.watch_shards(self)
 
     @property
@@ -279,7 +282,7 @@ class ShardsService:
         verbs: list[tuple[str, type[BaseModel], Any, int]] = [
             ("fetch", ShardFetch, self._on_fetch, many),
             ("commit", ShardCommit, self._on_commit, many),
-            ("restore", ShardRestore, self._on_restore, 1),
+            ("restore", ShardRestore, self._on_restore, many),
             ("release", ShardRelease, self._on_release, 1),
         ]
         for verb, model, handler, count in verbs:
@@ -363,21 +366,14 @@ class ShardsService:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
 
     async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
-        """The snapshot is read before the operation is queued; the operation itself
-        checks that it is still one of the kept checkpoints."""
+        """Every rank of a restarted job sends one; restores.py reads what the first
+        needs once, and answers the rest from the ledger."""
         self._check_subject(req.job, delivery)
         self.requests["restore"] += 1
-        spec = await self.store.get_model(self.keys.spec(req.job), JobSpec)
-        if spec is None:
-            raise Rejected("unknown_job", f"job {req.job!r} is not registered")
-        snapshot = None
-        if req.step is not None:
-            key = self.keys.ledger_checkpoint(req.job, req.step)
-            stored = await self.store.get_model(key, LedgerState)
-            snapshot = stored[0] if stored is not None else None
-        op = restore_op(req, self.keys, snapshot, new_ledger(spec[0]))
-        reply = await self.submit(req.job, op)
-        log.info("ledger restored", job=req.job, step=req.step, rank=req.rank, reply=str(reply))
+        reply = await self.restores.submit(req)
+        if isinstance(reply, RestoreReply) and reply.restored:
+            log.info("ledger restored", job=req.job, step=req.step, rank=req.rank,
+                     incarnation=reply.incarnation)  # fmt: skip
         return reply
 
     async def _on_release(self, req: ShardRelease, delivery: Delivery) -> BaseModel:

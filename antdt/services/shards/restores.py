@@ -1,0 +1,95 @@
+"""Restores of a restarted job, as the shell serves them.
+
+Every rank of a restarted job sends the same ShardRestore (one token); the first one puts
+the ledger back to the snapshot of its checkpoint, the others get the same answer
+(checkpoints.apply_restore). Reading the snapshot from etcd and decoding it for every
+request, one request at a time, made a 1,000-rank job's restore take 20 s (a 60 kB
+snapshot each time), and a 10^4-rank job's hours. So:
+
+* a request whose token the job's working ledger already carries needs no snapshot and
+  no spec: the operation answers it from the ledger;
+* the others, which arrive together before the first is applied, share one read of the
+  snapshot (and of the job's spec, for a restart from the start);
+* should the ledger have moved on meanwhile (a reload, another replica), so that the
+  operation finds the token new after all, it refuses with NOT_READ, and the request is
+  applied again with what it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+from antdt.runtime.bus import Rejected
+from antdt.runtime.store import Store
+from antdt.schemas import JobSpec, Keys, ShardRestore
+from antdt.services.shards.change import Operation
+from antdt.services.shards.checkpoints import NOT_READ
+from antdt.services.shards.ops import restore_op
+from antdt.services.shards.state import LedgerState, new_ledger
+
+
+class Ledgers(Protocol):
+    def working(self, job: str) -> LedgerState | None: ...
+    async def submit(self, job: str, op: Operation) -> BaseModel: ...
+
+
+class Restores:
+    def __init__(self, store: Store, keys: Keys, ledgers: Ledgers) -> None:
+        self.store = store
+        self.keys = keys
+        self.ledgers = ledgers
+        self.reads = 0  # snapshot and spec reads from etcd, shared by concurrent requests
+        self._reading: dict[tuple[str, ...], asyncio.Future[Any]] = {}
+
+    async def submit(self, req: ShardRestore) -> BaseModel:
+        working = self.ledgers.working(req.job)
+        if working is not None and working.restore_token == req.token:
+            # Answered from the ledger: neither the snapshot nor the start is read.
+            try:
+                return await self.ledgers.submit(req.job, restore_op(req, self.keys, None, None))
+            except Rejected as refused:
+                if refused.code != NOT_READ:
+                    raise
+            # The token was new after all (the ledger was reloaded meanwhile): read them.
+        snapshot, fresh = await self._inputs(req)
+        return await self.ledgers.submit(req.job, restore_op(req, self.keys, snapshot, fresh))
+
+    async def _inputs(self, req: ShardRestore) -> tuple[LedgerState | None, LedgerState]:
+        """The snapshot of `req.step` (None: not kept) and the job's start."""
+        fresh = await self._fresh(req.job)
+        if req.step is None:
+            return None, fresh
+        return await self._snapshot(req.job, req.step), fresh
+
+    async def _fresh(self, job: str) -> LedgerState:
+        async def read() -> LedgerState:
+            spec = await self.store.get_model(self.keys.spec(job), JobSpec)
+            if spec is None:
+                raise Rejected("unknown_job", f"job {job!r} is not registered")
+            return new_ledger(spec[0])
+
+        result: LedgerState = await self._once(("spec", job), read)
+        return result
+
+    async def _snapshot(self, job: str, step: int) -> LedgerState | None:
+        async def read() -> LedgerState | None:
+            stored = await self.store.get_model(self.keys.ledger_checkpoint(job, step), LedgerState)
+            return stored[0] if stored is not None else None
+
+        result: LedgerState | None = await self._once(("snapshot", job, str(step)), read)
+        return result
+
+    async def _once(self, key: tuple[str, ...], read: Callable[[], Awaitable[Any]]) -> Any:
+        """`read()`, shared by the requests that ask while it runs (not cached after)."""
+        reading = self._reading.get(key)
+        if reading is None:
+            self.reads += 1
+            reading = asyncio.ensure_future(read())
+            self._reading[key] = reading
+            reading.add_done_callback(lambda _: self._reading.pop(key, None))
+        # Shielded: one waiter giving up (a timeout) must not cancel the others' read.
+        return await asyncio.shield(reading)
