@@ -24,22 +24,30 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
-from antdt.runtime.store import Store
-from antdt.schemas import JobSpec, Keys, ShardRestore
+from antdt.schemas import Keys, ShardRestore
 from antdt.services.shards.change import Operation
 from antdt.services.shards.checkpoints import NOT_READ
 from antdt.services.shards.ops import restore_op
-from antdt.services.shards.state import LedgerState, new_ledger
+from antdt.services.shards.state import LedgerState
+
+
+class Stored(Protocol):
+    """What a restore reads (service.EtcdLedgers)."""
+
+    async def fresh(self, job: str) -> LedgerState: ...
+    async def snapshot(self, job: str, step: int) -> LedgerState | None: ...
 
 
 class Ledgers(Protocol):
+    """Where a restore is applied (committer.Committer)."""
+
     def working(self, job: str) -> LedgerState | None: ...
     async def submit(self, job: str, op: Operation) -> BaseModel: ...
 
 
 class Restores:
-    def __init__(self, store: Store, keys: Keys, ledgers: Ledgers) -> None:
-        self.store = store
+    def __init__(self, stored: Stored, keys: Keys, ledgers: Ledgers) -> None:
+        self.stored = stored
         self.keys = keys
         self.ledgers = ledgers
         self.reads = 0  # snapshot and spec reads from etcd, shared by concurrent requests
@@ -66,21 +74,12 @@ class Restores:
         return await self._snapshot(req.job, req.step), fresh
 
     async def _fresh(self, job: str) -> LedgerState:
-        async def read() -> LedgerState:
-            spec = await self.store.get_model(self.keys.spec(job), JobSpec)
-            if spec is None:
-                raise Rejected("unknown_job", f"job {job!r} is not registered")
-            return new_ledger(spec[0])
-
-        result: LedgerState = await self._once(("spec", job), read)
+        result: LedgerState = await self._once(("spec", job), lambda: self.stored.fresh(job))
         return result
 
     async def _snapshot(self, job: str, step: int) -> LedgerState | None:
-        async def read() -> LedgerState | None:
-            stored = await self.store.get_model(self.keys.ledger_checkpoint(job, step), LedgerState)
-            return stored[0] if stored is not None else None
-
-        result: LedgerState | None = await self._once(("snapshot", job, str(step)), read)
+        key = ("snapshot", job, str(step))
+        result: LedgerState | None = await self._once(key, lambda: self.stored.snapshot(job, step))
         return result
 
     async def _once(self, key: tuple[str, ...], read: Callable[[], Awaitable[Any]]) -> Any:

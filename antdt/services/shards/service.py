@@ -143,10 +143,19 @@ class EtcdLedgers:
         stored = await self.store.get(self.keys.ledger(job))
         if stored is not None:
             return _snapshot(stored)
+        return Snapshot(await self.fresh(job), _Revision(0, 0))
+
+    async def fresh(self, job: str) -> LedgerState:
+        """The ledger of the job's start, from its spec; Rejected if it is not registered."""
         spec = await self.store.get_model(self.keys.spec(job), JobSpec)
         if spec is None:
             raise Rejected("unknown_job", f"job {job!r} is not registered")
-        return Snapshot(new_ledger(spec[0]), _Revision(0, 0))
+        return new_ledger(spec[0])
+
+    async def snapshot(self, job: str, step: int) -> LedgerState | None:
+        """The ledger snapshot of checkpoint `step`, None if it is not kept."""
+        stored = await self.store.get_model(self.keys.ledger_checkpoint(job, step), LedgerState)
+        return stored[0] if stored is not None else None
 
     async def commit(
         self, job: str, base: Snapshot, state: LedgerState | None, writes: Writes
@@ -236,7 +245,7 @@ class ShardsService:
             write_bytes_per_s=settings.ledger_write_bytes_per_s,
             write_burst_s=settings.ledger_write_burst_s,
         )
-        self.restores = Restores(store, self.keys, self.committer)
+        self.restores = Restores(self.ledgers, self.keys, self.committer)
         metrics.watch_shards(self)
 
     @property
