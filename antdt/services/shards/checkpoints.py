@@ -45,7 +45,6 @@ from antdt.services.shards.state import (
     LedgerState,
     PendingCheckpoint,
     RankCommit,
-    committed_ranks,
     shard_range,
 )
 
@@ -112,9 +111,7 @@ def _record_commit(
         return refused(state, held)
     for entry in held:
         work.in_flight[entry.shard] = entry  # the rank's last committed position
-    commits = (*pending.commits, RankCommit(rank=req.rank, held=tuple(held)))
-    committed_ranks(commits, known=pending.committed() | {req.rank})
-    work.pending = pending.model_copy(update={"commits": commits})
+    work.pending = pending.with_commit(RankCommit(rank=req.rank, held=tuple(held)))
     current = work.state()
     assert current.pending is not None
     # Committers are active ranks (check_member), so counting them is enough.

@@ -91,6 +91,13 @@ class PendingCheckpoint(_Frozen):
         checkpoint is pending, so it is built once per `commits` tuple (see _COMMITTED)."""
         return committed_ranks(self.commits)
 
+    def with_commit(self, commit: RankCommit) -> PendingCheckpoint:
+        """This checkpoint with `commit` added; its committed ranks are this one's plus
+        the committer's (a C-level set copy, not a pass over every commit)."""
+        commits = (*self.commits, commit)
+        committed_ranks(commits, known=self.committed() | {commit.rank})
+        return self.model_copy(update={"commits": commits})
+
 
 class LedgerState(_Frozen):
     """One job's ledger: stored at jobs/{job}/ledger/state, a snapshot per checkpoint."""
