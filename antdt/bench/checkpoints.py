@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from antdt.bench.shards import ShardsReplicas, percentiles
+from antdt.bench.shards import ShardsReplicas, grant_every_rank, percentiles, stored_ledger
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedCluster
@@ -25,10 +25,8 @@ from antdt.schemas import (
     JobSpec,
     RestoreReply,
     ShardCommit,
-    ShardFetch,
     ShardGrant,
     ShardPosition,
-    ShardReply,
     ShardRestore,
 )
 
@@ -57,21 +55,13 @@ async def _checkpoint(
     await replica.register(store, spec)
     bus = await Bus(replica.nats, name="bench-checkpoint").connect()
     gate = asyncio.Semaphore(CONCURRENT)
-    held: dict[int, tuple[ShardGrant, ...]] = {}
-
-    async def fetch(rank: int) -> None:
-        async with gate:
-            request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch, held=())
-            subject = replica.subjects.shards(job, "fetch")
-            held[rank] = (await bus.request(subject, request, ShardReply, timeout=60)).grants
-
     latencies: list[float] = []
     completed: list[CommitReply] = []
 
-    async def commit(rank: int) -> None:
+    async def commit(rank: int, grants: tuple[ShardGrant, ...]) -> None:
         positions = tuple(
             ShardPosition(epoch=0, shard=g.shard, attempt=g.attempt, position=g.size // 2)
-            for g in held[rank][:1]  # half-way through its first shard
+            for g in grants[:1]  # half-way through its first shard
         )
         request = ShardCommit(job=job, rank=rank, step=10, epoch=0, positions=positions)
         async with gate:
@@ -84,14 +74,14 @@ async def _checkpoint(
             completed.append(reply)
 
     try:
-        started = time.perf_counter()
-        await asyncio.gather(*(fetch(r) for r in range(ranks)))
-        fetches_per_s = ranks / (time.perf_counter() - started)
+        held, fetches_per_s = await grant_every_rank(
+            bus, replica, job, ranks, prefetch, concurrent=CONCURRENT
+        )
         await replica.go()
         started = time.perf_counter()
-        await asyncio.gather(*(commit(r) for r in range(ranks - 1)))
-        peak = await _stored(store, replica, job)  # every rank but the last committed
-        await commit(ranks - 1)
+        await asyncio.gather(*(commit(r, held[r]) for r in range(ranks - 1)))
+        peak = await stored_ledger(store, replica, job)  # every rank but the last committed
+        await commit(ranks - 1, held[ranks - 1])
         elapsed = time.perf_counter() - started
         counters = await replica.counters()
         restored_s = await _restore_all(bus, replica, job, ranks, gate)
@@ -129,13 +119,6 @@ async def _restore_all(
     started = time.perf_counter()
     await asyncio.gather(*(restore(r) for r in range(ranks)))
     return time.perf_counter() - started
-
-
-async def _stored(store: Store, replica: ShardsReplicas, job: str) -> bytes:
-    stored = await store.get(f"{replica.key_prefix}jobs/{job}/ledger/state")
-    if stored is None:
-        raise RuntimeError("no ledger stored")
-    return stored.value
 
 
 def _as_objects(value: bytes) -> bytes:

@@ -23,7 +23,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Put, Store
-from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardReply, Subjects
+from antdt.schemas import FetchStatus, JobSpec, Keys, ShardFetch, ShardGrant, ShardReply, Subjects
 
 
 class Children:
@@ -345,27 +345,44 @@ async def bench_ledger_size(
                    global_batch=ranks * 32)  # fmt: skip
     await replicas.register(store, spec)
     client = await Bus(replicas.nats, name="bench-size").connect()
-    subject = replicas.subjects.shards(job, "fetch")
-    gate = asyncio.Semaphore(64)
+    try:
+        _, fetches_per_s = await grant_every_rank(client, replicas, job, ranks, prefetch)
+    finally:
+        await client.close()
+    stored = await stored_ledger(store, replicas, job)
+    return {
+        "bytes": len(stored),
+        "in_flight": ranks * prefetch,
+        "fetches_per_s": fetches_per_s,
+        **_codec_ms(stored),
+    }
 
-    async def fill(rank: int) -> None:
+
+async def grant_every_rank(
+    bus: Bus, replicas: ShardsReplicas, job: str, ranks: int, prefetch: int, concurrent: int = 64
+) -> tuple[dict[int, tuple[ShardGrant, ...]], float]:
+    """Each of `ranks` ranks asks for `prefetch` shards, `concurrent` requests at a time,
+    as a job's ranks do at its start: their grants by rank, and the fetches per second."""
+    subject = replicas.subjects.shards(job, "fetch")
+    gate = asyncio.Semaphore(concurrent)
+    held: dict[int, tuple[ShardGrant, ...]] = {}
+
+    async def fetch(rank: int) -> None:
         async with gate:
             request = ShardFetch(job=job, rank=rank, epoch=0, want=prefetch, held=())
-            await client.request(subject, request, ShardReply, timeout=30)
+            held[rank] = (await bus.request(subject, request, ShardReply, timeout=60)).grants
 
     started = time.perf_counter()
-    await asyncio.gather(*(fill(r) for r in range(ranks)))
-    filled_s = time.perf_counter() - started
-    await client.close()
-    stored = await store.get(f"{replicas.key_prefix}jobs/{job}/ledger/state")
+    await asyncio.gather(*(fetch(r) for r in range(ranks)))
+    return held, ranks / (time.perf_counter() - started)
+
+
+async def stored_ledger(store: Store, replicas: ShardsReplicas, job: str) -> bytes:
+    """The job's ledger as stored in etcd."""
+    stored = await store.get(Keys(replicas.key_prefix).ledger(job))
     if stored is None:
-        raise RuntimeError("no ledger stored")
-    return {
-        "bytes": len(stored.value),
-        "in_flight": ranks * prefetch,
-        "fetches_per_s": ranks / filled_s,
-        **_codec_ms(stored.value),
-    }
+        raise RuntimeError(f"no ledger stored for {job}")
+    return stored.value
 
 
 def _codec_ms(value: bytes) -> dict[str, float]:
