@@ -60,12 +60,15 @@ def _configure_logs(settings: Any) -> None:
 def _run_services(
     names: list[str], nats_url: str | None, etcd_endpoint: str | None, metrics: int | None
 ) -> None:
+    from antdt.runtime import loops
     from antdt.services.runner import run_services
 
-    _configure_logs(_service_settings(names[0], nats_url, etcd_endpoint))
-    _ensure_recording(_service_settings(names[0], nats_url, etcd_endpoint))
-    asyncio.run(
-        run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics))
+    first = _service_settings(names[0], nats_url, etcd_endpoint)
+    _configure_logs(first)
+    _ensure_recording(first)
+    loops.run(
+        run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics)),
+        first.event_loop,
     )
 
 
@@ -115,14 +118,16 @@ def up(
 ) -> None:
     """Start embedded nats-server (JetStream) and etcd plus the three services, in the
     foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
+    from antdt.runtime import loops
     from antdt.runtime.servers import EmbeddedCluster
     from antdt.services.runner import run_services
 
     cluster = EmbeddedCluster(root=data_dir, keep=data_dir is not None).start()
     try:
         nats_url, etcd_endpoint = cluster.nats.url, cluster.etcd.endpoint
-        _configure_logs(_service_settings("monitor", nats_url, etcd_endpoint))
-        _ensure_recording(_service_settings("monitor", nats_url, etcd_endpoint))
+        first = _service_settings("monitor", nats_url, etcd_endpoint)
+        _configure_logs(first)
+        _ensure_recording(first)
 
         async def announce(_: list[Any]) -> None:
             console.print(
@@ -133,12 +138,13 @@ def up(
             print(f"ANTDT_NATS__URL={nats_url}", flush=True)
             print(f"ANTDT_ETCD__ENDPOINT={etcd_endpoint}", flush=True)
 
-        asyncio.run(
+        loops.run(
             run_services(
                 ["monitor", "controller", "shards"],
                 lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics_port),
                 ready=announce,
-            )
+            ),
+            first.event_loop,
         )
     finally:
         cluster.stop()

@@ -101,7 +101,7 @@ class Agent:
         if self._thread is not None:
             return self
         s = self.settings
-        self._thread = LoopThread(f"antdt-agent-{s.rank}").start()
+        self._thread = LoopThread(f"antdt-agent-{s.rank}", s.event_loop).start()
         self._out.thread = self._thread
         try:
             self._thread.run(self._connect(), timeout=s.register_timeout_s + 15)

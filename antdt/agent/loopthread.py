@@ -9,13 +9,15 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from antdt.runtime.loops import LoopKind, new_event_loop
+
 T = TypeVar("T")
 
 
 class LoopThread:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, kind: LoopKind = "auto") -> None:
         self.name = name
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop(kind)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
 
     def _main(self) -> None:

@@ -12,6 +12,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.config import NatsSettings, TelemetrySettings
+from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
 from antdt.schemas import JobSpec, MonitorParams
 from antdt.schemas.plan import PolicyParam
 
@@ -84,6 +85,9 @@ class AgentSettings(BaseSettings):
         default=None, ge=1, description="Largest local batch memory holds (hello), samples"
     )
     device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
+    event_loop: LoopKind = Field(
+        default="auto", description=f"{LOOP_KIND_HELP} (the agent's own I/O thread)"
+    )
     ledger_timeout_s: float = Field(
         default=300.0, gt=0, description="How long commit/restore/leave retry and wait, seconds"
     )

@@ -5,7 +5,6 @@ noisy; only ratios travel between runs). Results also go to runs/bench/results.j
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -31,6 +30,7 @@ from antdt.bench.shards import (
     bench_raw_nats_request,
     bench_shards,
 )
+from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
 
 console = Console(width=160)
@@ -184,6 +184,7 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                     "clients": n,
                 }
             )
+    rows += await event_loop_rows(cluster, uvloop_rates=one_replica)
     with console.status("ledger size in etcd"):
         sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
                                          ranks=1000, prefetch=2)  # fmt: skip
@@ -202,6 +203,37 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                 "baseline_what": "",
                 "target": "reported",
                 "details": size,
+            }
+        )
+    return rows
+
+
+async def event_loop_rows(
+    cluster: EmbeddedCluster, *, uvloop_rates: dict[int, float]
+) -> list[dict[str, Any]]:
+    """The one-replica shards cycles again, replica and clients on asyncio's own loop:
+    what uvloop (the default where installed, runtime/loops.py) is worth."""
+    if loops.resolve("auto") != "uvloop":
+        console.print("uvloop is not installed: no event-loop comparison")
+        return []
+    clients = (1, 8)
+    with console.status("shards cycles on asyncio's own event loop"):
+        results = await bench_shards(cluster, clients=clients, seconds=4.0, event_loop="asyncio")
+    rows = []
+    for n, cycles in results.items():
+        console.print(
+            f"shards, {n} client(s), asyncio's loop: {_details(cycles)}; uvloop: "
+            f"{uvloop_rates[n] / cycles['cycles_per_s']:.2f}x that"
+        )
+        rows.append(
+            {
+                "what": f"shards fetch+done cycles/s, {n} client(s), 1 replica, on uvloop "
+                "(the rows above)",
+                "value": uvloop_rates[n],
+                "baseline": cycles["cycles_per_s"],
+                "baseline_what": "same, asyncio's own loop",
+                "target": "reported",
+                "details": cycles,
             }
         )
     return rows
@@ -330,7 +362,7 @@ def main() -> None:
     configure_logging("warning", "console")
     started = time.time()
     with EmbeddedCluster() as cluster:
-        rows = asyncio.run(run_all(cluster))
+        rows = loops.run(run_all(cluster), "auto")
     print_table(rows)
     out = Path("runs/bench")
     out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any
 
 from antdt.bench.shards import Children, bench_shards_cycles
+from antdt.runtime import loops
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.servers import EmbeddedCluster
@@ -58,7 +59,7 @@ def _master_process(url: str, conn: Any) -> None:
     from antdt.runtime.logs import configure_logging
 
     configure_logging("warning", "console")
-    asyncio.run(_serve(url, conn))
+    loops.run(_serve(url, conn), "auto")
 
 
 async def _serve(url: str, conn: Any) -> None:

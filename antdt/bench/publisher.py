@@ -9,8 +9,8 @@ thread (or the GIL) with its load: in a real job the step events come from the r
 from __future__ import annotations
 
 import argparse
-import asyncio
 
+from antdt.runtime import loops
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import NatsSettings
 from antdt.schemas import StepEvent, Subjects
@@ -55,7 +55,7 @@ def main() -> None:
     messages = payloads(args.prefix, args.job, args.ranks, args.events, args.first_step)
     if args.raw:
         messages = [(args.raw, data) for _, data in messages]
-    asyncio.run(publish(args.url, messages))
+    loops.run(publish(args.url, messages), "auto")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
+from antdt.runtime import loops
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import NatsSettings
 from antdt.schemas import COMMAND_ADAPTER, Ack, AdjustBatch, KillRestart, Plan, Subjects
@@ -142,7 +143,7 @@ async def _serve(url: str, prefix: str, job: str, world_size: int, report: str) 
 
 def main() -> None:
     url, prefix, job, world_size, report = sys.argv[1:6]
-    asyncio.run(_serve(url, prefix, job, int(world_size), report))
+    loops.run(_serve(url, prefix, job, int(world_size), report), "auto")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from antdt.agent.route import ShardRoute
+from antdt.runtime import loops
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -80,13 +81,15 @@ async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, floa
     return {"txn_per_s": len(latencies) / elapsed, **percentiles(latencies)}
 
 
-async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) -> dict[str, float]:
+async def bench_raw_nats_request(
+    url: str, *, seconds: float, clients: int = 1, event_loop: loops.LoopKind = "auto"
+) -> dict[str, float]:
     """Baseline: nats-py request/reply alone. A responder in its own process answers at
     once; `clients` connections in this process each loop request -> reply, payloads the
     size of a shard fetch and its reply. Laid out like the shards bench (replica process,
     clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
     one client's latency floor with the etcd baseline; with many, the transport's CPU."""
-    responder = Children("the raw NATS responder", [(_raw_responder, (url,))])
+    responder = Children("the raw NATS responder", [(_raw_responder, (url, event_loop))])
     try:
         await responder.started()
         settings = NatsSettings(url=url)
@@ -112,11 +115,11 @@ async def bench_raw_nats_request(url: str, *, seconds: float, clients: int = 1) 
     return {"req_per_s": len(latencies) / elapsed, **percentiles(latencies)}
 
 
-def _raw_responder(url: str, conn: Any) -> None:
+def _raw_responder(url: str, event_loop: loops.LoopKind, conn: Any) -> None:
     from antdt.runtime.logs import configure_logging
 
     configure_logging("warning", "console")
-    asyncio.run(_serve_raw(url, conn))
+    loops.run(_serve_raw(url, conn), event_loop)
 
 
 async def _serve_raw(url: str, conn: Any) -> None:
@@ -143,19 +146,19 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 
 def _replica_process(settings_json: str, conn: Any) -> None:
     from antdt.runtime.logs import configure_logging
-
-    configure_logging("warning", "console")
-    asyncio.run(_serve_replica(settings_json, conn))
-
-
-async def _serve_replica(settings_json: str, conn: Any) -> None:
-    """Serve until told "stop"; on "go" and "stop" note the counters, send the deltas."""
-    from antdt.services.runner import start_service
     from antdt.services.shards.service import ShardsSettings
 
-    runtime = ServiceRuntime("bench-shards-replica")
+    configure_logging("warning", "console")
     # Through __init__, so ANTDT_* variables fill what the bench leaves unset.
     settings = ShardsSettings(**json.loads(settings_json))
+    loops.run(_serve_replica(settings, conn), settings.event_loop)
+
+
+async def _serve_replica(settings: Any, conn: Any) -> None:
+    """Serve until told "stop"; on "go" and "stop" note the counters, send the deltas."""
+    from antdt.services.runner import start_service
+
+    runtime = ServiceRuntime("bench-shards-replica")
     service = await start_service("shards", settings, runtime)
     conn.send("ready")
     at_go: dict[str, float] = {}
@@ -399,12 +402,27 @@ def _codec_ms(value: bytes) -> dict[str, float]:
 
 
 async def bench_shards(
-    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, replicas: int = 1
-) -> dict[int, dict[str, float]]:
-    """bench_shards_cycles for each client count, against `replicas` replica processes."""
+    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, replicas: int = 1,
+    event_loop: loops.LoopKind = "auto",
+) -> dict[int, dict[str, float]]:  # fmt: skip
+    """bench_shards_cycles for each client count, against `replicas` replica processes;
+    the replicas and the clients run on `event_loop` (the clients on a thread of their
+    own when the caller's loop is another kind)."""
+    run = _bench_shards(cluster, clients=clients, seconds=seconds, replicas=replicas,
+                        event_loop=event_loop)  # fmt: skip
+    if loops.running_kind() == loops.resolve(event_loop):
+        return await run
+    return await asyncio.to_thread(loops.run, run, event_loop)
+
+
+async def _bench_shards(
+    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, replicas: int,
+    event_loop: loops.LoopKind,
+) -> dict[int, dict[str, float]]:  # fmt: skip
     store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
     try:
-        async with ShardsReplicas(cluster, count=replicas) as running:
+        settings = {"event_loop": event_loop}
+        async with ShardsReplicas(cluster, count=replicas, settings=settings) as running:
             return {
                 n: await bench_shards_cycles(running, store, clients=n, seconds=seconds)
                 for n in clients

@@ -10,6 +10,7 @@ import socket
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
 from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX
 
 
@@ -110,3 +111,4 @@ class ServiceSettings(BaseSettings):
     replica_id: str = Field(
         default_factory=default_replica_id, description="Unique name of this service replica"
     )
+    event_loop: LoopKind = Field(default="auto", description=LOOP_KIND_HELP)
