@@ -61,11 +61,13 @@ def _run_services(
     names: list[str], nats_url: str | None, etcd_endpoint: str | None, metrics: int | None
 ) -> None:
     from antdt.runtime import loops
+    from antdt.runtime.process import configure_gc
     from antdt.services.runner import run_services
 
     first = _service_settings(names[0], nats_url, etcd_endpoint)
     _configure_logs(first)
     _ensure_recording(first)
+    configure_gc(first.gc_thresholds)
     loops.run(
         run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics)),
         first.event_loop,
@@ -119,6 +121,7 @@ def up(
     """Start embedded nats-server (JetStream) and etcd plus the three services, in the
     foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
     from antdt.runtime import loops
+    from antdt.runtime.process import configure_gc
     from antdt.runtime.servers import EmbeddedCluster
     from antdt.services.runner import run_services
 
@@ -128,6 +131,7 @@ def up(
         first = _service_settings("monitor", nats_url, etcd_endpoint)
         _configure_logs(first)
         _ensure_recording(first)
+        configure_gc(first.gc_thresholds)
 
         async def announce(_: list[Any]) -> None:
             console.print(

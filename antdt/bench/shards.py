@@ -146,11 +146,13 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 
 def _replica_process(settings_json: str, conn: Any) -> None:
     from antdt.runtime.logs import configure_logging
+    from antdt.runtime.process import configure_gc
     from antdt.services.shards.service import ShardsSettings
 
     configure_logging("warning", "console")
     # Through __init__, so ANTDT_* variables fill what the bench leaves unset.
     settings = ShardsSettings(**json.loads(settings_json))
+    configure_gc(settings.gc_thresholds)  # as the CLI does for a service process
     loops.run(_serve_replica(settings, conn), settings.event_loop)
 
 

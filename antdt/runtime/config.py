@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import socket
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
+from antdt.runtime.process import SERVICE_GC_THRESHOLDS
 from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX
 
 
@@ -101,7 +102,7 @@ class ServiceSettings(BaseSettings):
     """The root settings of a control-plane service process."""
 
     model_config = SettingsConfigDict(
-        env_prefix="ANTDT_", env_nested_delimiter="__", extra="ignore"
+        env_prefix="ANTDT_", env_nested_delimiter="__", extra="ignore", env_parse_none_str="null"
     )
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
@@ -112,3 +113,9 @@ class ServiceSettings(BaseSettings):
         default_factory=default_replica_id, description="Unique name of this service replica"
     )
     event_loop: LoopKind = Field(default="auto", description=LOOP_KIND_HELP)
+    gc_thresholds: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(
+        default=SERVICE_GC_THRESHOLDS,
+        description="Python's garbage-collector thresholds for the process (allocations, "
+        "then collections, then collections; JSON, e.g. [700,10,10]); null: Python's "
+        "own. Higher than Python's default: see antdt/runtime/process.py",
+    )
