@@ -29,6 +29,7 @@ from antdt.bench.shards import (
     bench_raw_etcd_txn,
     bench_raw_nats_request,
     bench_shards,
+    cpu_per_cycle,
 )
 from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
@@ -98,7 +99,8 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     the issue compares with). The shards rows' ratio is against the master."""
     with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
-        raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n)
+        raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n,
+                                               nats_pid=cluster.nats.pid)
                for n in (1, 2, 8)}  # fmt: skip
     with console.status("in-memory shard master, not durable (baseline)"):
         master = await bench_memory_master(cluster, clients=(1, 2, 8), seconds=4.0)
@@ -120,10 +122,15 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         + " (the transport's ceiling for shards cycles on this machine)"
     )
     console.print(
+        "  CPU per request, clients + responder + nats-server: "
+        + ", ".join(f"{n} client(s) {_cpu_budget(r)}" for n, r in raw.items())
+    )
+    console.print(
         "in-memory shard master (DLRover's design: no durability, no fencing), same "
         "cycles and transport: "
         + ", ".join(
-            f"{n} client(s) {m['cycles_per_s']:,.0f}/s, p50 {m['p50_ms']:.2f} ms"
+            f"{n} client(s) {m['cycles_per_s']:,.0f}/s, p50 {m['p50_ms']:.2f} ms, CPU per "
+            f"cycle {_cpu_budget(m)}"
             for n, m in master.items()
         )
     )
@@ -322,6 +329,14 @@ def _baseline_row(what: str, value: float, latency: dict[str, float]) -> dict[st
             "target": "baseline"}  # fmt: skip
 
 
+def _cpu_budget(figures: dict[str, float]) -> str:
+    """A cycle's CPU, all processes together, and the rate this machine's cores could
+    serve at that cost if nothing else ran: the bound a CPU-bound run sits under."""
+    cpu = cpu_per_cycle(figures)
+    cores = os.cpu_count() or 1
+    return f"{cpu:,.0f} us (at most {cores * 1e6 / cpu:,.0f}/s on {cores} cores)"
+
+
 def _details(cycles: dict[str, float]) -> str:
     cpu = ", ".join(
         f"{name.removesuffix('_cpu_us_per_cycle')} {value:,.0f}"
@@ -334,7 +349,8 @@ def _details(cycles: dict[str, float]) -> str:
         f"{cycles['requests_per_commit']:.1f} requests per commit, "
         f"{cycles['cas_conflicts']:,.0f} CAS conflicts; per stage: ledger ops "
         f"{cycles['apply_us_per_request']:,.0f} us per request, etcd txn "
-        f"{cycles['txn_ms_per_commit']:.2f} ms per commit; CPU us per cycle: {cpu}"
+        f"{cycles['txn_ms_per_commit']:.2f} ms per commit; CPU us per cycle: {cpu}; all "
+        f"processes {_cpu_budget(cycles)}"
     )
 
 

@@ -82,13 +82,15 @@ async def bench_raw_etcd_txn(endpoint: str, *, seconds: float) -> dict[str, floa
 
 
 async def bench_raw_nats_request(
-    url: str, *, seconds: float, clients: int = 1, event_loop: loops.LoopKind = "auto"
-) -> dict[str, float]:
+    url: str, *, seconds: float, clients: int = 1, event_loop: loops.LoopKind = "auto",
+    nats_pid: int | None = None,
+) -> dict[str, float]:  # fmt: skip
     """Baseline: nats-py request/reply alone. A responder in its own process answers at
     once; `clients` connections in this process each loop request -> reply, payloads the
     size of a shard fetch and its reply. Laid out like the shards bench (replica process,
     clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
-    one client's latency floor with the etcd baseline; with many, the transport's CPU."""
+    one client's latency floor with the etcd baseline; with many, the transport's CPU,
+    reported per request for the clients, the responder and nats-server (`nats_pid`)."""
     responder = Children("the raw NATS responder", [(_raw_responder, (url, event_loop))])
     try:
         await responder.started()
@@ -105,14 +107,25 @@ async def bench_raw_nats_request(
 
         warm_until = time.perf_counter() + 0.3
         await asyncio.gather(*(one_client(b, warm_until, False) for b in buses))
+        [responder_cpu] = await responder.ask("cpu")
+        cpu, nats_cpu = time.process_time(), _cpu_seconds(nats_pid)
         started = time.perf_counter()
         await asyncio.gather(*(one_client(b, started + seconds, True) for b in buses))
         elapsed = time.perf_counter() - started
+        cpu, nats_cpu = time.process_time() - cpu, _cpu_seconds(nats_pid) - nats_cpu
+        [responder_after] = await responder.ask("cpu")
         for bus in buses:
             await bus.close()
     finally:
         await responder.stop()
-    return {"req_per_s": len(latencies) / elapsed, **percentiles(latencies)}
+    count = len(latencies)
+    return {
+        "req_per_s": count / elapsed,
+        **percentiles(latencies),
+        "responder_cpu_us_per_cycle": (responder_after - responder_cpu) / count * 1e6,
+        "client_cpu_us_per_cycle": cpu / count * 1e6,
+        "nats_cpu_us_per_cycle": nats_cpu / count * 1e6,
+    }
 
 
 def _raw_responder(url: str, event_loop: loops.LoopKind, conn: Any) -> None:
@@ -123,6 +136,7 @@ def _raw_responder(url: str, event_loop: loops.LoopKind, conn: Any) -> None:
 
 
 async def _serve_raw(url: str, conn: Any) -> None:
+    """Answer every request at once; on each command but "exit", send its CPU seconds."""
     bus = await Bus(NatsSettings(url=url), name="raw-responder").connect()
     answer = b"r" * 400
 
@@ -132,8 +146,14 @@ async def _serve_raw(url: str, conn: Any) -> None:
     await bus.nc.subscribe("raw.request", cb=respond)
     await bus.flush()
     conn.send("ready")
-    await asyncio.to_thread(conn.recv)  # "exit"
+    while await asyncio.to_thread(conn.recv) != "exit":
+        conn.send(time.process_time())
     await bus.close()
+
+
+def cpu_per_cycle(figures: dict[str, float]) -> float:
+    """CPU microseconds one cycle (or request) cost, all processes together."""
+    return sum(v for k, v in figures.items() if k.endswith("_cpu_us_per_cycle"))
 
 
 def percentiles(latencies: list[float]) -> dict[str, float]:
