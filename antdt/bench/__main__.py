@@ -23,7 +23,7 @@ from antdt.bench.cases import (
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.master import bench_memory_master
+from antdt.bench.paired import bench_paired_cycles
 from antdt.bench.shards import (
     bench_ledger_sizes,
     bench_raw_etcd_txn,
@@ -35,6 +35,8 @@ from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
 
 console = Console(width=160)
+#: Turns of master and shards cycles per client count (paired.py).
+TURNS = 3
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -102,8 +104,15 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n,
                                                nats_pid=cluster.nats.pid)
                for n in (1, 2, 8)}  # fmt: skip
-    with console.status("in-memory shard master, not durable (baseline)"):
-        master = await bench_memory_master(cluster, clients=(1, 2, 8), seconds=4.0)
+    with console.status("shards cycles and the in-memory master, in turns") as status:
+
+        def on_turn(n: int, turn: int) -> None:
+            status.update(f"shards cycles and the in-memory master, {n} client(s), turn "
+                          f"{turn + 1} of {TURNS}")  # fmt: skip
+
+        paired = await bench_paired_cycles(cluster, clients=(1, 2, 8), seconds=3.0, turns=TURNS,
+                                           on_turn=on_turn)  # fmt: skip
+    master = {n: p["master"] for n, p in paired.items()}
     req = raw[1]
     floor_ms = txn["p50_ms"] + req["p50_ms"]
     load = os.getloadavg()[0]
@@ -157,40 +166,25 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             for n, m in master.items()
         ),
     ]
-    one_replica: dict[int, float] = {}
-    for replicas, clients in ((1, (1, 2, 8)), (2, (8,))):
-        with console.status(f"shards cycles, {replicas} replica(s)"):
-            results = await bench_shards(cluster, clients=clients, seconds=4.0, replicas=replicas)
-        for n, cycles in results.items():
-            console.print(
-                f"shards, {n} client(s), {replicas} replica(s): "
-                f"{cycles['cycles_per_s'] / master[n]['cycles_per_s']:.2f} of the in-memory "
-                f"master and {cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} of raw NATS "
-                f"at {n}; " + _details(cycles)
-            )
-            if replicas == 1:
-                one_replica[n] = cycles["cycles_per_s"]
-            elif n in one_replica:  # ranks follow the job's owner: a replica adds no contention
-                console.print(
-                    f"  {replicas} replicas at {n} clients: "
-                    f"{cycles['cycles_per_s'] / one_replica[n]:.2f} of one replica's rate"
-                )
-            rows.append(
-                {
-                    "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
-                    "grants durable before handed out, done marks written behind",
-                    "value": cycles["cycles_per_s"],
-                    "p50_ms": cycles["p50_ms"],
-                    "p99_ms": cycles["p99_ms"],
-                    "baseline": master[n]["cycles_per_s"],
-                    "baseline_what": f"in-memory master, {n} client(s)",
-                    "raw_nats": raw[n]["req_per_s"],
-                    "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
-                    "details": cycles,
-                    "series": f"shards, {replicas} replica(s)",
-                    "clients": n,
-                }
-            )
+    for n, pair in paired.items():
+        cycles = pair["shards"]
+        console.print(
+            f"shards, {n} client(s), 1 replica: {pair['ratio']:.2f} of the in-memory master "
+            f"(median of {TURNS} turns: {', '.join(f'{r:.2f}' for r in pair['ratios'])}) and "
+            f"{cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} of raw NATS at {n}; "
+            + _details(cycles)
+        )
+        rows.append(_cycles_row(n, 1, cycles, master[n], raw[n], ratio=pair["ratio"]))
+    one_replica = {n: pair["shards"]["cycles_per_s"] for n, pair in paired.items()}
+    with console.status("shards cycles, 2 replicas"):
+        two = await bench_shards(cluster, clients=(8,), seconds=4.0, replicas=2)
+    for n, cycles in two.items():
+        # Ranks follow the job's owner: a second replica adds no contention.
+        console.print(
+            f"shards, {n} client(s), 2 replicas: {cycles['cycles_per_s'] / one_replica[n]:.2f} "
+            f"of one replica's rate (median of its turns); " + _details(cycles)
+        )
+        rows.append(_cycles_row(n, 2, cycles, master[n], raw[n]))
     rows += await event_loop_rows(cluster, uvloop_rates=one_replica)
     with console.status("ledger size in etcd"):
         sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
@@ -323,6 +317,29 @@ async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]
     return rows
 
 
+def _cycles_row(
+    n: int, replicas: int, cycles: dict[str, float], master: dict[str, float],
+    raw: dict[str, float], ratio: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    row = {
+        "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
+        "grants durable before handed out, done marks written behind",
+        "value": cycles["cycles_per_s"],
+        "p50_ms": cycles["p50_ms"],
+        "p99_ms": cycles["p99_ms"],
+        "baseline": master["cycles_per_s"],
+        "baseline_what": f"in-memory master, {n} client(s)",
+        "raw_nats": raw["req_per_s"],
+        "target": ">= 1,000 (1 client), >= 4,000 (8 clients)",
+        "details": cycles,
+        "series": f"shards, {replicas} replica(s)",
+        "clients": n,
+    }
+    if ratio is not None:  # measured in turns with its baseline: the median turn's
+        row["ratio"] = ratio
+    return row
+
+
 def _baseline_row(what: str, value: float, latency: dict[str, float]) -> dict[str, Any]:
     return {"what": what, "value": value, "p50_ms": latency["p50_ms"],
             "p99_ms": latency["p99_ms"], "baseline": None, "baseline_what": "",
@@ -365,7 +382,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             row["what"],
             f"{row['value']:,.0f}",
             f"{baseline:,.0f} ({row['baseline_what']})" if baseline else "",
-            f"{row['value'] / baseline:.2f}" if baseline else "",
+            f"{row.get('ratio', row['value'] / (baseline or 1)):.2f}" if baseline else "",
             latency,
             row["target"],
         )

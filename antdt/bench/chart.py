@@ -66,7 +66,9 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
 
 def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
     with_baseline = [row for row in rows if row.get("baseline")]
-    pairs = [(row["what"], row["value"] / row["baseline"]) for row in with_baseline]
+    # A row measured in turns with its baseline says its ratio (the median turn's).
+    pairs = [(row["what"], row.get("ratio", row["value"] / row["baseline"]))
+             for row in with_baseline]  # fmt: skip
     # Some rows are rates (higher is better), some latencies or costs: each says its target.
     labels = [f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}"
               for r in with_baseline]  # fmt: skip

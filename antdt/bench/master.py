@@ -125,6 +125,11 @@ async def bench_memory_master(
     in-memory master, for each client count."""
     pids = {"nats": cluster.nats.pid}
     async with MemoryMaster(cluster.nats.url, pids) as master:
-        return {
-            n: await bench_shards_cycles(master, None, clients=n, seconds=seconds) for n in clients
-        }
+        return {n: await bench_memory_master_cycles(master, n, seconds) for n in clients}
+
+
+async def bench_memory_master_cycles(
+    master: MemoryMaster, clients: int, seconds: float, run: int = 0
+) -> dict[str, float]:
+    """One run of the shards bench's cycles against a running master."""
+    return await bench_shards_cycles(master, None, clients=clients, seconds=seconds, run=run)

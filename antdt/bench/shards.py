@@ -263,12 +263,13 @@ class CycleServer(Protocol):
 
 
 async def bench_shards_cycles(
-    replicas: CycleServer, store: Store | None, *, clients: int, seconds: float
+    replicas: CycleServer, store: Store | None, *, clients: int, seconds: float, run: int = 0
 ) -> dict[str, float]:
     """Each client (its own NATS connection, like a rank) loops: report the shard it
     holds as done and fetch the next, in one request; every ledger change durable in
-    etcd before the reply. Counters and CPU are taken over the measured window only."""
-    job = f"cycles{clients}x{replicas.count}"
+    etcd before the reply. Counters and CPU are taken over the measured window only.
+    Each `run` of the same servers is a job of its own."""
+    job = f"cycles{clients}x{replicas.count}r{run}"
     spec = JobSpec(job=job, world_size=clients, dataset_size=10**9, shard_size=10**4,
                    global_batch=clients * 32, epochs=1)  # fmt: skip
     await replicas.register(store, spec)

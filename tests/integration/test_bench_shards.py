@@ -8,7 +8,8 @@ import pytest
 
 from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.master import MemoryShards, bench_memory_master
-from antdt.bench.shards import bench_shards
+from antdt.bench.paired import bench_paired_cycles
+from antdt.bench.shards import bench_raw_nats_request, bench_shards, cpu_per_cycle
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch
 
@@ -36,6 +37,25 @@ async def test_both_drivers_serve_real_cycles(cluster: EmbeddedCluster) -> None:
         assert figures["cycles_per_s"] > 10 and figures["service_cpu_us_per_cycle"] > 0
     assert "requests_per_commit" not in master[2]  # nothing is written behind
     assert shards[2]["requests_per_commit"] >= 1 and shards[2]["cas_conflicts"] == 0
+
+
+async def test_paired_turns_serve_both_and_report_the_median_turn(
+    cluster: EmbeddedCluster,
+) -> None:
+    turns: list[tuple[int, int]] = []
+    paired = await bench_paired_cycles(cluster, clients=(2,), seconds=0.3, turns=3,
+                                       on_turn=lambda n, t: turns.append((n, t)))  # fmt: skip
+    assert turns == [(2, 0), (2, 1), (2, 2)]
+    pair = paired[2]
+    assert len(pair["ratios"]) == 3 and pair["ratio"] == sorted(pair["ratios"])[1]
+    assert pair["master"]["cycles_per_s"] > 10 and pair["shards"]["cycles_per_s"] > 10
+    assert pair["shards"]["requests_per_commit"] >= 1  # the replica's, written behind
+    assert "requests_per_commit" not in pair["master"]
+    # Raw NATS reports its CPU per request, every process together.
+    raw = await bench_raw_nats_request(cluster.nats.url, seconds=0.3, clients=2,
+                                       nats_pid=cluster.nats.pid)  # fmt: skip
+    assert raw["responder_cpu_us_per_cycle"] > 0 and raw["nats_cpu_us_per_cycle"] > 0
+    assert cpu_per_cycle(raw) > raw["client_cpu_us_per_cycle"]
 
 
 async def test_the_write_budget_bounds_what_a_job_writes_into_etcd(

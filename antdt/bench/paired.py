@@ -1,0 +1,66 @@
+"""The shards cycles and their baseline, the in-memory master, measured in turns.
+
+A shared machine's speed drifts by tens of percent within a minute (other tenants, CPU
+steal), and a baseline measured a minute before the figure it divides can move the ratio
+by as much as the change under test. So for each client count the bench runs master,
+replica, master, replica, ... (both kept running, each run its own job) and reports the
+median of each, and the median of the per-turn ratios: a turn's two runs are seconds
+apart, under the same load."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from antdt.bench.master import MemoryMaster, bench_memory_master_cycles
+from antdt.bench.shards import ShardsReplicas, bench_shards_cycles
+from antdt.runtime.config import EtcdSettings
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+
+
+async def bench_paired_cycles(
+    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, turns: int,
+    on_turn: Any = None,
+) -> dict[int, dict[str, Any]]:  # fmt: skip
+    """For each client count: {"master": median figures, "shards": median figures,
+    "ratio": median of shards/master per turn, "ratios": each turn's}. `on_turn(n,
+    turn)` is called before each turn (progress)."""
+    store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
+    pids = {"nats": cluster.nats.pid}
+    results: dict[int, dict[str, Any]] = {}
+    try:
+        async with (
+            MemoryMaster(cluster.nats.url, pids) as master,
+            ShardsReplicas(cluster, count=1) as replica,
+        ):
+            for n in clients:
+                runs: dict[str, list[dict[str, float]]] = {"master": [], "shards": []}
+                for turn in range(turns):
+                    if on_turn is not None:
+                        on_turn(n, turn)
+                    runs["master"].append(
+                        await bench_memory_master_cycles(master, n, seconds, run=turn)
+                    )
+                    runs["shards"].append(await bench_shards_cycles(
+                        replica, store, clients=n, seconds=seconds, run=turn
+                    ))  # fmt: skip
+                ratios = [
+                    s["cycles_per_s"] / m["cycles_per_s"]
+                    for m, s in zip(runs["master"], runs["shards"], strict=True)
+                ]
+                results[n] = {
+                    "master": median_figures(runs["master"]),
+                    "shards": median_figures(runs["shards"]),
+                    "ratio": statistics.median(ratios),
+                    "ratios": ratios,
+                }
+    finally:
+        await store.close()
+    return results
+
+
+def median_figures(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the runs (the run with the median rate would mix one
+    run's luck into every figure; medians figure by figure do not)."""
+    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
