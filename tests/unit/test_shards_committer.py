@@ -240,6 +240,33 @@ async def test_without_a_waiting_answer_the_write_comes_within_the_interval() ->
     assert again.unconfirmed == ()  # durable now: the rank may forget it
 
 
+async def test_done_marks_alone_wait_longer_for_their_write_than_reservations() -> None:
+    store = MemoryLedgers(ledger(world=1, shards=80))
+    c = committer(store, flush_interval_s=0.02, done_flush_interval_s=0.6)
+    first = await c.submit(JOB, fetch_op(req(0), reserve=8))  # 1 grant, 8 reserved
+    await wait_for(lambda: len(store.state.in_flight) == 9, what="reservation written")
+    writes, held = len(store.writes), reply_refs(first)
+    # Handed a reserved shard, 7 left: no top-up, only the done mark to write.
+    started = time.monotonic()
+    reply = await c.submit(JOB, fetch_op(req(0, done=held, held=held), reserve=8))
+    assert reply.unconfirmed == held
+    await wait_for(lambda: store.state.done_count == 1, what="the done written", timeout=5)
+    assert time.monotonic() - started >= 0.5 and len(store.writes) == writes + 1
+    # Hand out reserved shards until the rank is below half its reservation: the top-up
+    # that follows is written within flush_interval_s, not the done marks' interval.
+    seen = held + reply_refs(reply)
+    while len(store.writes) == writes + 1:
+        reply = await c.submit(JOB, fetch_op(req(0, done=reply_refs(reply), held=seen), reserve=8))
+        seen += reply_refs(reply)
+        if c.working(JOB).cursor > store.state.cursor:  # type: ignore[union-attr]  # topped up
+            topped_up = time.monotonic()
+            await wait_for(lambda: len(store.writes) > writes + 1, what="top-up written")
+            assert time.monotonic() - topped_up < 0.3
+            break
+    else:
+        raise AssertionError("a done mark was written before the top-up")
+
+
 async def test_an_early_answer_waits_when_its_reservation_is_not_durable_yet() -> None:
     store = MemoryLedgers(ledger(world=1, shards=80), gate=asyncio.Event())
     c = committer(store, flush_interval_s=30.0)

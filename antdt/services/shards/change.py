@@ -26,6 +26,7 @@ class LedgerChange:
     puts: tuple[tuple[str, bytes], ...] = ()  # extra etcd keys (full keys) written in the same txn
     deletes: tuple[str, ...] = ()  # extra etcd keys deleted in the same txn
     early: Early | None = None  # the reply may go before the write if this holds (early.py)
+    reserved: int = 0  # shards granted ahead of need: their write should come soon
 
     @property
     def rejected(self) -> bool:

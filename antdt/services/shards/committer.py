@@ -17,11 +17,13 @@ Refusals wait for a write too: they are judged against the cached ledger, which 
 stale when another replica wrote; only a successful compare (CAS, or a compare-only
 check when nothing changed) proves the state they were judged on was the real one.
 
-Pacing: a write starts at once when an answer waits on it; otherwise at most
-`flush_interval_s` after the first change it carries, so a busy job writes a few hundred
-times a second, not once per request. Grants reserved ahead are written within that
-interval, while the rank still has half its reservation to go (ledger.py); a rank that
-reaches a reserved shard not yet written waits for the write, which then starts at once.
+Pacing: a write starts at once when an answer waits on it; otherwise by the earliest
+deadline of the changes it carries, so a busy job writes a few dozen times a second, not
+once per request. Grants reserved ahead are written within `flush_interval_s` (5 ms),
+while the rank still has half its reservation to go (ledger.py); a rank that reaches a
+reserved shard not yet written waits for the write, which then starts at once. Done
+marks alone wait up to `done_flush_interval_s` (25 ms): their ranks report them again
+until a reply says they are durable, so a longer wait loses nothing.
 
 Either way a job's writes keep to a bandwidth budget (`write_bytes_per_s`), a token
 bucket holding `write_burst_s` seconds of it: a write of B bytes takes B tokens, and
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections import Counter, deque
@@ -103,6 +106,7 @@ class _Applied:
     op: Operation
     change: LedgerChange
     future: asyncio.Future[BaseModel]  # done once answered (early, or after the write)
+    interval: float  # seconds its write may wait, once answered (see _interval)
 
 
 @dataclass
@@ -114,7 +118,7 @@ class _Job:
     waiting: deque[tuple[Operation, asyncio.Future[BaseModel]]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
     urgent: bool = False  # an answer waits on the next write
-    since: float = 0.0  # monotonic time of the oldest unwritten change
+    due: float = math.inf  # monotonic time the next write is due by, answers aside
     used: float = 0.0  # monotonic time of the last operation enqueued
     tokens: float | None = None  # bytes the write budget allowed (None: a full bucket)
     tokens_at: float = 0.0  # monotonic time `tokens` was counted
@@ -135,6 +139,7 @@ class Committer:
         retries: int = 20,
         max_writes: int = 100,
         flush_interval_s: float = 0.005,
+        done_flush_interval_s: float = 0.025,
         write_bytes_per_s: float = 0.0,
         write_burst_s: float = 1.0,
     ) -> None:
@@ -143,6 +148,7 @@ class Committer:
         self.retries = retries
         self.max_writes = max_writes
         self.flush_interval_s = flush_interval_s
+        self.done_flush_interval_s = max(flush_interval_s, done_flush_interval_s)
         self.write_bytes_per_s = write_bytes_per_s  # 0: no budget
         self.write_burst_s = write_burst_s  # the bucket holds this many seconds of budget
         self._jobs: dict[str, _Job] = {}
@@ -237,10 +243,12 @@ class Committer:
             return
         finally:
             self.apply_seconds += time.perf_counter() - started
-        if not j.applied:
-            j.since = time.monotonic()
+        interval = self._interval(change)
+        due = time.monotonic() + interval
+        if due < j.due:
+            j.due = due
             j.wake.set()
-        j.applied.append(_Applied(op, change, future))
+        j.applied.append(_Applied(op, change, future, interval))
         if not change.rejected:
             j.working = change.state
         reply = self._early_reply(j, change)
@@ -250,6 +258,12 @@ class Committer:
         elif not j.urgent:
             j.urgent = True
             j.wake.set()
+
+    def _interval(self, change: LedgerChange) -> float:
+        """How long a change answered early may wait for its write: shards reserved
+        ahead must be durable before their rank reaches them (it waits for the write
+        otherwise), done marks only eventually (the rank reports them again)."""
+        return self.flush_interval_s if change.reserved else self.done_flush_interval_s
 
     @staticmethod
     def _early_reply(j: _Job, change: LedgerChange) -> BaseModel | None:
@@ -299,6 +313,7 @@ class Committer:
                 _fail(future, gone)
             j.applied.clear()
             j.waiting.clear()
+            j.due = math.inf
             if j.stored is not None and j.stored.state.complete:
                 # A finished job's ledger never changes again: a late request reloads it.
                 self._jobs.pop(job, None)
@@ -333,7 +348,7 @@ class Committer:
         budget_due = self._budget_due(j)
         while not self._closed:
             now = time.monotonic()
-            interval_due = now if j.urgent else j.since + self.flush_interval_s
+            interval_due = now if j.urgent else j.due
             due = max(budget_due, interval_due)
             if due <= now:
                 return
@@ -432,7 +447,8 @@ class Committer:
     def _settle(self, j: _Job) -> None:
         """After a write: is another one due at once?"""
         j.urgent = any(not e.future.done() for e in j.applied)
-        j.since = time.monotonic()
+        intervals = [e.interval for e in j.applied]
+        j.due = time.monotonic() + min(intervals) if intervals else math.inf
 
     def _give_up(self, j: _Job, error: Exception) -> None:
         for entry in j.applied:
@@ -440,7 +456,7 @@ class Committer:
         j.applied.clear()
         j.working = None  # reload before the next operation is applied
         j.stored = j.index = None
-        j.urgent = False
+        j.urgent, j.due = False, math.inf
 
 
 def _idle(j: _Job, now: float, idle_s: float) -> bool:

@@ -80,8 +80,18 @@ class ShardsSettings(ServiceSettings):
         default=0.005,
         ge=0,
         le=1.0,
-        description="Seconds, at most, between a change whose answer went out early (done "
-        "marks) and its write; changes someone waits on are written at once",
+        description="Seconds, at most, between a change whose answer went out early and "
+        "that granted shards ahead of need (a reservation) and its write; changes someone "
+        "waits on are written at once",
+    )
+    done_flush_interval_s: float = Field(
+        default=0.025,
+        ge=0,
+        le=1.0,
+        description="Seconds, at most, between a change whose answer went out early and "
+        "that only marked shards done and its write (never less than flush_interval_s): "
+        "ranks report such marks again until a reply says they are durable, so waiting "
+        "longer loses nothing and lets one write carry more requests",
     )
     ledger_write_bytes_per_s: float = Field(
         default=1024**2,
@@ -113,7 +123,7 @@ class ShardsSettings(ServiceSettings):
         "past it is refused with code too_large, naming the sizes, and nothing is written",
     )
     reserve_shards: int = Field(
-        default=16,
+        default=32,
         ge=0,
         le=64,
         description="Shards granted to a rank ahead of its asking (capped near the end of "
@@ -218,7 +228,9 @@ def fetch_op(req: ShardFetch, reserve: int = 0) -> Operation:
 
     def op(state: LedgerState) -> LedgerChange:
         result = plan_fetch(state, req, reserve)
-        return LedgerChange(state=result.state, reply=result.reply, early=result.early)
+        return LedgerChange(
+            state=result.state, reply=result.reply, early=result.early, reserved=result.reserved
+        )
 
     return op
 
@@ -242,6 +254,7 @@ class ShardsService:
             self._spawn,
             retries=settings.cas_retries,
             flush_interval_s=settings.flush_interval_s,
+            done_flush_interval_s=settings.done_flush_interval_s,
             write_bytes_per_s=settings.ledger_write_bytes_per_s,
             write_burst_s=settings.ledger_write_burst_s,
         )
