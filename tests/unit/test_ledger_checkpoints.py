@@ -217,9 +217,10 @@ JOBS = st.builds(
 
 
 def assert_index_matches(state: LedgerState) -> None:
-    """The cached in-flight index a Work starts from is the state's own in-flight tuple."""
+    """A Work starting from the state sees exactly the state's in-flight entries."""
     work = Work.of(state)
-    assert list(work.in_flight.values()) == list(state.in_flight)
+    assert len(work.in_flight) == len(state.in_flight)
+    assert [work.in_flight[e.shard] for e in state.in_flight] == list(state.in_flight)
     for rank in range(state.world_size):
         assert work.entries_of(rank) == [e for e in state.in_flight if e.rank == rank]
 

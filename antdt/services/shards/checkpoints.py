@@ -38,6 +38,7 @@ from antdt.schemas import (
     ShardRestore,
 )
 from antdt.schemas.base import WireModel
+from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.ledger import Work, apply_done, check_member, check_refs, error
 from antdt.services.shards.ledger import release_rank as requeue_rank
 from antdt.services.shards.state import (
@@ -160,7 +161,9 @@ def _by_shard(
 
 
 def _complete(state: LedgerState, pending: PendingCheckpoint, keep: int) -> Outcome:
-    in_flight = tuple(e for c in sorted(pending.commits, key=lambda c: c.rank) for e in c.held)
+    in_flight = InFlightTable(
+        e for c in sorted(pending.commits, key=lambda c: c.rank) for e in c.held
+    )
     requeued = state.requeued + pending.late
     snapshot = state.model_copy(
         update={
@@ -232,7 +235,7 @@ def apply_restore(
     restored = base.model_copy(
         update={
             # A new attempt for everything in flight: the old processes' reports are fenced.
-            "in_flight": tuple(
+            "in_flight": InFlightTable(
                 e.model_copy(update={"attempt": e.attempt + 1}) for e in base.in_flight
             ),
             "incarnation": state.incarnation + 1,

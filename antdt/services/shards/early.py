@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from antdt.schemas import ShardRef, ShardReply
+from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import LedgerState
 
 
@@ -33,23 +34,28 @@ class Early:
 
 
 class Stored:
-    """The ledger as stored, indexed for early-reply checks: epoch and in-flight holders."""
+    """The ledger as stored, for early-reply checks: its epoch and who holds what (its
+    InFlightTable is already indexed by shard: nothing to build per write)."""
 
-    __slots__ = ("epoch", "holders", "incarnation")
+    __slots__ = ("epoch", "in_flight", "incarnation")
 
     def __init__(self, state: LedgerState) -> None:
         self.epoch = state.epoch
         self.incarnation = state.incarnation
-        self.holders = {e.shard: (e.rank, e.attempt) for e in state.in_flight}
+        self.in_flight = InFlightTable.of(state.in_flight)
+
+    def holder(self, shard: int) -> tuple[int, int] | None:
+        """(rank, attempt) of the stored grant of `shard`, if it is in flight."""
+        entry = self.in_flight.get(shard)
+        return None if entry is None else (entry.rank, entry.attempt)
 
 
 def early_reply(reply: ShardReply, early: Early, stored: Stored) -> ShardReply | None:
     """The reply to send before the write, or None: it must wait for the write."""
     if (early.epoch, early.incarnation) != (stored.epoch, stored.incarnation):
         return None
-    holders = stored.holders
     for shard, attempt in early.deliveries:
-        if holders.get(shard) != (early.rank, attempt):
+        if stored.holder(shard) != (early.rank, attempt):
             return None
     unconfirmed = tuple(ref for ref in early.done if _open(ref, early.rank, stored))
     return reply.model_copy(update={"unconfirmed": unconfirmed}) if unconfirmed else reply
@@ -60,4 +66,4 @@ def _open(ref: ShardRef, rank: int, stored: Stored) -> bool:
     an epoch the stored ledger has not reached."""
     if ref.epoch != stored.epoch:
         return ref.epoch > stored.epoch
-    return stored.holders.get(ref.shard) == (rank, ref.attempt)
+    return stored.holder(ref.shard) == (rank, ref.attempt)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Early
+from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import (
     InFlightEntry,
     LedgerState,
@@ -48,13 +49,16 @@ def release_rank(state: LedgerState, rank: int) -> LedgerState:
     """Hand a removed rank's in-flight shards back, to be granted again from their
     recorded position (with a new attempt, so the old holder is fenced). A pending
     checkpoint is dropped: the rank's commit to it no longer describes the job."""
-    mine = [e for e in state.in_flight if e.rank == rank]
+    edit = InFlightTable.of(state.in_flight).edit()
+    mine = [edit[shard] for shard in edit.shards_of(rank)]
     if not mine and state.pending is None:
         return state
     back = tuple(Requeued(shard=e.shard, position=e.position, attempt=e.attempt) for e in mine)
+    for entry in mine:
+        del edit[entry.shard]
     return state.model_copy(
         update={
-            "in_flight": tuple(e for e in state.in_flight if e.rank != rank),
+            "in_flight": edit.build(),
             "requeued": state.requeued + back,
             "pending": None,
         }

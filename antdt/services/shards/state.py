@@ -17,13 +17,15 @@ A shard's life within an epoch (a restore moves whole ledgers back, see checkpoi
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
+from pydantic_core import core_schema
 
 from antdt.schemas import InFlight, JobSpec, ShardStatus
 from antdt.schemas.base import Token
 from antdt.services.shards.columns import commit_columns, entry_columns
+from antdt.services.shards.inflight import InFlightTable
 
 NonNegative = Annotated[int, Field(ge=0)]
 
@@ -55,8 +57,35 @@ class InFlightEntry(_Frozen):
     position: NonNegative
 
 
+class _AsInFlight:
+    """Pydantic schema of a ledger's in-flight entries: validated as a tuple of entries
+    (or taken as an InFlightTable), held as an InFlightTable (inflight.py), dumped as a tuple."""
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        entries = handler.generate_schema(tuple[InFlightEntry, ...])
+        from_entries = core_schema.no_info_after_validator_function(InFlightTable, entries)
+        return core_schema.json_or_python_schema(
+            json_schema=from_entries,
+            python_schema=core_schema.union_schema(
+                [core_schema.is_instance_schema(InFlightTable), from_entries]
+            ),
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                _entries, return_schema=entries
+            ),
+        )
+
+
+def _entries(value: Any) -> tuple[Any, ...]:
+    # A tuple too: model_copy(update=...) takes what it is given, unvalidated.
+    return value.items() if isinstance(value, InFlightTable) else tuple(value)
+
+
 _IN_FLIGHT = entry_columns(("shard", "rank", "attempt", "position"))
-InFlightEntries = Annotated[tuple[InFlightEntry, ...], _IN_FLIGHT.read, _IN_FLIGHT.write]
+InFlightEntries = Annotated[
+    InFlightTable[InFlightEntry], _AsInFlight(), _IN_FLIGHT.read, _IN_FLIGHT.write
+]
 
 
 class RankCommit(_Frozen):
@@ -112,7 +141,7 @@ class LedgerState(_Frozen):
     seed: NonNegative
     cursor: int = Field(ge=0, description="Shards of the epoch's order handed out so far")
     requeued: Requeues = ()
-    in_flight: InFlightEntries = ()
+    in_flight: InFlightEntries = Field(default_factory=InFlightTable)
     done_count: int = Field(ge=0, description="Shards of the current epoch done")
     complete: bool = False
     incarnation: NonNegative = Field(default=0, description="Restores so far")
