@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    def __init__(self, name: str, kind: LoopKind = "auto") -> None:
+    def __init__(self, name: str, kind: LoopKind = "asyncio") -> None:
         self.name = name
         self.loop = new_event_loop(kind)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)

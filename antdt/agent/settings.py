@@ -86,7 +86,10 @@ class AgentSettings(BaseSettings):
     )
     device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
     event_loop: LoopKind = Field(
-        default="auto", description=f"{LOOP_KIND_HELP} (the agent's own I/O thread)"
+        default="asyncio",
+        description=f"{LOOP_KIND_HELP}, for the agent's I/O thread. asyncio by default: it "
+        "carries a few messages a second, and uvloop would be one more compiled package "
+        "in the training process for nothing measurable",
     )
     ledger_timeout_s: float = Field(
         default=300.0, gt=0, description="How long commit/restore/leave retry and wait, seconds"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from antdt.bench.cases import (
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.paired import bench_paired_cycles
+from antdt.bench.paired import bench_paired_cycles, median_figures
 from antdt.bench.shards import (
     bench_ledger_sizes,
     bench_raw_etcd_txn,
@@ -35,8 +36,9 @@ from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
 
 console = Console(width=160)
-#: Turns of master and shards cycles per client count (paired.py).
+#: Turns of master and shards cycles per client count (paired.py), and of the loops.
 TURNS = 3
+KINDS: tuple[loops.LoopKind, ...] = ("uvloop", "asyncio")
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -185,7 +187,7 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             f"of one replica's rate (median of its turns); " + _details(cycles)
         )
         rows.append(_cycles_row(n, 2, cycles, master[n], raw[n]))
-    rows += await event_loop_rows(cluster, uvloop_rates=one_replica)
+    rows += await event_loop_rows(cluster)
     with console.status("ledger size in etcd"):
         sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
                                          ranks=1000, prefetch=2)  # fmt: skip
@@ -209,32 +211,41 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     return rows
 
 
-async def event_loop_rows(
-    cluster: EmbeddedCluster, *, uvloop_rates: dict[int, float]
-) -> list[dict[str, Any]]:
-    """The one-replica shards cycles again, replica and clients on asyncio's own loop:
-    what uvloop (the default where installed, runtime/loops.py) is worth."""
+async def event_loop_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """The one-replica shards cycles with replica and clients on uvloop (the services'
+    default where installed, runtime/loops.py) and on asyncio's own loop, in turns."""
     if loops.resolve("auto") != "uvloop":
         console.print("uvloop is not installed: no event-loop comparison")
         return []
-    clients = (1, 8)
-    with console.status("shards cycles on asyncio's own event loop"):
-        results = await bench_shards(cluster, clients=clients, seconds=4.0, event_loop="asyncio")
+    runs: dict[str, list[dict[int, dict[str, float]]]] = {"uvloop": [], "asyncio": []}
+    with console.status("shards cycles, uvloop and asyncio's loop in turns") as status:
+        for turn in range(TURNS):
+            for kind in KINDS:
+                status.update(f"shards cycles on {kind}, turn {turn + 1} of {TURNS}")
+                runs[kind].append(
+                    await bench_shards(cluster, clients=(1, 8), seconds=2.5, event_loop=kind)
+                )
     rows = []
-    for n, cycles in results.items():
+    for n in (1, 8):
+        ratios = [u[n]["cycles_per_s"] / a[n]["cycles_per_s"]
+                  for u, a in zip(runs["uvloop"], runs["asyncio"], strict=True)]  # fmt: skip
+        uv = median_figures([run[n] for run in runs["uvloop"]])
+        aio = median_figures([run[n] for run in runs["asyncio"]])
         console.print(
-            f"shards, {n} client(s), asyncio's loop: {_details(cycles)}; uvloop: "
-            f"{uvloop_rates[n] / cycles['cycles_per_s']:.2f}x that"
+            f"shards, {n} client(s), uvloop against asyncio's loop: "
+            f"{statistics.median(ratios):.2f}x (turns: {', '.join(f'{r:.2f}' for r in ratios)}); "
+            f"CPU per cycle, all processes: {cpu_per_cycle(uv):,.0f} against "
+            f"{cpu_per_cycle(aio):,.0f} us"
         )
         rows.append(
             {
-                "what": f"shards fetch+done cycles/s, {n} client(s), 1 replica, on uvloop "
-                "(the rows above)",
-                "value": uvloop_rates[n],
-                "baseline": cycles["cycles_per_s"],
-                "baseline_what": "same, asyncio's own loop",
+                "what": f"shards fetch+done cycles/s, {n} client(s), 1 replica, on uvloop",
+                "value": uv["cycles_per_s"],
+                "baseline": aio["cycles_per_s"],
+                "baseline_what": "same, asyncio's own loop, in turns",
+                "ratio": statistics.median(ratios),
                 "target": "reported",
-                "details": cycles,
+                "details": {"uvloop": uv, "asyncio": aio, "ratios": ratios},
             }
         )
     return rows

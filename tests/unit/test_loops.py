@@ -54,10 +54,11 @@ def test_event_loop_comes_from_the_environment_and_is_validated(
 ) -> None:
     base = {"job": "j", "rank": 0, "world_size": 1, "dataset_size": 10, "shard_size": 5,
             "global_batch": 2}  # fmt: skip
-    assert AgentSettings(**base).event_loop == "auto"
-    monkeypatch.setenv("ANTDT_EVENT_LOOP", "asyncio")
-    assert AgentSettings(**base).event_loop == "asyncio"
-    assert ServiceSettings().event_loop == "asyncio"
+    assert AgentSettings(**base).event_loop == "asyncio"  # the training process's own
+    assert ServiceSettings().event_loop == "auto"
+    monkeypatch.setenv("ANTDT_EVENT_LOOP", "uvloop")
+    assert AgentSettings(**base).event_loop == "uvloop"
+    assert ServiceSettings().event_loop == "uvloop"
     monkeypatch.setenv("ANTDT_EVENT_LOOP", "trio")
     with pytest.raises(ValidationError, match="event_loop"):
         ServiceSettings()
