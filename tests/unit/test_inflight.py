@@ -4,6 +4,7 @@ it later; each rank's shards stay in grant order; an edit costs what it changes.
 
 from __future__ import annotations
 
+import gc
 import time
 from unittest import mock
 
@@ -141,16 +142,38 @@ def test_the_delta_is_folded_once_it_outgrows_its_bound() -> None:
 
 def test_an_operation_costs_what_it_changes_not_what_the_job_holds() -> None:
     """2 * 10^4 entries in flight (10^4 ranks): an edit of one rank's two entries and
-    the build of the next state, averaged over many, stays far below one copy of the
-    whole (about 0.3-1 ms on the 2-core machine); the tuple version took 0.8 ms."""
-    state = InFlightTable([entry(s, s // 2) for s in range(20_000)])
-    started = time.perf_counter()
-    rounds = 2_000
-    for step in range(rounds):
+    the build of the next state, averaged over many, against what the tuple version did
+    per operation (copy the index, build the tuple) in the same run. About 15 µs against
+    800 on the 2-core machine; the collector is off while timing, as a service raises
+    its thresholds (runtime/process.py), and the best of three rounds counts."""
+    entries = [entry(s, s // 2) for s in range(20_000)]
+    index = {e.shard: e for e in entries}
+
+    def copy_all() -> None:
+        tuple(dict(index).values())
+
+    def edit_some(state: InFlightTable[InFlightEntry], step: int) -> InFlightTable[InFlightEntry]:
         edit = state.edit()
         rank = step % 10_000
         for shard in list(edit.shards_of(rank)):
             edit[shard] = entry(shard, rank, position=step % 7)
-        state = edit.build()
-    per_op = (time.perf_counter() - started) / rounds
-    assert per_op < 100e-6, f"{per_op * 1e6:.0f} µs per operation"
+        return edit.build()
+
+    state = InFlightTable(entries)
+    per_op, per_copy = [], []
+    gc.disable()
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            for step in range(1_000):
+                state = edit_some(state, step)
+            per_op.append((time.perf_counter() - started) / 1_000)
+            started = time.perf_counter()
+            for _ in range(20):
+                copy_all()
+            per_copy.append((time.perf_counter() - started) / 20)
+    finally:
+        gc.enable()
+    assert min(per_op) < min(per_copy) / 5, (
+        f"{min(per_op) * 1e6:.0f} µs per operation, {min(per_copy) * 1e6:.0f} µs per copy"
+    )

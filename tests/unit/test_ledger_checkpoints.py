@@ -35,6 +35,7 @@ from antdt.services.shards.checkpoints import (
 )
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger, plan_fetch
+from antdt.services.shards.state import PendingCheckpoint, RankCommit
 from antdt.services.shards.work import Work
 
 
@@ -352,3 +353,20 @@ def test_release_returns_shards_from_the_reported_position() -> None:
     assert isinstance(refused, ErrorReply) and refused.code == "removed"
     last = apply_release(out.state, ShardRelease(job="job", rank=0))
     assert isinstance(last.reply, ErrorReply)  # the last rank cannot leave
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 300), max_size=40, unique=True))
+def test_a_pending_checkpoint_knows_its_committed_ranks_whichever_way_it_was_built(
+    ranks: list[int],
+) -> None:
+    """Built commit by commit (the committed-rank mask carried along) or decoded whole
+    (the mask built from the commits), it answers the same."""
+    pending = PendingCheckpoint(step=5, epoch=0)
+    for rank in ranks:
+        pending = pending.with_commit(RankCommit(rank=rank))
+    decoded = PendingCheckpoint.model_validate_json(pending.model_dump_json())
+    for checkpoint in (pending, decoded):
+        assert checkpoint.committed() == frozenset(ranks)
+        assert checkpoint.committed_count() == len(ranks)
+        assert [r for r in range(301) if checkpoint.has_committed(r)] == sorted(ranks)

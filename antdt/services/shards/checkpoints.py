@@ -90,7 +90,7 @@ def apply_commit(state: LedgerState, req: ShardCommit, keep: int = DEFAULT_KEEP)
     pending = state.pending
     if pending is not None and pending.step > req.step:
         return refused(state, error("stale", f"checkpoint {pending.step} is already pending"))
-    if pending is not None and pending.step == req.step and req.rank in pending.committed():
+    if pending is not None and pending.step == req.step and pending.has_committed(req.rank):
         return Outcome(state, _commit_reply(state, req.step, complete=False))
     if req.epoch != state.epoch:
         message = f"commit for epoch {req.epoch}; the ledger is at {state.epoch}"
@@ -116,7 +116,7 @@ def _record_commit(
     current = work.state()
     assert current.pending is not None
     # Committers are active ranks (check_member), so counting them is enough.
-    if len(current.pending.committed()) >= current.active_count:
+    if current.pending.committed_count() >= current.active_count:
         return _complete(current, current.pending, keep)
     return Outcome(current, _commit_reply(current, req.step, complete=False))
 
@@ -195,7 +195,7 @@ def _commit_reply(
     count = 0
     waiting_for: tuple[int, ...] = ()
     if not complete and state.pending is not None:
-        count = state.active_count - len(state.pending.committed())
+        count = state.active_count - state.pending.committed_count()
         if count <= WAITING_LISTED:
             waiting_for = tuple(sorted(state.active_ranks() - state.pending.committed()))
     return CommitReply(

@@ -115,16 +115,25 @@ class PendingCheckpoint(_Frozen):
     commits: RankCommits = ()
     late: Requeues = ()
 
+    def has_committed(self, rank: int) -> bool:
+        """Asked on every commit and every grant while the checkpoint is pending: a bit
+        of a mask built once per `commits` tuple (see _COMMITTED)."""
+        return bool(committed_mask(self.commits) >> rank & 1)
+
+    def committed_count(self) -> int:
+        return committed_mask(self.commits).bit_count()
+
     def committed(self) -> frozenset[int]:
-        """The ranks that committed. Asked on every commit and every grant while the
-        checkpoint is pending, so it is built once per `commits` tuple (see _COMMITTED)."""
-        return committed_ranks(self.commits)
+        """The ranks that committed (O(ranks): for listing them)."""
+        mask = committed_mask(self.commits)
+        return frozenset(r for r in range(mask.bit_length()) if mask >> r & 1)
 
     def with_commit(self, commit: RankCommit) -> PendingCheckpoint:
-        """This checkpoint with `commit` added; its committed ranks are this one's plus
-        the committer's (a C-level set copy, not a pass over every commit)."""
+        """This checkpoint with `commit` added; its mask is this one's with the
+        committer's bit set (a set union, or a pass over every commit, would make a
+        checkpoint of n ranks cost O(n^2): 10^4 ranks committed 115 µs a commit that way)."""
         commits = (*self.commits, commit)
-        committed_ranks(commits, known=self.committed() | {commit.rank})
+        committed_mask(commits, known=committed_mask(self.commits) | 1 << commit.rank)
         return self.model_copy(update={"commits": commits})
 
 
@@ -194,22 +203,25 @@ class LedgerState(_Frozen):
 
 #: commits tuple id -> (the tuple, its ranks). Identity-keyed, as work.py's index: the
 #: tuple is held here, so its id is not reused while cached. A few per pending checkpoint.
-_COMMITTED: dict[int, tuple[tuple[RankCommit, ...], frozenset[int]]] = {}
+_COMMITTED: dict[int, tuple[tuple[RankCommit, ...], int]] = {}
 _COMMITTED_MAX = 64
 
 
-def committed_ranks(
-    commits: tuple[RankCommit, ...], known: frozenset[int] | None = None
-) -> frozenset[int]:
-    """The ranks of `commits`; `known`: already computed by the caller (cached as such)."""
+def committed_mask(commits: tuple[RankCommit, ...], known: int | None = None) -> int:
+    """The ranks of `commits` as the bits of an int; `known`: already computed by the
+    caller (cached as such)."""
     hit = _COMMITTED.get(id(commits))
     if hit is not None and hit[0] is commits:
         return hit[1]
-    ranks = known if known is not None else frozenset(c.rank for c in commits)
+    mask = known
+    if mask is None:
+        mask = 0
+        for commit in commits:
+            mask |= 1 << commit.rank
     if len(_COMMITTED) >= _COMMITTED_MAX:
         _COMMITTED.clear()
-    _COMMITTED[id(commits)] = (commits, ranks)
-    return ranks
+    _COMMITTED[id(commits)] = (commits, mask)
+    return mask
 
 
 def new_ledger(spec: JobSpec) -> LedgerState:

@@ -101,7 +101,7 @@ class Work:
             shard = shard_at(base.seed, self.epoch, base.num_shards, self.cursor)
             position, attempt = 0, 0
             self.cursor += 1
-        if self.pending is not None and rank in self.pending.committed():
+        if self.pending is not None and self.pending.has_committed(rank):
             # Granted after the rank's commit: untouched at the checkpoint's step.
             self.late.append(Requeued(shard=shard, position=position, attempt=attempt))
         entry = InFlightEntry(shard=shard, rank=rank, attempt=attempt, position=position)
