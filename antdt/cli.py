@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -58,8 +59,14 @@ def _configure_logs(settings: Any) -> None:
 
 
 def _run_services(
-    names: list[str], nats_url: str | None, etcd_endpoint: str | None, metrics: int | None
+    names: list[str],
+    nats_url: str | None,
+    etcd_endpoint: str | None,
+    metrics: int | None,
+    ready: Callable[[list[Any]], Awaitable[None]] | None = None,
 ) -> None:
+    """Run `names` in this process until stopped: logs, the report's streams and the
+    collector set up from the first one's settings, on the event loop they name."""
     from antdt.runtime import loops
     from antdt.runtime.process import configure_gc
     from antdt.services.runner import run_services
@@ -68,10 +75,11 @@ def _run_services(
     _configure_logs(first)
     _ensure_recording(first)
     configure_gc(first.gc_thresholds)
-    loops.run(
-        run_services(names, lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics)),
-        first.event_loop,
-    )
+
+    def settings_of(name: str) -> Any:
+        return _service_settings(name, nats_url, etcd_endpoint, metrics)
+
+    loops.run(run_services(names, settings_of, ready=ready), first.event_loop)
 
 
 def _ensure_recording(settings: Any) -> None:
@@ -120,18 +128,11 @@ def up(
 ) -> None:
     """Start embedded nats-server (JetStream) and etcd plus the three services, in the
     foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
-    from antdt.runtime import loops
-    from antdt.runtime.process import configure_gc
     from antdt.runtime.servers import EmbeddedCluster
-    from antdt.services.runner import run_services
 
     cluster = EmbeddedCluster(root=data_dir, keep=data_dir is not None).start()
     try:
         nats_url, etcd_endpoint = cluster.nats.url, cluster.etcd.endpoint
-        first = _service_settings("monitor", nats_url, etcd_endpoint)
-        _configure_logs(first)
-        _ensure_recording(first)
-        configure_gc(first.gc_thresholds)
 
         async def announce(_: list[Any]) -> None:
             console.print(
@@ -142,14 +143,8 @@ def up(
             print(f"ANTDT_NATS__URL={nats_url}", flush=True)
             print(f"ANTDT_ETCD__ENDPOINT={etcd_endpoint}", flush=True)
 
-        loops.run(
-            run_services(
-                ["monitor", "controller", "shards"],
-                lambda n: _service_settings(n, nats_url, etcd_endpoint, metrics_port),
-                ready=announce,
-            ),
-            first.event_loop,
-        )
+        _run_services(["monitor", "controller", "shards"], nats_url, etcd_endpoint,
+                      metrics_port, ready=announce)  # fmt: skip
     finally:
         cluster.stop()
 
