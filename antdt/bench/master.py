@@ -20,7 +20,6 @@ from antdt.bench.shards import Children, bench_shards_cycles
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
-from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardGrant, ShardReply, Subjects
 from antdt.services.shards.state import ceil_div
@@ -116,16 +115,6 @@ class MemoryMaster:
 
     async def counters(self) -> dict[str, float]:
         return dict(await self._ask("stop"))
-
-
-async def bench_memory_master(
-    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float
-) -> dict[int, dict[str, float]]:
-    """The shards bench's cycles (bench_shards_cycles, same clients) against the
-    in-memory master, for each client count."""
-    pids = {"nats": cluster.nats.pid}
-    async with MemoryMaster(cluster.nats.url, pids) as master:
-        return {n: await bench_memory_master_cycles(master, n, seconds) for n in clients}
 
 
 async def bench_memory_master_cycles(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.master import MemoryShards, bench_memory_master
+from antdt.bench.master import MemoryMaster, MemoryShards, bench_memory_master_cycles
 from antdt.bench.paired import bench_paired_cycles
 from antdt.bench.shards import bench_raw_nats_request, bench_shards, cpu_per_cycle
 from antdt.runtime.servers import EmbeddedCluster
@@ -31,7 +31,8 @@ def test_the_memory_master_grants_each_shard_once_and_pops_done_reports() -> Non
 
 
 async def test_both_drivers_serve_real_cycles(cluster: EmbeddedCluster) -> None:
-    master = await bench_memory_master(cluster, clients=(2,), seconds=0.3)
+    async with MemoryMaster(cluster.nats.url, {"nats": cluster.nats.pid}) as running:
+        master = {2: await bench_memory_master_cycles(running, 2, 0.3)}
     shards = await bench_shards(cluster, clients=(2,), seconds=0.3)
     for figures in (master[2], shards[2]):
         assert figures["cycles_per_s"] > 10 and figures["service_cpu_us_per_cycle"] > 0

@@ -82,15 +82,6 @@ class InFlightTable(Sequence[E]):
         shards = self._delta_ranks.get(rank)
         return self._base_ranks.get(rank, ()) if shards is None else shards
 
-    def ranks(self) -> Iterator[int]:
-        """The ranks holding shards (in no particular order)."""
-        for rank, shards in self._delta_ranks.items():
-            if shards:
-                yield rank
-        for rank in self._base_ranks:
-            if rank not in self._delta_ranks:
-                yield rank
-
     def __len__(self) -> int:
         return self._count
 
