@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardReply
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import (
     MAX_RESERVED,
     LedgerState,
     Work,
+    _lacking,
     new_ledger,
     plan_fetch,
     reservation_target,
@@ -112,3 +116,27 @@ def test_without_held_every_grant_is_re_sent_and_nothing_reserved() -> None:
     again = plan_fetch(first.state, fetch(want=0, held=None), reserve=8)
     assert first.reserved == 0 and again.early is None
     assert len(again.reply.grants) == 2  # type: ignore[union-attr]
+
+
+@given(
+    reserve=st.integers(0, 24),
+    keep=st.lists(st.booleans(), max_size=40),
+    want=st.integers(0, 8),
+    foreign=st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_what_a_rank_lacks_is_counted_without_listing_its_reservation(
+    reserve: int, keep: list[bool], want: int, foreign: bool
+) -> None:
+    """_lacking stops at the first `want` shards the rank lacks; its count and its picks
+    must equal listing every entry of the rank, as the fetch path did before."""
+    state = plan_fetch(ledger(world=2, shards=400), fetch(want=1), reserve=reserve).state
+    state = plan_fetch(state, fetch(rank=1, want=2), reserve=reserve).state  # another rank's
+    work = Work.of(state)
+    entries = [e for e in state.in_flight if e.rank == 0]
+    known = {(e.shard, e.attempt) for e, kept in zip(entries, keep, strict=False) if kept}
+    if foreign:  # a ref the rank does not hold as it says: not counted as held
+        other = next(e for e in state.in_flight if e.rank == 1)
+        known |= {(other.shard, other.attempt), (entries[0].shard, entries[0].attempt + 1)}
+    naive = [e for e in entries if (e.shard, e.attempt) not in known]
+    assert _lacking(work, 0, known, want) == (len(naive), naive[:want])

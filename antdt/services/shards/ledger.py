@@ -191,10 +191,9 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     may go out before the request's done refs are durable (FetchResult.early)."""
     rank = req.rank
     known = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
-    lacking = [e for e in work.entries_of(rank) if (e.shard, e.attempt) not in known]
-    delivered = lacking[: req.want]
+    lacking, delivered = _lacking(work, rank, known, req.want)
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
-    spare = len(lacking) - len(delivered)
+    spare = lacking - len(delivered)
     target = reservation_target(work, reserve, consumption_share(req, work))
     reserved = 0
     if spare * 2 < target:  # below half: top up in one go, so one write serves many
@@ -214,6 +213,31 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
             done=req.done,
         )
     return FetchResult(work.state(), work.reply(status, grants), early, reserved)
+
+
+def _lacking(
+    work: Work, rank: int, known: set[tuple[int, int]], want: int
+) -> tuple[int, list[InFlightEntry]]:
+    """How many of `rank`'s in-flight shards it does not hold (`known`), and the first
+    `want` of them in grant order. It looks at the rank's shards only until it has them:
+    a rank holding a full reservation is asked about on every request, and listing the
+    reservation each time cost more than the rest of the operation."""
+    in_flight = work.in_flight
+    mine = in_flight.shards_of(rank)
+    held = 0
+    for shard, attempt in known:
+        entry = in_flight.get(shard)
+        if entry is not None and entry.rank == rank and entry.attempt == attempt:
+            held += 1
+    delivered: list[InFlightEntry] = []
+    if want > 0:
+        for shard in mine:
+            entry = in_flight[shard]
+            if (shard, entry.attempt) not in known:
+                delivered.append(entry)
+                if len(delivered) == want:
+                    break
+    return len(mine) - held, delivered
 
 
 def consumption_share(req: ShardFetch, work: Work) -> float:
