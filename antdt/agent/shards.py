@@ -104,7 +104,7 @@ class ShardStream:
         while True:
             self._wake.clear()  # before looking at the state: a later wake is never lost
             with self._cond:
-                fetch = self._state.next_fetch(confirm=self._confirm)
+                fetch = self._state.next_fetch(confirm=self._confirm, now=time.monotonic())
                 unconfirmed = bool(self._state.unconfirmed)
             self._confirm = False
             if fetch is None:

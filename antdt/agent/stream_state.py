@@ -32,6 +32,43 @@ MAX_WANT = 8
 MIN_RETRY_S = 0.05
 #: Refusals that no retry can fix: this process is not a member of the job's present.
 FATAL_CODES = frozenset({"incarnation", "removed"})
+#: Seconds after it was last sent that an unconfirmed done ref goes out again. The service
+#: makes done marks durable within tens of milliseconds (its done_flush_interval_s).
+RECONFIRM_AFTER_S = 0.05
+
+
+@dataclass
+class Unconfirmed:
+    """Done refs the service accepted but had not made durable when it replied (the
+    reply's `unconfirmed`), each with the time it was last sent. Each goes out again once
+    RECONFIRM_AFTER_S has passed, until a reply no longer lists it: a replica that died
+    before its write loses no done mark, only delays it. Sending them all with every
+    request instead made a rank that fetches every millisecond report each one some ten
+    times before its write, and the service check it each time."""
+
+    sent_at: dict[ShardRef, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.sent_at)
+
+    def refs(self) -> list[ShardRef]:
+        return list(self.sent_at)
+
+    def due(self, now: float | None, everything: bool = False) -> list[ShardRef]:
+        """Take out the refs to send again at `now` (monotonic seconds; None, or
+        `everything`: all of them)."""
+        if everything or now is None:
+            due, self.sent_at = list(self.sent_at), {}
+            return due
+        due = [ref for ref, sent in self.sent_at.items() if now - sent >= RECONFIRM_AFTER_S]
+        for ref in due:
+            del self.sent_at[ref]
+        return due
+
+    def answered(self, unconfirmed: tuple[ShardRef, ...], sent_at: float) -> None:
+        """A reply listed these refs, sent at `sent_at`, as accepted but not durable."""
+        for ref in unconfirmed:
+            self.sent_at[ref] = sent_at
 
 
 @dataclass
@@ -53,7 +90,8 @@ class StreamState:
     pending_done: list[ShardRef] = field(default_factory=list)
     sending: list[ShardRef] = field(default_factory=list)
     # Reported, accepted, not yet durable (the reply listed them): reported again.
-    unconfirmed: list[ShardRef] = field(default_factory=list)
+    unconfirmed: Unconfirmed = field(default_factory=Unconfirmed)
+    sent_at: float = -math.inf  # when the request in flight (`sending`) was built
     unsynced: set[ShardRef] = field(default_factory=set)  # taken to the end, step not synced
     demand: int = 0  # samples a blocked take still lacks
     batch_hint: int = 0  # the last batch asked for: what the next take will want
@@ -82,14 +120,16 @@ class StreamState:
             return False
         return bool(self.pending_done) or self.want() > 0
 
-    def next_fetch(self, confirm: bool = False) -> ShardFetch | None:
+    def next_fetch(self, confirm: bool = False, now: float | None = None) -> ShardFetch | None:
         """The next request, or None when there is nothing to ask or report (`confirm`:
-        also to have unconfirmed done refs confirmed). Done refs it carries move to
-        `sending` until `on_reply` or `on_failure`."""
+        also to have every unconfirmed done ref confirmed). Done refs it carries move to
+        `sending` until `on_reply` or `on_failure`. `now` (monotonic seconds) decides which
+        unconfirmed refs are due again; None: all are."""
         if not (self.needs_fetch() or (confirm and self.unconfirmed and not self.job_done)):
             return None
-        report = self.unconfirmed + self.pending_done
-        self.sending, self.pending_done, self.unconfirmed = report[:MAX_DONE], report[MAX_DONE:], []
+        report = self.unconfirmed.due(now, everything=confirm) + self.pending_done
+        self.sending, self.pending_done = report[:MAX_DONE], report[MAX_DONE:]
+        self.sent_at = -math.inf if now is None else now
         # The batch of the latest take is this rank's share of the job's consumption,
         # which bounds what the service reserves for it.
         share = self.say_share and 0 < self.batch_hint <= self.global_batch
@@ -127,7 +167,8 @@ class StreamState:
     def on_reply(self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]) -> float:
         """Apply a reply; `cursors` are its grants opened (ordered) by the shell outside
         the lock. Returns seconds to wait before the next request (0: go on)."""
-        self.sending, self.unconfirmed = [], list(reply.unconfirmed)
+        self.unconfirmed.answered(reply.unconfirmed, self.sent_at)
+        self.sending = []
         if reply.status is FetchStatus.JOB_DONE:
             self.job_done = True
             self.local = LocalShards(seed=self.seed)
@@ -220,7 +261,7 @@ class StreamState:
 
     def unacknowledged(self) -> tuple[ShardRef, ...]:
         """Finished shards the service may not know of yet (a repeat is harmless)."""
-        return tuple(dict.fromkeys(self.sending + self.unconfirmed + self.pending_done))
+        return tuple(dict.fromkeys(self.sending + self.unconfirmed.refs() + self.pending_done))
 
     def positions(self) -> tuple[ShardPosition, ...]:
         """How far the model got in every shard held; call between steps, when what was

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from antdt.agent.route import ShardRoute
+from antdt.agent.stream_state import Unconfirmed
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
@@ -281,16 +282,16 @@ async def bench_shards_cycles(
 
     async def one_client(rank: int, until: float) -> None:
         nonlocal busy
-        # As the agent does: report the shard finished (and any done refs the last reply
-        # left unconfirmed), say that nothing else is held, ask for the next; send it to
-        # the replica the last reply named as the job's owner.
+        # As the agent does: report the shard finished (and the done refs a reply left
+        # unconfirmed, once they are due again), say that nothing else is held, ask for
+        # the next; send it to the replica the last reply named as the job's owner.
         route = routes[rank]
-        held: tuple[Any, ...] = ()
-        unconfirmed: tuple[Any, ...] = ()
+        done: list[Any] = []
+        unconfirmed = Unconfirmed()
         while time.perf_counter() < until:
-            request = ShardFetch(job=job, rank=rank, epoch=0, done=unconfirmed + held,
-                                 want=1, held=())  # fmt: skip
             started = time.perf_counter()
+            done = unconfirmed.due(started) + done
+            request = ShardFetch(job=job, rank=rank, epoch=0, done=tuple(done), want=1, held=())
             try:
                 reply = await buses[rank].request(route.subject, request, ShardReply)
             except RequestRefused as refused:
@@ -298,14 +299,14 @@ async def bench_shards_cycles(
                     raise
                 busy += 1  # two replicas contending; the agent retries the same way
                 route.on_failure(time.perf_counter())
-                continue
+                continue  # the same done refs go out again
             route.on_reply(reply.route, time.perf_counter())
             if measuring:
                 latencies.append(time.perf_counter() - started)
             if reply.status != FetchStatus.OK:
                 raise RuntimeError(f"rank {rank} got {reply.status}")
-            held = tuple(g.ref() for g in reply.grants)
-            unconfirmed = reply.unconfirmed
+            unconfirmed.answered(reply.unconfirmed, started)
+            done = [g.ref() for g in reply.grants]
 
     warm_until = time.perf_counter() + 0.5
     await asyncio.gather(*(one_client(r, warm_until) for r in range(clients)))

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from antdt.agent.sampling import Cursor, Taken
-from antdt.agent.stream_state import MIN_RETRY_S, StreamState, open_cursors
+from antdt.agent.stream_state import MIN_RETRY_S, RECONFIRM_AFTER_S, StreamState, open_cursors
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
 
 
@@ -84,6 +84,61 @@ def test_done_refs_only_after_sync_and_resent_after_failure() -> None:
     assert fetch is not None and len(fetch.done) == 1
     s.on_reply(fetch, reply(FetchStatus.OK, 0, g(2)), open_cursors((g(2),), 0))
     assert s.unreported() == 0
+
+
+def finish(s: StreamState, shard: int) -> ShardRef:
+    """Take the whole of grant `shard` (size 4) and sync it: its ref is pending done."""
+    taken = Taken()
+    s.take(4, 0, taken)
+    s.synced(taken.finished)
+    assert taken.finished == [ShardRef(epoch=0, shard=shard, attempt=0)]
+    return taken.finished[0]
+
+
+def listing(r: ShardReply, *unconfirmed: ShardRef) -> ShardReply:
+    return r.model_copy(update={"unconfirmed": unconfirmed})
+
+
+def test_an_unconfirmed_done_ref_goes_out_again_only_once_it_is_due() -> None:
+    """The service accepted it but had not written it: it is reported again after
+    RECONFIRM_AFTER_S, not with every request, and forgotten once a reply stops listing it."""
+    s = state(prefetch=1)
+    fetch = s.next_fetch(now=0.0)
+    assert fetch is not None
+    answer_to(s, fetch, reply(FetchStatus.OK, 0, g(0)))
+    first = finish(s, 0)
+    fetch = s.next_fetch(now=1.0)
+    assert fetch is not None and fetch.done == (first,)
+    answer_to(s, fetch, listing(reply(FetchStatus.OK, 0, g(1)), first))
+    assert s.unreported() == 1 and s.unacknowledged() == (first,)
+    second = finish(s, 1)
+    early = 1.0 + RECONFIRM_AFTER_S / 2
+    fetch = s.next_fetch(now=early)
+    assert fetch is not None and fetch.done == (second,)  # the first is not due yet
+    answer_to(s, fetch, listing(reply(FetchStatus.OK, 0, g(2)), second))
+    finish(s, 2)
+    due = 1.0 + RECONFIRM_AFTER_S
+    fetch = s.next_fetch(now=due)
+    assert fetch is not None and set(fetch.done) == {first, ShardRef(epoch=0, shard=2, attempt=0)}
+    s.on_failure()  # lost: everything it carried goes with the next request
+    fetch = s.next_fetch(now=due)
+    assert fetch is not None and first in fetch.done
+    answer_to(s, fetch, reply(FetchStatus.OK, 0, g(3)))  # durable: neither is listed
+    assert s.unacknowledged() == (second,)  # sent at `early`: still waiting for its turn
+    confirm = s.next_fetch(confirm=True, now=early)  # the idle fetcher asks for them all
+    assert confirm is not None and confirm.done == (second,)
+
+
+def test_without_a_clock_every_unconfirmed_ref_goes_out_again() -> None:
+    s = state(prefetch=1)
+    answer(s, reply(FetchStatus.OK, 0, g(0)))
+    first = finish(s, 0)
+    fetch = s.next_fetch()
+    assert fetch is not None
+    answer_to(s, fetch, listing(reply(FetchStatus.OK, 0, g(1)), first))
+    second = finish(s, 1)
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.done == (first, second)
 
 
 def test_epoch_done_ends_the_epoch_once_local_grants_are_used() -> None:
