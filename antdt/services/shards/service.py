@@ -123,9 +123,9 @@ class ShardsSettings(ServiceSettings):
         "past it is refused with code too_large, naming the sizes, and nothing is written",
     )
     reserve_shards: int = Field(
-        default=32,
+        default=64,
         ge=0,
-        le=64,
+        le=256,
         description="Shards granted to a rank ahead of its asking (capped near the end of "
         "an epoch), so that handing them out needs no etcd write; 0: never",
     )
