@@ -6,8 +6,13 @@ a master that dies loses the job's progress; a rank restarted in place loses wha
 in flight. Issue #3 measures the shards service against it ("the in-memory DLRover
 master does about 960 cycles/s here"). This one answers the same ShardFetch and
 ShardReply messages over the same transport (nats-py request/reply, pydantic on both
-sides, its own process), so the ratio of the two is the cost of durability and
-exactly-once accounting on the machine of the run, whatever its speed that day."""
+sides, its own process), driven two ways:
+
+- as DLRover's ShardingClient drives its master: a cycle is two requests, the done
+  report (report_task_result) and the fetch (get_task). The issue's comparison;
+- with AntDT's one-request cycle (done and fetch together): the ratio of the shards
+  service to this is the cost of durability and exactly-once accounting alone, on the
+  machine of the run, whatever its speed that day."""
 
 from __future__ import annotations
 
@@ -63,25 +68,28 @@ def _master_process(url: str, conn: Any) -> None:
 
 async def _serve(url: str, conn: Any) -> None:
     """Serve every job registered over `conn` until told "exit"; on "go" and "stop"
-    report CPU seconds since "go", as a shards replica does."""
+    report CPU seconds and requests served since "go", as a shards replica does."""
     bus = await Bus(NatsSettings(url=url, subject_prefix=PREFIX), name="memory-master").connect()
     subjects = Subjects(PREFIX)
     jobs: dict[str, MemoryShards] = {}
+    served = 0
 
     async def on_fetch(req: ShardFetch, delivery: Delivery) -> ShardReply:
+        nonlocal served
+        served += 1
         return jobs[req.job].fetch(req)  # never awaits: one subscription serves in order
 
     await bus.subscribe(subjects.any_job("shards.fetch"), ShardFetch, on_fetch)
     conn.send("ready")
-    at_go = 0.0
+    at_go, served_at_go = 0.0, 0
     while (command := await asyncio.to_thread(conn.recv)) != "exit":
         if isinstance(command, JobSpec):
             jobs[command.job] = MemoryShards(command)
             conn.send("registered")
             continue
         if command == "go":
-            at_go = time.process_time()
-        conn.send({"cpu_s": time.process_time() - at_go})
+            at_go, served_at_go = time.process_time(), served
+        conn.send({"cpu_s": time.process_time() - at_go, "requests": served - served_at_go})
     await bus.close()
 
 
@@ -118,7 +126,10 @@ class MemoryMaster:
 
 
 async def bench_memory_master_cycles(
-    master: MemoryMaster, clients: int, seconds: float, run: int = 0
+    master: MemoryMaster, clients: int, seconds: float, run: int = 0, split: bool = False
 ) -> dict[str, float]:
-    """One run of the shards bench's cycles against a running master."""
-    return await bench_shards_cycles(master, None, clients=clients, seconds=seconds, run=run)
+    """One run of the shards bench's cycles against a running master; `split`: each
+    cycle in two requests, done then fetch, as DLRover's client makes it."""
+    return await bench_shards_cycles(
+        master, None, clients=clients, seconds=seconds, run=run, split=split
+    )

@@ -1,11 +1,12 @@
-"""The shards cycles and their baseline, the in-memory master, measured in turns.
+"""The shards cycles and their baselines, the in-memory master driven with AntDT's one
+request per cycle and with DLRover's two (master.py), measured in turns.
 
 A shared machine's speed drifts by tens of percent within a minute (other tenants, CPU
 steal), and a baseline measured a minute before the figure it divides can move the ratio
 by as much as the change under test. So for each client count the bench runs master,
-replica, master, replica, ... (both kept running, each run its own job) and reports the
-median of each, and the median of the per-turn ratios: a turn's two runs are seconds
-apart, under the same load."""
+DLRover-style master, replica, ... (all kept running, each run its own job) and reports the
+median of each, and the median of the per-turn ratios: a turn's runs are seconds apart,
+under the same load."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ async def bench_paired_cycles(
     cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, turns: int,
     on_turn: Any = None,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
-    """For each client count: {"master": median figures, "shards": median figures,
-    "ratio": median of shards/master per turn, "ratios": each turn's}. `on_turn(n,
-    turn)` is called before each turn (progress)."""
+    """For each client count: {"master": median figures, "dlrover": the master's
+    median figures with DLRover's two requests per cycle, "shards": median figures,
+    "ratio": median of shards/master per turn, "ratios": each turn's, "dlrover_ratio"
+    and "dlrover_ratios": the same against the two-request master}. `on_turn(n, turn)`
+    is called before each turn (progress)."""
     store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
     pids = {"nats": cluster.nats.pid}
     results: dict[int, dict[str, Any]] = {}
@@ -35,29 +38,40 @@ async def bench_paired_cycles(
             ShardsReplicas(cluster, count=1) as replica,
         ):
             for n in clients:
-                runs: dict[str, list[dict[str, float]]] = {"master": [], "shards": []}
+                runs: dict[str, list[dict[str, float]]] = {"master": [], "dlrover": [],
+                                                           "shards": []}  # fmt: skip
                 for turn in range(turns):
                     if on_turn is not None:
                         on_turn(n, turn)
                     runs["master"].append(
                         await bench_memory_master_cycles(master, n, seconds, run=turn)
                     )
+                    runs["dlrover"].append(
+                        await bench_memory_master_cycles(master, n, seconds, run=turn, split=True)
+                    )
                     runs["shards"].append(await bench_shards_cycles(
                         replica, store, clients=n, seconds=seconds, run=turn
                     ))  # fmt: skip
-                ratios = [
-                    s["cycles_per_s"] / m["cycles_per_s"]
-                    for m, s in zip(runs["master"], runs["shards"], strict=True)
-                ]
+                ratios = _ratios(runs["shards"], runs["master"])
+                dlrover = _ratios(runs["shards"], runs["dlrover"])
                 results[n] = {
-                    "master": median_figures(runs["master"]),
-                    "shards": median_figures(runs["shards"]),
+                    **{name: median_figures(figures) for name, figures in runs.items()},
                     "ratio": statistics.median(ratios),
                     "ratios": ratios,
+                    "dlrover_ratio": statistics.median(dlrover),
+                    "dlrover_ratios": dlrover,
                 }
     finally:
         await store.close()
     return results
+
+
+def _ratios(runs: list[dict[str, float]], baselines: list[dict[str, float]]) -> list[float]:
+    """Each turn's rate over its baseline's, measured seconds apart."""
+    return [
+        run["cycles_per_s"] / baseline["cycles_per_s"]
+        for run, baseline in zip(runs, baselines, strict=True)
+    ]
 
 
 def median_figures(runs: list[dict[str, float]]) -> dict[str, float]:

@@ -52,6 +52,11 @@ async def test_paired_turns_serve_both_and_report_the_median_turn(
     assert pair["master"]["cycles_per_s"] > 10 and pair["shards"]["cycles_per_s"] > 10
     assert pair["shards"]["requests_per_commit"] >= 1  # the replica's, written behind
     assert "requests_per_commit" not in pair["master"]
+    # DLRover's client makes a cycle of two requests (done, then fetch); AntDT's of one.
+    assert 1.9 < pair["dlrover"]["requests_per_cycle"] < 2.2
+    assert 0.9 < pair["master"]["requests_per_cycle"] < 1.2
+    assert len(pair["dlrover_ratios"]) == 3
+    assert pair["dlrover_ratio"] == sorted(pair["dlrover_ratios"])[1]
     # Raw NATS reports its CPU per request, every process together.
     raw = await bench_raw_nats_request(cluster.nats.url, seconds=0.3, clients=2,
                                        nats_pid=cluster.nats.pid)  # fmt: skip
