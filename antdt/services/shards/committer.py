@@ -19,7 +19,7 @@ check when nothing changed) proves the state they were judged on was the real on
 
 Pacing: a write starts at once when an answer waits on it; otherwise by the earliest
 deadline of the changes it carries, so a busy job writes a few dozen times a second, not
-once per request. Grants reserved ahead are written within `flush_interval_s` (5 ms),
+once per request. Grants reserved ahead are written within `flush_interval_s` (15 ms),
 while the rank still has half its reservation to go (ledger.py); a rank that reaches a
 reserved shard not yet written waits for the write, which then starts at once. Done
 marks alone wait up to `done_flush_interval_s` (25 ms): their ranks report them again
@@ -138,7 +138,7 @@ class Committer:
         *,
         retries: int = 20,
         max_writes: int = 100,
-        flush_interval_s: float = 0.005,
+        flush_interval_s: float = 0.015,
         done_flush_interval_s: float = 0.025,
         write_bytes_per_s: float = 0.0,
         write_burst_s: float = 1.0,

@@ -77,12 +77,14 @@ class ShardsSettings(ServiceSettings):
         "subject: the most one ledger write can carry when every rank asks at once",
     )
     flush_interval_s: float = Field(
-        default=0.005,
+        default=0.015,
         ge=0,
         le=1.0,
         description="Seconds, at most, between a change whose answer went out early and "
         "that granted shards ahead of need (a reservation) and its write; changes someone "
-        "waits on are written at once",
+        "waits on are written at once. A reservation is topped up while its rank still "
+        "holds half of it, so it is durable long before the rank reaches it; a rank that "
+        "gets there first waits for the write, which then starts at once",
     )
     done_flush_interval_s: float = Field(
         default=0.025,
