@@ -20,7 +20,7 @@ from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
 from antdt.runtime.bus import Bus, BusError, RequestRefused
-from antdt.schemas import ShardRef, ShardReply
+from antdt.schemas import ShardFetch, ShardRef, ShardReply
 
 log = structlog.get_logger("antdt.agent.shards")
 T = TypeVar("T")
@@ -69,6 +69,9 @@ class ShardStream:
         self.requests = 0
         self.closed = False
         self._confirm = False  # the next request should confirm unconfirmed done refs
+        # A wake from the training thread is on its way to the fetcher, which has not
+        # looked at the state since (guarded by _cond): further takes need not send one.
+        self._kicked = False
 
     # -- loop side ------------------------------------------------------------------------
 
@@ -103,10 +106,7 @@ class ShardStream:
         backoff = Backoff()
         while True:
             self._wake.clear()  # before looking at the state: a later wake is never lost
-            with self._cond:
-                fetch = self._state.next_fetch(confirm=self._confirm, now=time.monotonic())
-                unconfirmed = bool(self._state.unconfirmed)
-            self._confirm = False
+            fetch, unconfirmed = self._look()
             if fetch is None:
                 await self._idle(unconfirmed)
                 continue
@@ -134,6 +134,16 @@ class ShardStream:
             backoff.reset()
             if delay:
                 await asyncio.sleep(delay)
+
+    def _look(self) -> tuple[ShardFetch | None, bool]:
+        """The fetcher looks at the state: the next request, and whether done refs wait
+        for confirmation. A wake sent before this is seen: the next one is due again."""
+        with self._cond:
+            self._kicked = False
+            fetch = self._state.next_fetch(confirm=self._confirm, now=time.monotonic())
+            unconfirmed = bool(self._state.unconfirmed)
+        self._confirm = False
+        return fetch, unconfirmed
 
     async def _idle(self, unconfirmed: bool) -> None:
         """Wait for the training thread; with done refs still unconfirmed, only so long."""
@@ -183,10 +193,20 @@ class ShardStream:
         with self._cond:
             while not self._state.take(n, epoch, taken):
                 self._wait()
-            kick = bool(taken.finished) or self._state.needs_fetch()
+            kick = self._kick_due(bool(taken.finished) or self._state.needs_fetch())
         if kick:
             self._kick()
         return taken
+
+    def _kick_due(self, wanted: bool) -> bool:
+        """Under _cond: should the training thread wake the fetcher? Not if a wake is on
+        its way already: the fetcher reads the state after the wake, so it sees this
+        change too. Each wake is a write to the loop's self-pipe; while a fetch was in
+        flight, every step sent one."""
+        if not wanted or self._kicked:
+            return False
+        self._kicked = True
+        return True
 
     def _wait(self) -> None:
         """Wait (holding the condition) for the fetcher to change the state."""
@@ -202,7 +222,9 @@ class ShardStream:
             return
         with self._cond:
             self._state.synced(refs)
-        self._kick()
+            kick = self._kick_due(True)
+        if kick:
+            self._kick()
 
     def begin_epoch(self, epoch: int) -> int | None:
         """Block until an epoch >= `epoch` is confirmed by the service; None on JOB_DONE."""
