@@ -91,7 +91,7 @@ class StreamState:
     sending: list[ShardRef] = field(default_factory=list)
     # Reported, accepted, not yet durable (the reply listed them): reported again.
     unconfirmed: Unconfirmed = field(default_factory=Unconfirmed)
-    sent_at: float = -math.inf  # when the request in flight (`sending`) was built
+    sending_at: float = -math.inf  # when the request in flight (`sending`) was built
     unsynced: set[ShardRef] = field(default_factory=set)  # taken to the end, step not synced
     demand: int = 0  # samples a blocked take still lacks
     batch_hint: int = 0  # the last batch asked for: what the next take will want
@@ -129,7 +129,7 @@ class StreamState:
             return None
         report = self.unconfirmed.due(now, everything=confirm) + self.pending_done
         self.sending, self.pending_done = report[:MAX_DONE], report[MAX_DONE:]
-        self.sent_at = -math.inf if now is None else now
+        self.sending_at = -math.inf if now is None else now
         # The batch of the latest take is this rank's share of the job's consumption,
         # which bounds what the service reserves for it.
         share = self.say_share and 0 < self.batch_hint <= self.global_batch
@@ -167,7 +167,7 @@ class StreamState:
     def on_reply(self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]) -> float:
         """Apply a reply; `cursors` are its grants opened (ordered) by the shell outside
         the lock. Returns seconds to wait before the next request (0: go on)."""
-        self.unconfirmed.answered(reply.unconfirmed, self.sent_at)
+        self.unconfirmed.answered(reply.unconfirmed, self.sending_at)
         self.sending = []
         if reply.status is FetchStatus.JOB_DONE:
             self.job_done = True

@@ -24,7 +24,7 @@ from antdt.bench.cases import (
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.paired import bench_paired_cycles, median_figures
+from antdt.bench.paired import bench_paired_cycles, median_figures, turn_ratios
 from antdt.bench.shards import (
     bench_ledger_sizes,
     bench_raw_etcd_txn,
@@ -234,13 +234,12 @@ async def event_loop_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
                 )
     rows = []
     for n in (1, 8):
-        ratios = [u[n]["cycles_per_s"] / a[n]["cycles_per_s"]
-                  for u, a in zip(runs["uvloop"], runs["asyncio"], strict=True)]  # fmt: skip
-        uv = median_figures([run[n] for run in runs["uvloop"]])
-        aio = median_figures([run[n] for run in runs["asyncio"]])
+        on_uv, on_aio = [run[n] for run in runs["uvloop"]], [run[n] for run in runs["asyncio"]]
+        ratios = turn_ratios(on_uv, on_aio)
+        uv, aio = median_figures(on_uv), median_figures(on_aio)
         console.print(
             f"shards, {n} client(s), uvloop against asyncio's loop: "
-            f"{statistics.median(ratios):.2f}x (turns: {', '.join(f'{r:.2f}' for r in ratios)}); "
+            f"{statistics.median(ratios):.2f}x (turns: {_listed(ratios)}); "
             f"CPU per cycle, all processes: {cpu_per_cycle(uv):,.0f} against "
             f"{cpu_per_cycle(aio):,.0f} us"
         )
@@ -336,16 +335,17 @@ async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]
 
 
 def _cycles_row(
-    n: int, replicas: int, cycles: dict[str, float], master: dict[str, float],
+    n: int, replicas: int, cycles: dict[str, float], baseline: dict[str, float],
     raw: dict[str, float], ratio: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """A shards cycles row; `baseline`: the DLRover-driven master at `n` clients."""
     row = {
         "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
         "grants durable before handed out, done marks written behind",
         "value": cycles["cycles_per_s"],
         "p50_ms": cycles["p50_ms"],
         "p99_ms": cycles["p99_ms"],
-        "baseline": master["cycles_per_s"],
+        "baseline": baseline["cycles_per_s"],
         "baseline_what": f"in-memory master, DLRover's 2 requests per cycle, {n} client(s)",
         "raw_nats": raw["req_per_s"],
         "target": ">= 1,000 (1 client), >= 4,000 (8 clients); aim 2x DLRover",

@@ -52,8 +52,8 @@ async def bench_paired_cycles(
                     runs["shards"].append(await bench_shards_cycles(
                         replica, store, clients=n, seconds=seconds, run=turn
                     ))  # fmt: skip
-                ratios = _ratios(runs["shards"], runs["master"])
-                dlrover = _ratios(runs["shards"], runs["dlrover"])
+                ratios = turn_ratios(runs["shards"], runs["master"])
+                dlrover = turn_ratios(runs["shards"], runs["dlrover"])
                 results[n] = {
                     **{name: median_figures(figures) for name, figures in runs.items()},
                     "ratio": statistics.median(ratios),
@@ -66,7 +66,7 @@ async def bench_paired_cycles(
     return results
 
 
-def _ratios(runs: list[dict[str, float]], baselines: list[dict[str, float]]) -> list[float]:
+def turn_ratios(runs: list[dict[str, float]], baselines: list[dict[str, float]]) -> list[float]:
     """Each turn's rate over its baseline's, measured seconds apart."""
     return [
         run["cycles_per_s"] / baseline["cycles_per_s"]
