@@ -269,7 +269,7 @@ async def ledger_write_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             )
         got = results[name]
         console.print(
-            f"ledger writes, {name}: {got['written_bytes_per_s'] / 1e6:.2f} MB/s into etcd, "
+            f"ledger writes, {name}: {got['written_bytes_per_s'] / 2**20:.3f} MiB/s into etcd, "
             f"{got['commits_per_s']:.0f} writes/s for {got['requests_per_s']:.0f} requests/s, "
             f"fetch p50 {got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f} ms, "
             f"service CPU {got['service_cpu_share']:.0%}"

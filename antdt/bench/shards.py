@@ -178,7 +178,8 @@ def _replica_process(settings_json: str, conn: Any) -> None:
 
 
 async def _serve_replica(settings: Any, conn: Any) -> None:
-    """Serve until told "stop"; on "go" and "stop" note the counters, send the deltas."""
+    """Serve until told "exit"; on any other command send the counters since the last
+    "go" (since the start before one), and on "go" start counting again."""
     from antdt.services.runner import start_service
 
     runtime = ServiceRuntime("bench-shards-replica")
@@ -238,9 +239,16 @@ class ShardsReplicas:
         await self._children.ask("go")
 
     async def counters(self) -> dict[str, float]:
-        """Summed over the replicas."""
+        """Since `go`, summed over the replicas."""
+        return await self._summed("stop")
+
+    async def peek(self) -> dict[str, float]:
+        """Since `go` (or since they started), summed over the replicas."""
+        return await self._summed("peek")
+
+    async def _summed(self, command: str) -> dict[str, float]:
         totals: dict[str, float] = {}
-        for figures in await self._children.ask("stop"):
+        for figures in await self._children.ask(command):
             for name, value in figures.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
