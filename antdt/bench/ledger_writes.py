@@ -88,7 +88,7 @@ async def _load(
     load = asyncio.gather(*(one_rank(r, False) for r in range(ranks)))
     try:
         lead_until = time.perf_counter() + (LEAD_S if paced else 0.0)
-        while time.perf_counter() < lead_until and not (await replica.peek())["budget_waits"]:
+        while time.perf_counter() < lead_until and not (await replica.counters())["budget_waits"]:
             await asyncio.sleep(0.05)
         await replica.go()
         latencies.clear()

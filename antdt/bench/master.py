@@ -67,7 +67,7 @@ def _master_process(url: str, conn: Any) -> None:
 
 
 async def _serve(url: str, conn: Any) -> None:
-    """Serve every job registered over `conn` until told "exit"; on "go" and "stop"
+    """Serve every job registered over `conn` until told "exit"; on "go" and "counters"
     report CPU seconds and requests served since "go", as a shards replica does."""
     bus = await Bus(NatsSettings(url=url, subject_prefix=PREFIX), name="memory-master").connect()
     subjects = Subjects(PREFIX)
@@ -122,7 +122,7 @@ class MemoryMaster:
         await self._ask("go")
 
     async def counters(self) -> dict[str, float]:
-        return dict(await self._ask("stop"))
+        return dict(await self._ask("counters"))
 
 
 async def bench_memory_master_cycles(

@@ -239,16 +239,9 @@ class ShardsReplicas:
         await self._children.ask("go")
 
     async def counters(self) -> dict[str, float]:
-        """Since `go`, summed over the replicas."""
-        return await self._summed("stop")
-
-    async def peek(self) -> dict[str, float]:
-        """Since `go` (or since they started), summed over the replicas."""
-        return await self._summed("peek")
-
-    async def _summed(self, command: str) -> dict[str, float]:
+        """Since `go` (since they started, before one), summed over the replicas."""
         totals: dict[str, float] = {}
-        for figures in await self._children.ask(command):
+        for figures in await self._children.ask("counters"):
             for name, value in figures.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
