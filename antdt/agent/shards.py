@@ -193,7 +193,7 @@ class ShardStream:
         with self._cond:
             while not self._state.take(n, epoch, taken):
                 self._wait()
-            kick = self._kick_due(bool(taken.finished) or self._state.needs_fetch())
+            kick = self._kick_due(self._state.needs_fetch())
         if kick:
             self._kick()
         return taken

@@ -118,7 +118,18 @@ class StreamState:
     def needs_fetch(self) -> bool:
         if self.job_done or self.fatal is not None:
             return False
-        return bool(self.pending_done) or self.want() > 0
+        return bool(self.pending_done) or (self.want() > 0 and not self._done_is_near())
+
+    def _done_is_near(self) -> bool:
+        """Hold the request for the next grant until the step that finished a shard is
+        synced, so "done with X" and "give me the next" go in one request, while what
+        this rank holds lasts two more takes (its next take comes after that sync; the
+        second covers a slow reply). Asking at once, on the take that finished the shard,
+        made two requests of every shard: one for the next, one for the done."""
+        return (
+            self.established and bool(self.unsynced) and self.demand == 0
+            and self.local.remaining >= 2 * self.batch_hint
+        )  # fmt: skip
 
     def next_fetch(self, confirm: bool = False, now: float | None = None) -> ShardFetch | None:
         """The next request, or None when there is nothing to ask or report (`confirm`:

@@ -12,6 +12,7 @@ import asyncio
 import os
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,29 @@ async def test_batches_span_shards_and_done_waits_for_sync(
     await wait_for(lambda: len(tap.done_refs()) == 5, what="every shard done")
     assert sorted(r.shard for r in tap.done_refs()) == list(range(5))
     assert tap.statuses()[FetchStatus.JOB_DONE] >= 1
+
+
+async def test_one_request_per_shard_reports_it_done_and_asks_for_the_next(
+    services: RunningServices,
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    agents_to_close: list[Agent],
+) -> None:
+    # 100 shards of 40 samples, batches of 8 (a shard lasts 5 steps of 1 ms or more): in
+    # steady state the shard a step finished is reported, once synced, in the request
+    # for its successor, not in a request of its own (DLRover's two RPCs per shard).
+    tap = await ShardsTap(bus, unique).attach()
+    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=4000, shard_size=40,
+                         global_batch=8, prefetch=2)  # fmt: skip
+    agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
+    seen = await asyncio.to_thread(train, agent, lambda step: time.sleep(0.001))
+    await asyncio.to_thread(agent.close)
+    assert len(seen) == 500
+    await wait_for(lambda: len(tap.done_refs()) == 100, what="every shard done")
+    both = [f for f in tap.fetches if f.done and f.want > 0]
+    assert len(both) >= 95, f"{len(tap.fetches)} requests, {len(both)} with done and want"
+    assert len(tap.fetches) <= 105  # the first, 98 or so of both, the epoch's end
 
 
 def _sync_all(steps: Iterator[Any]) -> Iterator[Any]:

@@ -57,6 +57,34 @@ def test_ok_establishes_epoch_and_keeps_prefetch_grants_ahead() -> None:
     assert fetch is not None and fetch.want == 1 and fetch.done == ()
 
 
+def test_the_next_grant_is_asked_for_with_the_done_of_the_shard_it_replaces() -> None:
+    # Shards of 8, batches of 2: the shard finished by a take is reported once its step
+    # is synced, in the request that asks for the next grant (one request per shard).
+    s = state(prefetch=2, shard_size=8)
+    answer(s, reply(FetchStatus.OK, 0, g(0, size=8), g(1, size=8)))
+    taken = Taken()
+    for _ in range(4):
+        taken = Taken()
+        assert s.take(2, 0, taken)
+        assert s.next_fetch() is None  # nothing finished yet, or not yet synced
+        s.synced(taken.finished)
+    assert taken.finished == [ShardRef(epoch=0, shard=0, attempt=0)]
+    fetch = s.next_fetch()
+    assert fetch is not None and fetch.want == 1
+    assert fetch.done == (ShardRef(epoch=0, shard=0, attempt=0),)
+
+
+def test_the_next_grant_is_asked_for_at_once_when_what_is_held_runs_short() -> None:
+    # Shards of 8, batches of 5: after the take that finished shard 0, the 3 samples
+    # left last less than two takes: ask now, report the done after the sync.
+    s = state(prefetch=2, shard_size=8)
+    answer(s, reply(FetchStatus.OK, 0, g(0, size=8), g(1, size=8)))
+    for _ in range(2):
+        s.take(5, 0, Taken())
+    fetch = s.next_fetch()
+    assert fetch is not None and (fetch.want, fetch.done) == (1, ())
+
+
 def test_a_big_batch_asks_for_enough_shards() -> None:
     s = state(prefetch=2, shard_size=4)
     answer(s, reply(FetchStatus.OK, 0, g(0), g(1)))
