@@ -212,27 +212,31 @@ async def test_batches_span_shards_and_done_waits_for_sync(
     assert tap.statuses()[FetchStatus.JOB_DONE] >= 1
 
 
+@pytest.mark.parametrize(("step_s", "shards"), [(0.001, 100), (0.03, 20)])
 async def test_one_request_per_shard_reports_it_done_and_asks_for_the_next(
     services: RunningServices,
     settings: ServiceSettings,
     unique: str,
     bus: Bus,
     agents_to_close: list[Agent],
+    step_s: float,
+    shards: int,
 ) -> None:
-    # 100 shards of 40 samples, batches of 8 (a shard lasts 5 steps of 1 ms or more): in
-    # steady state the shard a step finished is reported, once synced, in the request
-    # for its successor, not in a request of its own (DLRover's two RPCs per shard).
+    # Shards of 40 samples, batches of 8 (a shard lasts 5 steps): in steady state the shard
+    # a step finished is reported, once synced, in the request for its successor, not in a
+    # request of its own (DLRover's two RPCs per shard). With 30 ms steps a shard lasts
+    # longer than the service takes to write its done mark: no request only to confirm it.
     tap = await ShardsTap(bus, unique).attach()
-    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=4000, shard_size=40,
+    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=40 * shards, shard_size=40,
                          global_batch=8, prefetch=2)  # fmt: skip
     agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
-    seen = await asyncio.to_thread(train, agent, lambda step: time.sleep(0.001))
+    seen = await asyncio.to_thread(train, agent, lambda step: time.sleep(step_s))
     await asyncio.to_thread(agent.close)
-    assert len(seen) == 500
-    await wait_for(lambda: len(tap.done_refs()) == 100, what="every shard done")
+    assert len(seen) == 5 * shards
+    await wait_for(lambda: len(tap.done_refs()) == shards, what="every shard done")
     both = [f for f in tap.fetches if f.done and f.want > 0]
-    assert len(both) >= 95, f"{len(tap.fetches)} requests, {len(both)} with done and want"
-    assert len(tap.fetches) <= 105  # the first, 98 or so of both, the epoch's end
+    assert len(both) >= shards - 5, f"{len(tap.fetches)} requests, {len(both)} done and want"
+    assert len(tap.fetches) <= shards + 5  # the first, one per shard, the epoch's end
 
 
 def _sync_all(steps: Iterator[Any]) -> Iterator[Any]:
