@@ -193,8 +193,9 @@ async def test_batches_span_shards_and_done_waits_for_sync(
     ids = step.sample_ids
     assert len(set(ids)) == 6 and set(ids[:4]) == set(range(first.start, first.end))
     assert set(ids[4:]) < set(range(second.start, second.end))
-    # The first shard is used up: the agent refills its prefetch before the step syncs,
-    # and that request must not report the shard yet.
+    # The first shard is used up and the 2 samples left last less than two takes: the
+    # agent refills its prefetch before the step syncs, and that request must not report
+    # the shard yet.
     await wait_for(lambda: len(tap.answered()) >= 2, what="refill fetch")
     assert tap.fetches[1].want == 1
     assert all(not f.done for f in tap.fetches) and (0, first.shard) in await in_flight(bus, unique)
