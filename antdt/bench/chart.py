@@ -54,6 +54,11 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
         measured += not baseline
     cycles.scatter([c for c, _ in SHARDS_TARGETS], [v for _, v in SHARDS_TARGETS], marker="x",
                    color="red", zorder=3, label="target")  # fmt: skip
+    scaled = [(r["clients"], r["scaled_target"]) for r in rows if "scaled_target" in r]
+    if scaled:
+        cycles.scatter([c for c, _ in scaled], [v for _, v in scaled], marker="+", s=80,
+                       color="red", zorder=3,
+                       label="target scaled to this run's DLRover master")  # fmt: skip
     cycles.set_xscale("log", base=2)
     cycles.set_xticks([1, 2, 8], labels=["1", "2", "8"])
     cycles.set_xlim(0.3, 20)  # room left of 1 for the baselines' labels

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from antdt.bench.__main__ import scaled_targets
 from antdt.bench.chart import save_chart, series_of
 
 
@@ -17,7 +18,8 @@ def rows() -> list[dict[str, object]]:
                      "series": "raw NATS request/reply", "clients": clients})  # fmt: skip
         made.append({"what": f"shards fetch+done cycles/s, {clients} client(s)", "value": shards,
                      "p50_ms": 1.0, "baseline": raw, "target": ">= 1,000",
-                     "series": "shards, 1 replica(s)", "clients": clients})  # fmt: skip
+                     "series": "shards, 1 replica(s)", "clients": clients,
+                     "scaled_target": 800.0 * clients})  # fmt: skip
     made.append({"what": "ledger bytes", "value": 103878, "baseline": None, "target": "reported"})
     return made
 
@@ -37,3 +39,14 @@ def test_the_picture_is_a_png(tmp_path: Path) -> None:
 def test_rows_without_series_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no shards"):
         save_chart([{"what": "x", "value": 1.0, "baseline": None}], tmp_path / "b.png")
+
+
+def test_the_issue_targets_are_judged_as_set_and_scaled_to_the_run() -> None:
+    # This run's DLRover master did 720/s with one client, the issue's reference 960: x0.75.
+    said = scaled_targets({1: 951.0, 2: 1694.0, 8: 3100.0}, 720.0)
+    assert "(x0.75)" in said
+    assert "1 client(s) 951/s against 1,000 (short), scaled 750 (met)" in said
+    assert "8 client(s) 3,100/s against 4,000 (short), scaled 3,000 (met)" in said
+    said = scaled_targets({1: 1100.0, 8: 2900.0}, 960.0)
+    assert "1,100/s against 1,000 (met), scaled 1,000 (met)" in said
+    assert "2,900/s against 4,000 (short), scaled 4,000 (short)" in said
