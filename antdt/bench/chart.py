@@ -13,8 +13,6 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-#: (clients, cycles/s) the issue asks of one shards replica on the 2-core machine.
-SHARDS_TARGETS = ((1, 1000.0), (8, 4000.0))
 #: Where the ratio axis is labelled (those within the drawn rows' range).
 RATIO_TICKS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
@@ -52,13 +50,14 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
                                 color=line.get_color(), textcoords="offset points",
                                 xytext=offset, ha="right" if baseline else "left")  # fmt: skip
         measured += not baseline
-    cycles.scatter([c for c, _ in SHARDS_TARGETS], [v for _, v in SHARDS_TARGETS], marker="x",
-                   color="red", zorder=3, label="target")  # fmt: skip
-    scaled = [(r["clients"], r["scaled_target"]) for r in rows if "scaled_target" in r]
-    if scaled:
-        cycles.scatter([c for c, _ in scaled], [v for _, v in scaled], marker="+", s=80,
-                       color="red", zorder=3,
-                       label="target scaled to this run's DLRover master")  # fmt: skip
+    # The issue's targets as set, and scaled to this run's speed, as the rows say them.
+    scaled_label = "target scaled to this run's DLRover master"
+    for key, marker, label in (("cycle_target", "x", "target"),
+                               ("scaled_target", "+", scaled_label)):  # fmt: skip
+        targets = [(r["clients"], r[key]) for r in rows if key in r]
+        if targets:
+            cycles.scatter([c for c, _ in targets], [v for _, v in targets], marker=marker, s=80,
+                           color="red", zorder=3, label=label)  # fmt: skip
     cycles.set_xscale("log", base=2)
     cycles.set_xticks([1, 2, 8], labels=["1", "2", "8"])
     cycles.set_xlim(0.3, 20)  # room left of 1 for the baselines' labels
