@@ -60,10 +60,14 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     # once (a stalled stretch of repeats would otherwise outvote the windows around it);
     # medians, because a window holding an uneven epoch-tail step dips on its own.
     series = _per_window(health)
+    before = [e for s, e in series if s < ONSET]
     dip = [e for s, e in series if ONSET <= s <= plan.effective_step + 8]
     after = [e for s, e in series if s >= plan.effective_step + 8]
-    assert dip and after, series
-    assert min(dip) < 0.7, series
+    assert before and dip and after, series
+    # The slowdown shows against this run's healthy windows. Not an absolute 0.7: while
+    # the slowed rank sleeps, the others get its share of the 2 cores, so the dip is
+    # shallower the busier the machine (CI saw 0.72, from 0.94 before the onset).
+    assert min(dip) <= statistics.median(before) - 0.1, series
     # Judged against this run's own slowed windows, as the bench judges against a
     # baseline of the same invocation: how deep the dip goes and how far the recovery
     # gets both move with the load on the 2 shared cores (a dip to 0.61 recovering to
