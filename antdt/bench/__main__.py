@@ -44,6 +44,9 @@ TURNS = 3
 #: run's DLRover-driven master at one client over that 960.
 CYCLE_TARGETS = {1: 1000, 8: 4000}
 ISSUE_DLROVER_ONE_CLIENT = 960.0
+#: Ranks of the capacity row: as many as keep a replica's queue from running dry, so the
+#: row says what one replica serves when a job has many ranks (the targets are at 1 and 8).
+CAPACITY_CLIENTS = 32
 KINDS: tuple[loops.LoopKind, ...] = ("uvloop", "asyncio")
 
 
@@ -204,6 +207,7 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             f"of one replica's rate (median of its turns); " + _details(cycles)
         )
         rows.append(_cycles_row(n, 2, cycles, dlrover[n], raw[n], scale))
+    rows.append(await capacity_row(cluster, eight=one_replica[8]))
     rows += await event_loop_rows(cluster)
     with console.status("ledger size in etcd"):
         sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
@@ -226,6 +230,33 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+async def capacity_row(cluster: EmbeddedCluster, *, eight: float) -> dict[str, Any]:
+    """One replica's cycles with CAPACITY_CLIENTS ranks: with eight, each request still
+    mostly finds every process idle and pays its own wake-ups (socket writes, event-loop
+    turns, nats-server's goroutines); with more, requests share them, and a cycle's CPU
+    across all processes falls. `eight`: this run's eight-client rate, for the ratio."""
+    n = CAPACITY_CLIENTS
+    with console.status(f"shards cycles, {n} clients (one replica's capacity)"):
+        [cycles] = (await bench_shards(cluster, clients=(n,), seconds=3.0)).values()
+    console.print(
+        f"shards, {n} clients, 1 replica (capacity with many ranks): "
+        f"{cycles['cycles_per_s'] / eight:.2f} of its rate with 8; " + _details(cycles)
+    )
+    return {
+        "what": f"shards fetch+done cycles/s, {n} clients, 1 replica: one replica's "
+        "capacity with many ranks",
+        "value": cycles["cycles_per_s"],
+        "p50_ms": cycles["p50_ms"],
+        "p99_ms": cycles["p99_ms"],
+        "baseline": None,
+        "baseline_what": "",
+        "target": "reported (the issue's targets are at 1 and 8 clients)",
+        "details": cycles,
+        "series": "shards, 1 replica(s)",
+        "clients": n,
+    }
 
 
 async def event_loop_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:

@@ -59,8 +59,9 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
             cycles.scatter([c for c, _ in targets], [v for _, v in targets], marker=marker, s=80,
                            color="red", zorder=3, label=label)  # fmt: skip
     cycles.set_xscale("log", base=2)
-    cycles.set_xticks([1, 2, 8], labels=["1", "2", "8"])
-    cycles.set_xlim(0.3, 20)  # room left of 1 for the baselines' labels
+    drawn = sorted({c for points in series.values() for c, _, _ in points})
+    cycles.set_xticks(drawn, labels=[str(c) for c in drawn])
+    cycles.set_xlim(0.3, max(drawn) * 2.5)  # room left of 1 for the baselines' labels
     cycles.set_xlabel("concurrent clients")
     cycles.set_ylabel("per second")
     cycles.set_ylim(bottom=0)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from antdt.bench.__main__ import scaled_targets
-from antdt.bench.chart import save_chart, series_of
+from antdt.bench.chart import draw, save_chart, series_of
 
 
 def rows() -> list[dict[str, object]]:
@@ -21,13 +21,18 @@ def rows() -> list[dict[str, object]]:
                      "series": "shards, 1 replica(s)", "clients": clients,
                      "cycle_target": 1000.0 * clients,
                      "scaled_target": 800.0 * clients})  # fmt: skip
+    made.append({"what": "shards fetch+done cycles/s, 32 clients: capacity", "value": 4100.0,
+                 "p50_ms": 7.0, "baseline": None, "target": "reported",
+                 "series": "shards, 1 replica(s)", "clients": 32})  # fmt: skip
     made.append({"what": "ledger bytes", "value": 103878, "baseline": None, "target": "reported"})
     return made
 
 
 def test_series_by_client_count() -> None:
     series = series_of(list(reversed(rows())))
-    assert series["shards, 1 replica(s)"] == [(1, 950.0, 1.0), (2, 1350.0, 1.0), (8, 1950.0, 1.0)]
+    assert series["shards, 1 replica(s)"] == [
+        (1, 950.0, 1.0), (2, 1350.0, 1.0), (8, 1950.0, 1.0), (32, 4100.0, 7.0)
+    ]  # fmt: skip
     assert [c for c, _, _ in series["raw NATS request/reply"]] == [1, 2, 8]
 
 
@@ -35,6 +40,12 @@ def test_the_picture_is_a_png(tmp_path: Path) -> None:
     path = save_chart(rows(), tmp_path / "bench.png")
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000
+
+
+def test_the_client_axis_names_every_client_count_drawn() -> None:
+    [cycles, _] = draw(rows()).axes
+    assert [t.get_text() for t in cycles.get_xticklabels()] == ["1", "2", "8", "32"]
+    assert cycles.get_xlim()[1] > 32
 
 
 def test_rows_without_series_are_refused(tmp_path: Path) -> None:
