@@ -26,6 +26,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
+from antdt.runtime import eager
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.jetstream import DurableConsumer, JetStreamMixin, Received
 from antdt.runtime.messages import (
@@ -262,9 +263,10 @@ class Bus(JetStreamMixin):
         and handler failures are counted and answered with ErrorReply; they never escape.
 
         nats-py runs a subscription's handler for one message at a time. With
-        `concurrency` > 1 each message is handled by a task of its own, started in arrival
-        order, at most `concurrency` at once (then the subscription waits for one to end):
-        for handlers that wait on something shared, such as a write many requests join."""
+        `concurrency` > 1 each message is handled at once up to its first wait, and by a
+        task of its own from there (eager.py), in arrival order, at most `concurrency` at
+        once (then the subscription waits for one to end): for handlers that wait on
+        something shared, such as a write many requests join."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
         on_msg: Callable[[Msg], Coroutine[Any, Any, None]] = functools.partial(
             self._dispatch, subject, Decoder(target), handler
@@ -293,7 +295,14 @@ class Bus(JetStreamMixin):
 
         async def start(msg: Msg) -> None:
             await slots.acquire()
-            task = asyncio.get_running_loop().create_task(on_msg(msg))
+            try:
+                task = eager.start(on_msg(msg))
+            except BaseException:  # _dispatch lets nothing but cancels escape
+                slots.release()
+                raise
+            if task is None:  # handled without waiting: no task needed
+                slots.release()
+                return
             self._handling.add(task)
             task.add_done_callback(release)
 
