@@ -86,7 +86,8 @@ async def bench_raw_nats_request(
     url: str, *, seconds: float, clients: int = 1, event_loop: loops.LoopKind = "auto",
     nats_pid: int | None = None,
 ) -> dict[str, float]:  # fmt: skip
-    """Baseline: nats-py request/reply alone. A responder in its own process answers at
+    """Baseline: request/reply alone, bytes over the Bus's request path (the one the
+    shards clients use, without pydantic). A responder in its own process answers at
     once; `clients` connections in this process each loop request -> reply, payloads the
     size of a shard fetch and its reply. Laid out like the shards bench (replica process,
     clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
@@ -102,7 +103,7 @@ async def bench_raw_nats_request(
         async def one_client(bus: Bus, until: float, measuring: bool) -> None:
             while time.perf_counter() < until:
                 sent = time.perf_counter()
-                await bus.nc.request("raw.request", b"q" * 150, timeout=2)
+                await bus.request_raw("raw.request", b"q" * 150, timeout=2)
                 if measuring:
                     latencies.append(time.perf_counter() - sent)
 

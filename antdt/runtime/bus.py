@@ -20,7 +20,6 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -61,6 +60,7 @@ class Bus(JetStreamMixin):
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
         self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
+        self._inbox: _Inbox | None = None  # replies to this connection's requests
 
     # -- connection ---------------------------------------------------------------
 
@@ -190,17 +190,19 @@ class Bus(JetStreamMixin):
     async def request_raw(
         self, subject: str, data: bytes, *, timeout: float | None = None
     ) -> bytes:
+        if self._inbox is None:
+            self._inbox = _Inbox(self.nc)
         try:
-            msg = await self.nc.request(
+            msg = await self._inbox.request(
                 subject,
                 data,
                 timeout=timeout or self.settings.request_timeout_s,
                 headers=self.trace_headers() or None,
             )
-        except NoRespondersError:
-            raise BusError(f"no responder on {subject}") from None
         except NatsTimeoutError:
             raise BusError(f"request on {subject} timed out") from None
+        if msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS:
+            raise BusError(f"no responder on {subject}")
         return bytes(msg.data)
 
     async def gather(
@@ -330,6 +332,62 @@ class Bus(JetStreamMixin):
         if msg.reply and reply is not None:
             with contextlib.suppress(Exception):
                 await msg.respond(encode(reply))
+
+
+#: How nats-server says that nobody subscribes to a request's subject: a status message
+#: to its reply subject (the connection announces headers, hence no_responders).
+STATUS_HEADER, NO_RESPONDERS = "Status", "503"
+
+
+class _Inbox:
+    """Request/reply over one wildcard subscription of the connection's own inbox (as
+    nats-py's `request` does it), leaner on the path of every request: a reply subject is
+    the inbox and a counter (the inbox is unique: nothing random per request), and the
+    timeout is one timer on the loop (`asyncio.wait_for` adds a future, a callback and a
+    loop turn before the requester wakes). Every shards fetch a rank makes comes here."""
+
+    def __init__(self, nc: NatsClient) -> None:
+        self._nc = nc
+        self._prefix = nc.new_inbox() + "."
+        self._count = 0
+        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        self._subscribed = False
+        self._subscribing = asyncio.Lock()
+
+    async def request(
+        self, subject: str, data: bytes, *, timeout: float, headers: dict[str, str] | None
+    ) -> Msg:
+        """The reply to `data` on `subject`; NatsTimeoutError after `timeout` seconds."""
+        if not self._subscribed:
+            await self._subscribe()  # its SUB goes out before our PUB: no reply is missed
+        self._count += 1
+        token = str(self._count)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = future
+        timer = loop.call_later(timeout, _expire, future)
+        try:
+            await self._nc.publish(subject, data, reply=self._prefix + token, headers=headers)
+            return await future
+        finally:
+            timer.cancel()
+            del self._waiting[token]
+
+    async def _subscribe(self) -> None:
+        async with self._subscribing:  # once, whoever asks first; again if that failed
+            if not self._subscribed:
+                await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
+                self._subscribed = True
+
+    async def _on_reply(self, msg: Msg) -> None:
+        future = self._waiting.get(msg.subject[len(self._prefix) :])
+        if future is not None and not future.done():  # else: late, after its timeout
+            future.set_result(msg)
+
+
+def _expire(future: asyncio.Future[Msg]) -> None:
+    if not future.done():
+        future.set_exception(NatsTimeoutError())
 
 
 async def _drain(sub: NatsSubscription) -> None:

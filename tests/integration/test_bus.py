@@ -83,6 +83,39 @@ async def test_request_reply_errors_and_union(bus: Bus) -> None:
         await bus.request(subjects.plan_get("nobody"), PlanRequest(job="j", rank=0), Plan)
 
 
+async def test_each_request_gets_its_own_reply_and_a_silent_one_times_out(bus: Bus) -> None:
+    prefix = bus.settings.subject_prefix
+    arrived: list[object] = []
+
+    async def reverse(msg: object) -> None:  # answers three requests, last first
+        arrived.append(msg)
+        if len(arrived) == 3:
+            for held in reversed(arrived):
+                await held.respond(b"re " + held.data)  # type: ignore[attr-defined]
+
+    await bus.nc.subscribe(f"{prefix}.reverse", cb=reverse)
+    silent: list[object] = []
+
+    async def hold(msg: object) -> None:
+        silent.append(msg)
+
+    await bus.nc.subscribe(f"{prefix}.silent", cb=hold)
+    replies = await asyncio.gather(
+        *(bus.request_raw(f"{prefix}.reverse", str(i).encode(), timeout=5) for i in range(3))
+    )
+    assert replies == [b"re 0", b"re 1", b"re 2"]
+    with pytest.raises(BusError, match="timed out"):
+        await bus.request_raw(f"{prefix}.silent", b"x", timeout=0.2)
+    await silent[0].respond(b"too late")  # dropped: nobody waits for it any more
+
+    async def echo(msg: object) -> None:
+        await msg.respond(msg.data)  # type: ignore[attr-defined]
+
+    await bus.nc.subscribe(f"{prefix}.echo", cb=echo)
+    assert await bus.request_raw(f"{prefix}.echo", b"after", timeout=5) == b"after"
+    assert bus._inbox is not None and bus._inbox._waiting == {}  # nothing left waiting
+
+
 async def test_handler_crash_is_contained(bus: Bus) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
 
