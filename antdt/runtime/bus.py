@@ -299,7 +299,10 @@ class Bus(JetStreamMixin):
             await slots.acquire()
             try:
                 task = eager.start(on_msg(msg))
-            except BaseException:  # _dispatch lets nothing but cancels escape
+            except asyncio.CancelledError:  # raised by the handler itself: as its task would,
+                slots.release()  # it ends there, and nats-py's delivery loop goes on
+                return
+            except BaseException:  # KeyboardInterrupt, SystemExit: as from a task
                 slots.release()
                 raise
             if task is None:  # handled without waiting: no task needed

@@ -130,6 +130,31 @@ async def test_handler_crash_is_contained(bus: Bus) -> None:
     assert bus.handler_errors == 2
 
 
+async def test_concurrent_handlers_answer_at_once_or_after_waiting(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    gate = asyncio.Event()
+
+    async def handler(req: PlanRequest, _: Delivery) -> Plan:
+        if req.rank == 1:  # waits: goes on as a task, answered once the gate opens
+            await gate.wait()
+        if req.rank == 2:  # a handler that cancels itself ends there, as a task would
+            raise asyncio.CancelledError
+        return Plan(job="j", version=req.rank, local_batch=(4,), effective_step=0, created_at=1.0)
+
+    await bus.subscribe(subjects.plan_get("j"), PlanRequest, handler, concurrency=8)
+    waiting = asyncio.ensure_future(
+        bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=1), Plan, timeout=5)
+    )
+    now = await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=0), Plan)
+    assert now.version == 0 and not waiting.done()  # answered while rank 1's handler waits
+    with pytest.raises(BusError, match="timed out"):
+        await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=2), Plan, timeout=0.3)
+    gate.set()
+    assert (await waiting).version == 1
+    again = await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=3), Plan)
+    assert again.version == 3  # the subscription still delivers
+
+
 async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type: ignore[no-untyped-def]
     subjects = Subjects(bus.settings.subject_prefix)
     other = await Bus(settings.nats, name="second").connect()
