@@ -64,8 +64,10 @@ from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState
 
 log = structlog.get_logger("antdt.shards.committer")
-#: Loop turns from a message read off the socket to its handler's enqueue: a write that
-#: starts after them carries the requests that arrived together.
+#: Loop turns a write waits before it starts, so that it carries the requests that
+#: arrived together: one from a message read off the socket to its handler's enqueue
+#: (nats-py hands it to the subscription's task, which runs the handler at once up to its
+#: first wait: eager.py), and one to spare for a read that ended mid-message.
 GATHER_TURNS = 2
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
