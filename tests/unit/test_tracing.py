@@ -194,3 +194,21 @@ def test_no_provider_installed_costs_nothing_and_fails_nothing() -> None:
     traces.command(AdjustBatch(action_id="a", job="j", plan=plan), "s", "accept", 1)
     assert not traces._pending  # a no-op span has no context to wait on
     traces.stepped([_step(1, 1)])
+
+
+def test_trace_headers_carry_the_current_context_and_nothing_without_one() -> None:
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    from antdt.runtime.messages import trace_headers
+
+    assert trace_headers() == {}
+    assert trace_headers({"x-antdt": "1"}) == {"x-antdt": "1"}
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("request"):
+        assert trace_headers({"x-antdt": "1"})["traceparent"].startswith("00-")
+    token = otel_context.attach(baggage.set_baggage("tenant", "a"))
+    try:  # baggage alone, no span: still sent
+        assert trace_headers() == {"baggage": "tenant=a"}
+    finally:
+        otel_context.detach(token)
