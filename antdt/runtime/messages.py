@@ -104,7 +104,9 @@ def short_validation_error(exc: ValidationError) -> str:
 
 
 def encode(model: BaseModel) -> bytes:
-    return model.model_dump_json().encode()
+    # Straight to bytes, as model_dump_json's own serializer makes them: model_dump_json
+    # returns them as a str, only for every message sent to encode it again.
+    return model.__pydantic_serializer__.to_json(model)
 
 
 class Rejections:

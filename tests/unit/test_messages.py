@@ -1,0 +1,60 @@
+"""The bus's message encoding: the bytes model_dump_json would give, for every kind of
+field the wire models use (nested models, tuples, enums, floats, None, defaults)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel
+
+from antdt.runtime.messages import decode_reply, encode
+from antdt.schemas import (
+    ErrorReply,
+    FetchStatus,
+    Plan,
+    ShardFetch,
+    ShardGrant,
+    ShardRef,
+    ShardReply,
+    StepEvent,
+)
+
+MODELS: list[BaseModel] = [
+    ShardFetch(job="j", rank=3, epoch=1, done=(ShardRef(epoch=1, shard=7, attempt=2),), held=()),
+    ShardFetch(job="j", rank=0, epoch=0),  # held None, defaults
+    ShardReply(
+        job="j",
+        epoch=0,
+        status=FetchStatus.OK,
+        route="r1",
+        grants=(ShardGrant(epoch=0, shard=7, attempt=0, start=70, end=80, position=3),),
+    ),
+    Plan(job="j", version=2, local_batch=(4, 4, 2), effective_step=10, created_at=1.5e9),
+    StepEvent(
+        job="j",
+        rank=1,
+        host="h1",
+        step=5,
+        epoch=0,
+        plan_version=0,
+        local_batch=8,
+        samples=8,
+        compute_s=0.125,
+        data_wait_s=1e-4,
+        comm_s=0.0,
+        step_s=0.1251,
+        started_at=1.7e9,
+        ended_at=1.7e9 + 0.1251,
+    ),
+    ErrorReply(error="no such job", code="unknown_job"),
+]
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: type(m).__name__)
+def test_encode_gives_model_dump_json_as_bytes(model: BaseModel) -> None:
+    assert encode(model) == model.model_dump_json().encode()
+
+
+def test_a_reply_encoded_decodes_to_itself() -> None:
+    reply = MODELS[2]
+    assert isinstance(reply, ShardReply)
+    assert decode_reply(encode(reply), ShardReply) == reply
