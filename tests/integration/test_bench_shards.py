@@ -9,9 +9,14 @@ import pytest
 from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.master import MemoryMaster, MemoryShards, bench_memory_master_cycles
 from antdt.bench.paired import bench_paired_cycles
-from antdt.bench.shards import bench_raw_nats_request, bench_shards, cpu_per_cycle
+from antdt.bench.shards import (
+    bench_raw_nats_request,
+    bench_shards,
+    cpu_per_cycle,
+    cycle_request,
+)
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.schemas import FetchStatus, JobSpec, ShardFetch
+from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardRef
 
 pytestmark = pytest.mark.integration
 
@@ -28,6 +33,17 @@ def test_the_memory_master_grants_each_shard_once_and_pops_done_reports() -> Non
     after = master.fetch(ShardFetch(job="m", rank=0, epoch=0, done=refs))
     assert after.status is FetchStatus.EPOCH_DONE and master.done == 2
     assert master.doing == {2: 1}
+
+
+def test_a_cycle_sends_at_most_64_done_refs_and_keeps_the_rest() -> None:
+    # Refs left unconfirmed pile up while a ledger write waits (a stalled machine: 73 did
+    # in one `make bench`); the agent sends 64 at most, and so does the bench's client.
+    done = [ShardRef(epoch=0, shard=s, attempt=0) for s in range(100)]
+    request, rest = cycle_request("j", 3, done)
+    assert request.done == tuple(done[:64]) and rest == done[64:]
+    request, rest = cycle_request("j", 3, rest)
+    assert request.done == tuple(done[64:]) and rest == []
+    assert (request.rank, request.want, request.held) == (3, 1, ())
 
 
 async def test_both_drivers_serve_real_cycles(cluster: EmbeddedCluster) -> None:
