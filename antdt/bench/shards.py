@@ -444,11 +444,12 @@ async def stored_ledger(store: Store, replicas: ShardsReplicas, job: str) -> byt
 
 def _codec_ms(value: bytes) -> dict[str, float]:
     from antdt.services.shards.ledger import LedgerState
+    from antdt.services.shards.ops import encode
 
     started = time.perf_counter()
     state = LedgerState.model_validate_json(value)
     decoded = time.perf_counter()
-    LedgerState.__pydantic_serializer__.to_json(state)
+    encode(state)
     return {
         "decode_ms": (decoded - started) * 1000,
         "encode_ms": (time.perf_counter() - decoded) * 1000,

@@ -16,6 +16,8 @@ from antdt.services.shards.state import LedgerState
 
 
 def encode(state: LedgerState) -> bytes:
+    """A ledger as stored in etcd: straight to bytes (model_dump_json would build a str
+    only to have it encoded again)."""
     return LedgerState.__pydantic_serializer__.to_json(state)
 
 

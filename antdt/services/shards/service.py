@@ -55,7 +55,7 @@ from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch, status
-from antdt.services.shards.ops import commit_op, release_op
+from antdt.services.shards.ops import commit_op, encode, release_op
 from antdt.services.shards.restores import Restores
 from antdt.services.shards.routing import Routes
 
@@ -179,7 +179,7 @@ class EtcdLedgers:
         success += [Delete(k) for k in writes.deletes()]
         written = sum(len(v) for _, v in puts)
         if state is not None:
-            encoded = _encode(state)
+            encoded = encode(state)
             written += len(encoded)
             success.append(Put(key, encoded))
             if revision.create == 0:
@@ -213,11 +213,6 @@ def _unchanged(key: str, revision: _Revision) -> list[Compare]:
     if revision.create == 0:
         return [Compare.absent(key)]
     return [Compare(key, "create", revision.create), Compare(key, "version", revision.version)]
-
-
-def _encode(state: LedgerState) -> bytes:
-    # Straight to bytes: model_dump_json would build a str only to have it encoded again.
-    return LedgerState.__pydantic_serializer__.to_json(state)
 
 
 def _snapshot(stored: Versioned) -> Snapshot:
