@@ -245,17 +245,10 @@ async def capacity_row(cluster: EmbeddedCluster, *, eight: float) -> dict[str, A
         f"{cycles['cycles_per_s'] / eight:.2f} of its rate with 8; " + _details(cycles)
     )
     return {
-        "what": f"shards fetch+done cycles/s, {n} clients, 1 replica: one replica's "
-        "capacity with many ranks",
-        "value": cycles["cycles_per_s"],
-        "p50_ms": cycles["p50_ms"],
-        "p99_ms": cycles["p99_ms"],
+        **_series_row(n, 1, cycles, "one replica's capacity with many ranks"),
         "baseline": None,
         "baseline_what": "",
         "target": "reported (the issue's targets are at 1 and 8 clients)",
-        "details": cycles,
-        "series": "shards, 1 replica(s)",
-        "clients": n,
     }
 
 
@@ -388,24 +381,32 @@ def _cycles_row(
         else ">= 1,000 (1 client), >= 4,000 (8 clients)"
     )
     row: dict[str, Any] = {
-        "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), "
-        "grants durable before handed out, done marks written behind",
-        "value": cycles["cycles_per_s"],
-        "p50_ms": cycles["p50_ms"],
-        "p99_ms": cycles["p99_ms"],
+        **_series_row(
+            n, replicas, cycles, "grants durable before handed out, done marks written behind"
+        ),
         "baseline": baseline["cycles_per_s"],
         "baseline_what": f"in-memory master, DLRover's 2 requests per cycle, {n} client(s)",
         "raw_nats": raw["req_per_s"],
         "target": f"{said}; aim 2x DLRover",
-        "details": cycles,
-        "series": f"shards, {replicas} replica(s)",
-        "clients": n,
     }
     if target is not None:
         row["cycle_target"], row["scaled_target"] = target, target * scale
     if ratio is not None:  # measured in turns with its baseline: the median turn's
         row["ratio"] = ratio
     return row
+
+
+def _series_row(n: int, replicas: int, cycles: dict[str, float], said: str) -> dict[str, Any]:
+    """What every shards cycles row says: its figures, and its point in the picture."""
+    return {
+        "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), {said}",
+        "value": cycles["cycles_per_s"],
+        "p50_ms": cycles["p50_ms"],
+        "p99_ms": cycles["p99_ms"],
+        "details": cycles,
+        "series": f"shards, {replicas} replica(s)",
+        "clients": n,
+    }
 
 
 def scaled_targets(measured: dict[int, float], dlrover_one: float) -> str:
