@@ -1,16 +1,17 @@
 """The JetStream half of the NATS seam (with bus.py, the only modules that import nats):
-bounded streams, de-duplicated publish, replay, bounded reads and durable consumers.
+bounded streams, de-duplicated publish, bounded reads, the last message of a subject
+and durable consumers.
 `Bus` inherits these methods; use them through a connected Bus."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from nats.aio.client import Client as NatsClient
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -33,6 +34,8 @@ from antdt.runtime.messages import (
 )
 
 M = TypeVar("M")
+FETCH_TIMEOUT_S = 2.0  # one fetch of a bounded read waits at most this long
+FETCH_ATTEMPTS = 3  # a bounded read ends after this many fetches in a row time out
 
 
 class JetStreamMixin:
@@ -83,29 +86,6 @@ class JetStreamMixin:
         )
         return int(ack.seq)
 
-    async def js_replay(
-        self, stream: str, subject: str, target: type[M] | TypeAdapter[M], *, limit: int = 10_000
-    ) -> list[M]:
-        """Every valid message of `subject` still held in `stream`, oldest first."""
-        js = self.nc.jetstream()
-        decoder = Decoder(target)
-        out: list[M] = []
-        sub = await js.pull_subscribe(subject, stream=stream)
-        try:
-            while len(out) < limit:
-                try:
-                    msgs = await sub.fetch(batch=min(256, limit - len(out)), timeout=0.5)
-                except NatsTimeoutError:
-                    break
-                for msg in msgs:
-                    with contextlib.suppress(Rejected):
-                        out.append(decoder.decode(msg.data))
-                    await msg.ack()
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return out
-
     async def js_read(
         self,
         stream: str,
@@ -155,12 +135,18 @@ class JetStreamMixin:
         on_progress: Callable[[int, int], None] | None,
     ) -> None:
         wanted = min(replay.available, limit)
-        read = 0
+        read = timeouts = 0
         while read < wanted:
             try:
-                msgs = await sub.fetch(batch=min(batch, wanted - read), timeout=2.0)
-            except NatsTimeoutError:
-                break  # expired by retention while we read
+                msgs = await sub.fetch(batch=min(batch, wanted - read), timeout=FETCH_TIMEOUT_S)
+            except asyncio.TimeoutError:  # nats-py raises its own subclass, or the plain one
+                # Messages expired by retention while we read, or a stall of this
+                # machine: what arrives late waits in the subscription for the next fetch.
+                timeouts += 1
+                if timeouts >= FETCH_ATTEMPTS:
+                    break
+                continue
+            timeouts = 0
             for msg in msgs:
                 try:
                     replay.items.append(decoder.decode(msg.data))
@@ -259,7 +245,7 @@ class DurableConsumer(Generic[M]):
         none came). Invalid messages are counted, terminated and left out."""
         try:
             msgs = await self._sub.fetch(batch=batch, timeout=timeout)
-        except NatsTimeoutError:
+        except asyncio.TimeoutError:  # nats-py raises its own subclass, or the plain one
             return []
         out: list[Received[M]] = []
         for msg in msgs:

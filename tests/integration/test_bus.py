@@ -248,8 +248,8 @@ async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     again = await bus.js_publish(subjects.incident("j"), step_event(), msg_id="m1")
     assert first == again
     await bus.js_publish(subjects.incident("j"), step_event(step=2), msg_id="m2")
-    replayed = await bus.js_replay(stream, subjects.incident("j"), StepEvent)
-    assert [e.step for e in replayed] == [1, 2]
+    replayed = await bus.js_read(stream, subjects.incident("j"), StepEvent)
+    assert [e.step for e in replayed.items] == [1, 2] and replayed.available == 2
 
 
 async def test_reconnects_after_server_restart(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
