@@ -194,6 +194,27 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
                    what="a monitor watches j5 again")  # fmt: skip
 
 
+async def test_exits_end_a_job_though_they_come_with_or_before_its_first_step(
+    running: RunningServices, bus: Bus, settings: ServiceSettings
+) -> None:
+    """Exits come on their own subscription and may overtake a job's first step, which
+    takes the job on (etcd reads); and a job's ranks may exit before any step (a crash at
+    start). Either way the job ends at once, not `abandon_after_s` later."""
+    subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
+    store = running.by_name["monitor"].store
+    for job in ("raced", "stepless"):
+        await bus.request(subjects.register(job), spec(job), RegisterReply)
+    for rank in range(2):  # one step each, the exits right behind it
+        await bus.publish(subjects.step("raced", rank), step("raced", rank, 0))
+    for rank in range(2):
+        await bus.publish(subjects.exit("raced", rank), finished("raced", rank, step=0))
+        await bus.publish(subjects.exit("stepless", rank), finished("stepless", rank, step=0))
+    for job in ("raced", "stepless"):
+        end = await wait_for(lambda j=job: store.get(keys.ended(j)), what=f"{job} ended")
+        ranks = JobHealth.model_validate_json(end.value).ranks
+        assert [r.state for r in ranks] == [RankState.EXITED] * 2
+
+
 def finished(job: str, rank: int, step: int) -> RankExit:
     return RankExit(job=job, rank=rank, host=f"h{rank}", pid=1, reason=ExitReason.FINISHED,
                     step=step, at=time.time())  # fmt: skip

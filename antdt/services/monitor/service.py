@@ -6,8 +6,9 @@ of a job we do not own costs one dict lookup. When a replica dies its lease laps
 another claims the job on its next claim round.
 
 A job ends when every rank's agent said it stopped on purpose (RankExit; none exiting to
-be restarted): the owner publishes the resolutions and a last health with every rank
-`exited`, then forgets the job. Events of the old run that arrive after that, within
+be restarted; an exit takes the job on as a step does, since it may overtake the first):
+the owner publishes the resolutions and a last health with every rank `exited`, then
+forgets the job. Events of the old run that arrive after that, within
 ENDED_GRACE_S and not past its last step, are dropped instead of starting the job over;
 anything else (a restart of the job), or a rank's hello, starts a new detector.
 
@@ -111,6 +112,8 @@ class MonitorService:
         self._spec_retry_at: Recent[float] = Recent(MAX_PACED)  # job -> when to read it again
         self._ended: Recent[tuple[float, int]] = Recent(MAX_ENDED)  # job -> (when, last step)
         self.dropped_ended = 0  # late step events of jobs that had ended
+        # job -> its detector once made, while a replica's first event of it makes it.
+        self._taking_on: dict[str, asyncio.Future[JobDetector | None]] = {}
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -142,10 +145,25 @@ class MonitorService:
     async def _detector(self, job: str, step: int | None = None) -> JobDetector | None:
         """The owned job's detector, claiming the job and loading its spec if need be;
         None if another replica owns it, it is not registered, or it ended (unless a
-        `step` past its end shows it did not: see _ended_in_store)."""
+        `step` past its end shows it did not: see _ended_in_store). Events of the job that
+        come while it is being taken on (etcd reads) wait for that and share its answer:
+        a rank's exit must not be dropped because it overtook the detector's making."""
         detector = self.detectors.get(job)
         if detector is not None and self.ownership.owns(job):
             return detector
+        taking_on = self._taking_on.get(job)
+        if taking_on is not None:
+            return await asyncio.shield(taking_on)
+        taking_on = self._taking_on[job] = asyncio.get_running_loop().create_future()
+        detector = None
+        try:
+            detector = await self._take_on(job, step)
+            return detector
+        finally:  # on an error too: the events that waited are dropped, as this one
+            del self._taking_on[job]
+            taking_on.set_result(detector)
+
+    async def _take_on(self, job: str, step: int | None) -> JobDetector | None:
         claimed = not self.ownership.owns(job)
         if claimed and not await self._claim_now(job):
             return None
@@ -239,7 +257,14 @@ class MonitorService:
             raise Rejected("bad_request", "job or rank does not match the subject")
         detector = self.detectors.get(exit.job)
         if detector is None or not self.ownership.owns(exit.job):
-            return  # not ours, or never stepped here: nothing to stop watching
+            if self._late_for_ended_job(exit.job, exit.step):
+                return
+            # Taken on here as by a step: the exit may overtake the job's first step (they
+            # come on two subscriptions), and a job whose ranks exit before any step
+            # ends at once instead of after `abandon_after_s`.
+            detector = await self._detector(exit.job, exit.step)
+            if detector is None:
+                return  # another replica's, not registered, or ended
         now = time.time()
         incidents = detector.rank_exited(exit, now)
         log.info("rank exited", job=exit.job, rank=exit.rank, reason=exit.reason.value)
