@@ -34,7 +34,7 @@ async def test_gather_collects_every_responder_until_done(bus: Bus) -> None:
                                done=lambda got: len(got) == 4)  # fmt: skip
     assert len(replies) == 4
     before = bus.rejections.counts[("gather", "bad_reply")]
-    everything = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=1.0)
+    everything = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=2.0)
     assert len(everything) == 4
     acks = sorted(r.rank for r in replies if isinstance(r, Ack))
     errors = [r for r in replies if isinstance(r, ErrorReply)]
@@ -46,9 +46,10 @@ async def test_gather_returns_what_came_by_the_timeout(bus: Bus) -> None:
     subject = f"{bus.settings.subject_prefix}.gather2"
     await responders(bus, subject, range(2))
     started = time.monotonic()
-    replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=0.3)
+    # Long enough for two local replies though the machine stalls: CI's machines do.
+    replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=1.0)
     assert sorted(r.rank for r in replies if isinstance(r, Ack)) == [0, 1]
-    assert 0.3 <= time.monotonic() - started < 2.0
+    assert 1.0 <= time.monotonic() - started < 3.0
     nobody = await bus.gather(f"{subject}.nobody", PlanRequest(job="j", rank=0), Ack,
                               timeout=0.1)  # fmt: skip
     assert nobody == []
