@@ -6,14 +6,9 @@ noisy; only ratios travel between runs). Results also go to runs/bench/results.j
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
-
-from rich.console import Console
-from rich.table import Table
 
 from antdt.bench.cases import (
     bench_agent_tracing,
@@ -22,32 +17,12 @@ from antdt.bench.cases import (
     bench_raw_pubsub,
 )
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
+from antdt.bench.display import console, print_table
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.paired import bench_paired_cycles, median_figures, turn_ratios
-from antdt.bench.shards import (
-    bench_ledger_sizes,
-    bench_raw_etcd_txn,
-    bench_raw_nats_request,
-    bench_shards,
-    cpu_per_cycle,
-)
+from antdt.bench.shards_rows import shards_rows
 from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
-
-console = Console(width=160)
-#: Turns of master and shards cycles per client count (paired.py), and of the loops.
-TURNS = 3
-#: The issue's targets (cycles/s of one shards replica by client count) and the reference
-#: it set them against: "the in-memory DLRover master does about 960 here" with one
-#: client. Machines here drift by tens of percent, so the bench also scales them by this
-#: run's DLRover-driven master at one client over that 960.
-CYCLE_TARGETS = {1: 1000, 8: 4000}
-ISSUE_DLROVER_ONE_CLIENT = 960.0
-#: Ranks of the capacity row: as many as keep a replica's queue from running dry, so the
-#: row says what one replica serves when a job has many ranks (the targets are at 1 and 8).
-CAPACITY_CLIENTS = 32
-KINDS: tuple[loops.LoopKind, ...] = ("uvloop", "asyncio")
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -101,193 +76,6 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     rows += await ledger_write_rows(cluster)
     rows += await checkpoint_rows_of(cluster)
     rows += await incident_to_plan_rows(cluster)
-    return rows
-
-
-async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
-    """Fetch+done cycles against one and two replica processes. Baselines from the same
-    run: a raw etcd transaction; at each client count, raw NATS request/reply with a
-    trivial responder process (the transport alone: what a cycle over NATS can reach),
-    and the same cycles against an in-memory master (master.py) driven as DLRover's
-    client drives its master, two requests per cycle (what the issue compares with: the
-    shards rows' ratio), and with AntDT's one request per cycle (the cost of durability
-    alone)."""
-    with console.status("raw etcd transactions and NATS requests (baselines)"):
-        txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
-        raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n,
-                                               nats_pid=cluster.nats.pid)
-               for n in (1, 2, 8)}  # fmt: skip
-    with console.status("shards cycles and the in-memory master, in turns") as status:
-
-        def on_turn(n: int, turn: int) -> None:
-            status.update(f"shards cycles and the in-memory master, {n} client(s), turn "
-                          f"{turn + 1} of {TURNS}")  # fmt: skip
-
-        paired = await bench_paired_cycles(cluster, clients=(1, 2, 8), seconds=3.0, turns=TURNS,
-                                           on_turn=on_turn)  # fmt: skip
-    master = {n: p["master"] for n, p in paired.items()}
-    dlrover = {n: p["dlrover"] for n, p in paired.items()}
-    req = raw[1]
-    floor_ms = txn["p50_ms"] + req["p50_ms"]
-    load = os.getloadavg()[0]
-    console.print(
-        f"load average {load:.1f} on {os.cpu_count()} CPUs (shared machines: figures move with it)"
-    )
-    console.print(
-        f"raw etcd txn: {txn['txn_per_s']:,.0f}/s, p50 {txn['p50_ms']:.2f} ms; raw NATS "
-        f"request/reply: {req['req_per_s']:,.0f}/s, p50 {req['p50_ms']:.2f} ms; a client "
-        f"waiting for etcd on every cycle would need both in series: {floor_ms:.2f} ms, at "
-        f"most {1000 / floor_ms:,.0f} cycles/s (write-behind takes etcd off that path)"
-    )
-    console.print(
-        "raw NATS request/reply, trivial responder process: "
-        + ", ".join(f"{n} client(s) {r['req_per_s']:,.0f}/s" for n, r in raw.items())
-        + " (the transport's ceiling for shards cycles on this machine)"
-    )
-    console.print(
-        "  CPU per request, clients + responder + nats-server: "
-        + ", ".join(f"{n} client(s) {_cpu_budget(r)}" for n, r in raw.items())
-    )
-    for name, runs in (("DLRover's two requests per cycle (done, then fetch)", dlrover),
-                       ("AntDT's one request per cycle", master)):  # fmt: skip
-        console.print(
-            f"in-memory shard master (DLRover's design: no durability, no fencing), {name}, "
-            "same transport: "
-            + ", ".join(
-                f"{n} client(s) {m['cycles_per_s']:,.0f}/s, p50 {m['p50_ms']:.2f} ms, CPU per "
-                f"cycle {_cpu_budget(m)}"
-                for n, m in runs.items()
-            )
-        )
-    rows: list[dict[str, Any]] = [
-        _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
-        *(
-            {
-                **_baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r),
-                "series": "raw NATS request/reply",
-                "clients": n,
-            }
-            for n, r in raw.items()
-        ),
-        *(
-            {
-                **_baseline_row(
-                    f"in-memory shard master cycles/s, not durable, {what}, {n} client(s)",
-                    m["cycles_per_s"],
-                    m,
-                ),
-                "series": f"in-memory master, {what}",
-                "clients": n,
-            }
-            for what, runs in (("DLRover's 2 requests", dlrover), ("AntDT's 1 request", master))
-            for n, m in runs.items()
-        ),
-    ]
-    scale = dlrover[1]["cycles_per_s"] / ISSUE_DLROVER_ONE_CLIENT  # of the issue's targets
-    for n, pair in paired.items():
-        cycles = pair["shards"]
-        console.print(
-            f"shards, {n} client(s), 1 replica: {pair['dlrover_ratio']:.2f} of the in-memory "
-            f"master with DLRover's two requests (median of {TURNS} turns: "
-            f"{_listed(pair['dlrover_ratios'])}), {pair['ratio']:.2f} of it with AntDT's one "
-            f"({_listed(pair['ratios'])}), {cycles['cycles_per_s'] / raw[n]['req_per_s']:.2f} "
-            f"of raw NATS at {n}; " + _details(cycles)
-        )
-        rows.append(
-            _cycles_row(n, 1, cycles, dlrover[n], raw[n], scale, ratio=pair["dlrover_ratio"])
-        )
-    one_replica = {n: pair["shards"]["cycles_per_s"] for n, pair in paired.items()}
-    console.print(scaled_targets(one_replica, dlrover[1]["cycles_per_s"]))
-    with console.status("shards cycles, 2 replicas"):
-        two = await bench_shards(cluster, clients=(8,), seconds=4.0, replicas=2)
-    for n, cycles in two.items():
-        # Ranks follow the job's owner: a second replica adds no contention.
-        console.print(
-            f"shards, {n} client(s), 2 replicas: {cycles['cycles_per_s'] / one_replica[n]:.2f} "
-            f"of one replica's rate (median of its turns); " + _details(cycles)
-        )
-        rows.append(_cycles_row(n, 2, cycles, dlrover[n], raw[n], scale))
-    rows.append(await capacity_row(cluster, eight=one_replica[8]))
-    rows += await event_loop_rows(cluster)
-    with console.status("ledger size in etcd"):
-        sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
-                                         ranks=1000, prefetch=2)  # fmt: skip
-    for shard_size, size in sizes.items():
-        console.print(
-            f"ledger, {shard_size:,}-sample shards: {size['bytes']:,.0f} bytes, filled at "
-            f"{size['fetches_per_s']:,.0f} fetches/s; encode {size['encode_ms']:.1f} ms, "
-            f"decode {size['decode_ms']:.1f} ms"
-        )
-        rows.append(
-            {
-                "what": f"ledger bytes in etcd: 10^9 samples, {shard_size:,}-sample shards, "
-                f"{size['in_flight']:,.0f} in flight (1,000 ranks x 2)",
-                "value": size["bytes"],
-                "baseline": None,
-                "baseline_what": "",
-                "target": "reported",
-                "details": size,
-            }
-        )
-    return rows
-
-
-async def capacity_row(cluster: EmbeddedCluster, *, eight: float) -> dict[str, Any]:
-    """One replica's cycles with CAPACITY_CLIENTS ranks: with eight, each request still
-    mostly finds every process idle and pays its own wake-ups (socket writes, event-loop
-    turns, nats-server's goroutines); with more, requests share them, and a cycle's CPU
-    across all processes falls. `eight`: this run's eight-client rate, for the ratio."""
-    n = CAPACITY_CLIENTS
-    with console.status(f"shards cycles, {n} clients (one replica's capacity)"):
-        [cycles] = (await bench_shards(cluster, clients=(n,), seconds=3.0)).values()
-    console.print(
-        f"shards, {n} clients, 1 replica (capacity with many ranks): "
-        f"{cycles['cycles_per_s'] / eight:.2f} of its rate with 8; " + _details(cycles)
-    )
-    return {
-        **_series_row(n, 1, cycles, "one replica's capacity with many ranks"),
-        "baseline": None,
-        "baseline_what": "",
-        "target": "reported (the issue's targets are at 1 and 8 clients)",
-    }
-
-
-async def event_loop_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
-    """The one-replica shards cycles with replica and clients on uvloop (the services'
-    default where installed, runtime/loops.py) and on asyncio's own loop, in turns."""
-    if loops.resolve("auto") != "uvloop":
-        console.print("uvloop is not installed: no event-loop comparison")
-        return []
-    runs: dict[str, list[dict[int, dict[str, float]]]] = {"uvloop": [], "asyncio": []}
-    with console.status("shards cycles, uvloop and asyncio's loop in turns") as status:
-        for turn in range(TURNS):
-            for kind in KINDS:
-                status.update(f"shards cycles on {kind}, turn {turn + 1} of {TURNS}")
-                runs[kind].append(
-                    await bench_shards(cluster, clients=(1, 8), seconds=2.5, event_loop=kind)
-                )
-    rows = []
-    for n in (1, 8):
-        on_uv, on_aio = [run[n] for run in runs["uvloop"]], [run[n] for run in runs["asyncio"]]
-        ratios = turn_ratios(on_uv, on_aio)
-        uv, aio = median_figures(on_uv), median_figures(on_aio)
-        console.print(
-            f"shards, {n} client(s), uvloop against asyncio's loop: "
-            f"{statistics.median(ratios):.2f}x (turns: {_listed(ratios)}); "
-            f"CPU per cycle, all processes: {cpu_per_cycle(uv):,.0f} against "
-            f"{cpu_per_cycle(aio):,.0f} us"
-        )
-        rows.append(
-            {
-                "what": f"shards fetch+done cycles/s, {n} client(s), 1 replica, on uvloop",
-                "value": uv["cycles_per_s"],
-                "baseline": aio["cycles_per_s"],
-                "baseline_what": "same, asyncio's own loop, in turns",
-                "ratio": statistics.median(ratios),
-                "target": "reported",
-                "details": {"uvloop": uv, "asyncio": aio, "ratios": ratios},
-            }
-        )
     return rows
 
 
@@ -366,117 +154,6 @@ async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]
             }
         )
     return rows
-
-
-def _cycles_row(
-    n: int, replicas: int, cycles: dict[str, float], baseline: dict[str, float],
-    raw: dict[str, float], scale: float, ratio: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """A shards cycles row; `baseline`: the DLRover-driven master at `n` clients; `scale`:
-    this run's speed against the issue's reference (its targets, as set and scaled)."""
-    target = CYCLE_TARGETS.get(n)
-    said = (
-        f">= {target:,} as set, >= {target * scale:,.0f} scaled to this run's DLRover master"
-        if target is not None
-        else ">= 1,000 (1 client), >= 4,000 (8 clients)"
-    )
-    row: dict[str, Any] = {
-        **_series_row(
-            n, replicas, cycles, "grants durable before handed out, done marks written behind"
-        ),
-        "baseline": baseline["cycles_per_s"],
-        "baseline_what": f"in-memory master, DLRover's 2 requests per cycle, {n} client(s)",
-        "raw_nats": raw["req_per_s"],
-        "target": f"{said}; aim 2x DLRover",
-    }
-    if target is not None:
-        row["cycle_target"], row["scaled_target"] = target, target * scale
-    if ratio is not None:  # measured in turns with its baseline: the median turn's
-        row["ratio"] = ratio
-    return row
-
-
-def _series_row(n: int, replicas: int, cycles: dict[str, float], said: str) -> dict[str, Any]:
-    """What every shards cycles row says: its figures, and its point in the picture."""
-    return {
-        "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), {said}",
-        "value": cycles["cycles_per_s"],
-        "p50_ms": cycles["p50_ms"],
-        "p99_ms": cycles["p99_ms"],
-        "details": cycles,
-        "series": f"shards, {replicas} replica(s)",
-        "clients": n,
-    }
-
-
-def scaled_targets(measured: dict[int, float], dlrover_one: float) -> str:
-    """The issue's cycle targets as set, and scaled to this run's machine speed."""
-    scale = dlrover_one / ISSUE_DLROVER_ONE_CLIENT
-    verdicts = []
-    for n, target in CYCLE_TARGETS.items():
-        got, scaled = measured[n], target * scale
-        verdicts.append(
-            f"{n} client(s) {got:,.0f}/s against {target:,} ({'met' if got >= target else 'short'})"
-            f", scaled {scaled:,.0f} ({'met' if got >= scaled else 'short'})"
-        )
-    return (
-        f"the issue's cycle targets, set where the DLRover master did about "
-        f"{ISSUE_DLROVER_ONE_CLIENT:.0f}/s with one client; here it did {dlrover_one:,.0f}/s "
-        f"(x{scale:.2f}): " + "; ".join(verdicts)
-    )
-
-
-def _listed(ratios: list[float]) -> str:
-    return ", ".join(f"{r:.2f}" for r in ratios)
-
-
-def _baseline_row(what: str, value: float, latency: dict[str, float]) -> dict[str, Any]:
-    return {"what": what, "value": value, "p50_ms": latency["p50_ms"],
-            "p99_ms": latency["p99_ms"], "baseline": None, "baseline_what": "",
-            "target": "baseline"}  # fmt: skip
-
-
-def _cpu_budget(figures: dict[str, float]) -> str:
-    """A cycle's CPU, all processes together, and the rate this machine's cores could
-    serve at that cost if nothing else ran: the bound a CPU-bound run sits under."""
-    cpu = cpu_per_cycle(figures)
-    cores = os.cpu_count() or 1
-    return f"{cpu:,.0f} us (at most {cores * 1e6 / cpu:,.0f}/s on {cores} cores)"
-
-
-def _details(cycles: dict[str, float]) -> str:
-    cpu = ", ".join(
-        f"{name.removesuffix('_cpu_us_per_cycle')} {value:,.0f}"
-        for name, value in cycles.items()
-        if name.endswith("_cpu_us_per_cycle")
-    )
-    return (
-        f"{cycles['cycles_per_s']:,.0f}/s, p50 {cycles['p50_ms']:.2f} ms, p99 "
-        f"{cycles['p99_ms']:.2f} ms, {cycles['early_share']:.0%} answered before their write, "
-        f"{cycles['requests_per_commit']:.1f} requests per commit, "
-        f"{cycles['cas_conflicts']:,.0f} CAS conflicts; per stage: ledger ops "
-        f"{cycles['apply_us_per_request']:,.0f} us per request, etcd txn "
-        f"{cycles['txn_ms_per_commit']:.2f} ms per commit; CPU us per cycle: {cpu}; all "
-        f"processes {_cpu_budget(cycles)}"
-    )
-
-
-def print_table(rows: list[dict[str, Any]]) -> None:
-    table = Table(title="AntDT bench (ratios are against the same-run baseline)")
-    for column in ("what", "value", "baseline", "ratio", "p50/p99 ms", "target"):
-        table.add_column(column, justify="left" if column in ("what", "target") else "right")
-    for row in rows:
-        latency = f"{row['p50_ms']:.2f}/{row['p99_ms']:.2f}" if "p50_ms" in row else ""
-        baseline = row["baseline"]
-        table.add_row(
-            row["what"],
-            f"{row['value']:,.0f}",
-            f"{baseline:,.0f} ({row['baseline_what']})" if baseline else "",
-            f"{row.get('ratio', row['value'] / (baseline or 1)):.2f}" if baseline else "",
-            latency,
-            row["target"],
-        )
-    console.print(table)
 
 
 def main() -> None:

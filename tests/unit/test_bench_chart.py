@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from antdt.bench.__main__ import scaled_targets
 from antdt.bench.chart import draw, save_chart, series_of
+from antdt.bench.shards_rows import scaled_targets
 
 
 def rows() -> list[dict[str, object]]:
