@@ -50,7 +50,9 @@ PARAMS = {"restart_cost_s": 1.0, "settle_steps": 2, "cooldown_s": 0.0}
 
 @pytest.fixture
 async def running(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
-    services = await start_services(settings, names=("controller",), ack_deadline_s=1.0,
+    # Acks that never come are waited for until the deadline: long enough that a stalled
+    # machine (CI's do stall) does not turn the ranks' real acks into missing ones.
+    services = await start_services(settings, names=("controller",), ack_deadline_s=2.5,
                                     ack_timeout_s=0.3)  # fmt: skip
     yield services
     await services.runtime.shutdown()
