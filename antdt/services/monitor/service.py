@@ -112,7 +112,7 @@ class MonitorService:
         self._spec_retry_at: Recent[float] = Recent(MAX_PACED)  # job -> when to read it again
         self._ended: Recent[tuple[float, int]] = Recent(MAX_ENDED)  # job -> (when, last step)
         self.dropped_ended = 0  # late step events of jobs that had ended
-        # job -> its detector once made, while a replica's first event of it makes it.
+        # job -> the answer of its take-on under way (_detector): events meanwhile wait for it.
         self._taking_on: dict[str, asyncio.Future[JobDetector | None]] = {}
 
     async def start(self, runtime: ServiceRuntime) -> None:
