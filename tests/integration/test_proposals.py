@@ -35,7 +35,8 @@ WORLD, BATCH = 4, 64
 
 @pytest.fixture
 async def controller(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
-    running = await start_services(settings, ("controller",), ack_deadline_s=1.5)
+    # Long enough that a stalled machine does not turn the ranks' real acks into missing ones.
+    running = await start_services(settings, ("controller",), ack_deadline_s=2.5)
     yield running
     await running.runtime.shutdown()
 
