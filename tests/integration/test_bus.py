@@ -252,6 +252,36 @@ async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     assert [e.step for e in replayed.items] == [1, 2] and replayed.available == 2
 
 
+async def test_a_bounded_read_tries_a_timed_out_fetch_again(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch that times out while the stream still holds the messages (the machine
+    stalled) is tried again, rather than ending the read short; three in a row end it.
+    nats-py's fetch raises the plain TimeoutError too: both count."""
+    from nats.js.client import JetStreamContext
+
+    subjects = Subjects(bus.settings.subject_prefix)
+    stream = "R" + bus.settings.subject_prefix.replace(".", "_").upper()
+    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
+    for n in range(5):
+        await bus.js_publish(subjects.incident("j"), step_event(step=n))
+    real_fetch = JetStreamContext.PullSubscription.fetch
+    stalls = {"left": 2}
+
+    async def stalling_fetch(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if stalls["left"] > 0:
+            stalls["left"] -= 1
+            raise asyncio.TimeoutError
+        return await real_fetch(self, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", stalling_fetch)
+    read = await bus.js_read(stream, subjects.incident("j"), StepEvent, batch=2)
+    assert [e.step for e in read.items] == list(range(5)) and stalls["left"] == 0
+    stalls["left"] = 3  # the server holds them but never delivers: the read gives up
+    gave_up = await bus.js_read(stream, subjects.incident("j"), StepEvent)
+    assert gave_up.items == [] and gave_up.available == 5
+
+
 async def test_reconnects_after_server_restart(tmp_path, unique) -> None:  # type: ignore[no-untyped-def]
     from antdt.runtime.config import NatsSettings
     from antdt.runtime.servers import EmbeddedNats
