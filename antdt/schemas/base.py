@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,3 +31,25 @@ class WireModel(BaseModel):
     schema_version: Literal[1] = Field(
         default=SCHEMA_VERSION, description="Wire schema version of this message"
     )
+
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+_set = object.__setattr__
+
+
+def replaced(model: ModelT, changes: dict[str, Any]) -> ModelT:
+    """`model.model_copy(update=changes)` (no validation, as there), in half its time.
+
+    A shards replica copies a ledger and a reply or two per request; pydantic's generic
+    copy (copy.copy of each part, its update bookkeeping) was a tenth of the ledger's
+    own work. Only for values already valid for their fields."""
+    cls = type(model)
+    new = cls.__new__(cls)
+    fields = model.__dict__.copy()
+    fields.update(changes)
+    _set(new, "__dict__", fields)
+    _set(new, "__pydantic_fields_set__", model.__pydantic_fields_set__ | changes.keys())
+    extra, private = model.__pydantic_extra__, model.__pydantic_private__
+    _set(new, "__pydantic_extra__", None if extra is None else dict(extra))
+    _set(new, "__pydantic_private__", None if private is None else dict(private))
+    return new

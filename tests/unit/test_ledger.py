@@ -29,6 +29,14 @@ from antdt.services.shards import (
     shard_range,
     status,
 )
+from antdt.services.shards.permutation import (
+    _RECENT,
+    TABLE_HALF_BITS,
+    _backward,
+    _forward,
+    _half_bits,
+    _round_keys,
+)
 
 JOB = "job1"
 
@@ -242,6 +250,27 @@ def test_permutation_inverts_at_scale(seed: int, epoch: int, n: int, data: st.Da
     index = data.draw(st.integers(0, n - 1))
     shard = shard_at(seed, epoch, n, index)
     assert 0 <= shard < n and index_of(seed, epoch, n, shard) == index
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**64), st.integers(0, 1000), st.integers(1, 4**TABLE_HALF_BITS), st.data())
+def test_tabled_rounds_walk_as_the_computed_ones(
+    seed: int, epoch: int, n: int, data: st.DataObject
+) -> None:
+    """Tables only precompute the round functions: the permutation is the one the
+    Feistel network computes directly (stored ledgers' cursors depend on it)."""
+    index = data.draw(st.integers(0, n - 1))
+    half, keys = _half_bits(n), _round_keys(seed, epoch)
+    x = _forward(index, half, keys)
+    while x >= n:
+        x = _forward(x, half, keys)
+    assert shard_at(seed, epoch, n, index) == x
+    y = _backward(x, half, keys)
+    while y >= n:
+        y = _backward(y, half, keys)
+    assert y == index
+    _RECENT.clear()  # index_of must walk the tables back, not remember
+    assert index_of(seed, epoch, n, x) == index
 
 
 def test_permutation_rejects_out_of_range() -> None:

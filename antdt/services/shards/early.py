@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from antdt.schemas import ShardRef, ShardReply
+from antdt.schemas import ShardRef, ShardReply, replaced
 from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import LedgerState
 
@@ -58,7 +58,7 @@ def early_reply(reply: ShardReply, early: Early, stored: Stored) -> ShardReply |
         if stored.holder(shard) != (early.rank, attempt):
             return None
     unconfirmed = tuple(ref for ref in early.done if _open(ref, early.rank, stored))
-    return reply.model_copy(update={"unconfirmed": unconfirmed}) if unconfirmed else reply
+    return replaced(reply, {"unconfirmed": unconfirmed}) if unconfirmed else reply
 
 
 def _open(ref: ShardRef, rank: int, stored: Stored) -> bool:

@@ -6,6 +6,12 @@ below n) restricts it to a bijection of range(n). The domain is less than 4n, so
 takes fewer than four rounds on average. The inverse walks the inverse network. Keys come
 from a splitmix64 mix of (seed, epoch): stable across processes and Python versions,
 unlike hash().
+
+A round's function depends only on its half-width input, so for domains of up to
+2 * TABLE_HALF_BITS bits (1.6 * 10^7 shards) each round's values are computed once per
+(seed, epoch) into a table: a walk is then a few lookups, not a few dozen 64-bit
+multiplications (a grant's shard_at went from 11 to 3 us, on the path of every fetch
+that tops up a reservation). Tables and direct computation give the same permutation.
 """
 
 from __future__ import annotations
@@ -28,6 +34,46 @@ def _mix64(x: int) -> int:
 def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
     base = _mix64(_mix64(seed & _MASK64) ^ (epoch & _MASK64))
     return tuple(_mix64(base + r) for r in range(_ROUNDS))
+
+
+#: Widest half (bits) whose round functions are tabled: 4 tables of 2^12 ints (about
+#: 0.6 MB, built in about 12 ms once per epoch), for up to 4^12 (1.6 * 10^7) shards.
+TABLE_HALF_BITS = 12
+
+
+@lru_cache(maxsize=16)
+def _round_tables(seed: int, epoch: int, half: int) -> tuple[tuple[int, ...], ...]:
+    """Each round's function over every half-width input: table[r][x] is
+    _mix64(x ^ keys[r]) masked to `half` bits, as _forward and _backward compute it."""
+    mask = (1 << half) - 1
+    return tuple(
+        tuple(_mix64(x ^ key) & mask for x in range(1 << half)) for key in _round_keys(seed, epoch)
+    )
+
+
+def _walk_forward(index: int, n: int, half: int, tables: tuple[tuple[int, ...], ...]) -> int:
+    mask = (1 << half) - 1
+    x = index
+    while True:
+        left, right = x >> half, x & mask
+        for table in tables:
+            left, right = right, left ^ table[right]
+        x = (left << half) | right
+        if x < n:
+            return x
+
+
+def _walk_backward(shard: int, n: int, half: int, tables: tuple[tuple[int, ...], ...]) -> int:
+    mask = (1 << half) - 1
+    backwards = tables[::-1]
+    x = shard
+    while True:
+        left, right = x >> half, x & mask
+        for table in backwards:
+            left, right = right ^ table[left], left
+        x = (left << half) | right
+        if x < n:
+            return x
 
 
 def _half_bits(n: int) -> int:
@@ -66,10 +112,14 @@ _RECENT_MAX = 1 << 16
 def shard_at(seed: int, epoch: int, num_shards: int, index: int) -> int:
     """The shard at position `index` of epoch `epoch`'s order (a bijection of the range)."""
     _check(num_shards, index, "index")
-    half, keys = _half_bits(num_shards), _round_keys(seed, epoch)
-    x = _forward(index, half, keys)
-    while x >= num_shards:
-        x = _forward(x, half, keys)
+    half = _half_bits(num_shards)
+    if half <= TABLE_HALF_BITS:
+        x = _walk_forward(index, num_shards, half, _round_tables(seed, epoch, half))
+    else:
+        keys = _round_keys(seed, epoch)
+        x = _forward(index, half, keys)
+        while x >= num_shards:
+            x = _forward(x, half, keys)
     if len(_RECENT) >= _RECENT_MAX:
         _RECENT.clear()
     _RECENT[(seed, epoch, num_shards, x)] = index
@@ -82,7 +132,10 @@ def index_of(seed: int, epoch: int, num_shards: int, shard: int) -> int:
     if known is not None:
         return known
     _check(num_shards, shard, "shard")
-    half, keys = _half_bits(num_shards), _round_keys(seed, epoch)
+    half = _half_bits(num_shards)
+    if half <= TABLE_HALF_BITS:
+        return _walk_backward(shard, num_shards, half, _round_tables(seed, epoch, half))
+    keys = _round_keys(seed, epoch)
     x = _backward(shard, half, keys)
     while x >= num_shards:
         x = _backward(x, half, keys)

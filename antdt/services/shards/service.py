@@ -50,6 +50,7 @@ from antdt.schemas import (
     ShardStatus,
     ShardStatusRequest,
     Subjects,
+    replaced,
 )
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
@@ -363,7 +364,7 @@ class ShardsService:
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
         route = self.routes.route(req.job, finished=reply.status is FetchStatus.JOB_DONE)
-        return reply.model_copy(update={"route": route}) if route else reply
+        return replaced(reply, {"route": route}) if route else reply
 
     async def _on_commit(self, req: ShardCommit, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)

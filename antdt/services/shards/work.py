@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from antdt.schemas import ErrorReply, FetchStatus, ShardGrant, ShardRef, ShardReply
+from antdt.schemas import ErrorReply, FetchStatus, ShardGrant, ShardRef, ShardReply, replaced
 from antdt.services.shards.inflight import InFlightEdit, InFlightTable
 from antdt.services.shards.permutation import index_of, shard_at
 from antdt.services.shards.state import (
@@ -136,8 +136,9 @@ class Work:
     def state(self) -> LedgerState:
         """The next state. It shares this Work's in-flight entries, so the Work cannot
         change them any more (TypeError): a Work builds one state."""
-        return self.base.model_copy(
-            update={
+        return replaced(
+            self.base,
+            {
                 "epoch": self.epoch,
                 "cursor": self.cursor,
                 "done_count": self.done_count,
@@ -145,11 +146,11 @@ class Work:
                 "in_flight": self.in_flight.build(),
                 "requeued": tuple(self.requeued),
                 "pending": (
-                    self.pending.model_copy(update={"late": tuple(self.late)})
+                    replaced(self.pending, {"late": tuple(self.late)})
                     if self.pending is not None
                     else None
                 ),
-            }
+            },
         )
 
     def reply(
