@@ -170,7 +170,7 @@ def _steps_cost(iterator: Any, steps: int) -> float:
 
 async def bench_agent_tracing(
     cluster: EmbeddedCluster, *, steps: int = 1500, rounds: int = 24, command_every: int = 300
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """The agent's cost per step on the training thread, tracing off and on, in one run.
 
     Two one-rank jobs against the real controller and shards services: one agent without
@@ -253,10 +253,12 @@ async def bench_agent_tracing(
         await store.close()
     spans = exporter.get_finished_spans()
     off, on = statistics.median(costs["off"]), statistics.median(costs["on"])
+    ratios = [a / b for a, b in zip(costs["on"], costs["off"], strict=True)]
     return {
         "off_us": off * 1e6,
         "on_us": on * 1e6,
-        "ratio": statistics.median(a / b for a, b in zip(costs["on"], costs["off"], strict=True)),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
         "commands": versions["on"],
         "applied_spans": sum(1 for s in spans if s.name == "apply plan"),
         "process_spans": sum(1 for s in spans if s.name.startswith("process ")),
