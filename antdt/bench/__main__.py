@@ -60,22 +60,24 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     with console.status("agent per-step cost, tracing off vs on"):
         tracing = await bench_agent_tracing(cluster)
     console.print(
-        f"agent per-step cost: {tracing['off_us']:.1f} µs untraced, {tracing['on_us']:.1f} µs "
-        f"traced (medians of their rounds); traced over untraced {tracing['ratio']:.2f} (median "
-        f"of {len(tracing['ratios'])} paired rounds, from {min(tracing['ratios']):.2f} to "
-        f"{max(tracing['ratios']):.2f}); "
+        f"agent per-step cost, the training thread's CPU: {tracing['off_us']:.1f} µs untraced, "
+        f"{tracing['on_us']:.1f} µs traced (medians of their rounds); traced over untraced "
+        f"{tracing['ratio']:.2f} (median of {len(tracing['ratios'])} paired rounds, from "
+        f"{min(tracing['ratios']):.2f} to {max(tracing['ratios']):.2f}); wall time "
+        f"{tracing['off_wall_us']:.1f} against {tracing['on_wall_us']:.1f} µs (paired "
+        f"{tracing['wall_ratio']:.2f}: GIL waits on this bench's services included); "
         f"{tracing['commands']} commands, {tracing['applied_spans']} apply spans"
     )
     rows.append(
         {
-            "what": "agent training-thread cost per step with tracing, µs",
+            "what": "agent training-thread CPU per step with tracing, µs",
             "value": tracing["on_us"],
             "baseline": tracing["off_us"],
             "baseline_what": "same, tracing off",
             # Paired: adjacent rounds see the same load from the rest of the machine, and
             # the medians of the two modes' rounds, taken apart, do not.
             "ratio": tracing["ratio"],
-            "target": "ratio <= 1.05 (median of paired rounds)",
+            "target": "ratio <= 1.05 (median of paired rounds); < 50 µs (DESIGN.md 11)",
         }
     )
     rows += await shards_rows(cluster)

@@ -159,19 +159,23 @@ class _AloneCollectives:
         return value
 
 
-def _steps_cost(iterator: Any, steps: int) -> float:
-    """Seconds per step on the training thread (steps() + sync, no collectives)."""
+def _steps_cost(iterator: Any, steps: int) -> tuple[float, float]:
+    """Seconds per step on the training thread (steps() + sync, no collectives): wall
+    time, and the thread's own CPU time. Wall time includes waiting for the GIL while
+    this process's other threads run: here the services and the other agent, which a
+    rank's process does not have; CPU time is what the agent's calls themselves cost."""
     model = object()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         next(iterator).sync(model)
-    return (time.perf_counter() - started) / steps
+    return (time.perf_counter() - started) / steps, (time.thread_time() - cpu) / steps
 
 
 async def bench_agent_tracing(
-    cluster: EmbeddedCluster, *, steps: int = 1500, rounds: int = 24, command_every: int = 300
+    cluster: EmbeddedCluster, *, steps: int = 6000, rounds: int = 24, command_every: int = 300
 ) -> dict[str, Any]:
-    """The agent's cost per step on the training thread, tracing off and on, in one run.
+    """The agent's cost per step on the training thread, tracing off and on, in one run:
+    the thread's CPU time per step (see _steps_cost), and its wall time.
 
     Two one-rank jobs against the real controller and shards services: one agent without
     a tracer provider (what a rank gets with no OTLP endpoint), one with its own provider
@@ -238,11 +242,14 @@ async def bench_agent_tracing(
             await asyncio.sleep(0.002)
 
     costs: dict[str, list[float]] = {mode: [] for mode in agents}
+    walls: dict[str, list[float]] = {mode: [] for mode in agents}
     for i in range(rounds):
         for mode in ("off", "on") if i % 2 == 0 else ("on", "off"):
             done = asyncio.Event()
             task = asyncio.create_task(commander(mode, done))
-            costs[mode].append(await asyncio.to_thread(_steps_cost, iterators[mode], steps))
+            wall, cpu = await asyncio.to_thread(_steps_cost, iterators[mode], steps)
+            walls[mode].append(wall)
+            costs[mode].append(cpu)
             done.set()
             await task
     for agent in agents.values():
@@ -254,11 +261,15 @@ async def bench_agent_tracing(
     spans = exporter.get_finished_spans()
     off, on = statistics.median(costs["off"]), statistics.median(costs["on"])
     ratios = [a / b for a, b in zip(costs["on"], costs["off"], strict=True)]
+    wall_ratios = [a / b for a, b in zip(walls["on"], walls["off"], strict=True)]
     return {
         "off_us": off * 1e6,
         "on_us": on * 1e6,
         "ratio": statistics.median(ratios),
         "ratios": ratios,
+        "off_wall_us": statistics.median(walls["off"]) * 1e6,
+        "on_wall_us": statistics.median(walls["on"]) * 1e6,
+        "wall_ratio": statistics.median(wall_ratios),
         "commands": versions["on"],
         "applied_spans": sum(1 for s in spans if s.name == "apply plan"),
         "process_spans": sum(1 for s in spans if s.name.startswith("process ")),
