@@ -10,7 +10,7 @@ pure ledger modules may build changes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pydantic import BaseModel
 
@@ -19,8 +19,9 @@ from antdt.services.shards.early import Early
 from antdt.services.shards.ledger import LedgerState
 
 
-@dataclass(frozen=True)
-class LedgerChange:
+class LedgerChange(NamedTuple):
+    """One operation's outcome (immutable; a NamedTuple, as every request builds one)."""
+
     state: LedgerState  # the new state (may be the same object: no write)
     reply: BaseModel | ErrorReply  # what to answer once durable
     puts: tuple[tuple[str, bytes], ...] = ()  # extra etcd keys (full keys) written in the same txn

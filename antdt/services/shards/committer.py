@@ -58,7 +58,7 @@ import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
-from antdt.schemas import ShardReply
+from antdt.schemas import ErrorReply, ShardReply
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState
@@ -470,8 +470,8 @@ def _answer(entry: _Applied) -> None:
     if entry.future.done():
         return
     reply = entry.change.reply
-    if entry.change.rejected:
-        entry.future.set_exception(Rejected(reply.code, reply.error))  # type: ignore[union-attr]
+    if isinstance(reply, ErrorReply):  # the change is rejected
+        entry.future.set_exception(Rejected(reply.code, reply.error))
     else:
         entry.future.set_result(reply)
 

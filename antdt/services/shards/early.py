@@ -15,16 +15,16 @@ refusals, checkpoints) is answered only after its write, as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from antdt.schemas import ShardRef, ShardReply, replaced
 from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import LedgerState
 
 
-@dataclass(frozen=True)
-class Early:
-    """What a fetch reply delivers from reservations, and the done refs it reported."""
+class Early(NamedTuple):
+    """What a fetch reply delivers from reservations, and the done refs it reported.
+    (Immutable; a NamedTuple, as each fetch builds one: a frozen dataclass costs twice.)"""
 
     rank: int
     epoch: int
@@ -57,7 +57,7 @@ def early_reply(reply: ShardReply, early: Early, stored: Stored) -> ShardReply |
     for shard, attempt in early.deliveries:
         if stored.holder(shard) != (early.rank, attempt):
             return None
-    unconfirmed = tuple(ref for ref in early.done if _open(ref, early.rank, stored))
+    unconfirmed = tuple([ref for ref in early.done if _open(ref, early.rank, stored)])
     return replaced(reply, {"unconfirmed": unconfirmed}) if unconfirmed else reply
 
 

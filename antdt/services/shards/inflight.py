@@ -149,7 +149,8 @@ class InFlightTable(Sequence[E]):
                     moved = moved | {shard}
             delta[shard] = change
         delta_ranks = self._delta_ranks.copy()
-        delta_ranks.update((rank, tuple(shards)) for rank, shards in ranks.items())
+        for rank, shards in ranks.items():
+            delta_ranks[rank] = tuple(shards)
         built = InFlightTable.__new__(InFlightTable)
         built._base, built._base_ranks = self._base, self._base_ranks
         built._delta, built._delta_ranks, built._moved = delta, delta_ranks, moved

@@ -8,7 +8,7 @@ the same request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Early
@@ -71,8 +71,7 @@ def apply_fetch(state: LedgerState, req: ShardFetch) -> tuple[LedgerState, Shard
     return result.state, result.reply
 
 
-@dataclass(frozen=True)
-class FetchResult:
+class FetchResult(NamedTuple):
     """A fetch's outcome. `early`: the reply may go out before this change is durable,
     if what it delivers is already durable (see Early); `reserved`: grants made ahead
     for the rank and not yet delivered, which should become durable soon."""
@@ -209,7 +208,7 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
             rank=rank,
             epoch=work.epoch,
             incarnation=work.base.incarnation,
-            deliveries=tuple((e.shard, e.attempt) for e in delivered),
+            deliveries=tuple([(e.shard, e.attempt) for e in delivered]),
             done=req.done,
         )
     return FetchResult(work.state(), work.reply(status, grants), early, reserved)
