@@ -8,7 +8,7 @@ from a splitmix64 mix of (seed, epoch): stable across processes and Python versi
 unlike hash().
 
 A round's function depends only on its half-width input, so for domains of up to
-2 * TABLE_HALF_BITS bits (1.6 * 10^7 shards) each round's values are computed once per
+2 * TABLE_HALF_BITS bits (1.7 * 10^7 shards) each round's values are computed once per
 (seed, epoch) into a table: a walk is then a few lookups, not a few dozen 64-bit
 multiplications (a grant's shard_at went from 11 to 3 us, on the path of every fetch
 that tops up a reservation). Tables and direct computation give the same permutation.
@@ -37,7 +37,7 @@ def _round_keys(seed: int, epoch: int) -> tuple[int, ...]:
 
 
 #: Widest half (bits) whose round functions are tabled: 4 tables of 2^12 ints (about
-#: 0.6 MB, built in about 12 ms once per epoch), for up to 4^12 (1.6 * 10^7) shards.
+#: 0.6 MB, built in about 12 ms once per epoch), for up to 4^12 (1.7 * 10^7) shards.
 TABLE_HALF_BITS = 12
 
 
