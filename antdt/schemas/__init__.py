@@ -1,6 +1,6 @@
 """The wire contract: every message on the bus and every key in etcd. No I/O here."""
 
-from antdt.schemas.base import MAX_MESSAGE_BYTES, SCHEMA_VERSION, WireModel, replaced
+from antdt.schemas.base import MAX_MESSAGE_BYTES, SCHEMA_VERSION, WireModel, replaced, trusted
 from antdt.schemas.commands import (
     COMMAND_ADAPTER,
     Ack,
@@ -113,4 +113,5 @@ __all__ = [
     "WireModel",
     "replaced",
     "route_token",
+    "trusted",
 ]

@@ -35,6 +35,42 @@ class WireModel(BaseModel):
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _set = object.__setattr__
+_new = object.__new__
+#: Per model class: its fields in order, each holding its default (or _REQUIRED).
+_TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
+_REQUIRED: Any = object()
+
+
+def trusted(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
+    """`cls(**fields)` without validation, in a third of its time: for values a service
+    computed from state it validated (a shards replica builds a grant and a reply per
+    request). The receiver validates them as any message (decode_reply), so a bug here
+    is refused there, never trusted. Every required field must be given; `fields`
+    must hold only fields of `cls` (TypeError otherwise: a typo must not pass silently)."""
+    template = _TEMPLATES.get(cls) or _template(cls)
+    values = template.copy()  # in field order, as validation would order them
+    values.update(fields)
+    if len(values) != len(template) or _REQUIRED in values.values():
+        raise TypeError(f"{cls.__name__}: unknown or missing fields in {sorted(fields)}")
+    new = _new(cls)
+    _set(new, "__dict__", values)
+    _set(new, "__pydantic_fields_set__", set(fields))
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
+    return new
+
+
+def _template(cls: type[BaseModel]) -> dict[str, Any]:
+    if cls.model_config.get("extra") != "forbid" or cls.__private_attributes__:
+        raise TypeError(f"{cls.__name__} may hold extra or private values: build it validated")
+    if any(info.default_factory is not None for info in cls.model_fields.values()):
+        # One default object would be shared by every instance built here.
+        raise TypeError(f"{cls.__name__} has a default factory: build it validated")
+    template = _TEMPLATES[cls] = {
+        name: _REQUIRED if info.is_required() else info.default
+        for name, info in cls.model_fields.items()
+    }
+    return template
 
 
 def replaced(model: ModelT, changes: dict[str, Any]) -> ModelT:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Rank, Token, WireModel
+from antdt.schemas.base import Count, Rank, Token, WireModel, trusted
 
 
 class ShardRef(WireModel):
@@ -43,7 +43,9 @@ class ShardGrant(WireModel):
         return self.end - self.start
 
     def ref(self) -> ShardRef:
-        return ShardRef(epoch=self.epoch, shard=self.shard, attempt=self.attempt)
+        # Its fields are this grant's, valid: built unvalidated (a rank makes one a shard).
+        fields = {"epoch": self.epoch, "shard": self.shard, "attempt": self.attempt}
+        return trusted(ShardRef, fields)
 
 
 #: The attempt field fences grants of one incarnation; `incarnation` fences whole restarts.

@@ -17,6 +17,7 @@ from antdt.schemas import (
     ShardReply,
     StepEvent,
     replaced,
+    trusted,
 )
 
 MODELS: list[BaseModel] = [
@@ -73,3 +74,28 @@ def test_replaced_is_model_copy_with_an_update(model: BaseModel) -> None:
     assert encode(ours) == encode(theirs)
     assert hash(ours) == hash(theirs)  # frozen: hashable like any copy
     assert encode(model) == before  # the original is untouched
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: type(m).__name__)
+def test_trusted_builds_what_validation_builds(model: BaseModel) -> None:
+    """The shards hot path's unvalidated construction gives the validated model: the same
+    fields in the same order, fields-set, bytes, hash and repr."""
+    given = {name: getattr(model, name) for name in model.model_fields_set}
+    ours = trusted(type(model), given)
+    assert ours == model and repr(ours) == repr(model)
+    assert ours.model_fields_set == model.model_fields_set
+    assert encode(ours) == encode(model)
+    assert hash(ours) == hash(model)
+
+
+def test_trusted_refuses_unknown_and_missing_fields_and_shared_defaults() -> None:
+    from antdt.services.shards.state import InFlightEntry, LedgerState
+
+    entry = trusted(InFlightEntry, {"shard": 1, "rank": 2, "attempt": 0, "position": 5})
+    assert entry == InFlightEntry(shard=1, rank=2, attempt=0, position=5)
+    with pytest.raises(TypeError, match="unknown or missing"):
+        trusted(ShardRef, {"epoch": 0, "shard": 1})  # attempt missing
+    with pytest.raises(TypeError, match="unknown or missing"):
+        trusted(ShardRef, {"epoch": 0, "shard": 1, "attempt": 0, "atempt": 1})
+    with pytest.raises(TypeError, match="default factory"):
+        trusted(LedgerState, {})  # its in-flight default would be one shared table

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from antdt.schemas import ErrorReply, FetchStatus, ShardGrant, ShardRef, ShardReply, replaced
+from antdt.schemas import (
+    ErrorReply,
+    FetchStatus,
+    ShardGrant,
+    ShardRef,
+    ShardReply,
+    replaced,
+    trusted,
+)
 from antdt.services.shards.inflight import InFlightEdit, InFlightTable
 from antdt.services.shards.permutation import index_of, shard_at
 from antdt.services.shards.state import (
@@ -104,7 +112,11 @@ class Work:
         if self.pending is not None and self.pending.has_committed(rank):
             # Granted after the rank's commit: untouched at the checkpoint's step.
             self.late.append(Requeued(shard=shard, position=position, attempt=attempt))
-        entry = InFlightEntry(shard=shard, rank=rank, attempt=attempt, position=position)
+        # Built unvalidated, as the grant and reply below: values from the validated
+        # state, the permutation and ranges checked on the way in (schemas.trusted).
+        entry = trusted(
+            InFlightEntry, {"shard": shard, "rank": rank, "attempt": attempt, "position": position}
+        )
         self.in_flight[shard] = entry
         return entry
 
@@ -114,10 +126,10 @@ class Work:
 
     def grant_of(self, entry: InFlightEntry) -> ShardGrant:
         start, end = shard_range(self.base, entry.shard)
-        return ShardGrant(
-            epoch=self.epoch, shard=entry.shard, attempt=entry.attempt, start=start, end=end,
-            position=entry.position,
-        )  # fmt: skip
+        return trusted(ShardGrant, {
+            "epoch": self.epoch, "shard": entry.shard, "attempt": entry.attempt, "start": start,
+            "end": end, "position": entry.position,
+        })  # fmt: skip
 
     def finished(self) -> bool:
         return self.cursor == self.base.num_shards and not self.in_flight and not self.requeued
@@ -156,10 +168,7 @@ class Work:
     def reply(
         self, status: FetchStatus, grants: list[ShardGrant] | None = None, retry: float = 0.0
     ) -> ShardReply:
-        return ShardReply(
-            job=self.base.job,
-            epoch=self.epoch,
-            status=status,
-            grants=tuple(grants or ()),
-            retry_after_s=retry,
-        )
+        return trusted(ShardReply, {
+            "job": self.base.job, "epoch": self.epoch, "status": status,
+            "grants": tuple(grants or ()), "retry_after_s": retry,
+        })  # fmt: skip
