@@ -203,8 +203,22 @@ async def test_a_subscription_with_concurrency_handles_that_many_at_once_and_dra
         )
         for r in range(6)
     ]
+
+    def four_running() -> bool:
+        # A request that failed (no responder, a timeout) can never start its handler:
+        # say so at once, and how, rather than time out on the count (it did once, in
+        # a full `make test`, and never alone).
+        failed = [f.exception() for f in asking if f.done() and f.exception() is not None]
+        if failed:
+            raise AssertionError(f"{len(failed)} request(s) failed, the first: {failed[0]!r}")
+        return len(running) == 4
+
     try:
-        await wait_for(lambda: len(running) == 4, what="four handlers at once")
+        try:
+            await wait_for(four_running, what="four handlers at once")
+        except AssertionError as exc:
+            done = sum(f.done() for f in asking)
+            raise AssertionError(f"{exc} ({len(running)} running, {done} of 6 answered)") from None
         await asyncio.sleep(0.1)
         assert peak == 4  # the other two wait for a slot
         draining = asyncio.ensure_future(server.drain())
