@@ -68,13 +68,12 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     # the slowed rank sleeps, the others get its share of the 2 cores, so the dip is
     # shallower the busier the machine (CI saw 0.72, from 0.94 before the onset).
     assert min(dip) <= statistics.median(before) - 0.1, series
-    # Judged against this run's own slowed windows, as the bench judges against a
-    # baseline of the same invocation: how deep the dip goes and how far the recovery
-    # gets both move with the load on the 2 shared cores (a dip to 0.61 recovering to
-    # 0.72; in CI a dip to 0.57 recovering to 0.63, with repeats counted). The floor is
-    # above what no mitigation gives (about 0.45 in the demo's `none` run; 0.40 by the
-    # step-time model for one rank 3x slower among four).
-    assert statistics.median(after) >= min(dip) + 0.05, series
+    # The recovery is judged against what no mitigation gives: about 0.45 in the demo's
+    # `none` run, 0.40 by the step-time model for one rank 3x slower among four; with a
+    # plan the median after it was 0.63 to 0.84 here and in CI. Not against the dip:
+    # the faster the plan, the fewer slowed windows there are to measure one in (CI once
+    # saw a dip of 0.77, in one window, and 0.77 after the plan), nor against the
+    # healthy level, which the same spread of the 2 shared cores moves by as much.
     assert statistics.median(after) >= 0.55, series
 
     # 4. every sample of every epoch reached the model exactly once
