@@ -6,60 +6,113 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
-from antdt.schemas import ActionRecord, Incident, Subjects
+from antdt.schemas import ActionRecord, Incident, StepEvent, Subjects
 from tests.e2e.conftest import start_services
 from tests.e2e.test_kill_restart import restart_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
-WORLD = 4
+WORLD, WINDOW = 4, 8
+
+
+@dataclass
+class NdRun:
+    """What one job published: its actions, incidents and every rank's steps."""
+
+    actions: list[ActionRecord] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+    steps: dict[int, list[StepEvent]] = field(default_factory=lambda: defaultdict(list))
 
 
 async def run_nd(
     settings: ServiceSettings, bus: Bus, tmp_path: Path, job: str, inject: str
-) -> tuple[list[ActionRecord], list[Incident]]:
+) -> NdRun:
     from antdt.agent.launch import launch
 
     subjects = Subjects(settings.nats.subject_prefix)
-    actions: list[ActionRecord] = []
-    incidents: list[Incident] = []
+    run = NdRun()
 
     async def on_action(record: ActionRecord, _: Delivery) -> None:
-        actions.append(record)
+        run.actions.append(record)
 
     async def on_incident(incident: Incident, _: Delivery) -> None:
-        incidents.append(incident)
+        run.incidents.append(incident)
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        run.steps[event.rank].append(event)
 
     await bus.subscribe(subjects.action(job), ActionRecord, on_action)
     await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    await bus.subscribe(subjects.step(job, "*"), StepEvent, on_step)
     await bus.flush()
     env = restart_env(settings, job, tmp_path)
     # The same eager restart settings as the KILL_RESTART test: restarts are cheap here,
     # so only the classification keeps antdt-nd from restarting.
     env.update(ANTDT_INJECT=inject, ANTDT_EPOCHS="3", ANTDT_DATASET_SIZE="16000")
-    running = await start_services(settings, window=8)
+    running = await start_services(settings, window=WINDOW)
     try:
         command = [sys.executable, "-m", "antdt.demo.train"]
         rc = await asyncio.to_thread(launch, WORLD, command, env=env, spare_slots=1)
     finally:
         await running.runtime.shutdown()
     assert rc == 0
-    return actions, incidents
+    return run
+
+
+def measured_slowdowns(
+    steps: dict[int, list[StepEvent]], threshold: float
+) -> list[tuple[int, int, float]]:
+    """(rank, first step, ratio) of every window of WINDOW steps in which a rank's median
+    compute time per sample was `threshold` times the ranks' median or more, measured
+    from the step events themselves, apart from the monitor."""
+    per_window: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rank, events in steps.items():
+        for e in events:
+            if e.samples:
+                per_window[e.step // WINDOW][rank].append(e.compute_s / e.samples)
+    slow = []
+    for index, ranks in sorted(per_window.items()):
+        medians = {rank: statistics.median(times) for rank, times in ranks.items()}
+        if len(medians) < WORLD:
+            continue
+        typical = statistics.median(medians.values())
+        for rank, value in medians.items():
+            if typical > 0 and value / typical >= threshold:
+                slow.append((rank, index * WINDOW, round(value / typical, 2)))
+    return slow
 
 
 async def test_a_healthy_job_gets_no_action(
     settings: ServiceSettings, bus: Bus, tmp_path: Path, unique: str
 ) -> None:
-    actions, incidents = await run_nd(settings, bus, tmp_path, f"calm-{unique}", inject="")
-    print(f"\nincidents: {[(i.rank, i.kind.value, i.state.value) for i in incidents]}")
-    assert actions == [], [a.reason for a in actions]
+    # The premise is a healthy job, and 4 ranks sharing 2 cores with the services and
+    # whatever else the machine runs are not always one: CI once saw a rank run 1.64x
+    # slower for 3 windows, and antdt-nd rightly adjusted the batch. A run whose own
+    # step events show a rank that slow (1.2x, a little under the monitor's 1.25, as
+    # these windows need not align with its) does not test the premise, so it runs once
+    # more; an action with no rank measurably slow fails at once.
+    for attempt in (1, 2):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        run = await run_nd(settings, bus, out, f"calm{attempt}-{unique}", inject="")
+        print(f"\nincidents: {[(i.rank, i.kind.value, i.state.value) for i in run.incidents]}")
+        if not run.actions:
+            return
+        slow = measured_slowdowns(run.steps, threshold=1.2)
+        reasons = [a.reason for a in run.actions]
+        assert slow, f"acted on a job with no rank measurably slow: {reasons}"
+        print(f"attempt {attempt}: a rank was measurably slow {slow}, so acting was right")
+    pytest.fail(f"both runs had a rank measurably slow, so the premise never held: {slow}")
 
 
 async def test_transient_bursts_get_batch_changes_but_no_restart(
@@ -67,11 +120,13 @@ async def test_transient_bursts_get_batch_changes_but_no_restart(
 ) -> None:
     # Two bursts of 3x on rank 3's host, 12 steps each: shorter than K = 3 windows.
     inject = "host=slot3,factor=3,from=20,until=32;host=slot3,factor=3,from=55,until=67"
-    actions, incidents = await run_nd(settings, bus, tmp_path, f"burst-{unique}", inject)
-    kinds = [a.kind for a in actions]
-    classes = {i.straggler_class.value for i in incidents if i.rank == 3}
+    run = await run_nd(settings, bus, tmp_path, f"burst-{unique}", inject)
+    kinds = [a.kind for a in run.actions]
+    classes = {i.straggler_class.value for i in run.incidents if i.rank == 3}
     print(f"\nactions: {kinds}; rank 3 incident classes: {classes}")
     # ADJUST_BS only. (The rank's incident may still be classed persistent after the
     # bursts: with its batch cut, its per-sample time carries more fixed per-step cost;
     # what matters is that antdt-nd does not restart for it.)
-    assert set(kinds) <= {"adjust_batch"}, json.dumps([a.reason for a in actions])
+    assert set(kinds) <= {"adjust_batch"}, json.dumps([a.reason for a in run.actions])
+    # The healthy test's own measure sees the bursts it was written to tell from noise.
+    assert {rank for rank, _, _ in measured_slowdowns(run.steps, threshold=1.2)} >= {3}
