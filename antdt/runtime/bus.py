@@ -284,9 +284,14 @@ class Bus(JetStreamMixin):
         )
         self._subs.append(sub)
         # The server knows the subscription only once it has read our SUB: flush, so that
-        # "subscribed" means "will receive what is published from now on".
-        with contextlib.suppress(Exception):
+        # "subscribed" means "will receive what is published from now on". Away from the
+        # server (reconnecting), the SUB goes out when the connection is back: say so
+        # rather than fail the caller, for messages published until then are not seen.
+        try:
             await self.nc.flush(timeout=2)  # type: ignore[arg-type]
+        except Exception as exc:
+            log.warning("subscription not confirmed by nats-server yet",
+                        subject=subject, error=repr(exc))  # fmt: skip
 
     def _as_tasks(
         self, on_msg: Callable[[Msg], Coroutine[Any, Any, None]], slots: asyncio.Semaphore

@@ -8,6 +8,7 @@ import json
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from structlog.testing import capture_logs
 
 from antdt.runtime.bus import Bus, BusError, Delivery, Rejected, RequestRefused
 from antdt.schemas import (
@@ -309,16 +310,29 @@ async def test_reconnects_after_server_restart(tmp_path, unique) -> None:  # typ
 
     await bus.subscribe("x.step", StepEvent, on_step)
     server.kill()
+    # Subscribed while the server is away: not confirmed (said in a warning), and the
+    # subscription goes out when the connection is back.
+    later: list[StepEvent] = []
+
+    async def on_later(event: StepEvent, _: Delivery) -> None:
+        later.append(event)
+
+    with capture_logs() as logs:
+        await bus.subscribe("x.later", StepEvent, on_later)
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["subscription not confirmed by nats-server yet"]
+    assert warnings[0]["subject"] == "x.later"
     server.start()
     await wait_for(lambda: bus.connected, timeout=15, what="reconnect")
     await asyncio.sleep(0)  # let the client re-send its subscriptions
-    await wait_for(lambda: _publish_and_check(bus, got), timeout=10, what="delivery after restart")
+    await wait_for(lambda: _publish_and_check(bus, "x.step", got), timeout=10, what="delivery")
+    await wait_for(lambda: _publish_and_check(bus, "x.later", later), timeout=10, what="later")
     await bus.close()
     server.stop()
 
 
-async def _publish_and_check(bus: Bus, got: list[StepEvent]) -> bool:
-    await bus.publish("x.step", step_event())
+async def _publish_and_check(bus: Bus, subject: str, got: list[StepEvent]) -> bool:
+    await bus.publish(subject, step_event())
     await asyncio.sleep(0.05)
     return bool(got)
 
