@@ -20,6 +20,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
+from nats.errors import SlowConsumerError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -120,6 +121,13 @@ class Bus(JetStreamMixin):
         )
 
     async def _on_error(self, exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            # nats-py dropped a message: its subscription's queue was full (a handler far
+            # behind). One call per message, so counted, and logged the first time, as any
+            # rejection (and exported with them), never formatted per message.
+            pattern = exc.sub.subject if exc.sub is not None else exc.subject
+            self.rejections.record(pattern, "slow_consumer", SLOW_CONSUMER, exc.subject)
+            return
         log.debug("nats error", error=str(exc), client=self.name)
 
     async def _on_disconnected(self) -> None:
@@ -341,6 +349,8 @@ class Bus(JetStreamMixin):
             with contextlib.suppress(Exception):
                 await msg.respond(encode(reply))
 
+
+SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"
 
 #: How nats-server says that nobody subscribes to a request's subject: a status message
 #: to its reply subject (the connection announces headers, hence no_responders).

@@ -235,6 +235,34 @@ async def test_a_subscription_with_concurrency_handles_that_many_at_once_and_dra
         await server.close()
 
 
+async def test_messages_dropped_behind_a_slow_handler_are_counted_and_logged_once(
+    bus: Bus,
+) -> None:
+    """A handler far behind fills its subscription's queue; nats-py drops what comes
+    then. Every drop counts as a rejection (code slow_consumer), and one warning says so."""
+    subject = Subjects(bus.settings.subject_prefix).step("job1", 0)
+    release, handled = asyncio.Event(), []
+
+    async def stuck(event: StepEvent, _: Delivery) -> None:
+        await release.wait()
+        handled.append(event.step)
+
+    def dropped() -> int:
+        return bus.rejections.counts[(subject, "slow_consumer")]
+
+    await bus.subscribe(subject, StepEvent, stuck, pending_msgs=10)
+    with capture_logs() as logs:
+        for step in range(1, 51):
+            await bus.publish(subject, step_event(step=step))
+        await bus.flush()
+        await wait_for(lambda: dropped() >= 30, what="drops counted")
+        release.set()
+        await wait_for(lambda: len(handled) + dropped() == 50, what="each handled or dropped")
+    assert handled == sorted(handled) and handled[0] == 1  # the queue kept what it took
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [(e["event"], e["code"]) for e in warnings] == [("message rejected", "slow_consumer")]
+
+
 async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     tracer = TracerProvider().get_tracer("test")
