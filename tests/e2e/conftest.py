@@ -118,8 +118,8 @@ def straggler_env(
 
 @dataclass
 class StragglerRun:
-    """What one real job published, collected live, plus where its files went. The
-    services stay up (and the recording streams hold the run) until the session ends."""
+    """What one real job published, collected live (`collect`), plus where its files
+    went."""
 
     job: str
     settings: ServiceSettings
@@ -131,7 +131,8 @@ class StragglerRun:
     actions: list[ActionRecord] = field(default_factory=list)
 
 
-async def _collect(bus: Bus, run: StragglerRun) -> None:
+async def collect(bus: Bus, run: StragglerRun) -> None:
+    """Subscribe `run`'s lists to what its job publishes, from now on."""
     subjects, job = Subjects(run.settings.nats.subject_prefix), run.job
 
     async def on_step(event: StepEvent, _: Delivery) -> None:
@@ -151,6 +152,8 @@ async def _collect(bus: Bus, run: StragglerRun) -> None:
 async def straggler_run(
     cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory, telemetry: Telemetry
 ) -> AsyncIterator[StragglerRun]:
+    """The straggler job, run once per session. The services stay up (and the recording
+    streams hold the run) until the session ends."""
     from antdt.agent.launch import launch
 
     unique = "t" + uuid.uuid4().hex[:10]
@@ -166,7 +169,7 @@ async def straggler_run(
     run = StragglerRun(job=f"e2e-{unique}", settings=settings, out=tmp_path_factory.mktemp("run"))
     try:
         await ensure_recording(bus, Subjects(settings.nats.subject_prefix), settings.recording)
-        await _collect(bus, run)
+        await collect(bus, run)
         command = [sys.executable, "-m", "antdt.demo.train"]
         env = straggler_env(settings, run.job, run.out, telemetry.receiver.endpoint)
         run.rc = await asyncio.to_thread(launch, WORLD, command, env=env)

@@ -9,15 +9,14 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
-from antdt.schemas import ActionRecord, Incident, StepEvent, Subjects
-from tests.e2e.conftest import start_services
+from antdt.schemas import StepEvent
+from tests.e2e.conftest import StragglerRun, collect, start_services
 from tests.e2e.test_kill_restart import restart_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
@@ -25,36 +24,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 WORLD, WINDOW = 4, 8
 
 
-@dataclass
-class NdRun:
-    """What one job published: its actions, incidents and every rank's steps."""
-
-    actions: list[ActionRecord] = field(default_factory=list)
-    incidents: list[Incident] = field(default_factory=list)
-    steps: dict[int, list[StepEvent]] = field(default_factory=lambda: defaultdict(list))
-
-
 async def run_nd(
     settings: ServiceSettings, bus: Bus, tmp_path: Path, job: str, inject: str
-) -> NdRun:
+) -> StragglerRun:
     from antdt.agent.launch import launch
 
-    subjects = Subjects(settings.nats.subject_prefix)
-    run = NdRun()
-
-    async def on_action(record: ActionRecord, _: Delivery) -> None:
-        run.actions.append(record)
-
-    async def on_incident(incident: Incident, _: Delivery) -> None:
-        run.incidents.append(incident)
-
-    async def on_step(event: StepEvent, _: Delivery) -> None:
-        run.steps[event.rank].append(event)
-
-    await bus.subscribe(subjects.action(job), ActionRecord, on_action)
-    await bus.subscribe(subjects.incident(job), Incident, on_incident)
-    await bus.subscribe(subjects.step(job, "*"), StepEvent, on_step)
-    await bus.flush()
+    run = StragglerRun(job=job, settings=settings, out=tmp_path)
+    await collect(bus, run)
     env = restart_env(settings, job, tmp_path)
     # The same eager restart settings as the KILL_RESTART test: restarts are cheap here,
     # so only the classification keeps antdt-nd from restarting.
@@ -62,10 +38,10 @@ async def run_nd(
     running = await start_services(settings, window=WINDOW)
     try:
         command = [sys.executable, "-m", "antdt.demo.train"]
-        rc = await asyncio.to_thread(launch, WORLD, command, env=env, spare_slots=1)
+        run.rc = await asyncio.to_thread(launch, WORLD, command, env=env, spare_slots=1)
     finally:
         await running.runtime.shutdown()
-    assert rc == 0
+    assert run.rc == 0
     return run
 
 
