@@ -350,6 +350,7 @@ class Bus(JetStreamMixin):
                 await msg.respond(encode(reply))
 
 
+#: The reason a message nats-py dropped behind a full subscription queue is counted under.
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"
 
 #: How nats-server says that nobody subscribes to a request's subject: a status message
