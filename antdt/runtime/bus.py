@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Callable, Coroutine, Mapping
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import nats
@@ -53,10 +54,13 @@ log = structlog.get_logger("antdt.bus")
 class Bus(JetStreamMixin):
     """One NATS connection with typed helpers. Reconnects forever; buffers while away."""
 
-    def __init__(self, settings: NatsSettings, *, name: str) -> None:
+    def __init__(
+        self, settings: NatsSettings, *, name: str, rejections: Rejections | None = None
+    ) -> None:
+        """`rejections`: counts to share with another connection of the same service."""
         self.settings = settings
         self.name = name
-        self.rejections = Rejections()
+        self.rejections = rejections if rejections is not None else Rejections()
         self.handler_errors = 0
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
@@ -146,8 +150,11 @@ class Bus(JetStreamMixin):
             raise BusError("bus not connected")
         return self._nc
 
-    async def drain(self) -> None:
-        """Stop taking new messages, let in-flight handlers finish, flush, close."""
+    async def drain(self, before_close: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Stop taking new messages, let in-flight handlers finish, flush, close.
+
+        `before_close`: what the handlers left to send (a publisher's queue), awaited
+        (at most 5 s) once they have finished and while the connection is still open."""
         if self._nc is None or self._nc.is_closed:
             return
         # Each subscription first (it waits for its queued messages to reach a handler),
@@ -157,6 +164,9 @@ class Bus(JetStreamMixin):
             await asyncio.wait_for(asyncio.gather(*(_drain(sub) for sub in self._subs)), timeout=5)
         if self._handling:
             await asyncio.wait(set(self._handling), timeout=5)
+        if before_close is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(before_close(), timeout=5)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._nc.drain(), timeout=5)
         with contextlib.suppress(Exception):
@@ -278,11 +288,14 @@ class Bus(JetStreamMixin):
         once (then the subscription waits for one to end): for handlers that wait on
         something shared, such as a write many requests join."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
+        # The loop's turns are given where the subscription's delivery loop waits: in
+        # _dispatch, or in the wrapper that starts each message's handler.
+        turns = _Turns()
         on_msg: Callable[[Msg], Coroutine[Any, Any, None]] = functools.partial(
-            self._dispatch, subject, Decoder(target), handler
+            self._dispatch, subject, Decoder(target), handler, turns if concurrency == 1 else None
         )
         if concurrency > 1:
-            on_msg = self._as_tasks(on_msg, asyncio.Semaphore(concurrency))
+            on_msg = self._as_tasks(on_msg, asyncio.Semaphore(concurrency), turns)
         sub = await self.nc.subscribe(
             subject,
             queue=queue,
@@ -302,7 +315,10 @@ class Bus(JetStreamMixin):
                         subject=subject, error=repr(exc))  # fmt: skip
 
     def _as_tasks(
-        self, on_msg: Callable[[Msg], Coroutine[Any, Any, None]], slots: asyncio.Semaphore
+        self,
+        on_msg: Callable[[Msg], Coroutine[Any, Any, None]],
+        slots: asyncio.Semaphore,
+        turns: _Turns,
     ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
         def release(task: asyncio.Task[None]) -> None:
             self._handling.discard(task)
@@ -320,14 +336,21 @@ class Bus(JetStreamMixin):
                 raise
             if task is None:  # handled without waiting: no task needed
                 slots.release()
-                return
-            self._handling.add(task)
-            task.add_done_callback(release)
+            else:
+                self._handling.add(task)
+                task.add_done_callback(release)
+            if turns.due():
+                await asyncio.sleep(0)
 
         return start
 
     async def _dispatch(
-        self, pattern: str, decoder: Decoder[M], handler: Handler[M], msg: Msg
+        self,
+        pattern: str,
+        decoder: Decoder[M],
+        handler: Handler[M],
+        turns: _Turns | None,
+        msg: Msg,
     ) -> None:
         headers = dict(msg.headers) if msg.headers else {}
         delivery = Delivery(msg.subject, headers, msg.reply or "")  # positional: cheaper
@@ -348,6 +371,44 @@ class Bus(JetStreamMixin):
         if msg.reply and reply is not None:
             with contextlib.suppress(Exception):
                 await msg.respond(encode(reply))
+        if turns is not None and turns.due():
+            await asyncio.sleep(0)
+
+
+class _Turns:
+    """When a subscription's delivery loop should give the event loop a turn.
+
+    nats-py hands a subscription's queued messages to its handler one after another, with
+    no turn of the loop in between while its queue holds any (asyncio.Queue.get does not
+    wait when there is something to get). A monitor behind by 500,000 step events held
+    its loop for 5.6 s: no etcd lease keepalive, no health, no reads of the socket, and
+    the lease (5 s) lapsed with every job it owned. So once the delivery loop has held
+    the loop for TURN_AFTER_S it waits for one turn. By time, not by a count: each turn
+    also lets nats-py read the socket, about a thousand messages, and a turn every few
+    dozen messages handled left most of a backlog read only to be dropped."""
+
+    __slots__ = ("_last", "_since")
+
+    def __init__(self) -> None:
+        self._since = 0
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        self._since += 1
+        if self._since < CHECK_EVERY:  # the clock only every few messages
+            return False
+        self._since = 0
+        now = time.monotonic()
+        if now - self._last < TURN_AFTER_S:
+            return False
+        self._last = now
+        return True
+
+
+#: How long a subscription's delivery loop may hold the event loop, seconds (about).
+TURN_AFTER_S = 0.02
+#: Messages handed out between two looks at the clock.
+CHECK_EVERY = 16
 
 
 #: The reason a message nats-py dropped behind a full subscription queue is counted under.

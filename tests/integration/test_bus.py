@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from opentelemetry import trace
@@ -261,6 +262,48 @@ async def test_messages_dropped_behind_a_slow_handler_are_counted_and_logged_onc
     assert handled == sorted(handled) and handled[0] == 1  # the queue kept what it took
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [(e["event"], e["code"]) for e in warnings] == [("message rejected", "slow_consumer")]
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_backlog_drained_by_a_handler_leaves_the_loop_turns(
+    bus: Bus, concurrency: int
+) -> None:
+    """nats-py hands queued messages to the handler without a loop turn in between. A
+    backlog of 2,000 messages at 0.3 ms each holds the loop for 0.6 s unless the
+    subscription gives turns (a monitor so lost its etcd lease): other tasks must run
+    all through the drain, and every message is still handled, in order."""
+    subject = Subjects(bus.settings.subject_prefix).step("backlog", 0)
+    release, handled = asyncio.Event(), []
+
+    async def slow(event: StepEvent, _: Delivery) -> None:
+        if event.step < concurrency:
+            await release.wait()  # every handler slot taken: the backlog builds up
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.0003:
+            pass  # work that never waits, as a monitor ingesting a step event
+        handled.append(event.step)
+
+    await bus.subscribe(subject, StepEvent, slow, concurrency=concurrency)
+    for step in range(2001):
+        await bus.publish(subject, step_event(job="backlog", step=step))
+    # Queued once read: nats-server may answer a flush's PING before it echoes them.
+    await wait_for(lambda: bus.nc.stats["in_msgs"] >= 2001, what="every message read")
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while len(handled) < 2001:
+            await asyncio.sleep(0)
+            turns += 1
+
+    started = time.perf_counter()
+    release.set()
+    await asyncio.wait_for(other_task(), timeout=30)
+    drained_s = time.perf_counter() - started
+    assert sorted(handled) == list(range(2001))
+    assert [s for s in handled if s >= concurrency] == list(range(concurrency, 2001))
+    # About one turn per 20 ms of handling; without turns, one at most (before or after).
+    assert turns >= drained_s / 0.02 / 4, f"{turns} turns in {drained_s:.2f} s of draining"
 
 
 async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
