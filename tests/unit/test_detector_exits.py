@@ -40,6 +40,17 @@ def test_a_job_whose_ranks_all_finished_ends_resolves_its_incidents_and_never_st
     assert detector.check_stalls(now + 10 * LIMIT + GRACE) == []
 
 
+def test_exits_that_overtake_the_last_steps_end_the_job_at_the_exits_step() -> None:
+    """Exits and steps come on subscriptions of their own: the monitor may see the ranks
+    exit at step 20 while it has ingested up to step 12 only. The job ended at 20 (its
+    health says so, and the service drops steps up to it as late), not at 12."""
+    detector = run(Job(2), range(13))[0]
+    assert detector.health(2000.0).step == 12
+    for rank in (0, 1):
+        detector.rank_exited(exit_of(rank, ExitReason.FINISHED, 20), 2000.0)
+    assert detector.ended and detector.health(2000.0).step == 20
+
+
 def test_a_rank_that_finished_is_not_stalled_while_the_others_still_run() -> None:
     detector, now = run(Job(3), range(50))[0], 1000.0 + 50 * 0.034
     detector.rank_exited(exit_of(0, ExitReason.FINISHED, 49), now)

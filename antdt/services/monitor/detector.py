@@ -244,6 +244,10 @@ class JobDetector:
         self._last_heard_at = now
         rank = self._ranks[exit.rank]
         rank.exited, rank.exit_step = exit.reason, max(exit.step, rank.last_step)
+        # The job got that far, even if the rank's last steps are still on their way (they
+        # come on a subscription of their own): a job that ends on its exits ends there,
+        # and those steps then arrive late for it rather than as a new run.
+        self._latest_step = max(self._latest_step, exit.step)
         ending = [rank] if exit.reason is not ExitReason.RESTART else []
         if self.ended:
             ending = self._ranks

@@ -45,6 +45,7 @@ from antdt.schemas import (
     Subjects,
 )
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
+from antdt.services.monitor.incidents import IncidentPublisher
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
@@ -104,6 +105,12 @@ class MonitorService:
         # Per job id off the wire, bounded: steps of unregistered jobs must not grow them.
         self._last_claim: Recent[float] = Recent(MAX_PACED)
         self.traces = IncidentTraces()
+        self.incidents = IncidentPublisher(bus, self.subjects, self.traces)
+        # What ranks send (steps, exits, hellos: in the order each rank sent them) comes
+        # on a connection of its own: a backlog of step events (a burst past what the
+        # replica ingests) must not hold up what comes back on the other, the acks of
+        # the incidents it publishes to JetStream.
+        self.ranks_bus = Bus(settings.nats, name=f"{bus.name}-ranks", rejections=bus.rejections)
         metrics.watch_monitor(self)
         self._spec_problems: Recent[str] = Recent(MAX_PACED)  # job -> why it is unreadable
         # job -> its ranks' step subjects, built with its detector: checking an event's
@@ -122,16 +129,20 @@ class MonitorService:
             max_age_s=self.settings.incident_retention_s,
         )
         self.ownership.on_lost(self._forget)
-        await self.bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
-        await self.bus.subscribe(self.subjects.any_job("exit.*"), RankExit, self._on_exit)
-        await self.bus.subscribe(self.subjects.any_job("hello.*"), RankHello, self._on_hello)
+        await self.ranks_bus.connect()
+        await self.ranks_bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
+        await self.ranks_bus.subscribe(self.subjects.any_job("exit.*"), RankExit, self._on_exit)
+        await self.ranks_bus.subscribe(self.subjects.any_job("hello.*"), RankHello, self._on_hello)
+        runtime.spawn("incidents", self.incidents.run())
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn(
             "claim",
             claim_loop(self.ownership, self._known_jobs, self.settings.etcd.lease_ttl_s / 2),
         )
         runtime.spawn("health", self._health_loop())
-        runtime.on_shutdown("drain", self.bus.drain)
+        runtime.on_shutdown("drain", self.ranks_bus.drain)
+        # The incidents the last events made go out before the connection closes.
+        runtime.on_shutdown("drain", lambda: self.bus.drain(before_close=self.incidents.flushed))
         runtime.on_shutdown("revoke", self.ownership.stop)
         log.info("monitor started", replica=self.settings.replica_id)
 
@@ -291,6 +302,9 @@ class MonitorService:
     async def _end(self, health: JobHealth) -> None:
         self._remember_ended(health.job, health.step)
         await self._forget(health.job)
+        # The job's resolutions are out before its end is recorded: whoever sees the end
+        # (the controller gives the job up) finds every incident of it closed.
+        await self.incidents.flushed()
         await self._record_end(health)
 
     async def _record_end(self, health: JobHealth) -> None:
@@ -357,23 +371,7 @@ class MonitorService:
         return subject == self.subjects.step(job, rank)
 
     async def _publish_incident(self, incident: Incident) -> None:
-        msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
-        subject = self.subjects.incident(incident.job)
-        with self.traces.transition(incident, subject, msg_id):  # its headers carry the trace
-            try:
-                await self.bus.js_publish(subject, incident, msg_id=msg_id)
-            except Exception as exc:  # JetStream briefly away: core subscribers still get it
-                log.warning("incident not persisted", incident=incident.id, error=str(exc))
-                await self.bus.publish(subject, incident)
-            log.info(
-                "incident",
-                job=incident.job,
-                incident=incident.id,
-                rank=incident.rank,
-                kind=incident.kind.value,
-                state=incident.state.value,
-                ratio=round(incident.ratio, 3),
-            )
+        await self.incidents.put(incident)  # published by its own task (incidents.py)
 
     async def _health_loop(self) -> None:
         while True:
