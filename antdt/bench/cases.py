@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
-import sys
 import time
 from typing import Any
 
-from antdt.bench.publisher import step_event
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import (
-    JobSpec,
     StepEvent,
     Subjects,
 )
@@ -28,98 +24,6 @@ def _settings(cluster: EmbeddedCluster, tag: str) -> ServiceSettings:
         etcd=EtcdSettings(endpoint=cluster.etcd.endpoint, key_prefix=f"/bench/{tag}/"),
         replica_id=f"bench-{tag}",
     )
-
-
-async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
-    """Baseline: a nats-py subscriber callback that only counts, fed by the same load
-    generator process as the monitor case (same payloads, one subject)."""
-    sub = await Bus(NatsSettings(url=url), name="raw-sub").connect()
-    count = 0
-
-    async def on_msg(msg: Any) -> None:
-        nonlocal count
-        count += 1
-
-    await sub.nc.subscribe("raw.bench", cb=on_msg, pending_msgs_limit=messages * 2)
-    await sub.flush()
-    expected = messages // 64 * 64  # whole steps of the 64 ranks, as the monitor case
-    load = await _load(url, "raw", "bench", messages, "--raw", "raw.bench")
-    elapsed = await _received(lambda: count, expected)
-    await load.wait()
-    await sub.close()
-    return {"msgs_per_s": count / elapsed, "lost": expected - count}
-
-
-async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> Any:
-    """Start the load generator (antdt.bench.publisher) in its own process."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "antdt.bench.publisher", url, prefix, job, "64", str(events),
-        *extra,
-    )  # fmt: skip
-
-
-async def _received(count: Any, expected: int, *, idle_s: float = 2.0) -> float:
-    """Seconds from the first message counted to the last: the receiver's rate."""
-    while count() == 0:
-        await asyncio.sleep(0.001)
-    return await _until_settled(count, expected, time.perf_counter(), idle_s=idle_s)
-
-
-async def _until_settled(
-    count: Any, expected: int, started: float, *, idle_s: float = 2.0
-) -> float:
-    """Seconds from `started` until `count()` reached `expected`, or until it stopped
-    moving for `idle_s` (a slow consumer lost messages): then up to its last change."""
-    last, last_change = -1, time.perf_counter()
-    while count() < expected:
-        now = time.perf_counter()
-        if count() != last:
-            last, last_change = count(), now
-        elif now - last_change > idle_s:
-            return last_change - started
-        await asyncio.sleep(0.005)
-    return time.perf_counter() - started
-
-
-async def bench_monitor_ingest(cluster: EmbeddedCluster, *, events: int) -> dict[str, float]:
-    """Step events of 64 ranks from the load generator process, ingested by one monitor
-    replica (validation + detector) that owns the job: the receiving side's rate, as for
-    the raw baseline."""
-    from antdt.services.monitor.service import MonitorService, MonitorSettings
-
-    base = _settings(cluster, f"ingest{os.getpid()}{time.monotonic_ns() % 10**6}")
-    settings = MonitorSettings(**base.model_dump())
-    runtime = ServiceRuntime("bench-monitor")
-    bus = await Bus(settings.nats, name="bench-monitor").connect()
-    store = await Store(settings.etcd).connect()
-    keys_spec = JobSpec(job="bench", world_size=64, dataset_size=10**6, shard_size=1000,
-                        global_batch=2048)  # fmt: skip
-    await store.put(
-        f"{settings.etcd.key_prefix}jobs/bench/spec", keys_spec.model_dump_json().encode()
-    )
-    monitor = MonitorService(settings, bus, store)
-    await monitor.start(runtime)
-    subjects = Subjects(settings.nats.subject_prefix)
-    warm = await Bus(settings.nats, name="bench-warmup").connect()
-    # First sight of the job makes the replica claim it; until that succeeds (the claim
-    # loop retries) events are dropped, so warm up (step 0) until one is ingested.
-    first = (subjects.step("bench", 0), step_event(0, 0, "bench").model_dump_json().encode())
-    deadline = time.monotonic() + 30
-    while monitor.ingested < 1:
-        if time.monotonic() > deadline:
-            raise RuntimeError("monitor never claimed the bench job")
-        await warm.publish_raw(*first)
-        await asyncio.sleep(0.1)
-    await warm.close()
-    warmup = monitor.ingested
-    expected = events // 64 * 64
-    load = await _load(cluster.nats.url, settings.nats.subject_prefix, "bench", events)
-    elapsed = await _received(lambda: monitor.ingested - warmup, expected)
-    ingested = monitor.ingested - warmup
-    await load.wait()
-    await runtime.shutdown()
-    await store.close()
-    return {"events_per_s": ingested / elapsed, "lost": expected - ingested}
 
 
 def bench_detector_memory(*, ranks: int, windows: int) -> dict[str, float]:

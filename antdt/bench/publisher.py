@@ -27,12 +27,29 @@ def step_event(rank: int, n: int, job: str) -> StepEvent:
 def payloads(
     prefix: str, job: str, ranks: int, events: int, first_step: int
 ) -> list[tuple[str, bytes]]:
+    """Every rank's step events, step by step: step_event's JSON, filled into a template
+    per rank (a million events made as models took 10 s before the first was sent)."""
     subjects = Subjects(prefix)
+    templates = [_template(r, job) for r in range(ranks)]
     return [
-        (subjects.step(job, r), step_event(r, n, job).model_dump_json().encode())
+        (subjects.step(job, r), (templates[r] % (n, 1e9 + n, 1e9 + n + 0.111)).encode())
         for n in range(first_step, first_step + events // ranks)
         for r in range(ranks)
     ]
+
+
+def _template(rank: int, job: str) -> str:
+    """step_event(rank, n, job) as JSON, with its step and times left to fill in."""
+    text = step_event(rank, 0, job).model_dump_json()
+    for field, value in (("step", "0"), ("started_at", "1000000000.0"),
+                         ("ended_at", "1000000000.111")):  # fmt: skip
+        made = text.replace(f'"{field}":{value}', f'"{field}":%r', 1)
+        if made == text:
+            raise RuntimeError(f"step event JSON without {field}={value}: {text}")
+        text = made
+    if StepEvent.model_validate_json(text % (7, 1e9 + 7, 1e9 + 7.111)) != step_event(rank, 7, job):
+        raise RuntimeError(f"step event template does not make step_event: {text}")
+    return text
 
 
 async def publish(url: str, messages: list[tuple[str, bytes]]) -> None:

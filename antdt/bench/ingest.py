@@ -1,0 +1,219 @@
+"""Monitor ingest cases: one replica's step-event rate against raw nats-py pub/sub, and
+the same replica under a burst far past what it ingests in a lease's TTL.
+
+Both take their events from the load generator process (antdt.bench.publisher), so the
+receiving side is measured the same way in both. The monitor runs on this process's
+loop, where a ticker also measures how long the loop went without a turn: a replica
+that holds its loop for its lease's TTL loses every job it owns."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+from typing import Any
+
+from antdt.bench.cases import _settings
+from antdt.bench.publisher import step_event
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import NatsSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+from antdt.schemas import (
+    Incident,
+    IncidentKind,
+    IncidentState,
+    JobSpec,
+    MonitorParams,
+    Subjects,
+)
+
+#: Ranks of the load generator's job.
+RANKS = 64
+
+
+async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
+    """Baseline: a nats-py subscriber callback that only counts, fed by the same load
+    generator process as the monitor case (same payloads, one subject)."""
+    sub = await Bus(NatsSettings(url=url), name="raw-sub").connect()
+    count = 0
+
+    async def on_msg(msg: Any) -> None:
+        nonlocal count
+        count += 1
+
+    await sub.nc.subscribe("raw.bench", cb=on_msg, pending_msgs_limit=messages * 2)
+    await sub.flush()
+    expected = messages // RANKS * RANKS  # whole steps of the ranks, as the monitor case
+    load = await _load(url, "raw", "bench", messages, "--raw", "raw.bench")
+    _, elapsed = await _received(lambda: count, expected)
+    await load.wait()
+    await sub.close()
+    return {"msgs_per_s": count / elapsed, "lost": expected - count}
+
+
+async def bench_monitor_ingest(
+    cluster: EmbeddedCluster, *, events: int, stalled_first: bool = False
+) -> dict[str, float]:
+    """Step events of 64 ranks from the load generator process, ingested by one monitor
+    replica (validation + detector) that owns the job: the receiving side's rate, as for
+    the raw baseline; events lost (dropped behind a full queue: `dropped`), jobs lost
+    with the lease, and the longest the loop went without a turn (`longest_hold_s`).
+
+    `stalled_first`: every rank but one is stalled when the events come (a job coming
+    back from a hang, all ranks at once), so the first events also resolve 63 incidents."""
+    from antdt.services.monitor.service import MonitorService, MonitorSettings
+
+    base = _settings(cluster, f"ingest{time.monotonic_ns() % 10**9}")
+    settings = MonitorSettings(**base.model_dump())
+    runtime = ServiceRuntime("bench-monitor")
+    bus = await Bus(settings.nats, name="bench-monitor").connect()
+    store = await Store(settings.etcd).connect()
+    spec = JobSpec(job="bench", world_size=RANKS, dataset_size=10**6, shard_size=1000,
+                   global_batch=32 * RANKS,
+                   monitor=MonitorParams(min_stall_s=1.0) if stalled_first else None)  # fmt: skip
+    await store.put(f"{settings.etcd.key_prefix}jobs/bench/spec", spec.model_dump_json().encode())
+    monitor = MonitorService(settings, bus, store)
+    jobs_lost: list[str] = []
+
+    async def on_lost(job: str) -> None:
+        jobs_lost.append(job)
+
+    monitor.ownership.on_lost(on_lost)
+    await monitor.start(runtime)
+    await _take_on(settings.nats, settings.nats.subject_prefix, monitor)
+    async with Stalls(settings.nats) as stalls:
+        if stalled_first:
+            await stalls.wait_opened(RANKS - 1)
+        warmup = monitor.ingested
+        expected = events // RANKS * RANKS
+        async with LoopHolds() as holds:
+            load = await _load(cluster.nats.url, settings.nats.subject_prefix, "bench", events)
+            first, elapsed = await _received(lambda: monitor.ingested - warmup, expected)
+            ingested = monitor.ingested - warmup
+            await load.wait()
+    await runtime.shutdown()
+    await store.close()
+    came_back = [at - first for at in stalls.resolved.values()]
+    return {
+        "events_per_s": ingested / elapsed,
+        "lost": expected - ingested,
+        "dropped": bus.rejections.total(),
+        "jobs_lost": len(jobs_lost),
+        "longest_hold_s": holds.longest_s,
+        # The last stalled rank's resolution seen, from its first event ingested (inf:
+        # not every one by the time the events were).
+        "resolved_s": max(came_back, default=0.0)
+        if len(came_back) == len(stalls.opened)
+        else math.inf,
+    }
+
+
+async def _take_on(nats: NatsSettings, prefix: str, monitor: Any) -> None:
+    """First sight of the job makes the replica claim it; until that succeeds (the claim
+    loop retries) events are dropped, so warm up (step 0) until one is ingested."""
+    warm = await Bus(nats, name="bench-warmup").connect()
+    first = (Subjects(prefix).step("bench", 0), step_event(0, 0, "bench").model_dump_json())
+    deadline = time.monotonic() + 30
+    while monitor.ingested < 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError("monitor never claimed the bench job")
+        await warm.publish_raw(first[0], first[1].encode())
+        await asyncio.sleep(0.1)
+    await warm.close()
+
+
+class Stalls:
+    """The job's stall incidents as a user sees them: ranks stalled, ranks come back."""
+
+    def __init__(self, nats: NatsSettings) -> None:
+        self.opened: set[int] = set()
+        self.resolved: dict[int, float] = {}  # rank -> when its resolution came (perf_counter)
+        self._nats = nats
+        self._bus = Bus(nats, name="bench-stalls")
+
+    async def __aenter__(self) -> Stalls:
+        await self._bus.connect()
+        subject = Subjects(self._nats.subject_prefix).incident("bench")
+        await self._bus.subscribe(subject, Incident, self._on_incident)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._bus.close()
+
+    async def _on_incident(self, incident: Incident, _: Delivery) -> None:
+        if incident.kind is not IncidentKind.STALLED:
+            return
+        if incident.state is IncidentState.OPENED:
+            self.opened.add(incident.rank)
+        elif incident.state is IncidentState.RESOLVED and incident.rank in self.opened:
+            self.resolved.setdefault(incident.rank, time.perf_counter())
+
+    async def wait_opened(self, ranks: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(self.opened) < ranks:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(self.opened)} of {ranks} ranks seen stalled")
+            await asyncio.sleep(0.05)
+
+
+class LoopHolds:
+    """The longest time this loop went without a turn, as a 10 ms ticker sees it."""
+
+    TICK_S = 0.01
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LoopHolds:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        last = time.perf_counter()
+        while True:
+            await asyncio.sleep(self.TICK_S)
+            now = time.perf_counter()
+            self.longest_s = max(self.longest_s, now - last - self.TICK_S)
+            last = now
+
+
+async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> Any:
+    """Start the load generator (antdt.bench.publisher) in its own process."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "antdt.bench.publisher", url, prefix, job, str(RANKS),
+        str(events), *extra,
+    )  # fmt: skip
+
+
+async def _received(count: Any, expected: int, *, idle_s: float = 2.0) -> tuple[float, float]:
+    """When the first message was counted (perf_counter), and seconds from it to the
+    last: the receiver's rate."""
+    while count() == 0:
+        await asyncio.sleep(0.001)
+    first = time.perf_counter()
+    return first, await _until_settled(count, expected, first, idle_s=idle_s)
+
+
+async def _until_settled(
+    count: Any, expected: int, started: float, *, idle_s: float = 2.0
+) -> float:
+    """Seconds from `started` until `count()` reached `expected`, or until it stopped
+    moving for `idle_s` (a slow consumer lost messages): then up to its last change."""
+    last, last_change = -1, time.perf_counter()
+    while count() < expected:
+        now = time.perf_counter()
+        if count() != last:
+            last, last_change = count(), now
+        elif now - last_change > idle_s:
+            return last_change - started
+        await asyncio.sleep(0.005)
+    return time.perf_counter() - started
