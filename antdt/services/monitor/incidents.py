@@ -2,11 +2,11 @@
 
 An incident goes to JetStream (ANTDT_INCIDENTS), which answers each publish with an
 ack. Awaited in the step handler, that ack held the ingestion of every job's steps: a
-replica behind on step events reads the ack only after every event queued before it on
-its connection, so each transition (a stall resolving as its rank's steps come back)
-waited up to a second there while the step subscription's queue overflowed. Here the
-handler only queues the incident; a task publishes the queue in order, so a job's
-transitions keep their order (opened before persistent before resolved).
+replica behind on step events read the ack only after every event queued before it on
+the same connection, so each transition (a stall resolving as its rank's steps came
+back) waited up to a second there while the step subscription's queue overflowed. Here
+the handler only queues the incident, and a task publishes the queue in order, so an
+incident's transitions keep their order (opened, escalated, resolved).
 
 The queue is bounded: past MAX_QUEUED (JetStream away for long on a job with many
 ranks) whoever queues waits for room, as every handler waited before.
