@@ -175,6 +175,14 @@ class _EmbeddedServer:
             self._process.stop()
 
 
+#: What nats-server buffers for one connection before it closes it as a slow consumer,
+#: bytes (its default is 64 MiB). A monitor replica gets every job's step events: under
+#: a burst of 1.2 million (about 20 s of its ingest) 64 MiB was exceeded in 1 of 8 runs,
+#: the connection closed and 280,000 events were lost ("Slow Consumer Detected:
+#: MaxPending of 67108864 Exceeded"). deploy/nats.conf sets the same.
+MAX_PENDING_BYTES = 256 * 2**20
+
+
 @dataclass
 class EmbeddedNats(_EmbeddedServer):
     """nats-server with JetStream on loopback. Restartable on the same port and store."""
@@ -183,6 +191,7 @@ class EmbeddedNats(_EmbeddedServer):
     port: int = 0
     monitor_port: int = 0
     host: str = "127.0.0.1"
+    max_pending_bytes: int = MAX_PENDING_BYTES
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
@@ -193,8 +202,10 @@ class EmbeddedNats(_EmbeddedServer):
         self.port = self.port or free_port(self.host)
         self.monitor_port = self.monitor_port or free_port(self.host)
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "nats.conf"  # for what has no command-line flag
+        config.write_text(f"max_pending: {self.max_pending_bytes}\n")
         argv = [
-            find_nats_server(), "-a", self.host, "-p", str(self.port),
+            find_nats_server(), "-c", str(config), "-a", self.host, "-p", str(self.port),
             "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
         ]  # fmt: skip
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,18 @@ def test_go_servers_get_half_the_cpus_unless_told(cluster: EmbeddedCluster) -> N
         assert _environ(pid)["GOMAXPROCS"] == os.environ.get("GOMAXPROCS", half)
     assert go_server_env({})["GOMAXPROCS"] == half
     assert go_server_env({"GOMAXPROCS": "7", "X": "y"}) == {"GOMAXPROCS": "7", "X": "y"}
+
+
+def test_nats_server_buffers_256_mib_for_a_connection_before_closing_it(
+    cluster: EmbeddedCluster,
+) -> None:
+    """A monitor far behind on a burst of step events was closed at nats-server's 64 MiB
+    default ("Slow Consumer Detected: MaxPending ... Exceeded") and lost what was in
+    flight; the embedded server, as deploy/nats.conf, allows 256 MiB. Its /varz says."""
+    from antdt.runtime.servers import MAX_PENDING_BYTES
+
+    varz_url = f"http://{cluster.nats.host}:{cluster.nats.monitor_port}/varz"
+    with urllib.request.urlopen(varz_url) as response:
+        varz = json.load(response)
+    assert varz["max_pending"] == MAX_PENDING_BYTES == 256 * 2**20
+    assert varz["jetstream"]["config"]["store_dir"].endswith("jetstream")  # flags still apply
