@@ -39,6 +39,9 @@ class IncidentPublisher:
         self._traces = traces
         self._queue: asyncio.Queue[Incident] = asyncio.Queue(MAX_QUEUED)
         self.published = 0  # incidents published (to JetStream, or core NATS failing that)
+        self._queued_total = 0  # incidents ever queued ...
+        self._done_total = 0  # ... and ever done with (published or given up), in order
+        self._done = asyncio.Condition()
 
     @property
     def queued(self) -> int:
@@ -48,10 +51,14 @@ class IncidentPublisher:
     async def put(self, incident: Incident) -> None:
         """Queue `incident`; waits only while MAX_QUEUED are queued already."""
         await self._queue.put(incident)
+        self._queued_total += 1
 
     async def flushed(self) -> None:
-        """Return once every incident queued so far is published."""
-        await self._queue.join()
+        """Return once every incident queued so far is published (not waiting for those
+        queued later: under a steady stream of incidents the queue may never be empty)."""
+        target = self._queued_total
+        async with self._done:
+            await self._done.wait_for(lambda: self._done_total >= target)
 
     async def run(self) -> None:
         """Run as a task: publish what is queued, in order, up to MAX_IN_FLIGHT at once.
@@ -65,8 +72,9 @@ class IncidentPublisher:
             while len(batch) < MAX_IN_FLIGHT and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             await asyncio.gather(*(self._publish_one(incident) for incident in batch))
-            for _ in batch:
-                self._queue.task_done()
+            async with self._done:
+                self._done_total += len(batch)
+                self._done.notify_all()
 
     async def _publish_one(self, incident: Incident) -> None:
         try:
