@@ -16,7 +16,7 @@ from typing import Any
 
 from antdt.bench.cases import _settings
 from antdt.bench.publisher import step_event
-from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.bus import SLOW_CONSUMER_CODE, Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
@@ -83,7 +83,7 @@ async def bench_monitor_ingest(
 
     monitor.ownership.on_lost(on_lost)
     await monitor.start(runtime)
-    await _take_on(settings.nats, settings.nats.subject_prefix, monitor)
+    await _take_on(settings.nats, monitor)
     async with Stalls(settings.nats) as stalls:
         if stalled_first:
             await stalls.wait_opened(RANKS - 1)
@@ -97,10 +97,12 @@ async def bench_monitor_ingest(
     await runtime.shutdown()
     await store.close()
     came_back = [at - first for at in stalls.resolved.values()]
+    counts = bus.rejections.counts
+    dropped = sum(n for (_, code), n in counts.items() if code == SLOW_CONSUMER_CODE)
     return {
         "events_per_s": ingested / elapsed,
         "lost": expected - ingested,
-        "dropped": bus.rejections.total(),
+        "dropped": dropped,
         "jobs_lost": len(jobs_lost),
         "longest_hold_s": holds.longest_s,
         # The last stalled rank's resolution seen, from its first event ingested (inf:
@@ -111,11 +113,14 @@ async def bench_monitor_ingest(
     }
 
 
-async def _take_on(nats: NatsSettings, prefix: str, monitor: Any) -> None:
+async def _take_on(nats: NatsSettings, monitor: Any) -> None:
     """First sight of the job makes the replica claim it; until that succeeds (the claim
     loop retries) events are dropped, so warm up (step 0) until one is ingested."""
     warm = await Bus(nats, name="bench-warmup").connect()
-    first = (Subjects(prefix).step("bench", 0), step_event(0, 0, "bench").model_dump_json())
+    first = (
+        Subjects(nats.subject_prefix).step("bench", 0),
+        step_event(0, 0, "bench").model_dump_json(),
+    )
     deadline = time.monotonic() + 30
     while monitor.ingested < 1:
         if time.monotonic() > deadline:

@@ -130,7 +130,7 @@ class Bus(JetStreamMixin):
             # behind). One call per message, so counted, and logged the first time, as any
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
-            self.rejections.record(pattern, "slow_consumer", SLOW_CONSUMER, exc.subject)
+            self.rejections.record(pattern, SLOW_CONSUMER_CODE, SLOW_CONSUMER, exc.subject)
             return
         log.debug("nats error", error=str(exc), client=self.name)
 
@@ -411,7 +411,9 @@ TURN_AFTER_S = 0.02
 CHECK_EVERY = 16
 
 
-#: The reason a message nats-py dropped behind a full subscription queue is counted under.
+#: The code and reason a message nats-py dropped behind a full subscription queue is
+#: counted under.
+SLOW_CONSUMER_CODE = "slow_consumer"
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"
 
 #: How nats-server says that nobody subscribes to a request's subject: a status message
