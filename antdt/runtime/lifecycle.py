@@ -26,13 +26,15 @@ class ServiceRuntime:
         self.name = name
         self.stop_event = asyncio.Event()
         self.stage_timeout_s = stage_timeout_s
-        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        # A list, not a dict by name: services sharing a runtime (tests, `antdt up`) may
+        # each spawn a task of the same name, and every one must be stopped.
+        self._tasks: list[asyncio.Task[Any]] = []
         self._stages: dict[str, list[Callable[[], Awaitable[None]]]] = {s: [] for s in STAGES}
         self._shutdown_done = False
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
-        self._tasks[name] = task
+        self._tasks.append(task)
         task.add_done_callback(self._task_done)
         return task
 
@@ -74,9 +76,9 @@ class ServiceRuntime:
         log.info("shutting down", service=self.name)
         for stage in ("drain", "finish"):
             await self._run_stage(stage)
-        for task in self._tasks.values():
+        for task in self._tasks:
             task.cancel()
-        for task in self._tasks.values():
+        for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(task, self.stage_timeout_s)
         for stage in ("revoke", "flush"):
