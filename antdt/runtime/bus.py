@@ -276,7 +276,7 @@ class Bus(JetStreamMixin):
         queue: str = "",
         pending_msgs: int = 500_000,
         concurrency: int = 1,
-    ) -> None:
+    ) -> Subscription:
         """Validate every message into `target`, then call `handler(model, delivery)`.
 
         A handler's returned model is the reply (when the message expects one). Bad input
@@ -304,6 +304,7 @@ class Bus(JetStreamMixin):
             pending_bytes_limit=512 * 1024 * 1024,
         )
         self._subs.append(sub)
+        handle = Subscription(sub, self._subs)
         # The server knows the subscription only once it has read our SUB: flush, so that
         # "subscribed" means "will receive what is published from now on". Away from the
         # server (reconnecting), the SUB goes out when the connection is back: say so
@@ -313,6 +314,7 @@ class Bus(JetStreamMixin):
         except Exception as exc:
             log.warning("subscription not confirmed by nats-server yet",
                         subject=subject, error=repr(exc))  # fmt: skip
+        return handle
 
     def _as_tasks(
         self,
@@ -373,6 +375,35 @@ class Bus(JetStreamMixin):
                 await msg.respond(encode(reply))
         if turns is not None and turns.due():
             await asyncio.sleep(0)
+
+
+class Subscription:
+    """A subscription made by `Bus.subscribe`, to end on its own before the connection."""
+
+    def __init__(self, sub: NatsSubscription, subs: list[NatsSubscription]) -> None:
+        self._sub = sub
+        self._subs = subs  # the connection's, which its drain goes over
+        self._ending: asyncio.Task[None] | None = None
+
+    @property
+    def subject(self) -> str:
+        return str(self._sub.subject)
+
+    @property
+    def ended(self) -> bool:
+        return self._ending is not None
+
+    def end(self) -> asyncio.Task[None] | None:
+        """Stop receiving: UNSUB at once; what is queued still reaches the handler, then
+        the delivery loop ends. Returns at once (may be called from the subscription's
+        own handler, which the loop waits for), with the task that finishes it; None if
+        it was ended already. Idempotent."""
+        if self._ending is not None:
+            return None
+        with contextlib.suppress(ValueError):
+            self._subs.remove(self._sub)
+        self._ending = asyncio.get_running_loop().create_task(_end(self._sub))
+        return self._ending
 
 
 class _Turns:
@@ -477,6 +508,16 @@ async def _drain(sub: NatsSubscription) -> None:
         await sub.drain()
 
 
+async def _end(sub: NatsSubscription) -> None:
+    try:
+        await sub.drain()
+    except Exception:
+        # The connection is away or closing: drop the interest without the drain, so that
+        # a reconnect does not subscribe again.
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
 __all__ = [
     "Bus",
     "BusError",
@@ -490,6 +531,7 @@ __all__ = [
     "Replay",
     "RequestRefused",
     "StreamMissing",
+    "Subscription",
     "WireModel",
     "decode_reply",
     "encode",
