@@ -76,7 +76,22 @@ class Ownership:
                 if self._lease is not None:
                     await self._drop_all("lease lost")
                 self._lease = await self.store.grant_lease(self.ttl_s)
+                # Listed among the service's replicas for as long as this lease lives.
+                member = self.keys.member(self.service, self.replica_id)
+                await self.store.put(member, b"", lease=self._lease)
             return self._lease
+
+    async def replicas(self) -> list[str]:
+        """The service's live replicas (their member keys, bound to their leases), sorted."""
+        prefix = self.keys.members(self.service)
+        got = await self.store.get_prefix(prefix, keys_only=True)
+        return sorted(kv.key[len(prefix) :] for kv in got)
+
+    async def owned_by_anyone(self) -> set[str]:
+        """The jobs some replica of the service owns now: one read, not one per job."""
+        prefix = self.keys.owners(self.service)
+        got = await self.store.get_prefix(prefix, keys_only=True)
+        return {kv.key[len(prefix) :] for kv in got}
 
     async def try_acquire(self, job: str) -> bool:
         """Claim `job` if nobody owns it (or we already do). Never steals."""

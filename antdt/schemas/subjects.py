@@ -99,6 +99,13 @@ class Keys:
     def owners(self, service: str) -> str:
         return f"{self.prefix}owners/{service}/"
 
+    def member(self, service: str, replica: str) -> str:
+        """A live replica of `service`, bound to its lease (placement's member list)."""
+        return f"{self.prefix}members/{service}/{replica}"
+
+    def members(self, service: str) -> str:
+        return f"{self.prefix}members/{service}/"
+
     def jobs(self) -> str:
         return f"{self.prefix}jobs/"
 

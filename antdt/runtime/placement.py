@@ -1,0 +1,88 @@
+"""Which replica of a service should own which job, so that jobs spread over replicas.
+
+Rendezvous (highest random weight) hashing: every replica scores each (replica, job)
+pair with the same hash and a job's preferred replica is the one scoring highest. Every
+replica computes the same answer from the same member list, with no coordination; a
+replica joining or leaving moves only the jobs it wins or held (about 1/N of them).
+
+Preference steers claims and guards nothing: ownership stays the lease-bound etcd key,
+which only one replica can create. A job whose preferred replica does not claim it (the
+member key of a replica killed -9 outlives it by up to the lease TTL; a replica at its
+`max_jobs`; one that is slow) is claimed by any replica once it has been seen unowned for
+`grace_s`.
+
+Jobs also move back to their preferred replica: a replica that started after others had
+claimed every job (the first of a deployment to start claims them all; so do the
+survivors of a rolling restart) would otherwise own nothing until new jobs came. An
+owner hands a job over once its preferred replica has been a member for `settle_s`, one
+job per round, so that jobs move a few at a time and only to a replica that stayed up.
+Pure: time is an argument, no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+
+def _score(replica: str, job: str) -> bytes:
+    return hashlib.blake2b(f"{replica}\x00{job}".encode(), digest_size=8).digest()
+
+
+def preferred(job: str, replicas: Iterable[str]) -> str | None:
+    """The replica that should own `job` among `replicas` (None if there are none)."""
+    return max(replicas, key=lambda replica: _score(replica, job), default=None)
+
+
+class ClaimPlan:
+    """A replica's claim decisions over rounds: which unowned jobs to try to claim now.
+
+    A job is tried at once when this replica is its preferred one, and by any replica
+    once it has been unowned for `grace_s` (its preferred replica did not take it)."""
+
+    def __init__(self, me: str, grace_s: float, settle_s: float | None = None) -> None:
+        self.me = me
+        self.grace_s = grace_s
+        self.settle_s = grace_s if settle_s is None else settle_s
+        self._unowned_since: dict[str, float] = {}  # job -> first seen unowned (s)
+
+    def due(
+        self, live: Iterable[str], owned: Iterable[str], replicas: Sequence[str], now: float
+    ) -> list[str]:
+        """Of the `live` jobs, those to claim now, given the jobs that have an owner
+        (`owned`, any replica's) and the service's replicas; remembers what it saw."""
+        has_owner = set(owned)
+        members = list(replicas) if self.me in replicas else [*replicas, self.me]
+        seen: dict[str, float] = {}
+        due = []
+        for job in live:
+            if job in has_owner:
+                continue
+            since = seen[job] = self._unowned_since.get(job, now)
+            if preferred(job, members) == self.me or now - since >= self.grace_s:
+                due.append(job)
+        self._unowned_since = seen  # jobs owned or gone meanwhile are forgotten
+        return due
+
+    def mine_first(self, job: str, replicas: Sequence[str]) -> bool:
+        """Should this replica claim `job` at first sight (its rank's hello)? Only if it
+        is the job's preferred replica; the others leave it to the claim rounds."""
+        members = list(replicas) if self.me in replicas else [*replicas, self.me]
+        return preferred(job, members) == self.me
+
+    def hand_over(
+        self, owned: Iterable[str], members: Mapping[str, float], now: float,
+        movable: Callable[[str], bool] = lambda job: True,
+    ) -> str | None:  # fmt: skip
+        """Of the jobs this replica owns, one to hand over to its preferred replica: one
+        that has been a member (since `members[replica]`, s) for `settle_s`, and that
+        `movable` allows (say, no incident open). None if there is none."""
+        replicas = list(members)
+        if self.me not in members:
+            replicas.append(self.me)
+        for job in owned:
+            to = preferred(job, replicas)
+            if to is None or to == self.me or now - members[to] < self.settle_s:
+                continue
+            if movable(job):
+                return job
+        return None
