@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.store import Store
+from antdt.schemas import Keys
 
 T = TypeVar("T")
 
@@ -49,6 +51,17 @@ def wait_for_sync(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or 'condition'}")
         time.sleep(interval)
+
+
+async def monitor_owner(store: Store, keys: Keys, job: str, *, timeout: float = 15.0) -> str:
+    """Wait until a monitor replica owns `job` and return its id: from then on its steps
+    reach that replica (a replica subscribes to a job's steps before it claims it). A
+    job is claimed on its ranks' hellos, or by a claim round (half the lease TTL)."""
+    got = await wait_for(
+        lambda: store.get(keys.owner("monitor", job)), timeout=timeout,
+        what=f"a monitor replica owns {job}",
+    )  # fmt: skip
+    return str(got.value.decode())
 
 
 @contextlib.contextmanager

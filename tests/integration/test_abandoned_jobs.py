@@ -20,7 +20,7 @@ from antdt.schemas import (
     Subjects,
 )
 from tests.e2e.conftest import start_services
-from tests.helpers import wait_for
+from tests.helpers import monitor_owner, wait_for
 from tests.integration.test_services import spec, step
 
 pytestmark = pytest.mark.integration
@@ -45,6 +45,7 @@ async def test_a_job_whose_ranks_went_silent_is_ended_and_given_up(
 
         await bus.subscribe(subjects.incident(job), Incident, on_incident)
         await bus.request(subjects.register(job), spec(job), RegisterReply)
+        await monitor_owner(store, keys, job)
         for n in range(12):
             for rank in (0, 1):
                 await bus.publish(subjects.step(job, rank), step(job, rank, n))
@@ -62,6 +63,8 @@ async def test_a_job_whose_ranks_went_silent_is_ended_and_given_up(
         resolved = {i.id for i in incidents if i.state is IncidentState.RESOLVED}
         assert opened <= resolved  # whatever opened (a stall) was resolved as it ended
         # It was only silent (a long evaluation, say): its next steps make it live again.
+        # Nobody owns it now, but the replica that ended it still receives its steps.
+        assert monitor.intake.watched == [job] and monitor.intake.dormant == [job]
         for n in range(12, 20):
             for rank in (0, 1):
                 await bus.publish(subjects.step(job, rank), step(job, rank, n))

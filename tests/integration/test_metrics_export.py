@@ -108,14 +108,14 @@ async def test_monitor_serves_prometheus_metrics(settings: ServiceSettings, bus:
             return 0
 
         async def send_bad() -> int:  # not JSON: refused by the bus and counted
-            await bus.publish_raw(subjects.step("prom", 0), b"not json")
+            await bus.publish_raw(subjects.hello("prom", 0), b"not json")
             await bus.flush()
             return await asyncio.to_thread(rejected)
 
         # /metrics answers before the monitor subscribes: send until one is counted
         seen = await wait_for(send_bad, timeout=30, interval=0.2, what="a rejection counted")
         for _ in range(3):
-            await bus.publish_raw(subjects.step("prom", 0), b"not json")
+            await bus.publish_raw(subjects.hello("prom", 0), b"not json")
         await bus.flush()
         await wait_for(
             lambda: asyncio.to_thread(lambda: rejected() >= seen + 3), timeout=20, what="3 more"

@@ -34,7 +34,7 @@ from antdt.schemas import (
 from antdt.services.monitor.service import MonitorSettings
 from antdt.services.runner import start_service
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import wait_for
+from tests.helpers import monitor_owner, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -124,6 +124,7 @@ async def test_monitor_rejects_bad_steps_and_keeps_running(
     subjects = Subjects(bus.settings.subject_prefix)
     await bus.request(subjects.register("j4"), spec("j4"), RegisterReply)
     monitor = running.by_name["monitor"]
+    await monitor_owner(monitor.store, Keys(monitor.settings.etcd.key_prefix), "j4")
     healths: list[JobHealth] = []
 
     async def on_health(h: JobHealth, _: object) -> None:
@@ -154,9 +155,10 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     running: RunningServices, bus: Bus, settings: ServiceSettings
 ) -> None:
     """Both ranks of j5 finish: the monitor stores the job's end and, like the controller,
-    gives the job up. A late step reaching either monitor replica (the one that owned the
-    job, or one that never did) claims nothing. Registering j5 again (a new run) deletes
-    the end, and the services take the job on again."""
+    gives the job up. Its late steps reach no replica (none subscribes to them any more),
+    and a late exit, which reaches both, claims nothing: the replica that ended it drops
+    it, the other finds the end in etcd. Registering j5 again (a new run) deletes the end,
+    and the services take the job on again."""
     subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
     monitor, controller = running.by_name["monitor"], running.by_name["controller"]
     other = await start_service(
@@ -165,6 +167,7 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     )  # fmt: skip
     store = monitor.store
     await bus.request(subjects.register("j5"), spec("j5"), RegisterReply)
+    await monitor_owner(store, keys, "j5")
     await _steps(bus, subjects, range(3))
     await wait_for(lambda: "j5" in monitor.detectors or "j5" in other.detectors)
     for rank in range(2):
@@ -175,11 +178,14 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
         owner = keys.owner(service, "j5")
         await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives j5 up")
 
-    async def late_step_dropped_by_both() -> bool:
-        await _steps(bus, subjects, range(1, 2))  # every claim try is at most once a second
+    async def late_exit_dropped_by_both() -> bool:
+        await _steps(bus, subjects, range(1, 2))
+        # Every claim try is at most once a second: sent until both have seen one.
+        await bus.publish(subjects.exit("j5", 0), finished("j5", 0, step=2))
         return all("j5" in m._ended for m in (monitor, other))
 
-    await wait_for(late_step_dropped_by_both, timeout=10, interval=0.3, what="late steps dropped")
+    await wait_for(late_exit_dropped_by_both, timeout=10, interval=0.3, what="late exit dropped")
+    assert "j5" not in monitor.intake.watched and "j5" not in other.intake.watched
     assert not monitor.detectors.get("j5") and not other.detectors.get("j5")
     assert await _absent(store, keys.owner("monitor", "j5"))
     assert "j5" not in await monitor._known_jobs() and "j5" not in await controller._claimable()
@@ -189,6 +195,7 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     await wait_for(lambda: controller.ownership.owns("j5"), what="the controller owns j5 again")
     hello = RankHello(job="j5", rank=0, world_size=2, host="h0", pid=3, started_at=time.time())
     await bus.publish(subjects.hello("j5", 0), hello)
+    await monitor_owner(store, keys, "j5")
     await _steps(bus, subjects, range(3))  # the new run steps from 0 again
     await wait_for(lambda: "j5" in monitor.detectors or "j5" in other.detectors,
                    what="a monitor watches j5 again")  # fmt: skip
@@ -204,6 +211,7 @@ async def test_exits_end_a_job_though_they_come_with_or_before_its_first_step(
     store = running.by_name["monitor"].store
     for job in ("raced", "stepless"):
         await bus.request(subjects.register(job), spec(job), RegisterReply)
+    await monitor_owner(store, keys, "raced")  # claimed, its first step not yet taken on
     for rank in range(2):  # one step each, the exits right behind it
         await bus.publish(subjects.step("raced", rank), step("raced", rank, 0))
     for rank in range(2):
@@ -231,24 +239,36 @@ async def _absent(store: Store, key: str) -> bool:
     return await store.get(key) is None
 
 
-async def test_steps_of_unregistered_jobs_claim_nothing_and_are_not_remembered(
+async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembered(
     running: RunningServices, bus: Bus, settings: ServiceSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Job ids come off the wire: steps naming jobs nobody registered (a typo, a stray
-    publisher) must not make the monitor own them (owner keys, ownership slots, claim
-    rounds) nor grow what it remembers per job."""
+    """Job ids come off the wire: hellos, exits and steps naming jobs nobody registered
+    (a typo, a stray publisher) must not make the monitor own them (owner keys, ownership
+    slots, claim rounds, step subscriptions) nor grow what it remembers per job."""
     subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
     monitor = running.by_name["monitor"]
-    for table in (monitor._last_claim, monitor._spec_retry_at):
+    for table in (monitor.intake._last_try, monitor._spec_retry_at):
         monkeypatch.setattr(table, "limit", 8)  # MAX_PACED, made small
     store = monitor.store
     junk = [f"stray{i}" for i in range(20)]
     for job in junk:
+        hello = RankHello(job=job, rank=0, world_size=2, host="h0", pid=3, started_at=time.time())
+        await bus.publish(subjects.hello(job, 0), hello)
+        await bus.publish(subjects.exit(job, 0), finished(job, 0, step=1))
         await bus.publish(subjects.step(job, 0), step(job, 0, 1))
-    await bus.flush()
-    await wait_for(lambda: monitor.dropped_not_owner >= len(junk), what="the stray steps seen")
+    # Registered jobs behind them, on the same subscriptions: once these are taken on,
+    # every stray message before them was handled.
+    for job in ("by-hello", "by-exit"):
+        await bus.request(subjects.register(job), spec(job), RegisterReply)
+    hello = RankHello(job="by-hello", rank=0, world_size=2, host="h0", pid=3, started_at=0.0)
+    await bus.publish(subjects.hello("by-hello", 0), hello)
+    await bus.publish(subjects.exit("by-exit", 0), finished("by-exit", 0, step=1))
+    await wait_for(lambda: monitor.ownership.owns("by-hello"), what="claimed on its hello")
+    await wait_for(lambda: "by-exit" in monitor.detectors, what="taken on by its exit")
     owned = await store.get_prefix(keys.owners("monitor"), keys_only=True)
-    assert [o.key for o in owned] == []
-    assert not monitor.detectors and not monitor.ownership.jobs
-    assert len(monitor._last_claim) <= 8 and len(monitor._spec_retry_at) <= 8
-    assert await monitor._known_jobs() == []
+    assert sorted(o.key for o in owned) == [keys.owner("monitor", "by-exit"),
+                                            keys.owner("monitor", "by-hello")]  # fmt: skip
+    assert set(monitor.detectors) <= {"by-hello", "by-exit"}
+    assert monitor.intake.watched == ["by-exit", "by-hello"]
+    assert len(monitor.intake._last_try) <= 8 and len(monitor._spec_retry_at) <= 8
+    assert await monitor._known_jobs() == ["by-exit", "by-hello"]

@@ -1,9 +1,10 @@
 """Monitor service shell: ingest step events, publish incidents (JetStream) and JobHealth.
 
-Every replica subscribes to every job's steps; only the job's owner (lease-bound key
-`owners/monitor/{job}`) feeds its detector, so a job's state lives in one place. An event
-of a job we do not own costs one dict lookup. When a replica dies its lease lapses and
-another claims the job on its next claim round.
+A job's owner (lease-bound key `owners/monitor/{job}`) is the only replica that receives
+its steps (intake.py: a subscription per owned job) and feeds its detector, so a job's
+state lives in one place and replicas add ingest capacity. Jobs spread over replicas by
+placement (runtime/placement.py). When a replica dies its lease lapses and another claims
+its jobs in its next claim rounds.
 
 A job ends when every rank's agent said it stopped on purpose (RankExit; none exiting to
 be restarted; an exit takes the job on as a step does, since it may overtake the first):
@@ -29,7 +30,7 @@ from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.jobs import live_jobs, read_end
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop
+from antdt.runtime.ownership import Ownership
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Compare, Delete, Store
 from antdt.runtime.tracing import IncidentTraces
@@ -46,6 +47,7 @@ from antdt.schemas import (
 )
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.incidents import IncidentPublisher
+from antdt.services.monitor.intake import JobIntake, claim_rounds
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
@@ -55,8 +57,8 @@ SERVICE = "monitor"
 ENDED_GRACE_S = 10.0
 #: Ended jobs remembered for that purpose, at most (the oldest go first).
 MAX_ENDED = 4096
-#: Jobs whose claim and spec reads a replica paces, at most (the least recent go first):
-#: job ids come off the wire, and steps of unregistered jobs must not grow memory.
+#: Jobs whose spec reads a replica paces, at most (the least recent go first): job ids
+#: come off the wire, and events of unregistered jobs must not grow memory.
 MAX_PACED = 4096
 
 
@@ -102,8 +104,6 @@ class MonitorService:
         self._unwatched: dict[str, float] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
-        # Per job id off the wire, bounded: steps of unregistered jobs must not grow them.
-        self._last_claim: Recent[float] = Recent(MAX_PACED)
         self.traces = IncidentTraces()
         self.incidents = IncidentPublisher(bus, self.subjects, self.traces)
         # What ranks send (steps, exits, hellos: in the order each rank sent them) comes
@@ -111,6 +111,11 @@ class MonitorService:
         # replica ingests) must not hold up what comes back on the other, the acks of
         # the incidents it publishes to JetStream.
         self.ranks_bus = Bus(settings.nats, name=f"{bus.name}-ranks", rejections=bus.rejections)
+        self.claim_round_s = settings.etcd.lease_ttl_s / 2
+        self.intake = JobIntake(
+            self.ranks_bus, self.subjects, self.ownership, self._on_step,
+            round_s=self.claim_round_s,
+        )  # fmt: skip
         metrics.watch_monitor(self)
         self._spec_problems: Recent[str] = Recent(MAX_PACED)  # job -> why it is unreadable
         # job -> its ranks' step subjects, built with its detector: checking an event's
@@ -130,14 +135,15 @@ class MonitorService:
         )
         self.ownership.on_lost(self._forget)
         await self.ranks_bus.connect()
-        await self.ranks_bus.subscribe(self.subjects.any_job("step.*"), StepEvent, self._on_step)
+        # Steps: a subscription per owned job (intake.py); exits and hellos: every job's.
         await self.ranks_bus.subscribe(self.subjects.any_job("exit.*"), RankExit, self._on_exit)
         await self.ranks_bus.subscribe(self.subjects.any_job("hello.*"), RankHello, self._on_hello)
         runtime.spawn("incidents", self.incidents.run())
         runtime.spawn("lease", self.ownership.watch_lease())
+        runtime.spawn("members", self.intake.follow_members())
         runtime.spawn(
             "claim",
-            claim_loop(self.ownership, self._known_jobs, self.settings.etcd.lease_ttl_s / 2),
+            claim_rounds(self.intake, self._known_jobs, self.claim_round_s, self._hand_over),
         )
         runtime.spawn("health", self._health_loop())
         runtime.on_shutdown("drain", self.ranks_bus.drain)
@@ -152,6 +158,29 @@ class MonitorService:
     async def _forget(self, job: str) -> None:
         self.detectors.pop(job, None)
         self._step_subjects.pop(job, None)
+        self.intake.unwatch(job)
+
+    async def _hand_over(self) -> None:
+        """Give one job whose preferred replica is another (it started after this one
+        claimed the job) back to it, if no incident of the job is open: the new owner
+        starts its detector afresh, and an open incident would be left without its
+        resolution. The steps of about a claim round go unwatched meanwhile."""
+
+        def movable(job: str) -> bool:
+            detector = self.detectors.get(job)
+            return detector is None or not detector.open_incidents
+
+        job = self.intake.to_hand_over(movable)
+        if job is None:
+            return
+        log.info("job handed over to its preferred replica", job=job)
+        await self._forget(job)
+        await self.ownership.release(job)
+
+    async def _give_up(self, job: str) -> None:
+        """Release the job (ended, or not registered): its key and its steps' subscription."""
+        self.intake.unwatch(job)
+        await self.ownership.release(job)
 
     async def _detector(self, job: str, step: int | None = None) -> JobDetector | None:
         """The owned job's detector, claiming the job and loading its spec if need be;
@@ -183,9 +212,10 @@ class MonitorService:
         spec = await self._job_spec(job)
         if spec is None:
             if claimed:  # not registered (yet): claiming it would hold a slot for nothing
-                await self.ownership.release(job)
+                await self._give_up(job)
             return None
         detector = self.detectors[job] = self._new_detector(job, spec)
+        self.intake.wake(job)
         self._step_subjects[job] = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
         return detector
 
@@ -227,18 +257,10 @@ class MonitorService:
         return None
 
     async def _claim_now(self, job: str) -> bool:
-        """First sight of a job: claim it at once rather than at the next claim round,
-        at most once a second per job (a non-owner sees every event of the job)."""
-        now = time.monotonic()
-        last = self._last_claim.get(job)
-        if last is not None and now - last < 1.0:
-            return False
-        self._last_claim.put(job, now)
-        try:
-            return await self.ownership.try_acquire(job)
-        except Exception as exc:
-            log.info("claim failed", job=job, error=str(exc))
-            return False
+        """An exit of a job we do not own, a hello of a job we prefer, a dormant job's
+        step: claim it at once rather than at the next claim round, at most once a
+        second per job."""
+        return await self.intake.claim_paced(job)
 
     async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
         job, rank = event.job, event.rank
@@ -246,6 +268,14 @@ class MonitorService:
             raise Rejected("bad_request", "job or rank does not match the subject")
         detector = self.detectors.get(job)
         if detector is None or not self.ownership.owns(job):
+            claim = self.intake.claiming(job)
+            if claim is not None:  # the subscription came first: wait for the claim
+                await asyncio.shield(claim)
+            if not self.ownership.owns(job) and not self.intake.is_dormant(job):
+                # Queued before the job went (lease lapsed, ended, handed over): a step
+                # claims only a dormant job, which it wakes.
+                self.dropped_not_owner += 1
+                return
             if self._late_for_ended_job(job, event.step):
                 self.dropped_ended += 1
                 return
@@ -297,6 +327,8 @@ class MonitorService:
         await self.bus.publish(self.subjects.health(detector.job), health)
         for incident in incidents:
             await self._publish_incident(incident)
+        # It may only have been silent (a long evaluation): its next step revives it.
+        await self.intake.keep_dormant(detector.job)
         await self._end(health)
 
     async def _end(self, health: JobHealth) -> None:
@@ -313,7 +345,7 @@ class MonitorService:
         the key). Without this, every job ever run kept an owner in every service."""
         try:
             await self.store.put(self.keys.ended(health.job), health.model_dump_json().encode())
-            await self.ownership.release(health.job)
+            await self._give_up(health.job)
         except Exception as exc:  # etcd away: the job stays claimed, which is harmless
             log.warning("job end not recorded", job=health.job, error=str(exc))
 
@@ -334,7 +366,7 @@ class MonitorService:
                         ended_step=ended_step)  # fmt: skip
             return False
         self._remember_ended(job, ended_step)
-        await self.ownership.release(job)
+        await self._give_up(job)
         return True
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
@@ -343,11 +375,26 @@ class MonitorService:
         self._ended.pop(hello.job)  # a new run: its steps are not late ones
         detector = self.detectors.get(hello.job)
         if detector is None or not self.ownership.owns(hello.job):
-            return  # a job starting: its first step brings it in
+            # A job starting: its preferred replica claims it (and subscribes to its
+            # steps) now; its first step makes the detector.
+            if not self.ownership.owns(hello.job) and await self.intake.prefers(hello.job):
+                await self._claim_started(hello.job)
+            return
         now = time.time()
         detector.rank_started(hello, now)
         log.info("rank started", job=hello.job, rank=hello.rank, host=hello.host)
         await self.bus.publish(self.subjects.health(hello.job), detector.health(now))
+
+    async def _claim_started(self, job: str) -> None:
+        """Claim a job one of whose ranks started, if it is registered and not ended: a
+        hello naming anything else (a typo, a stray process) must not hold a claim."""
+        if not await self._claim_now(job):
+            return
+        live = await self._job_spec(job) is not None
+        if live and await read_end(self.store, self.keys, job) is not None:
+            live = False
+        if not live:
+            await self._give_up(job)
 
     def _remember_ended(self, job: str, step: int) -> None:
         self._ended.put(job, (time.monotonic(), step))
