@@ -14,6 +14,7 @@ from antdt.bench.cases import bench_agent_tracing, bench_detector_memory
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.display import console, print_table
 from antdt.bench.ingest import bench_monitor_ingest, bench_raw_pubsub
+from antdt.bench.ingest_replicas import bench_ingest_replicas
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
 from antdt.bench.shards_rows import shards_rows
@@ -39,6 +40,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         }
     )
     rows.append(await monitor_burst_row(cluster, ingest["events_per_s"]))
+    rows.append(await monitor_replicas_row(cluster))
     for ranks in (256, 4096):
         memory = bench_detector_memory(ranks=ranks, windows=10)
         console.print(
@@ -108,6 +110,29 @@ async def monitor_burst_row(cluster: EmbeddedCluster, rate: float) -> dict[str, 
         "baseline_what": "",
         "target": "< 250 ms (lease TTL 5 s); no job lost; resolutions out",
         "details": burst,
+    }
+
+
+async def monitor_replicas_row(cluster: EmbeddedCluster) -> dict[str, Any]:
+    """Two jobs' step events ingested by two replicas (one job each, by placement), each
+    in its own process, against the same events ingested by one replica."""
+    events = 100_000
+    with console.status(f"monitor ingest, {events:,} events of each of 2 jobs, 1 then 2 replicas"):
+        shared = await bench_ingest_replicas(cluster, events=events)
+    one, two = shared["one"], shared["two"]
+    console.print(
+        f"monitor replicas: 2 jobs' step events at {two['events_per_s']:,.0f}/s with 2 "
+        f"replicas (received {', '.join(f'{n:,}' for n in two['per_replica'])}; jobs "
+        f"{two['jobs_per_replica']}), {one['events_per_s']:,.0f}/s with one: "
+        f"x{shared['ratio']:.2f}; lost {one['lost']:,} and {two['lost']:,}"
+    )
+    return {
+        "what": "monitor ingest, 2 jobs over 2 replicas (step events/s, all replicas)",
+        "value": two["events_per_s"],
+        "baseline": one["events_per_s"],
+        "baseline_what": "same events, one replica",
+        "target": "ratio > 1: replicas add capacity (each receives its own jobs' events)",
+        "details": shared,
     }
 
 

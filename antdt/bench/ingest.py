@@ -27,6 +27,7 @@ from antdt.schemas import (
     IncidentState,
     JobSpec,
     MonitorParams,
+    RankHello,
     Subjects,
 )
 
@@ -114,13 +115,15 @@ async def bench_monitor_ingest(
 
 
 async def _take_on(nats: NatsSettings, monitor: Any) -> None:
-    """First sight of the job makes the replica claim it; until that succeeds (the claim
-    loop retries) events are dropped, so warm up (step 0) until one is ingested."""
+    """A rank's hello makes the replica claim the job (and subscribe to its steps), as
+    when a job starts; until that is done steps reach nobody, so warm up (step 0) until
+    one is ingested."""
     warm = await Bus(nats, name="bench-warmup").connect()
-    first = (
-        Subjects(nats.subject_prefix).step("bench", 0),
-        step_event(0, 0, "bench").model_dump_json(),
-    )
+    subjects = Subjects(nats.subject_prefix)
+    hello = RankHello(job="bench", rank=0, world_size=RANKS, host="h0", pid=1,
+                      started_at=time.time())  # fmt: skip
+    await warm.publish(subjects.hello("bench", 0), hello)
+    first = (subjects.step("bench", 0), step_event(0, 0, "bench").model_dump_json())
     deadline = time.monotonic() + 30
     while monitor.ingested < 1:
         if time.monotonic() > deadline:
