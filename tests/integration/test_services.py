@@ -249,6 +249,8 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
     monitor = running.by_name["monitor"]
     for table in (monitor.intake._last_try, monitor._spec_retry_at):
         monkeypatch.setattr(table, "limit", 8)  # MAX_PACED, made small
+    # A job claimed on a hello waits for its registration (hello comes first): not long.
+    monkeypatch.setattr("antdt.services.monitor.service.REGISTER_WAIT_S", 0.5)
     store = monitor.store
     junk = [f"stray{i}" for i in range(20)]
     for job in junk:
@@ -265,10 +267,37 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
     await bus.publish(subjects.exit("by-exit", 0), finished("by-exit", 0, step=1))
     await wait_for(lambda: monitor.ownership.owns("by-hello"), what="claimed on its hello")
     await wait_for(lambda: "by-exit" in monitor.detectors, what="taken on by its exit")
-    owned = await store.get_prefix(keys.owners("monitor"), keys_only=True)
-    assert sorted(o.key for o in owned) == [keys.owner("monitor", "by-exit"),
-                                            keys.owner("monitor", "by-hello")]  # fmt: skip
+
+    async def only_registered_owned() -> bool:
+        owned = await store.get_prefix(keys.owners("monitor"), keys_only=True)
+        return sorted(o.key for o in owned) == [
+            keys.owner("monitor", "by-exit"), keys.owner("monitor", "by-hello")
+        ]  # fmt: skip
+
+    await wait_for(only_registered_owned, what="the stray jobs' claims given up")
+    assert not monitor._starting
     assert set(monitor.detectors) <= {"by-hello", "by-exit"}
     assert monitor.intake.watched == ["by-exit", "by-hello"]
     assert len(monitor.intake._last_try) <= 8 and len(monitor._spec_retry_at) <= 8
     assert await monitor._known_jobs() == ["by-exit", "by-hello"]
+
+
+async def test_a_job_claimed_on_a_hello_before_it_registers_is_kept_once_it_does(
+    running: RunningServices, bus: Bus, settings: ServiceSettings
+) -> None:
+    """An agent says hello, then registers: the monitor claims the job on the hello
+    (and subscribes to its steps) and keeps it when the spec comes, so the steps right
+    after registration are ingested, not lost until a claim round."""
+    subjects = Subjects(bus.settings.subject_prefix)
+    monitor = running.by_name["monitor"]
+    hello = RankHello(job="early", rank=0, world_size=2, host="h0", pid=3, started_at=time.time())
+    await bus.publish(subjects.hello("early", 0), hello)
+    await wait_for(lambda: monitor.ownership.owns("early"), what="claimed on its hello")
+    assert "early" in monitor._starting and monitor.intake.watched == ["early"]
+    await bus.request(subjects.register("early"), spec("early"), RegisterReply)
+    for n in range(3):
+        for rank in (0, 1):
+            await bus.publish(subjects.step("early", rank), step("early", rank, n))
+    await wait_for(lambda: monitor.ingested >= 6, what="its first steps ingested")
+    await wait_for(lambda: "early" not in monitor._starting, what="registered: held for good")
+    assert monitor.ownership.owns("early") and monitor.dropped_not_owner == 0

@@ -60,6 +60,11 @@ MAX_ENDED = 4096
 #: Jobs whose spec reads a replica paces, at most (the least recent go first): job ids
 #: come off the wire, and events of unregistered jobs must not grow memory.
 MAX_PACED = 4096
+#: How long a replica holds a job it claimed on a rank's hello before the job registers
+#: (an agent says hello, then registers), seconds: past that it gives the job up.
+REGISTER_WAIT_S = 10.0
+#: Jobs held that way, at most (hellos naming jobs nobody registers must not grow it).
+MAX_STARTING = 1024
 
 
 class MonitorSettings(ServiceSettings):
@@ -104,6 +109,8 @@ class MonitorService:
         self._unwatched: dict[str, float] = {}
         self.ingested = 0
         self.dropped_not_owner = 0
+        # Jobs claimed on a hello and not registered yet -> since when (monotonic s).
+        self._starting: dict[str, float] = {}
         self.traces = IncidentTraces()
         self.incidents = IncidentPublisher(bus, self.subjects, self.traces)
         # What ranks send (steps, exits, hellos: in the order each rank sent them) comes
@@ -386,15 +393,31 @@ class MonitorService:
         await self.bus.publish(self.subjects.health(hello.job), detector.health(now))
 
     async def _claim_started(self, job: str) -> None:
-        """Claim a job one of whose ranks started, if it is registered and not ended: a
-        hello naming anything else (a typo, a stray process) must not hold a claim."""
+        """Claim a job one of whose ranks started, unless it ended. An agent says hello
+        before it registers, so a job without a spec yet is held for REGISTER_WAIT_S
+        (`_check_starting`): a hello naming a job nobody registers (a typo, a stray
+        process) holds a claim no longer, and at most MAX_STARTING of them."""
         if not await self._claim_now(job):
             return
-        live = await self._job_spec(job) is not None
-        if live and await read_end(self.store, self.keys, job) is not None:
-            live = False
-        if not live:
+        if await read_end(self.store, self.keys, job) is not None:
             await self._give_up(job)
+        elif job not in self._starting and await self.store.get(self.keys.spec(job)) is None:
+            if len(self._starting) >= MAX_STARTING:
+                await self._give_up(job)
+            else:
+                self._starting[job] = time.monotonic()
+
+    async def _check_starting(self) -> None:
+        """Jobs claimed on a hello: registered meanwhile, they stay; not within
+        REGISTER_WAIT_S, they are given up."""
+        now = time.monotonic()
+        for job, since in list(self._starting.items()):
+            settled = not self.ownership.owns(job) or job in self.detectors
+            if settled or await self.store.get(self.keys.spec(job)) is not None:
+                del self._starting[job]
+            elif now - since >= REGISTER_WAIT_S:
+                del self._starting[job]
+                await self._give_up(job)
 
     def _remember_ended(self, job: str, step: int) -> None:
         self._ended.put(job, (time.monotonic(), step))
@@ -438,6 +461,10 @@ class MonitorService:
                 except Exception as exc:
                     log.warning("health publish failed", job=job, error=str(exc))
             await self._end_unwatched(now)
+            try:
+                await self._check_starting()
+            except Exception as exc:  # etcd away: the next round
+                log.warning("starting jobs not checked", error=str(exc))
 
     async def _end_unwatched(self, now: float) -> None:
         """A job claimed after its ranks went silent has no detector here, so it would be
