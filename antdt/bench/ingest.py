@@ -92,7 +92,14 @@ async def bench_monitor_ingest(
         expected = events // RANKS * RANKS
         async with LoopHolds() as holds:
             load = await _load(cluster.nats.url, settings.nats.subject_prefix, "bench", events)
-            first, elapsed = await _received(lambda: monitor.ingested - warmup, expected)
+            try:
+                first, elapsed = await _received(lambda: monitor.ingested - warmup, expected)
+            except RuntimeError as exc:  # say what the replica was doing
+                raise RuntimeError(
+                    f"{exc}; the replica owns {monitor.ownership.jobs}, watches "
+                    f"{monitor.intake.watched}, dropped {monitor.dropped_not_owner} as "
+                    f"not its own; the load generator exited {load.returncode}"
+                ) from None
             ingested = monitor.ingested - warmup
             await load.wait()
     await runtime.shutdown()
@@ -202,10 +209,15 @@ async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> An
     )  # fmt: skip
 
 
-async def _received(count: Any, expected: int, *, idle_s: float = 2.0) -> tuple[float, float]:
+async def _received(
+    count: Any, expected: int, *, idle_s: float = 2.0, first_within_s: float = 60.0
+) -> tuple[float, float]:
     """When the first message was counted (perf_counter), and seconds from it to the
-    last: the receiver's rate."""
+    last: the receiver's rate. None within `first_within_s`: an error, not a hang."""
+    deadline = time.perf_counter() + first_within_s
     while count() == 0:
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"bench: nothing received in {first_within_s:.0f} s")
         await asyncio.sleep(0.001)
     first = time.perf_counter()
     return first, await _until_settled(count, expected, first, idle_s=idle_s)

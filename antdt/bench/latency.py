@@ -100,7 +100,7 @@ async def bench_incident_to_plan(
     JetStream). Wall-clock times, one host."""
     from antdt.services.controller.service import ControllerService, ControllerSettings
 
-    base = _settings(cluster, f"plan{ranks}")
+    base = _settings(cluster, f"plan{ranks}-{time.monotonic_ns() % 10**9}")
     settings = ControllerSettings(**base.model_dump())
     runtime = ServiceRuntime("bench-controller")
     bus = await Bus(settings.nats, name="bench-controller").connect()

@@ -306,6 +306,49 @@ async def test_a_backlog_drained_by_a_handler_leaves_the_loop_turns(
     assert turns >= drained_s / 0.02 / 4, f"{turns} turns in {drained_s:.2f} s of draining"
 
 
+async def test_a_subscription_ended_from_its_own_handler_finishes_what_was_queued(
+    bus: Bus,
+) -> None:
+    """`Subscription.end()` from inside its handler (a job given up on one of its own
+    events): the handler runs to its end, the messages queued behind it are still
+    handled, nothing published after the end is, and the connection's other
+    subscriptions go on."""
+    subjects = Subjects(bus.settings.subject_prefix)
+    got: list[int] = []
+    finished: list[int] = []
+    ended: list[asyncio.Task[None] | None] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        got.append(event.step)
+        if event.step == 3:
+            ended.append(sub.end())
+            ended.append(sub.end())  # idempotent
+            await asyncio.sleep(0.05)  # a wait after the end: not cancelled
+        finished.append(event.step)
+
+    sub = await bus.subscribe(subjects.step("ends", "*"), StepEvent, on_step)
+    other: list[int] = []
+
+    async def on_other(event: StepEvent, _: Delivery) -> None:
+        other.append(event.step)
+
+    await bus.subscribe(subjects.step("stays", "*"), StepEvent, on_other)
+    for n in range(1, 11):  # all queued before the handler reaches step 3
+        await bus.publish(subjects.step("ends", 0), step_event("ends", 0, n))
+    await bus.flush()
+    await wait_for(lambda: len(ended) == 2, what="the end asked for")
+    first, again = ended
+    assert first is not None and again is None and sub.ended
+    await asyncio.wait_for(first, timeout=10)
+    assert got == finished  # every handler ran to its end
+    assert got[:3] == [1, 2, 3] and got == sorted(got)
+    handled = len(got)
+    await bus.publish(subjects.step("ends", 0), step_event("ends", 0, 11))
+    await bus.publish(subjects.step("stays", 0), step_event("stays", 0, 1))
+    await wait_for(lambda: other == [1], what="the other subscription goes on")
+    assert len(got) == handled and 11 not in got
+
+
 async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     tracer = TracerProvider().get_tracer("test")
