@@ -39,6 +39,7 @@ from antdt.runtime.bus import Bus, Delivery, Subscription
 from antdt.runtime.ownership import Ownership
 from antdt.runtime.placement import ClaimPlan
 from antdt.runtime.recent import Recent
+from antdt.runtime.shared import SharedCalls
 from antdt.schemas import StepEvent, Subjects
 
 log = structlog.get_logger("antdt.monitor")
@@ -76,7 +77,7 @@ class JobIntake:
         self.plan = ClaimPlan(ownership.replica_id, grace_s=GRACE_ROUNDS * round_s)
         self._subs: dict[str, Subscription] = {}
         self._dormant: OrderedDict[str, None] = OrderedDict()  # subscribed, not owned
-        self._claims: dict[str, asyncio.Future[bool]] = {}
+        self._claims: SharedCalls[bool] = SharedCalls(failed=False)
         self._last_try: Recent[float] = Recent(MAX_PACED)  # job -> monotonic s
         self._replicas: list[str] = []
         self._members_known = False
@@ -95,27 +96,24 @@ class JobIntake:
 
     def claiming(self, job: str) -> asyncio.Future[bool] | None:
         """The claim of `job` under way, if any: its result says whether it is ours."""
-        return self._claims.get(job)
+        return self._claims.under_way(job)
 
     async def claim(self, job: str) -> bool:
         """Subscribe to the job's steps, then claim it; True if we own it. One claim per
         job at a time: callers meanwhile share its answer."""
         if self.ownership.owns(job) and job in self._subs:
             return True
-        under_way = self._claims.get(job)
-        if under_way is not None:
-            return await asyncio.shield(under_way)
-        under_way = self._claims[job] = asyncio.get_running_loop().create_future()
+        return await self._claims.run(job, lambda: self._subscribe_and_claim(job))
+
+    async def _subscribe_and_claim(self, job: str) -> bool:
         owned = False
         try:
             await self._watch(job)
             owned = await self.ownership.try_acquire(job)
             return owned
         finally:  # on an error too: not owned, and the subscription goes again
-            del self._claims[job]
             if not owned:
                 self.unwatch(job)
-            under_way.set_result(owned)
 
     async def claim_paced(self, job: str) -> bool:
         """`claim`, at most once a second per job (whatever the job id's messages ask)."""

@@ -32,6 +32,7 @@ from antdt.runtime.jobs import live_jobs, read_end
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership
 from antdt.runtime.recent import Recent
+from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (
@@ -132,7 +133,7 @@ class MonitorService:
         self._ended: Recent[tuple[float, int]] = Recent(MAX_ENDED)  # job -> (when, last step)
         self.dropped_ended = 0  # late step events of jobs that had ended
         # job -> the answer of its take-on under way (_detector): events meanwhile wait for it.
-        self._taking_on: dict[str, asyncio.Future[JobDetector | None]] = {}
+        self._taking_on: SharedCalls[JobDetector | None] = SharedCalls(failed=None)
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -198,17 +199,8 @@ class MonitorService:
         detector = self.detectors.get(job)
         if detector is not None and self.ownership.owns(job):
             return detector
-        taking_on = self._taking_on.get(job)
-        if taking_on is not None:
-            return await asyncio.shield(taking_on)
-        taking_on = self._taking_on[job] = asyncio.get_running_loop().create_future()
-        detector = None
-        try:
-            detector = await self._take_on(job, step)
-            return detector
-        finally:  # on an error too: the events that waited are dropped, as this one
-            del self._taking_on[job]
-            taking_on.set_result(detector)
+        # On an error too the events that waited are dropped, as this one.
+        return await self._taking_on.run(job, lambda: self._take_on(job, step))
 
     async def _take_on(self, job: str, step: int | None) -> JobDetector | None:
         claimed = not self.ownership.owns(job)
