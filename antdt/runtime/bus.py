@@ -386,10 +386,6 @@ class Subscription:
         self._ending: asyncio.Task[None] | None = None
 
     @property
-    def subject(self) -> str:
-        return str(self._sub.subject)
-
-    @property
     def ended(self) -> bool:
         return self._ending is not None
 

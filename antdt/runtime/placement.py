@@ -33,6 +33,13 @@ def preferred(job: str, replicas: Iterable[str]) -> str | None:
     return max(replicas, key=lambda replica: _score(replica, job), default=None)
 
 
+def _with(me: str, replicas: Iterable[str]) -> list[str]:
+    """The member list with this replica in it: its own key may not be written or read
+    yet, and it takes its share all the same."""
+    members = list(replicas)
+    return members if me in members else [*members, me]
+
+
 class ClaimPlan:
     """A replica's claim decisions over rounds: which unowned jobs to try to claim now.
 
@@ -51,7 +58,7 @@ class ClaimPlan:
         """Of the `live` jobs, those to claim now, given the jobs that have an owner
         (`owned`, any replica's) and the service's replicas; remembers what it saw."""
         has_owner = set(owned)
-        members = list(replicas) if self.me in replicas else [*replicas, self.me]
+        members = _with(self.me, replicas)
         seen: dict[str, float] = {}
         due = []
         for job in live:
@@ -66,8 +73,7 @@ class ClaimPlan:
     def mine_first(self, job: str, replicas: Sequence[str]) -> bool:
         """Should this replica claim `job` at first sight (its rank's hello)? Only if it
         is the job's preferred replica; the others leave it to the claim rounds."""
-        members = list(replicas) if self.me in replicas else [*replicas, self.me]
-        return preferred(job, members) == self.me
+        return preferred(job, _with(self.me, replicas)) == self.me
 
     def hand_over(
         self, owned: Iterable[str], members: Mapping[str, float], now: float,
@@ -76,9 +82,7 @@ class ClaimPlan:
         """Of the jobs this replica owns, one to hand over to its preferred replica: one
         that has been a member (since `members[replica]`, s) for `settle_s`, and that
         `movable` allows (say, no incident open). None if there is none."""
-        replicas = list(members)
-        if self.me not in members:
-            replicas.append(self.me)
+        replicas = _with(self.me, members)
         for job in owned:
             to = preferred(job, replicas)
             if to is None or to == self.me or now - members[to] < self.settle_s:

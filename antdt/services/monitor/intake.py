@@ -79,7 +79,6 @@ class JobIntake:
         self._dormant: OrderedDict[str, None] = OrderedDict()  # subscribed, not owned
         self._claims: SharedCalls[bool] = SharedCalls(failed=False)
         self._last_try: Recent[float] = Recent(MAX_PACED)  # job -> monotonic s
-        self._replicas: list[str] = []
         self._members_known = False
         self._member_since: dict[str, float] = {}  # replica -> since when (monotonic s)
         self._handed: Recent[float] = Recent(MAX_PACED)  # job -> when handed over
@@ -92,7 +91,7 @@ class JobIntake:
     @property
     def replicas(self) -> list[str]:
         """The service's replicas as this one last heard (`follow_members`)."""
-        return list(self._replicas)
+        return sorted(self._member_since)
 
     def claiming(self, job: str) -> asyncio.Future[bool] | None:
         """The claim of `job` under way, if any: its result says whether it is ours."""
@@ -145,7 +144,6 @@ class JobIntake:
                 self._member_since.setdefault(name, time.monotonic())
             else:
                 self._member_since.pop(name, None)
-            self._replicas = sorted(self._member_since)
             self._members_known = True
 
     def to_hand_over(self, movable: Callable[[str], bool]) -> str | None:
@@ -169,7 +167,7 @@ class JobIntake:
     async def _members(self) -> list[str]:
         if not self._members_known:  # the follow has not read them yet
             return await self.ownership.replicas()
-        return self._replicas
+        return self.replicas
 
     async def claim_round(self, live: Iterable[str]) -> None:
         """Claim the live jobs placement gives this replica now (one read of the owners
