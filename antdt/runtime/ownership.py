@@ -156,11 +156,21 @@ async def claim_loop(
     ownership: Ownership, jobs: Callable[[], Awaitable[list[str]]], interval_s: float
 ) -> None:
     """Periodically try to claim every known job nobody owns (takeover after a crash)."""
+
+    async def claim_known() -> None:
+        for job in await jobs():
+            if not ownership.owns(job):
+                await ownership.try_acquire(job)
+
+    await claim_rounds(claim_known, interval_s)
+
+
+async def claim_rounds(claim_round: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    """Run as a task: `claim_round()` every `interval_s`; one that fails (etcd or NATS
+    away) is logged and the next one comes as usual."""
     while True:
         try:
-            for job in await jobs():
-                if not ownership.owns(job):
-                    await ownership.try_acquire(job)
+            await claim_round()
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -230,22 +230,3 @@ class JobIntake:
             self._subs[job] = await self.bus.subscribe(
                 self.subjects.step(job, "*"), StepEvent, self.on_step
             )
-
-
-async def claim_rounds(
-    intake: JobIntake,
-    live_jobs: Callable[[], Awaitable[list[str]]],
-    interval_s: float,
-    after: Callable[[], Awaitable[None]],
-) -> None:
-    """Run as a task: a claim round every `interval_s` (takeover after a crash, jobs
-    whose hellos came before this replica ran), then `after` (the hand-over)."""
-    while True:
-        try:
-            await intake.claim_round(await live_jobs())
-            await after()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.info("claim round failed", error=str(exc))
-        await asyncio.sleep(interval_s)

@@ -30,7 +30,7 @@ from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.jobs import live_jobs, read_end
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.ownership import Ownership, claim_rounds
 from antdt.runtime.recent import Recent
 from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Store
@@ -48,7 +48,7 @@ from antdt.schemas import (
 )
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.incidents import IncidentPublisher
-from antdt.services.monitor.intake import JobIntake, claim_rounds
+from antdt.services.monitor.intake import JobIntake
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
 log = structlog.get_logger("antdt.monitor")
@@ -149,10 +149,7 @@ class MonitorService:
         runtime.spawn("incidents", self.incidents.run())
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn("members", self.intake.follow_members())
-        runtime.spawn(
-            "claim",
-            claim_rounds(self.intake, self._known_jobs, self.claim_round_s, self._hand_over),
-        )
+        runtime.spawn("claim", claim_rounds(self._claim_round, self.claim_round_s))
         runtime.spawn("health", self._health_loop())
         runtime.on_shutdown("drain", self.ranks_bus.drain)
         # The incidents the last events made go out before the connection closes.
@@ -167,6 +164,12 @@ class MonitorService:
         self.detectors.pop(job, None)
         self._step_subjects.pop(job, None)
         self.intake.unwatch(job)
+
+    async def _claim_round(self) -> None:
+        """Claim what placement gives this replica now (takeover after a crash, jobs whose
+        hellos came before it ran), then hand one job over if one is due."""
+        await self.intake.claim_round(await self._known_jobs())
+        await self._hand_over()
 
     async def _hand_over(self) -> None:
         """Give one job whose preferred replica is another (it started after this one
