@@ -207,7 +207,9 @@ class MonitorService:
 
     async def _take_on(self, job: str, step: int | None) -> JobDetector | None:
         claimed = not self.ownership.owns(job)
-        if claimed and not await self._claim_now(job):
+        # An exit of a job we do not own, a dormant job's step: claimed at once rather
+        # than at the next claim round (at most once a second per job).
+        if claimed and not await self.intake.claim_paced(job):
             return None
         if await self._ended_in_store(job, step):
             return None
@@ -257,12 +259,6 @@ class MonitorService:
             self._spec_problems.put(job, problem)
             log.warning("job spec unreadable; job not monitored", job=job, reason=problem)
         return None
-
-    async def _claim_now(self, job: str) -> bool:
-        """An exit of a job we do not own, a hello of a job we prefer, a dormant job's
-        step: claim it at once rather than at the next claim round, at most once a
-        second per job."""
-        return await self.intake.claim_paced(job)
 
     async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
         job, rank = event.job, event.rank
@@ -392,7 +388,7 @@ class MonitorService:
         before it registers, so a job without a spec yet is held for REGISTER_WAIT_S
         (`_check_starting`): a hello naming a job nobody registers (a typo, a stray
         process) holds a claim no longer, and at most MAX_STARTING of them."""
-        if not await self._claim_now(job):
+        if not await self.intake.claim_paced(job):
             return
         if await read_end(self.store, self.keys, job) is not None:
             await self._give_up(job)
