@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.store import Compare, Delete, Lease, Put, Store
+from antdt.runtime.store import Compare, Delete, Get, Lease, Put, Store
 from antdt.schemas import Keys
 
 log = structlog.get_logger("antdt.ownership")
@@ -103,13 +103,14 @@ class Ownership:
         if self.max_jobs is not None and len(self._owned) >= self.max_jobs:
             return False
         key = self.keys.owner(self.service, job)
+        # The Get in the same transaction gives the key's create revision (our fence for
+        # release) without a second round trip, during which the key would already be
+        # ours in etcd but not yet here.
         result = await self.store.txn(
-            [Compare.absent(key)], [Put(key, self.replica_id.encode(), lease.id)]
+            [Compare.absent(key)], [Put(key, self.replica_id.encode(), lease.id), Get(key)]
         )
-        if not result.succeeded:
-            return False
-        got = await self.store.get(key)
-        if got is None or got.lease != lease.id:
+        got = result.gets[0] if result.succeeded else None
+        if got is None:
             return False
         self._owned[job] = got.create_revision
         log.info("job acquired", service=self.service, job=job, replica=self.replica_id)
