@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -95,11 +96,13 @@ class JetStreamMixin:
         limit: int = 100_000,
         batch: int = 512,
         on_progress: Callable[[int, int], None] | None = None,
+        since: float | None = None,
     ) -> Replay[M]:
         """The first `limit` messages of `subject` (a filter, wildcards allowed) held in
         `stream`, oldest first, without acks and without waiting for messages that are not
-        there: it reads what matched when it began. `on_progress(read, total)` after each
-        batch. Raises StreamMissing when the stream does not exist."""
+        there: it reads what matched when it began. `since` (Unix seconds): only messages
+        the server stored from then on. `on_progress(read, total)` after each batch.
+        Raises StreamMissing when the stream does not exist."""
         js = self.nc.jetstream()
         config = ConsumerConfig(
             ack_policy=AckPolicy.NONE,
@@ -107,6 +110,9 @@ class JetStreamMixin:
             inactive_threshold=30.0,
             mem_storage=True,
         )
+        if since is not None:
+            config.deliver_policy = DeliverPolicy.BY_START_TIME
+            config.opt_start_time = datetime.datetime.fromtimestamp(since, datetime.timezone.utc)
         try:
             sub = await js.pull_subscribe(subject, stream=stream, config=config)
         except NotFoundError:

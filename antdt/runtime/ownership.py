@@ -64,6 +64,10 @@ class Ownership:
     def jobs(self) -> list[str]:
         return sorted(self._owned)
 
+    def claim_revision(self, job: str) -> int:
+        """The etcd revision at which we claimed `job` (0: not ours): unique per claim."""
+        return self._owned.get(job, 0)
+
     def fence(self, job: str) -> Compare:
         """A transaction condition that holds only while we still own `job`."""
         return Compare(self.keys.owner(self.service, job), "create", self._owned.get(job, -1))

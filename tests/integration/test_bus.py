@@ -379,6 +379,13 @@ async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     await bus.js_publish(subjects.incident("j"), step_event(step=2), msg_id="m2")
     replayed = await bus.js_read(stream, subjects.incident("j"), StepEvent)
     assert [e.step for e in replayed.items] == [1, 2] and replayed.available == 2
+    # From a start time on: what the server stored since then, not what came before.
+    await asyncio.sleep(0.05)  # the server's timestamps of the two sides must differ
+    since = time.time()
+    await asyncio.sleep(0.05)
+    await bus.js_publish(subjects.incident("j"), step_event(step=3), msg_id="m3")
+    later = await bus.js_read(stream, subjects.incident("j"), StepEvent, since=since)
+    assert [e.step for e in later.items] == [3] and later.available == 1
 
 
 async def test_a_bounded_read_tries_a_timed_out_fetch_again(

@@ -16,7 +16,7 @@ import pytest
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
-from antdt.schemas import JobHealth, JobSpec, Keys, StepEvent, Subjects
+from antdt.schemas import Incident, IncidentState, JobHealth, JobSpec, Keys, StepEvent, Subjects
 from tests.helpers import service_replicas, wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,3 +96,71 @@ async def test_owner_killed_another_replica_takes_over(
     # etcd expires leases on its own tick (up to ~0.5 s late): allow 1 s of slack.
     assert takeover_s <= ttl + claim_interval + 1.0
     assert after[-1].step > 0 and len(after[-1].ranks) == 2
+
+
+async def test_the_replica_taking_over_carries_on_the_incident_left_open(
+    settings: ServiceSettings, bus: Bus, store: Store, tmp_path: Path
+) -> None:
+    """A straggler's incident is open when its owner is killed -9: the survivor adopts it
+    from ANTDT_INCIDENTS and, once the rank is back to speed, resolves it under its id.
+    (Before, nobody ever resolved it: the controller went on acting on it.)"""
+    job, world = "hajob-incident", 4
+    keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
+    spec = JobSpec(job=job, world_size=world, dataset_size=100, shard_size=10, global_batch=16)
+    await store.put(keys.spec(job), spec.model_dump_json().encode())
+    incidents: list[Incident] = []
+
+    async def on_incident(incident: Incident, _: object) -> None:
+        incidents.append(incident)
+
+    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    slow = {"rank": 1}
+    stop = asyncio.Event()
+
+    async def publish_steps() -> None:
+        n = 0
+        while not stop.is_set():
+            for rank in range(world):
+                factor = 3.0 if rank == slow.get("rank") else 1.0
+                event = step(rank, n).model_copy(update={
+                    "job": job, "compute_s": 0.03 * factor, "step_s": 0.03 * 3 + 0.01,
+                })  # fmt: skip
+                await bus.publish(subjects.step(job, rank), event)
+            n += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.02)
+
+    async def owner() -> str | None:
+        got = await store.get(keys.owner("monitor", job))
+        return got.value.decode() if got else None
+
+    names = ["monitor-a", "monitor-b"]
+    publisher = asyncio.create_task(publish_steps())
+    try:
+        with replicas(settings, names, tmp_path) as procs:
+            first = await wait_for(owner, timeout=60, what="a replica owns the job")
+            opened = await wait_for(
+                lambda: next((i for i in incidents if i.state is IncidentState.OPENED), None),
+                timeout=30, what="the straggler's incident opened",
+            )  # fmt: skip
+            assert opened.rank == 1
+            procs[first].send_signal(signal.SIGKILL)
+            procs[first].wait(timeout=10)
+            survivor = next(n for n in names if n != first)
+            await wait_for(lambda: _owned_by(store, keys, job, survivor), timeout=30,
+                           what="takeover")  # fmt: skip
+            slow.clear()  # the rank is back to speed
+            resolved = await wait_for(
+                lambda: next((i for i in incidents if i.state is IncidentState.RESOLVED), None),
+                timeout=30, what="the incident resolved by the survivor",
+            )  # fmt: skip
+    finally:
+        stop.set()
+        await publisher
+    assert resolved.id == opened.id
+    assert [i.id for i in incidents if i.state is IncidentState.OPENED] == [opened.id]
+
+
+async def _owned_by(store: Store, keys: Keys, job: str, replica: str) -> bool:
+    got = await store.get(keys.owner("monitor", job))
+    return got is not None and got.value.decode() == replica

@@ -268,7 +268,17 @@ def test_incident_ids_are_deterministic() -> None:
     first = [i.id for i in run(job, range(200))[1]]
     second = [i.id for i in run(job, range(200))[1]]
     assert first == second
-    assert first[0] == f"{JOB}-r3-slow-1"
+    assert first[0] == f"{JOB}-r3-slow-e0-1"
+
+
+def test_incident_ids_of_two_owners_of_a_job_never_meet() -> None:
+    """Each owner's detector has the epoch of its claim in its ids: a replica taking a
+    job over must not reuse the ids of the incidents the last owner opened (JetStream
+    would drop them as duplicates, and the controller mix the two up)."""
+    job = Job(4, cost=slow_rank(3, 3.0, start=30), jitter=0.05, seed=3)
+    first = [i.id for i in run(job, range(200))[1]]
+    again = [i.id for i in run(job, range(200), JobDetector(JOB, 4, epoch=4711))[1]]
+    assert again[0] == f"{JOB}-r3-slow-e4711-1" and not set(first) & set(again)
 
 
 # ------------------------------------------------------------------ lifecycle

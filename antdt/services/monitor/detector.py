@@ -112,7 +112,11 @@ class DetectorConfig:
 class JobDetector:
     """Detector for one job; see the module docstring for the rules."""
 
-    def __init__(self, job: str, world_size: int, config: DetectorConfig | None = None) -> None:
+    def __init__(
+        self, job: str, world_size: int, config: DetectorConfig | None = None, *, epoch: int = 0
+    ) -> None:
+        """`epoch`: part of every incident id this detector makes, so that ids of two
+        owners of the job never meet (the service passes its claim's etcd revision)."""
         if world_size < 1:
             raise ValueError("world_size must be >= 1")
         self.job = job
@@ -136,6 +140,7 @@ class JobDetector:
         self._rewind = False
         self._plan_version = 0
         self._incident_counter = 0
+        self._epoch = epoch
         self._open: dict[str, int] = {}  # open incident id -> rank, in opening order
 
     # ----------------------------------------------------------------- public API
@@ -307,6 +312,37 @@ class JobDetector:
                 "evidence": {**incident.evidence, "exited": 1.0},
             }
         )
+
+    def adopt(self, incident: Incident, now: float) -> Incident | None:
+        """Carry on an incident a previous owner of the job opened and never resolved (it
+        died, or lost its lease): it stays open under its id, and this detector moves it
+        on as one of its own (escalates, resolves it after normal windows, or, a stall,
+        on the rank's next step). Returns None when adopted; the incident resolved when
+        it cannot be carried on: its rank is out of this job's range, or the rank has an
+        incident of that kind open already (superseded)."""
+        now = self._tick(now)
+        if incident.id in self._open or incident.job != self.job:
+            return None
+        stall = incident.kind is IncidentKind.STALLED
+        rank = self._ranks[incident.rank] if 0 <= incident.rank < self.world_size else None
+        if rank is None or (rank.stall if stall else rank.deviation) is not None:
+            return incident.model_copy(update={
+                "state": IncidentState.RESOLVED, "updated_at": now,
+                "evidence": {**incident.evidence, "superseded": 1.0},
+            })  # fmt: skip
+        rank.host = rank.host or incident.host
+        self._open[incident.id] = rank.rank
+        if stall:  # silent since before the incident opened, as its evidence says
+            rank.stall = incident
+            if rank.last_seen_at is None:
+                rank.last_seen_at = incident.opened_at - incident.evidence.get("silent_s", 0.0)
+            return None
+        rank.deviation = incident
+        rank.deviation_windows = rank.streak = incident.windows
+        rank.streak_kind = incident.kind
+        rank.deterministic = incident.straggler_class is StragglerClass.DETERMINISTIC
+        rank.had_normal = not rank.deterministic
+        return None
 
     def stall_limit_s(self) -> float:
         """Silence (seconds) after which a rank counts as stalled."""
@@ -574,7 +610,7 @@ class JobDetector:
     def _new_id(self, rank: int, kind: IncidentKind) -> str:
         self._incident_counter += 1
         # Job ids may be 128 characters, incident ids too: keep room for the suffix.
-        return f"{self.job[:96]}-r{rank}-{kind.value}-{self._incident_counter}"
+        return f"{self.job[:80]}-r{rank}-{kind.value}-e{self._epoch}-{self._incident_counter}"
 
     def _find_open(self, incident_id: str) -> Incident:
         rank = self._ranks[self._open[incident_id]]

@@ -48,6 +48,7 @@ from antdt.schemas import (
 )
 from antdt.services.monitor.detector import DetectorConfig, JobDetector
 from antdt.services.monitor.incidents import IncidentPublisher
+from antdt.services.monitor.inherit import open_incidents
 from antdt.services.monitor.intake import JobIntake
 from antdt.services.monitor.jobconfig import job_config, read_spec
 
@@ -66,6 +67,9 @@ MAX_PACED = 4096
 REGISTER_WAIT_S = 10.0
 #: Jobs held that way, at most (hellos naming jobs nobody registers must not grow it).
 MAX_STARTING = 1024
+#: How long taking a job on waits to read the incidents its last owner left open, seconds
+#: (JetStream away: the job is watched without them rather than not at all).
+INHERIT_TIMEOUT_S = 10.0
 
 
 class MonitorSettings(ServiceSettings):
@@ -218,7 +222,9 @@ class MonitorService:
             if claimed:  # not registered (yet): claiming it would hold a slot for nothing
                 await self._give_up(job)
             return None
-        detector = self.detectors[job] = self._new_detector(job, spec)
+        detector = self._new_detector(job, spec)
+        await self._carry_on_incidents(detector)
+        self.detectors[job] = detector
         self.intake.wake(job)
         self._step_subjects[job] = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
         return detector
@@ -236,7 +242,26 @@ class MonitorService:
             slow_threshold=config.slow_threshold,
             persistent_windows=config.persistent_windows,
         )
-        return JobDetector(job, spec.world_size, config)
+        return JobDetector(job, spec.world_size, config, epoch=self.ownership.claim_revision(job))
+
+    async def _carry_on_incidents(self, detector: JobDetector) -> None:
+        """Adopt the incidents the job's previous owner left open (inherit.py); those it
+        cannot carry on are resolved. Unreadable (JetStream away): logged, not adopted."""
+        job, now = detector.job, time.time()
+        try:
+            left_open = await asyncio.wait_for(
+                open_incidents(self.bus, self.subjects, job, now), INHERIT_TIMEOUT_S
+            )  # the job's first events wait for this: never for long
+        except Exception as exc:
+            log.warning("incidents left open by the job's previous owner not read",
+                        job=job, error=str(exc))  # fmt: skip
+            return
+        for incident in left_open:
+            superseded = detector.adopt(incident, now)
+            if superseded is not None:
+                await self._publish_incident(superseded)
+        if left_open:
+            log.info("incidents carried on", job=job, incidents=[i.id for i in left_open])
 
     async def _job_spec(self, job: str) -> JobSpec | None:
         """The job's stored spec (a monitor section this replica cannot read is dropped:
