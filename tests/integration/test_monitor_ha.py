@@ -60,25 +60,20 @@ async def test_owner_killed_another_replica_takes_over(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.05)
 
-    async def owner() -> str | None:
-        got = await store.get(keys.owner("monitor", JOB))
-        return got.value.decode() if got else None
-
-    async def owner_is(expected: str) -> bool:
-        return await owner() == expected
-
     names = ["monitor-a", "monitor-b"]
     publisher = asyncio.create_task(publish_steps())
     try:
         with replicas(settings, names, tmp_path) as procs:
-            first = await wait_for(owner, timeout=60, what="a replica owns the job")
+            first = await wait_for(lambda: _owner(store, keys, JOB), timeout=60,
+                                   what="a replica owns the job")  # fmt: skip
             assert first in names
             await wait_for(lambda: any(h.ranks and h.step > 0 for _, h in healths), what="health")
             procs[first].send_signal(signal.SIGKILL)
             procs[first].wait(timeout=10)
             killed_at = time.monotonic()
             survivor = next(n for n in names if n != first)
-            await wait_for(lambda: owner_is(survivor), timeout=30, interval=0.05, what="takeover")
+            await wait_for(lambda: _owned_by(store, keys, JOB, survivor), timeout=30,
+                           interval=0.05, what="takeover")  # fmt: skip
             takeover_s = time.monotonic() - killed_at
             await wait_for(
                 lambda: sum(1 for t, h in healths if t > killed_at + takeover_s) >= 2,
@@ -130,15 +125,12 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.02)
 
-    async def owner() -> str | None:
-        got = await store.get(keys.owner("monitor", job))
-        return got.value.decode() if got else None
-
     names = ["monitor-a", "monitor-b"]
     publisher = asyncio.create_task(publish_steps())
     try:
         with replicas(settings, names, tmp_path) as procs:
-            first = await wait_for(owner, timeout=60, what="a replica owns the job")
+            first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
+                                   what="a replica owns the job")  # fmt: skip
             opened = await wait_for(
                 lambda: next((i for i in incidents if i.state is IncidentState.OPENED), None),
                 timeout=30, what="the straggler's incident opened",
@@ -161,6 +153,10 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     assert [i.id for i in incidents if i.state is IncidentState.OPENED] == [opened.id]
 
 
-async def _owned_by(store: Store, keys: Keys, job: str, replica: str) -> bool:
+async def _owner(store: Store, keys: Keys, job: str) -> str | None:
     got = await store.get(keys.owner("monitor", job))
-    return got is not None and got.value.decode() == replica
+    return got.value.decode() if got else None
+
+
+async def _owned_by(store: Store, keys: Keys, job: str, replica: str) -> bool:
+    return await _owner(store, keys, job) == replica
