@@ -24,13 +24,31 @@ pytestmark = pytest.mark.integration
 JOB = "hajob"
 
 
-def step(rank: int, n: int) -> StepEvent:
-    t = 1000.0 + n * 0.05
+def step(rank: int, n: int, job: str = JOB, slow: bool = False, step_s: float = 0.04) -> StepEvent:
+    """Rank `rank`'s step `n`: 30 ms of compute (3x that when `slow`) in `step_s`."""
+    t = 1000.0 + n * step_s
     return StepEvent(
-        job=JOB, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
-        samples=4, compute_s=0.03, data_wait_s=0.0, comm_s=0.01, step_s=0.04,
-        started_at=t, ended_at=t + 0.04,
+        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
+        samples=4, compute_s=0.09 if slow else 0.03, data_wait_s=0.0, comm_s=0.01,
+        step_s=step_s, started_at=t, ended_at=t + step_s,
     )  # fmt: skip
+
+
+async def _publish_steps(
+    bus: Bus, job: str, world: int, stop: asyncio.Event, *, every_s: float,
+    slow: set[int] | None = None,
+) -> None:  # fmt: skip
+    """Every rank's next step every `every_s` until `stop`; the ranks in `slow` (read each
+    step: the caller may empty it) at 3x, everyone waiting for them at the barrier."""
+    subjects, slow = Subjects(bus.settings.subject_prefix), slow if slow is not None else set()
+    n = 0
+    while not stop.is_set():
+        step_s = 0.1 if slow else 0.04
+        for rank in range(world):
+            await bus.publish(subjects.step(job, rank), step(rank, n, job, rank in slow, step_s))
+        n += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every_s)
 
 
 def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Any:
@@ -50,18 +68,8 @@ async def test_owner_killed_another_replica_takes_over(
 
     await bus.subscribe(subjects.health(JOB), JobHealth, on_health)
     stop = asyncio.Event()
-
-    async def publish_steps() -> None:
-        n = 0
-        while not stop.is_set():
-            for rank in (0, 1):
-                await bus.publish(subjects.step(JOB, rank), step(rank, n))
-            n += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.05)
-
     names = ["monitor-a", "monitor-b"]
-    publisher = asyncio.create_task(publish_steps())
+    publisher = asyncio.create_task(_publish_steps(bus, JOB, 2, stop, every_s=0.05))
     try:
         with replicas(settings, names, tmp_path) as procs:
             first = await wait_for(lambda: _owner(store, keys, JOB), timeout=60,
@@ -109,24 +117,9 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
         incidents.append(incident)
 
     await bus.subscribe(subjects.incident(job), Incident, on_incident)
-    slow = {"rank": 1}
-    stop = asyncio.Event()
-
-    async def publish_steps() -> None:
-        n = 0
-        while not stop.is_set():
-            for rank in range(world):
-                factor = 3.0 if rank == slow.get("rank") else 1.0
-                event = step(rank, n).model_copy(update={
-                    "job": job, "compute_s": 0.03 * factor, "step_s": 0.03 * 3 + 0.01,
-                })  # fmt: skip
-                await bus.publish(subjects.step(job, rank), event)
-            n += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.02)
-
+    slow, stop = {1}, asyncio.Event()
     names = ["monitor-a", "monitor-b"]
-    publisher = asyncio.create_task(publish_steps())
+    publisher = asyncio.create_task(_publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
     try:
         with replicas(settings, names, tmp_path) as procs:
             first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
