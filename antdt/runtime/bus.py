@@ -178,7 +178,15 @@ class Bus(JetStreamMixin):
                 await self._nc.close()
 
     async def flush(self, timeout: float = 2.0) -> None:
-        await self.nc.flush(timeout=timeout)  # type: ignore[arg-type]
+        """Return once nats-server has read everything sent so far (SUBs and PUBs).
+
+        nats-py's own flush writes its PING straight to the socket, ahead of the commands
+        still queued for its flusher task: its PONG then says nothing about them (a SUB
+        the server had not read yet let a request on another connection find no
+        responder, in CI). So hand the queue to the flusher first, then ping."""
+        nc = self.nc
+        await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
+        await nc.flush(timeout=timeout)  # type: ignore[arg-type]
 
     # -- publish / request -------------------------------------------------------
 
@@ -310,7 +318,7 @@ class Bus(JetStreamMixin):
         # server (reconnecting), the SUB goes out when the connection is back: say so
         # rather than fail the caller, for messages published until then are not seen.
         try:
-            await self.nc.flush(timeout=2)  # type: ignore[arg-type]
+            await self.flush(timeout=2)
         except Exception as exc:
             log.warning("subscription not confirmed by nats-server yet",
                         subject=subject, error=repr(exc))  # fmt: skip

@@ -236,6 +236,44 @@ async def test_a_subscription_with_concurrency_handles_that_many_at_once_and_dra
         await server.close()
 
 
+async def test_subscribed_means_the_server_has_read_the_sub(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The PING whose PONG confirms a subscription goes on the wire after its SUB.
+
+    nats-py's flush writes its PING at once, ahead of a SUB still queued for its flusher
+    task; the PONG then came back before the server had read the SUB, and a request from
+    another connection found no responder (CI, once)."""
+    written: list[bytes] = []
+    transport = bus.nc._transport
+    write, writelines = transport.write, transport.writelines
+
+    def record(data: bytes) -> None:
+        written.append(bytes(data))
+        write(data)
+
+    def record_lines(lines: list[bytes]) -> None:
+        written.extend(bytes(line) for line in lines)
+        writelines(lines)
+
+    monkeypatch.setattr(transport, "write", record)
+    monkeypatch.setattr(transport, "writelines", record_lines)
+    subject = Subjects(bus.settings.subject_prefix).plan_get("job1")
+
+    async def echo(req: PlanRequest, _: Delivery) -> PlanRequest:
+        return req
+
+    await bus.subscribe(subject, PlanRequest, echo)
+    wire = b"".join(written)
+    assert b"SUB " + subject.encode() in wire
+    assert wire.index(b"SUB " + subject.encode()) < wire.rindex(b"PING")
+    await bus.flush()  # the same for what is published
+    await bus.publish_raw(subject, b"{}")
+    await bus.flush()
+    wire = b"".join(written)
+    assert wire.rindex(b"PUB " + subject.encode()) < wire.rindex(b"PING")
+
+
 async def test_messages_dropped_behind_a_slow_handler_are_counted_and_logged_once(
     bus: Bus,
 ) -> None:
