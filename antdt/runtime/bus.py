@@ -186,6 +186,8 @@ class Bus(JetStreamMixin):
         responder, in CI). So hand the queue to the flusher first, then ping."""
         nc = self.nc
         await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
+        if not nc.is_connected:  # (nats-py's flush returns quietly once its writer is gone)
+            raise BusError("not connected to nats-server: nothing confirmed")
         await nc.flush(timeout=timeout)  # type: ignore[arg-type]
 
     # -- publish / request -------------------------------------------------------
