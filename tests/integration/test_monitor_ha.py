@@ -101,13 +101,17 @@ async def test_owner_killed_another_replica_takes_over(
     assert after[-1].step > 0 and len(after[-1].ranks) == 2
 
 
+@pytest.mark.parametrize("then", ["rank_recovers", "ranks_fall_silent"])
 async def test_the_replica_taking_over_carries_on_the_incident_left_open(
-    settings: ServiceSettings, bus: Bus, store: Store, tmp_path: Path
+    settings: ServiceSettings, bus: Bus, store: Store, tmp_path: Path, then: str
 ) -> None:
     """A straggler's incident is open when its owner is killed -9: the survivor adopts it
-    from ANTDT_INCIDENTS and, once the rank is back to speed, resolves it under its id.
-    (Before, nobody ever resolved it: the controller went on acting on it.)"""
-    job, world = "hajob-incident", 4
+    from ANTDT_INCIDENTS and resolves it under its id, either once the rank is back to
+    speed, or, when the ranks fell silent with the owner (their launcher died with it),
+    when it ends the job as abandoned: it takes the job on with no rank heard from
+    `abandon_after_s` after its claim. (Before, nobody ever resolved it: the controller
+    went on acting on it, and it stayed open in ANTDT_INCIDENTS for good.)"""
+    job, world = f"hajob-incident-{then}", 4
     keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
     spec = JobSpec(job=job, world_size=world, dataset_size=100, shard_size=10, global_batch=16)
     await store.put(keys.spec(job), spec.model_dump_json().encode())
@@ -120,8 +124,9 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     slow, stop = {1}, asyncio.Event()
     names = ["monitor-a", "monitor-b"]
     publisher = asyncio.create_task(_publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
+    abandon = {"ANTDT_ABANDON_AFTER_S": "3"}
     try:
-        with replicas(settings, names, tmp_path) as procs:
+        with service_replicas("monitor", settings, names, tmp_path, abandon) as procs:
             first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
                                    what="a replica owns the job")  # fmt: skip
             opened = await wait_for(
@@ -129,12 +134,15 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
                 timeout=30, what="the straggler's incident opened",
             )  # fmt: skip
             assert opened.rank == 1
+            if then == "ranks_fall_silent":
+                stop.set()
+                await publisher
             procs[first].send_signal(signal.SIGKILL)
             procs[first].wait(timeout=10)
             survivor = next(n for n in names if n != first)
             await wait_for(lambda: _owned_by(store, keys, job, survivor), timeout=30,
                            what="takeover")  # fmt: skip
-            slow.clear()  # the rank is back to speed
+            slow.clear()  # the rank is back to speed (if the ranks still run)
             resolved = await wait_for(
                 lambda: next((i for i in incidents if i.state is IncidentState.RESOLVED), None),
                 timeout=30, what="the incident resolved by the survivor",
@@ -144,6 +152,8 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
         await publisher
     assert resolved.id == opened.id
     assert [i.id for i in incidents if i.state is IncidentState.OPENED] == [opened.id]
+    if then == "ranks_fall_silent":
+        assert await store.get(keys.ended(job)) is not None  # ended as abandoned
 
 
 async def _owner(store: Store, keys: Keys, job: str) -> str | None:
