@@ -31,6 +31,7 @@ from antdt.runtime.messages import (
     Replay,
     StreamMissing,
     encode,
+    sent_under,
     trace_headers,
 )
 
@@ -158,6 +159,8 @@ class JetStreamMixin:
                     replay.items.append(decoder.decode(msg.data))
                 except Rejected:
                     replay.rejected += 1
+                else:
+                    replay.traces.append(sent_under(msg.headers))
             read += len(msgs)
             if on_progress is not None:
                 on_progress(read, wanted)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import structlog
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanContext
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from antdt.schemas import MAX_MESSAGE_BYTES, ErrorReply
@@ -54,6 +55,9 @@ class Replay(Generic[M]):
     items: list[M]
     available: int  # messages matching the filter when the read began
     rejected: int = 0  # stored messages that failed validation (skipped)
+    # The span each item was sent under (its traceparent header; None: none), in step
+    # with `items`: a reader that carries on what a message started joins its trace.
+    traces: list[SpanContext | None] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -133,6 +137,14 @@ def trace_headers(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     if otel_context.get_current():
         propagate.inject(headers)
     return headers
+
+
+def sent_under(headers: Mapping[str, str] | None) -> SpanContext | None:
+    """The span a message was sent under, from its W3C traceparent (None: none)."""
+    if not headers:
+        return None
+    sent = trace.get_current_span(propagate.extract(headers)).get_span_context()
+    return sent if sent.is_valid else None
 
 
 _ERROR_FIELDS = set(ErrorReply.model_fields)

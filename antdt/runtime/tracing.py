@@ -79,11 +79,17 @@ def _current() -> SpanContext | None:
 class IncidentTraces:
     """The monitor's side: the first transition of an incident starts its trace; later
     ones (escalated, mitigating, resolved) are children of that root. A replica that
-    takes a job over mid-incident starts a new trace for its later transitions."""
+    takes a job over mid-incident carries its trace on (`adopt`)."""
 
     def __init__(self, limit: int = 100_000, *, provider: TracerProvider | None = None) -> None:
         self._tracer = (provider or trace.get_tracer_provider()).get_tracer("antdt.monitor")
         self._roots: Recent[SpanContext] = Recent(limit)
+
+    def adopt(self, incident_id: str, root: SpanContext | None) -> None:
+        """An incident another replica opened: its later transitions here are children
+        of `root` (the span it was published under; None: they start a new trace)."""
+        if root is not None and root.is_valid:
+            self._roots.put(incident_id, root)
 
     @contextmanager
     def transition(self, incident: Incident, subject: str, msg_id: str) -> Iterator[Span]:

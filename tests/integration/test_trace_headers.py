@@ -4,13 +4,18 @@ current while the incident is published, so the copy stored in the stream carrie
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.tracing import IncidentTraces
-from antdt.schemas import Incident, IncidentKind, IncidentState, Subjects
+from antdt.schemas import INCIDENT_STREAM, Incident, IncidentKind, IncidentState, Subjects
+from antdt.services.monitor.inherit import open_incidents
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,3 +53,33 @@ async def test_incident_trace_context_is_stored_in_jetstream(bus: Bus, unique: s
     (msg,) = await replay.fetch(1, timeout=2)
     assert (msg.headers or {})["traceparent"].split("-")[1] == trace_id
     await replay.unsubscribe()
+
+
+async def test_an_incident_carried_on_by_another_replica_stays_in_its_trace(
+    bus: Bus, unique: str
+) -> None:
+    """Replica A opens an incident and dies; replica B reads it back from ANTDT_INCIDENTS
+    (as at a take-over) with the span it was published under, and B's resolution of it
+    is a child of A's root span: one trace for the whole incident in Jaeger."""
+    subjects, job = Subjects(bus.settings.subject_prefix), f"tr{unique}"
+    subject = subjects.incident(job)
+    await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    provider, spans = TracerProvider(), InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    opened = _incident(job)
+    with IncidentTraces(provider=provider).transition(opened, subject, "m1") as root:
+        await bus.js_publish(subject, opened, msg_id="m1")
+
+    (left,) = await open_incidents(bus, subjects, job, time.time())
+    sent = root.get_span_context()
+    assert left.incident == opened and left.trace is not None
+    assert (left.trace.trace_id, left.trace.span_id) == (sent.trace_id, sent.span_id)
+    replica_b = IncidentTraces(provider=provider)
+    replica_b.adopt(opened.id, left.trace)
+    resolved = opened.model_copy(update={"state": IncidentState.RESOLVED})
+    with replica_b.transition(resolved, subject, "m2") as later:
+        await bus.js_publish(subject, resolved, msg_id="m2")
+    assert later.get_span_context().trace_id == sent.trace_id
+    assert later.parent is not None and later.parent.span_id == sent.span_id
+    assert [s.name for s in spans.get_finished_spans()] == ["incident opened", "incident resolved"]
+    assert await open_incidents(bus, subjects, job, time.time()) == []

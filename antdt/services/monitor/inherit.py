@@ -11,13 +11,19 @@ A job's incidents are read oldest first, at most READ_LIMIT of them. A job with 
 retained than that (a long run, many transient stragglers) is read from a later start
 time, in LOOKBACKS_S steps, so that the newest are the ones read: an incident opened
 before that start and still open is then not carried on (logged).
+
+Each incident left open comes with the span its earliest transition read was published
+under (its traceparent on the stream: the OPENED one's is the incident's root), so that
+its later transitions join its trace rather than start one of their own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import structlog
+from opentelemetry.trace import SpanContext
 
 from antdt.runtime.bus import Bus
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentState, Subjects
@@ -41,7 +47,12 @@ def still_open(records: Iterable[Incident]) -> list[Incident]:
     return sorted(open_, key=lambda i: i.opened_at)
 
 
-async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> list[Incident]:
+class LeftOpen(NamedTuple):
+    incident: Incident  # its latest transition
+    trace: SpanContext | None  # the span its earliest transition read was published under
+
+
+async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> list[LeftOpen]:
     """The job's incidents left open on ANTDT_INCIDENTS (raises when it cannot read)."""
     subject = subjects.incident(job)
     for lookback in LOOKBACKS_S:
@@ -52,4 +63,8 @@ async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> 
             break
         log.warning("job has more incidents than a take-over reads; reading later ones",
                     job=job, incidents=replay.available, since=since)  # fmt: skip
-    return still_open(i for i in replay.items if i.job == job)
+    ours = [(i, t) for i, t in zip(replay.items, replay.traces, strict=True) if i.job == job]
+    first_trace: dict[str, SpanContext | None] = {}
+    for incident, trace in ours:
+        first_trace.setdefault(incident.id, trace)
+    return [LeftOpen(i, first_trace[i.id]) for i in still_open(i for i, _ in ours)]

@@ -256,12 +256,13 @@ class MonitorService:
             log.warning("incidents left open by the job's previous owner not read",
                         job=job, error=str(exc))  # fmt: skip
             return
-        for incident in left_open:
+        for incident, root in left_open:
+            self.traces.adopt(incident.id, root)  # its later transitions join its trace
             superseded = detector.adopt(incident, now)
             if superseded is not None:
                 await self._publish_incident(superseded)
         if left_open:
-            log.info("incidents carried on", job=job, incidents=[i.id for i in left_open])
+            log.info("incidents carried on", job=job, incidents=[i.id for i, _ in left_open])
 
     async def _job_spec(self, job: str) -> JobSpec | None:
         """The job's stored spec (a monitor section this replica cannot read is dropped:
