@@ -120,11 +120,19 @@ class Ownership:
         log.info("job acquired", service=self.service, job=job, replica=self.replica_id)
         return True
 
-    async def release(self, job: str) -> None:
-        """Give `job` up (its work is over): delete our key, if it is still ours."""
+    async def release(self, job: str, settle: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Give `job` up: we stop owning it at once, and delete our key, if it is still
+        ours, once `settle()` is done (what the next owner must find finished: it claims
+        the job only after the key is gone). A `settle` that fails is logged."""
         revision = self._owned.pop(job, None)
         if revision is None:
             return
+        if settle is not None:
+            try:
+                await settle()
+            except Exception as exc:
+                log.warning("job not settled before its release", service=self.service,
+                            job=job, error=repr(exc))  # fmt: skip
         key = self.keys.owner(self.service, job)
         await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
         log.info("job released", service=self.service, job=job, replica=self.replica_id)

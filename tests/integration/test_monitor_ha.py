@@ -34,7 +34,7 @@ def step(rank: int, n: int, job: str = JOB, slow: bool = False, step_s: float = 
     )  # fmt: skip
 
 
-async def _publish_steps(
+async def publish_steps(
     bus: Bus, job: str, world: int, stop: asyncio.Event, *, every_s: float,
     slow: set[int] | None = None,
 ) -> None:  # fmt: skip
@@ -69,7 +69,7 @@ async def test_owner_killed_another_replica_takes_over(
     await bus.subscribe(subjects.health(JOB), JobHealth, on_health)
     stop = asyncio.Event()
     names = ["monitor-a", "monitor-b"]
-    publisher = asyncio.create_task(_publish_steps(bus, JOB, 2, stop, every_s=0.05))
+    publisher = asyncio.create_task(publish_steps(bus, JOB, 2, stop, every_s=0.05))
     try:
         with replicas(settings, names, tmp_path) as procs:
             first = await wait_for(lambda: _owner(store, keys, JOB), timeout=60,
@@ -123,7 +123,7 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     await bus.subscribe(subjects.incident(job), Incident, on_incident)
     slow, stop = {1}, asyncio.Event()
     names = ["monitor-a", "monitor-b"]
-    publisher = asyncio.create_task(_publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
+    publisher = asyncio.create_task(publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
     abandon = {"ANTDT_ABANDON_AFTER_S": "3"}
     try:
         with service_replicas("monitor", settings, names, tmp_path, abandon) as procs:

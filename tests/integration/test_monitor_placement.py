@@ -4,6 +4,7 @@ nats-server and etcd. A replica that leaves has its jobs taken over, steps and a
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -13,10 +14,19 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.placement import preferred
 from antdt.runtime.store import Store
-from antdt.schemas import JobSpec, Keys, RankHello, StepEvent, Subjects
+from antdt.schemas import (
+    Incident,
+    IncidentState,
+    JobSpec,
+    Keys,
+    RankHello,
+    StepEvent,
+    Subjects,
+)
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
 from tests.helpers import wait_for
+from tests.integration.test_monitor_ha import publish_steps
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +159,55 @@ async def test_a_replica_started_later_is_handed_its_share_of_the_jobs(
     finally:
         for runtime in runtimes:
             await runtime.shutdown()
+
+
+async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carried_on(
+    settings: ServiceSettings, bus: Bus, store: Store, unique: str
+) -> None:
+    """m-a owns a job whose rank 1 straggles, its incident open; m-b, the job's preferred
+    replica, starts: m-a hands the job over all the same, its transitions stored first,
+    and m-b carries the incident on and resolves it, under its id, once the rank is back
+    to speed. (Before, a job with an incident open stayed where it was.)"""
+    subjects, keys = Subjects(settings.nats.subject_prefix), Keys(settings.etcd.key_prefix)
+    job = next(j for n in range(100) if preferred(j := f"ho{unique}-{n}", REPLICAS) == "m-b")
+    spec = JobSpec(job=job, world_size=4, dataset_size=100, shard_size=10, global_batch=16)
+    await store.put(keys.spec(job), spec.model_dump_json().encode())
+    incidents: list[Incident] = []
+
+    async def on_incident(incident: Incident, _: object) -> None:
+        incidents.append(incident)
+
+    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    slow, stop = {1}, asyncio.Event()
+    runtimes = []
+    publisher = asyncio.create_task(publish_steps(bus, job, 4, stop, every_s=0.02, slow=slow))
+    try:
+        runtime, first = await _start(settings, "m-a")
+        runtimes.append(runtime)
+        opened = await wait_for(
+            lambda: next((i for i in incidents if i.state is IncidentState.OPENED), None),
+            timeout=30, what="the straggler's incident opened on m-a",
+        )  # fmt: skip
+        assert first.ownership.jobs == [job] and opened.rank == 1
+        runtime, later = await _start(settings, "m-b")
+        runtimes.append(runtime)
+        await wait_for(lambda: later.ownership.jobs == [job], timeout=30,
+                       what="m-b is handed the job")  # fmt: skip
+        assert job not in first.detectors
+        await wait_for(lambda: job in later.detectors, what="m-b takes the job on")
+        assert [i.id for i in later.detectors[job].open_incidents] == [opened.id]
+        slow.clear()  # the rank is back to speed
+        resolved = await wait_for(
+            lambda: next((i for i in incidents if i.state is IncidentState.RESOLVED), None),
+            timeout=30, what="the incident resolved by m-b",
+        )  # fmt: skip
+    finally:
+        stop.set()
+        await publisher
+        for runtime in runtimes:
+            await runtime.shutdown()
+    assert resolved.id == opened.id
+    assert [i.id for i in incidents if i.state is IncidentState.OPENED] == [opened.id]
 
 
 async def _register_and_start(

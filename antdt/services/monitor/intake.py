@@ -16,8 +16,9 @@ Which replica claims a job is placement's choice (runtime/placement.py): the job
 preferred replica at once (on a rank's hello, or at the next claim round), any replica
 once the job has gone unowned for a few rounds. The member list placement reads is
 followed in etcd (`follow_members`). An owner hands a job back to its preferred replica
-once that one has been up for a while (`to_hand_over`; the service moves only jobs with
-no incident open). `reconcile` keeps the subscriptions equal to what the replica owns,
+once that one has been up for a while (`to_hand_over`; the service lets the job go once
+its incident transitions are stored, so the new owner carries its open ones on).
+`reconcile` keeps the subscriptions equal to what the replica owns,
 whatever took a job away (its lease lapsed, the job ended, a subscription that failed).
 
 A job ended as abandoned (no rank heard from for `abandon_after_s`) is given up, but it

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import structlog
 from pydantic import Field
@@ -70,6 +71,9 @@ MAX_STARTING = 1024
 #: How long taking a job on waits to read the incidents its last owner left open, seconds
 #: (JetStream away: the job is watched without them rather than not at all).
 INHERIT_TIMEOUT_S = 10.0
+#: How long a job handed over waits, at most, for its transitions under way to be on
+#: ANTDT_INCIDENTS before its key goes, seconds (then it goes anyway, logged).
+SETTLE_TIMEOUT_S = 5.0
 
 
 class MonitorSettings(ServiceSettings):
@@ -138,6 +142,9 @@ class MonitorService:
         self.dropped_ended = 0  # late step events of jobs that had ended
         # job -> the answer of its take-on under way (_detector): events meanwhile wait for it.
         self._taking_on: SharedCalls[JobDetector | None] = SharedCalls(failed=None)
+        # job -> handlers between a detector's transitions and their queueing (a hand-over
+        # waits for none to be: _settle).
+        self._sending: Counter[str] = Counter()
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.ensure_stream(
@@ -177,20 +184,24 @@ class MonitorService:
 
     async def _hand_over(self) -> None:
         """Give one job whose preferred replica is another (it started after this one
-        claimed the job) back to it, if no incident of the job is open: the new owner
-        starts its detector afresh, and an open incident would be left without its
-        resolution. The steps of about a claim round go unwatched meanwhile."""
-
-        def movable(job: str) -> bool:
-            detector = self.detectors.get(job)
-            return detector is None or not detector.open_incidents
-
-        job = self.intake.to_hand_over(movable)
+        claimed the job) back to it (not one being taken on). The new owner carries its
+        open incidents on, as after a takeover: so the job is let go of here first, and
+        its key goes once every transition made here is on ANTDT_INCIDENTS (`_settle`).
+        The steps of about a claim round go unwatched meanwhile."""
+        job = self.intake.to_hand_over(lambda job: job not in self._taking_on)
         if job is None:
             return
         log.info("job handed over to its preferred replica", job=job)
+        await self.ownership.release(job, settle=lambda: self._settle(job))
+
+    async def _settle(self, job: str) -> None:
+        """A job no longer ours: forget it, wait for the handlers still sending its
+        transitions, then for the publisher to have stored all of them."""
         await self._forget(job)
-        await self.ownership.release(job)
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while self._sending[job] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(self.incidents.flushed(), max(0.0, deadline - time.monotonic()))
 
     async def _give_up(self, job: str) -> None:
         """Release the job (ended, or not registered): its key and its steps' subscription."""
@@ -311,11 +322,7 @@ class MonitorService:
         now = time.time()
         incidents = detector.ingest(event, now)
         if incidents:
-            # Health first: whoever reacts to the incident must see the window that opened
-            # it, not the last periodic health (up to a period old).
-            await self.bus.publish(self.subjects.health(job), detector.health(now))
-        for incident in incidents:
-            await self._publish_incident(incident)
+            await self._send(detector, incidents, now)
 
     async def _on_exit(self, exit: RankExit, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.exit(exit.job, exit.rank):
@@ -333,24 +340,16 @@ class MonitorService:
         now = time.time()
         incidents = detector.rank_exited(exit, now)
         log.info("rank exited", job=exit.job, rank=exit.rank, reason=exit.reason.value)
-        # Health first, as for steps: whoever reacts to a resolution sees the rank exited.
-        health = detector.health(now)
-        await self.bus.publish(self.subjects.health(exit.job), health)
-        for incident in incidents:
-            await self._publish_incident(incident)
+        health = await self._send(detector, incidents, now)  # the health shows the exit
         if detector.ended:
             log.info("job ended", job=exit.job, step=health.step)
             await self._end(health)
 
     async def _abandon(self, detector: JobDetector, now: float) -> None:
         """End a job no rank was heard from for `abandon_after_s`: as if its ranks exited."""
-        incidents = detector.abandon(now)
-        health = detector.health(now)
+        health = await self._send(detector, detector.abandon(now), now)
         log.warning("job abandoned: no rank heard from; ended", job=detector.job,
                     step=health.step, silent_s=self.settings.abandon_after_s)  # fmt: skip
-        await self.bus.publish(self.subjects.health(detector.job), health)
-        for incident in incidents:
-            await self._publish_incident(incident)
         # It may only have been silent (a long evaluation): its next step revives it.
         await self.intake.keep_dormant(detector.job)
         await self._end(health)
@@ -460,6 +459,27 @@ class MonitorService:
     async def _publish_incident(self, incident: Incident) -> None:
         await self.incidents.put(incident)  # published by its own task (incidents.py)
 
+    async def _send(
+        self, detector: JobDetector, incidents: list[Incident], now: float
+    ) -> JobHealth:
+        """The job's health, then its new transitions (queued, in order). Health first:
+        whoever reacts to an incident must see the window that opened it (or the exit
+        that resolved it), not the last periodic health (up to a period old). Counted
+        while under way: awaited from the detector's answer on, with no turn given
+        before the count (`_settle`)."""
+        job = detector.job
+        self._sending[job] += 1
+        try:
+            health = detector.health(now)
+            await self.bus.publish(self.subjects.health(job), health)
+            for incident in incidents:
+                await self._publish_incident(incident)
+            return health
+        finally:
+            self._sending[job] -= 1
+            if not self._sending[job]:
+                del self._sending[job]
+
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.health_interval_s)
@@ -472,9 +492,7 @@ class MonitorService:
                     if detector.abandoned(now, self.settings.abandon_after_s):
                         await self._abandon(detector, now)
                         continue
-                    for incident in detector.check_stalls(now):
-                        await self._publish_incident(incident)
-                    await self.bus.publish(self.subjects.health(job), detector.health(now))
+                    await self._send(detector, detector.check_stalls(now), now)
                 except Exception as exc:
                     log.warning("health publish failed", job=job, error=str(exc))
             await self._end_unwatched(now)
