@@ -112,15 +112,8 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     `abandon_after_s` after its claim. (Before, nobody ever resolved it: the controller
     went on acting on it, and it stayed open in ANTDT_INCIDENTS for good.)"""
     job, world = f"hajob-incident-{then}", 4
-    keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
-    spec = JobSpec(job=job, world_size=world, dataset_size=100, shard_size=10, global_batch=16)
-    await store.put(keys.spec(job), spec.model_dump_json().encode())
-    incidents: list[Incident] = []
-
-    async def on_incident(incident: Incident, _: object) -> None:
-        incidents.append(incident)
-
-    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    keys = Keys(settings.etcd.key_prefix)
+    incidents = await watch_incidents(settings, bus, store, job, world)
     slow, stop = {1}, asyncio.Event()
     names = ["monitor-a", "monitor-b"]
     publisher = asyncio.create_task(publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
@@ -129,10 +122,8 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
         with service_replicas("monitor", settings, names, tmp_path, abandon) as procs:
             first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
                                    what="a replica owns the job")  # fmt: skip
-            opened = await wait_for(
-                lambda: next((i for i in incidents if i.state is IncidentState.OPENED), None),
-                timeout=30, what="the straggler's incident opened",
-            )  # fmt: skip
+            opened = await wait_for(lambda: first(incidents, IncidentState.OPENED), timeout=30,
+                                    what="the straggler's incident opened")  # fmt: skip
             assert opened.rank == 1
             if then == "ranks_fall_silent":
                 stop.set()
@@ -143,10 +134,8 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
             await wait_for(lambda: _owned_by(store, keys, job, survivor), timeout=30,
                            what="takeover")  # fmt: skip
             slow.clear()  # the rank is back to speed (if the ranks still run)
-            resolved = await wait_for(
-                lambda: next((i for i in incidents if i.state is IncidentState.RESOLVED), None),
-                timeout=30, what="the incident resolved by the survivor",
-            )  # fmt: skip
+            resolved = await wait_for(lambda: first(incidents, IncidentState.RESOLVED),
+                                      timeout=30, what="the survivor resolves it")  # fmt: skip
     finally:
         stop.set()
         await publisher
@@ -154,6 +143,28 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     assert [i.id for i in incidents if i.state is IncidentState.OPENED] == [opened.id]
     if then == "ranks_fall_silent":
         assert await store.get(keys.ended(job)) is not None  # ended as abandoned
+
+
+async def watch_incidents(
+    settings: ServiceSettings, bus: Bus, store: Store, job: str, world: int
+) -> list[Incident]:
+    """Register `job` (its spec, `world` ranks); the list its incidents are added to as
+    they are published."""
+    keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
+    spec = JobSpec(job=job, world_size=world, dataset_size=100, shard_size=10,
+                   global_batch=4 * world)  # fmt: skip
+    await store.put(keys.spec(job), spec.model_dump_json().encode())
+    incidents: list[Incident] = []
+
+    async def on_incident(incident: Incident, _: object) -> None:
+        incidents.append(incident)
+
+    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    return incidents
+
+
+def first(incidents: list[Incident], state: IncidentState) -> Incident | None:
+    return next((i for i in incidents if i.state is state), None)
 
 
 async def _owner(store: Store, keys: Keys, job: str) -> str | None:

@@ -15,7 +15,6 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.placement import preferred
 from antdt.runtime.store import Store
 from antdt.schemas import (
-    Incident,
     IncidentState,
     JobSpec,
     Keys,
@@ -26,7 +25,7 @@ from antdt.schemas import (
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
 from tests.helpers import wait_for
-from tests.integration.test_monitor_ha import publish_steps
+from tests.integration.test_monitor_ha import publish_steps, watch_incidents
 
 pytestmark = pytest.mark.integration
 
@@ -168,26 +167,16 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
     replica, starts: m-a hands the job over all the same, its transitions stored first,
     and m-b carries the incident on and resolves it, under its id, once the rank is back
     to speed. (Before, a job with an incident open stayed where it was.)"""
-    subjects, keys = Subjects(settings.nats.subject_prefix), Keys(settings.etcd.key_prefix)
     job = next(j for n in range(100) if preferred(j := f"ho{unique}-{n}", REPLICAS) == "m-b")
-    spec = JobSpec(job=job, world_size=4, dataset_size=100, shard_size=10, global_batch=16)
-    await store.put(keys.spec(job), spec.model_dump_json().encode())
-    incidents: list[Incident] = []
-
-    async def on_incident(incident: Incident, _: object) -> None:
-        incidents.append(incident)
-
-    await bus.subscribe(subjects.incident(job), Incident, on_incident)
+    incidents = await watch_incidents(settings, bus, store, job, 4)
     slow, stop = {1}, asyncio.Event()
     runtimes = []
     publisher = asyncio.create_task(publish_steps(bus, job, 4, stop, every_s=0.02, slow=slow))
     try:
         runtime, first = await _start(settings, "m-a")
         runtimes.append(runtime)
-        opened = await wait_for(
-            lambda: next((i for i in incidents if i.state is IncidentState.OPENED), None),
-            timeout=30, what="the straggler's incident opened on m-a",
-        )  # fmt: skip
+        opened = await wait_for(lambda: first(incidents, IncidentState.OPENED), timeout=30,
+                                what="the straggler's incident opened on m-a")  # fmt: skip
         assert first.ownership.jobs == [job] and opened.rank == 1
         runtime, later = await _start(settings, "m-b")
         runtimes.append(runtime)
@@ -197,10 +186,8 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
         await wait_for(lambda: job in later.detectors, what="m-b takes the job on")
         assert [i.id for i in later.detectors[job].open_incidents] == [opened.id]
         slow.clear()  # the rank is back to speed
-        resolved = await wait_for(
-            lambda: next((i for i in incidents if i.state is IncidentState.RESOLVED), None),
-            timeout=30, what="the incident resolved by m-b",
-        )  # fmt: skip
+        resolved = await wait_for(lambda: first(incidents, IncidentState.RESOLVED), timeout=30,
+                                  what="the incident resolved by m-b")  # fmt: skip
     finally:
         stop.set()
         await publisher
