@@ -122,7 +122,7 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
         with service_replicas("monitor", settings, names, tmp_path, abandon) as procs:
             first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
                                    what="a replica owns the job")  # fmt: skip
-            opened = await wait_for(lambda: first(incidents, IncidentState.OPENED), timeout=30,
+            opened = await wait_for(lambda: first_in(incidents, IncidentState.OPENED), timeout=30,
                                     what="the straggler's incident opened")  # fmt: skip
             assert opened.rank == 1
             if then == "ranks_fall_silent":
@@ -134,7 +134,7 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
             await wait_for(lambda: _owned_by(store, keys, job, survivor), timeout=30,
                            what="takeover")  # fmt: skip
             slow.clear()  # the rank is back to speed (if the ranks still run)
-            resolved = await wait_for(lambda: first(incidents, IncidentState.RESOLVED),
+            resolved = await wait_for(lambda: first_in(incidents, IncidentState.RESOLVED),
                                       timeout=30, what="the survivor resolves it")  # fmt: skip
     finally:
         stop.set()
@@ -163,7 +163,7 @@ async def watch_incidents(
     return incidents
 
 
-def first(incidents: list[Incident], state: IncidentState) -> Incident | None:
+def first_in(incidents: list[Incident], state: IncidentState) -> Incident | None:
     return next((i for i in incidents if i.state is state), None)
 
 

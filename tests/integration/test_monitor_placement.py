@@ -25,7 +25,7 @@ from antdt.schemas import (
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
 from tests.helpers import wait_for
-from tests.integration.test_monitor_ha import publish_steps, watch_incidents
+from tests.integration.test_monitor_ha import first_in, publish_steps, watch_incidents
 
 pytestmark = pytest.mark.integration
 
@@ -175,7 +175,7 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
     try:
         runtime, first = await _start(settings, "m-a")
         runtimes.append(runtime)
-        opened = await wait_for(lambda: first(incidents, IncidentState.OPENED), timeout=30,
+        opened = await wait_for(lambda: first_in(incidents, IncidentState.OPENED), timeout=30,
                                 what="the straggler's incident opened on m-a")  # fmt: skip
         assert first.ownership.jobs == [job] and opened.rank == 1
         runtime, later = await _start(settings, "m-b")
@@ -186,7 +186,7 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
         await wait_for(lambda: job in later.detectors, what="m-b takes the job on")
         assert [i.id for i in later.detectors[job].open_incidents] == [opened.id]
         slow.clear()  # the rank is back to speed
-        resolved = await wait_for(lambda: first(incidents, IncidentState.RESOLVED), timeout=30,
+        resolved = await wait_for(lambda: first_in(incidents, IncidentState.RESOLVED), timeout=30,
                                   what="the incident resolved by m-b")  # fmt: skip
     finally:
         stop.set()
