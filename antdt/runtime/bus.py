@@ -399,6 +399,16 @@ class Subscription:
     def ended(self) -> bool:
         return self._ending is not None
 
+    @property
+    def pending(self) -> tuple[int, int]:
+        """Messages received and waiting for the handler: (how many, bytes)."""
+        return int(self._sub.pending_msgs), int(self._sub.pending_bytes)
+
+    def limit_pending(self, max_bytes: int) -> None:
+        """Cap what may wait for the handler, bytes, from now on: past it each message
+        is dropped and counted (code slow_consumer). What waits already stays."""
+        self._sub._pending_bytes_limit = max(1, max_bytes)  # (0 would be: no cap)
+
     def end(self) -> asyncio.Task[None] | None:
         """Stop receiving: UNSUB at once; what is queued still reaches the handler, then
         the delivery loop ends. Returns at once (may be called from the subscription's

@@ -70,8 +70,12 @@ class JobIntake:
         on_step: StepHandler,
         *,
         round_s: float,
+        backlog_bytes: int = 512 * 1024 * 1024,
     ) -> None:
+        """`backlog_bytes`: step events that may wait for the handler, every watched
+        job's subscription together (each gets an equal share)."""
         self.bus = bus
+        self.backlog_bytes = backlog_bytes
         self.subjects = subjects
         self.ownership = ownership
         self.on_step = on_step
@@ -88,6 +92,12 @@ class JobIntake:
     def watched(self) -> list[str]:
         """Jobs whose steps this replica subscribes to, sorted."""
         return sorted(self._subs)
+
+    @property
+    def backlog(self) -> tuple[int, int]:
+        """Step events waiting for the handler, every watched job's: (how many, bytes)."""
+        waiting = [sub.pending for sub in self._subs.values()]
+        return sum(n for n, _ in waiting), sum(b for _, b in waiting)
 
     @property
     def replicas(self) -> list[str]:
@@ -225,9 +235,22 @@ class JobIntake:
         sub = self._subs.pop(job, None)
         if sub is not None:
             sub.end()
+            self._share_backlog()
 
     async def _watch(self, job: str) -> None:
         if job not in self._subs:
             self._subs[job] = await self.bus.subscribe(
                 self.subjects.step(job, "*"), StepEvent, self.on_step
             )
+            self._share_backlog()
+
+    def _share_backlog(self) -> None:
+        """Each watched job's subscription may hold an equal share of `backlog_bytes`.
+        A cap per subscription alone would let a replica far behind hold that much per
+        job it owns, out of memory with many jobs where one subscription for every job
+        dropped events; shared, the replica holds at most the budget and drops the rest
+        (counted), whatever the number of jobs."""
+        if self._subs:
+            share = self.backlog_bytes // len(self._subs)
+            for sub in self._subs.values():
+                sub.limit_pending(share)

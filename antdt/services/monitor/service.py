@@ -88,6 +88,13 @@ class MonitorSettings(ServiceSettings):
         default=7 * 86400, gt=0, description="ANTDT_INCIDENTS max age, seconds"
     )
     max_jobs: int | None = Field(default=None, description="Jobs one replica may own")
+    step_backlog_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        gt=0,
+        description="Bytes of step events that may wait to be handled while the replica is "
+        "behind, all its jobs together (each job's subscription gets an equal share); "
+        "events past it are dropped and counted (code slow_consumer)",
+    )
     abandon_after_s: float = Field(
         default=3600.0,
         ge=0,
@@ -130,7 +137,7 @@ class MonitorService:
         self.claim_round_s = settings.etcd.lease_ttl_s / 2
         self.intake = JobIntake(
             self.ranks_bus, self.subjects, self.ownership, self._on_step,
-            round_s=self.claim_round_s,
+            round_s=self.claim_round_s, backlog_bytes=settings.step_backlog_bytes,
         )  # fmt: skip
         metrics.watch_monitor(self)
         self._spec_problems: Recent[str] = Recent(MAX_PACED)  # job -> why it is unreadable
