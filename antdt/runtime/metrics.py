@@ -7,6 +7,7 @@ are the API's no-ops.
 |---|---|---|---|---|
 | `antdt.monitor.events.ingested` | observable counter | {event} | `antdt.replica` | monitor |
 | `antdt.monitor.events.rejected` | observable counter | {event} | `antdt.replica`, `reason`, `messaging.destination.name` (bus) or `antdt.job` (detector) | monitor |
+| `antdt.monitor.backlog` | observable gauge | By | `antdt.replica` | monitor: step events waiting to be handled, every owned job's (at most `step_backlog_bytes`) |
 | `antdt.incidents` | counter | {transition} | `antdt.job`, `antdt.incident.kind`, `antdt.incident.class`, `antdt.incident.state` | monitor |
 | `antdt.actions` | counter | {action} | `antdt.job`, `antdt.action.kind`, `antdt.action.result` | controller |
 | `antdt.plan.latency` | histogram | s | `antdt.job`, `antdt.action.result` | controller: decision to the last ack |
@@ -64,6 +65,9 @@ class MonitorLike(Protocol):
 
     @property
     def detectors(self) -> Mapping[str, Any]: ...  # job -> .rejected: Counter[reason]
+
+    @property
+    def intake(self) -> Any: ...  # .backlog: (events, bytes) waiting
 
 
 class ShardsLike(Protocol):
@@ -136,6 +140,10 @@ class _Instruments:
         meter.create_observable_counter(
             "antdt.monitor.events.rejected", [self._rejected], unit="{event}",
             description="Step events refused (bus validation) or ignored (detector)",
+        )  # fmt: skip
+        meter.create_observable_gauge(
+            "antdt.monitor.backlog", [self._backlog], unit="By",
+            description="Step events waiting to be handled, every owned job's together",
         )  # fmt: skip
         meter.create_observable_gauge(
             "antdt.job.balance_efficiency", [self._gauge(1)], unit="1",
@@ -214,6 +222,11 @@ class _Instruments:
     def _ingested(self, _: CallbackOptions) -> Iterable[Observation]:
         for m in self._live_monitors():
             yield Observation(m.ingested, {"antdt.replica": m.settings.replica_id})
+
+    def _backlog(self, _: CallbackOptions) -> Iterable[Observation]:
+        for m in self._live_monitors():
+            with contextlib.suppress(RuntimeError):  # mutated by the service's loop meanwhile
+                yield Observation(m.intake.backlog[1], {"antdt.replica": m.settings.replica_id})
 
     def _rejected(self, _: CallbackOptions) -> Iterable[Observation]:
         for m in self._live_monitors():

@@ -123,6 +123,7 @@ async def test_monitor_serves_prometheus_metrics(settings: ServiceSettings, bus:
         text = _scrape(port)
         assert f'antdt_replica="{settings.replica_id}"' in text
         assert "antdt_monitor_events_ingested_total" in text
+        assert "antdt_monitor_backlog_bytes" in text
 
 
 async def test_shards_replica_serves_its_requests_writes_and_ledgers(
