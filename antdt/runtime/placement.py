@@ -81,7 +81,7 @@ class ClaimPlan:
     ) -> str | None:  # fmt: skip
         """Of the jobs this replica owns, one to hand over to its preferred replica: one
         that has been a member (since `members[replica]`, s) for `settle_s`, and that
-        `movable` allows (say, no incident open). None if there is none."""
+        `movable` allows (say, not being taken on). None if there is none."""
         replicas = _with(self.me, members)
         for job in owned:
             to = preferred(job, replicas)
