@@ -51,8 +51,10 @@ async def publish_steps(
             await asyncio.wait_for(stop.wait(), every_s)
 
 
-def replicas(settings: ServiceSettings, names: list[str], logs: Path) -> Any:
-    return service_replicas("monitor", settings, names, logs)
+def replicas(
+    settings: ServiceSettings, names: list[str], logs: Path, env: dict[str, str] | None = None
+) -> Any:
+    return service_replicas("monitor", settings, names, logs, env)
 
 
 async def test_owner_killed_another_replica_takes_over(
@@ -119,7 +121,7 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     publisher = asyncio.create_task(publish_steps(bus, job, world, stop, every_s=0.02, slow=slow))
     abandon = {"ANTDT_ABANDON_AFTER_S": "3"}
     try:
-        with service_replicas("monitor", settings, names, tmp_path, abandon) as procs:
+        with replicas(settings, names, tmp_path, abandon) as procs:
             first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
                                    what="a replica owns the job")  # fmt: skip
             opened = await wait_for(lambda: first_in(incidents, IncidentState.OPENED), timeout=30,

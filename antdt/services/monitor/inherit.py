@@ -41,7 +41,6 @@ def still_open(records: Iterable[Incident]) -> list[Incident]:
     resolved, in the order they opened. Pure."""
     latest: dict[str, Incident] = {}
     for incident in records:
-        latest.pop(incident.id, None)  # re-insert: dict order is then last-seen order
         latest[incident.id] = incident
     open_ = [i for i in latest.values() if i.state is not IncidentState.RESOLVED]
     return sorted(open_, key=lambda i: i.opened_at)

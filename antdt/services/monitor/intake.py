@@ -70,7 +70,7 @@ class JobIntake:
         on_step: StepHandler,
         *,
         round_s: float,
-        backlog_bytes: int = 512 * 1024 * 1024,
+        backlog_bytes: int,
     ) -> None:
         """`backlog_bytes`: step events that may wait for the handler, every watched
         job's subscription together (each gets an equal share)."""
