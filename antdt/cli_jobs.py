@@ -31,6 +31,7 @@ class JobRow:
     ended_step: int
     owners: dict[str, str]  # service -> replica
     finished: bool = True  # its data: ledger complete, or none
+    abandoned: bool = False  # ended as abandoned: dormant, its next step revives it
 
 
 def jobs_table(rows: list[JobRow], now: float, retention_s: float) -> Table:
@@ -57,7 +58,9 @@ def _state(row: JobRow, now: float, retention_s: float) -> Text:
     if row.ended_at is None:
         return Text("live", style="green")
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(row.ended_at))
-    text = f"ended {when} at step {row.ended_step}"
+    text = f"{'abandoned' if row.abandoned else 'ended'} {when} at step {row.ended_step}"
+    if row.abandoned:
+        text += " (dormant: a step revives it)"
     if not row.finished:
         return Text(text + " (data unfinished: kept)", style="yellow")
     if retention_s > 0:
@@ -90,7 +93,8 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
             record = ended.get(job)
             rows.append(JobRow(job, spec, record.at if record else None,
                                record.step if record else 0, owners.get(job, {}),
-                               record is None or record.finished is not False))  # fmt: skip
+                               record is None or record.finished is not False,
+                               job in scanned.dormant))  # fmt: skip
         return rows
 
 

@@ -3,8 +3,10 @@ of an ended job's keys (its retention).
 
 A job's keys all live under `jobs/{job}/`: spec, plan, ledger and its checkpoint
 snapshots, restart ledger, rank hellos, and `ended` once every rank exited (the monitor
-writes the job's last health there). Nothing else deletes them, so without a retention
-etcd grows with every job ever run until it hits its space quota and refuses all writes.
+writes the job's last health there; with `abandoned` beside it when no rank was heard
+from, which keeps the job dormant: see the monitor's intake.py). Nothing else deletes
+them, so without a retention etcd grows with every job ever run until it hits its space
+quota and refuses all writes.
 Shared by the controller (the sweep) and the CLI (`antdt jobs`)."""
 
 from __future__ import annotations
@@ -41,17 +43,26 @@ class Ended:
 
 @dataclass(frozen=True)
 class JobKeys:
-    """What one prefix scan of `jobs/` says: the registered jobs, and the ended ones."""
+    """What one prefix scan of `jobs/` says: the registered jobs, the ended ones, and the
+    dormant ones (ended as abandoned: they may step on), most recently abandoned first."""
 
     registered: frozenset[str]
     ended: frozenset[str]
+    dormant: tuple[str, ...] = ()
+
+    @property
+    def live(self) -> list[str]:
+        """Registered and not ended, sorted: the jobs worth claiming."""
+        return sorted(self.registered - self.ended)
 
 
 async def scan_jobs(store: Store, keys: Keys) -> JobKeys:
     found = await store.get_prefix(keys.jobs(), keys_only=True)
     registered = {job for job in (keys.job_of_spec_key(f.key) for f in found) if job}
     ended = {job for job in (keys.job_of_ended_key(f.key) for f in found) if job}
-    return JobKeys(frozenset(registered), frozenset(ended))
+    abandoned = {job: f.mod_revision for f in found if (job := keys.job_of_abandoned_key(f.key))}
+    dormant = sorted((job for job in abandoned if job in ended), key=abandoned.__getitem__)
+    return JobKeys(frozenset(registered), frozenset(ended), tuple(reversed(dormant)))
 
 
 async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[str]:

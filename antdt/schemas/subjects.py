@@ -140,6 +140,12 @@ class Keys:
         job ended; deleted when it registers again. Services stop claiming such a job."""
         return f"{self.prefix}jobs/{job}/ended"
 
+    def abandoned(self, job: str) -> str:
+        """Beside `ended` when the monitor ended the job as abandoned (no rank heard from):
+        such a job may only have been silent, so every monitor replica still receives its
+        steps (dormant). Deleted with `ended` when the job steps on or registers again."""
+        return f"{self.prefix}jobs/{job}/abandoned"
+
     def blocklist(self, host: str) -> str:
         return f"{self.prefix}blocklist/{host}"
 
@@ -160,6 +166,10 @@ class Keys:
     def job_of_ended_key(self, key: str) -> str | None:
         """The job id of a `jobs/{job}/ended` key, None for other keys."""
         return self._job_of(key, "/ended")
+
+    def job_of_abandoned_key(self, key: str) -> str | None:
+        """The job id of a `jobs/{job}/abandoned` key, None for other keys."""
+        return self._job_of(key, "/abandoned")
 
     def _job_of(self, key: str, leaf: str) -> str | None:
         if not key.startswith(self.jobs()) or not key.endswith(leaf):

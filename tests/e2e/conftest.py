@@ -50,7 +50,7 @@ async def start_services(
     for name in names:
         cls = settings_class(name)
         fields = {k: v for k, v in overrides.items() if k in cls.model_fields}
-        service_settings = cls(**settings.model_dump(), **fields)
+        service_settings = cls(**{**settings.model_dump(), **fields})
         by_name[name] = await start_service(name, service_settings, runtime)
     return RunningServices(runtime, by_name)
 

@@ -5,8 +5,12 @@ remove` refused it."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import pytest
+from typer.testing import CliRunner
+
+from antdt.cli import app
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.jobs import live_jobs
@@ -96,6 +100,51 @@ async def test_a_job_claimed_after_its_ranks_went_silent_is_ended_too(
         await wait_for(lambda: job not in monitor._unwatched, what="no longer tracked")
     finally:
         await running.runtime.shutdown()
+
+
+async def test_a_dormant_job_is_watched_whichever_replica_lives_on(
+    bus: Bus, settings: ServiceSettings, unique: str
+) -> None:
+    """The replica that ended a silent job as abandoned is gone (redeployed, crashed)
+    before the job steps on: the job is still watched, because the dormant jobs are
+    marked in etcd and every replica receives their steps. Before, only the replica that
+    ended the job did, and the job went unwatched for the rest of its run."""
+    subjects, keys = Subjects(settings.nats.subject_prefix), Keys(settings.etcd.key_prefix)
+    job = f"eval-{unique}"
+    first = await start_services(settings, ("monitor",), abandon_after_s=2.0,
+                                 replica_id=f"m-a-{unique}")  # fmt: skip
+    later = None
+    try:
+        store = first.by_name["monitor"].store
+        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
+        for n in range(12):
+            for rank in (0, 1):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+        await wait_for(lambda: store.get(keys.ended(job)), timeout=15, what="abandoned")
+        assert await store.get(keys.abandoned(job)) is not None
+        env = {"ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
+               "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix, "COLUMNS": "250"}  # fmt: skip
+        listed = await asyncio.to_thread(CliRunner().invoke, app, ["jobs", "list"], env=env)
+        row = next(line for line in listed.output.splitlines() if job in line)
+        assert "abandoned" in row and "dormant" in row, listed.output
+        await first.runtime.shutdown()
+        later = await start_services(settings, ("monitor",), abandon_after_s=2.0,
+                                     replica_id=f"m-b-{unique}")  # fmt: skip
+        monitor = later.by_name["monitor"]
+        await wait_for(lambda: job in monitor.intake.watched, timeout=15,
+                       what="the other replica receives its steps")  # fmt: skip
+        assert monitor.intake.dormant == [job] and not monitor.ownership.owns(job)
+        for n in range(12, 20):
+            for rank in (0, 1):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+        await wait_for(lambda: job in monitor.detectors, what="watched again")
+        assert await store.get(keys.ended(job)) is None
+        assert await store.get(keys.abandoned(job)) is None
+        assert monitor.intake.dormant == [] and monitor.ownership.owns(job)
+    finally:
+        await first.runtime.shutdown()
+        if later is not None:
+            await later.runtime.shutdown()
 
 
 async def _absent(store: object, key: str) -> bool:

@@ -14,6 +14,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.ownership import Ownership
 from antdt.runtime.store import Store
 from antdt.schemas import StepEvent, Subjects
+from antdt.services.monitor import intake as intake_module
 from antdt.services.monitor.intake import JobIntake
 from tests.helpers import wait_for
 from tests.integration.test_monitor_ha import step
@@ -71,5 +72,52 @@ async def test_a_replicas_step_backlog_is_one_budget_its_jobs_share(
     finally:
         release.set()
         for job in jobs:
+            intake.unwatch(job)
+        await ownership.stop()
+
+
+async def test_a_dormant_job_holds_a_small_backlog_beside_the_owned_jobs_budget(
+    settings: ServiceSettings, bus: Bus, store: Store, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every replica receives the steps of every dormant job (up to MAX_DORMANT): each
+    holds DORMANT_BACKLOG_BYTES at most and takes no share of the budget, so the owned
+    jobs keep it whole however many jobs are dormant."""
+    monkeypatch.setattr(intake_module, "DORMANT_BACKLOG_BYTES", 10_000)
+    subjects = Subjects(settings.nats.subject_prefix)
+    release = asyncio.Event()
+
+    async def stuck(_: StepEvent, __: Delivery) -> None:
+        await release.wait()
+
+    ownership = Ownership.for_service(store, settings, "monitor")
+    intake = JobIntake(bus, subjects, ownership, stuck, round_s=1.0, backlog_bytes=BUDGET)
+    owned, dormant = f"own{unique}", f"dormant{unique}"
+
+    async def send(job: str) -> None:
+        for n in range(EVENTS):
+            await bus.publish(subjects.step(job, 0), step(0, n, job))
+        await bus.flush()
+
+    def dropped(job: str) -> int:
+        return bus.rejections.total(subjects.step(job, "*"))
+
+    try:
+        assert await intake.claim(owned)
+        await intake.keep_dormant(dormant)
+        assert intake.dormant == [dormant] and intake.watched == sorted([owned, dormant])
+        await send(dormant)
+        await wait_for(lambda: 1 + intake.backlog[0] + dropped(dormant) == EVENTS,
+                       what="the dormant job's events accounted for")  # fmt: skip
+        waiting, dormant_bytes = intake.backlog
+        assert 10_000 - 2 * dormant_bytes / waiting < dormant_bytes <= 10_000
+        await send(owned)
+        await wait_for(lambda: 2 + intake.backlog[0] + dropped(dormant) + dropped(owned)
+                       == 2 * EVENTS, what="every event accounted for")  # fmt: skip
+        # The owned job's share is the whole budget, not half of it.
+        assert intake.backlog[1] - dormant_bytes > BUDGET - 2 * dormant_bytes / waiting
+    finally:
+        release.set()
+        intake.wake(dormant)
+        for job in (owned, dormant):
             intake.unwatch(job)
         await ownership.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.jobs import live_jobs
 from antdt.runtime.store import Store
 from antdt.schemas import (
     ErrorReply,
@@ -188,7 +189,7 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     assert "j5" not in monitor.intake.watched and "j5" not in other.intake.watched
     assert not monitor.detectors.get("j5") and not other.detectors.get("j5")
     assert await _absent(store, keys.owner("monitor", "j5"))
-    assert "j5" not in await monitor._known_jobs() and "j5" not in await controller._claimable()
+    assert "j5" not in await live_jobs(store, keys) and "j5" not in await controller._claimable()
 
     again = await bus.request(subjects.register("j5"), spec("j5"), RegisterReply)
     assert not again.created and await _absent(store, keys.ended("j5"))
@@ -279,7 +280,7 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
     assert set(monitor.detectors) <= {"by-hello", "by-exit"}
     assert monitor.intake.watched == ["by-exit", "by-hello"]
     assert len(monitor.intake._last_try) <= 8 and len(monitor._spec_retry_at) <= 8
-    assert await monitor._known_jobs() == ["by-exit", "by-hello"]
+    assert await live_jobs(store, keys) == ["by-exit", "by-hello"]
 
 
 async def test_a_job_claimed_on_a_hello_before_it_registers_is_kept_once_it_does(

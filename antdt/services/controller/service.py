@@ -165,16 +165,17 @@ class ControllerService:
             created_at=time.time(),
         )
         spec_key, plan_key = self.keys.spec(spec.job), self.keys.plan(spec.job)
-        # A job that ended and registers again is live again: its `ended` key goes.
-        ended = Delete(self.keys.ended(spec.job))
+        # A job that ended and registers again is live again: its `ended` key goes (and
+        # its `abandoned` mark: the monitors stop holding it dormant).
+        ended = [Delete(self.keys.ended(spec.job)), Delete(self.keys.abandoned(spec.job))]
         result = await self.store.txn(
             [Compare.absent(spec_key)],
             [
                 Put(spec_key, spec.model_dump_json().encode()),
                 Put(plan_key, plan.model_dump_json().encode()),
-                ended,
+                *ended,
             ],
-            [Get(spec_key), Get(plan_key), ended],
+            [Get(spec_key), Get(plan_key), *ended],
         )
         if result.succeeded:
             log.info("job registered", job=spec.job, policy=spec.policy, world_size=spec.world_size)

@@ -22,10 +22,14 @@ its incident transitions are stored, so the new owner carries its open ones on).
 whatever took a job away (its lease lapsed, the job ended, a subscription that failed).
 
 A job ended as abandoned (no rank heard from for `abandon_after_s`) is given up, but it
-may only have been silent (a long evaluation): the replica that ended it keeps receiving
-its steps, without owning it, so that its next step makes it live again (`keep_dormant`).
-A replica that dies forgets its dormant jobs; such a job is watched again once its ranks
-start again (their hellos) or it registers again."""
+may only have been silent (a long evaluation): it stays *dormant*. Every replica keeps
+receiving its steps without owning it, so that its next step makes it live again
+(whichever replica claims it first; the others stop receiving it at their next claim
+round). The dormant jobs are the ones etcd marks so (`jobs/{job}/abandoned`, read with
+the claim round's scan), not a replica's memory: a job stays watched when the replica
+that ended it dies or is redeployed while its ranks are silent. A dormant subscription
+may hold DORMANT_BACKLOG_BYTES of steps (what comes while the job is being claimed), out
+of the budget the owned jobs share."""
 
 from __future__ import annotations
 
@@ -55,6 +59,9 @@ HAND_OVER_AGAIN_S = 600.0
 #: Dormant jobs (ended as abandoned) whose steps a replica still receives, at most (the
 #: longest dormant go first).
 MAX_DORMANT = 1024
+#: Bytes of step events a dormant job's subscription may hold (those that come while the
+#: job is claimed again): at MAX_DORMANT jobs, 64 MiB beside the owned jobs' budget.
+DORMANT_BACKLOG_BYTES = 64 * 1024
 
 StepHandler = Callable[[StepEvent, Delivery], Awaitable[None]]
 
@@ -81,7 +88,10 @@ class JobIntake:
         self.on_step = on_step
         self.plan = ClaimPlan(ownership.replica_id, grace_s=GRACE_ROUNDS * round_s)
         self._subs: dict[str, Subscription] = {}
-        self._dormant: OrderedDict[str, None] = OrderedDict()  # subscribed, not owned
+        # Subscribed, not owned; the most recently abandoned last.
+        self._dormant: OrderedDict[str, None] = OrderedDict()
+        self._kept: dict[str, float] = {}  # dormant jobs ended here -> when (monotonic s)
+        self._round_s = round_s
         self._claims: SharedCalls[bool] = SharedCalls(failed=False)
         self._last_try: Recent[float] = Recent(MAX_PACED)  # job -> monotonic s
         self._members_known = False
@@ -180,14 +190,24 @@ class JobIntake:
             return await self.ownership.replicas()
         return self.replicas
 
-    async def claim_round(self, live: Iterable[str]) -> None:
+    async def claim_round(self, live: Iterable[str], dormant: Iterable[str] = ()) -> None:
         """Claim the live jobs placement gives this replica now (one read of the owners
-        and one of the replicas, not a transaction per job)."""
+        and one of the replicas, not a transaction per job); receive the steps of the
+        `dormant` ones (most recently abandoned first), and of no other unowned job."""
         replicas = await self._members()
         owned = await self.ownership.owned_by_anyone()
         for job in self.plan.due(live, owned, replicas, time.monotonic()):
             await self.claim(job)
+        self._hold_dormant(dormant, time.monotonic())
         await self.reconcile()
+
+    def _hold_dormant(self, scanned: Iterable[str], now: float) -> None:
+        """The dormant jobs are those etcd marks (`scanned`, most recent first), and those
+        this replica ended since a round ago: the scan may have been read before."""
+        recent = [job for job, at in self._kept.items() if now - at < self._round_s]
+        self._kept = {job: self._kept[job] for job in recent}
+        newest = [*dict.fromkeys([*recent, *scanned])][:MAX_DORMANT]
+        self._dormant = OrderedDict((job, None) for job in reversed(newest))
 
     async def reconcile(self) -> None:
         """Subscriptions equal to what we own: a subscription for every owned or dormant
@@ -200,6 +220,7 @@ class JobIntake:
             mine = self.ownership.owns(job) or job in self._claims or job in self._dormant
             if not mine:
                 self.unwatch(job)
+        self._share_backlog()  # a job may have gone from dormant to owned or back
 
     async def keep_dormant(self, job: str) -> None:
         """Keep receiving the steps of `job`, ended as abandoned and given up: its next
@@ -207,6 +228,7 @@ class JobIntake:
         the next claim round subscribes."""
         self._dormant[job] = None
         self._dormant.move_to_end(job)
+        self._kept[job] = time.monotonic()
         try:
             await self._watch(job)
         except Exception as exc:
@@ -218,7 +240,10 @@ class JobIntake:
 
     def wake(self, job: str) -> None:
         """`job` is live again (watched as an owned job from now on), or gone for good."""
-        self._dormant.pop(job, None)
+        self._kept.pop(job, None)
+        if job in self._dormant:
+            del self._dormant[job]
+            self._share_backlog()
 
     @property
     def dormant(self) -> list[str]:
@@ -245,12 +270,16 @@ class JobIntake:
             self._share_backlog()
 
     def _share_backlog(self) -> None:
-        """Each watched job's subscription may hold an equal share of `backlog_bytes`.
-        A cap per subscription alone would let a replica far behind hold that much per
-        job it owns, out of memory with many jobs where one subscription for every job
-        dropped events; shared, the replica holds at most the budget and drops the rest
+        """Each watched job's subscription may hold an equal share of `backlog_bytes`
+        (a dormant job's: DORMANT_BACKLOG_BYTES, out of the budget). A cap per
+        subscription alone would let a replica far behind hold that much per job it
+        owns, out of memory with many jobs where one subscription for every job dropped
+        events; shared, the replica holds at most the budget and drops the rest
         (counted), whatever the number of jobs."""
-        if self._subs:
-            share = self.backlog_bytes // len(self._subs)
-            for sub in self._subs.values():
-                sub.limit_pending(share)
+        dormant = {job for job in self._subs if self._only_dormant(job)}
+        share = self.backlog_bytes // max(1, len(self._subs) - len(dormant))
+        for job, sub in self._subs.items():
+            sub.limit_pending(DORMANT_BACKLOG_BYTES if job in dormant else share)
+
+    def _only_dormant(self, job: str) -> bool:
+        return job in self._dormant and not self.ownership.owns(job) and job not in self._claims

@@ -29,12 +29,12 @@ from pydantic import Field
 from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import live_jobs, read_end
+from antdt.runtime.jobs import read_end, scan_jobs
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.ownership import Ownership, claim_rounds
 from antdt.runtime.recent import Recent
 from antdt.runtime.shared import SharedCalls
-from antdt.runtime.store import Compare, Delete, Store
+from antdt.runtime.store import Compare, Delete, Put, Store
 from antdt.runtime.tracing import IncidentTraces
 from antdt.schemas import (
     INCIDENT_STREAM,
@@ -175,9 +175,6 @@ class MonitorService:
         runtime.on_shutdown("revoke", self.ownership.stop)
         log.info("monitor started", replica=self.settings.replica_id)
 
-    async def _known_jobs(self) -> list[str]:
-        return await live_jobs(self.store, self.keys)
-
     async def _forget(self, job: str) -> None:
         self.detectors.pop(job, None)
         self._step_subjects.pop(job, None)
@@ -185,8 +182,10 @@ class MonitorService:
 
     async def _claim_round(self) -> None:
         """Claim what placement gives this replica now (takeover after a crash, jobs whose
-        hellos came before it ran), then hand one job over if one is due."""
-        await self.intake.claim_round(await self._known_jobs())
+        hellos came before it ran) and receive the dormant jobs' steps, then hand one job
+        over if one is due."""
+        scanned = await scan_jobs(self.store, self.keys)
+        await self.intake.claim_round(scanned.live, scanned.dormant)
         await self._hand_over()
 
     async def _hand_over(self) -> None:
@@ -359,23 +358,29 @@ class MonitorService:
                     step=health.step, silent_s=self.settings.abandon_after_s)  # fmt: skip
         # It may only have been silent (a long evaluation): its next step revives it.
         await self.intake.keep_dormant(detector.job)
-        await self._end(health)
+        await self._end(health, abandoned=True)
 
-    async def _end(self, health: JobHealth) -> None:
+    async def _end(self, health: JobHealth, *, abandoned: bool = False) -> None:
         self._remember_ended(health.job, health.step)
         await self._forget(health.job)
         # The job's resolutions are out before its end is recorded: whoever sees the end
         # (the controller gives the job up) finds every incident of it closed.
         await self.incidents.flushed()
-        await self._record_end(health)
+        await self._record_end(health, abandoned)
 
-    async def _record_end(self, health: JobHealth) -> None:
+    async def _record_end(self, health: JobHealth, abandoned: bool) -> None:
         """Store the ended job's last health (`jobs/{job}/ended`) and give the job up: no
         replica claims it again until it registers again (the controller then deletes
-        the key). Without this, every job ever run kept an owner in every service."""
+        the key). Without this, every job ever run kept an owner in every service.
+        An abandoned job is marked so (`jobs/{job}/abandoned`, in the same transaction):
+        every replica keeps receiving its steps (dormant), whichever of them lives on."""
+        job, marker = health.job, self.keys.abandoned(health.job)
         try:
-            await self.store.put(self.keys.ended(health.job), health.model_dump_json().encode())
-            await self._give_up(health.job)
+            await self.store.txn([], [
+                Put(self.keys.ended(job), health.model_dump_json().encode()),
+                Put(marker, b"") if abandoned else Delete(marker),
+            ])  # fmt: skip
+            await self._give_up(job)
         except Exception as exc:  # etcd away: the job stays claimed, which is harmless
             log.warning("job end not recorded", job=health.job, error=str(exc))
 
@@ -390,8 +395,9 @@ class MonitorService:
         # Unreadable: drop every late event for the grace period.
         ended_step = record.step if record.readable else 2**62
         if step is not None and step > ended_step:
-            key = self.keys.ended(job)
-            await self.store.txn([Compare.mod_is(key, record.revision)], [Delete(key)])
+            key, mark = self.keys.ended(job), self.keys.abandoned(job)
+            revived = [Delete(key), Delete(mark)]  # no longer dormant: every replica lets go
+            await self.store.txn([Compare.mod_is(key, record.revision)], revived)
             log.warning("an ended job steps on: live again", job=job, step=step,
                         ended_step=ended_step)  # fmt: skip
             return False
