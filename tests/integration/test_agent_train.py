@@ -20,6 +20,7 @@ import pytest
 from antdt.agent import launch
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.jobs import live_jobs
 from antdt.schemas import (
     Ack,
     AdjustBatch,
@@ -168,7 +169,7 @@ async def _assert_the_job_ended(
     for service in ("monitor", "controller"):
         owner = keys.owner(service, job)
         await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives it up")
-    assert job not in await monitor._known_jobs() and job not in await controller._claimable()
+    assert job not in await live_jobs(store, keys) and job not in await controller._claimable()
     assert sorted((x.rank, x.reason, x.step) for x in exits) == [
         (0, ExitReason.FINISHED, steps - 1), (1, ExitReason.FINISHED, steps - 1)
     ]  # fmt: skip
