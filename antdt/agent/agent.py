@@ -39,6 +39,7 @@ from antdt.schemas import (
     AdjustBatch,
     CheckpointCompleted,
     CommitReply,
+    EpochFinished,
     ExitReason,
     JobSpec,
     KillRestart,
@@ -151,6 +152,9 @@ class Agent:
         self._ledger = LedgerClient(bus, self._stream)
         await bus.subscribe(
             self.subjects.checkpointed(s.job), CheckpointCompleted, self._ledger.on_checkpointed
+        )
+        await bus.subscribe(
+            self.subjects.epoch_finished(s.job), EpochFinished, self._stream.on_epoch_finished
         )
         # The fetcher starts with the first epoch, or after a restore: a restarted job
         # must not take data before its ledger is back at the checkpoint.

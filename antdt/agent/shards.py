@@ -19,8 +19,8 @@ from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
-from antdt.runtime.bus import Bus, BusError, RequestRefused
-from antdt.schemas import ShardFetch, ShardRef, ShardReply
+from antdt.runtime.bus import Bus, BusError, Delivery, RequestRefused
+from antdt.schemas import EpochFinished, ShardFetch, ShardRef, ShardReply
 
 log = structlog.get_logger("antdt.agent.shards")
 T = TypeVar("T")
@@ -67,6 +67,9 @@ class ShardStream:
         self._timeout = request_timeout_s
         self._cond = threading.Condition()
         self._wake = asyncio.Event()
+        # An epoch of the job finished since the last request went out (EpochFinished):
+        # a rank waiting for the next epoch asks again at once.
+        self._epoch_news = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.errors: Counter[str] = Counter()
         self.requests = 0
@@ -119,6 +122,7 @@ class ShardStream:
                     # long after we gave up on its reply: grants in that reply would be lost.
                     raise BusError("not connected to NATS")
                 self.requests += 1
+                self._epoch_news.clear()  # news from here on count: none is lost
                 reply = await self._bus.request(
                     self.route.subject, fetch, ShardReply, timeout=self._timeout
                 )
@@ -136,7 +140,16 @@ class ShardStream:
                 continue
             backoff.reset()
             if delay:
-                await asyncio.sleep(delay)
+                await self._pause(delay)
+
+    async def _pause(self, delay: float) -> None:
+        """Wait `delay` seconds before asking again, or until the job's epoch finished."""
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._epoch_news.wait(), delay)
+
+    async def on_epoch_finished(self, event: EpochFinished, delivery: Delivery) -> None:
+        """The service announced the end of an epoch of the job (subscribed by the agent)."""
+        self._epoch_news.set()
 
     def _look(self) -> tuple[ShardFetch | None, bool]:
         """The fetcher looks at the state: the next request, and whether done refs wait

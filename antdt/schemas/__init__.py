@@ -31,6 +31,7 @@ from antdt.schemas.restarts import BlocklistEntry, PendingRestart, RestartLedger
 from antdt.schemas.shards import (
     CheckpointCompleted,
     CommitReply,
+    EpochFinished,
     FetchStatus,
     InFlight,
     ReleaseReply,
@@ -74,6 +75,7 @@ __all__ = [
     "CheckpointCompleted",
     "Command",
     "CommitReply",
+    "EpochFinished",
     "ErrorReply",
     "ExitReason",
     "FetchStatus",

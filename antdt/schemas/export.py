@@ -33,6 +33,7 @@ EXPORTED: dict[str, Any] = {
     "ShardStatusRequest": schemas.ShardStatusRequest,
     "ShardStatus": schemas.ShardStatus,
     "CheckpointCompleted": schemas.CheckpointCompleted,
+    "EpochFinished": schemas.EpochFinished,
 }
 
 

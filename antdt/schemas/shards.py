@@ -243,6 +243,19 @@ class CheckpointCompleted(WireModel):
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
 
 
+class EpochFinished(WireModel):
+    """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done and a
+    later epoch is to come. Ranks waiting for the next epoch (their fetch was answered
+    PENDING) ask again at once instead of at their next poll, which for a large job is
+    seconds away (`retry_after_s` grows with the ranks, so that a thousand ranks waiting
+    at an epoch's end do not flood the service). Best effort: a rank that misses it
+    asks at that poll. Anyone may subscribe."""
+
+    job: Token
+    epoch: Count = Field(description="The epoch just finished: every shard of it is done")
+    incarnation: Count = Field(default=0, description="The ledger's incarnation")
+
+
 class ShardRestore(WireModel):
     """Put the ledger back to the snapshot of checkpoint `step` (None: the job's start) and
     start a new incarnation. Every rank of the restarted job sends it with the same

@@ -61,6 +61,11 @@ class Subjects:
         not a request: every rank of the job listens)."""
         return f"{self.prefix}.{job}.shards.checkpointed"
 
+    def epoch_finished(self, job: str) -> str:
+        """Where the shards service announces that an epoch of the job is finished
+        (EpochFinished; published: every rank of the job listens)."""
+        return f"{self.prefix}.{job}.shards.epoch"
+
     def shards_direct(self, job: str, verb: str, route: str) -> str:
         """`shards(job, verb)` addressed to one replica (its route token, see
         `route_token`): how ranks reach the replica that owns their job's ledger."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -91,6 +92,8 @@ class ShardsTap:
         self.job = job
         self._fetches: list[tuple[str, ShardFetch]] = []
         self._replies: dict[str, ShardReply | ErrorReply] = {}
+        self.sent_at: dict[str, float] = {}  # reply inbox -> when the tap saw the request
+        self.replied_at: dict[str, float] = {}  # reply inbox -> when it saw the reply
         self._subs: list[Subscription] = []
 
     async def attach(self) -> ShardsTap:
@@ -103,6 +106,7 @@ class ShardsTap:
 
     async def _on_fetch(self, msg: Msg) -> None:
         if msg.reply:
+            self.sent_at[msg.reply] = time.monotonic()
             self._fetches.append((msg.reply, ShardFetch.model_validate_json(msg.data)))
 
     async def _on_reply(self, msg: Msg) -> None:
@@ -114,6 +118,7 @@ class ShardsTap:
             return  # the reply to some other request
         if not isinstance(reply, ShardReply) or reply.job == self.job:
             self._replies[msg.subject] = reply
+            self.replied_at[msg.subject] = time.monotonic()
 
     @property
     def exchanges(self) -> list[Exchange]:
@@ -129,6 +134,14 @@ class ShardsTap:
             (x.fetch, x.reply)
             for x in self.exchanges
             if isinstance(x.reply, ShardReply) and rank in (None, x.fetch.rank)
+        ]
+
+    def timed(self, rank: int) -> list[tuple[float, float, ShardFetch, ShardReply]]:
+        """(sent, replied, request, reply) of `rank`'s answered requests, monotonic s."""
+        return [
+            (self.sent_at[inbox], self.replied_at[inbox], fetch, reply)
+            for inbox, fetch in self._fetches
+            if fetch.rank == rank and isinstance(reply := self._replies.get(inbox), ShardReply)
         ]
 
     def statuses(self, rank: int | None = None) -> Counter[FetchStatus]:

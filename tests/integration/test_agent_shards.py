@@ -23,7 +23,7 @@ from antdt.agent import Agent, AgentClosed, AgentSettings
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster, EmbeddedNats, ServerError
-from antdt.schemas import FetchStatus, StepEvent, Subjects
+from antdt.schemas import EpochFinished, FetchStatus, StepEvent, Subjects
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import (
@@ -453,3 +453,64 @@ async def test_close_unblocks_a_training_thread_waiting_for_data(
     await asyncio.to_thread(agent.close)
     with pytest.raises(AgentClosed):
         await asyncio.wait_for(training, 10)
+
+
+async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom(
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    tmp_path: Path,
+    agents_to_close: list[Agent],
+    to_stop: list[RunningServices],
+) -> None:
+    """A job of a thousand ranks (two run here): rank 0, out of epoch 0, waits for epoch
+    1 while rank 1 holds epoch 0's last shards. Its polls are 5 s apart (a thousand ranks
+    polling every 0.05 s would ask 20,000 times a second), yet it asks for epoch 1 as
+    soon as rank 1's done refs finish epoch 0: the service announces it (EpochFinished)."""
+    running = await start_services(settings, ("controller", "shards"))
+    to_stop.append(running)
+    tap = await ShardsTap(bus, unique).attach()
+    subjects = Subjects(settings.nats.subject_prefix)
+    announced: list[tuple[float, EpochFinished]] = []
+
+    async def on_announced(event: EpochFinished, _: Delivery) -> None:
+        announced.append((time.monotonic(), event))
+
+    await bus.subscribe(subjects.epoch_finished(unique), EpochFinished, on_announced)
+    world, prefix = 1000, tmp_path / "told"
+    shape = {"dataset_size": 40, "global_batch": 2 * world, "epochs": 2, "sample_log": str(prefix)}
+    agents = [
+        Agent(
+            agent_settings(settings.nats, unique, r, world, **shape), collectives=NullCollectives()
+        )
+        for r in range(2)
+    ]
+    agents_to_close.extend(agents)
+    await asyncio.to_thread(start_all, agents)
+    paused, resume = threading.Event(), threading.Event()
+
+    def hold(step: Any) -> None:
+        if (step.epoch, step.index) == (0, 1):  # rank 1 stops, holding shards
+            paused.set()
+            resume.wait(30)
+
+    training = asyncio.ensure_future(asyncio.to_thread(run_ranks, agents, [None, hold]))
+    try:
+        await wait_for(paused.is_set, what="rank 1 paused")
+        await wait_for(lambda: tap.statuses(0)[FetchStatus.PENDING] >= 1, what="rank 0 waits")
+        await asyncio.sleep(1.5)  # 30 polls at 0.05 s each
+        assert tap.statuses(0)[FetchStatus.PENDING] <= 2 and not announced
+    finally:
+        resume.set()
+    await asyncio.wait_for(training, 30)
+    await asyncio.to_thread(close_all, agents)
+    assert [(e.epoch, e.incarnation) for _, e in announced] == [(0, 0)]
+    timed = tap.timed(0)
+    waited = [i for i, (_, _, f, r) in enumerate(timed) if r.status is FetchStatus.PENDING]
+    _, last_pending_at, _, last_pending = timed[waited[-1]]
+    assert last_pending.retry_after_s == 5.0
+    asked_at, _, fetch, reply = timed[waited[-1] + 1]
+    assert (fetch.epoch, reply.epoch, reply.status) == (1, 1, FetchStatus.OK) and reply.grants
+    # Asked once told, not at its next poll: 5 s after the last PENDING.
+    assert asked_at - last_pending_at < 4.0 and asked_at - announced[0][0] < 1.0
+    assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=2)

@@ -29,6 +29,7 @@ from antdt.services.shards import (
     shard_range,
     status,
 )
+from antdt.services.shards.ledger import awaits_next_epoch, pending_retry_s
 from antdt.services.shards.permutation import (
     _RECENT,
     TABLE_HALF_BITS,
@@ -173,6 +174,20 @@ def test_epochs_advance_only_when_complete() -> None:
     # A late rank asking for epoch 0 is told it is over; its old dones are no-ops.
     state, reply = ok(state, fetch(0, epoch=0, done=first.grants))
     assert reply.status == FetchStatus.EPOCH_DONE
+
+
+def test_the_epochs_end_is_announced_once_and_the_waiting_poll_grows_with_the_ranks() -> None:
+    state = new_ledger(spec(40, 10, epochs=2))
+    state, first = ok(state, fetch(1))
+    state, _ = drain_epoch(state, 0)
+    assert not awaits_next_epoch(state)  # rank 1 still holds a shard
+    state, _ = ok(state, fetch(1, done=first.grants))
+    assert awaits_next_epoch(state)  # every shard of epoch 0 done: announce it
+    state, _ = ok(state, fetch(0, epoch=1))
+    assert state.epoch == 1 and not awaits_next_epoch(state)
+    # Waiting ranks of a large job poll less often, together at most 200 times a second.
+    retries = [pending_retry_s(new_ledger(spec(40, 10, world=w))) for w in (2, 200, 10**4)]
+    assert retries == [0.05, 1.0, 5.0]
 
 
 def test_job_done_after_the_last_epoch() -> None:

@@ -17,6 +17,7 @@ from antdt.services.shards.state import (
     InFlightEntry,
     LedgerState,
     Requeued,
+    finished,
     new_ledger,
     shard_range,
     status,
@@ -29,8 +30,10 @@ __all__ = [
     "Requeued",
     "Work",
     "apply_fetch",
+    "awaits_next_epoch",
     "error",
     "new_ledger",
+    "pending_retry_s",
     "plan_fetch",
     "release_rank",
     "shard_range",
@@ -41,8 +44,30 @@ __all__ = [
 #: of the stored ledger, which must stay compact (one etcd value, written every few ms).
 #: A job with more ranks than this reserves nothing: its many ranks fill every write anyway.
 MAX_RESERVED = 256
-#: How long a rank asking for the next epoch too early should wait before asking again.
+#: How long a rank asking for the next epoch too early waits before asking again, at
+#: least. The service announces an epoch's end (EpochFinished), which wakes the waiting
+#: ranks at once, so this poll is the fallback, and it grows with the job's ranks: at
+#: 0.05 s for every rank, the ranks of a job of a thousand waiting for its last shard
+#: asked 20,000 times a second, more than a replica serves, ahead of that shard's report.
 PENDING_RETRY_S = 0.05
+#: Polls a second, at most, that the waiting ranks of one job make together.
+PENDING_POLLS_PER_S = 200.0
+#: The longest a waiting rank goes between polls, seconds (if it missed the announcement).
+PENDING_RETRY_MAX_S = 5.0
+
+
+def pending_retry_s(state: LedgerState) -> float:
+    """Seconds a rank that asked for the next epoch too early waits before asking again:
+    PENDING_RETRY_S, or as long as keeps the job's active ranks, all waiting, to
+    PENDING_POLLS_PER_S together, up to PENDING_RETRY_MAX_S."""
+    ranks = max(1, state.world_size - len(state.left))
+    return min(PENDING_RETRY_MAX_S, max(PENDING_RETRY_S, ranks / PENDING_POLLS_PER_S))
+
+
+def awaits_next_epoch(state: LedgerState) -> bool:
+    """Every shard of the epoch is done and another epoch is to come: the ranks' next
+    fetch starts it (the one to announce: EpochFinished)."""
+    return finished(state) and not state.complete and state.epoch + 1 < state.epochs
 
 
 def release_rank(state: LedgerState, rank: int) -> LedgerState:
@@ -100,7 +125,8 @@ def plan_fetch(state: LedgerState, req: ShardFetch, reserve: int = 0) -> FetchRe
         return FetchResult(work.state(), work.reply(FetchStatus.EPOCH_DONE))
     if req.epoch == state.epoch + 1:
         if not work.finished():
-            return FetchResult(work.state(), work.reply(FetchStatus.PENDING, retry=PENDING_RETRY_S))
+            pending = work.reply(FetchStatus.PENDING, retry=pending_retry_s(state))
+            return FetchResult(work.state(), pending)
         if state.epoch + 1 >= state.epochs:
             work.complete = True
             return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))

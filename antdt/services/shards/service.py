@@ -34,10 +34,12 @@ from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.recent import Recent
 from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
 from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,
+    EpochFinished,
     FetchStatus,
     JobSpec,
     Keys,
@@ -55,7 +57,13 @@ from antdt.schemas import (
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
-from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch, status
+from antdt.services.shards.ledger import (
+    LedgerState,
+    awaits_next_epoch,
+    new_ledger,
+    plan_fetch,
+    status,
+)
 from antdt.services.shards.ops import commit_op, encode, release_op
 from antdt.services.shards.restores import Restores
 from antdt.services.shards.routing import Routes
@@ -63,6 +71,8 @@ from antdt.services.shards.routing import Routes
 log = structlog.get_logger("antdt.shards")
 QUEUE_GROUP = "antdt-shards"
 VERBS = ("fetch", "commit", "restore", "release", "status")
+#: Jobs whose last epoch announced a replica remembers, at most (the least recent go).
+MAX_ANNOUNCED = 4096
 
 
 class ShardsSettings(ServiceSettings):
@@ -257,6 +267,8 @@ class ShardsService:
             write_burst_s=settings.ledger_write_burst_s,
         )
         self.restores = Restores(self.ledgers, self.keys, self.committer)
+        # job -> (incarnation, epoch) whose end this replica announced (EpochFinished).
+        self._epoch_announced: Recent[tuple[int, int]] = Recent(MAX_ANNOUNCED)
         metrics.watch_shards(self)
 
     @property
@@ -363,6 +375,7 @@ class ShardsService:
         reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
+        await self._announce_epoch_end(req.job)
         route = self.routes.route(req.job, finished=reply.status is FetchStatus.JOB_DONE)
         return replaced(reply, {"route": route}) if route else reply
 
@@ -373,6 +386,7 @@ class ShardsService:
         reply = await self.submit(req.job, op)
         if isinstance(reply, CommitReply) and reply.completed_now:  # durable: announce it
             await self._announce(reply)
+        await self._announce_epoch_end(req.job)  # its done refs may have been the last
         return reply
 
     async def _announce(self, reply: CommitReply) -> None:
@@ -385,6 +399,25 @@ class ShardsService:
             log.warning("checkpoint not announced", job=reply.job, step=reply.step, error=repr(exc))
         else:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
+
+    async def _announce_epoch_end(self, job: str) -> None:
+        """Tell the job's ranks that its epoch is finished, once per epoch, as soon as the
+        working ledger says so: the ranks waiting for the next epoch ask for it at once
+        (their requests are judged on the same working ledger, and a grant of the new
+        epoch is answered only once durable). Best effort: a rank that misses it asks at
+        its next poll (`pending_retry_s`)."""
+        state = self.committer.working(job)
+        if state is None or not awaits_next_epoch(state):
+            return
+        key = (state.incarnation, state.epoch)
+        if self._epoch_announced.get(job) == key:
+            return
+        self._epoch_announced.put(job, key)
+        event = EpochFinished(job=job, epoch=state.epoch, incarnation=state.incarnation)
+        try:
+            await self.bus.publish(self.subjects.epoch_finished(job), event)
+        except Exception as exc:  # NATS away: the ranks poll
+            log.warning("epoch end not announced", job=job, epoch=state.epoch, error=repr(exc))
 
     async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
         """Every rank of a restarted job sends one; restores.py reads what the first
@@ -402,6 +435,7 @@ class ShardsService:
         self.requests["release"] += 1
         reply = await self.submit(req.job, release_op(req, self.keys))
         log.info("rank released", job=req.job, rank=req.rank, reason=req.reason)
+        await self._announce_epoch_end(req.job)
         return reply
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
