@@ -13,6 +13,7 @@ from typing import Any
 from antdt.bench.cases import bench_agent_tracing, bench_detector_memory
 from antdt.bench.checkpoints import bench_checkpoint, checkpoint_rows
 from antdt.bench.display import console, print_table
+from antdt.bench.epoch_turn import epoch_turn_row
 from antdt.bench.ingest import bench_monitor_ingest, bench_raw_pubsub
 from antdt.bench.ingest_replicas import bench_ingest_replicas
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
@@ -80,6 +81,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         }
     )
     rows += await shards_rows(cluster)
+    rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)
     rows += await checkpoint_rows_of(cluster)
     rows += await incident_to_plan_rows(cluster)
