@@ -213,14 +213,16 @@ class JobIntake:
         """Subscriptions equal to what we own: a subscription for every owned or dormant
         job (one that failed is made again), none for a job no longer ours (claims under
         way keep theirs)."""
-        for job in [*self.ownership.jobs, *self._dormant]:
-            if job not in self._subs:
-                await self._watch(job)
-        for job in list(self._subs):
-            mine = self.ownership.owns(job) or job in self._claims or job in self._dormant
-            if not mine:
-                self.unwatch(job)
-        self._share_backlog()  # a job may have gone from dormant to owned or back
+        try:
+            for job in [*self.ownership.jobs, *self._dormant]:
+                if job not in self._subs:
+                    await self._watch(job, share=False)  # shared once, below
+            for job in list(self._subs):
+                mine = self.ownership.owns(job) or job in self._claims or job in self._dormant
+                if not mine:
+                    self.unwatch(job)
+        finally:  # NATS away midway too: what was subscribed keeps to its share
+            self._share_backlog()  # a job may also have gone from dormant to owned or back
 
     async def keep_dormant(self, job: str) -> None:
         """Keep receiving the steps of `job`, ended as abandoned and given up: its next
@@ -262,12 +264,13 @@ class JobIntake:
             sub.end()
             self._share_backlog()
 
-    async def _watch(self, job: str) -> None:
+    async def _watch(self, job: str, *, share: bool = True) -> None:
         if job not in self._subs:
             self._subs[job] = await self.bus.subscribe(
                 self.subjects.step(job, "*"), StepEvent, self.on_step
             )
-            self._share_backlog()
+            if share:
+                self._share_backlog()
 
     def _share_backlog(self) -> None:
         """Each watched job's subscription may hold an equal share of `backlog_bytes`
