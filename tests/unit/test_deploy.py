@@ -1,0 +1,102 @@
+"""The shipped deployments (deploy/compose.yaml, deploy/antdt.nomad.hcl) name only
+settings the services have, with values they accept. Settings ignore unknown `ANTDT_*`
+variables (an agent's and a service's share the prefix), so a misspelt or renamed one in
+a deployment would be dropped without a word: this keeps the files true to the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from antdt.runtime.config import ServiceSettings
+from antdt.services.runner import settings_class
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SERVICES = ("monitor", "controller", "shards")
+# KEY = "value" or KEY: value (HCL, YAML); the value as written, quotes stripped.
+SETTING = re.compile(r"^\s*(ANTDT_[A-Z0-9_]+)\s*[=:]\s*\"?([^\"\n]*)\"?\s*$", re.MULTILINE)
+
+
+def field_of(root: type[BaseModel], variable: str) -> bool:
+    """Does `ANTDT_A__B` name a field (`a.b`) of `root`?"""
+    model: type[BaseModel] | None = root
+    for part in variable.removeprefix("ANTDT_").lower().split("__"):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation if is_model else None
+    return True
+
+
+def literal(value: str) -> bool:
+    """A value written out, not filled in by the deployer (${...}, var.x, a YAML alias)."""
+    return "${" not in value and not value.startswith(("var.", "*", "&"))
+
+
+def nomad_groups() -> dict[str, str]:
+    """The jobspec's text by task group."""
+    text = (DEPLOY / "antdt.nomad.hcl").read_text()
+    parts = re.split(r'^\s*group\s+"(\w+)"\s*\{', text, flags=re.MULTILINE)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_the_nomad_job_runs_each_service_with_its_own_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    groups = nomad_groups()
+    assert sorted(groups) == sorted(SERVICES)
+    for service, text in groups.items():
+        assert f'args  = ["{service}"]' in text
+        settings = dict(SETTING.findall(text))
+        assert {"ANTDT_NATS__URL", "ANTDT_ETCD__ENDPOINT", "ANTDT_REPLICA_ID"} <= set(settings)
+        cls = settings_class(service)
+        unknown = [name for name in settings if not field_of(cls, name)]
+        assert not unknown, f"{service}: no such setting {unknown}"
+        _accepted(monkeypatch, cls, {k: v for k, v in settings.items() if literal(v)})
+
+
+def test_compose_gives_every_service_settings_it_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (DEPLOY / "compose.yaml").read_text()
+    settings = dict(SETTING.findall(text))
+    assert {"ANTDT_NATS__URL", "ANTDT_ETCD__ENDPOINT"} <= set(settings)
+    for service in SERVICES:  # one environment, shared by all three
+        assert f'command: ["{service}"]' in text
+        cls = settings_class(service)
+        unknown = [name for name in settings if not field_of(cls, name)]
+        assert not unknown, f"{service}: no such setting {unknown}"
+        _accepted(monkeypatch, cls, settings)
+
+
+def test_a_misspelt_setting_is_caught() -> None:
+    cls = settings_class("monitor")
+    assert field_of(cls, "ANTDT_TELEMETRY__METRICS_PORT") and field_of(cls, "ANTDT_WINDOW")
+    assert not field_of(cls, "ANTDT_ETCD__ENDPIONT") and not field_of(cls, "ANTDT_NATS__URLS")
+    assert not field_of(cls, "ANTDT_JOB_RETENTION_S")  # the controller's, not the monitor's
+
+
+def _accepted(
+    monkeypatch: pytest.MonkeyPatch, cls: type[ServiceSettings], values: dict[str, str]
+) -> None:
+    """The service reads `values` from its environment as written (no validation error),
+    each landing on its field."""
+    with monkeypatch.context() as env:
+        for name, value in values.items():
+            env.setenv(name, value)
+        settings = cls()
+    for name, value in values.items():
+        read: object = settings
+        for part in name.removeprefix("ANTDT_").lower().split("__"):
+            read = getattr(read, part)
+        assert _same(read, value), (name, read, value)
+
+
+def _same(read: object, written: str) -> bool:
+    if written == "null":
+        return read is None
+    if isinstance(read, bool) or not isinstance(read, int | float):
+        return str(read) == written
+    return read == float(written)
