@@ -73,6 +73,7 @@ def _run_services(
 
     first = _service_settings(names[0], nats_url, etcd_endpoint)
     _configure_logs(first)
+    _warn_unknown_settings()
     _ensure_recording(first)
     configure_gc(first.gc_thresholds)
 
@@ -80,6 +81,26 @@ def _run_services(
         return _service_settings(name, nats_url, etcd_endpoint, metrics)
 
     loops.run(run_services(names, settings_of, ready=ready), first.event_loop)
+
+
+def _warn_unknown_settings() -> None:
+    """Name the `ANTDT_*` variables that no service (nor an agent) has as a setting: they
+    are ignored, and a misspelt endpoint would otherwise fall back to its default."""
+    import structlog
+    from pydantic import BaseModel
+
+    from antdt.agent.settings import AgentSettings
+    from antdt.runtime.config import unknown_settings
+    from antdt.services.runner import SERVICE_NAMES, settings_class
+
+    roots: list[type[BaseModel]] = [settings_class(name) for name in SERVICE_NAMES]
+    roots.append(AgentSettings)
+    unknown = unknown_settings(os.environ, roots)
+    if unknown:
+        structlog.get_logger("antdt").warning(
+            "environment variables that are no setting: ignored", variables=unknown,
+            settings="`antdt monitor|controller|shards --help`, docs/architecture.md",
+        )  # fmt: skip
 
 
 def _ensure_recording(settings: Any) -> None:

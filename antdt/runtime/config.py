@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel, Field, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -118,4 +119,35 @@ class ServiceSettings(BaseSettings):
         description="Python's garbage-collector thresholds for the process (allocations, "
         "then collections, then collections; JSON, e.g. [700,10,10]); null: Python's "
         "own. Higher than Python's default: see antdt/runtime/process.py",
+    )
+
+
+#: `ANTDT_*` variables that are not settings: the launcher's hand-off to its ranks, and
+#: the demo's own knobs.
+NOT_SETTINGS = ("ANTDT_LAUNCH_DIR", "ANTDT_DEMO_")
+
+
+def names_setting(root: type[BaseModel], variable: str) -> bool:
+    """Does `variable` (`ANTDT_A__B`) name a field of the settings `root` (`a.b`)?"""
+    model: type[BaseModel] | None = root
+    for part in variable.removeprefix("ANTDT_").lower().split("__"):
+        if model is None or part not in model.model_fields:
+            return False
+        annotation = model.model_fields[part].annotation
+        nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation if nested else None  # type: ignore[assignment]
+    return True
+
+
+def unknown_settings(environ: Mapping[str, str], roots: Iterable[type[BaseModel]]) -> list[str]:
+    """The `ANTDT_*` variables of `environ` that name no field of any of `roots`, sorted.
+    Settings ignore them (an agent's and a service's share the prefix), so a misspelt
+    one (`ANTDT_ETCD__ENDPIONT`) would otherwise be dropped without a word."""
+    roots = list(roots)
+    return sorted(
+        name
+        for name in environ
+        if name.startswith("ANTDT_")
+        and not name.startswith(NOT_SETTINGS)
+        and not any(names_setting(root, name) for root in roots)
     )

@@ -9,27 +9,16 @@ import re
 from pathlib import Path
 
 import pytest
-from pydantic import BaseModel
+from structlog.testing import capture_logs
 
-from antdt.runtime.config import ServiceSettings
+from antdt.agent.settings import AgentSettings
+from antdt.runtime.config import ServiceSettings, names_setting, unknown_settings
 from antdt.services.runner import settings_class
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 SERVICES = ("monitor", "controller", "shards")
 # KEY = "value" or KEY: value (HCL, YAML); the value as written, quotes stripped.
 SETTING = re.compile(r"^\s*(ANTDT_[A-Z0-9_]+)\s*[=:]\s*\"?([^\"\n]*)\"?\s*$", re.MULTILINE)
-
-
-def field_of(root: type[BaseModel], variable: str) -> bool:
-    """Does `ANTDT_A__B` name a field (`a.b`) of `root`?"""
-    model: type[BaseModel] | None = root
-    for part in variable.removeprefix("ANTDT_").lower().split("__"):
-        if model is None or part not in model.model_fields:
-            return False
-        annotation = model.model_fields[part].annotation
-        is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-        model = annotation if is_model else None
-    return True
 
 
 def literal(value: str) -> bool:
@@ -54,7 +43,7 @@ def test_the_nomad_job_runs_each_service_with_its_own_settings(
         settings = dict(SETTING.findall(text))
         assert {"ANTDT_NATS__URL", "ANTDT_ETCD__ENDPOINT", "ANTDT_REPLICA_ID"} <= set(settings)
         cls = settings_class(service)
-        unknown = [name for name in settings if not field_of(cls, name)]
+        unknown = [name for name in settings if not names_setting(cls, name)]
         assert not unknown, f"{service}: no such setting {unknown}"
         _accepted(monkeypatch, cls, {k: v for k, v in settings.items() if literal(v)})
 
@@ -66,16 +55,24 @@ def test_compose_gives_every_service_settings_it_has(monkeypatch: pytest.MonkeyP
     for service in SERVICES:  # one environment, shared by all three
         assert f'command: ["{service}"]' in text
         cls = settings_class(service)
-        unknown = [name for name in settings if not field_of(cls, name)]
+        unknown = [name for name in settings if not names_setting(cls, name)]
         assert not unknown, f"{service}: no such setting {unknown}"
         _accepted(monkeypatch, cls, settings)
 
 
 def test_a_misspelt_setting_is_caught() -> None:
-    cls = settings_class("monitor")
-    assert field_of(cls, "ANTDT_TELEMETRY__METRICS_PORT") and field_of(cls, "ANTDT_WINDOW")
-    assert not field_of(cls, "ANTDT_ETCD__ENDPIONT") and not field_of(cls, "ANTDT_NATS__URLS")
-    assert not field_of(cls, "ANTDT_JOB_RETENTION_S")  # the controller's, not the monitor's
+    monitor = settings_class("monitor")
+    assert names_setting(monitor, "ANTDT_TELEMETRY__METRICS_PORT")
+    assert names_setting(monitor, "ANTDT_WINDOW")
+    assert not names_setting(monitor, "ANTDT_ETCD__ENDPIONT")
+    assert not names_setting(monitor, "ANTDT_NATS__URLS")
+    assert not names_setting(monitor, "ANTDT_JOB_RETENTION_S")  # the controller's
+    # What a service process warns of: the services' own settings, an agent's (shard
+    # size), the demo's and the launcher's variables pass; the misspelt one does not.
+    environ = {"ANTDT_ETCD__ENDPIONT": "e:2379", "ANTDT_WINDOW": "8", "ANTDT_DEMO_OUT": ".",
+               "ANTDT_LAUNCH_DIR": "/tmp", "PATH": "/bin", "ANTDT_SHARD_SIZE": "4"}  # fmt: skip
+    roots = [*(settings_class(s) for s in SERVICES), AgentSettings]
+    assert unknown_settings(environ, roots) == ["ANTDT_ETCD__ENDPIONT"]
 
 
 def _accepted(
@@ -100,3 +97,16 @@ def _same(read: object, written: str) -> bool:
     if isinstance(read, bool) or not isinstance(read, int | float):
         return str(read) == written
     return read == float(written)
+
+
+def test_a_service_process_names_the_variables_it_ignores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from antdt.cli import _warn_unknown_settings
+
+    monkeypatch.setenv("ANTDT_ETCD__ENDPIONT", "etcd:2379")
+    monkeypatch.setenv("ANTDT_WINDOW", "8")
+    with capture_logs() as logs:
+        _warn_unknown_settings()
+    [warning] = [entry for entry in logs if entry["event"].endswith("no setting: ignored")]
+    assert warning["log_level"] == "warning"
+    assert "ANTDT_ETCD__ENDPIONT" in warning["variables"]
+    assert "ANTDT_WINDOW" not in warning["variables"]
