@@ -80,7 +80,7 @@ async def _turn(
 
     async def wait_for_epoch_1(rank: int) -> None:
         event = news[rank % len(buses)]
-        reply = await ask(rank, 0, tuple(g.ref() for g in held[rank]))  # out of epoch 0
+        await ask(rank, 0, tuple(g.ref() for g in held[rank]))  # out of epoch 0
         while True:
             event.clear()
             reply = await ask(rank, 1)
@@ -88,12 +88,11 @@ async def _turn(
             if reply.status is FetchStatus.OK and reply.grants:
                 turned[rank] = time.perf_counter() - await last_done_sent
                 return
-            delay = max(reply.retry_after_s, OLD_POLL_S) if told else OLD_POLL_S
-            if told:
+            if told:  # the announcement, or the reply's poll
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                    await asyncio.wait_for(event.wait(), delay)
+                    await asyncio.wait_for(event.wait(), max(reply.retry_after_s, OLD_POLL_S))
             else:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(OLD_POLL_S)
 
     await replica.go()
     started = time.perf_counter()

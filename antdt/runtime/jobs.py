@@ -50,10 +50,9 @@ class JobKeys:
     ended: frozenset[str]
     dormant: tuple[str, ...] = ()
 
-    @property
-    def live(self) -> list[str]:
-        """Registered and not ended, sorted: the jobs worth claiming."""
-        return sorted(self.registered - self.ended)
+    def live(self, also: Iterable[str] = ()) -> list[str]:
+        """Registered (or in `also`) and not ended, sorted: the jobs worth claiming."""
+        return sorted((self.registered | set(also)) - self.ended)
 
 
 async def scan_jobs(store: Store, keys: Keys) -> JobKeys:
@@ -70,8 +69,7 @@ async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[
     worth claiming. An ended job's keys stay in etcd for its history (until its
     retention), but nobody owns it: claim rounds and ownership slots grow with live jobs
     only."""
-    scanned = await scan_jobs(store, keys)
-    return sorted((scanned.registered | set(also)) - scanned.ended)
+    return (await scan_jobs(store, keys)).live(also)
 
 
 async def read_ended(

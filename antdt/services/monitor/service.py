@@ -185,7 +185,7 @@ class MonitorService:
         hellos came before it ran) and receive the dormant jobs' steps, then hand one job
         over if one is due."""
         scanned = await scan_jobs(self.store, self.keys)
-        await self.intake.claim_round(scanned.live, scanned.dormant)
+        await self.intake.claim_round(scanned.live(), scanned.dormant)
         await self._hand_over()
 
     async def _hand_over(self) -> None:

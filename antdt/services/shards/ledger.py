@@ -60,8 +60,8 @@ def pending_retry_s(state: LedgerState) -> float:
     """Seconds a rank that asked for the next epoch too early waits before asking again:
     PENDING_RETRY_S, or as long as keeps the job's active ranks, all waiting, to
     PENDING_POLLS_PER_S together, up to PENDING_RETRY_MAX_S."""
-    ranks = max(1, state.world_size - len(state.left))
-    return min(PENDING_RETRY_MAX_S, max(PENDING_RETRY_S, ranks / PENDING_POLLS_PER_S))
+    polls = max(1, state.active_count) / PENDING_POLLS_PER_S
+    return min(PENDING_RETRY_MAX_S, max(PENDING_RETRY_S, polls))
 
 
 def awaits_next_epoch(state: LedgerState) -> bool:
