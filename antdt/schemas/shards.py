@@ -244,12 +244,14 @@ class CheckpointCompleted(WireModel):
 
 
 class EpochFinished(WireModel):
-    """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done and a
-    later epoch is to come. Ranks waiting for the next epoch (their fetch was answered
-    PENDING) ask again at once instead of at their next poll, which for a large job is
-    seconds away (`retry_after_s` grows with the ranks, so that a thousand ranks waiting
-    at an epoch's end do not flood the service). Best effort: a rank that misses it
-    asks at that poll. Anyone may subscribe."""
+    """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done (the
+    last epoch's too: the job is then done). Ranks waiting for the next epoch (their
+    fetch was answered PENDING) ask again at once instead of at their next poll, which
+    for a large job is seconds away (`retry_after_s` grows with the ranks, so that a
+    thousand ranks waiting at an epoch's end do not flood the service). A replica that
+    takes the job into the next epoch tells the previous end again (its finisher may
+    have died first), so an end may come more than once. Best effort: a rank that
+    misses it asks at that poll. Anyone may subscribe."""
 
     job: Token
     epoch: Count = Field(description="The epoch just finished: every shard of it is done")

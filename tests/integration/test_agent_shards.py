@@ -455,6 +455,7 @@ async def test_close_unblocks_a_training_thread_waiting_for_data(
         await asyncio.wait_for(training, 10)
 
 
+@pytest.mark.parametrize("held_in", [0, 1], ids=["next_epoch", "job_end"])
 async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom(
     settings: ServiceSettings,
     unique: str,
@@ -462,11 +463,14 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     tmp_path: Path,
     agents_to_close: list[Agent],
     to_stop: list[RunningServices],
+    held_in: int,
 ) -> None:
-    """A job of a thousand ranks (two run here): rank 0, out of epoch 0, waits for epoch
-    1 while rank 1 holds epoch 0's last shards. Its polls are 5 s apart (a thousand ranks
-    polling every 0.05 s would ask 20,000 times a second), yet it asks for epoch 1 as
-    soon as rank 1's done refs finish epoch 0: the service announces it (EpochFinished)."""
+    """A job of a thousand ranks (two run here): rank 0, out of epoch `held_in`, waits
+    for the next while rank 1 holds that epoch's last shards. Its polls are 5 s apart (a
+    thousand ranks polling every 0.05 s would ask 20,000 times a second), yet it asks
+    again as soon as rank 1's done refs finish the epoch: the service announces it
+    (EpochFinished). So for the last epoch too: it learns at once that the job is done
+    (before, only the ends of the epochs before the last were announced)."""
     running = await start_services(settings, ("controller", "shards"))
     to_stop.append(running)
     tap = await ShardsTap(bus, unique).attach()
@@ -490,27 +494,35 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     paused, resume = threading.Event(), threading.Event()
 
     def hold(step: Any) -> None:
-        if (step.epoch, step.index) == (0, 1):  # rank 1 stops, holding shards
+        if step.epoch == held_in and not paused.is_set():  # rank 1 stops, holding shards
             paused.set()
             resume.wait(30)
+
+    def waits() -> list[int]:  # rank 0's requests for the epoch after the held one, PENDING
+        timed = tap.timed(0)
+        return [i for i, (_, _, fetch, reply) in enumerate(timed)
+                if reply.status is FetchStatus.PENDING and fetch.epoch == held_in + 1]  # fmt: skip
 
     training = asyncio.ensure_future(asyncio.to_thread(run_ranks, agents, [None, hold]))
     try:
         await wait_for(paused.is_set, what="rank 1 paused")
-        await wait_for(lambda: tap.statuses(0)[FetchStatus.PENDING] >= 1, what="rank 0 waits")
+        await wait_for(lambda: len(waits()) >= 1, what="rank 0 waits")
         await asyncio.sleep(1.5)  # 30 polls at 0.05 s each
-        assert tap.statuses(0)[FetchStatus.PENDING] <= 2 and not announced
+        assert len(waits()) <= 2 and len(announced) == held_in
     finally:
         resume.set()
     await asyncio.wait_for(training, 30)
     await asyncio.to_thread(close_all, agents)
-    assert [(e.epoch, e.incarnation) for _, e in announced] == [(0, 0)]
-    timed = tap.timed(0)
-    waited = [i for i, (_, _, f, r) in enumerate(timed) if r.status is FetchStatus.PENDING]
+    assert [(e.epoch, e.incarnation) for _, e in announced] == [(0, 0), (1, 0)]
+    timed, waited = tap.timed(0), waits()
     _, last_pending_at, _, last_pending = timed[waited[-1]]
     assert last_pending.retry_after_s == 5.0
     asked_at, _, fetch, reply = timed[waited[-1] + 1]
-    assert (fetch.epoch, reply.epoch, reply.status) == (1, 1, FetchStatus.OK) and reply.grants
+    if held_in == 0:
+        assert (fetch.epoch, reply.epoch, reply.status) == (1, 1, FetchStatus.OK) and reply.grants
+    else:
+        assert (fetch.epoch, reply.status) == (2, FetchStatus.JOB_DONE)
     # Asked once told, not at its next poll: 5 s after the last PENDING.
-    assert asked_at - last_pending_at < 4.0 and asked_at - announced[0][0] < 1.0
+    told_at = announced[held_in][0]
+    assert asked_at - last_pending_at < 4.0 and asked_at - told_at < 1.0
     assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=2)

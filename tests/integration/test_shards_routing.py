@@ -14,11 +14,19 @@ from antdt.agent.ledger import LedgerClient
 from antdt.agent.route import ShardRoute
 from antdt.agent.shards import ShardStream
 from antdt.agent.stream_state import StreamState
-from antdt.runtime.bus import Bus
+from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
-from antdt.schemas import CommitReply, Keys, ShardCommit, ShardReply, Subjects, route_token
+from antdt.schemas import (
+    CommitReply,
+    EpochFinished,
+    Keys,
+    ShardCommit,
+    ShardReply,
+    Subjects,
+    route_token,
+)
 from antdt.services.runner import start_service
 from antdt.services.shards.service import ShardsService, ShardsSettings
 from tests.helpers import wait_for
@@ -241,3 +249,42 @@ async def test_an_idle_job_is_given_up_and_claimed_again_by_its_next_request(
         await runtime.shutdown()
     ranks.fleet.check_complete(shards, 1)
     assert (await ledger_in_etcd(store, settings, job)).complete
+
+
+async def test_the_replica_taking_a_job_into_its_next_epoch_tells_the_waiting_ranks(
+    settings: ServiceSettings, store: Store, bus: Bus
+) -> None:
+    """The replica that finished an epoch may die before it tells the ranks waiting for
+    the next one (EpochFinished): they would each sleep until their next poll, 5 s apart
+    in a job of a thousand ranks. So the replica that takes the job into the next epoch
+    tells them, once. Here replica A finishes epoch 0 and goes before anyone listens;
+    replica B, serving the first request for epoch 1, tells epoch 0's end, and later the
+    job's end (the last epoch's), each once."""
+    world, job = 2, "epoch-news"
+    await register(store, settings, job, world=world, shards=4, epochs=2)
+    first, second = ServiceRuntime("replica-a"), ServiceRuntime("replica-b")
+    await start_replica(settings, "host.a", first)
+    ranks = await Ranks(settings, job, world).connect()
+    told: list[tuple[int, int]] = []
+
+    async def on_told(event: EpochFinished, _: Delivery) -> None:
+        told.append((event.epoch, event.incarnation))
+
+    try:
+        while in_epoch_0 := [r for r in range(world) if ranks.fleet.epoch.get(r, 0) == 0]:
+            for rank in in_epoch_0:
+                await asyncio.wait_for(ranks.step(rank), 30)
+        assert (await ledger_in_etcd(store, settings, job)).epoch == 0  # finished, not turned
+        await first.shutdown()
+        await bus.subscribe(Subjects(settings.nats.subject_prefix).epoch_finished(job),
+                            EpochFinished, on_told)  # fmt: skip
+        await start_replica(settings, "host.b", second)
+        while len(ranks.fleet.finished) < world:
+            await asyncio.wait_for(ranks.run(steps=1), 30)
+        await wait_for(lambda: (1, 0) in told, what="the job's end told")
+    finally:
+        await ranks.close()
+        await first.shutdown()
+        await second.shutdown()
+    assert told == [(0, 0), (1, 0)]
+    ranks.fleet.check_complete(4, 2)

@@ -29,7 +29,7 @@ from antdt.services.shards import (
     shard_range,
     status,
 )
-from antdt.services.shards.ledger import awaits_next_epoch, pending_retry_s
+from antdt.services.shards.ledger import epoch_end_to_announce, pending_retry_s
 from antdt.services.shards.permutation import (
     _RECENT,
     TABLE_HALF_BITS,
@@ -176,15 +176,26 @@ def test_epochs_advance_only_when_complete() -> None:
     assert reply.status == FetchStatus.EPOCH_DONE
 
 
-def test_the_epochs_end_is_announced_once_and_the_waiting_poll_grows_with_the_ranks() -> None:
+def test_each_epochs_end_is_announced_and_the_waiting_poll_grows_with_the_ranks() -> None:
     state = new_ledger(spec(40, 10, epochs=2))
     state, first = ok(state, fetch(1))
     state, _ = drain_epoch(state, 0)
-    assert not awaits_next_epoch(state)  # rank 1 still holds a shard
+    assert epoch_end_to_announce(state) is None  # rank 1 still holds a shard
     state, _ = ok(state, fetch(1, done=first.grants))
-    assert awaits_next_epoch(state)  # every shard of epoch 0 done: announce it
-    state, _ = ok(state, fetch(0, epoch=1))
-    assert state.epoch == 1 and not awaits_next_epoch(state)
+    assert epoch_end_to_announce(state) == 0  # every shard of epoch 0 done: announce it
+    # Taken into epoch 1, nothing of it done yet: still epoch 0's end (told again by a
+    # replica that did not tell it, in case the one that finished epoch 0 died first).
+    state, second = ok(state, fetch(0, epoch=1))
+    assert state.epoch == 1 and epoch_end_to_announce(state) == 0
+    state, held = ok(state, fetch(0, epoch=1, done=second.grants))
+    assert epoch_end_to_announce(state) is None  # epoch 1 under way
+    state, last = ok(state, fetch(1, epoch=1))  # rank 1 keeps a shard of the last epoch
+    while held.status is FetchStatus.OK:
+        state, held = ok(state, fetch(0, epoch=1, done=held.grants, want=4))
+    assert epoch_end_to_announce(state) is None and not state.complete
+    state, reply = ok(state, fetch(1, epoch=2, done=last.grants))
+    # The last epoch's end too: its waiting ranks learn at once that the job is done.
+    assert reply.status is FetchStatus.JOB_DONE and epoch_end_to_announce(state) == 1
     # Waiting ranks of a large job poll less often, together at most 200 times a second.
     retries = [pending_retry_s(new_ledger(spec(40, 10, world=w))) for w in (2, 200, 10**4)]
     assert retries == [0.05, 1.0, 5.0]

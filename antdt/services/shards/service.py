@@ -59,7 +59,7 @@ from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import (
     LedgerState,
-    awaits_next_epoch,
+    epoch_end_to_announce,
     new_ledger,
     plan_fetch,
     status,
@@ -375,7 +375,9 @@ class ShardsService:
         reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
-        await self._announce_epoch_end(req.job)
+        # The write that completes a job drops its ledger from the cache: say which end.
+        job_done = (req.incarnation, reply.epoch) if reply.status is FetchStatus.JOB_DONE else None
+        await self._announce_epoch_end(req.job, job_done)
         route = self.routes.route(req.job, finished=reply.status is FetchStatus.JOB_DONE)
         return replaced(reply, {"route": route}) if route else reply
 
@@ -400,24 +402,29 @@ class ShardsService:
         else:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
 
-    async def _announce_epoch_end(self, job: str) -> None:
-        """Tell the job's ranks that its epoch is finished, once per epoch, as soon as the
-        working ledger says so: the ranks waiting for the next epoch ask for it at once
-        (their requests are judged on the same working ledger, and a grant of the new
-        epoch is answered only once durable). Best effort: a rank that misses it asks at
-        its next poll (`pending_retry_s`)."""
+    async def _announce_epoch_end(self, job: str, job_done: tuple[int, int] | None = None) -> None:
+        """Tell the job's ranks that an epoch is finished, once per epoch here, as soon as
+        the working ledger says so (`epoch_end_to_announce`): the ranks waiting for the
+        next epoch, or for the job's end, ask at once (their requests are judged on the
+        same working ledger, and a grant of the new epoch is answered only once durable).
+        `job_done`: (incarnation, epoch) of a JOB_DONE reply, for a ledger no longer
+        cached. Best effort: a rank that misses it asks at its next poll
+        (`pending_retry_s`)."""
         state = self.committer.working(job)
-        if state is None or not awaits_next_epoch(state):
-            return
-        key = (state.incarnation, state.epoch)
-        if self._epoch_announced.get(job) == key:
+        key = job_done
+        if state is not None:
+            epoch = epoch_end_to_announce(state)
+            key = None if epoch is None else (state.incarnation, epoch)
+        told = self._epoch_announced.get(job)
+        if key is None or (told is not None and told >= key):
             return
         self._epoch_announced.put(job, key)
-        event = EpochFinished(job=job, epoch=state.epoch, incarnation=state.incarnation)
+        incarnation, epoch = key
+        event = EpochFinished(job=job, epoch=epoch, incarnation=incarnation)
         try:
             await self.bus.publish(self.subjects.epoch_finished(job), event)
         except Exception as exc:  # NATS away: the ranks poll
-            log.warning("epoch end not announced", job=job, epoch=state.epoch, error=repr(exc))
+            log.warning("epoch end not announced", job=job, epoch=epoch, error=repr(exc))
 
     async def _on_restore(self, req: ShardRestore, delivery: Delivery) -> BaseModel:
         """Every rank of a restarted job sends one; restores.py reads what the first
