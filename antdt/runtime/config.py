@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import socket
+import types
+import typing
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from pydantic import BaseModel, Field, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -128,15 +131,29 @@ NOT_SETTINGS = ("ANTDT_LAUNCH_DIR", "ANTDT_DEMO_")
 
 
 def names_setting(root: type[BaseModel], variable: str) -> bool:
-    """Does `variable` (`ANTDT_A__B`) name a field of the settings `root` (`a.b`)?"""
+    """Does `variable` (`ANTDT_A__B`) name a field of the settings `root` (`a.b`)? A
+    field that is a mapping takes any key below it."""
     model: type[BaseModel] | None = root
     for part in variable.removeprefix("ANTDT_").lower().split("__"):
         if model is None or part not in model.model_fields:
             return False
-        annotation = model.model_fields[part].annotation
-        nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
-        model = annotation if nested else None  # type: ignore[assignment]
+        model, mapping = _nested(model.model_fields[part].annotation)
+        if mapping:
+            return True
     return True
+
+
+def _nested(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model a settings field nests, if any, looking through an optional one
+    (`MonitorParams | None`: the agent's `ANTDT_MONITOR__WINDOW`); and whether the field
+    is a mapping (its keys are the user's)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for member in typing.get_args(annotation) if union else (annotation,):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return member, False
+        if typing.get_origin(member) in (dict, Mapping) or member is dict:
+            return None, True
+    return None, False
 
 
 def unknown_settings(environ: Mapping[str, str], roots: Iterable[type[BaseModel]]) -> list[str]:

@@ -67,10 +67,15 @@ def test_a_misspelt_setting_is_caught() -> None:
     assert not names_setting(monitor, "ANTDT_ETCD__ENDPIONT")
     assert not names_setting(monitor, "ANTDT_NATS__URLS")
     assert not names_setting(monitor, "ANTDT_JOB_RETENTION_S")  # the controller's
+    # Through an optional model: the agent's monitoring parameters (documented), which a
+    # service's environment may carry too when it is shared with the ranks.
+    assert names_setting(AgentSettings, "ANTDT_MONITOR__WINDOW")
+    assert not names_setting(AgentSettings, "ANTDT_MONITOR__WINDOWS")
     # What a service process warns of: the services' own settings, an agent's (shard
     # size), the demo's and the launcher's variables pass; the misspelt one does not.
     environ = {"ANTDT_ETCD__ENDPIONT": "e:2379", "ANTDT_WINDOW": "8", "ANTDT_DEMO_OUT": ".",
-               "ANTDT_LAUNCH_DIR": "/tmp", "PATH": "/bin", "ANTDT_SHARD_SIZE": "4"}  # fmt: skip
+               "ANTDT_LAUNCH_DIR": "/tmp", "PATH": "/bin", "ANTDT_SHARD_SIZE": "4",
+               "ANTDT_MONITOR__SLOW_THRESHOLD": "0.2"}  # fmt: skip
     roots = [*(settings_class(s) for s in SERVICES), AgentSettings]
     assert unknown_settings(environ, roots) == ["ANTDT_ETCD__ENDPIONT"]
 

@@ -16,7 +16,7 @@ its slow rank. Thresholds and rules are ours (the papers do not publish theirs):
   with at least three ranks measured (with two ranks a leader and a straggler are the
   same observation; we report the straggler);
 - an incident opens after `open_windows` consecutive deviating windows, or at once when
-  the deviation is large (r >= 1 + instant_threshold, or <= 1 / (1 + instant_threshold)):
+  a rank is slow by much (r >= 1 + instant_threshold; leaders never open in one window):
   a 3x straggler is caught in its first full window, while 10-20% per-step jitter,
   which now and then pushes one or two windows of one rank over 1 + delta, does not
   open one (a mild deviation lasting `open_windows` windows is persistent already);
@@ -83,7 +83,7 @@ class DetectorConfig:
 
     window: int = 8  # W: events per window, per rank (disjoint windows)
     slow_threshold: float = 0.25  # delta: slow when r >= 1+delta, leader when r <= 1-delta
-    instant_threshold: float = 0.5  # r >= 1+this (or <= 1/(1+this)) opens in one window
+    instant_threshold: float = 0.5  # r >= 1+this opens a slow rank's incident in one window
     open_windows: int = 3  # consecutive deviating windows before a mild incident opens
     resolve_windows: int = 2  # consecutive normal windows before it resolves (hysteresis)
     persistent_windows: int = 3  # K: deviating K+ windows after a normal period: persistent

@@ -111,7 +111,7 @@ class ShardsSettings(ServiceSettings):
         ge=0,
         description="Bytes per second that one job's ledger writes to etcd, on average "
         "over ledger_write_burst_s: past it a write waits, and carries every request that "
-        "came meanwhile. Each write is the whole ledger (about 50 bytes per shard in "
+        "came meanwhile. Each write is the whole ledger (about 14-20 bytes per shard in "
         "flight) and stays in etcd's history until etcd compacts it; 0: no limit",
     )
     ledger_write_burst_s: float = Field(
