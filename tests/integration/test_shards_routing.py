@@ -288,3 +288,40 @@ async def test_the_replica_taking_a_job_into_its_next_epoch_tells_the_waiting_ra
         await second.shutdown()
     assert told == [(0, 0), (1, 0)]
     ranks.fleet.check_complete(4, 2)
+
+
+async def test_a_commit_refused_as_unavailable_is_tried_again(
+    settings: ServiceSettings, store: Store
+) -> None:
+    """A replica that cannot reach etcd, or is draining for a restart, refuses with
+    `unavailable`: the agent's commit (as its restore and release) tries again until its
+    deadline, as its fetches do. (It gave up at once: a checkpoint taken while etcd
+    restarted killed the training script, and the restarted job's restore the same.)"""
+    job = "commit-unavailable"
+    await register(store, settings, job, world=1, shards=4, epochs=1)
+    runtime = ServiceRuntime("replica-u")
+    replica = await start_replica(settings, "host.u0", runtime)
+    ranks = await Ranks(settings, job, 1).connect()
+    try:
+        await ranks.run(steps=1)
+        loop = asyncio.get_running_loop()
+        state = StreamState(job=job, rank=0, seed=0, prefetch=1, shard_size=3)
+        stream = ShardStream(state, bus=ranks.buses[0], route=ranks.routes[0], loop=loop)
+        client = LedgerClient(ranks.buses[0], stream)
+
+        def unavailable() -> int:
+            counts = replica.bus.rejections.counts
+            return sum(n for (_, code), n in counts.items() if code == "unavailable")
+
+        refused_before = unavailable()
+        # As while it drains: every ledger operation is refused `unavailable`.
+        replica.committer._closed = True
+        committing = asyncio.ensure_future(client.commit(5, timeout_s=20))
+        await wait_for(lambda: unavailable() > refused_before, what="the commit refused")
+        assert not committing.done()  # still trying
+        replica.committer._closed = False  # etcd is back
+        reply = await asyncio.wait_for(committing, 20)
+        assert reply.complete and 5 in reply.checkpoints
+    finally:
+        await ranks.close()
+        await runtime.shutdown()

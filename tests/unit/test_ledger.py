@@ -201,6 +201,25 @@ def test_each_epochs_end_is_announced_and_the_waiting_poll_grows_with_the_ranks(
     assert retries == [0.05, 1.0, 5.0]
 
 
+def test_a_done_from_any_earlier_epoch_is_a_no_op() -> None:
+    """A done ref answered early and reconfirmed late may come after two short epochs:
+    every earlier epoch was complete, so it is a no-op, not `stale` (its rank sent it
+    again with every request, and every request was refused)."""
+    state = new_ledger(spec(20, 10, epochs=3))
+    state, first = ok(state, fetch(0))
+    old = first.grants
+    state, second = ok(state, fetch(0, done=old, want=4))
+    state, last = ok(state, fetch(0, done=second.grants, want=4))
+    assert last.status is FetchStatus.EPOCH_DONE
+    state, _ = drain_epoch(state, 1)
+    state, _ = ok(state, fetch(1, epoch=2))  # another rank takes the ledger into epoch 2
+    state, reply = ok(state, fetch(0, epoch=2, done=old))
+    assert state.epoch == 2 and reply.status is FetchStatus.OK and reply.grants
+    # A done for an epoch the ledger has not reached is still refused.
+    ahead = tuple(g.model_copy(update={"epoch": 3}) for g in reply.grants)
+    refused(state, fetch(0, epoch=2, done=ahead), "stale")
+
+
 def test_job_done_after_the_last_epoch() -> None:
     state, reply = drain_epoch(new_ledger(spec(20, 10)), 0)
     assert reply.status == FetchStatus.JOB_DONE and state.complete

@@ -205,10 +205,12 @@ def apply_done(
             refused = work.done(ref, rank)
             if refused is not None:
                 return refused
-        elif ref.epoch + 1 != state.epoch:
+        elif ref.epoch > state.epoch:
             return _error("stale", f"done for epoch {ref.epoch}; the ledger is at {state.epoch}")
-        # The previous epoch was complete before the ledger advanced: a late or repeated
-        # done for it is an idempotent no-op.
+        # Every earlier epoch was complete before the ledger advanced: a late or repeated
+        # done for one is an idempotent no-op. (Refused, a done two epochs late, which an
+        # early answer's reconfirmation can be after two short epochs, was sent again by
+        # its rank with every request, and every one was refused.)
     return None
 
 

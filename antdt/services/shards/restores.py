@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
+from antdt.runtime.store import StoreError
 from antdt.schemas import Keys, ShardRestore
 from antdt.services.shards.change import Operation
 from antdt.services.shards.checkpoints import NOT_READ
@@ -67,11 +68,18 @@ class Restores:
         return await self.ledgers.submit(req.job, restore_op(req, self.keys, snapshot, fresh))
 
     async def _inputs(self, req: ShardRestore) -> tuple[LedgerState | None, LedgerState]:
-        """The snapshot of `req.step` (None: not kept) and the job's start."""
-        fresh = await self._fresh(req.job)
-        if req.step is None:
-            return None, fresh
-        return await self._snapshot(req.job, req.step), fresh
+        """The snapshot of `req.step` (None: not kept) and the job's start. A read that
+        etcd fails is refused as `unavailable`, which the rank retries (it was an
+        `internal` error, final for the rank: a restarted job crash-looped while etcd
+        was away)."""
+        try:
+            fresh = await self._fresh(req.job)
+            if req.step is None:
+                return None, fresh
+            return await self._snapshot(req.job, req.step), fresh
+        except StoreError as exc:  # etcd away or refusing: worth another try
+            reason = f"ledger store unavailable: {type(exc).__name__}"
+            raise Rejected("unavailable", reason) from exc
 
     async def _fresh(self, job: str) -> LedgerState:
         result: LedgerState = await self._once(("spec", job), lambda: self.stored.fresh(job))
