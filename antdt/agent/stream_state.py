@@ -24,9 +24,14 @@ from antdt.schemas import (
     ShardReply,
 )
 
-#: Most done refs one ShardFetch may carry, and most grants one may ask for (the schema's).
+#: Most done refs one ShardFetch may carry, most grants one may ask for, and most held
+#: refs it may list (the schema's). A rank lists every grant it holds: one it left out
+#: would look lacking to the service, which re-sends it instead of a new one, and a step
+#: spanning more shards than the list held (a batch of 1,150 of 16-sample shards) asked
+#: again and again for the same ones and never completed.
 MAX_DONE = 64
 MAX_WANT = 8
+MAX_HELD = 1024
 #: Floor of every retry delay, seconds: a service answering "retry after 0" must not make
 #: the rank spin.
 MIN_RETRY_S = 0.05
@@ -155,7 +160,7 @@ class StreamState:
         """Every grant this rank holds and has not reported done, so the service hands
         out only what it lacks."""
         held = [c.grant.ref() for c in self.local.cursors]
-        return tuple(held + sorted(self.unsynced, key=lambda r: (r.epoch, r.shard)))[:64]
+        return tuple(held + sorted(self.unsynced, key=lambda r: (r.epoch, r.shard)))[:MAX_HELD]
 
     def on_refused(self, code: str, reason: str) -> None:
         """A refusal: final for a process of another incarnation or a removed rank."""

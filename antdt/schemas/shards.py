@@ -77,8 +77,9 @@ class ShardFetch(WireModel):
     incarnation: Incarnation = 0
     held: tuple[ShardRef, ...] | None = Field(
         default=None,
-        max_length=64,
-        description="Grants the rank holds and has not finished; None: not said",
+        max_length=1024,
+        description="Grants the rank holds and has not finished, every one (a step may span "
+        "more than a hundred shards); None: not said",
     )
     local_batch: int | None = Field(
         default=None,

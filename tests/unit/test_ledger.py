@@ -220,6 +220,21 @@ def test_a_done_from_any_earlier_epoch_is_a_no_op() -> None:
     refused(state, fetch(0, epoch=2, done=ahead), "stale")
 
 
+def test_a_rank_holding_more_than_64_shards_lists_them_all_and_gets_new_ones() -> None:
+    """A step spanning many small shards holds every one until it syncs. Its requests
+    list them all (held), so each gets new shards; with the list cut at 64 (as it was),
+    the service took the rest for lacking and re-sent them in place of new ones, and the
+    step never completed."""
+    state = new_ledger(spec(2000, 1, world=1))
+    held: list[ShardRef] = []
+    for _ in range(12):
+        state, reply = ok(state, fetch(0, want=8, held=tuple(held)))
+        fresh = [g.ref() for g in reply.grants]
+        assert len(fresh) == 8 and not set(fresh) & set(held)
+        held += fresh
+    assert len(held) == 96
+
+
 def test_job_done_after_the_last_epoch() -> None:
     state, reply = drain_epoch(new_ledger(spec(20, 10)), 0)
     assert reply.status == FetchStatus.JOB_DONE and state.complete
