@@ -39,11 +39,11 @@ R = TypeVar("R", bound=WireModel)
 #: while one rank came late (saving, evaluating) had a job of 10^3 ranks send 5 * 10^4
 #: requests/s, more than a shards replica serves.
 COMMIT_POLL_S = 0.02
+COMMIT_POLL_MAX_S = 1.0
 #: Refusals a commit, restore or release retries until its deadline: the ledger
 #: contended (`busy`), or the service could not reach etcd or is draining for a restart
 #: (`unavailable`). All three requests are idempotent. Any other refusal is final.
 RETRIED_CODES = frozenset({"busy", "unavailable"})
-COMMIT_POLL_MAX_S = 1.0
 #: Checkpoint steps announced lately, remembered for a commit still on its way.
 ANNOUNCED_KEPT = 16
 
