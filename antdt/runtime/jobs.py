@@ -60,8 +60,8 @@ async def scan_jobs(store: Store, keys: Keys) -> JobKeys:
     registered = {job for job in (keys.job_of_spec_key(f.key) for f in found) if job}
     ended = {job for job in (keys.job_of_ended_key(f.key) for f in found) if job}
     abandoned = {job: f.mod_revision for f in found if (job := keys.job_of_abandoned_key(f.key))}
-    dormant = sorted((job for job in abandoned if job in ended), key=abandoned.__getitem__)
-    return JobKeys(frozenset(registered), frozenset(ended), tuple(reversed(dormant)))
+    dormant = sorted((j for j in abandoned if j in ended), key=abandoned.__getitem__, reverse=True)
+    return JobKeys(frozenset(registered), frozenset(ended), tuple(dormant))
 
 
 async def live_jobs(store: Store, keys: Keys, also: Iterable[str] = ()) -> list[str]:

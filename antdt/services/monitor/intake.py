@@ -220,7 +220,7 @@ class JobIntake:
             for job in list(self._subs):
                 mine = self.ownership.owns(job) or job in self._claims or job in self._dormant
                 if not mine:
-                    self.unwatch(job)
+                    self.unwatch(job, share=False)  # shared once, below
         finally:  # NATS away midway too: what was subscribed keeps to its share
             self._share_backlog()  # a job may also have gone from dormant to owned or back
 
@@ -254,7 +254,7 @@ class JobIntake:
     def is_dormant(self, job: str) -> bool:
         return job in self._dormant
 
-    def unwatch(self, job: str) -> None:
+    def unwatch(self, job: str, *, share: bool = True) -> None:
         """Stop receiving the job's steps (what is queued still reaches the handler),
         unless it is dormant: then its steps are still wanted."""
         if job in self._dormant:
@@ -262,7 +262,8 @@ class JobIntake:
         sub = self._subs.pop(job, None)
         if sub is not None:
             sub.end()
-            self._share_backlog()
+            if share:
+                self._share_backlog()
 
     async def _watch(self, job: str, *, share: bool = True) -> None:
         if job not in self._subs:

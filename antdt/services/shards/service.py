@@ -415,8 +415,10 @@ class ShardsService:
         if state is not None:
             epoch = epoch_end_to_announce(state)
             key = None if epoch is None else (state.incarnation, epoch)
+        if key is None:  # an epoch under way: every fetch of its body ends here
+            return
         told = self._epoch_announced.get(job)
-        if key is None or (told is not None and told >= key):
+        if told is not None and told >= key:
             return
         self._epoch_announced.put(job, key)
         incarnation, epoch = key
