@@ -294,7 +294,10 @@ async def test_a_job_claimed_on_a_hello_before_it_registers_is_kept_once_it_does
     hello = RankHello(job="early", rank=0, world_size=2, host="h0", pid=3, started_at=time.time())
     await bus.publish(subjects.hello("early", 0), hello)
     await wait_for(lambda: monitor.ownership.owns("early"), what="claimed on its hello")
-    assert "early" in monitor._starting and monitor.intake.watched == ["early"]
+    # Held as starting once the claim has read that the job has no end and no spec yet
+    # (two etcd reads after the claim itself).
+    await wait_for(lambda: "early" in monitor._starting, what="held as starting")
+    assert monitor.intake.watched == ["early"]
     await bus.request(subjects.register("early"), spec("early"), RegisterReply)
     for n in range(3):
         for rank in (0, 1):
