@@ -18,7 +18,7 @@ import structlog
 from antdt.agent.errors import AgentClosed, AgentError
 from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
-from antdt.agent.stream_state import StreamState, open_cursors
+from antdt.agent.stream_state import Settled, StreamState, open_cursors
 from antdt.runtime.bus import Bus, BusError, Delivery, RequestRefused
 from antdt.schemas import EpochFinished, ShardFetch, ShardRef, ShardReply
 
@@ -240,6 +240,24 @@ class ShardStream:
             self._state.synced(refs)
             kick = self._kick_due(True)
         if kick:
+            self._kick()
+
+    def settle(self, epoch: int) -> bool:
+        """Block until the ledger says whether `epoch`, out of data on every rank of this
+        rank's group, is over: True when shards came back to be granted in it (another
+        rank's, handed back), False when it is finished. It waits while shards of it are
+        held by ranks outside the group (removed, and not handed back yet)."""
+        with self._cond:
+            self._state.settle(epoch)
+            while self._state.settled is None:
+                self._wait()
+            return self._state.settled is Settled.REOPENED
+
+    def end_settle(self, reopen: bool) -> None:
+        """The group agreed (`reopen`: it takes up the epoch's shards that came back)."""
+        with self._cond:
+            self._state.end_settle(reopen)
+        if reopen:
             self._kick()
 
     def begin_epoch(self, epoch: int) -> int | None:

@@ -120,12 +120,15 @@ class StepDriver:
         wall0 = time.time()
         index = self.step
         plan = self.plan_for(index)
-        taken = self.stream.take(plan.local_batch[self.rank], epoch)
-        t1 = time.perf_counter()
-        total = self.collectives().count(len(taken.ids))
-        t2 = time.perf_counter()
-        if total == 0:
-            return None  # no rank has data left: the epoch is over everywhere at once
+        while True:
+            taken = self.stream.take(plan.local_batch[self.rank], epoch)
+            t1 = time.perf_counter()
+            total = self.collectives().count(len(taken.ids))
+            t2 = time.perf_counter()
+            if total > 0:
+                break
+            if not self._taken_up_again(epoch):
+                return None  # no rank has data left, nor will: over everywhere at once
         step = Step(self, index, epoch, plan, taken, total)
         step._t0, step._wall0, step._t_yield = t0, wall0, t2
         step._data_s, step._count_s = t1 - t0, t2 - t1
@@ -134,6 +137,17 @@ class StepDriver:
         self._open = step
         self.step = index + 1
         return step
+
+    def _taken_up_again(self, epoch: int) -> bool:
+        """Every rank of the group is out of data in `epoch`. Is it over? Each rank asks
+        the ledger until no shard of it is held outside the group (a removed rank's, not
+        handed back yet), then they agree: if shards came back, all go on in the epoch
+        (the ranks that get none train on empty batches), else all leave it. Without
+        this, a hand-back after the group had left went into an epoch nobody asked for
+        again, and the next epoch never started."""
+        reopen = self.collectives().agree_max(int(self.stream.settle(epoch))) > 0
+        self.stream.end_settle(reopen)
+        return reopen
 
     def open_step_unsynced(self) -> bool:
         return self._open is not None and not self._open.synced

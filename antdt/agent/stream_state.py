@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 from antdt.agent.sampling import Cursor, LocalShards, Taken
 from antdt.schemas import (
@@ -76,6 +77,15 @@ class Unconfirmed:
             self.sent_at[ref] = sent_at
 
 
+class Settled(Enum):
+    """How the ledger answered a group out of data in an epoch (`StreamState.settle`):
+    FINISHED, every shard of it is done (the group leaves it); REOPENED, shards came back
+    to be granted (a removed rank's), and the group takes them up before leaving."""
+
+    FINISHED = "finished"
+    REOPENED = "reopened"
+
+
 @dataclass
 class StreamState:
     job: str
@@ -102,6 +112,8 @@ class StreamState:
     batch_hint: int = 0  # the last batch asked for: what the next take will want
     dropped_grants: int = 0
     seen: set[ShardRef] = field(default_factory=set)  # every grant taken, for replays
+    settling: int | None = None  # the epoch this rank's group ran out of data in
+    settled: Settled | None = None  # the ledger's answer to `settling`, once it is final
 
     def __post_init__(self) -> None:
         self.local = LocalShards(seed=self.seed)
@@ -123,7 +135,12 @@ class StreamState:
     def needs_fetch(self) -> bool:
         if self.job_done or self.fatal is not None:
             return False
+        if self.settling is not None:
+            return self.settled is None
         return bool(self.pending_done) or (self.want() > 0 and not self._done_is_near())
+
+    def _settle_due(self) -> bool:
+        return self.settling is not None and self.settled is None
 
     def _done_is_near(self) -> bool:
         """Hold the request for the next grant until the step that finished a shard is
@@ -141,9 +158,15 @@ class StreamState:
         also to have every unconfirmed done ref confirmed). Done refs it carries move to
         `sending` until `on_reply` or `on_failure`. `now` (monotonic seconds) decides which
         unconfirmed refs are due again; None: all are."""
+        settle = self._settle_due()
+        if self.settling is not None and not settle:
+            # Settled, the group not yet agreed: nothing goes out, since even a done
+            # report could have a shard reserved for this rank, and a rank still
+            # settling would then wait for it while this one waits for the group.
+            return None
         if not (self.needs_fetch() or (confirm and self.unconfirmed and not self.job_done)):
             return None
-        report = self.unconfirmed.due(now, everything=confirm) + self.pending_done
+        report = self.unconfirmed.due(now, everything=confirm or settle) + self.pending_done
         self.sending, self.pending_done = report[:MAX_DONE], report[MAX_DONE:]
         self.sending_at = -math.inf if now is None else now
         # The batch of the latest take is this rank's share of the job's consumption,
@@ -151,16 +174,18 @@ class StreamState:
         share = self.say_share and 0 < self.batch_hint <= self.global_batch
         return ShardFetch(
             job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
-            want=self.want(), incarnation=self.incarnation, held=self.held(),
+            want=0 if settle else self.want(), incarnation=self.incarnation,
+            held=self.held(self.pending_done if settle else ()),
             local_batch=self.batch_hint if share else None,
-            global_batch=self.global_batch if share else None,
+            global_batch=self.global_batch if share else None, settle=settle,
         )  # fmt: skip
 
-    def held(self) -> tuple[ShardRef, ...]:
+    def held(self, unsent: list[ShardRef] | tuple[()] = ()) -> tuple[ShardRef, ...]:
         """Every grant this rank holds and has not reported done, so the service hands
-        out only what it lacks."""
+        out only what it lacks (`unsent`: finished ones this request does not report)."""
         held = [c.grant.ref() for c in self.local.cursors]
-        return tuple(held + sorted(self.unsynced, key=lambda r: (r.epoch, r.shard)))[:MAX_HELD]
+        unsynced = sorted(self.unsynced, key=lambda r: (r.epoch, r.shard))
+        return tuple(held + unsynced + list(unsent))[:MAX_HELD]
 
     def on_refused(self, code: str, reason: str) -> None:
         """A refusal: final for a process of another incarnation or a removed rank."""
@@ -188,7 +213,11 @@ class StreamState:
         if reply.status is FetchStatus.JOB_DONE:
             self.job_done = True
             self.local = LocalShards(seed=self.seed)
+            if fetch.settle:
+                self.settled = Settled.FINISHED
             return 0.0
+        if fetch.settle:
+            return self._on_settle_reply(fetch, reply)
         if reply.epoch > self.epoch:
             self.dropped_grants += len(self.local.drop_before(reply.epoch))
             self.epoch, self.established, self.exhausted = reply.epoch, False, False
@@ -204,6 +233,21 @@ class StreamState:
             self.exhausted = True
         elif not added and fetch.want > 0:
             return max(reply.retry_after_s, MIN_RETRY_S)  # OK but nothing new: do not spin
+        return 0.0
+
+    def _on_settle_reply(self, fetch: ShardFetch, reply: ShardReply) -> float:
+        """The ledger's answer to a settle request (it grants nothing): final once no
+        shard of the epoch is held by another rank, else asked again after a while."""
+        if reply.epoch > fetch.epoch:
+            self.settled = Settled.FINISHED  # the ledger left it: it was finished
+        elif self.pending_done:
+            return 0.0  # more done refs than one request carries: report the rest first
+        elif reply.epoch < fetch.epoch or reply.outstanding is None or reply.outstanding:
+            return max(reply.retry_after_s, MIN_RETRY_S)  # held elsewhere: wait
+        elif reply.status is FetchStatus.OK:
+            self.settled = Settled.REOPENED
+        else:
+            self.settled = Settled.FINISHED
         return 0.0
 
     def _hold(self, cursors: list[Cursor]) -> int:
@@ -264,6 +308,21 @@ class StreamState:
             self.epoch, self.established, self.exhausted = finished_epoch + 1, False, False
             # Older epochs' grants cannot come back (the ledger has moved on): forget them.
             self.seen = {ref for ref in self.seen if ref.epoch >= finished_epoch}
+
+    def settle(self, epoch: int) -> None:
+        """This rank's group ran out of data in `epoch` (a step's all-reduced count was
+        zero): ask the ledger whether the epoch is over (`settled`). A rank that already
+        moved past it, or whose job is done, knows without asking."""
+        self.settling = epoch
+        past = self.job_done or self.epoch > epoch
+        self.settled = Settled.FINISHED if past else None
+
+    def end_settle(self, reopen: bool) -> None:
+        """The group agreed on the settle's outcome; `reopen`: it takes up the shards
+        that came back, so this rank asks for grants in the epoch again."""
+        if reopen and self.settling == self.epoch:
+            self.exhausted = False
+        self.settling = self.settled = None
 
     def ready(self, epoch: int) -> bool:
         """begin_epoch(epoch) may return: the job is done, or epoch >= `epoch` is confirmed."""

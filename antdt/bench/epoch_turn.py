@@ -1,12 +1,13 @@
 """The turn of an epoch in a large job: every rank but one is out of data and waits for
 the next epoch while the last one finishes the epoch's last shard.
 
-A rank that asks for the next epoch too early is answered PENDING. The shards service
-announces the epoch's end (EpochFinished) and agents ask again then, polling only at
-the reply's `retry_after_s`, which grows with the job's ranks. Before, every waiting
-rank asked again every 0.05 s: this bench drives the same turn both ways, in the same
-run, with the waiting ranks' requests as the agents make them (the rank holding the last
-shard is one more client; no torch)."""
+A rank out of data asks whether it may leave the epoch (a settle request) and is told
+how many shards are still held. The shards service announces the epoch's end
+(EpochFinished) and agents ask again then, polling only at the reply's
+`retry_after_s`, which grows with the job's ranks; once told none is held, a rank asks
+for the next epoch. Before, every waiting rank asked again every 0.05 s: this bench
+drives the same turn both ways, in the same run, with the waiting ranks' requests as the
+agents make them (the rank holding the last shard is one more client; no torch)."""
 
 from __future__ import annotations
 
@@ -70,8 +71,11 @@ async def _turn(
 
         await bus.subscribe(replica.subjects.epoch_finished(job), EpochFinished, on_news)
 
-    async def ask(rank: int, epoch: int, done: tuple[Any, ...] = ()) -> ShardReply:
-        request = ShardFetch(job=job, rank=rank, epoch=epoch, done=done, want=1, held=())
+    async def ask(
+        rank: int, epoch: int, done: tuple[Any, ...] = (), settle: bool = False
+    ) -> ShardReply:
+        request = ShardFetch(job=job, rank=rank, epoch=epoch, done=done, want=int(not settle),
+                             held=(), settle=settle)  # fmt: skip
         return await buses[rank % len(buses)].request(subject, request, ShardReply, timeout=60)
 
     held = {rank: (await ask(rank, 0)).grants for rank in range(ranks)}
@@ -83,9 +87,12 @@ async def _turn(
         await ask(rank, 0, tuple(g.ref() for g in held[rank]))  # out of epoch 0
         while True:
             event.clear()
-            reply = await ask(rank, 1)
+            reply = await ask(rank, 0, settle=True)
             waiting_requests[0] += 1
-            if reply.status is FetchStatus.OK and reply.grants:
+            if not reply.outstanding:  # every shard of epoch 0 done: on to epoch 1
+                reply = await ask(rank, 1)
+                if reply.status is not FetchStatus.OK or not reply.grants:
+                    raise RuntimeError(f"rank {rank}: epoch 1 answered {reply.status.value}")
                 turned[rank] = time.perf_counter() - await last_done_sent
                 return
             if told:  # the announcement, or the reply's poll

@@ -199,16 +199,23 @@ class Shrink:
     """An elastic shrink without rollback (ANTDT_DEMO_LEAVE="step=20"): after that step
     the highest rank leaves (agent.leave hands its shards back from where its model got)
     and the others re-form a smaller process group and train on; its updates so far
-    stay in the model."""
+    stay in the model. With ",hold=PATH" the leaver hands its shards back only once PATH
+    exists (a test holds it until the others have run out of data in the epoch)."""
 
-    def __init__(self, step: int | None, rank: int, world: int) -> None:
+    #: Seconds a leaver waits for its hold file, at most.
+    HOLD_MAX_S = 120.0
+
+    def __init__(self, step: int | None, rank: int, world: int, hold: Path | None = None):
         self.step, self.rank, self.world, self.left = step, rank, world, False
+        self.hold = hold
 
     @classmethod
     def from_env(cls, rank: int, world: int) -> Shrink:
         value = os.environ.get("ANTDT_DEMO_LEAVE", "")
-        step = int(value.split("=", 1)[1]) if value.startswith("step=") else None
-        return cls(step if world > 1 else None, rank, world)
+        fields = dict(part.split("=", 1) for part in value.split(",") if "=" in part)
+        step = int(fields["step"]) if "step" in fields else None
+        hold = Path(fields["hold"]) if "hold" in fields else None
+        return cls(step if world > 1 else None, rank, world, hold)
 
     def at(self, step: int) -> bool:
         return self.step is not None and step == self.step
@@ -220,6 +227,7 @@ class Shrink:
         dist.broadcast(port, 0)  # where the smaller group meets
         antdt_agent.destroy_process_group()
         if self.rank == self.world - 1:
+            self._wait_for_hold()
             agent.leave("elastic shrink")
             self.left = True
             return True
@@ -229,6 +237,13 @@ class Shrink:
         )  # fmt: skip
         self.step = None
         return False
+
+    def _wait_for_hold(self) -> None:
+        deadline = time.monotonic() + self.HOLD_MAX_S
+        while self.hold is not None and not self.hold.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.hold} did not appear in {self.HOLD_MAX_S} s")
+            time.sleep(0.05)
 
 
 def _free_port() -> int:

@@ -93,9 +93,20 @@ class ShardFetch(WireModel):
     global_batch: int | None = Field(
         default=None, ge=1, le=10_000_000, description="Samples per step of all ranks together"
     )
+    settle: bool = Field(
+        default=False,
+        description="Every rank of the rank's group is out of data in `epoch` (a step's "
+        "all-reduced sample count was zero): grant and reserve nothing, and say in the "
+        "reply's `outstanding` how many of the epoch's shards other ranks still hold. The "
+        "group ends the epoch once none is held and none is left to grant, and takes up "
+        "again what was handed back (a removed rank's shards) before leaving it. Needs "
+        "want 0",
+    )
 
     @model_validator(mode="after")
-    def _share(self) -> ShardFetch:
+    def _consistent(self) -> ShardFetch:
+        if self.settle and self.want:
+            raise ValueError("a settle request wants nothing (want must be 0)")
         if (self.local_batch is None) != (self.global_batch is None):
             raise ValueError("local_batch and global_batch go together")
         if self.local_batch is not None and self.local_batch > (self.global_batch or 0):
@@ -107,7 +118,8 @@ class FetchStatus(str, Enum):
     """OK: grants attached (maybe fewer than wanted). EPOCH_DONE: no shard of the epoch is
     left to grant (others may still be in flight). PENDING: the rank asked for the next
     epoch while the current one still has shards in flight: retry after retry_after_s.
-    JOB_DONE: every epoch is complete."""
+    JOB_DONE: every epoch is complete. To a settle request (nothing is granted), OK means
+    the epoch has shards to grant again, or granted to the asking rank."""
 
     OK = "ok"
     EPOCH_DONE = "epoch_done"
@@ -135,6 +147,13 @@ class ShardReply(WireModel):
         "next fetches to `{p}.{job}.shards.fetch.{route}`, and back to the queue group "
         "when that fails. Empty: use the queue group. Only performance depends on it "
         "(any replica serves any request, compare-and-swap keeps grants apart)",
+    )
+    outstanding: int | None = Field(
+        default=None,
+        ge=0,
+        description="Answering a settle request: shards of the epoch granted to other ranks "
+        "and not reported done (a removed rank's, until they are handed back). None: not "
+        "a settle reply",
     )
 
 

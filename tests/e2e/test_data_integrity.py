@@ -22,9 +22,10 @@ from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
-from antdt.schemas import JobHealth, Keys, RankState, StepEvent, Subjects
+from antdt.schemas import FetchStatus, JobHealth, Keys, RankState, StepEvent, Subjects
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
+from tests.integration.agent_fixtures import ShardsTap
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
@@ -173,6 +174,38 @@ async def test_a_rank_removed_without_rollback_hands_back_exactly_what_it_had_no
     leaver = [ln["step"] for ln in lines if ln["rank"] == WORLD - 1 and "ids" in ln]
     stayers = [ln["step"] for ln in lines if ln["rank"] == 0 and "ids" in ln]
     assert max(leaver) == 20 and max(stayers) > 40
+
+
+async def test_a_rank_handing_its_shards_back_after_the_others_ran_out_is_not_stranded(
+    settings: ServiceSettings, tmp_path: Path, unique: str, bus: Bus
+) -> None:
+    """As above, but the leaver hands its shards back only once the two others have run
+    out of data in epoch 0 and wait to leave it (told its shards are still held). They
+    take them up in epoch 0 and go on. Before, they had asked for epoch 1 by then: the
+    shards went back into an epoch nobody asked for again, and epoch 1 never started."""
+    running = await start_services(settings, names=("controller", "shards"))
+    job, hold = f"late-{unique}", tmp_path / "hand-back"
+    tap = await ShardsTap(bus, job).attach()
+
+    def waiting(rank: int) -> bool:
+        return any(f.settle and f.epoch == 0 and r.outstanding for f, r in tap.answered(rank))
+
+    try:
+        env = job_env(settings, job, tmp_path, ANTDT_DEMO_LEAVE=f"step=20,hold={hold}")
+        training = asyncio.ensure_future(run_job(env))
+        await wait_for(lambda: waiting(0) and waiting(1), timeout=60, what="both waiting")
+        assert not training.done()
+        hold.touch()
+        assert await asyncio.wait_for(training, 120) == 0
+    finally:
+        await running.runtime.shutdown()
+    lines = audit(tmp_path)
+    # The hand-back took the group back into epoch 0 (a settle answered "shards to grant")
+    # and the shards went to the two others as new attempts.
+    assert any(f.settle and r.status is FetchStatus.OK for f, r in tap.answered())
+    regranted = {g.shard for _, r in tap.answered() for g in r.grants if g.epoch == 0 and g.attempt}
+    assert regranted
+    assert max(ln["step"] for ln in lines if ln["rank"] == 0 and "ids" in ln) > 40
 
 
 # ---------------------------------------------- infrastructure faults, one run

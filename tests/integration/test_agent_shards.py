@@ -127,8 +127,9 @@ async def test_the_next_epoch_waits_for_a_rank_still_holding_shards(
     agents_to_close: list[Agent],
 ) -> None:
     """Two ranks training on their own (no collectives between them): rank 1 stops
-    mid-epoch holding shards, so rank 0, out of epoch 0, is told PENDING until rank 1
-    has finished; then both train epoch 1."""
+    mid-epoch holding shards, so rank 0, out of epoch 0, is told they are still held
+    (its settle requests answered with `outstanding`) until rank 1 has finished; then
+    both train epoch 1."""
     tap = await ShardsTap(bus, unique).attach()
     prefix = tmp_path / "pending"
     shape = {"dataset_size": 40, "global_batch": 4, "epochs": 2, "sample_log": str(prefix)}
@@ -151,11 +152,15 @@ async def test_the_next_epoch_waits_for_a_rank_still_holding_shards(
 
         return on_step
 
+    def waits() -> list[int]:
+        pairs = tap.answered(0)
+        return [i for i, (f, r) in enumerate(pairs) if f.settle and r.outstanding]
+
     training = asyncio.ensure_future(asyncio.to_thread(run_ranks, agents, [hook(0), hook(1)]))
     try:
         await wait_for(paused.is_set, what="rank 1 paused")
-        await wait_for(lambda: tap.statuses(0)[FetchStatus.PENDING] >= 2, what="PENDING")
-        assert agents[0].epoch == 0 and not training.done()  # rank 0 waits for epoch 1
+        await wait_for(lambda: len(waits()) >= 2, what="rank 0 told to wait")
+        assert agents[0].epoch == 0 and not training.done()  # rank 0 waits in epoch 0
         held = await in_flight(bus, unique)
         assert held and {rank for rank, _ in held} == {1}
     finally:
@@ -164,12 +169,15 @@ async def test_the_next_epoch_waits_for_a_rank_still_holding_shards(
     await asyncio.to_thread(close_all, agents)
     assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=2)
     assert all({e for e, _ in ranks} == {0, 1} for ranks in seen)
-    # Rank 0 was told to wait, without grants, until the ledger moved on to epoch 1.
+    # Rank 0 was told to wait, without grants, until epoch 0 was finished; then it asked
+    # for epoch 1 and was granted shards of it at once.
     pairs = tap.answered(0)
-    waits = [i for i, (f, r) in enumerate(pairs) if (f.epoch, r.status) == (1, FetchStatus.PENDING)]
-    assert len(waits) >= 2 and all(pairs[i][1].epoch == 0 and not pairs[i][1].grants for i in waits)
-    after = pairs[waits[-1] + 1][1]
-    assert (after.epoch, after.status) == (1, FetchStatus.OK) and after.grants
+    told = waits()
+    assert all(pairs[i][1].epoch == 0 and not pairs[i][1].grants for i in told)
+    fetch, last = pairs[told[-1] + 1]
+    assert fetch.settle and (last.status, last.outstanding) == (FetchStatus.EPOCH_DONE, 0)
+    fetch, after = pairs[told[-1] + 2]
+    assert fetch.epoch == 1 and (after.epoch, after.status) == (1, FetchStatus.OK) and after.grants
     assert all(tap.statuses(rank)[FetchStatus.JOB_DONE] >= 1 for rank in range(2))
 
 
@@ -466,7 +474,7 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     held_in: int,
 ) -> None:
     """A job of a thousand ranks (two run here): rank 0, out of epoch `held_in`, waits
-    for the next while rank 1 holds that epoch's last shards. Its polls are 5 s apart (a
+    to leave it while rank 1 holds its last shards. Its polls are 5 s apart (a
     thousand ranks polling every 0.05 s would ask 20,000 times a second), yet it asks
     again as soon as rank 1's done refs finish the epoch: the service announces it
     (EpochFinished). So for the last epoch too: it learns at once that the job is done
@@ -498,10 +506,10 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
             paused.set()
             resume.wait(30)
 
-    def waits() -> list[int]:  # rank 0's requests for the epoch after the held one, PENDING
+    def waits() -> list[int]:  # rank 0, out of the held epoch, told its shards are held
         timed = tap.timed(0)
         return [i for i, (_, _, fetch, reply) in enumerate(timed)
-                if reply.status is FetchStatus.PENDING and fetch.epoch == held_in + 1]  # fmt: skip
+                if fetch.settle and fetch.epoch == held_in and reply.outstanding]  # fmt: skip
 
     training = asyncio.ensure_future(asyncio.to_thread(run_ranks, agents, [None, hold]))
     try:
@@ -518,10 +526,13 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     _, last_pending_at, _, last_pending = timed[waited[-1]]
     assert last_pending.retry_after_s == 5.0
     asked_at, _, fetch, reply = timed[waited[-1] + 1]
+    assert fetch.settle and reply.outstanding in (0, None)
     if held_in == 0:
+        assert reply.status is FetchStatus.EPOCH_DONE
+        _, _, fetch, reply = timed[waited[-1] + 2]
         assert (fetch.epoch, reply.epoch, reply.status) == (1, 1, FetchStatus.OK) and reply.grants
     else:
-        assert (fetch.epoch, reply.status) == (2, FetchStatus.JOB_DONE)
+        assert reply.status is FetchStatus.JOB_DONE
     # Asked once told, not at its next poll: 5 s after the last PENDING.
     told_at = announced[held_in][0]
     assert asked_at - last_pending_at < 4.0 and asked_at - told_at < 1.0

@@ -137,6 +137,8 @@ def plan_fetch(state: LedgerState, req: ShardFetch, reserve: int = 0) -> FetchRe
         return FetchResult(state, error)
     if req.epoch < state.epoch:
         return FetchResult(work.state(), work.reply(FetchStatus.EPOCH_DONE))
+    if req.settle:
+        return _settle(work, state, req)
     if req.epoch == state.epoch + 1:
         if not work.finished():
             pending = work.reply(FetchStatus.PENDING, retry=pending_retry_s(state))
@@ -212,6 +214,35 @@ def apply_done(
         # early answer's reconfirmation can be after two short epochs, was sent again by
         # its rank with every request, and every one was refused.)
     return None
+
+
+def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
+    """A group out of data in the ledger's epoch asks whether it may leave it: how many
+    of its shards are still held (`outstanding`), and whether any is left to grant (OK).
+    Grants and reserves nothing, so what every rank of the group sees stays the same
+    until one of them asks for work again: each waits while shards are held outside the
+    group (a removed rank's, until handed back), then all of them either leave the epoch
+    (finished) or take up what came back. Ending the epoch on the step's zero alone
+    stranded a hand-back that landed after it: nobody asked for that epoch again, and the
+    next one never started.
+
+    The asking rank's own shards that it does not hold (reserved for it by a done report
+    after a hand-back, never delivered) go back to be granted: held by a rank that waits
+    for the group, they would keep every other rank waiting."""
+    if req.epoch != state.epoch:
+        return FetchResult(state, _error(
+            "bad_request", f"settle for epoch {req.epoch}, which the ledger has not started"
+        ))  # fmt: skip
+    if work.complete:
+        return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
+    held = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
+    for entry in work.entries_of(req.rank):
+        if (entry.shard, entry.attempt) not in held:
+            work.take_back(entry)
+    outstanding = len(work.in_flight)
+    retry = pending_retry_s(state) if outstanding else 0.0
+    status = FetchStatus.OK if work.grantable() else FetchStatus.EPOCH_DONE
+    return FetchResult(work.state(), work.reply(status, retry=retry, outstanding=outstanding))
 
 
 def _grant(work: Work, req: ShardFetch) -> FetchResult:

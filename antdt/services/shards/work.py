@@ -120,6 +120,15 @@ class Work:
         self.in_flight[shard] = entry
         return entry
 
+    def take_back(self, entry: InFlightEntry) -> None:
+        """Re-queue an in-flight shard from its recorded position (its next grant is a new
+        attempt, which fences the old holder)."""
+        del self.in_flight[entry.shard]
+        self.requeued.append(
+            Requeued(shard=entry.shard, position=entry.position, attempt=entry.attempt)
+        )
+        self.requeued_shards.add(entry.shard)
+
     def held_by(self, rank: int) -> list[ShardGrant]:
         """The grants `rank` holds now, from their recorded positions."""
         return [self.grant_of(e) for e in self.entries_of(rank)]
@@ -166,9 +175,10 @@ class Work:
         )
 
     def reply(
-        self, status: FetchStatus, grants: list[ShardGrant] | None = None, retry: float = 0.0
-    ) -> ShardReply:
+        self, status: FetchStatus, grants: list[ShardGrant] | None = None, retry: float = 0.0,
+        outstanding: int | None = None,
+    ) -> ShardReply:  # fmt: skip
         return trusted(ShardReply, {
             "job": self.base.job, "epoch": self.epoch, "status": status,
-            "grants": tuple(grants or ()), "retry_after_s": retry,
+            "grants": tuple(grants or ()), "retry_after_s": retry, "outstanding": outstanding,
         })  # fmt: skip

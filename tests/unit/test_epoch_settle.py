@@ -1,0 +1,212 @@
+"""Leaving an epoch: a group whose step counted zero samples asks the ledger whether the
+epoch is over (`settle`) and leaves it only once no shard of it is held outside the group.
+A rank removed late hands its shards back into an epoch the others were about to leave;
+they take them up, wherever the hand-back lands. Driven through both pure cores (the
+agent's stream state and the ledger), with reservations as the service makes them; a
+rank's "wait" is simply asking again, so a group that can never go on shows as a
+request count that runs out."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from pydantic import ValidationError
+
+from antdt.agent.sampling import Taken
+from antdt.agent.stream_state import Settled, StreamState, open_cursors
+from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardRef
+from antdt.services.shards.checkpoints import apply_release
+from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch
+
+DATASET, SHARD, BATCH, RESERVE, EPOCHS, WORLD = 480, 12, 8, 4, 2, 3
+LEAVER, LEAVE_STEP = 2, 6  # the rank removed, after its sync of this step of epoch 0
+ASKS = 2_000  # requests a group may make before it counts as stuck
+
+
+class Stuck(Exception):
+    pass
+
+
+@dataclass
+class Group:
+    """Three ranks of one job; the last is removed mid-epoch 0 and handed back when
+    `release_at` says: "at_leave", or (round, position) of the survivors' settle asks
+    (round 0 position 0: before the first; (0, 1): between the two survivors' first asks;
+    (1, 0): after both asked once and were told to wait)."""
+
+    release_at: str | tuple[int, int]
+    settle: bool = True
+    ledger: LedgerState = field(init=False)
+    ranks: list[StreamState] = field(init=False)
+    trained: dict[int, Counter[int]] = field(default_factory=dict)
+    members: list[int] = field(default_factory=lambda: list(range(WORLD)))
+    released: bool = False
+    reopened: int = 0
+    asks: int = 0
+
+    def __post_init__(self) -> None:
+        spec = JobSpec(job="settle", world_size=WORLD, dataset_size=DATASET, shard_size=SHARD,
+                       global_batch=WORLD * BATCH, epochs=EPOCHS)  # fmt: skip
+        self.ledger = new_ledger(spec)
+        shape = {"seed": spec.seed, "prefetch": 2, "shard_size": SHARD}
+        self.ranks = [
+            StreamState(job="settle", rank=r, global_batch=spec.global_batch, **shape)
+            for r in range(WORLD)
+        ]
+
+    def ask(self, rank: StreamState) -> None:
+        """Send the rank's requests until it has nothing to ask or is told to wait."""
+        while (request := rank.next_fetch(confirm=True)) is not None:
+            self.asks += 1
+            if self.asks > ASKS:
+                raise Stuck(f"epoch {rank.epoch}: still asking after {ASKS} requests")
+            result = plan_fetch(self.ledger, request, RESERVE)
+            assert not isinstance(result.reply, ErrorReply), result.reply
+            self.ledger = result.state
+            grants = open_cursors(result.reply.grants, rank.seed)
+            if rank.on_reply(request, result.reply, grants):
+                return
+
+    def release(self) -> None:
+        if not self.released:
+            request = self.ranks[LEAVER].release_request("elastic shrink")
+            outcome = apply_release(self.ledger, request)
+            assert not isinstance(outcome.reply, ErrorReply), outcome.reply
+            self.ledger, self.released = outcome.state, True
+
+    def step(self, epoch: int) -> bool:
+        """One step of every member; False when it counted zero samples."""
+        taken: dict[int, Taken] = {}
+        for r in self.members:
+            rank, into = self.ranks[r], Taken()
+            self.ask(rank)
+            while not rank.take(BATCH, epoch, into):
+                self.ask(rank)
+            taken[r] = into
+        if not any(t.ids for t in taken.values()):
+            return False
+        for r, into in taken.items():
+            self.trained.setdefault(epoch, Counter()).update(into.ids)
+            self.ranks[r].synced(into.finished)
+        return True
+
+    def settled(self, epoch: int) -> bool:
+        """The survivors ask until each is told; True when they take the epoch up again."""
+        ranks = [self.ranks[r] for r in self.members]
+        for rank in ranks:
+            rank.settle(epoch)
+        for round_ in range(ASKS):
+            for position, rank in enumerate(ranks):
+                if self.release_at == (round_, position):
+                    self.release()
+                if rank.settled is None:
+                    self.ask(rank)
+            if all(rank.settled is not None for rank in ranks):
+                break
+        reopen = any(rank.settled is Settled.REOPENED for rank in ranks)  # agree_max
+        for rank in ranks:
+            rank.end_settle(reopen)
+        self.reopened += reopen
+        return reopen
+
+    def run(self) -> None:
+        step = 0
+        for epoch in range(EPOCHS):
+            while True:
+                while self.step(epoch):
+                    step += 1
+                    if step == LEAVE_STEP and LEAVER in self.members:
+                        self.members.remove(LEAVER)
+                        if self.release_at == "at_leave":
+                            self.release()
+                if not self.settle or not self.settled(epoch):
+                    break
+            for r in self.members:
+                self.ranks[r].advance(epoch)
+            if epoch == 0:
+                self.release()  # a hand-back that never came while the group waited
+
+
+@pytest.mark.parametrize(
+    "release_at",
+    ["at_leave", (0, 0), (0, 1), (1, 0), (3, 1)],
+    ids=["mid-epoch", "before-the-first-ask", "between-the-asks", "after-both-waited", "later"],
+)
+def test_a_hand_back_reaches_the_group_wherever_it_lands(release_at: str | tuple[int, int]) -> None:
+    group = Group(release_at)
+    group.run()
+    assert group.ledger.complete
+    for epoch in range(EPOCHS):
+        assert group.trained[epoch] == Counter(range(DATASET)), f"epoch {epoch}"
+    # Handed back after the survivors ran out, its shards took them back into epoch 0.
+    assert group.reopened == (0 if release_at == "at_leave" else 1)
+
+
+def test_leaving_an_epoch_on_the_zero_alone_strands_a_late_hand_back() -> None:
+    """The protocol before settling: the survivors ask for epoch 1 while the removed
+    rank still holds shards of epoch 0 (PENDING); its hand-back re-queues them in an epoch
+    nobody asks for any more, and epoch 1 never starts."""
+    group = Group(release_at="never", settle=False)
+    with pytest.raises(Stuck, match="epoch 1"):
+        group.run()
+    assert group.ledger.epoch == 0 and group.ledger.requeued
+
+
+# -------------------------------------------------------------- the ledger's answer
+
+
+def _ledger_with_grants() -> LedgerState:
+    spec = JobSpec(job="s", world_size=2, dataset_size=40, shard_size=10, global_batch=4)
+    ledger = new_ledger(spec)
+    for rank in (0, 1):  # each holds one shard, told of it
+        result = plan_fetch(ledger, ShardFetch(job="s", rank=rank, epoch=0, want=1, held=()))
+        ledger = result.state
+    return ledger
+
+
+def _settle(ledger: LedgerState, rank: int, **kw: object) -> tuple[LedgerState, object]:
+    result = plan_fetch(ledger, ShardFetch(job="s", rank=rank, epoch=0, want=0, settle=True, **kw))
+    return result.state, result.reply
+
+
+def test_a_settle_counts_the_shards_held_elsewhere_and_grants_nothing() -> None:
+    ledger = _ledger_with_grants()
+    mine = [ShardRef(epoch=0, shard=e.shard, attempt=e.attempt) for e in ledger.in_flight
+            if e.rank == 0]  # fmt: skip
+    after, reply = _settle(ledger, 0, done=tuple(mine), held=())
+    assert reply.status is FetchStatus.OK and reply.outstanding == 1 and not reply.grants
+    assert reply.retry_after_s > 0  # rank 1's shard: ask again later
+    assert after.cursor == ledger.cursor  # nothing granted, nothing reserved
+
+
+def test_a_settle_hands_back_what_its_rank_was_reserved_and_never_told() -> None:
+    """A done report after a hand-back may reserve shards for a rank the group is about
+    to agree on leaving; held by it, they would keep every other rank waiting."""
+    ledger = _ledger_with_grants()
+    untold = next(e for e in ledger.in_flight if e.rank == 0)
+    after, reply = _settle(ledger, 0, held=())
+    assert [r.shard for r in after.requeued] == [untold.shard]
+    assert reply.outstanding == 1 and reply.status is FetchStatus.OK
+    # Listed as held (finished, not yet reported), it stays its rank's, and counts.
+    kept, reply = _settle(ledger, 0, held=(ShardRef(epoch=0, shard=untold.shard, attempt=0),))
+    assert kept.requeued == () and reply.outstanding == 2
+
+
+def test_a_finished_epoch_settles_and_the_next_one_is_its_ledgers_answer() -> None:
+    spec = JobSpec(job="s", world_size=1, dataset_size=10, shard_size=10, global_batch=2,
+                   epochs=2)  # fmt: skip
+    ledger = plan_fetch(new_ledger(spec), ShardFetch(job="s", rank=0, epoch=0, want=1)).state
+    done = (ShardRef(epoch=0, shard=0, attempt=0),)
+    _, reply = _settle(ledger, 0, done=done, held=())
+    assert reply.status is FetchStatus.EPOCH_DONE and reply.outstanding == 0
+
+
+def test_bad_settle_requests_are_refused_and_change_nothing() -> None:
+    with pytest.raises(ValidationError, match="wants nothing"):
+        ShardFetch(job="s", rank=0, epoch=0, want=1, settle=True)
+    ledger = _ledger_with_grants()
+    result = plan_fetch(ledger, ShardFetch(job="s", rank=0, epoch=1, want=0, settle=True))
+    assert isinstance(result.reply, ErrorReply) and result.reply.code == "bad_request"
+    assert result.state is ledger
