@@ -14,6 +14,7 @@ from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.store import Store
 from antdt.schemas import (
     CommitReply,
+    EpochFinished,
     ErrorReply,
     FetchStatus,
     JobSpec,
@@ -205,3 +206,35 @@ async def test_bad_ledger_requests_are_refused_and_change_nothing(
         )
     ok = await bus.request(fetch, ShardFetch(job=job, rank=0, epoch=0, want=0), ShardReply)
     assert ok.status == FetchStatus.OK  # and the service keeps serving
+
+
+async def test_a_commit_whose_done_refs_finish_the_job_announces_its_end(
+    running: RunningServices, bus: Bus
+) -> None:
+    """The last shards' done refs may come with a checkpoint commit instead of a fetch.
+    The write that completes the job drops its ledger from the replica's cache; the
+    ranks waiting to leave the last epoch are still told at once (EpochFinished), not at
+    their next poll."""
+    job = "ck-end"
+    subjects = Subjects(bus.settings.subject_prefix)
+    spec = JobSpec(job=job, world_size=2, dataset_size=30, shard_size=10, global_batch=4)
+    await bus.request(subjects.register(job), spec, RegisterReply)
+    told: list[EpochFinished] = []
+
+    async def on_end(event: EpochFinished, _: object) -> None:
+        told.append(event)
+
+    await bus.subscribe(subjects.epoch_finished(job), EpochFinished, on_end)
+    await bus.flush()
+    fetch, commit = subjects.shards(job, "fetch"), subjects.shards(job, "commit")
+    reply = await bus.request(fetch, ShardFetch(job=job, rank=0, epoch=0, want=3), ShardReply)
+    assert len(reply.grants) == 3  # rank 0 holds the whole epoch
+    settle = ShardFetch(job=job, rank=1, epoch=0, want=0, held=(), settle=True)
+    waiting = await bus.request(fetch, settle, ShardReply)
+    assert waiting.outstanding == 3 and waiting.retry_after_s > 0
+    done = tuple(g.ref() for g in reply.grants)
+    await bus.request(commit, ShardCommit(job=job, rank=0, step=5, epoch=0, done=done), CommitReply)
+    await wait_for(lambda: told, timeout=5, what="the job's end announced")
+    assert [(e.epoch, e.incarnation) for e in told] == [(0, 0)]
+    final = await bus.request(fetch, settle, ShardReply)
+    assert final.status is FetchStatus.JOB_DONE

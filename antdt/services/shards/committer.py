@@ -58,6 +58,7 @@ import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
+from antdt.runtime.recent import Recent
 from antdt.schemas import ErrorReply, ShardReply
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.early import Stored, early_reply
@@ -70,6 +71,8 @@ log = structlog.get_logger("antdt.shards.committer")
 #: first wait: eager.py). Two were needed when each handler was a task of its own; kept,
 #: as a turn costs microseconds.
 GATHER_TURNS = 2
+#: Completed jobs whose end a replica remembers after their ledger left its cache.
+MAX_COMPLETED = 4096
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
@@ -155,6 +158,9 @@ class Committer:
         self.write_bytes_per_s = write_bytes_per_s  # 0: no budget
         self.write_burst_s = write_burst_s  # the bucket holds this many seconds of budget
         self._jobs: dict[str, _Job] = {}
+        # (incarnation, epoch) of the jobs this replica last wrote complete, forgotten
+        # from the cache with that write: their end can still be announced.
+        self._completed: Recent[tuple[int, int]] = Recent(MAX_COMPLETED)
         self._closed = False
         self.commits = 0  # successful transactions (writes or compare-only checks)
         self.committed = 0  # operations made durable by them
@@ -180,6 +186,11 @@ class Committer:
         """`job`'s working ledger (what the next operation is applied to), if loaded."""
         j = self._jobs.get(job)
         return j.working if j is not None else None
+
+    def completed(self, job: str) -> tuple[int, int] | None:
+        """(incarnation, last epoch) of `job`, if a write here completed it and its ledger
+        has left the cache since."""
+        return self._completed.get(job) if job not in self._jobs else None
 
     def unwritten(self, job: str) -> int:
         """Operations of `job` applied or queued here and not yet written."""
@@ -319,6 +330,8 @@ class Committer:
             j.due = math.inf
             if j.stored is not None and j.stored.state.complete:
                 # A finished job's ledger never changes again: a late request reloads it.
+                done = j.stored.state
+                self._completed.put(job, (done.incarnation, done.epoch))
                 self._jobs.pop(job, None)
 
     async def _load(self, job: str, j: _Job) -> bool:

@@ -236,9 +236,13 @@ def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     if work.complete:
         return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
     held = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
-    for entry in work.entries_of(req.rank):
-        if (entry.shard, entry.attempt) not in held:
-            work.take_back(entry)
+    untold = [e for e in work.entries_of(req.rank) if (e.shard, e.attempt) not in held]
+    for entry in untold:
+        work.take_back(entry)
+    if untold:
+        # As a hand-back does: a pending checkpoint's commit of this rank held them.
+        # (None is pending here in practice: ranks wait in commit until it completes.)
+        work.pending, work.late = None, []
     outstanding = len(work.in_flight)
     retry = pending_retry_s(state) if outstanding else 0.0
     status = FetchStatus.OK if work.grantable() else FetchStatus.EPOCH_DONE

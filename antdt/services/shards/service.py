@@ -375,9 +375,7 @@ class ShardsService:
         reply = await self.submit(req.job, fetch_op(req, self.settings.reserve_shards))
         if not isinstance(reply, ShardReply):
             raise TypeError(f"fetch answered {type(reply).__name__}")
-        # The write that completes a job drops its ledger from the cache: say which end.
-        job_done = (req.incarnation, reply.epoch) if reply.status is FetchStatus.JOB_DONE else None
-        await self._announce_epoch_end(req.job, job_done)
+        await self._announce_epoch_end(req.job)
         route = self.routes.route(req.job, finished=reply.status is FetchStatus.JOB_DONE)
         return replaced(reply, {"route": route}) if route else reply
 
@@ -402,16 +400,16 @@ class ShardsService:
         else:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
 
-    async def _announce_epoch_end(self, job: str, job_done: tuple[int, int] | None = None) -> None:
+    async def _announce_epoch_end(self, job: str) -> None:
         """Tell the job's ranks that an epoch is finished, once per epoch here, as soon as
         the working ledger says so (`epoch_end_to_announce`): the ranks waiting for the
         next epoch, or for the job's end, ask at once (their requests are judged on the
         same working ledger, and a grant of the new epoch is answered only once durable).
-        `job_done`: (incarnation, epoch) of a JOB_DONE reply, for a ledger no longer
-        cached. Best effort: a rank that misses it asks at its next poll
-        (`pending_retry_s`)."""
+        The write that completes a job drops its ledger from the cache, which remembers
+        that end (`completed`), whether a fetch or a commit's done refs made it. Best
+        effort: a rank that misses it asks at its next poll (`pending_retry_s`)."""
         state = self.committer.working(job)
-        key = job_done
+        key = self.committer.completed(job)
         if state is not None:
             epoch = epoch_end_to_announce(state)
             key = None if epoch is None else (state.incarnation, epoch)
