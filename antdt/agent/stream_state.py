@@ -95,6 +95,7 @@ class StreamState:
     shard_size: int
     global_batch: int = 0  # samples per step of the whole job (0: unknown)
     say_share: bool = True  # False once a service too old for the batch fields refused them
+    can_settle: bool = True  # False once a service too old for settle requests refused one
     epoch: int = 0
     incarnation: int = 0  # set by a restore; fences this process from older ones
     established: bool = False  # a reply confirmed `epoch` (OK or EPOCH_DONE)
@@ -195,6 +196,10 @@ class StreamState:
             # A shards service of an earlier version, which knows no batch share: ask as
             # before (an even share is reserved for this rank).
             self.say_share = False
+        elif code == "bad_request" and "settle" in reason and self._settle_due():
+            # An earlier version, which knows no settle request: leave the epoch on the
+            # step's zero alone, as the group did before (a late hand-back is stranded).
+            self.can_settle, self.settled = False, Settled.FINISHED
         self.on_failure()
 
     def on_failure(self) -> None:
@@ -312,10 +317,11 @@ class StreamState:
     def settle(self, epoch: int) -> None:
         """This rank's group ran out of data in `epoch` (a step's all-reduced count was
         zero): ask the ledger whether the epoch is over (`settled`). A rank that already
-        moved past it, or whose job is done, knows without asking."""
+        moved past it, or whose job is done, knows without asking (and one whose service
+        is too old to be asked takes the zero for the answer)."""
         self.settling = epoch
-        past = self.job_done or self.epoch > epoch
-        self.settled = Settled.FINISHED if past else None
+        known = self.job_done or self.epoch > epoch or not self.can_settle
+        self.settled = Settled.FINISHED if known else None
 
     def end_settle(self, reopen: bool) -> None:
         """The group agreed on the settle's outcome; `reopen`: it takes up the shards

@@ -8,7 +8,13 @@ import pytest
 from pydantic import ValidationError
 
 from antdt.agent.sampling import Cursor, Taken
-from antdt.agent.stream_state import MIN_RETRY_S, RECONFIRM_AFTER_S, StreamState, open_cursors
+from antdt.agent.stream_state import (
+    MIN_RETRY_S,
+    RECONFIRM_AFTER_S,
+    Settled,
+    StreamState,
+    open_cursors,
+)
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
 
 
@@ -302,6 +308,47 @@ def test_a_service_that_knows_no_batch_share_is_asked_without_it() -> None:
     again = s.next_fetch(confirm=True)
     assert again is not None and (again.local_batch, again.global_batch) == (None, None)
     assert again.done == refused.done and s.fatal is None
+
+
+def test_a_settle_is_final_only_once_every_done_ref_is_reported_and_none_held_elsewhere() -> None:
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0))
+    s.pending_done = [ShardRef(epoch=0, shard=i, attempt=0) for i in range(70)]
+    s.settle(0)
+    first = s.next_fetch(confirm=True)
+    assert first is not None and first.settle and first.want == 0 and len(first.done) == 64
+    assert {r.shard for r in first.held} == set(range(64, 70))  # the rest: still its own
+    told = ShardReply(job="j", epoch=0, status=FetchStatus.EPOCH_DONE, outstanding=6)
+    assert answer_to(s, first, told) == 0.0 and s.settled is None  # the rest, at once
+    second = s.next_fetch(confirm=True)
+    assert second is not None and len(second.done) == 6
+    held = ShardReply(job="j", epoch=0, status=FetchStatus.EPOCH_DONE, outstanding=1,
+                      retry_after_s=2.0)  # fmt: skip
+    assert answer_to(s, second, held) == 2.0 and s.settled is None  # another rank's: wait
+    third = s.next_fetch(confirm=True)
+    assert third is not None and third.done == ()
+    back = ShardReply(job="j", epoch=0, status=FetchStatus.OK, outstanding=0)
+    assert answer_to(s, third, back) == 0.0 and s.settled is Settled.REOPENED
+    assert s.next_fetch(confirm=True) is None  # nothing goes out until the group agreed
+    s.end_settle(reopen=True)
+    assert not s.exhausted and s.settling is None
+    again = s.next_fetch(confirm=True)
+    assert again is not None and not again.settle and again.want > 0
+
+
+def test_a_service_that_knows_no_settle_request_lets_the_group_leave_on_the_zero() -> None:
+    """Against an earlier shards service, which refuses the settle field: the epoch ends
+    on the step's zero as before, and the rank asks no more settle requests."""
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0))
+    s.settle(0)
+    request = s.next_fetch(confirm=True)
+    assert request is not None and request.settle and request.want == 0
+    s.on_refused("bad_request", "settle: Extra inputs are not permitted")
+    assert s.settled is Settled.FINISHED and s.fatal is None
+    s.end_settle(reopen=False)
+    s.settle(0)
+    assert s.settled is Settled.FINISHED and s.next_fetch(confirm=True) is None
 
 
 def test_a_refused_unknown_field_is_named_in_the_reason() -> None:
