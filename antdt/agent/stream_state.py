@@ -218,11 +218,14 @@ class StreamState:
         if reply.status is FetchStatus.JOB_DONE:
             self.job_done = True
             self.local = LocalShards(seed=self.seed)
-            if fetch.settle:
+            if self._settle_due():  # whatever the request: a settle under way is answered
                 self.settled = Settled.FINISHED
             return 0.0
         if fetch.settle:
             return self._on_settle_reply(fetch, reply)
+        # A done report in flight when the group ran out may be the reply that says the
+        # ledger moved on: then the settle is answered, and no settle request goes out.
+        self._settled_by_the_ledger_moving_on(reply.epoch)
         if reply.epoch > self.epoch:
             self.dropped_grants += len(self.local.drop_before(reply.epoch))
             self.epoch, self.established, self.exhausted = reply.epoch, False, False
@@ -239,6 +242,10 @@ class StreamState:
         elif not added and fetch.want > 0:
             return max(reply.retry_after_s, MIN_RETRY_S)  # OK but nothing new: do not spin
         return 0.0
+
+    def _settled_by_the_ledger_moving_on(self, ledger_epoch: int) -> None:
+        if self._settle_due() and self.settling is not None and ledger_epoch > self.settling:
+            self.settled = Settled.FINISHED
 
     def _on_settle_reply(self, fetch: ShardFetch, reply: ShardReply) -> float:
         """The ledger's answer to a settle request (it grants nothing): final once no

@@ -10,6 +10,13 @@ from pydantic import Field, model_validator
 from antdt.schemas.base import Count, Rank, Token, WireModel, trusted
 
 
+def _unset(value: object) -> bool:
+    """Fields added after the first release stay off the wire at their default, so a
+    receiver of an earlier version, which refuses fields it does not know, is sent none
+    it would not act on (an agent's fallback for an older service relies on it)."""
+    return value is None or value is False
+
+
 class ShardRef(WireModel):
     """Names one grant of one shard in one epoch."""
 
@@ -83,6 +90,7 @@ class ShardFetch(WireModel):
     )
     local_batch: int | None = Field(
         default=None,
+        exclude_if=_unset,
         ge=0,
         le=10_000_000,
         description="Samples per step the rank takes under its current plan; with "
@@ -91,10 +99,15 @@ class ShardFetch(WireModel):
         "shards); None: an even share",
     )
     global_batch: int | None = Field(
-        default=None, ge=1, le=10_000_000, description="Samples per step of all ranks together"
+        default=None,
+        exclude_if=_unset,
+        ge=1,
+        le=10_000_000,
+        description="Samples per step of all ranks together",
     )
     settle: bool = Field(
         default=False,
+        exclude_if=_unset,
         description="Every rank of the rank's group is out of data in `epoch` (a step's "
         "all-reduced sample count was zero): grant and reserve nothing, and say in the "
         "reply's `outstanding` how many of the epoch's shards other ranks still hold. The "
@@ -119,7 +132,7 @@ class FetchStatus(str, Enum):
     left to grant (others may still be in flight). PENDING: the rank asked for the next
     epoch while the current one still has shards in flight: retry after retry_after_s.
     JOB_DONE: every epoch is complete. To a settle request (nothing is granted), OK means
-    the epoch has shards to grant again, or granted to the asking rank."""
+    the epoch has shards to grant again."""
 
     OK = "ok"
     EPOCH_DONE = "epoch_done"
@@ -150,10 +163,11 @@ class ShardReply(WireModel):
     )
     outstanding: int | None = Field(
         default=None,
+        exclude_if=_unset,
         ge=0,
-        description="Answering a settle request: shards of the epoch granted to other ranks "
-        "and not reported done (a removed rank's, until they are handed back). None: not "
-        "a settle reply",
+        description="Answering a settle request: shards of the epoch granted and not yet "
+        "reported done, by any rank (a removed rank's, until they are handed back; the "
+        "asking rank's own, until it reports them). None: not a settle reply",
     )
 
 

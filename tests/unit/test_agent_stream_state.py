@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
-from pydantic import ValidationError
+from pydantic import ValidationError, create_model
 
 from antdt.agent.sampling import Cursor, Taken
 from antdt.agent.stream_state import (
@@ -15,7 +16,10 @@ from antdt.agent.stream_state import (
     StreamState,
     open_cursors,
 )
+from antdt.runtime.bus import Rejected
+from antdt.runtime.messages import Decoder, encode
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
+from antdt.schemas.base import WireModel
 
 
 def state(**kw: int) -> StreamState:
@@ -336,6 +340,20 @@ def test_a_settle_is_final_only_once_every_done_ref_is_reported_and_none_held_el
     assert again is not None and not again.settle and again.want > 0
 
 
+def _older(model: type[WireModel], *without: str) -> Decoder[Any]:
+    """The decoder of a service of an earlier version: the model without later fields."""
+    fields = {n: (f.annotation, f) for n, f in model.model_fields.items() if n not in without}
+    return Decoder(create_model(f"Older{model.__name__}", __base__=WireModel, **fields))  # type: ignore[call-overload]
+
+
+def test_new_fields_stay_off_the_wire_at_their_defaults() -> None:
+    """So an earlier shards service takes this agent's ordinary fetches, and an earlier
+    agent this service's ordinary replies: each refuses fields it does not know."""
+    older = _older(ShardFetch, "settle", "local_batch", "global_batch")
+    older.decode(encode(ShardFetch(job="j", rank=0, epoch=0, held=())))
+    _older(ShardReply, "outstanding").decode(encode(reply(FetchStatus.OK, 0, g(0))))
+
+
 def test_a_service_that_knows_no_settle_request_lets_the_group_leave_on_the_zero() -> None:
     """Against an earlier shards service, which refuses the settle field: the epoch ends
     on the step's zero as before, and the rank asks no more settle requests."""
@@ -344,11 +362,27 @@ def test_a_service_that_knows_no_settle_request_lets_the_group_leave_on_the_zero
     s.settle(0)
     request = s.next_fetch(confirm=True)
     assert request is not None and request.settle and request.want == 0
-    s.on_refused("bad_request", "settle: Extra inputs are not permitted")
+    with pytest.raises(Rejected) as refused:
+        _older(ShardFetch, "settle").decode(encode(request))
+    s.on_refused(refused.value.code, refused.value.reason)
     assert s.settled is Settled.FINISHED and s.fatal is None
     s.end_settle(reopen=False)
     s.settle(0)
     assert s.settled is Settled.FINISHED and s.next_fetch(confirm=True) is None
+
+
+def test_a_settle_answered_by_a_done_reports_reply_that_the_job_is_done_is_over() -> None:
+    """A done report in flight when the group ran out may be the one that finishes the
+    job: its JOB_DONE answers the settle too (waiting for a settle reply instead hung,
+    as nothing is sent once the job is done)."""
+    s = state()
+    answer(s, reply(FetchStatus.EPOCH_DONE, 0))
+    s.pending_done = [ShardRef(epoch=0, shard=3, attempt=0)]
+    report = s.next_fetch(confirm=True)
+    assert report is not None and not report.settle
+    s.settle(0)
+    answer_to(s, report, reply(FetchStatus.JOB_DONE, 0))
+    assert s.settled is Settled.FINISHED
 
 
 def test_a_refused_unknown_field_is_named_in_the_reason() -> None:

@@ -181,17 +181,20 @@ def test_a_settle_counts_the_shards_held_elsewhere_and_grants_nothing() -> None:
     assert after.cursor == ledger.cursor  # nothing granted, nothing reserved
 
 
-def test_a_settle_hands_back_what_its_rank_was_reserved_and_never_told() -> None:
-    """A done report after a hand-back may reserve shards for a rank the group is about
-    to agree on leaving; held by it, they would keep every other rank waiting."""
-    ledger = _ledger_with_grants()
-    untold = next(e for e in ledger.in_flight if e.rank == 0)
-    after, reply = _settle(ledger, 0, held=())
-    assert [r.shard for r in after.requeued] == [untold.shard]
-    assert reply.outstanding == 1 and reply.status is FetchStatus.OK
-    # Listed as held (finished, not yet reported), it stays its rank's, and counts.
-    kept, reply = _settle(ledger, 0, held=(ShardRef(epoch=0, shard=untold.shard, attempt=0),))
-    assert kept.requeued == () and reply.outstanding == 2
+def test_a_request_that_wants_nothing_reserves_nothing() -> None:
+    """A done report may come after its rank ran out of data, and after a hand-back
+    made shards grantable again: a shard reserved for that rank then, never told of,
+    would keep the whole group waiting at the epoch's end."""
+    spec = JobSpec(job="s", world_size=2, dataset_size=400, shard_size=10, global_batch=4)
+    ledger = plan_fetch(new_ledger(spec), ShardFetch(job="s", rank=1, epoch=0, held=())).state
+    [held] = [ShardRef(epoch=0, shard=e.shard, attempt=0) for e in ledger.in_flight]
+    report = ShardFetch(job="s", rank=1, epoch=0, want=0, held=(held,))
+    assert plan_fetch(ledger, report, 4).state.cursor == ledger.cursor
+    asking = ShardFetch(job="s", rank=1, epoch=0, want=1, held=(held,))
+    assert plan_fetch(ledger, asking, 4).state.cursor == ledger.cursor + 1 + 4  # 4 reserved
+    # A settle counts every shard in flight, the asking rank's own too (until reported).
+    _, reply = _settle(_ledger_with_grants(), 0, held=())
+    assert reply.outstanding == 2 and reply.status is FetchStatus.OK
 
 
 def test_a_finished_epoch_settles_and_the_next_one_is_its_ledgers_answer() -> None:
@@ -208,5 +211,5 @@ def test_bad_settle_requests_are_refused_and_change_nothing() -> None:
         ShardFetch(job="s", rank=0, epoch=0, want=1, settle=True)
     ledger = _ledger_with_grants()
     result = plan_fetch(ledger, ShardFetch(job="s", rank=0, epoch=1, want=0, settle=True))
-    assert isinstance(result.reply, ErrorReply) and result.reply.code == "bad_request"
+    assert isinstance(result.reply, ErrorReply) and result.reply.code == "stale"
     assert result.state is ledger

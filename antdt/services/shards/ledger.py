@@ -218,31 +218,21 @@ def apply_done(
 
 def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     """A group out of data in the ledger's epoch asks whether it may leave it: how many
-    of its shards are still held (`outstanding`), and whether any is left to grant (OK).
-    Grants and reserves nothing, so what every rank of the group sees stays the same
-    until one of them asks for work again: each waits while shards are held outside the
-    group (a removed rank's, until handed back), then all of them either leave the epoch
+    of its shards are still in flight (`outstanding`), and whether any is left to grant
+    (OK). Grants and reserves nothing, and nor does any request that wants nothing, so
+    once nothing is in flight what every rank of the group sees stays the same until one
+    of them asks for work again: each waits while shards are held outside the group (a
+    removed rank's, until handed back), then all of them either leave the epoch
     (finished) or take up what came back. Ending the epoch on the step's zero alone
-    stranded a hand-back that landed after it: nobody asked for that epoch again, and the
-    next one never started.
-
-    The asking rank's own shards that it does not hold (reserved for it by a done report
-    after a hand-back, never delivered) go back to be granted: held by a rank that waits
-    for the group, they would keep every other rank waiting."""
+    stranded a hand-back that landed after it: nobody asked for that epoch again, and
+    the next one never started. Changes nothing but the request's done refs, so a settle
+    applied late (a replica's retry after a conflict) cannot undo what came after it."""
     if req.epoch != state.epoch:
         return FetchResult(state, _error(
-            "bad_request", f"settle for epoch {req.epoch}, which the ledger has not started"
+            "stale", f"settle for epoch {req.epoch}, which the ledger has not started"
         ))  # fmt: skip
     if work.complete:
         return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
-    held = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
-    untold = [e for e in work.entries_of(req.rank) if (e.shard, e.attempt) not in held]
-    for entry in untold:
-        work.take_back(entry)
-    if untold:
-        # As a hand-back does: a pending checkpoint's commit of this rank held them.
-        # (None is pending here in practice: ranks wait in commit until it completes.)
-        work.pending, work.late = None, []
     outstanding = len(work.in_flight)
     retry = pending_retry_s(state) if outstanding else 0.0
     status = FetchStatus.OK if work.grantable() else FetchStatus.EPOCH_DONE
@@ -270,7 +260,10 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     lacking, delivered = _lacking(work, rank, known, req.want)
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
     spare = lacking - len(delivered)
-    target = reservation_target(work, reserve, consumption_share(req, work))
+    # A request that wants nothing (a done report) reserves nothing: it may come after
+    # its rank ran out of data in the epoch, and a rank holding shards it was never told
+    # of would keep its group waiting at the epoch's end (see _settle).
+    target = reservation_target(work, reserve, consumption_share(req, work)) if req.want else 0
     reserved = 0
     if spare * 2 < target:  # below half: top up in one go, so one write serves many
         while spare + reserved < target and work.grantable():

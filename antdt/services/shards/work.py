@@ -120,15 +120,6 @@ class Work:
         self.in_flight[shard] = entry
         return entry
 
-    def take_back(self, entry: InFlightEntry) -> None:
-        """Re-queue an in-flight shard from its recorded position (its next grant is a new
-        attempt, which fences the old holder)."""
-        del self.in_flight[entry.shard]
-        self.requeued.append(
-            Requeued(shard=entry.shard, position=entry.position, attempt=entry.attempt)
-        )
-        self.requeued_shards.add(entry.shard)
-
     def held_by(self, rank: int) -> list[ShardGrant]:
         """The grants `rank` holds now, from their recorded positions."""
         return [self.grant_of(e) for e in self.entries_of(rank)]
