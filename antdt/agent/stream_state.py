@@ -161,9 +161,9 @@ class StreamState:
         unconfirmed refs are due again; None: all are."""
         settle = self._settle_due()
         if self.settling is not None and not settle:
-            # Settled, the group not yet agreed: nothing goes out, since even a done
-            # report could have a shard reserved for this rank, and a rank still
-            # settling would then wait for it while this one waits for the group.
+            # Settled, the group not yet agreed: nothing goes out until it has (every
+            # done ref went with the settle), so the answer the others are still asking
+            # for stays the one this rank got.
             return None
         if not (self.needs_fetch() or (confirm and self.unconfirmed and not self.job_done)):
             return None
@@ -248,8 +248,9 @@ class StreamState:
             self.settled = Settled.FINISHED
 
     def _on_settle_reply(self, fetch: ShardFetch, reply: ShardReply) -> float:
-        """The ledger's answer to a settle request (it grants nothing): final once no
-        shard of the epoch is held by another rank, else asked again after a while."""
+        """The ledger's answer to a settle request (it grants nothing): final once every
+        done ref of this rank is out and no shard of the epoch is in flight, else asked
+        again (at once, or after a while)."""
         if reply.epoch > fetch.epoch:
             self.settled = Settled.FINISHED  # the ledger left it: it was finished
         elif self.pending_done:
