@@ -10,6 +10,7 @@ an EPOCH_DONE of the old epoch): retry later. Grants of an earlier epoch that st
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -181,7 +182,7 @@ class StreamState:
             global_batch=self.global_batch if share else None, settle=settle,
         )  # fmt: skip
 
-    def held(self, unsent: list[ShardRef] | tuple[()] = ()) -> tuple[ShardRef, ...]:
+    def held(self, unsent: Sequence[ShardRef] = ()) -> tuple[ShardRef, ...]:
         """Every grant this rank holds and has not reported done, so the service hands
         out only what it lacks (`unsent`: finished ones this request does not report)."""
         held = [c.grant.ref() for c in self.local.cursors]
@@ -244,7 +245,7 @@ class StreamState:
         return 0.0
 
     def _settled_by_the_ledger_moving_on(self, ledger_epoch: int) -> None:
-        if self._settle_due() and self.settling is not None and ledger_epoch > self.settling:
+        if self.settled is None and self.settling is not None and ledger_epoch > self.settling:
             self.settled = Settled.FINISHED
 
     def _on_settle_reply(self, fetch: ShardFetch, reply: ShardReply) -> float:

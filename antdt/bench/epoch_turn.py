@@ -34,7 +34,8 @@ async def bench_epoch_turn(
     cluster: EmbeddedCluster, *, ranks: int, hold_s: float, told: bool
 ) -> dict[str, float]:
     """A 2-epoch job of `ranks` ranks, one shard each: every rank but 0 reports its shard
-    done and asks for epoch 1; rank 0 reports its own `hold_s` later. `told`: the waiting
+    done and settles epoch 0 (asking again while shards are outstanding), then asks for
+    epoch 1; rank 0 reports its own `hold_s` later. `told`: the waiting
     ranks ask again on the announcement or at the reply's `retry_after_s` (as agents do
     now); else every OLD_POLL_S. Figures: the requests a second the replica answered
     while they waited, and the time from rank 0's last done report to each waiting

@@ -110,9 +110,9 @@ class ShardFetch(WireModel):
         exclude_if=_unset,
         description="Every rank of the rank's group is out of data in `epoch` (a step's "
         "all-reduced sample count was zero): grant and reserve nothing, and say in the "
-        "reply's `outstanding` how many of the epoch's shards other ranks still hold. The "
-        "group ends the epoch once none is held and none is left to grant, and takes up "
-        "again what was handed back (a removed rank's shards) before leaving it. Needs "
+        "reply's `outstanding` how many of the epoch's shards are still in flight. The "
+        "group ends the epoch once none is in flight and none is left to grant, and takes "
+        "up again what was handed back (a removed rank's shards) before leaving it. Needs "
         "want 0",
     )
 
@@ -279,8 +279,9 @@ class CheckpointCompleted(WireModel):
 
 class EpochFinished(WireModel):
     """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done (the
-    last epoch's too: the job is then done). Ranks waiting for the next epoch (their
-    fetch was answered PENDING) ask again at once instead of at their next poll, which
+    last epoch's too: the job is then done). Ranks waiting to leave the epoch (a settle
+    answered with shards `outstanding`) or for the next one (PENDING) ask again at once
+    instead of at their next poll, which
     for a large job is seconds away (`retry_after_s` grows with the ranks, so that a
     thousand ranks waiting at an epoch's end do not flood the service). A replica that
     takes the job into the next epoch tells the previous end again (its finisher may

@@ -57,7 +57,8 @@ PENDING_RETRY_MAX_S = 5.0
 
 
 def pending_retry_s(state: LedgerState) -> float:
-    """Seconds a rank that asked for the next epoch too early waits before asking again:
+    """Seconds a rank waiting at an epoch's end (its settle answered with shards still in
+    flight, or the next epoch asked for too early) waits before asking again:
     PENDING_RETRY_S, or as long as keeps the job's active ranks, all waiting, to
     PENDING_POLLS_PER_S together, up to PENDING_RETRY_MAX_S."""
     polls = max(1, state.active_count) / PENDING_POLLS_PER_S

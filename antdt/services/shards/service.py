@@ -409,8 +409,9 @@ class ShardsService:
         that end (`completed`), whether a fetch or a commit's done refs made it. Best
         effort: a rank that misses it asks at its next poll (`pending_retry_s`)."""
         state = self.committer.working(job)
-        key = self.committer.completed(job)
-        if state is not None:
+        if state is None:
+            key = self.committer.completed(job)
+        else:
             epoch = epoch_end_to_announce(state)
             key = None if epoch is None else (state.incarnation, epoch)
         if key is None:  # an epoch under way: every fetch of its body ends here
