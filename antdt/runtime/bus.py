@@ -27,7 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
-from antdt.runtime import eager
+from antdt.runtime import delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.jetstream import DurableConsumer, JetStreamMixin, Received
 from antdt.runtime.messages import (
@@ -139,6 +139,13 @@ class Bus(JetStreamMixin):
 
     async def _on_reconnected(self) -> None:
         log.info("nats reconnected", client=self.name)
+
+    def delivered_directly(self) -> int:
+        """Messages this connection's subscriptions took straight from the read of the
+        socket (delivery.py): its requests' replies, and what subscriptions with
+        concurrency handled while they kept up."""
+        subs = [*self._subs, *([self._inbox.sub] if self._inbox and self._inbox.sub else [])]
+        return sum(put.taken for sub in subs if (put := delivery.direct_put(sub)) is not None)
 
     @property
     def connected(self) -> bool:
@@ -296,7 +303,9 @@ class Bus(JetStreamMixin):
         `concurrency` > 1 each message is handled at once up to its first wait, and by a
         task of its own from there (eager.py), in arrival order, at most `concurrency` at
         once (then the subscription waits for one to end): for handlers that wait on
-        something shared, such as a write many requests join."""
+        something shared, such as a write many requests join. Such a subscription's
+        messages reach it straight from the read of the socket while it keeps up
+        (delivery.py)."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
         # The loop's turns are given where the subscription's delivery loop waits: in
         # _dispatch, or in the wrapper that starts each message's handler.
@@ -304,8 +313,9 @@ class Bus(JetStreamMixin):
         on_msg: Callable[[Msg], Coroutine[Any, Any, None]] = functools.partial(
             self._dispatch, subject, Decoder(target), handler, turns if concurrency == 1 else None
         )
+        take: delivery.Take | None = None
         if concurrency > 1:
-            on_msg = self._as_tasks(on_msg, asyncio.Semaphore(concurrency), turns)
+            take, on_msg = delivery.concurrently(on_msg, concurrency, turns.due, self._handling)
         sub = await self.nc.subscribe(
             subject,
             queue=queue,
@@ -313,6 +323,8 @@ class Bus(JetStreamMixin):
             pending_msgs_limit=pending_msgs,
             pending_bytes_limit=512 * 1024 * 1024,
         )
+        if take is not None:
+            delivery.install(sub, take)
         self._subs.append(sub)
         handle = Subscription(sub, self._subs)
         # The server knows the subscription only once it has read our SUB: flush, so that
@@ -326,36 +338,6 @@ class Bus(JetStreamMixin):
                         subject=subject, error=repr(exc))  # fmt: skip
         return handle
 
-    def _as_tasks(
-        self,
-        on_msg: Callable[[Msg], Coroutine[Any, Any, None]],
-        slots: asyncio.Semaphore,
-        turns: _Turns,
-    ) -> Callable[[Msg], Coroutine[Any, Any, None]]:
-        def release(task: asyncio.Task[None]) -> None:
-            self._handling.discard(task)
-            slots.release()
-
-        async def start(msg: Msg) -> None:
-            await slots.acquire()
-            try:
-                task = eager.start(on_msg(msg))
-            except asyncio.CancelledError:  # raised by the handler itself: as its task would,
-                slots.release()  # it ends there, and nats-py's delivery loop goes on
-                return
-            except BaseException:  # KeyboardInterrupt, SystemExit: as from a task
-                slots.release()
-                raise
-            if task is None:  # handled without waiting: no task needed
-                slots.release()
-            else:
-                self._handling.add(task)
-                task.add_done_callback(release)
-            if turns.due():
-                await asyncio.sleep(0)
-
-        return start
-
     async def _dispatch(
         self,
         pattern: str,
@@ -364,12 +346,13 @@ class Bus(JetStreamMixin):
         turns: _Turns | None,
         msg: Msg,
     ) -> None:
-        headers = dict(msg.headers) if msg.headers else {}
-        delivery = Delivery(msg.subject, headers, msg.reply or "")  # positional: cheaper
-        token = otel_context.attach(propagate.extract(headers)) if headers else None
-        try:
+        token = None
+        try:  # headers too: a handler may run inside nats-py's read loop (delivery.py)
+            headers = dict(msg.headers) if msg.headers else {}
+            meta = Delivery(msg.subject, headers, msg.reply or "")  # positional: cheaper
+            token = otel_context.attach(propagate.extract(headers)) if headers else None
             model = decoder.decode(msg.data)
-            reply = await handler(model, delivery)
+            reply = await handler(model, meta)
         except Rejected as exc:
             self.rejections.record(pattern, exc.code, exc.reason, msg.subject)
             reply = ErrorReply(error=exc.reason[:2000], code=exc.code)
@@ -480,14 +463,14 @@ class _Inbox:
         self._prefix = nc.new_inbox() + "."
         self._count = 0
         self._waiting: dict[str, asyncio.Future[Msg]] = {}
-        self._subscribed = False
         self._subscribing = asyncio.Lock()
+        self.sub: NatsSubscription | None = None  # once subscribed
 
     async def request(
         self, subject: str, data: bytes, *, timeout: float, headers: dict[str, str] | None
     ) -> Msg:
         """The reply to `data` on `subject`; NatsTimeoutError after `timeout` seconds."""
-        if not self._subscribed:
+        if self.sub is None:
             await self._subscribe()  # its SUB goes out before our PUB: no reply is missed
         self._count += 1
         token = str(self._count)
@@ -504,14 +487,19 @@ class _Inbox:
 
     async def _subscribe(self) -> None:
         async with self._subscribing:  # once, whoever asks first; again if that failed
-            if not self._subscribed:
-                await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
-                self._subscribed = True
+            if self.sub is None:
+                sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
+                delivery.install(sub, self._take)
+                self.sub = sub
 
-    async def _on_reply(self, msg: Msg) -> None:
+    def _take(self, msg: Msg) -> bool:
         future = self._waiting.get(msg.subject[len(self._prefix) :])
         if future is not None and not future.done():  # else: late, after its timeout
             future.set_result(msg)
+        return True
+
+    async def _on_reply(self, msg: Msg) -> None:  # without direct delivery (delivery.py)
+        self._take(msg)
 
 
 def _expire(future: asyncio.Future[Msg]) -> None:

@@ -157,6 +157,27 @@ async def test_concurrent_handlers_answer_at_once_or_after_waiting(bus: Bus) -> 
     assert again.version == 3  # the subscription still delivers
 
 
+async def test_replies_and_concurrent_handlers_are_delivered_straight_from_the_socket(
+    bus: Bus,
+) -> None:
+    """A request's reply and a concurrent subscription's message reach their handler
+    inside nats-py's read of the socket, not through the subscription's queue and task
+    (delivery.py): this fails when the installed nats-py no longer has the internals that
+    reaches into (they are then left alone, and every message takes the queue)."""
+    subject = Subjects(bus.settings.subject_prefix).plan_get("direct")
+
+    async def handler(req: PlanRequest, _: Delivery) -> Plan:
+        return Plan(job="direct", version=req.rank, local_batch=(4,), effective_step=0,
+                    created_at=1.0)  # fmt: skip
+
+    await bus.subscribe(subject, PlanRequest, handler, concurrency=4)
+    before = bus.delivered_directly()
+    for rank in range(10):
+        reply = await bus.request(subject, PlanRequest(job="direct", rank=rank), Plan)
+        assert reply.version == rank
+    assert bus.delivered_directly() - before == 20  # ten requests, ten replies
+
+
 async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type: ignore[no-untyped-def]
     subjects = Subjects(bus.settings.subject_prefix)
     other = await Bus(settings.nats, name="second").connect()

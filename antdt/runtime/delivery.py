@@ -1,0 +1,184 @@
+"""How a subscription's messages reach their handler: directly, inside nats-py's read of
+the socket, while the handler keeps up. Part of the NATS seam: only bus.py uses it.
+
+nats-py puts each message of a callback subscription on an asyncio.Queue that a task of
+the subscription empties. Per message that is a put, a wake-up of the task, a loop turn
+before the handler starts, and a get. On the path of every shards request (the rank's
+reply inbox, the replica's fetch subscription) that was a tenth of the rank's transport
+CPU (docs/architecture.md, *The request path*). With direct delivery the subscription's
+queue hands a message straight to a synchronous `take(msg)` while nothing waits in it.
+A message the taker declines (its handler slots are taken, a message ahead of it still
+waits for one, or the loop is due a turn) goes into the queue as before, and so does
+every message after it until the queue is empty again. So arrival order is kept, and a
+subscription that falls behind works as it always did: its own task empties the queue,
+with the slow-consumer limits, the drain and the loop turns.
+
+A taker runs inside nats-py's read loop, so what it raises is caught here (logged and
+counted, the message dropped as a handler failure would drop it): escaping, it would
+stop the connection's reading. And the first step of a handler it starts runs in that
+loop's task: a handler must not enter `asyncio.timeout()` before its first wait (its
+timer would cancel the read loop; no handler here does).
+
+This reaches into nats-py's Subscription (`_pending_queue`, `_pending_size`): `install`
+checks that they are there and leaves the subscription as it is when they are not
+(another nats-py version); `tests/integration/test_bus.py` fails when it cannot install
+on the installed nats-py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from antdt.runtime import eager
+
+log = structlog.get_logger("antdt.bus")
+
+#: A synchronous handler: True if it took the message, False to leave it to the queue.
+Take = Callable[[Any], bool]
+
+
+class DirectPut:
+    """Stands in for a subscription queue's `put_nowait`: hands each message to `take`
+    when nothing waits in the queue ahead of it."""
+
+    def __init__(self, sub: Any, queue: asyncio.Queue[Any], take: Take) -> None:
+        self._sub = sub
+        self._queue = queue
+        self._take = take
+        self.taken = 0  # messages handed over directly (tests and diagnostics)
+        self.failed = 0  # messages whose taker raised
+
+    def __call__(self, item: Any) -> None:
+        queue = self._queue
+        if queue.empty():
+            try:
+                taken = self._take(item)
+            except Exception:
+                self.failed += 1
+                taken = True  # dropped, as a failing handler's message is
+                log.exception("message handler failed", subject=getattr(item, "subject", ""))
+            if taken:
+                # nats-py counted the message's bytes as pending, for the queue to uncount.
+                self._sub._pending_size -= len(item.data)
+                self.taken += 1
+                return
+        asyncio.Queue.put_nowait(queue, item)
+
+
+def install(sub: Any, take: Take) -> bool:
+    """Give the callback subscription `sub` direct delivery through `take`. False: left
+    as it was (nats-py's internals are not the ones this knows)."""
+    queue = getattr(sub, "_pending_queue", None)
+    if not isinstance(queue, asyncio.Queue) or not isinstance(
+        getattr(sub, "_pending_size", None), int
+    ):
+        log.warning("nats-py's subscription internals differ: messages take its queue")
+        return False
+    # The queue stays, and so does the task that empties it: only the way in changes.
+    queue.put_nowait = DirectPut(sub, queue, take)  # type: ignore[method-assign]
+    return True
+
+
+def direct_put(sub: Any) -> DirectPut | None:
+    """`sub`'s direct delivery; None if it has none."""
+    put = getattr(getattr(sub, "_pending_queue", None), "put_nowait", None)
+    return put if isinstance(put, DirectPut) else None
+
+
+class Slots:
+    """At most `count` handlers at once: a slot is taken at once when one is free and
+    nobody waits (`take_now`), or waited for in turn (`take`); `give` hands it back."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take_now(self) -> bool:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.take_now():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot just as it was cancelled: pass it on
+            elif waiter in self._waiting:
+                self._waiting.remove(waiter)
+            raise
+
+    def give(self) -> None:
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot goes to the first waiting
+                return
+        self._free += 1
+
+
+Handle = Callable[[Any], Coroutine[Any, Any, None]]
+
+
+def concurrently(
+    on_msg: Handle, count: int, turn_due: Callable[[], bool], handling: set[asyncio.Task[None]]
+) -> tuple[Take, Handle]:
+    """A subscription's two ways into `on_msg`, at most `count` at once, each message
+    handled at once up to its first wait and by a task from there (eager.py), in
+    arrival order: `take`, straight from the read of the socket (declines when no slot
+    is free, a queued message still waits for one, or `turn_due()`), and `start`, from
+    the subscription's queue (waits for a slot, and gives the loop a turn when due).
+    The tasks are in `handling` while they run (a drain waits for them)."""
+    slots = Slots(count)
+    queued_waiting = 0  # messages from the queue waiting for a slot: none may be passed
+
+    def release(task: asyncio.Task[None]) -> None:
+        handling.discard(task)
+        slots.give()
+
+    def begin(msg: Any) -> None:
+        """Handle `msg` up to its first wait, holding a slot taken for it."""
+        try:
+            task = eager.start(on_msg(msg))
+        except asyncio.CancelledError:  # raised by the handler itself: as its task would,
+            slots.give()  # it ends there, and the delivery goes on
+            return
+        except BaseException:  # KeyboardInterrupt, SystemExit: as from a task
+            slots.give()
+            raise
+        if task is None:  # handled without waiting: no task needed
+            slots.give()
+        else:
+            handling.add(task)
+            task.add_done_callback(release)
+
+    def take(msg: Any) -> bool:
+        # A slot handed to a queued message's waiter is not taken until that waiter
+        # runs: a message read meanwhile must not start ahead of it.
+        if queued_waiting or turn_due() or not slots.take_now():
+            return False
+        begin(msg)
+        return True
+
+    async def start(msg: Any) -> None:
+        nonlocal queued_waiting
+        queued_waiting += 1
+        try:
+            await slots.take()
+        finally:
+            queued_waiting -= 1
+        begin(msg)
+        if turn_due():
+            await asyncio.sleep(0)
+
+    return take, start
