@@ -49,6 +49,7 @@ from antdt.schemas import (
     ReleaseReply,
     RestoreReply,
     ShardRestore,
+    ShardsReturned,
     Subjects,
 )
 
@@ -155,6 +156,9 @@ class Agent:
         )
         await bus.subscribe(
             self.subjects.epoch_finished(s.job), EpochFinished, self._stream.on_epoch_finished
+        )
+        await bus.subscribe(
+            self.subjects.shards_returned(s.job), ShardsReturned, self._stream.on_shards_returned
         )
         # The fetcher starts with the first epoch, or after a restore: a restarted job
         # must not take data before its ledger is back at the checkpoint.

@@ -20,7 +20,7 @@ from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import Settled, StreamState, open_cursors
 from antdt.runtime.bus import Bus, BusError, Delivery, RequestRefused
-from antdt.schemas import EpochFinished, ShardFetch, ShardRef, ShardReply
+from antdt.schemas import EpochFinished, ShardFetch, ShardRef, ShardReply, ShardsReturned
 
 log = structlog.get_logger("antdt.agent.shards")
 T = TypeVar("T")
@@ -67,9 +67,10 @@ class ShardStream:
         self._timeout = request_timeout_s
         self._cond = threading.Condition()
         self._wake = asyncio.Event()
-        # An epoch of the job finished since the last request went out (EpochFinished):
-        # a rank waiting for the next epoch asks again at once.
-        self._epoch_news = asyncio.Event()
+        # An epoch of the job finished (EpochFinished), or a release handed shards back
+        # (ShardsReturned), since the last request went out: a rank waiting to leave the
+        # epoch, or for the next one, asks again at once.
+        self._news = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.errors: Counter[str] = Counter()
         self.requests = 0
@@ -122,7 +123,7 @@ class ShardStream:
                     # long after we gave up on its reply: grants in that reply would be lost.
                     raise BusError("not connected to NATS")
                 self.requests += 1
-                self._epoch_news.clear()  # news from here on count: none is lost
+                self._news.clear()  # news from here on count: none is lost
                 reply = await self._bus.request(
                     self.route.subject, fetch, ShardReply, timeout=self._timeout
                 )
@@ -143,13 +144,19 @@ class ShardStream:
                 await self._pause(delay)
 
     async def _pause(self, delay: float) -> None:
-        """Wait `delay` seconds before asking again, or until the job's epoch finished."""
+        """Wait `delay` seconds before asking again, or until the job's epoch finished or
+        shards came back."""
         with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-            await asyncio.wait_for(self._epoch_news.wait(), delay)
+            await asyncio.wait_for(self._news.wait(), delay)
 
     async def on_epoch_finished(self, event: EpochFinished, delivery: Delivery) -> None:
         """The service announced the end of an epoch of the job (subscribed by the agent)."""
-        self._epoch_news.set()
+        self._news.set()
+
+    async def on_shards_returned(self, event: ShardsReturned, delivery: Delivery) -> None:
+        """The service announced that a release handed shards of the job back (subscribed
+        by the agent): grantable again, so a group waiting to leave the epoch stays."""
+        self._news.set()
 
     def _look(self) -> tuple[ShardFetch | None, bool]:
         """The fetcher looks at the state: the next request, and whether done refs wait

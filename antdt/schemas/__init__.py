@@ -44,6 +44,7 @@ from antdt.schemas.shards import (
     ShardRelease,
     ShardReply,
     ShardRestore,
+    ShardsReturned,
     ShardStatus,
     ShardStatusRequest,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "ShardRestore",
     "ShardStatus",
     "ShardStatusRequest",
+    "ShardsReturned",
     "StepEvent",
     "StragglerClass",
     "Subjects",

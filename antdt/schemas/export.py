@@ -34,6 +34,7 @@ EXPORTED: dict[str, Any] = {
     "ShardStatus": schemas.ShardStatus,
     "CheckpointCompleted": schemas.CheckpointCompleted,
     "EpochFinished": schemas.EpochFinished,
+    "ShardsReturned": schemas.ShardsReturned,
 }
 
 

@@ -293,6 +293,23 @@ class EpochFinished(WireModel):
     incarnation: Count = Field(default=0, description="The ledger's incarnation")
 
 
+class ShardsReturned(WireModel):
+    """Published on `{p}.{job}.shards.returned` when releases handed shards back to be
+    granted again (`antdt shards release`, `agent.leave()`). Ranks waiting to leave the
+    epoch (a settle answered with shards `outstanding`, which may be these) ask again at
+    once instead of at their next poll, seconds away in a large job: the shards are
+    grantable now, and the group stays in the epoch to train them. At most one a second
+    per job and replica: the first hand-back at once, those within the second after an
+    announcement in one at its end. Best effort: a rank that misses it asks at that poll.
+    Anyone may subscribe."""
+
+    job: Token
+    ranks: tuple[Rank, ...] = Field(
+        max_length=1024, description="The ranks released since the last announcement"
+    )
+    returned: Count = Field(description="Shards they handed back to be granted again")
+
+
 class ShardRestore(WireModel):
     """Put the ledger back to the snapshot of checkpoint `step` (None: the job's start) and
     start a new incarnation. Every rank of the restarted job sends it with the same

@@ -66,6 +66,11 @@ class Subjects:
         (EpochFinished; published: every rank of the job listens)."""
         return f"{self.prefix}.{job}.shards.epoch"
 
+    def shards_returned(self, job: str) -> str:
+        """Where the shards service announces that a release handed shards of the job back
+        (ShardsReturned; published: every rank of the job listens)."""
+        return f"{self.prefix}.{job}.shards.returned"
+
     def shards_direct(self, job: str, verb: str, route: str) -> str:
         """`shards(job, verb)` addressed to one replica (its route token, see
         `route_token`): how ranks reach the replica that owns their job's ledger."""

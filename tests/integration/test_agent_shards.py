@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from antdt.agent import Agent, AgentClosed, AgentSettings
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster, EmbeddedNats, ServerError
-from antdt.schemas import EpochFinished, FetchStatus, StepEvent, Subjects
+from antdt.schemas import EpochFinished, FetchStatus, ShardsReturned, StepEvent, Subjects
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import (
@@ -463,6 +464,35 @@ async def test_close_unblocks_a_training_thread_waiting_for_data(
         await asyncio.wait_for(training, 10)
 
 
+async def two_ranks_of_a_thousand(
+    settings: ServiceSettings, bus: Bus, job: str, prefix: Path, to_stop: list[RunningServices],
+    agents_to_close: list[Agent], *, epochs: int, heard: tuple[str, type[BaseModel]],
+) -> tuple[ShardsTap, list[tuple[float, Any]], list[Agent]]:  # fmt: skip
+    """The controller and shards services, a tap on the job's fetches, what is published
+    on `heard`'s subject (when, and the event), and two started agents of a job of a
+    thousand ranks (40 samples, `epochs`, sample logs at `prefix`): the service paces
+    the waiting ranks' polls for a thousand (5 s apart)."""
+    to_stop.append(await start_services(settings, ("controller", "shards")))
+    tap = await ShardsTap(bus, job).attach()
+    events: list[tuple[float, Any]] = []
+
+    async def on_event(event: BaseModel, _: Delivery) -> None:
+        events.append((time.monotonic(), event))
+
+    subject, event_type = heard
+    await bus.subscribe(subject, event_type, on_event)
+    world = 1000
+    shape = {"dataset_size": 40, "global_batch": 2 * world, "epochs": epochs,
+             "sample_log": str(prefix)}  # fmt: skip
+    agents = [
+        Agent(agent_settings(settings.nats, job, r, world, **shape), collectives=NullCollectives())
+        for r in range(2)
+    ]
+    agents_to_close.extend(agents)
+    await asyncio.to_thread(start_all, agents)
+    return tap, events, agents
+
+
 @pytest.mark.parametrize("held_in", [0, 1], ids=["next_epoch", "job_end"])
 async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom(
     settings: ServiceSettings,
@@ -479,26 +509,12 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     again as soon as rank 1's done refs finish the epoch: the service announces it
     (EpochFinished). So for the last epoch too: it learns at once that the job is done
     (before, only the ends of the epochs before the last were announced)."""
-    running = await start_services(settings, ("controller", "shards"))
-    to_stop.append(running)
-    tap = await ShardsTap(bus, unique).attach()
-    subjects = Subjects(settings.nats.subject_prefix)
-    announced: list[tuple[float, EpochFinished]] = []
-
-    async def on_announced(event: EpochFinished, _: Delivery) -> None:
-        announced.append((time.monotonic(), event))
-
-    await bus.subscribe(subjects.epoch_finished(unique), EpochFinished, on_announced)
-    world, prefix = 1000, tmp_path / "told"
-    shape = {"dataset_size": 40, "global_batch": 2 * world, "epochs": 2, "sample_log": str(prefix)}
-    agents = [
-        Agent(
-            agent_settings(settings.nats, unique, r, world, **shape), collectives=NullCollectives()
-        )
-        for r in range(2)
-    ]
-    agents_to_close.extend(agents)
-    await asyncio.to_thread(start_all, agents)
+    subject = Subjects(settings.nats.subject_prefix).epoch_finished(unique)
+    prefix = tmp_path / "told"
+    tap, announced, agents = await two_ranks_of_a_thousand(
+        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=2,
+        heard=(subject, EpochFinished),
+    )  # fmt: skip
     paused, resume = threading.Event(), threading.Event()
 
     def hold(step: Any) -> None:
@@ -537,3 +553,66 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     told_at = announced[held_in][0]
     assert asked_at - last_pending_at < 4.0 and asked_at - told_at < 1.0
     assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=2)
+
+
+async def test_ranks_waiting_to_leave_an_epoch_ask_again_once_shards_come_back(
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    tmp_path: Path,
+    agents_to_close: list[Agent],
+    to_stop: list[RunningServices],
+) -> None:
+    """A job of a thousand ranks (two run here): rank 1 stops after a step, holding
+    shards, while rank 0 runs out of epoch 0 and waits to leave it, polling 5 s apart.
+    Then rank 1 leaves (agent.leave): the service announces the hand-back
+    (ShardsReturned) and rank 0 asks again at once, not at its next poll; the epoch is
+    open again for it (settle answered OK) and it trains what came back."""
+    subject = Subjects(settings.nats.subject_prefix).shards_returned(unique)
+    prefix = tmp_path / "returned"
+    tap, returned, agents = await two_ranks_of_a_thousand(
+        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=1,
+        heard=(subject, ShardsReturned),
+    )  # fmt: skip
+    paused, resume = threading.Event(), threading.Event()
+
+    def train_then_leave(agent: Agent) -> None:  # rank 1: one step, then leaves when told
+        for _ in agent.epochs():
+            for step in agent.steps():
+                step.sync(object())
+                paused.set()
+                resume.wait(30)
+                agent.leave("test")
+                return
+
+    def waits() -> list[int]:  # rank 0, out of epoch 0, told that shards are held
+        timed = tap.timed(0)
+        return [i for i, (_, _, fetch, reply) in enumerate(timed)
+                if fetch.settle and fetch.epoch == 0 and reply.outstanding]  # fmt: skip
+
+    leaving = asyncio.ensure_future(asyncio.to_thread(train_then_leave, agents[1]))
+    await wait_for(paused.is_set, what="rank 1 paused")
+    training = asyncio.ensure_future(asyncio.to_thread(train, agents[0]))
+    try:
+        await wait_for(lambda: len(waits()) >= 1, what="rank 0 waits")
+        await asyncio.sleep(0.5)
+        assert len(waits()) == 1 and not returned  # polls seldom; nothing came back yet
+    finally:
+        resume.set()
+    await asyncio.wait_for(leaving, 30)
+    await asyncio.wait_for(training, 30)
+    await asyncio.to_thread(agents[0].close)
+    [(told_at, event)] = returned
+    assert (event.ranks, event.returned > 0) == ((1,), True)
+    timed, waited = tap.timed(0), waits()
+    last = waited[-1]  # the last wait (a slow machine may have polled more than once)
+    _, last_wait_at, _, last_wait = timed[last]
+    assert last_wait.retry_after_s == 5.0
+    asked_at, _, fetch, reply = timed[last + 1]
+    assert fetch.settle and reply.status is FetchStatus.OK and not reply.outstanding
+    # Asked once told, not at its next poll, due 5 s after the last wait: told well before
+    # that (as here but on a stalled machine), the ask comes well before it too.
+    assert asked_at - told_at < 1.0
+    if told_at - last_wait_at < 3.5:
+        assert asked_at - last_wait_at < 4.5
+    assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=1)

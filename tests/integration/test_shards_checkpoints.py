@@ -4,13 +4,15 @@ incarnation, operator release, and bad input refused with nothing changed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
 import pytest
 from rich.console import Console
 
 from antdt.cli_shards import render_status
-from antdt.runtime.bus import Bus, RequestRefused
+from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.store import Store
 from antdt.schemas import (
     CommitReply,
@@ -28,6 +30,7 @@ from antdt.schemas import (
     ShardRelease,
     ShardReply,
     ShardRestore,
+    ShardsReturned,
     ShardStatus,
     ShardStatusRequest,
     Subjects,
@@ -150,6 +153,39 @@ async def test_operator_release_hands_a_dead_ranks_shards_back(
     assert all(g.attempt == 1 for g in taken.grants)
     assert (await status(bus, job)).left == (1,)
     assert "removed ranks: 1" in render(await status(bus, job))
+
+
+async def test_hand_backs_are_announced_at_once_and_then_at_most_once_a_second(
+    running: RunningServices, bus: Bus
+) -> None:
+    """A release that hands shards back is announced (ShardsReturned) after its write;
+    releases within the second after an announcement go out together at its end, so a
+    shrink of many ranks wakes each waiting rank about once a second, not once per rank;
+    a release that hands nothing back is not announced."""
+    job = "ck-returned"
+    subjects = Subjects(bus.settings.subject_prefix)
+    spec = JobSpec(job=job, world_size=5, dataset_size=100, shard_size=10, global_batch=10)
+    await bus.request(subjects.register(job), spec, RegisterReply)
+    told: list[tuple[float, ShardsReturned]] = []
+
+    async def on_returned(event: ShardsReturned, _: Delivery) -> None:
+        told.append((time.monotonic(), event))
+
+    await bus.subscribe(subjects.shards_returned(job), ShardsReturned, on_returned)
+    fetch, release = subjects.shards(job, "fetch"), subjects.shards(job, "release")
+    for rank in (1, 2, 3):
+        await bus.request(fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2), ShardReply)
+    started = time.monotonic()
+    for rank in (1, 2, 3, 4):  # rank 4 holds nothing
+        reply = await bus.request(release, ShardRelease(job=job, rank=rank), ReleaseReply)
+        assert reply.returned == (0 if rank == 4 else 2)
+    await wait_for(lambda: len(told) == 2, what="two announcements")
+    (first_at, first), (second_at, second) = told
+    assert (first.ranks, first.returned) == ((1,), 2)
+    assert (second.ranks, second.returned) == ((2, 3), 4)
+    assert first_at - started < 1.0 and 0.8 < second_at - first_at < 2.0
+    await asyncio.sleep(1.2)
+    assert len(told) == 2  # nothing more: rank 4 handed nothing back
 
 
 async def test_bad_ledger_requests_are_refused_and_change_nothing(

@@ -43,12 +43,14 @@ from antdt.schemas import (
     FetchStatus,
     JobSpec,
     Keys,
+    ReleaseReply,
     RestoreReply,
     ShardCommit,
     ShardFetch,
     ShardRelease,
     ShardReply,
     ShardRestore,
+    ShardsReturned,
     ShardStatus,
     ShardStatusRequest,
     Subjects,
@@ -57,6 +59,7 @@ from antdt.schemas import (
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.checkpoints import DEFAULT_KEEP
 from antdt.services.shards.committer import Committed, Committer, Snapshot
+from antdt.services.shards.handbacks import HandBacks
 from antdt.services.shards.ledger import (
     LedgerState,
     epoch_end_to_announce,
@@ -73,6 +76,8 @@ QUEUE_GROUP = "antdt-shards"
 VERBS = ("fetch", "commit", "restore", "release", "status")
 #: Jobs whose last epoch announced a replica remembers, at most (the least recent go).
 MAX_ANNOUNCED = 4096
+#: Seconds, at least, between two hand-back announcements of a job (see handbacks.py).
+RETURNED_EVERY_S = 1.0
 
 
 class ShardsSettings(ServiceSettings):
@@ -269,6 +274,9 @@ class ShardsService:
         self.restores = Restores(self.ledgers, self.keys, self.committer)
         # job -> (incarnation, epoch) whose end this replica announced (EpochFinished).
         self._epoch_announced: Recent[tuple[int, int]] = Recent(MAX_ANNOUNCED)
+        # Hand-backs to announce (ShardsReturned), at most once a second per job.
+        self.hand_backs = HandBacks(every_s=RETURNED_EVERY_S)
+        self._announcing: set[asyncio.Task[None]] = set()
         metrics.watch_shards(self)
 
     @property
@@ -336,6 +344,7 @@ class ShardsService:
         # committer refuses new work and waits for whatever is still queued.
         runtime.on_shutdown("drain", self.bus.drain)
         runtime.on_shutdown("finish", self.committer.finish)
+        runtime.on_shutdown("finish", self._drop_announcements)
         runtime.on_shutdown("revoke", self.routes.stop)
         runtime.spawn("owners", self.routes.follow())
         runtime.spawn("lease", self.routes.keep_lease())
@@ -443,8 +452,38 @@ class ShardsService:
         self.requests["release"] += 1
         reply = await self.submit(req.job, release_op(req, self.keys))
         log.info("rank released", job=req.job, rank=req.rank, reason=req.reason)
+        if isinstance(reply, ReleaseReply) and reply.returned:  # durable: announce it
+            delay = self.hand_backs.add(req.job, req.rank, reply.returned, time.monotonic())
+            if delay == 0:
+                await self._announce_returned(req.job)
+            elif delay is not None:  # within a second of the last one: at its end
+                task = asyncio.ensure_future(self._announce_returned(req.job, after_s=delay))
+                self._announcing.add(task)
+                task.add_done_callback(self._announcing.discard)
         await self._announce_epoch_end(req.job)
         return reply
+
+    async def _announce_returned(self, job: str, after_s: float = 0.0) -> None:
+        """Tell the job's ranks that shards came back (what `hand_backs` holds): those
+        waiting to leave the epoch ask again at once. Best effort: they poll
+        (`pending_retry_s`)."""
+        if after_s:
+            await asyncio.sleep(after_s)
+        held = self.hand_backs.take(job, time.monotonic())
+        if held is None:
+            return
+        event = ShardsReturned(job=job, ranks=tuple(held.ranks), returned=held.returned)
+        try:
+            await self.bus.publish(self.subjects.shards_returned(job), event)
+        except Exception as exc:  # NATS away: the ranks poll
+            log.warning("hand-back not announced", job=job, ranks=held.ranks, error=repr(exc))
+
+    async def _drop_announcements(self) -> None:
+        """Hand-back announcements still waiting for their window: the connection is
+        closed once drained, and the ranks poll (`pending_retry_s`)."""
+        for task in list(self._announcing):
+            task.cancel()
+        await asyncio.gather(*self._announcing, return_exceptions=True)
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
         self._check_subject(req.job, delivery)
