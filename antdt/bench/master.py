@@ -126,10 +126,8 @@ class MemoryMaster:
 
 
 async def bench_memory_master_cycles(
-    master: MemoryMaster, clients: int, seconds: float, run: int = 0, split: bool = False
+    master: MemoryMaster, clients: int, seconds: float, split: bool = False
 ) -> dict[str, float]:
     """One run of the shards bench's cycles against a running master; `split`: each
     cycle in two requests, done then fetch, as DLRover's client makes it."""
-    return await bench_shards_cycles(
-        master, None, clients=clients, seconds=seconds, run=run, split=split
-    )
+    return await bench_shards_cycles(master, None, clients=clients, seconds=seconds, split=split)

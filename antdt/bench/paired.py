@@ -43,14 +43,12 @@ async def bench_paired_cycles(
                 for turn in range(turns):
                     if on_turn is not None:
                         on_turn(n, turn)
-                    runs["master"].append(
-                        await bench_memory_master_cycles(master, n, seconds, run=turn)
-                    )
+                    runs["master"].append(await bench_memory_master_cycles(master, n, seconds))
                     runs["dlrover"].append(
-                        await bench_memory_master_cycles(master, n, seconds, run=turn, split=True)
+                        await bench_memory_master_cycles(master, n, seconds, split=True)
                     )
                     runs["shards"].append(await bench_shards_cycles(
-                        replica, store, clients=n, seconds=seconds, run=turn
+                        replica, store, clients=n, seconds=seconds
                     ))  # fmt: skip
                 ratios = turn_ratios(runs["shards"], runs["master"])
                 dlrover = turn_ratios(runs["shards"], runs["dlrover"])

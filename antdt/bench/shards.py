@@ -9,6 +9,7 @@ event loop, one core), so each replica runs in a child process and reports its c
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -35,6 +36,9 @@ from antdt.schemas import (
     ShardReply,
     Subjects,
 )
+
+#: Numbers the cycles benches' jobs, so that no run takes up an earlier one's ledger.
+_CYCLE_JOBS = itertools.count()
 
 
 class Children:
@@ -275,18 +279,19 @@ class CycleServer(Protocol):
 
 
 async def bench_shards_cycles(
-    replicas: CycleServer, store: Store | None, *, clients: int, seconds: float, run: int = 0,
+    replicas: CycleServer, store: Store | None, *, clients: int, seconds: float,
     split: bool = False,
 ) -> dict[str, float]:  # fmt: skip
     """Each client (its own NATS connection, like a rank) loops: report the shard it
     holds as done and fetch the next, in one request; every ledger change durable in
     etcd before the reply. Counters and CPU are taken over the measured window only.
-    Each `run` of the same servers is a job of its own.
+    Each call is a job of its own: one that took up an earlier run's ledger would run
+    out of shards once the machine is fast enough (10^5 shards, 5,400/s at 8 clients).
 
     `split`: a cycle in two requests, as DLRover's ShardingClient makes it (its
     report_task_result, then get_task: two RPCs per shard); only the in-memory master
     is driven so, to measure DLRover's design."""
-    job = f"cycles{clients}x{replicas.count}r{run}{'s' if split else ''}"
+    job = f"cycles{clients}x{replicas.count}r{next(_CYCLE_JOBS)}{'s' if split else ''}"
     spec = JobSpec(job=job, world_size=clients, dataset_size=10**9, shard_size=10**4,
                    global_batch=clients * 32, epochs=1)  # fmt: skip
     await replicas.register(store, spec)

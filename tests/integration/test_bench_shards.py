@@ -17,6 +17,7 @@ from antdt.bench.shards import (
     cycle_request,
 )
 from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardRef
 
 pytestmark = pytest.mark.integration
@@ -55,6 +56,25 @@ async def test_both_drivers_serve_real_cycles(cluster: EmbeddedCluster) -> None:
         assert figures["cycles_per_s"] > 10 and figures["service_cpu_us_per_cycle"] > 0
     assert "requests_per_commit" not in master[2]  # nothing is written behind
     assert shards[2]["requests_per_commit"] >= 1 and shards[2]["cas_conflicts"] == 0
+
+
+async def test_every_cycles_run_is_a_job_of_its_own(
+    cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Runs that shared a job shared its 10^5 shards: on a fast machine `make bench` ran
+    # out of them (EPOCH_DONE) in its event-loop rows.
+    jobs: list[str] = []
+    async with MemoryMaster(cluster.nats.url, {"nats": cluster.nats.pid}) as running:
+        register = running.register
+
+        async def recording(store: Store | None, spec: JobSpec) -> None:
+            jobs.append(spec.job)
+            await register(store, spec)
+
+        monkeypatch.setattr(running, "register", recording)
+        for _ in range(2):
+            await bench_memory_master_cycles(running, 1, 0.1)
+    assert len(jobs) == 2 and jobs[0] != jobs[1], jobs
 
 
 async def test_paired_turns_serve_both_and_report_the_median_turn(
