@@ -190,6 +190,34 @@ def test_worst_straggler_first() -> None:
     assert isinstance(action, KillRestartAction) and action.rank == 2
 
 
+def test_a_restart_waits_while_a_worse_straggler_is_still_being_classified() -> None:
+    # As in a CI run: rank 0, 1.3x slow on a loaded machine, escalated a moment before
+    # rank 3, 2.5x slow; the restart went to rank 0 and the cooldown held rank 3's.
+    mild = persistent(rank=0, host="h0").model_copy(update={"ratio": 1.3, "id": "mild"})
+    worse = persistent(rank=3, cls=StragglerClass.TRANSIENT, state=IncidentState.OPENED)
+    worse = worse.model_copy(update={"ratio": 2.5})
+    speeds = (1000.0 / 1.3, 1000.0, 1000.0, 400.0)
+    cheap = {"restart_cost_s": 1.0}  # restarting rank 0 alone pays too
+    assert kinds(decide(nd_view(params=cheap, speeds=speeds, incidents=(worse,)), mild)) == [
+        "adjust"
+    ]
+    # Once rank 3 is found persistent too, it is the one restarted.
+    escalated = worse.model_copy(
+        update={"straggler_class": StragglerClass.PERSISTENT, "state": IncidentState.ESCALATED}
+    )
+    [action] = decide(nd_view(params=cheap, speeds=speeds, incidents=(mild,)), escalated)
+    assert isinstance(action, KillRestartAction) and action.rank == 3
+    # A milder unclassified one, a resolved one, or one about a host its rank left does
+    # not hold the restart.
+    for other in (
+        worse.model_copy(update={"ratio": 1.2}),
+        worse.model_copy(update={"state": IncidentState.RESOLVED}),
+        worse.model_copy(update={"host": "h9"}),
+    ):
+        [action] = decide(nd_view(params=cheap, speeds=speeds, incidents=(other,)), mild)
+        assert isinstance(action, KillRestartAction) and action.rank == 0, other
+
+
 def test_no_plan_change_after_restart_when_already_equal() -> None:
     v = nd_view(batch=(32, 32, 32, 32), speeds=STRAGGLER)
     estimate = estimate_restart(v, 3, STRAGGLER)
