@@ -207,10 +207,11 @@ def test_a_restart_waits_while_a_worse_straggler_is_still_being_classified() -> 
     )
     [action] = decide(nd_view(params=cheap, speeds=speeds, incidents=(mild,)), escalated)
     assert isinstance(action, KillRestartAction) and action.rank == 3
-    # A milder unclassified one, a resolved one, or one about a host its rank left does
-    # not hold the restart.
+    # A milder unclassified one, a resolved one, one about a host its rank left, or one
+    # of the rank to be restarted itself does not hold the restart.
     for other in (
         worse.model_copy(update={"ratio": 1.2}),
+        worse.model_copy(update={"rank": 0, "host": "h0", "id": "own"}),
         worse.model_copy(update={"state": IncidentState.RESOLVED}),
         worse.model_copy(update={"host": "h9"}),
     ):

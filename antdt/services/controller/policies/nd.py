@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
@@ -130,8 +131,9 @@ def decide_restart(
     speeds = measured_speeds(view)
     cost = view.restarts.measured_cost_s
     cost_s, measured = (params.restart_cost_s, False) if cost is None else (cost, True)
-    worse_unclassified = unclassified_ratio(view, event)
-    for incident in persistent_stragglers(view, event):
+    stragglers = persistent_stragglers(view, event)
+    worse_unclassified = unclassified_ratio(view, event, {i.rank for i in stragglers})
+    for incident in stragglers:
         if incident.ratio < worse_unclassified:
             return None  # worst first: every later one is milder still
         host = view.hosts.get(incident.rank, incident.host)
@@ -162,12 +164,15 @@ def persistent_stragglers(view: JobView, event: JobHealth | Incident) -> list[In
     return sorted(found, key=lambda i: (-i.ratio, i.rank))
 
 
-def unclassified_ratio(view: JobView, event: JobHealth | Incident) -> float:
+def unclassified_ratio(
+    view: JobView, event: JobHealth | Incident, besides: AbstractSet[int] = frozenset()
+) -> float:
     """The highest ratio among open SLOW incidents not classified yet (transient or
-    unknown: they may still turn persistent), about the host each rank runs on now; 0
-    when there is none."""
+    unknown: they may still turn persistent) of ranks other than `besides`, about the
+    host each rank runs on now; 0 when there is none."""
     classes = (StragglerClass.TRANSIENT, StragglerClass.UNKNOWN)
-    return max((i.ratio for i in _open_slow(view, event, classes)), default=0.0)
+    found = _open_slow(view, event, classes)
+    return max((i.ratio for i in found if i.rank not in besides), default=0.0)
 
 
 def _open_slow(
