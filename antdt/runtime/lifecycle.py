@@ -26,19 +26,26 @@ class ServiceRuntime:
         self.name = name
         self.stop_event = asyncio.Event()
         self.stage_timeout_s = stage_timeout_s
-        # A list, not a dict by name: services sharing a runtime (tests, `antdt up`) may
-        # each spawn a task of the same name, and every one must be stopped.
-        self._tasks: list[asyncio.Task[Any]] = []
+        # A set, not a dict by name: services sharing a runtime (tests, `antdt up`) may
+        # each spawn a task of the same name, and every one must be stopped. A task
+        # leaves it when it ends: short ones (a job's commit run, an announcement) are
+        # spawned for as long as the service runs.
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._stages: dict[str, list[Callable[[], Awaitable[None]]]] = {s: [] for s in STAGES}
         self._shutdown_done = False
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
-        self._tasks.append(task)
+        self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
+    def running(self) -> int:
+        """Spawned tasks not ended yet."""
+        return len(self._tasks)
+
     def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
         if task.cancelled() or self.stop_event.is_set():
             return
         exc = task.exception()
@@ -76,9 +83,10 @@ class ServiceRuntime:
         log.info("shutting down", service=self.name)
         for stage in ("drain", "finish"):
             await self._run_stage(stage)
-        for task in self._tasks:
+        tasks = list(self._tasks)  # each leaves the set as it ends
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(task, self.stage_timeout_s)
         for stage in ("revoke", "flush"):
