@@ -276,7 +276,6 @@ class ShardsService:
         self._epoch_announced: Recent[tuple[int, int]] = Recent(MAX_ANNOUNCED)
         # Hand-backs to announce (ShardsReturned), at most once a second per job.
         self.hand_backs = HandBacks(every_s=RETURNED_EVERY_S)
-        self._announcing: set[asyncio.Task[None]] = set()
         metrics.watch_shards(self)
 
     @property
@@ -344,7 +343,6 @@ class ShardsService:
         # committer refuses new work and waits for whatever is still queued.
         runtime.on_shutdown("drain", self.bus.drain)
         runtime.on_shutdown("finish", self.committer.finish)
-        runtime.on_shutdown("finish", self._drop_announcements)
         runtime.on_shutdown("revoke", self.routes.stop)
         runtime.spawn("owners", self.routes.follow())
         runtime.spawn("lease", self.routes.keep_lease())
@@ -456,10 +454,9 @@ class ShardsService:
             delay = self.hand_backs.add(req.job, req.rank, reply.returned, time.monotonic())
             if delay == 0:
                 await self._announce_returned(req.job)
-            elif delay is not None:  # within a second of the last one: at its end
-                task = asyncio.ensure_future(self._announce_returned(req.job, after_s=delay))
-                self._announcing.add(task)
-                task.add_done_callback(self._announcing.discard)
+            elif delay is not None:  # within a second of the last one: at its end (one
+                # still waiting at shutdown is cancelled with the runtime's tasks: ranks poll)
+                self._spawn(f"returned-{req.job}", self._announce_returned(req.job, delay))
         await self._announce_epoch_end(req.job)
         return reply
 
@@ -477,13 +474,6 @@ class ShardsService:
             await self.bus.publish(self.subjects.shards_returned(job), event)
         except Exception as exc:  # NATS away: the ranks poll
             log.warning("hand-back not announced", job=job, ranks=held.ranks, error=repr(exc))
-
-    async def _drop_announcements(self) -> None:
-        """Hand-back announcements still waiting for their window: the connection is
-        closed once drained, and the ranks poll (`pending_retry_s`)."""
-        for task in list(self._announcing):
-            task.cancel()
-        await asyncio.gather(*self._announcing, return_exceptions=True)
 
     async def _on_status(self, req: ShardStatusRequest, delivery: Delivery) -> ShardStatus:
         self._check_subject(req.job, delivery)
