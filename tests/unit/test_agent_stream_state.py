@@ -14,6 +14,7 @@ from antdt.agent.stream_state import (
     RECONFIRM_AFTER_S,
     Settled,
     StreamState,
+    Unconfirmed,
     open_cursors,
 )
 from antdt.runtime.bus import Rejected
@@ -394,3 +395,18 @@ def test_a_refused_unknown_field_is_named_in_the_reason() -> None:
     with pytest.raises(Rejected) as refused:
         Decoder(ShardFetch).decode(json.dumps({**request, "next_field": 1}).encode())
     assert refused.value.code == "bad_request" and "next_field" in refused.value.reason
+
+
+def test_unconfirmed_refs_fall_due_in_the_order_they_were_last_sent() -> None:
+    """`due` stops at the first ref not yet due; a ref listed again moves behind the
+    others, with its new sending time."""
+    unconfirmed = Unconfirmed()
+    a, b, c = (ShardRef(epoch=0, shard=s, attempt=0) for s in range(3))
+    unconfirmed.answered((a, b), 0.0)
+    unconfirmed.answered((c,), 0.01)
+    unconfirmed.answered((a,), 0.02)  # reported again, listed again
+    assert unconfirmed.due(RECONFIRM_AFTER_S) == [b]
+    assert unconfirmed.due(0.01 + RECONFIRM_AFTER_S) == [c]
+    assert unconfirmed.refs() == [a]
+    assert unconfirmed.due(0.02 + RECONFIRM_AFTER_S) == [a]
+    assert len(unconfirmed) == 0
