@@ -249,16 +249,30 @@ class ShardStream:
         if kick:
             self._kick()
 
-    def settle(self, epoch: int) -> bool:
-        """Block until the ledger says whether `epoch`, out of data on every rank of this
-        rank's group, is over: True when shards came back to be granted in it (another
-        rank's, handed back), False when it is finished. It waits while shards of it are
-        held by ranks outside the group (removed, and not handed back yet)."""
+    def settle(self, epoch: int) -> Settled | None:
+        """`epoch` is out of data on every rank of this rank's group: block until the
+        ledger first answers whether it is over. REOPENED: shards came back to be granted
+        in it (another rank's, handed back), or the ledger handed this rank shards of it
+        that it did not know it held; FINISHED: it is over; None: wait, shards of it are
+        still in flight (held by ranks outside the group, removed and not handed back
+        yet, or by a rank of the group that has not heard of them yet). The group agrees
+        on its ranks' answers, and asks again (`settle_again`) while none is REOPENED
+        and any says wait."""
         with self._cond:
             self._state.settle(epoch)
-            while self._state.settled is None:
-                self._wait()
-            return self._state.settled is Settled.REOPENED
+            return self._answer(waits_seen=0)
+
+    def settle_again(self) -> Settled | None:
+        """The ledger's next answer to the settle under way (see `settle`)."""
+        with self._cond:
+            return self._answer(waits_seen=self._state.settle_waits)
+
+    def _answer(self, waits_seen: int) -> Settled | None:
+        """Wait (holding the condition) for a final answer, or a "wait" after the first
+        `waits_seen` of them."""
+        while self._state.settled is None and self._state.settle_waits <= waits_seen:
+            self._wait()
+        return self._state.settled
 
     def end_settle(self, reopen: bool) -> None:
         """The group agreed (`reopen`: it takes up the epoch's shards that came back)."""

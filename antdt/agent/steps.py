@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
+from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
 
 if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
@@ -140,12 +141,18 @@ class StepDriver:
 
     def _taken_up_again(self, epoch: int) -> bool:
         """Every rank of the group is out of data in `epoch`. Is it over? Each rank asks
-        the ledger until no shard of it is held outside the group (a removed rank's, not
-        handed back yet), then they agree: if shards came back, all go on in the epoch
-        (the ranks that get none train on empty batches), else all leave it. Without
-        this, a hand-back after the group had left went into an epoch nobody asked for
-        again, and the next epoch never started."""
-        reopen = self.collectives().agree_max(int(self.stream.settle(epoch))) > 0
+        the ledger, and the group agrees on the answers, round after round: if any rank
+        has shards to take up (they came back, a removed rank's, or the ledger handed a
+        rank shards it never heard of), all go on in the epoch (the ranks that get none
+        train on empty batches); else, while any is told that shards of the epoch are
+        still in flight, all ask again; else all leave it. Without this, a hand-back
+        after the group had left went into an epoch nobody asked for again, and the next
+        epoch never started. Agreeing on final answers only, a rank handed shards it
+        never heard of waited for the others, and they waited for those shards."""
+        answer = self.stream.settle(epoch)
+        while (agreed := self.collectives().agree_max(SETTLE_CODES[answer])) == SETTLE_WAIT:
+            answer = self.stream.settle_again()
+        reopen = agreed == SETTLE_CODES[Settled.REOPENED]
         self.stream.end_settle(reopen)
         return reopen
 

@@ -97,6 +97,17 @@ class Settled(Enum):
     REOPENED = "reopened"
 
 
+#: How a rank's answer to a settle counts when its group agrees on them (the MAX over the
+#: group): any REOPENED takes every rank back into the epoch; else any "wait" (None:
+#: shards still in flight) makes every rank ask again; else all of them leave it.
+SETTLE_WAIT = 1
+SETTLE_CODES: dict[Settled | None, int] = {
+    Settled.FINISHED: 0,
+    None: SETTLE_WAIT,
+    Settled.REOPENED: 2,
+}
+
+
 @dataclass
 class StreamState:
     job: str
@@ -126,6 +137,7 @@ class StreamState:
     seen: set[ShardRef] = field(default_factory=set)  # every grant taken, for replays
     settling: int | None = None  # the epoch this rank's group ran out of data in
     settled: Settled | None = None  # the ledger's answer to `settling`, once it is final
+    settle_waits: int = 0  # answers to `settling` that said "wait" (none final yet)
 
     def __post_init__(self) -> None:
         self.local = LocalShards(seed=self.seed)
@@ -233,7 +245,7 @@ class StreamState:
                 self.settled = Settled.FINISHED
             return 0.0
         if fetch.settle:
-            return self._on_settle_reply(fetch, reply)
+            return self._on_settle_reply(fetch, reply, cursors)
         # A done report in flight when the group ran out may be the reply that says the
         # ledger moved on: then the settle is answered, and no settle request goes out.
         self._settled_by_the_ledger_moving_on(reply.epoch)
@@ -258,15 +270,25 @@ class StreamState:
         if self.settled is None and self.settling is not None and ledger_epoch > self.settling:
             self.settled = Settled.FINISHED
 
-    def _on_settle_reply(self, fetch: ShardFetch, reply: ShardReply) -> float:
-        """The ledger's answer to a settle request (it grants nothing): final once every
-        done ref of this rank is out and no shard of the epoch is in flight, else asked
-        again (at once, or after a while)."""
+    def _on_settle_reply(
+        self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]
+    ) -> float:
+        """The ledger's answer to a settle request (it grants nothing new): final once
+        every done ref of this rank is out and no shard of the epoch is in flight, or
+        once it hands this rank shards of the epoch it did not know it held (REOPENED:
+        the group goes on to train them); else asked again (at once, or after a while),
+        each such answer counted in `settle_waits`."""
+        # Shards the ledger says this rank holds and it never heard of (the reply to the
+        # request that granted them went nowhere): its group must train them.
+        strays = self._hold(cursors) if reply.epoch == fetch.epoch else 0
         if reply.epoch > fetch.epoch:
             self.settled = Settled.FINISHED  # the ledger left it: it was finished
+        elif strays:
+            self.settled = Settled.REOPENED
         elif self.pending_done:
             return 0.0  # more done refs than one request carries: report the rest first
         elif reply.epoch < fetch.epoch or reply.outstanding is None or reply.outstanding:
+            self.settle_waits += 1
             return max(reply.retry_after_s, MIN_RETRY_S)  # held elsewhere: wait
         elif reply.status is FetchStatus.OK:
             self.settled = Settled.REOPENED
@@ -338,7 +360,7 @@ class StreamState:
         zero): ask the ledger whether the epoch is over (`settled`). A rank that already
         moved past it, or whose job is done, knows without asking (and one whose service
         is too old to be asked takes the zero for the answer)."""
-        self.settling = epoch
+        self.settling, self.settle_waits = epoch, 0
         known = self.job_done or self.epoch > epoch or not self.can_settle
         self.settled = Settled.FINISHED if known else None
 

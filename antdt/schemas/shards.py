@@ -109,11 +109,12 @@ class ShardFetch(WireModel):
         default=False,
         exclude_if=_unset,
         description="Every rank of the rank's group is out of data in `epoch` (a step's "
-        "all-reduced sample count was zero): grant and reserve nothing, and say in the "
+        "all-reduced sample count was zero): grant and reserve nothing new, and say in the "
         "reply's `outstanding` how many of the epoch's shards are still in flight. The "
         "group ends the epoch once none is in flight and none is left to grant, and takes "
-        "up again what was handed back (a removed rank's shards) before leaving it. Needs "
-        "want 0",
+        "up again what was handed back (a removed rank's shards) before leaving it. Shards "
+        "in flight for the rank that `held` does not list come back in the reply (OK): a "
+        "late request of its own granted them, and the group trains them. Needs want 0",
     )
 
     @model_validator(mode="after")
@@ -131,8 +132,9 @@ class FetchStatus(str, Enum):
     """OK: grants attached (maybe fewer than wanted). EPOCH_DONE: no shard of the epoch is
     left to grant (others may still be in flight). PENDING: the rank asked for the next
     epoch while the current one still has shards in flight: retry after retry_after_s.
-    JOB_DONE: every epoch is complete. To a settle request (nothing is granted), OK means
-    the epoch has shards to grant again."""
+    JOB_DONE: every epoch is complete. To a settle request (nothing new is granted), OK
+    means the epoch has shards to grant again, or the reply hands the rank shards it holds
+    and did not list in `held`."""
 
     OK = "ok"
     EPOCH_DONE = "epoch_done"

@@ -24,7 +24,17 @@ from antdt.agent import Agent, AgentClosed, AgentSettings
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedCluster, EmbeddedNats, ServerError
-from antdt.schemas import EpochFinished, FetchStatus, ShardsReturned, StepEvent, Subjects
+from antdt.schemas import (
+    EpochFinished,
+    FetchStatus,
+    ReleaseReply,
+    ShardFetch,
+    ShardRelease,
+    ShardReply,
+    ShardsReturned,
+    StepEvent,
+    Subjects,
+)
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import (
@@ -616,3 +626,61 @@ async def test_ranks_waiting_to_leave_an_epoch_ask_again_once_shards_come_back(
     if told_at - last_wait_at < 3.5:
         assert asked_at - last_wait_at < 4.5
     assert_exactly_once(read_sample_log(prefix, 2), 40, epochs=1)
+
+
+async def test_shards_a_rank_never_heard_of_come_to_it_when_its_group_settles(
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    tmp_path: Path,
+    agents_to_close: list[Agent],
+    to_stop: list[RunningServices],
+) -> None:
+    """Rank 1 took shards and went away; rank 0 trains the rest and waits to leave epoch
+    0. Rank 1 is released (its shards handed back), and a fetch of rank 0's own, which a
+    stalled replica held, is applied right after: it takes every shard that came back,
+    and its reply goes nowhere. Rank 0's next settle hands them to it, it trains them,
+    and the job ends: every sample exactly once. Before, rank 0 waited for them for good
+    (the settle answered them as outstanding, and nothing was left to grant)."""
+    subject = Subjects(settings.nats.subject_prefix).shards_returned(unique)
+    prefix = tmp_path / "strays"
+    tap, _, agents = await two_ranks_of_a_thousand(
+        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=1,
+        heard=(subject, ShardsReturned),
+    )  # fmt: skip
+
+    def take_then_go(agent: Agent) -> None:  # rank 1 holds shards, trains none of them
+        for _ in agent.epochs():
+            for _ in agent.steps():
+                break  # the step never syncs: nothing of it reaches the model
+            break
+        agent.close()
+
+    await asyncio.to_thread(take_then_go, agents[1])
+
+    def waits() -> list[ShardReply]:  # rank 0, out of epoch 0, told that shards are held
+        return [reply for _, _, fetch, reply in tap.timed(0)
+                if fetch.settle and reply.outstanding]  # fmt: skip
+
+    training = asyncio.ensure_future(asyncio.to_thread(train, agents[0]))
+    await wait_for(lambda: len(waits()) >= 1, what="rank 0 waits")
+    subjects = Subjects(settings.nats.subject_prefix)
+    release = ShardRelease(job=unique, rank=1, reason="lease expired")
+    late = ShardFetch(job=unique, rank=0, epoch=0, want=8, held=())
+    # Rank 0's loop stalls meanwhile, so that the hand-back's announcement (which makes
+    # it ask at once) reaches it only after the late fetch took what came back.
+    stalled, resume = threading.Event(), threading.Event()
+    assert agents[0]._thread is not None
+    agents[0]._thread.call_soon(lambda: (stalled.set(), resume.wait(30)))
+    await wait_for(stalled.is_set, what="rank 0's loop stalled")
+    try:
+        released = await bus.request(subjects.shards(unique, "release"), release, ReleaseReply)
+        stray = await bus.request(subjects.shards(unique, "fetch"), late, ShardReply)
+    finally:
+        resume.set()
+    assert released.returned > 0 and len(stray.grants) == released.returned
+    await asyncio.wait_for(training, 30)
+    await asyncio.to_thread(agents[0].close)
+    handed = [reply for _, _, fetch, reply in tap.timed(0) if fetch.settle and reply.grants]
+    assert [g.ref() for g in handed[0].grants] == [g.ref() for g in stray.grants]
+    assert_exactly_once(read_sample_log(prefix, 1), 40, epochs=1)  # rank 1 trained none

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import pytest
 from pydantic import ValidationError
 
+from antdt.agent.inject import InjectionSchedule
 from antdt.agent.sampling import Taken
-from antdt.agent.stream_state import Settled, StreamState, open_cursors
+from antdt.agent.steps import StepDriver
+from antdt.agent.stream_state import (
+    SETTLE_CODES,
+    SETTLE_WAIT,
+    Settled,
+    StreamState,
+    open_cursors,
+)
 from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardRef
 from antdt.services.shards.checkpoints import apply_release
 from antdt.services.shards.ledger import LedgerState, new_ledger, plan_fetch
@@ -38,6 +47,8 @@ class Group:
 
     release_at: str | tuple[int, int]
     settle: bool = True
+    stray_to: int | None = None  # this rank's late fetch takes what the hand-back returns
+    strayed: bool = False
     ledger: LedgerState = field(init=False)
     ranks: list[StreamState] = field(init=False)
     trained: dict[int, Counter[int]] = field(default_factory=dict)
@@ -75,6 +86,8 @@ class Group:
             outcome = apply_release(self.ledger, request)
             assert not isinstance(outcome.reply, ErrorReply), outcome.reply
             self.ledger, self.released = outcome.state, True
+            if self.stray_to is not None and self.ledger.requeued:
+                self.stray(self.stray_to)
 
     def step(self, epoch: int) -> bool:
         """One step of every member; False when it counted zero samples."""
@@ -93,7 +106,9 @@ class Group:
         return True
 
     def settled(self, epoch: int) -> bool:
-        """The survivors ask until each is told; True when they take the epoch up again."""
+        """The survivors settle as StepDriver does: each round, every one is answered
+        (final, or "wait"), then they agree (the MAX of their codes); True when they take
+        the epoch up again."""
         ranks = [self.ranks[r] for r in self.members]
         for rank in ranks:
             rank.settle(epoch)
@@ -103,13 +118,28 @@ class Group:
                     self.release()
                 if rank.settled is None:
                     self.ask(rank)
-            if all(rank.settled is not None for rank in ranks):
+            agreed = max(SETTLE_CODES[rank.settled] for rank in ranks)  # agree_max
+            if agreed != SETTLE_WAIT:
                 break
-        reopen = any(rank.settled is Settled.REOPENED for rank in ranks)  # agree_max
+        else:
+            raise Stuck(f"epoch {epoch}: still settling after {ASKS} rounds")
+        reopen = agreed == SETTLE_CODES[Settled.REOPENED]
         for rank in ranks:
             rank.end_settle(reopen)
         self.reopened += reopen
         return reopen
+
+    def stray(self, rank: int) -> None:
+        """A fetch of `rank`'s own, from before it ran out of data, applied only now: a
+        replica stalled past the rank's timeout, and the rank's retry was answered by
+        another. It takes every shard the hand-back made grantable, and its reply goes
+        nowhere: nothing is left to grant, and the rank does not know what it holds."""
+        late = ShardFetch(job="settle", rank=rank, epoch=0, want=len(self.ledger.requeued),
+                          held=())  # fmt: skip
+        result = plan_fetch(self.ledger, late, RESERVE)
+        assert not isinstance(result.reply, ErrorReply) and result.reply.grants
+        assert not result.state.requeued and result.state.cursor == result.state.num_shards
+        self.ledger, self.strayed = result.state, True
 
     def run(self) -> None:
         step = 0
@@ -142,6 +172,24 @@ def test_a_hand_back_reaches_the_group_wherever_it_lands(release_at: str | tuple
         assert group.trained[epoch] == Counter(range(DATASET)), f"epoch {epoch}"
     # Handed back after the survivors ran out, its shards took them back into epoch 0.
     assert group.reopened == (0 if release_at == "at_leave" else 1)
+
+
+@pytest.mark.parametrize("release_at", [(0, 0), (1, 0)], ids=["at-run-out", "while-waiting"])
+@pytest.mark.parametrize("stray_to", [0, 1])
+def test_shards_a_rank_never_heard_of_are_trained_by_its_group(
+    release_at: tuple[int, int], stray_to: int
+) -> None:
+    """The removed rank's shards are handed back as the survivors settle epoch 0, and a
+    late fetch of one of them takes them all: that rank holds shards it never heard of,
+    and nothing is left to grant. Its settle hands them to it, the group takes the epoch
+    up again and trains them: every sample of every epoch exactly once. Before, every
+    rank waited for those shards for good."""
+    group = Group(release_at, stray_to=stray_to)
+    group.run()
+    assert group.strayed and group.ledger.complete
+    for epoch in range(EPOCHS):
+        assert group.trained[epoch] == Counter(range(DATASET)), f"epoch {epoch}"
+    assert group.reopened == 1
 
 
 def test_leaving_an_epoch_on_the_zero_alone_strands_a_late_hand_back() -> None:
@@ -213,3 +261,66 @@ def test_bad_settle_requests_are_refused_and_change_nothing() -> None:
     result = plan_fetch(ledger, ShardFetch(job="s", rank=0, epoch=1, want=0, settle=True))
     assert isinstance(result.reply, ErrorReply) and result.reply.code == "stale"
     assert result.state is ledger
+
+
+# ------------------------------------------------------ the group's rounds (StepDriver)
+
+
+class ScriptedStream:
+    """A rank's shard stream as StepDriver settles it: the ledger's answers, in turn."""
+
+    def __init__(self, *answers: Settled | None) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+        self.reopened: bool | None = None
+
+    def settle(self, epoch: int) -> Settled | None:
+        return self.settle_again()
+
+    def settle_again(self) -> Settled | None:
+        self.asked += 1
+        return self.answers.pop(0)
+
+    def end_settle(self, reopen: bool) -> None:
+        self.reopened = reopen
+
+
+class ScriptedGroup:
+    """agree_max against the other ranks' codes, one per round."""
+
+    def __init__(self, *others: int) -> None:
+        self.others = list(others)
+
+    def agree_max(self, value: int) -> int:
+        return max(value, self.others.pop(0))
+
+
+WAIT = SETTLE_WAIT
+FINISHED, REOPENED = SETTLE_CODES[Settled.FINISHED], SETTLE_CODES[Settled.REOPENED]
+
+
+@pytest.mark.parametrize(
+    ("mine", "others", "asked", "reopen"),
+    [
+        ((None, None, Settled.FINISHED), (FINISHED, WAIT, FINISHED), 3, False),
+        ((Settled.REOPENED,), (WAIT,), 1, True),
+        ((Settled.FINISHED, Settled.FINISHED), (WAIT, REOPENED), 2, True),
+        ((None, Settled.REOPENED), (WAIT, WAIT), 2, True),
+    ],
+    ids=["asks-while-any-waits", "handed-shards-while-others-wait", "another-is-handed-shards",
+         "handed-shards-later"],
+)  # fmt: skip
+def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
+    mine: tuple[Settled | None, ...], others: tuple[int, ...], asked: int, reopen: bool
+) -> None:
+    """Each round every rank is answered and the group agrees: any REOPENED takes all
+    back into the epoch at once, though others were told to wait (the shards it was
+    handed are what they wait for); else they ask again while any waits."""
+    stream, group = ScriptedStream(*mine), ScriptedGroup(*others)
+    driver = StepDriver(
+        rank=0, host="h", stream=cast(Any, stream), plan_for=cast(Any, None),
+        collectives=lambda: cast(Any, group), schedule=InjectionSchedule(),
+        emit=lambda record: None,
+    )  # fmt: skip
+    assert driver._taken_up_again(0) is reopen
+    assert (stream.asked, stream.reopened, group.others) == (asked, reopen, [])

@@ -217,6 +217,11 @@ def apply_done(
     return None
 
 
+#: Most shards a settle reply hands back to the asking rank (see _settle); once its group
+#: goes on in the epoch, its fetches deliver the rest.
+SETTLE_DELIVERS = 8
+
+
 def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     """A group out of data in the ledger's epoch asks whether it may leave it: how many
     of its shards are still in flight (`outstanding`), and whether any is left to grant
@@ -227,7 +232,15 @@ def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     (finished) or take up what came back. Ending the epoch on the step's zero alone
     stranded a hand-back that landed after it: nobody asked for that epoch again, and
     the next one never started. Changes nothing but the request's done refs, so a settle
-    applied late (a replica's retry after a conflict) cannot undo what came after it."""
+    applied late (a replica's retry after a conflict) cannot undo what came after it.
+
+    Shards in flight for the asking rank that its `held` does not list come back in the
+    reply (OK), and the rank's group goes on in the epoch to train them. A request of the
+    rank's own granted them after it had run out of data, and that reply went nowhere: a
+    replica stalled past the rank's timeout applied it after the retry was answered.
+    Every rank of the group would otherwise wait for them for good (they count as
+    `outstanding`). Handing out what the ledger already says the rank holds changes
+    nothing either: a settle applied late, whose reply nobody reads, is harmless."""
     if req.epoch != state.epoch:
         return FetchResult(state, _error(
             "stale", f"settle for epoch {req.epoch}, which the ledger has not started"
@@ -235,9 +248,15 @@ def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     if work.complete:
         return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
     outstanding = len(work.in_flight)
+    strays: list[InFlightEntry] = []
+    if req.held is not None and outstanding:
+        known = {(r.shard, r.attempt) for r in req.held if r.epoch == work.epoch}
+        _, strays = _lacking(work, req.rank, known, SETTLE_DELIVERS)
+    grants = [work.grant_of(e) for e in strays]
     retry = pending_retry_s(state) if outstanding else 0.0
-    status = FetchStatus.OK if work.grantable() else FetchStatus.EPOCH_DONE
-    return FetchResult(work.state(), work.reply(status, retry=retry, outstanding=outstanding))
+    status = FetchStatus.OK if grants or work.grantable() else FetchStatus.EPOCH_DONE
+    reply = work.reply(status, grants, retry=retry, outstanding=outstanding)
+    return FetchResult(work.state(), reply)
 
 
 def _grant(work: Work, req: ShardFetch) -> FetchResult:
