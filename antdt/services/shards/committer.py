@@ -381,11 +381,12 @@ class Committer:
         keys: set[str] = set()
         for count, entry in enumerate(j.applied):
             change = entry.change
-            if not change.rejected:
-                extra = {k for k, _ in change.puts} | set(change.deletes)
-                if count and len(keys | extra) > self.max_writes:
-                    return count
-                keys |= extra
+            if change.rejected or not (change.puts or change.deletes):
+                continue  # a fetch: no extra key (no set built for each of a write's many)
+            extra = {k for k, _ in change.puts} | set(change.deletes)
+            if count and len(keys | extra) > self.max_writes:
+                return count
+            keys |= extra
         return len(j.applied)
 
     async def _flush(self, job: str, j: _Job) -> None:
