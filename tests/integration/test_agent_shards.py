@@ -503,6 +503,13 @@ async def two_ranks_of_a_thousand(
     return tap, events, agents
 
 
+def told_to_wait(tap: ShardsTap, epoch: int) -> list[int]:
+    """Where, in rank 0's answered requests (`tap.timed(0)`), its settles of `epoch` were
+    told that shards of it are still held."""
+    return [i for i, (_, _, fetch, reply) in enumerate(tap.timed(0))
+            if fetch.settle and fetch.epoch == epoch and reply.outstanding]  # fmt: skip
+
+
 @pytest.mark.parametrize("held_in", [0, 1], ids=["next_epoch", "job_end"])
 async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom(
     settings: ServiceSettings,
@@ -533,9 +540,7 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
             resume.wait(30)
 
     def waits() -> list[int]:  # rank 0, out of the held epoch, told its shards are held
-        timed = tap.timed(0)
-        return [i for i, (_, _, fetch, reply) in enumerate(timed)
-                if fetch.settle and fetch.epoch == held_in and reply.outstanding]  # fmt: skip
+        return told_to_wait(tap, held_in)
 
     training = asyncio.ensure_future(asyncio.to_thread(run_ranks, agents, [None, hold]))
     try:
@@ -596,9 +601,7 @@ async def test_ranks_waiting_to_leave_an_epoch_ask_again_once_shards_come_back(
                 return
 
     def waits() -> list[int]:  # rank 0, out of epoch 0, told that shards are held
-        timed = tap.timed(0)
-        return [i for i, (_, _, fetch, reply) in enumerate(timed)
-                if fetch.settle and fetch.epoch == 0 and reply.outstanding]  # fmt: skip
+        return told_to_wait(tap, 0)
 
     leaving = asyncio.ensure_future(asyncio.to_thread(train_then_leave, agents[1]))
     await wait_for(paused.is_set, what="rank 1 paused")
@@ -658,12 +661,8 @@ async def test_shards_a_rank_never_heard_of_come_to_it_when_its_group_settles(
 
     await asyncio.to_thread(take_then_go, agents[1])
 
-    def waits() -> list[ShardReply]:  # rank 0, out of epoch 0, told that shards are held
-        return [reply for _, _, fetch, reply in tap.timed(0)
-                if fetch.settle and reply.outstanding]  # fmt: skip
-
     training = asyncio.ensure_future(asyncio.to_thread(train, agents[0]))
-    await wait_for(lambda: len(waits()) >= 1, what="rank 0 waits")
+    await wait_for(lambda: len(told_to_wait(tap, 0)) >= 1, what="rank 0 waits")
     subjects = Subjects(settings.nats.subject_prefix)
     release = ShardRelease(job=unique, rank=1, reason="lease expired")
     late = ShardFetch(job=unique, rank=0, epoch=0, want=8, held=())
