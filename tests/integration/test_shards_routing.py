@@ -78,11 +78,15 @@ class Ranks:
         await asyncio.gather(*(one(r) for r in range(self.world)))
 
     async def converge(self) -> str:
-        """Run until every rank has a route; they all name one replica: its token."""
-        for _ in range(100):
+        """Run a round of steps at a time until every rank has a route (a replica's claim
+        is through, which takes an etcd write: rounds back to back could take the job's
+        last shards first); they all name one replica: its token."""
+
+        async def routed() -> bool:
             await self.run(steps=1)
-            if all(r.route for r in self.routes):
-                break
+            return all(r.route for r in self.routes)
+
+        await wait_for(routed, what="a route for every rank")
         routes = {r.route for r in self.routes}
         assert len(routes) == 1 and "" not in routes
         return routes.pop()
@@ -109,7 +113,7 @@ def served(replica: ShardsService) -> int:
 async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
     settings: ServiceSettings, store: Store
 ) -> None:
-    world, shards, epochs = 4, 120, 1
+    world, shards, epochs = 4, 200, 1
     job = "routed"
     await register(store, settings, job, world=world, shards=shards, epochs=epochs)
     runtimes, replicas, tokens = await two_replicas(settings, "host.r")
@@ -139,8 +143,17 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
         assert [(f.job, f.done) for f in owner.owned_ledgers()] == [(job, stored_ledger.done_count)]
         assert job in other.committer.cache and other.owned_ledgers() == []
 
-        # The owner goes (drained, lease revoked): the ranks fall back, the other claims.
+        # The owner goes (drained, lease revoked): the ranks fall back to the queue group,
+        # and a request that reaches the other replica once the owner's key is gone starts
+        # its claim. A round of steps at a time until the claim is through: in one run the
+        # ranks took the job's last shards first, and no reply ever named the other.
         await runtimes[owner_index].shutdown()
+
+        async def claimed() -> bool:
+            await ranks.run(steps=1)
+            return other.routes.ownership.owns(job)
+
+        await wait_for(claimed, what="the other replica's claim of the job")
         while len(ranks.fleet.finished) < world:
             await asyncio.wait_for(ranks.run(steps=5), 30)
         assert ranks.failures >= 1, "no rank noticed the owner had gone"
