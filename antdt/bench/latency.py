@@ -67,6 +67,16 @@ async def bench_raw_request(url: str, *, rounds: int) -> dict[str, float]:
     return _percentiles(samples)
 
 
+#: Seconds between two JobHealth of one job from the monitor (its window), as the bench
+#: re-sends a round's health when the plan has not come.
+HEALTH_WINDOW_S = 1.0
+
+
+def _plan_version(controller: Any, job: str) -> int | None:
+    state = controller.jobs.get(job)
+    return None if state is None else int(state.plan.version)
+
+
 def _bench_health(job: str, ranks: int, slow: int, step: int, version: int) -> JobHealth:
     rows = tuple(
         RankHealth(
@@ -105,7 +115,8 @@ async def bench_incident_to_plan(
     runtime = ServiceRuntime("bench-controller")
     bus = await Bus(settings.nats, name="bench-controller").connect()
     store = await Store(settings.etcd).connect()
-    await ControllerService(settings, bus, store).start(runtime)
+    controller = ControllerService(settings, bus, store)
+    await controller.start(runtime)
     subjects, job = Subjects(base.nats.subject_prefix), "bench"
     client = await Bus(base.nats, name="bench-monitor").connect()
     await client.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
@@ -148,12 +159,26 @@ async def bench_incident_to_plan(
         await client.publish(subjects.health(job), health)
         await client.js_publish(subjects.incident(job), incident)
         deadline = time.monotonic() + 10.0
+        resend_at = time.monotonic() + HEALTH_WINDOW_S
         while (version not in held or version not in recorded) and time.monotonic() < deadline:
             changed.clear()
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(changed.wait(), 0.5)
+            undecided = (_plan_version(controller, job) or 0) < version
+            if undecided and time.monotonic() >= resend_at:
+                # The monitor's next window: a controller that let the round's events
+                # pass (its lease lapsed under load, say) decides on this one. Not while
+                # the plan is on its way: a second decision would make another version.
+                await client.publish(subjects.health(job), health)
+                resend_at = time.monotonic() + HEALTH_WINDOW_S
         if version not in held or version not in recorded:
-            raise RuntimeError(f"round {n}: plan version {version} did not reach every rank")
+            raise RuntimeError(
+                f"round {n}: plan version {version} "
+                + ("held by every rank" if version in held else "did not reach every rank")
+                + (", recorded" if version in recorded else ", not recorded")
+                + f"; the controller owns {controller.ownership.jobs}, its plan is version "
+                + f"{_plan_version(controller, job)}"
+            )
         step += 1000  # past the new plan's effective step: no settling to wait for
         if n >= 10:  # warm-up
             to_ranks.append(held[version]["last"] - started)
