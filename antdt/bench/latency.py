@@ -126,6 +126,7 @@ async def bench_incident_to_plan(
     await client.request(subjects.register(job), spec, RegisterReply)
     held: dict[int, dict[str, float]] = {}
     recorded: dict[int, float] = {}
+    outcomes: dict[int, str] = {}  # plan version -> what its ActionRecord says
     changed = asyncio.Event()
 
     async def on_held(msg: Any) -> None:
@@ -136,6 +137,10 @@ async def bench_incident_to_plan(
     async def on_record(record: ActionRecord, _: Any) -> None:
         if record.plan_version is not None:
             recorded[record.plan_version] = time.time()
+            outcomes[record.plan_version] = (
+                f"{record.result.value}, acked by {list(record.acked_ranks)}, missing "
+                f"{list(record.missing_ranks)}{f', {record.error}' if record.error else ''}"
+            )
             changed.set()
 
     report = f"{base.nats.subject_prefix}.bench.held"
@@ -175,7 +180,7 @@ async def bench_incident_to_plan(
             raise RuntimeError(
                 f"round {n}: plan version {version} "
                 + ("held by every rank" if version in held else "did not reach every rank")
-                + (", recorded" if version in recorded else ", not recorded")
+                + (f", recorded ({outcomes[version]})" if version in recorded else ", not recorded")
                 + f"; the controller owns {controller.ownership.jobs}, its plan is version "
                 + f"{_plan_version(controller, job)}"
             )
