@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardReply
+from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import (
     MAX_RESERVED,
@@ -139,4 +139,5 @@ def test_what_a_rank_lacks_is_counted_without_listing_its_reservation(
         other = next(e for e in state.in_flight if e.rank == 1)
         known |= {(other.shard, other.attempt), (entries[0].shard, entries[0].attempt + 1)}
     naive = [e for e in entries if (e.shard, e.attempt) not in known]
-    assert _lacking(work, 0, known, want) == (len(naive), naive[:want])
+    held = tuple(ShardRef(epoch=state.epoch, shard=s, attempt=a) for s, a in sorted(known))
+    assert _lacking(work, 0, held, want) == (len(naive), naive[:want])

@@ -250,8 +250,7 @@ def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     outstanding = len(work.in_flight)
     strays: list[InFlightEntry] = []
     if req.held is not None and outstanding:
-        known = {(r.shard, r.attempt) for r in req.held if r.epoch == work.epoch}
-        _, strays = _lacking(work, req.rank, known, SETTLE_DELIVERS)
+        _, strays = _lacking(work, req.rank, req.held, SETTLE_DELIVERS)
     grants = [work.grant_of(e) for e in strays]
     retry = pending_retry_s(state) if outstanding else 0.0
     status = FetchStatus.OK if grants or work.grantable() else FetchStatus.EPOCH_DONE
@@ -276,8 +275,7 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
     rank has not been told of yet; handing it out later needs no write, so such a reply
     may go out before the request's done refs are durable (FetchResult.early)."""
     rank = req.rank
-    known = {(r.shard, r.attempt) for r in req.held or () if r.epoch == work.epoch}
-    lacking, delivered = _lacking(work, rank, known, req.want)
+    lacking, delivered = _lacking(work, rank, req.held or (), req.want)
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
     spare = lacking - len(delivered)
     # A request that wants nothing (a done report) reserves nothing: it may come after
@@ -305,19 +303,21 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
 
 
 def _lacking(
-    work: Work, rank: int, known: set[tuple[int, int]], want: int
+    work: Work, rank: int, held: tuple[ShardRef, ...], want: int
 ) -> tuple[int, list[InFlightEntry]]:
-    """How many of `rank`'s in-flight shards it does not hold (`known`), and the first
-    `want` of them in grant order. It looks at the rank's shards only until it has them:
-    a rank holding a full reservation is asked about on every request, and listing the
-    reservation each time cost more than the rest of the operation."""
+    """How many of `rank`'s in-flight shards it does not hold (`held`, as its request
+    lists them), and the first `want` of them in grant order. It looks at the rank's
+    shards only until it has them: a rank holding a full reservation is asked about on
+    every request, and listing the reservation each time cost more than the rest of the
+    operation."""
+    known = {(r.shard, r.attempt) for r in held if r.epoch == work.epoch}
     in_flight = work.in_flight
     mine = in_flight.shards_of(rank)
-    held = 0
+    holding = 0
     for shard, attempt in known:
         entry = in_flight.get(shard)
         if entry is not None and entry.rank == rank and entry.attempt == attempt:
-            held += 1
+            holding += 1
     delivered: list[InFlightEntry] = []
     if want > 0:
         for shard in mine:
@@ -326,7 +326,7 @@ def _lacking(
                 delivered.append(entry)
                 if len(delivered) == want:
                     break
-    return len(mine) - held, delivered
+    return len(mine) - holding, delivered
 
 
 def consumption_share(req: ShardFetch, work: Work) -> float:
