@@ -50,9 +50,10 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
                                 color=line.get_color(), textcoords="offset points",
                                 xytext=offset, ha="right" if baseline else "left")  # fmt: skip
         measured += not baseline
-    # The targets as set, and scaled to this run's speed, as the rows say them.
-    scaled_label = "target scaled to this run's DLRover master"
-    for key, marker, label in (("cycle_target", "x", "target"),
+    # The targets (its acceptance), and scaled to this run's DLRover master (a
+    # reference), as the rows say them.
+    scaled_label = "target scaled to this run's DLRover master (reference)"
+    for key, marker, label in (("cycle_target", "x", "the issue's target"),
                                ("scaled_target", "+", scaled_label)):  # fmt: skip
         targets = [(r["clients"], r[key]) for r in rows if key in r]
         if targets:

@@ -24,10 +24,13 @@ from antdt.runtime.servers import EmbeddedCluster
 
 #: Turns of master and shards cycles per client count (paired.py), and of the loops.
 TURNS = 3
-#: The issue's targets (cycles/s of one shards replica by client count) and the reference
-#: it set them against: "the in-memory DLRover master does about 960 here" with one
-#: client. Machines here drift by tens of percent, so the bench also scales them by this
-#: run's DLRover-driven master at one client over that 960.
+#: The issue's targets (cycles/s of one shards replica by client count, "on this 2-core
+#: machine": its acceptance) and the reference it set them beside: "the in-memory DLRover
+#: master does about 960 here" with one client. The bench also prints them scaled by this
+#: run's DLRover-driven master (master.py) at one client over that 960, as a reference
+#: only: the issue's 960 predates that master, which re-implements DLRover's design over
+#: this project's own transport (so every gain in the shared Bus raises it too), and its
+#: one-client rate moves by up to a fifth between turns of one run.
 CYCLE_TARGETS = {1: 1000, 8: 4000}
 ISSUE_DLROVER_ONE_CLIENT = 960.0
 #: Ranks of the capacity row: as many as keep a replica's queue from running dry, so the
@@ -231,7 +234,8 @@ def _cycles_row(
     this run's speed against the issue's reference (its targets, as set and scaled)."""
     target = CYCLE_TARGETS.get(n)
     said = (
-        f">= {target:,} as set, >= {target * scale:,.0f} scaled to this run's DLRover master"
+        f">= {target:,} (the issue's; {target * scale:,.0f} scaled to this run's DLRover "
+        "master, for reference)"
         if target is not None
         else ">= 1,000 (1 client), >= 4,000 (8 clients)"
     )
@@ -265,19 +269,22 @@ def _series_row(n: int, replicas: int, cycles: dict[str, float], said: str) -> d
 
 
 def scaled_targets(measured: dict[int, float], dlrover_one: float) -> str:
-    """The issue's cycle targets as set, and scaled to this run's machine speed."""
+    """The issue's cycle targets, judged as set (its acceptance), and beside them the
+    same targets scaled by this run's DLRover-driven master, for reference."""
     scale = dlrover_one / ISSUE_DLROVER_ONE_CLIENT
-    verdicts = []
+    verdicts, scaled = [], []
     for n, target in CYCLE_TARGETS.items():
-        got, scaled = measured[n], target * scale
+        got = measured[n]
         verdicts.append(
             f"{n} client(s) {got:,.0f}/s against {target:,} ({'met' if got >= target else 'short'})"
-            f", scaled {scaled:,.0f} ({'met' if got >= scaled else 'short'})"
         )
+        scaled.append(f"{target * scale:,.0f} ({got / (target * scale):.2f})")
     return (
-        f"the issue's cycle targets, set where the DLRover master did about "
-        f"{ISSUE_DLROVER_ONE_CLIENT:.0f}/s with one client; here it did {dlrover_one:,.0f}/s "
-        f"(x{scale:.2f}): " + "; ".join(verdicts)
+        "the issue's cycle targets, as set for this machine: "
+        + "; ".join(verdicts)
+        + f". For reference, scaled by this run's DLRover-driven master at one client "
+        f"({dlrover_one:,.0f}/s against the issue's {ISSUE_DLROVER_ONE_CLIENT:.0f}, "
+        f"x{scale:.2f}): " + ", ".join(scaled)
     )
 
 
