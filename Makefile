@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.installed
 # declares a range (extra "agent") so GPU users keep their own torch.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# DLRover's own shard master, the shards bench's baseline (issue #3), in an environment of
+# its own: its Kubernetes client and the rest stay out of the project's.
+DLROVER_VENV  := .venv-dlrover
+DLROVER_STAMP := $(DLROVER_VENV)/.installed
+# (its generated gRPC code needs protobuf, which it does not declare)
+DLROVER       ?= 'dlrover[k8s]==0.6.1' 'protobuf==7.36.2'
 
 .PHONY: all install demo test test-fast lint up bench schemas clean
 
@@ -19,6 +25,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[agent,services,servers,demo,report,dev]"
 	@touch $(STAMP)
 
+$(DLROVER_STAMP): Makefile
+	@test -x $(DLROVER_VENV)/bin/python || $(PYTHON) -m venv $(DLROVER_VENV)
+	$(DLROVER_VENV)/bin/python -m pip install -q $(DLROVER)
+	@touch $(DLROVER_STAMP)
+
 install: $(STAMP)
 
 lint: $(STAMP)
@@ -27,7 +38,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test: lint $(DLROVER_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -39,11 +50,11 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/antdt up
 
-bench: $(STAMP)
+bench: $(STAMP) $(DLROVER_STAMP)
 	$(BIN)/python -m antdt.bench
 
 schemas: $(STAMP)
 	$(BIN)/antdt schemas export docs/schemas
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(DLROVER_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

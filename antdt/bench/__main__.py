@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 from antdt.bench.cases import bench_agent_tracing, bench_detector_memory
@@ -18,7 +17,7 @@ from antdt.bench.ingest import bench_monitor_ingest, bench_raw_pubsub
 from antdt.bench.ingest_replicas import bench_ingest_replicas
 from antdt.bench.latency import bench_incident_to_plan, bench_raw_request
 from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.shards_rows import shards_rows
+from antdt.bench.shards_rows import RUNS, shards_rows
 from antdt.runtime import loops
 from antdt.runtime.servers import EmbeddedCluster
 
@@ -223,7 +222,7 @@ def main() -> None:
     with EmbeddedCluster() as cluster:
         rows = loops.run(run_all(cluster), "auto")
     print_table(rows)
-    out = Path("runs/bench")
+    out = RUNS
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     from antdt.bench.chart import save_chart

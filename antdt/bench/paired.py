@@ -1,5 +1,6 @@
 """The shards cycles and their baselines, the in-memory master driven with AntDT's one
-request per cycle and with DLRover's two (master.py), measured in turns.
+request per cycle and with DLRover's two (master.py), and DLRover's own master and client
+(dlrover.py) where a Python with DLRover is at hand, measured in turns.
 
 A shared machine's speed drifts by tens of percent within a minute (other tenants, CPU
 steal), and a baseline measured a minute before the figure it divides can move the ratio
@@ -13,6 +14,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from antdt.bench.dlrover import DLRoverMaster
 from antdt.bench.master import MemoryMaster, bench_memory_master_cycles
 from antdt.bench.shards import ShardsReplicas, bench_shards_cycles
 from antdt.runtime.config import EtcdSettings
@@ -22,13 +24,14 @@ from antdt.runtime.store import Store
 
 async def bench_paired_cycles(
     cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, turns: int,
-    on_turn: Any = None,
+    on_turn: Any = None, real: DLRoverMaster | None = None,
 ) -> dict[int, dict[str, Any]]:  # fmt: skip
     """For each client count: {"master": median figures, "dlrover": the master's
     median figures with DLRover's two requests per cycle, "shards": median figures,
     "ratio": median of shards/master per turn, "ratios": each turn's, "dlrover_ratio"
-    and "dlrover_ratios": the same against the two-request master}. `on_turn(n, turn)`
-    is called before each turn (progress)."""
+    and "dlrover_ratios": the same against the two-request master}; with `real` (DLRover's
+    own master, running) also "real", "real_ratio" and "real_ratios" against it.
+    `on_turn(n, turn)` is called before each turn (progress)."""
     store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
     pids = {"nats": cluster.nats.pid}
     results: dict[int, dict[str, Any]] = {}
@@ -39,7 +42,7 @@ async def bench_paired_cycles(
         ):
             for n in clients:
                 runs: dict[str, list[dict[str, float]]] = {"master": [], "dlrover": [],
-                                                           "shards": []}  # fmt: skip
+                                                           "shards": [], "real": []}  # fmt: skip
                 for turn in range(turns):
                     if on_turn is not None:
                         on_turn(n, turn)
@@ -47,21 +50,27 @@ async def bench_paired_cycles(
                     runs["dlrover"].append(
                         await bench_memory_master_cycles(master, n, seconds, split=True)
                     )
+                    if real is not None:
+                        runs["real"].append(await real.run(n, seconds))
                     runs["shards"].append(await bench_shards_cycles(
                         replica, store, clients=n, seconds=seconds
                     ))  # fmt: skip
-                ratios = turn_ratios(runs["shards"], runs["master"])
-                dlrover = turn_ratios(runs["shards"], runs["dlrover"])
-                results[n] = {
-                    **{name: median_figures(figures) for name, figures in runs.items()},
-                    "ratio": statistics.median(ratios),
-                    "ratios": ratios,
-                    "dlrover_ratio": statistics.median(dlrover),
-                    "dlrover_ratios": dlrover,
-                }
+                results[n] = _paired(runs)
     finally:
         await store.close()
     return results
+
+
+def _paired(runs: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """Median figures of each series and the shards' per-turn ratios to each baseline."""
+    paired: dict[str, Any] = {
+        name: median_figures(figures) for name, figures in runs.items() if figures
+    }
+    for name, key in (("master", "ratio"), ("dlrover", "dlrover_ratio"), ("real", "real_ratio")):
+        if runs[name]:
+            ratios = turn_ratios(runs["shards"], runs[name])
+            paired[key], paired[f"{key}s"] = statistics.median(ratios), ratios
+    return paired
 
 
 def turn_ratios(runs: list[dict[str, float]], baselines: list[dict[str, float]]) -> list[float]:

@@ -53,14 +53,19 @@ def test_rows_without_series_are_refused(tmp_path: Path) -> None:
         save_chart([{"what": "x", "value": 1.0, "baseline": None}], tmp_path / "b.png")
 
 
-def test_the_issue_targets_are_judged_as_set_with_the_scaled_ones_beside_them() -> None:
+def test_the_issue_targets_are_judged_as_set_and_scaled_by_dlrover_own_master() -> None:
     # This run's DLRover master did 720/s with one client, the issue's reference 960: x0.75.
     said = scaled_targets({1: 951.0, 2: 1694.0, 8: 3100.0}, 720.0)
-    verdict, reference = said.split(". For reference")
-    assert "1 client(s) 951/s against 1,000 (short)" in verdict
-    assert "8 client(s) 3,100/s against 4,000 (short)" in verdict
-    assert "x0.75" in reference and "750 (1.27), 3,000 (1.03)" in reference
-    said = scaled_targets({1: 1100.0, 8: 6000.0}, 1920.0)
-    verdict, reference = said.split(". For reference")
-    assert "1,100/s against 1,000 (met)" in verdict and "6,000/s against 4,000 (met)" in verdict
-    assert "x2.00" in reference and "2,000 (0.55), 8,000 (0.75)" in reference
+    assert "DLRover's own master did 720/s here (x0.75)" in said
+    assert "1 client(s) 951/s against 1,000 (short), scaled 750 (met)" in said
+    assert "8 client(s) 3,100/s against 4,000 (short), scaled 3,000 (met)" in said
+    said = scaled_targets({1: 1100.0, 8: 2900.0}, 960.0)
+    assert "1,100/s against 1,000 (met), scaled 1,000 (met)" in said
+    assert "2,900/s against 4,000 (short), scaled 4,000 (short)" in said
+
+
+def test_without_dlrover_the_issue_targets_are_judged_as_set_only() -> None:
+    said = scaled_targets({1: 1100.0, 8: 4100.0}, None)
+    assert "DLRover was not run here, so they are judged as set only" in said
+    assert "1,100/s against 1,000 (met); 8 client(s) 4,100/s against 4,000 (met)" in said
+    assert "scaled" not in said

@@ -1,0 +1,92 @@
+"""The real DLRover shard master as a same-run baseline (dlrover_real.py, on its own Python).
+
+The in-memory master of master.py re-implements DLRover's design over this project's
+transport; issue #3's reference ("the in-memory DLRover master does about 960 here") is
+DLRover's own: its gRPC servicer and TaskManager, driven by its ShardingClient. The
+bench runs that one too, in its own environment (DLRover and its Kubernetes client stay
+out of the project's): the Makefile makes `.venv-dlrover` for `make bench` and `make
+test`; elsewhere set ANTDT_BENCH_DLROVER_PYTHON to a Python that has `dlrover[k8s]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: DLRover's release the bench measures (the Makefile installs this one).
+DLROVER_VERSION = "0.6.1"
+#: The Python with DLRover installed, unless ANTDT_BENCH_DLROVER_PYTHON says otherwise.
+DEFAULT_PYTHON = Path(".venv-dlrover/bin/python")
+SCRIPT = Path(__file__).with_name("dlrover_real.py")
+
+
+def dlrover_python() -> Path | None:
+    """The Python to run DLRover on, or None when there is none (said by the caller)."""
+    configured = os.environ.get("ANTDT_BENCH_DLROVER_PYTHON")
+    path = Path(configured) if configured else DEFAULT_PYTHON
+    return path if path.exists() else None
+
+
+class DLRoverMaster:
+    """DLRover's LocalJobMaster and `workers` client processes, kept running; `run` asks
+    for one timed run of `clients` of them, each a rank looping done-report + fetch."""
+
+    def __init__(self, python: Path, log: Path, *, workers: int = 8) -> None:
+        """`log`: where DLRover's own output goes (its warnings, a failure's reason)."""
+        self.python = python
+        self.log = log
+        self.workers = workers
+        self._process: asyncio.subprocess.Process | None = None
+        self.address = ""
+
+    async def __aenter__(self) -> DLRoverMaster:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as log:  # the child keeps its own descriptor
+            self._process = await asyncio.create_subprocess_exec(
+                str(self.python), str(SCRIPT), "--workers", str(self.workers),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+        try:
+            ready = await self._answer(timeout=180)
+        except BaseException:
+            await self.__aexit__()
+            raise
+        self.address = str(ready["master"])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        process = self._process
+        if process is None:
+            return
+        self._process = None
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 20)
+        except (TimeoutError, asyncio.TimeoutError):
+            process.kill()
+            await process.wait()
+
+    async def run(self, clients: int, seconds: float) -> dict[str, float]:
+        """Cycles/s, p50/p99 latency (ms) and CPU per cycle (µs) of the master and of
+        the clients, over `seconds` with `clients` ranks."""
+        process = self._process
+        assert process is not None and process.stdin is not None, "not started"
+        process.stdin.write(json.dumps({"clients": clients, "seconds": seconds}).encode() + b"\n")
+        await process.stdin.drain()
+        return {k: float(v) for k, v in (await self._answer(timeout=seconds + 120)).items()}
+
+    async def _answer(self, *, timeout: float) -> dict[str, Any]:
+        process = self._process
+        assert process is not None and process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), timeout)
+        if not line:
+            code = await process.wait()
+            raise RuntimeError(
+                f"the DLRover master ({SCRIPT.name}) exited with {code}; its log: {self.log}"
+            )
+        answer: dict[str, Any] = json.loads(line)
+        return answer

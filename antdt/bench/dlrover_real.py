@@ -1,0 +1,164 @@
+"""DLRover's own shard master and client, for the shards bench's same-run baseline.
+
+Issue #3 measures the shards service against "the in-memory DLRover master". This script
+runs the real one: DLRover's `LocalJobMaster` (its gRPC servicer and TaskManager, shards
+in memory, nothing durable) in this process, and up to `--workers` client processes,
+each a rank with DLRover's own `ShardingClient`, which makes a cycle of two RPCs, the
+done report (`report_batch_done` -> report_task_result) and the fetch (`fetch_shard` ->
+get_task). Shards are 10^4 samples of a 10^9-sample dataset, as in the shards bench.
+
+It imports nothing of antdt and runs on a Python that has DLRover installed (the
+Makefile's `.venv-dlrover`: dlrover and its Kubernetes client would otherwise share the
+project's environment). The bench talks to it over stdin and stdout, one JSON line each:
+
+    started       -> {"ready": true, "master": "127.0.0.1:PORT"}
+    {"clients": N, "seconds": S}
+                  -> {"cycles_per_s", "p50_ms", "p99_ms", "master_cpu_us_per_cycle",
+                      "client_cpu_us_per_cycle", "cycles"}
+    end of stdin  -> exits
+
+Each run is a dataset of its own, shared by its N clients as a job's ranks share theirs,
+so no run takes up an earlier one's shards.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this folder comes first on sys.path, and its dlrover.py (the bench's
+# side of this baseline) would shadow the dlrover package: drop it before importing more.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+DATASET_SIZE = 10**9
+SHARD_SIZE = 10**4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _quiet() -> None:
+    """DLRover logs every RPC's set-up at INFO: keep its warnings only."""
+    import logging
+
+    logging.disable(logging.INFO)
+
+
+def _start_master() -> tuple[Any, str]:
+    from dlrover.python.master.local_master import LocalJobMaster
+    from dlrover.python.scheduler.job import LocalJobArgs
+
+    args = LocalJobArgs("local", "default", "antdt-bench")
+    args.initilize()  # sic: DLRover's spelling
+    port = _free_port()
+    master = LocalJobMaster(port, args)
+    master.prepare()
+    return master, f"127.0.0.1:{port}"
+
+
+def _worker(rank: int, master: str, conn: Any) -> None:
+    """A rank: on each (dataset, seconds, start_at) it loops report-done + fetch until its
+    time is up and sends back its cycle latencies and CPU seconds."""
+    os.environ["NODE_ID"] = str(rank)
+    _quiet()
+    from dlrover.python.elastic_agent.master_client import MasterClient, build_master_client
+    from dlrover.python.elastic_agent.sharding.client import ShardingClient
+
+    MasterClient._instance = build_master_client(master, 30)
+    conn.send("ready")
+    while (command := conn.recv()) != "exit":
+        dataset, seconds, start_at = command
+        client = ShardingClient(dataset_name=dataset, batch_size=SHARD_SIZE, num_epochs=1,
+                                dataset_size=DATASET_SIZE, num_minibatches_per_shard=1)  # fmt: skip
+        if client.fetch_shard() is None:
+            raise RuntimeError(f"rank {rank}: no first shard of {dataset}")
+        time.sleep(max(0.0, start_at - time.time()))  # every rank starts together
+        latencies: list[float] = []
+        cpu = time.process_time()
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            sent = time.perf_counter()
+            client.report_batch_done()  # the shard's one batch: report_task_result
+            if client.fetch_shard() is None:  # get_task
+                raise RuntimeError(f"rank {rank}: {dataset} ran out of shards")
+            latencies.append(time.perf_counter() - sent)
+        conn.send((latencies, time.process_time() - cpu))
+
+
+class Workers:
+    def __init__(self, master: str, count: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conns: list[Any] = []
+        self.processes: list[Any] = []
+        for rank in range(count):
+            here, there = context.Pipe()
+            process = context.Process(target=_worker, args=(rank, master, there), daemon=True)
+            process.start()
+            self.conns.append(here)
+            self.processes.append(process)
+        for conn in self.conns:
+            if not conn.poll(120) or conn.recv() != "ready":
+                raise RuntimeError("a DLRover client process did not start")
+        self.runs = 0
+
+    def run(self, clients: int, seconds: float) -> dict[str, float]:
+        if not 1 <= clients <= len(self.conns):
+            raise ValueError(f"clients must be 1..{len(self.conns)}, not {clients}")
+        self.runs += 1
+        dataset = f"bench-{self.runs}"
+        start_at = time.time() + 1.0  # after every client registered the dataset
+        cpu = time.process_time()
+        for conn in self.conns[:clients]:
+            conn.send((dataset, seconds, start_at))
+        answers = [conn.recv() for conn in self.conns[:clients]]
+        master_cpu = time.process_time() - cpu  # this process: the master's threads
+        latencies = sorted(x for lat, _ in answers for x in lat)
+        cycles = len(latencies)
+        return {
+            "cycles": cycles,
+            "cycles_per_s": cycles / seconds,
+            "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": latencies[int(0.99 * (cycles - 1))] * 1000,
+            "master_cpu_us_per_cycle": master_cpu / cycles * 1e6,
+            "client_cpu_us_per_cycle": sum(c for _, c in answers) / cycles * 1e6,
+        }
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            conn.send("exit")
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+
+
+def main() -> None:
+    workers_count = int(sys.argv[sys.argv.index("--workers") + 1]) if "--workers" in sys.argv else 8
+    _quiet()
+    master, address = _start_master()
+    workers = Workers(address, workers_count)
+    print(json.dumps({"ready": True, "master": address}), flush=True)
+    try:
+        for line in sys.stdin:
+            command = json.loads(line)
+            figures = workers.run(int(command["clients"]), float(command["seconds"]))
+            print(json.dumps(figures), flush=True)
+    finally:
+        workers.stop()
+        master.stop()
+
+
+if __name__ == "__main__":
+    main()
