@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from antdt.bench.shards import percentiles
+
 #: DLRover's release the bench measures (the Makefile installs this one).
 DLROVER_VERSION = "0.6.1"
 #: The Python with DLRover installed, unless ANTDT_BENCH_DLROVER_PYTHON says otherwise.
@@ -77,7 +79,16 @@ class DLRoverMaster:
         assert process is not None and process.stdin is not None, "not started"
         process.stdin.write(json.dumps({"clients": clients, "seconds": seconds}).encode() + b"\n")
         await process.stdin.drain()
-        return {k: float(v) for k, v in (await self._answer(timeout=seconds + 120)).items()}
+        answer = await self._answer(timeout=seconds + 120)
+        latencies: list[float] = answer["latencies"]
+        cycles = len(latencies)
+        return {
+            "cycles": cycles,
+            "cycles_per_s": cycles / seconds,
+            **percentiles(latencies),
+            "master_cpu_us_per_cycle": answer["master_cpu_s"] / cycles * 1e6,
+            "client_cpu_us_per_cycle": answer["client_cpu_s"] / cycles * 1e6,
+        }
 
     async def _answer(self, *, timeout: float) -> dict[str, Any]:
         process = self._process

@@ -13,8 +13,9 @@ project's environment). The bench talks to it over stdin and stdout, one JSON li
 
     started       -> {"ready": true, "master": "127.0.0.1:PORT"}
     {"clients": N, "seconds": S}
-                  -> {"cycles_per_s", "p50_ms", "p99_ms", "master_cpu_us_per_cycle",
-                      "client_cpu_us_per_cycle", "cycles"}
+                  -> {"latencies": [seconds of each cycle, every client's],
+                      "master_cpu_s": this process's CPU over the run (the master's
+                      threads), "client_cpu_s": the clients' together}
     end of stdin  -> exits
 
 Each run is a dataset of its own, shared by its N clients as a job's ranks share theirs,
@@ -34,7 +35,6 @@ import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -113,7 +113,7 @@ class Workers:
                 raise RuntimeError("a DLRover client process did not start")
         self.runs = 0
 
-    def run(self, clients: int, seconds: float) -> dict[str, float]:
+    def run(self, clients: int, seconds: float) -> dict[str, Any]:
         if not 1 <= clients <= len(self.conns):
             raise ValueError(f"clients must be 1..{len(self.conns)}, not {clients}")
         self.runs += 1
@@ -123,16 +123,10 @@ class Workers:
         for conn in self.conns[:clients]:
             conn.send((dataset, seconds, start_at))
         answers = [conn.recv() for conn in self.conns[:clients]]
-        master_cpu = time.process_time() - cpu  # this process: the master's threads
-        latencies = sorted(x for lat, _ in answers for x in lat)
-        cycles = len(latencies)
         return {
-            "cycles": cycles,
-            "cycles_per_s": cycles / seconds,
-            "p50_ms": statistics.median(latencies) * 1000,
-            "p99_ms": latencies[int(0.99 * (cycles - 1))] * 1000,
-            "master_cpu_us_per_cycle": master_cpu / cycles * 1e6,
-            "client_cpu_us_per_cycle": sum(c for _, c in answers) / cycles * 1e6,
+            "latencies": [x for latencies, _ in answers for x in latencies],
+            "master_cpu_s": time.process_time() - cpu,  # this process: the master's threads
+            "client_cpu_s": sum(c for _, c in answers),
         }
 
     def stop(self) -> None:
