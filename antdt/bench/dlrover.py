@@ -23,6 +23,9 @@ DLROVER_VERSION = "0.6.1"
 #: The Python with DLRover installed, unless ANTDT_BENCH_DLROVER_PYTHON says otherwise.
 DEFAULT_PYTHON = Path(".venv-dlrover/bin/python")
 SCRIPT = Path(__file__).with_name("dlrover_real.py")
+#: Longest answer line read from it, bytes: a run's answer lists every cycle's latency
+#: (about 20 bytes each; 8 clients for 3 s came to 100 kB, past asyncio's 64 KiB default).
+ANSWER_LIMIT = 64 * 2**20
 
 
 def dlrover_python() -> Path | None:
@@ -50,6 +53,7 @@ class DLRoverMaster:
             self._process = await asyncio.create_subprocess_exec(
                 str(self.python), str(SCRIPT), "--workers", str(self.workers),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                limit=ANSWER_LIMIT,
             )  # fmt: skip
         try:
             ready = await self._answer(timeout=180)
