@@ -53,7 +53,7 @@ def _service_settings(
 
 
 def _configure_logs(settings: Any) -> None:
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)
 
@@ -213,7 +213,7 @@ JobOpt = Annotated[str, typer.Option("--job", help="Job id")]
 def _client_settings(nats_url: str | None) -> Any:
     """Settings of a client command (prefix, URL) from ANTDT_* and --nats-url; logs quiet."""
     from antdt.runtime.config import ServiceSettings
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     settings = ServiceSettings()
     if nats_url:

@@ -95,7 +95,7 @@ def actions(
 ) -> None:
     """What the controller decided for a job, why, and the result (from ANTDT_ACTIONS)."""
     from antdt.runtime.bus import BusError
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging("warning", "console")
     settings = ServiceSettings()

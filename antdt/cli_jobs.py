@@ -72,7 +72,7 @@ def _state(row: JobRow, now: float, retention_s: float) -> Text:
 async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
     from pydantic import ValidationError
 
-    from antdt.runtime.jobs import read_ended, scan_jobs
+    from antdt.runtime.coordination.jobs import read_ended, scan_jobs
 
     keys = Keys(settings.etcd.key_prefix)
     async with connected(settings) as store:
@@ -100,7 +100,7 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
 
 async def remove_ended_job(settings: ServiceSettings, job: str) -> str | None:
     """Delete the ended `job`'s keys; None when done, else why not."""
-    from antdt.runtime.jobs import read_ended, remove_job
+    from antdt.runtime.coordination.jobs import read_ended, remove_job
 
     keys = Keys(settings.etcd.key_prefix)
     async with connected(settings) as store:

@@ -35,7 +35,7 @@ def init(settings: AgentSettings | None = None, **overrides: Any) -> Agent:
         settings = AgentSettings(**overrides)
     elif overrides:  # re-validated, unlike model_copy(update=...)
         settings = AgentSettings(**{**settings.model_dump(), **overrides})
-    from antdt.runtime.logs import bind_process, configure_logging
+    from antdt.runtime.telemetry.logs import bind_process, configure_logging
 
     if not structlog.is_configured():
         configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)

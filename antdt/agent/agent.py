@@ -32,7 +32,7 @@ from antdt.agent.steps import Step, StepDriver
 from antdt.agent.stream_state import StreamState
 from antdt.runtime.bus import Bus, BusError, Delivery, Rejected
 from antdt.runtime.telemetry import flush_tracing
-from antdt.runtime.tracing_agent import AgentTraces
+from antdt.runtime.telemetry.tracing_agent import AgentTraces
 from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,

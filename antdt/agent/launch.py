@@ -24,7 +24,7 @@ from types import FrameType
 from typing import Any
 
 from antdt.agent.restart import RESTART_EXIT_CODE
-from antdt.runtime.servers import _die_with_parent, free_port
+from antdt.runtime.servers import die_with_parent, free_port
 
 #: How long children get to exit after SIGTERM before SIGKILL, seconds.
 GRACE_S = 5.0
@@ -112,7 +112,7 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
 
 def _spawn(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        list(command), env=env, start_new_session=True, preexec_fn=_die_with_parent
+        list(command), env=env, start_new_session=True, preexec_fn=die_with_parent
     )
 
 

@@ -215,7 +215,7 @@ async def incident_to_plan_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]
 
 
 def main() -> None:
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging("warning", "console")
     started = time.time()

@@ -24,7 +24,7 @@ from antdt.bench.publisher import step_event
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings, NatsSettings
-from antdt.runtime.placement import preferred
+from antdt.runtime.coordination.placement import preferred
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import JobSpec, Keys, RankHello, Subjects

@@ -60,7 +60,7 @@ class MemoryShards:
 
 
 def _master_process(url: str, conn: Any) -> None:
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging("warning", "console")
     loops.run(_serve(url, conn), "auto")

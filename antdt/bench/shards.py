@@ -144,7 +144,7 @@ async def bench_raw_nats_request(
 
 
 def _raw_responder(url: str, event_loop: loops.LoopKind, conn: Any) -> None:
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging("warning", "console")
     loops.run(_serve_raw(url, conn), event_loop)
@@ -180,8 +180,8 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
 
 
 def _replica_process(settings_json: str, conn: Any) -> None:
-    from antdt.runtime.logs import configure_logging
     from antdt.runtime.process import configure_gc
+    from antdt.runtime.telemetry.logs import configure_logging
     from antdt.services.shards.service import ShardsSettings
 
     configure_logging("warning", "console")

@@ -125,7 +125,7 @@ def _count_lines(path: Path) -> int:
 
 
 def run_demo(out: Path, *, steps: int = 150) -> int:
-    from antdt.runtime.logs import configure_logging
+    from antdt.runtime.telemetry.logs import configure_logging
 
     configure_logging("warning", "console")  # the demo's own output is the table
     out = out.resolve()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from antdt.cli import app
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import live_jobs
+from antdt.runtime.coordination.jobs import live_jobs
 from antdt.schemas import (
     Incident,
     IncidentState,

@@ -20,7 +20,7 @@ import pytest
 from antdt.agent import launch
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import live_jobs
+from antdt.runtime.coordination.jobs import live_jobs
 from antdt.schemas import (
     Ack,
     AdjustBatch,

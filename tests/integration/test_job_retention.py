@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from antdt.cli import app
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import Ended, expired, read_ended, remove_job
+from antdt.runtime.coordination.jobs import Ended, expired, read_ended, remove_job
 from antdt.runtime.store import Store
 from antdt.schemas import ExitReason, JobSpec, Keys, RankExit, RegisterReply, StepEvent, Subjects
 from tests.e2e.conftest import RunningServices, start_services

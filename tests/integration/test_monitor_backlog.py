@@ -11,7 +11,7 @@ import pytest
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.store import Store
 from antdt.schemas import StepEvent, Subjects
 from antdt.services.monitor import intake as intake_module

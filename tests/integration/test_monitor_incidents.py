@@ -14,7 +14,7 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
-from antdt.runtime.tracing import IncidentTraces
+from antdt.runtime.telemetry.tracing import IncidentTraces
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentKind, IncidentState, Subjects
 from antdt.services.monitor.incidents import MAX_IN_FLIGHT, IncidentPublisher
 from antdt.services.monitor.service import MonitorService, MonitorSettings

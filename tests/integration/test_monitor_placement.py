@@ -11,8 +11,8 @@ import pytest
 
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.coordination.placement import preferred
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.placement import preferred
 from antdt.runtime.store import Store
 from antdt.schemas import (
     IncidentState,

@@ -10,7 +10,7 @@ import pytest
 
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import live_jobs
+from antdt.runtime.coordination.jobs import live_jobs
 from antdt.runtime.store import Store
 from antdt.schemas import (
     ErrorReply,

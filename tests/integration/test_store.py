@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from antdt.runtime.config import EtcdSettings
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.servers import EmbeddedEtcd
 from antdt.runtime.store import (
     Compare,

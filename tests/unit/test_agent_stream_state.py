@@ -18,7 +18,7 @@ from antdt.agent.stream_state import (
     open_cursors,
 )
 from antdt.runtime.bus import Rejected
-from antdt.runtime.messages import Decoder, encode
+from antdt.runtime.bus.messages import Decoder, encode
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply
 from antdt.schemas.base import WireModel
 
@@ -389,7 +389,7 @@ def test_a_settle_answered_by_a_done_reports_reply_that_the_job_is_done_is_over(
 def test_a_refused_unknown_field_is_named_in_the_reason() -> None:
     """What the fallback above reads: the bus names an unknown field in its refusal."""
     from antdt.runtime.bus import Rejected
-    from antdt.runtime.messages import Decoder
+    from antdt.runtime.bus.messages import Decoder
 
     request = ShardFetch(job="j", rank=0, epoch=0).model_dump()
     with pytest.raises(Rejected) as refused:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from antdt.runtime import delivery
+from antdt.runtime.bus import delivery
 
 
 @dataclass

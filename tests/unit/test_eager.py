@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from antdt.runtime import eager
+from antdt.runtime.bus import eager
 
 pytestmark = pytest.mark.skipif(not eager.SUPPORTED, reason="Python 3.11+ only")
 

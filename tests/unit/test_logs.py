@@ -10,8 +10,8 @@ import structlog
 from opentelemetry.sdk.trace import TracerProvider
 from structlog.testing import capture_logs
 
-from antdt.runtime import logs
-from antdt.runtime.logs import add_process_fields, add_trace_ids, configure_logging
+from antdt.runtime.telemetry import logs
+from antdt.runtime.telemetry.logs import add_process_fields, add_trace_ids, configure_logging
 
 tracer = TracerProvider().get_tracer("test")
 

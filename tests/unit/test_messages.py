@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel
 
-from antdt.runtime.messages import decode_reply, encode
+from antdt.runtime.bus.messages import decode_reply, encode
 from antdt.schemas import (
     ErrorReply,
     FetchStatus,

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from antdt.runtime.placement import ClaimPlan, preferred
+from antdt.runtime.coordination.placement import ClaimPlan, preferred
 
 JOBS = [f"job-{i}" for i in range(2000)]
 

@@ -1,4 +1,4 @@
-"""The span helpers of antdt.runtime.tracing(_agent) on a private tracer provider with an
+"""The span helpers of antdt.runtime.telemetry.tracing(_agent) on a private tracer provider with an
 in-memory exporter: who parents whom, what each span says, when the effect and the
 apply spans are emitted."""
 
@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from antdt.agent.outbox import StepRecord
-from antdt.runtime.tracing import DecisionTraces, IncidentTraces
-from antdt.runtime.tracing_agent import AgentTraces
+from antdt.runtime.telemetry.tracing import DecisionTraces, IncidentTraces
+from antdt.runtime.telemetry.tracing_agent import AgentTraces
 from antdt.schemas import (
     ActionRecord,
     ActionResult,
@@ -200,7 +200,7 @@ def test_trace_headers_carry_the_current_context_and_nothing_without_one() -> No
     from opentelemetry import baggage
     from opentelemetry import context as otel_context
 
-    from antdt.runtime.messages import trace_headers
+    from antdt.runtime.bus.messages import trace_headers
 
     assert trace_headers() == {}
     assert trace_headers({"x-antdt": "1"}) == {"x-antdt": "1"}

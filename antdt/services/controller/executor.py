@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from antdt.runtime import tracing
 from antdt.runtime.bus import Bus, BusError
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.store import Store
+from antdt.runtime.telemetry import tracing
 from antdt.schemas import (
     Ack,
     ActionRecord,

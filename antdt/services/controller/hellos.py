@@ -28,7 +28,7 @@ from itertools import islice
 import structlog
 from pydantic import ValidationError
 
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Put, Store
 from antdt.schemas import Keys, RankHello

@@ -18,12 +18,12 @@ from pydantic import Field
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import expired, live_jobs, read_ended, remove_job, scan_jobs
+from antdt.runtime.coordination.jobs import expired, live_jobs, read_ended, remove_job, scan_jobs
+from antdt.runtime.coordination.ownership import Ownership, claim_loop
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_loop
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Compare, Delete, Get, Put, Store
-from antdt.runtime.tracing import DecisionTraces
+from antdt.runtime.telemetry.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,

@@ -19,7 +19,7 @@ import asyncio
 import structlog
 
 from antdt.runtime.bus import Bus
-from antdt.runtime.tracing import IncidentTraces
+from antdt.runtime.telemetry.tracing import IncidentTraces
 from antdt.schemas import Incident, Subjects
 
 log = structlog.get_logger("antdt.monitor")

@@ -12,7 +12,7 @@ receives the job's steps" (from the subscription's confirmation by nats-server o
 A claim that fails ends the subscription again. Events that come in while the claim is
 under way wait for it (`claiming`).
 
-Which replica claims a job is placement's choice (runtime/placement.py): the job's
+Which replica claims a job is placement's choice (runtime/coordination/placement.py): the job's
 preferred replica at once (on a rank's hello, or at the next claim round), any replica
 once the job has gone unowned for a few rounds. The member list placement reads is
 followed in etcd (`follow_members`). An owner hands a job back to its preferred replica
@@ -41,8 +41,8 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 
 from antdt.runtime.bus import Bus, Delivery, Subscription
-from antdt.runtime.ownership import Ownership
-from antdt.runtime.placement import ClaimPlan
+from antdt.runtime.coordination.ownership import Ownership
+from antdt.runtime.coordination.placement import ClaimPlan
 from antdt.runtime.recent import Recent
 from antdt.runtime.shared import SharedCalls
 from antdt.schemas import StepEvent, Subjects

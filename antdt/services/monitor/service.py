@@ -3,7 +3,8 @@
 A job's owner (lease-bound key `owners/monitor/{job}`) is the only replica that receives
 its steps (intake.py: a subscription per owned job) and feeds its detector, so a job's
 state lives in one place and replicas add ingest capacity. Jobs spread over replicas by
-placement (runtime/placement.py). When a replica dies its lease lapses and another claims
+placement (runtime/coordination/placement.py). When a replica dies its lease lapses and
+another claims
 its jobs in its next claim rounds.
 
 A job ends when every rank's agent said it stopped on purpose (RankExit; none exiting to
@@ -26,16 +27,16 @@ from collections import Counter
 import structlog
 from pydantic import Field
 
-from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.jobs import read_end, scan_jobs
+from antdt.runtime.coordination.jobs import read_end, scan_jobs
+from antdt.runtime.coordination.ownership import Ownership, claim_rounds
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.ownership import Ownership, claim_rounds
 from antdt.runtime.recent import Recent
 from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Put, Store
-from antdt.runtime.tracing import IncidentTraces
+from antdt.runtime.telemetry import metrics
+from antdt.runtime.telemetry.tracing import IncidentTraces
 from antdt.schemas import (
     INCIDENT_STREAM,
     Incident,

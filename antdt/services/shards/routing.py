@@ -8,7 +8,7 @@ Measured with `make bench`: two replicas serving 8 ranks of one job did half of 
 one replica did.
 
 So a job has an owner: the replica holding `owners/shards/{job}`, bound to its lease as
-every service's ownership is (runtime/ownership.py). Each fetch reply names the owner's
+every service's ownership is (runtime/coordination/ownership.py). Each fetch reply names the owner's
 route token; the agent sends its next fetches straight to that replica
 (`{p}.{job}.shards.fetch.{route}`) and back through the queue group when that fails. A
 replica that gets a request for a job another replica owns still serves it: ownership
@@ -33,7 +33,7 @@ from typing import Any
 import structlog
 
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.ownership import Ownership
+from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.store import Store
 from antdt.schemas import Keys, route_token
 

@@ -30,12 +30,12 @@ from typing import Any
 import structlog
 from pydantic import BaseModel, Field
 
-from antdt.runtime import metrics
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
+from antdt.runtime.telemetry import metrics
 from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,

@@ -32,7 +32,8 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (call between fork and exec)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -104,7 +105,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         log.close()
         return self

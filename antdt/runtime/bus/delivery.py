@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from antdt.runtime import eager
+from antdt.runtime.bus import eager
 
 log = structlog.get_logger("antdt.bus")
 

@@ -27,10 +27,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
-from antdt.runtime import delivery
-from antdt.runtime.config import NatsSettings
-from antdt.runtime.jetstream import DurableConsumer, JetStreamMixin, Received
-from antdt.runtime.messages import (
+from antdt.runtime.bus import delivery
+from antdt.runtime.bus.jetstream import DurableConsumer, JetStreamMixin, Received
+from antdt.runtime.bus.messages import (
     BusError,
     Decoder,
     Delivery,
@@ -44,6 +43,7 @@ from antdt.runtime.messages import (
     encode,
     trace_headers,
 )
+from antdt.runtime.config import NatsSettings
 from antdt.schemas import ErrorReply, WireModel
 
 M = TypeVar("M")

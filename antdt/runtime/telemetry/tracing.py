@@ -36,8 +36,8 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
-from antdt.runtime import metrics
 from antdt.runtime.recent import Recent
+from antdt.runtime.telemetry import metrics
 from antdt.schemas import Ack, ActionRecord, ActionResult, Incident, IncidentState, JobHealth
 
 JOB, RANK, INCIDENT, ACTION = "antdt.job", "antdt.rank", "antdt.incident.id", "antdt.action.id"

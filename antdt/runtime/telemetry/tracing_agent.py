@@ -1,4 +1,4 @@
-"""The agent's spans of an incident's trace (see `antdt.runtime.tracing`), all made on the
+"""The agent's spans of an incident's trace (see `antdt.runtime.telemetry.tracing`), all made on the
 agent's loop thread: the training thread never pays for them.
 
 - `process adjust_batch`: the command received and judged, a child of the controller's
@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, SpanKind, StatusCode, TracerProvider
 
-from antdt.runtime.tracing import ACTION, INCIDENT, JOB, RANK, messaging, ns, under
+from antdt.runtime.telemetry.tracing import ACTION, INCIDENT, JOB, RANK, messaging, ns, under
 
 
 class AgentTraces:

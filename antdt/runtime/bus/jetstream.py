@@ -24,7 +24,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, TypeAdapter
 
-from antdt.runtime.messages import (
+from antdt.runtime.bus.messages import (
     Decoder,
     Rejected,
     Rejections,

@@ -1,0 +1,42 @@
+"""The NATS seam: the only package that imports nats. `Bus` (core NATS and JetStream
+over typed wire models) and what its users handle: errors, deliveries, rejections."""
+
+from antdt.runtime.bus.client import (
+    SLOW_CONSUMER_CODE,
+    Bus,
+    BusError,
+    Decoder,
+    Delivery,
+    DurableConsumer,
+    Handler,
+    Received,
+    Rejected,
+    Rejections,
+    Replay,
+    RequestRefused,
+    StreamMissing,
+    Subscription,
+    WireModel,
+    decode_reply,
+    encode,
+)
+
+__all__ = [
+    "SLOW_CONSUMER_CODE",
+    "Bus",
+    "BusError",
+    "Decoder",
+    "Delivery",
+    "DurableConsumer",
+    "Handler",
+    "Received",
+    "Rejected",
+    "Rejections",
+    "Replay",
+    "RequestRefused",
+    "StreamMissing",
+    "Subscription",
+    "WireModel",
+    "decode_reply",
+    "encode",
+]

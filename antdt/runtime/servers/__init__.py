@@ -1,0 +1,26 @@
+"""Embedded nats-server (JetStream) and etcd from their PyPI wheels, for
+development, demos and tests."""
+
+from antdt.runtime.servers.embedded import (
+    MAX_PENDING_BYTES,
+    EmbeddedCluster,
+    EmbeddedEtcd,
+    EmbeddedNats,
+    ManagedProcess,
+    ServerError,
+    die_with_parent,
+    free_port,
+    go_server_env,
+)
+
+__all__ = [
+    "MAX_PENDING_BYTES",
+    "EmbeddedCluster",
+    "EmbeddedEtcd",
+    "EmbeddedNats",
+    "ManagedProcess",
+    "ServerError",
+    "die_with_parent",
+    "free_port",
+    "go_server_env",
+]

@@ -1,0 +1,16 @@
+"""Telemetry: OpenTelemetry tracing set-up and the incident trace, metrics, and
+structlog logging."""
+
+from antdt.runtime.telemetry.setup import (
+    MetricsExport,
+    flush_tracing,
+    setup_metrics,
+    setup_tracing,
+)
+
+__all__ = [
+    "MetricsExport",
+    "flush_tracing",
+    "setup_metrics",
+    "setup_tracing",
+]
