@@ -80,7 +80,9 @@ async def fetch_actions(
     subjects = Subjects(nats.subject_prefix)
     bus = await Bus(nats, name=f"antdt-actions-{job}").connect(retry_for_s=10)
     try:
-        replay = await bus.js_read(ACTION_STREAM, subjects.action(job), ActionRecord, limit=limit)
+        replay = await bus.jetstream.read(
+            ACTION_STREAM, subjects.action(job), ActionRecord, limit=limit
+        )
     finally:
         await bus.close()
     return [r for r in replay.items if r.job == job], replay.truncated

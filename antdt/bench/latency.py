@@ -119,7 +119,9 @@ async def bench_incident_to_plan(
     await controller.start(runtime)
     subjects, job = Subjects(base.nats.subject_prefix), "bench"
     client = await Bus(base.nats, name="bench-monitor").connect()
-    await client.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
+    await client.jetstream.ensure_stream(
+        INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600
+    )
     spec = JobSpec(job=job, world_size=ranks, dataset_size=10**6, shard_size=1000,
                    global_batch=32 * ranks, policy="lb-bsp",
                    policy_params={"cooldown_s": 0.0, "settle_steps": 0})  # fmt: skip
@@ -162,7 +164,7 @@ async def bench_incident_to_plan(
         health = _bench_health(job, ranks, slow, step, version - 1)
         started = time.time()
         await client.publish(subjects.health(job), health)
-        await client.js_publish(subjects.incident(job), incident)
+        await client.jetstream.publish(subjects.incident(job), incident)
         deadline = time.monotonic() + 10.0
         resend_at = time.monotonic() + HEALTH_WINDOW_S
         while (version not in held or version not in recorded) and time.monotonic() < deadline:

@@ -40,7 +40,7 @@ async def load_state(bus: Bus, subjects: Subjects, job: str, *, recent: int = 8)
     for action in await _history(bus, state, ACTION_STREAM, subjects.action(job), ActionRecord):
         state.apply_action(action)
     with contextlib.suppress(StreamMissing):
-        health = await bus.js_last(HEALTH_STREAM, subjects.health(job), JobHealth)
+        health = await bus.jetstream.last(HEALTH_STREAM, subjects.health(job), JobHealth)
         if health is not None:
             state.apply_health(health)
     await refresh_plan(bus, subjects, state)
@@ -51,7 +51,7 @@ async def _history(
     bus: Bus, state: StatusState, stream: str, subject: str, target: type[M]
 ) -> list[M]:
     try:
-        return (await bus.js_read(stream, subject, target, limit=HISTORY_LIMIT)).items
+        return (await bus.jetstream.read(stream, subject, target, limit=HISTORY_LIMIT)).items
     except StreamMissing:
         state.notes.append(f"stream {stream} does not exist yet")
         return []

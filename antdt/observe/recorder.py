@@ -60,7 +60,7 @@ async def ensure_recording(
         return []
     specs = recording_streams(subjects, settings)
     for spec in specs:
-        await bus.ensure_stream(
+        await bus.jetstream.ensure_stream(
             spec.name,
             list(spec.subjects),
             max_age_s=spec.max_age_s,

@@ -70,7 +70,7 @@ async def fetch_run(
                 on_progress(name, read, total)
 
         try:
-            replay = await bus.js_read(
+            replay = await bus.jetstream.read(
                 stream, subject, TypeAdapter(target), limit=limit, on_progress=progress
             )
         except StreamMissing:

@@ -129,7 +129,7 @@ async def run(args: argparse.Namespace) -> None:
     try:
         while True:  # the monitor creates the stream; wait for it
             try:
-                consumer = await bus.js_durable(
+                consumer = await bus.jetstream.durable(
                     INCIDENT_STREAM, wanted, Incident, durable=args.durable, ack_wait_s=30.0
                 )
                 break

@@ -37,8 +37,8 @@ async def _connect(run: StragglerRun) -> tuple[Bus, Subjects]:
     bus = await Bus(run.settings.nats, name="e2e-observe").connect()
     subjects = Subjects(run.settings.nats.subject_prefix)
     await ensure_recording(bus, subjects, run.settings.recording)
-    await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
-    await bus.ensure_stream(ACTION_STREAM, [subjects.any_job("action")])
+    await bus.jetstream.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    await bus.jetstream.ensure_stream(ACTION_STREAM, [subjects.any_job("action")])
     return bus, subjects
 
 

@@ -430,20 +430,22 @@ async def test_trace_context_crosses_in_headers(bus: Bus) -> None:
 async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     stream = "T" + bus.settings.subject_prefix.replace(".", "_").upper()
-    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
-    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)  # idempotent
-    first = await bus.js_publish(subjects.incident("j"), step_event(), msg_id="m1")
-    again = await bus.js_publish(subjects.incident("j"), step_event(), msg_id="m1")
+    await bus.jetstream.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
+    await bus.jetstream.ensure_stream(
+        stream, [subjects.any_job("incident")], max_msgs=100
+    )  # idempotent
+    first = await bus.jetstream.publish(subjects.incident("j"), step_event(), msg_id="m1")
+    again = await bus.jetstream.publish(subjects.incident("j"), step_event(), msg_id="m1")
     assert first == again
-    await bus.js_publish(subjects.incident("j"), step_event(step=2), msg_id="m2")
-    replayed = await bus.js_read(stream, subjects.incident("j"), StepEvent)
+    await bus.jetstream.publish(subjects.incident("j"), step_event(step=2), msg_id="m2")
+    replayed = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent)
     assert [e.step for e in replayed.items] == [1, 2] and replayed.available == 2
     # From a start time on: what the server stored since then, not what came before.
     await asyncio.sleep(0.05)  # the server's timestamps of the two sides must differ
     since = time.time()
     await asyncio.sleep(0.05)
-    await bus.js_publish(subjects.incident("j"), step_event(step=3), msg_id="m3")
-    later = await bus.js_read(stream, subjects.incident("j"), StepEvent, since=since)
+    await bus.jetstream.publish(subjects.incident("j"), step_event(step=3), msg_id="m3")
+    later = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent, since=since)
     assert [e.step for e in later.items] == [3] and later.available == 1
 
 
@@ -457,9 +459,9 @@ async def test_a_bounded_read_tries_a_timed_out_fetch_again(
 
     subjects = Subjects(bus.settings.subject_prefix)
     stream = "R" + bus.settings.subject_prefix.replace(".", "_").upper()
-    await bus.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
+    await bus.jetstream.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
     for n in range(5):
-        await bus.js_publish(subjects.incident("j"), step_event(step=n))
+        await bus.jetstream.publish(subjects.incident("j"), step_event(step=n))
     real_fetch = JetStreamContext.PullSubscription.fetch
     stalls = {"left": 2}
 
@@ -470,10 +472,10 @@ async def test_a_bounded_read_tries_a_timed_out_fetch_again(
         return await real_fetch(self, *args, **kwargs)
 
     monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", stalling_fetch)
-    read = await bus.js_read(stream, subjects.incident("j"), StepEvent, batch=2)
+    read = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent, batch=2)
     assert [e.step for e in read.items] == list(range(5)) and stalls["left"] == 0
     stalls["left"] = 3  # the server holds them but never delivers: the read gives up
-    gave_up = await bus.js_read(stream, subjects.incident("j"), StepEvent)
+    gave_up = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent)
     assert gave_up.items == [] and gave_up.available == 5
 
 

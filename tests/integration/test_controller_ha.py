@@ -173,7 +173,7 @@ async def _owner_is(store: Store, keys: Keys, job: str, name: str) -> bool:
 
 
 async def _records(bus: Bus, subjects: Subjects, job: str, n: int) -> list[ActionRecord] | None:
-    replay = await bus.js_read(ACTION_STREAM, subjects.action(job), ActionRecord)
+    replay = await bus.jetstream.read(ACTION_STREAM, subjects.action(job), ActionRecord)
     return replay.items if len(replay.items) >= n else None
 
 

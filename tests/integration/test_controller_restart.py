@@ -222,7 +222,7 @@ async def test_never_restarts_a_job_it_does_not_own(
     assert record.result == ActionResult.REFUSED and record.error == "job not owned by this replica"
     assert job.ranks.kills() == []
     # Only the first (still believed owned) is on ANTDT_ACTIONS: the other replica answers now.
-    stored = await bus.js_read(ACTION_STREAM, job.subjects.action(job.name), ActionRecord)
+    stored = await bus.jetstream.read(ACTION_STREAM, job.subjects.action(job.name), ActionRecord)
     assert [(r.kind, r.result) for r in stored.items] == [("kill_restart", ActionResult.FAILED)]
 
 

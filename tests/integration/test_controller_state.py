@@ -71,7 +71,9 @@ async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncItera
     subjects = Subjects(settings.nats.subject_prefix)
     ranks = await AckingRanks(settings.nats, job, WORLD).start()
     try:
-        await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600)
+        await bus.jetstream.ensure_stream(
+            INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600
+        )
         spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
                        global_batch=64, policy="lb-bsp")  # fmt: skip
         await bus.request(subjects.register(job), spec, RegisterReply)
@@ -90,7 +92,7 @@ async def test_first_health_and_incident_share_one_state(
 ) -> None:
     async with lbbsp_job(settings, bus, "first-events") as t:
         await bus.publish(t.subjects.health(t.job), health(t.job))
-        await bus.js_publish(t.subjects.incident(t.job), t.incident)
+        await bus.jetstream.publish(t.subjects.incident(t.job), t.incident)
         await t.ranks.wait_version(1, timeout=10)
         state = t.controller.jobs[t.job]
         assert state.health is not None and "i1" in state.incidents
@@ -103,7 +105,7 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
         job, subjects, controller = t.job, t.subjects, t.controller
         # Rank 0 is restarting: the straggler is plain to see, but a plan needs every ack.
         await bus.publish(subjects.health(job), health(job, {0: RankState.RESTARTING}))
-        await bus.js_publish(subjects.incident(job), t.incident)
+        await bus.jetstream.publish(subjects.incident(job), t.incident)
         await wait_for(lambda: job in controller.jobs and "i1" in controller.jobs[job].incidents,
                        what="the controller has the health and the incident")  # fmt: skip
         await asyncio.sleep(0.5)  # a plan would be on its way to the ranks by now
@@ -114,7 +116,9 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
         ended = {r: RankState.EXITED for r in range(WORLD)}
         await bus.publish(subjects.health(job), health(job, ended))
         await wait_for(lambda: job not in controller.jobs, what="the ended job dropped")
-        await bus.js_publish(subjects.incident(job), t.incident.model_copy(update={"id": "i2"}))
+        await bus.jetstream.publish(
+            subjects.incident(job), t.incident.model_copy(update={"id": "i2"})
+        )
         await asyncio.sleep(0.5)  # the late incident must not load the job again
         assert job not in controller.jobs
 

@@ -121,7 +121,7 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
     example = await start_example(settings, job, durable)
     try:
         # 1. Rank 3 is 3x slower: 16 / 3 -> 5, the 11 freed samples go to ranks 0-2.
-        await bus.js_publish(subjects.incident(job), incident(job, 1, rank=3, ratio=3.0))
+        await bus.jetstream.publish(subjects.incident(job), incident(job, 1, rank=3, ratio=3.0))
         await ranks.wait_version(1, timeout=20)
         applied = await wait_for(lambda: example.events("applied"), timeout=20, what="applied")
         assert applied[0]["plan_version"] == 1 and applied[0]["local_batch"] == [20, 20, 19, 5]
@@ -136,12 +136,14 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
         await bus.publish(subjects.hello(job, 0), hello)
         jobs = services.by_name["controller"].jobs
         await wait_for(lambda: jobs[job].memory_caps.get(0) == 20, what="rank 0 cap")
-        await bus.js_publish(subjects.incident(job), incident(job, 2, rank=1, ratio=2.0))
+        await bus.jetstream.publish(subjects.incident(job), incident(job, 2, rank=1, ratio=2.0))
         refused = await wait_for(lambda: example.events("refused"), timeout=20, what="refused")
         assert refused[0]["code"] == "guardrail"
         assert refused[0]["reason"] == "rank 0: batch 24 exceeds its memory cap 20"
 
-        records = (await bus.js_read(ACTION_STREAM, subjects.action(job), ActionRecord)).items
+        records = (
+            await bus.jetstream.read(ACTION_STREAM, subjects.action(job), ActionRecord)
+        ).items
         assert [r.result for r in records] == [ActionResult.APPLIED, ActionResult.REFUSED]
         assert records[0].incident_id == f"{job}-i1" and records[0].acked_ranks == (0, 1, 2, 3)
         assert records[1].error == "guardrail: rank 0: batch 24 exceeds its memory cap 20"
@@ -153,7 +155,7 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
         # sees only that one: incidents 1 and 2 were acknowledged, never proposed again.
         await example.stop()
         resolved = incident(job, 1, rank=3, ratio=1.0, state=IncidentState.RESOLVED)
-        await bus.js_publish(subjects.incident(job), resolved)
+        await bus.jetstream.publish(subjects.incident(job), resolved)
         example = await start_example(settings, job, durable)
         skipped = await wait_for(lambda: example.events("skip"), timeout=20, what="skip")
         assert skipped[0]["incident"] == f"{job}-i1" and "resolved" in skipped[0]["why"]

@@ -117,7 +117,7 @@ async def test_heterogeneous_from_the_start_one_plan_then_quiet(
         while len(drifted) < 8 and 2 not in ranks.arrived:
             await synthetic.run_step()
         assert set(ranks.arrived) == {1}
-        records = await bus.js_read(ACTION_STREAM, subjects.action(job), ActionRecord)
+        records = await bus.jetstream.read(ACTION_STREAM, subjects.action(job), ActionRecord)
         assert [(r.result, r.plan_version) for r in records.items] == [(ActionResult.APPLIED, 1)]
         assert records.items[0].accumulation == (2, 2, 1, 1)
     finally:

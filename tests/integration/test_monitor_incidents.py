@@ -41,7 +41,7 @@ async def test_incidents_are_stored_in_the_order_queued_and_flushed_means_stored
 ) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     stream = f"I_{unique}"
-    await bus.ensure_stream(stream, [subjects.incident("ip")], max_age_s=60)
+    await bus.jetstream.ensure_stream(stream, [subjects.incident("ip")], max_age_s=60)
     publisher = IncidentPublisher(bus, subjects, IncidentTraces(provider=TracerProvider()))
     running = asyncio.create_task(publisher.run())
     queued = transitions("ip", 3 * MAX_IN_FLIGHT + 7)  # several batches, the last partial
@@ -49,7 +49,7 @@ async def test_incidents_are_stored_in_the_order_queued_and_flushed_means_stored
         for incident in queued:
             await publisher.put(incident)
         await asyncio.wait_for(publisher.flushed(), timeout=30)
-        stored = await bus.js_read(stream, subjects.incident("ip"), Incident)
+        stored = await bus.jetstream.read(stream, subjects.incident("ip"), Incident)
     finally:
         running.cancel()
     assert stored.items == queued
@@ -71,6 +71,6 @@ async def test_a_replica_shutting_down_publishes_what_it_had_queued(
     await runtime.shutdown()  # at once: most of them are still queued
     await store.close()
     subjects = Subjects(settings.nats.subject_prefix)
-    stored = await bus.js_read(INCIDENT_STREAM, subjects.incident("down"), Incident)
+    stored = await bus.jetstream.read(INCIDENT_STREAM, subjects.incident("down"), Incident)
     assert stored.items == queued
     assert not monitor_bus.connected and not monitor.ranks_bus.connected

@@ -48,22 +48,22 @@ LIMITS = RecordingSettings(
 async def _record(bus: Bus, subjects: Subjects, run: RunRecord) -> None:
     """Publish a run the way the services do: steps and health on core NATS (the recorder
     streams capture them), incidents and actions to their JetStream streams."""
-    await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
-    await bus.ensure_stream(ACTION_STREAM, [subjects.any_job("action")])
+    await bus.jetstream.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    await bus.jetstream.ensure_stream(ACTION_STREAM, [subjects.any_job("action")])
     for event in run.steps:
         await bus.publish(subjects.step(event.job, event.rank), event)
     for health in run.health:
         await bus.publish(subjects.health(health.job), health)
     for incident in run.incidents:
-        await bus.js_publish(subjects.incident(incident.job), incident)
+        await bus.jetstream.publish(subjects.incident(incident.job), incident)
     for action in run.actions:  # msg ids de-duplicate per stream: unique across tests
         msg_id = f"{subjects.prefix}-{action.action_id}"
-        await bus.js_publish(subjects.action(action.job), action, msg_id=msg_id)
+        await bus.jetstream.publish(subjects.action(action.job), action, msg_id=msg_id)
     await bus.flush()
 
 
 async def _stored(bus: Bus, stream: str, subject: str) -> int:
-    return (await bus.js_read(stream, subject, StepEvent, limit=1)).available
+    return (await bus.jetstream.read(stream, subject, StepEvent, limit=1)).available
 
 
 async def test_recorder_streams_are_bounded_and_capture_core_publishes(
@@ -131,9 +131,9 @@ async def test_bounded_reads_say_when_they_were_cut(bus: Bus, settings: ServiceS
     await bus.publish_raw(subjects.step(JOB, 0), b'{"not": "a step event"}')
     await wait_for(lambda: _all_stored(bus, subjects.step(JOB, "*"), len(run.steps) + 1))
 
-    replay = await bus.js_read(STEP_STREAM, subjects.step(JOB, "*"), StepEvent, batch=7)
+    replay = await bus.jetstream.read(STEP_STREAM, subjects.step(JOB, "*"), StepEvent, batch=7)
     assert (len(replay.items), replay.rejected, replay.truncated) == (40, 1, False)
-    cut = await bus.js_read(STEP_STREAM, subjects.step(JOB, "*"), StepEvent, limit=15)
+    cut = await bus.jetstream.read(STEP_STREAM, subjects.step(JOB, "*"), StepEvent, limit=15)
     assert (len(cut.items), cut.available, cut.truncated) == (15, 41, True)
     record = await fetch_run(bus, subjects, JOB, limit=15)
     assert "steps: read 15 of 41 recorded messages" in record.notes
@@ -142,16 +142,16 @@ async def test_bounded_reads_say_when_they_were_cut(bus: Bus, settings: ServiceS
 async def test_missing_streams_and_last_messages(bus: Bus, settings: ServiceSettings) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     with pytest.raises(StreamMissing):
-        await bus.js_read("ANTDT_NO_SUCH_STREAM", subjects.step(JOB, "*"), StepEvent)
+        await bus.jetstream.read("ANTDT_NO_SUCH_STREAM", subjects.step(JOB, "*"), StepEvent)
     with pytest.raises(StreamMissing):
-        await bus.js_last("ANTDT_NO_SUCH_STREAM", subjects.health(JOB), JobHealth)
+        await bus.jetstream.last("ANTDT_NO_SUCH_STREAM", subjects.health(JOB), JobHealth)
     await ensure_recording(bus, subjects, LIMITS)
-    assert await bus.js_last(HEALTH_STREAM, subjects.health("nobody"), JobHealth) is None
+    assert await bus.jetstream.last(HEALTH_STREAM, subjects.health("nobody"), JobHealth) is None
     run = synthetic_run(steps=20)
     await _record(bus, subjects, run)
 
     async def newest() -> JobHealth | None:
-        return await bus.js_last(HEALTH_STREAM, subjects.health(JOB), JobHealth)
+        return await bus.jetstream.last(HEALTH_STREAM, subjects.health(JOB), JobHealth)
 
     assert await wait_for(newest) == run.health[-1]
     state = await load_state(bus, subjects, JOB)  # no controller: the plan is a note

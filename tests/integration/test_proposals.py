@@ -123,7 +123,7 @@ async def test_bad_proposals_refused_with_reasons(controller: RunningServices, b
             )
             assert answer.code == "bad_request" and answer.error, raw
         assert (await current_plan(bus, job)).version == 0 and ranks.commands == 0
-        replay = await bus.js_read(ACTION_STREAM, subjects.action(job), ActionRecord)
+        replay = await bus.jetstream.read(ACTION_STREAM, subjects.action(job), ActionRecord)
         errors = [r.error or "" for r in replay.items if r.result == ActionResult.REFUSED]
         assert len(errors) == 5  # every refusal by the owner is recorded, with its reason
         assert any("exceeds its memory cap 18" in e for e in errors)

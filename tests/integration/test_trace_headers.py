@@ -30,7 +30,7 @@ def _incident(job: str) -> Incident:
 async def test_incident_trace_context_is_stored_in_jetstream(bus: Bus, unique: str) -> None:
     subjects = Subjects(bus.settings.subject_prefix)
     subject, stream = subjects.incident("tj"), f"T_{unique}"
-    await bus.ensure_stream(stream, [subject], max_age_s=60)
+    await bus.jetstream.ensure_stream(stream, [subject], max_age_s=60)
     seen: list[tuple[int, Delivery]] = []
 
     async def on_incident(_: Incident, delivery: Delivery) -> None:
@@ -39,7 +39,7 @@ async def test_incident_trace_context_is_stored_in_jetstream(bus: Bus, unique: s
     await bus.subscribe(subject, Incident, on_incident)
     traces = IncidentTraces(provider=TracerProvider())
     with traces.transition(_incident("tj"), subject, "m1") as span:
-        await bus.js_publish(subject, _incident("tj"), msg_id="m1")
+        await bus.jetstream.publish(subject, _incident("tj"), msg_id="m1")
     trace_id = format(span.get_span_context().trace_id, "032x")
     span_id = format(span.get_span_context().span_id, "016x")
 
@@ -63,12 +63,12 @@ async def test_an_incident_carried_on_by_another_replica_stays_in_its_trace(
     is a child of A's root span: one trace for the whole incident in Jaeger."""
     subjects, job = Subjects(bus.settings.subject_prefix), f"tr{unique}"
     subject = subjects.incident(job)
-    await bus.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    await bus.jetstream.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
     provider, spans = TracerProvider(), InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     opened = _incident(job)
     with IncidentTraces(provider=provider).transition(opened, subject, "m1") as root:
-        await bus.js_publish(subject, opened, msg_id="m1")
+        await bus.jetstream.publish(subject, opened, msg_id="m1")
 
     (left,) = await open_incidents(bus, subjects, job, time.time())
     sent = root.get_span_context()
@@ -78,7 +78,7 @@ async def test_an_incident_carried_on_by_another_replica_stays_in_its_trace(
     replica_b.adopt(opened.id, left.trace)
     resolved = opened.model_copy(update={"state": IncidentState.RESOLVED})
     with replica_b.transition(resolved, subject, "m2") as later:
-        await bus.js_publish(subject, resolved, msg_id="m2")
+        await bus.jetstream.publish(subject, resolved, msg_id="m2")
     assert later.get_span_context().trace_id == sent.trace_id
     assert later.parent is not None and later.parent.span_id == sent.span_id
     assert [s.name for s in spans.get_finished_spans()] == ["incident opened", "incident resolved"]

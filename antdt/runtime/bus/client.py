@@ -1,11 +1,7 @@
-"""The NATS seam: with its JetStream half (jetstream.py), the only module that imports
-nats.
-
-Typed publish/subscribe/request over pydantic wire models, validation at the boundary
-(every rejection counted, logged once per reason, answered with ErrorReply when a reply
-is expected), W3C trace context in headers, reconnects; JetStream through the inherited
-`JetStreamMixin`. The errors, `Delivery`, decoding and reply parsing live in
-messages.py (no nats) and are re-exported here."""
+"""`Bus`: typed publish, subscribe and request over pydantic wire models on one NATS
+connection, validated at the boundary (each rejection counted, logged once per reason,
+answered with ErrorReply when a reply is expected), trace context in headers, endless
+reconnects. JetStream is `bus.jetstream` (jetstream.py), on the same connection."""
 
 from __future__ import annotations
 
@@ -28,7 +24,7 @@ from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus import delivery
-from antdt.runtime.bus.jetstream import DurableConsumer, JetStreamMixin, Received
+from antdt.runtime.bus.jetstream import DurableConsumer, JetStream, Received
 from antdt.runtime.bus.messages import (
     BusError,
     Decoder,
@@ -51,7 +47,7 @@ R = TypeVar("R", bound=BaseModel)
 log = structlog.get_logger("antdt.bus")
 
 
-class Bus(JetStreamMixin):
+class Bus:
     """One NATS connection with typed helpers. Reconnects forever; buffers while away."""
 
     def __init__(
@@ -61,6 +57,7 @@ class Bus(JetStreamMixin):
         self.settings = settings
         self.name = name
         self.rejections = rejections if rejections is not None else Rejections()
+        self.jetstream = JetStream(lambda: self.nc, self.rejections)
         self.handler_errors = 0
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []

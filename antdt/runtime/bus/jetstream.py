@@ -1,7 +1,7 @@
 """The JetStream half of the NATS seam (with bus.py, the only modules that import nats):
 bounded streams, de-duplicated publish, bounded reads, the last message of a subject
 and durable consumers.
-`Bus` inherits these methods; use them through a connected Bus."""
+A `Bus` holds one as `bus.jetstream`, on the Bus's own connection."""
 
 from __future__ import annotations
 
@@ -40,14 +40,17 @@ FETCH_TIMEOUT_S = 2.0  # one fetch of a bounded read waits at most this long
 FETCH_ATTEMPTS = 3  # a bounded read ends after this many fetches in a row time out
 
 
-class JetStreamMixin:
-    """JetStream on the connection of the Bus that inherits it."""
+class JetStream:
+    """JetStream on a Bus's connection (`connection()` returns it, or raises while the Bus
+    is not connected); rejected messages are counted in the Bus's `rejections`."""
 
-    rejections: Rejections
+    def __init__(self, connection: Callable[[], NatsClient], rejections: Rejections) -> None:
+        self._connection = connection
+        self.rejections = rejections
 
     @property
-    def nc(self) -> NatsClient:  # the Bus's connection
-        raise NotImplementedError
+    def nc(self) -> NatsClient:
+        return self._connection()
 
     async def ensure_stream(
         self,
@@ -77,7 +80,7 @@ class JetStreamMixin:
         except NotFoundError:
             await js.add_stream(config)
 
-    async def js_publish(
+    async def publish(
         self, subject: str, model: BaseModel, *, msg_id: str | None = None, timeout: float = 2.0
     ) -> int:
         """Publish to a stream and wait for its ack; returns the stream sequence.
@@ -88,7 +91,7 @@ class JetStreamMixin:
         )
         return int(ack.seq)
 
-    async def js_read(
+    async def read(
         self,
         stream: str,
         subject: str,
@@ -165,9 +168,7 @@ class JetStreamMixin:
             if on_progress is not None:
                 on_progress(read, wanted)
 
-    async def js_last(
-        self, stream: str, subject: str, target: type[M] | TypeAdapter[M]
-    ) -> M | None:
+    async def last(self, stream: str, subject: str, target: type[M] | TypeAdapter[M]) -> M | None:
         """The newest message of one literal `subject` in `stream` (None: none, or invalid).
         Raises StreamMissing when the stream does not exist."""
         js = self.nc.jetstream()
@@ -184,7 +185,7 @@ class JetStreamMixin:
         except Rejected:
             return None
 
-    async def js_durable(
+    async def durable(
         self,
         stream: str,
         subject: str,
@@ -241,7 +242,7 @@ class Received(Generic[M]):
 
 
 class DurableConsumer(Generic[M]):
-    """A pull subscription bound to a durable JetStream consumer (`Bus.js_durable`)."""
+    """A pull subscription bound to a durable JetStream consumer (`Bus.jetstream.durable`)."""
 
     def __init__(self, sub: Any, decoder: Decoder[M], pattern: str, rejections: Rejections):
         self._sub = sub

@@ -50,7 +50,7 @@ class Rejected(ValueError):
 
 @dataclass
 class Replay(Generic[M]):
-    """What a bounded read of a stream returned (`Bus.js_read`)."""
+    """What a bounded read of a stream returned (`Bus.jetstream.read`)."""
 
     items: list[M]
     available: int  # messages matching the filter when the read began

@@ -205,7 +205,7 @@ class Executor:
             return record
         try:
             subject = self.subjects.action(record.job)
-            await self.bus.js_publish(subject, record, msg_id=record.action_id)
+            await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
         except Exception as exc:
             log.warning("action record not persisted", action=record.action_id, error=str(exc))
         log.info(

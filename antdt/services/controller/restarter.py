@@ -231,7 +231,7 @@ class Restarter:
     async def recorded_ids(self, job: str) -> set[str]:
         """Action ids already on ANTDT_ACTIONS for the job (empty when unreadable)."""
         try:
-            replay = await self.x.bus.js_read(
+            replay = await self.x.bus.jetstream.read(
                 ACTION_STREAM, self.x.subjects.action(job), ActionRecord, limit=100_000
             )
         except (StreamMissing, BusError, asyncio.TimeoutError) as exc:

@@ -113,7 +113,7 @@ class ControllerService:
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
 
     async def start(self, runtime: ServiceRuntime) -> None:
-        await self.bus.ensure_stream(
+        await self.bus.jetstream.ensure_stream(
             ACTION_STREAM,
             [self.subjects.any_job("action")],
             max_age_s=self.settings.action_retention_s,

@@ -87,7 +87,7 @@ class IncidentPublisher:
         subject = self._subjects.incident(incident.job)
         with self._traces.transition(incident, subject, msg_id):  # its headers carry the trace
             try:
-                await self._bus.js_publish(subject, incident, msg_id=msg_id)
+                await self._bus.jetstream.publish(subject, incident, msg_id=msg_id)
             except Exception as exc:  # JetStream briefly away: core subscribers still get it
                 log.warning("incident not persisted", incident=incident.id, error=str(exc))
                 await self._bus.publish(subject, incident)

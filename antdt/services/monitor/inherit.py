@@ -56,7 +56,7 @@ async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> 
     subject = subjects.incident(job)
     for lookback in LOOKBACKS_S:
         since = None if lookback is None else now - lookback
-        replay = await bus.js_read(INCIDENT_STREAM, subject, Incident, limit=READ_LIMIT,
+        replay = await bus.jetstream.read(INCIDENT_STREAM, subject, Incident, limit=READ_LIMIT,
                                    since=since)  # fmt: skip
         if replay.available <= READ_LIMIT:
             break

@@ -155,7 +155,7 @@ class MonitorService:
         self._sending: Counter[str] = Counter()
 
     async def start(self, runtime: ServiceRuntime) -> None:
-        await self.bus.ensure_stream(
+        await self.bus.jetstream.ensure_stream(
             INCIDENT_STREAM,
             [self.subjects.any_job("incident")],
             max_age_s=self.settings.incident_retention_s,
