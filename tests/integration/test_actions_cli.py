@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from antdt.bench.ranks import AckingRanks
-from antdt.cli_actions import actions_table, fetch_actions
+from antdt.cli.actions import actions_table, fetch_actions
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (

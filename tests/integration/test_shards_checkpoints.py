@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from antdt.cli_shards import render_status
+from antdt.cli.shards import render_status
 from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.store import Store
 from antdt.schemas import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from antdt.cli_blocklist import blocklist_table
+from antdt.cli.blocklist import blocklist_table
 from antdt.schemas import BlocklistEntry
 from antdt.services.controller.blocklist import Blocklist
 

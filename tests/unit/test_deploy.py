@@ -105,7 +105,7 @@ def _same(read: object, written: str) -> bool:
 
 
 def test_a_service_process_names_the_variables_it_ignores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from antdt.cli import _warn_unknown_settings
+    from antdt.cli.serve import warn_unknown_settings as _warn_unknown_settings
 
     monkeypatch.setenv("ANTDT_ETCD__ENDPIONT", "etcd:2379")
     monkeypatch.setenv("ANTDT_WINDOW", "8")

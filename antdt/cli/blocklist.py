@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from antdt.cli_etcd import EtcdOpt, connected, etcd_settings
+from antdt.cli.clients import client_settings, connected
+from antdt.cli.options import EtcdOpt
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import BlocklistEntry, Keys
 
@@ -76,7 +77,7 @@ async def allow_host(settings: ServiceSettings, host: str) -> bool:
 @blocklist_app.command("list")
 def list_command(etcd_endpoint: EtcdOpt = None) -> None:
     """Every blocklisted host: until when, since when, and the restart that put it there."""
-    settings = etcd_settings(etcd_endpoint)
+    settings = client_settings(etcd_endpoint=etcd_endpoint)
     try:
         rows = asyncio.run(read_blocklist(settings))
     except Exception as exc:
@@ -90,7 +91,7 @@ def allow_command(
     etcd_endpoint: EtcdOpt = None,
 ) -> None:
     """Take HOST off the blocklist now: restarts may place ranks on it again."""
-    settings = etcd_settings(etcd_endpoint)
+    settings = client_settings(etcd_endpoint=etcd_endpoint)
     try:
         removed = asyncio.run(allow_host(settings, host))
     except Exception as exc:

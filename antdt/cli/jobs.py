@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from antdt.cli_etcd import EtcdOpt, connected, etcd_settings
+from antdt.cli.clients import client_settings, connected
+from antdt.cli.options import EtcdOpt
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import JobSpec, Keys
 
@@ -91,10 +92,17 @@ async def read_jobs(settings: ServiceSettings) -> list[JobRow]:
             except ValidationError:
                 spec = None
             record = ended.get(job)
-            rows.append(JobRow(job, spec, record.at if record else None,
-                               record.step if record else 0, owners.get(job, {}),
-                               record is None or record.finished is not False,
-                               job in scanned.dormant))  # fmt: skip
+            rows.append(
+                JobRow(
+                    job,
+                    spec,
+                    ended_at=record.at if record else None,
+                    ended_step=record.step if record else 0,
+                    owners=owners.get(job, {}),
+                    finished=record is None or record.finished is not False,
+                    abandoned=job in scanned.dormant,
+                )
+            )
         return rows
 
 
@@ -123,7 +131,7 @@ def list_command(
 ) -> None:
     """Every registered job: live or ended (when, at which step), its ranks, policy and
     dataset, and the replica of each service that owns it (ended jobs have none)."""
-    settings = etcd_settings(etcd_endpoint)
+    settings = client_settings(etcd_endpoint=etcd_endpoint)
     try:
         rows = asyncio.run(read_jobs(settings))
     except Exception as exc:
@@ -138,7 +146,7 @@ def remove_command(
 ) -> None:
     """Delete every key of an ended JOB now (spec, plan, ledger and its checkpoints,
     restart ledger, hellos). A live job is refused."""
-    settings = etcd_settings(etcd_endpoint)
+    settings = client_settings(etcd_endpoint=etcd_endpoint)
     try:
         problem = asyncio.run(remove_ended_job(settings, job))
     except Exception as exc:

@@ -1,10 +1,6 @@
-"""`antdt actions --job J`: what the controller decided for a job, why, and the result.
-
-Reads the job's ActionRecords from JetStream ANTDT_ACTIONS (whatever its retention still
-holds) and prints them oldest first as a table: when, who decided (the job's policy or
-`proposal:<source>` for a custom policy), the incident it answered, the reason, the plan
-it made (version, first step, per-rank batches with micro-batch x accumulation), the
-result with acked and missing ranks, and the error of a refusal or failure."""
+"""`antdt actions --job J`: what the controller decided for a job, why, and the result,
+from the job's ActionRecords in ANTDT_ACTIONS (what its retention still holds), oldest
+first, as a table."""
 
 from __future__ import annotations
 
@@ -18,7 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from antdt.runtime.config import NatsSettings, ServiceSettings
+from antdt.cli.clients import client_settings, quiet_logs
+from antdt.cli.options import JobOpt, NatsOpt
+from antdt.runtime.config import NatsSettings
 from antdt.schemas import ACTION_STREAM, ActionRecord, ActionResult, Subjects
 
 RESULT_STYLE = {
@@ -89,20 +87,15 @@ async def fetch_actions(
 
 
 def actions(
-    job: Annotated[str, typer.Option("--job", help="Job id")],
-    nats_url: Annotated[
-        str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")
-    ] = None,
+    job: JobOpt,
+    nats_url: NatsOpt = None,
     limit: Annotated[int, typer.Option(min=1, help="Most records read")] = 10_000,
 ) -> None:
     """What the controller decided for a job, why, and the result (from ANTDT_ACTIONS)."""
     from antdt.runtime.bus import BusError
-    from antdt.runtime.telemetry.logs import configure_logging
 
-    configure_logging("warning", "console")
-    settings = ServiceSettings()
-    if nats_url:
-        settings.nats.url = nats_url
+    quiet_logs()
+    settings = client_settings(nats_url=nats_url)
     out = Console(width=None if Console().is_terminal else 200)
     try:
         records, truncated = asyncio.run(fetch_actions(settings.nats, job, limit))

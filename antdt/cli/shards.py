@@ -12,21 +12,14 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from antdt.cli_etcd import EtcdOpt
+from antdt.cli.clients import client_settings
+from antdt.cli.options import EtcdOpt, JobOpt, MetricsOpt, NatsOpt
+from antdt.cli.serve import run_services
 from antdt.schemas import ReleaseReply, ShardRelease, ShardStatus, ShardStatusRequest, Subjects
 from antdt.schemas.shards import STATUS_LISTED_MAX
 
 shards_app = typer.Typer(help=__doc__)
 out = Console()
-
-NatsOpt = Annotated[str | None, typer.Option("--nats-url", help="NATS URL (else ANTDT_NATS__URL)")]
-MetricsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--metrics-port", help="Serve Prometheus /metrics here (else ANTDT_TELEMETRY__METRICS_PORT)"
-    ),
-]
-JobOpt = Annotated[str, typer.Option("--job", help="Job id")]
 
 
 @shards_app.callback(invoke_without_command=True)
@@ -39,9 +32,7 @@ def shards(
     """Run one Shards replica against the given NATS and etcd (without a sub-command)."""
     if ctx.invoked_subcommand is not None:
         return
-    from antdt.cli import _run_services
-
-    _run_services(["shards"], nats_url, etcd_endpoint, metrics_port)
+    run_services(["shards"], nats_url, etcd_endpoint, metrics_port)
 
 
 @shards_app.command("status")
@@ -79,9 +70,8 @@ def release_command(
 
 async def _request(nats_url: str | None, job: str, verb: str, req: Any, reply_type: Any) -> Any:
     from antdt.runtime.bus import Bus, BusError, RequestRefused
-    from antdt.runtime.config import NatsSettings
 
-    settings = NatsSettings() if nats_url is None else NatsSettings(url=nats_url)
+    settings = client_settings(nats_url=nats_url).nats
     try:
         bus = await Bus(settings, name="antdt-cli").connect(retry_for_s=5.0)
     except BusError as exc:
@@ -102,15 +92,19 @@ async def _request(nats_url: str | None, job: str, verb: str, req: Any, reply_ty
 def render_status(status: ShardStatus) -> Group:
     """The ledger of one job as a rich renderable (pure: tests render it to text)."""
     done_pct = 100.0 * status.done / status.num_shards if status.num_shards else 0.0
+    progress = (
+        "complete"
+        if status.complete
+        else f"{status.done}/{status.num_shards} shards done ({done_pct:.1f}%)"
+    )
     head = Text.assemble(
         (f"job {status.job}", "bold"),
         f"  epoch {status.epoch + 1}/{status.epochs}  ",
-        ("complete" if status.complete else f"{status.done}/{status.num_shards} shards done "
-                                            f"({done_pct:.1f}%)", "green"),
+        (progress, "green"),
         f"  todo {status.todo}  in flight {max(status.in_flight_total, len(status.in_flight))}  "
         f"incarnation {status.incarnation}",
         f"  served by {status.owner}" if status.owner else "",
-    )  # fmt: skip
+    )
     per_rank: dict[int, list[str]] = defaultdict(list)
     for entry in status.in_flight:
         per_rank[entry.rank].append(f"{entry.shard}@{entry.position} (a{entry.attempt})")
@@ -118,9 +112,10 @@ def render_status(status: ShardStatus) -> Group:
     total = max(status.in_flight_total, shown)  # 0 from a service that did not count
     more = f"; {shown:,} of {total:,} listed (--rank, --limit)" if shown < total else ""
     table = Table(
-        "rank", "in flight: shard@position (attempt)",
+        "rank",
+        "in flight: shard@position (attempt)",
         title=f"in flight per rank (held, or reserved ahead{more})",
-    )  # fmt: skip
+    )
     for rank in sorted(per_rank):
         table.add_row(str(rank), ", ".join(per_rank[rank]))
     checkpoints = ", ".join(map(str, status.checkpoints)) or "none"

@@ -1,0 +1,47 @@
+"""The commands that run a job on this machine: its ranks (`launch`) and the demo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+#: `launch` passes what follows `--` to the ranks, unknown options included.
+LAUNCH_CONTEXT: dict[str, Any] = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+def launch(
+    ctx: typer.Context,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks to start")] = 2,
+    max_restarts: Annotated[
+        int, typer.Option("--max-restarts", min=0, help="Group restarts after a rank fails")
+    ] = 0,
+    spare_slots: Annotated[
+        int, typer.Option("--spare-slots", min=0, help="Spare host slots for KILL_RESTART")
+    ] = 0,
+) -> None:
+    """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
+    With --max-restarts, a failed group is started again (ANTDT_RESTART_COUNT=k) to
+    resume from its checkpoint."""
+    from antdt.agent.launch import launch as run_ranks
+
+    command = [a for a in ctx.args if a != "--"]
+    if not command:
+        raise typer.BadParameter("give the command after --, e.g. -- python train.py")
+    code = run_ranks(
+        nproc, command, env=dict(os.environ), max_restarts=max_restarts, spare_slots=spare_slots
+    )
+    raise typer.Exit(code)
+
+
+def demo(
+    out: Annotated[Path, typer.Option(help="Where results go")] = Path("runs/demo"),
+    steps: Annotated[int, typer.Option(help="Training steps per run")] = 150,
+) -> None:
+    """Train a real model twice (policy none, then lb-bsp) with a 3x-slow rank, and show
+    what AntDT did."""
+    from antdt.demo.run import run_demo
+
+    raise typer.Exit(run_demo(out, steps=steps))
