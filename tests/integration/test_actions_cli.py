@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 import pytest
 from rich.console import Console
 
-from antdt.bench.ranks import AckingRanks
 from antdt.cli.actions import actions_table, fetch_actions
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
@@ -26,6 +25,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 
 pytestmark = pytest.mark.integration
@@ -67,7 +67,7 @@ async def test_actions_lists_decisions_reasons_and_results(
     controller: RunningServices, settings: ServiceSettings, bus: Bus
 ) -> None:
     job = "cli-actions"
-    ranks = await AckingRanks(settings.nats, job, 4).start()
+    ranks = await acking_ranks(settings.nats, job, 4).start()
     try:
         made = await make_actions(bus, job)
     finally:

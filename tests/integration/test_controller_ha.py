@@ -33,8 +33,8 @@ from antdt.schemas import (
     StragglerClass,
     Subjects,
 )
+from antdt.testing import FakeRanks
 from tests.helpers import service_replicas, wait_for
-from tests.integration.fake_ranks import FakeRanks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

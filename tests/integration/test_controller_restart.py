@@ -36,9 +36,9 @@ from antdt.schemas import (
 from antdt.services.controller.executor import JobState
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.service import ControllerService
+from antdt.testing import FakeRanks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
-from tests.integration.fake_ranks import FakeRanks
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from antdt.bench.ranks import AckingRanks
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (
@@ -31,6 +30,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.testing import acking_ranks as AckingRanks
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from antdt.bench.ranks import AckingRanks
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (
@@ -39,6 +38,7 @@ from antdt.schemas import (
     StragglerClass,
     Subjects,
 )
+from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 
@@ -117,7 +117,7 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
     subjects = Subjects(settings.nats.subject_prefix)
     spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10, global_batch=BATCH)
     await bus.request(subjects.register(job), spec, RegisterReply)
-    ranks = await AckingRanks(settings.nats, job, WORLD).start()
+    ranks = await acking_ranks(settings.nats, job, WORLD).start()
     example = await start_example(settings, job, durable)
     try:
         # 1. Rank 3 is 3x slower: 16 / 3 -> 5, the 11 freed samples go to ranks 0-2.

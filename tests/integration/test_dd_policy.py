@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from antdt.bench.ranks import AckingRanks
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (
@@ -26,6 +25,7 @@ from antdt.schemas import (
     StepEvent,
     Subjects,
 )
+from antdt.testing import FakeRanks, acking_ranks
 from tests.e2e.conftest import start_services
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -37,7 +37,7 @@ class SyntheticJob:
     slowest (BSP), the others wait at the barrier. A plan runs from the later of its
     effective step and the step after the job learned of it (as the agent does)."""
 
-    def __init__(self, bus: Bus, job: str, ranks: AckingRanks) -> None:
+    def __init__(self, bus: Bus, job: str, ranks: FakeRanks) -> None:
         self.bus, self.job, self.ranks = bus, job, ranks
         self.subjects = Subjects(bus.settings.subject_prefix)
         self.speeds = [2000.0, 2000.0, 1000.0, 1000.0]
@@ -80,7 +80,7 @@ async def test_heterogeneous_from_the_start_one_plan_then_quiet(
         settings, ("monitor", "controller"), window=4, health_interval_s=0.2
     )
     job, subjects = "dd-hetero", Subjects(settings.nats.subject_prefix)
-    ranks = await AckingRanks(settings.nats, job, WORLD).start()
+    ranks = await acking_ranks(settings.nats, job, WORLD).start()
     try:
         spec = JobSpec(job=job, world_size=WORLD, dataset_size=10**6, shard_size=100,
                        global_batch=BATCH, policy="antdt-dd",

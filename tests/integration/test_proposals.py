@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from antdt.bench.ranks import AckingRanks
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (
@@ -26,6 +25,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.testing import acking_ranks, signed_by_another
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 
@@ -65,7 +65,7 @@ async def propose(bus: Bus, p: ActionProposal) -> ActionRecord:
 async def test_proposal_applied_once_on_every_rank(controller: RunningServices, bus: Bus) -> None:
     job = "prop-ok"
     await register(bus, job)
-    ranks = await AckingRanks(bus.settings, job, WORLD).start()
+    ranks = await acking_ranks(bus.settings, job, WORLD).start()
     try:
         p = proposal(job, (20, 20, 20, 4), plan_version=0, incident_id="inc-1")
         record = await propose(bus, p)
@@ -88,7 +88,7 @@ async def test_bad_proposals_refused_with_reasons(controller: RunningServices, b
     job = "prop-bad"
     subjects = Subjects(bus.settings.subject_prefix)
     await register(bus, job)
-    ranks = await AckingRanks(bus.settings, job, WORLD).start()
+    ranks = await acking_ranks(bus.settings, job, WORLD).start()
     hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1, max_local_batch=18,
                       started_at=time.time())  # fmt: skip
     await bus.publish(subjects.hello(job, 0), hello)
@@ -137,7 +137,7 @@ async def test_ack_from_the_wrong_rank_is_not_counted(
 ) -> None:
     job = "prop-wrong-ack"
     await register(bus, job)
-    ranks = await AckingRanks(bus.settings, job, WORLD, wrong_rank=frozenset({2})).start()
+    ranks = await acking_ranks(bus.settings, job, WORLD, hook=signed_by_another({2}, WORLD)).start()
     try:
         record = await propose(bus, proposal(job, (20, 20, 20, 4), plan_version=0))
         assert record.result == ActionResult.PARTIAL
