@@ -1,12 +1,7 @@
-"""The real DLRover shard master as a same-run baseline (dlrover_real.py, on its own Python).
-
-The in-memory master of master.py re-implements DLRover's design over this project's
-transport; issue #3's reference ("the in-memory DLRover master does about 960 here") is
-DLRover's own: its gRPC servicer and TaskManager, driven by its ShardingClient. The
-bench runs that one too, in its own environment (DLRover and its Kubernetes client stay
-out of the project's): the Makefile makes `.venv-dlrover` for `make bench` and `make
-test`; elsewhere set ANTDT_BENCH_DLROVER_PYTHON to a Python that has `dlrover[k8s]`.
-"""
+"""The real DLRover shard master as a same-run baseline (dlrover_real.py, on its own
+Python). It runs from its own environment (DLRover needs the Kubernetes client): the
+repository's `.venv-dlrover`, which `make bench` and `make bench-test` make, or the Python
+that ANTDT_BENCH_DLROVER_PYTHON names."""
 
 from __future__ import annotations
 
@@ -16,12 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from antdt.bench.shards import percentiles
+from bench.children import ROOT
+from bench.shards import percentiles
 
 #: DLRover's release the bench measures (the Makefile installs this one).
 DLROVER_VERSION = "0.6.1"
 #: The Python with DLRover installed, unless ANTDT_BENCH_DLROVER_PYTHON says otherwise.
-DEFAULT_PYTHON = Path(".venv-dlrover/bin/python")
+DEFAULT_PYTHON = ROOT / ".venv-dlrover" / "bin" / "python"
 SCRIPT = Path(__file__).with_name("dlrover_real.py")
 #: Longest answer line read from it, bytes: a run's answer lists every cycle's latency
 #: (about 20 bytes each; 8 clients for 3 s came to 100 kB, past asyncio's 64 KiB default).
@@ -51,10 +47,15 @@ class DLRoverMaster:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as log:  # the child keeps its own descriptor
             self._process = await asyncio.create_subprocess_exec(
-                str(self.python), str(SCRIPT), "--workers", str(self.workers),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=log,
+                str(self.python),
+                str(SCRIPT),
+                "--workers",
+                str(self.workers),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
                 limit=ANSWER_LIMIT,
-            )  # fmt: skip
+            )
         try:
             ready = await self._answer(timeout=180)
         except BaseException:

@@ -15,7 +15,6 @@ import json
 import time
 from typing import Any
 
-from antdt.bench.shards import ShardsReplicas, grant_every_rank, percentiles, stored_ledger
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedCluster
@@ -29,6 +28,9 @@ from antdt.schemas import (
     ShardPosition,
     ShardRestore,
 )
+from bench.ledger_size import grant_every_rank, stored_ledger
+from bench.replicas import ShardsReplicas
+from bench.shards import percentiles
 
 #: Requests in flight at once: agents all commit at once, but one client process
 #: holding 10^4 requests would measure itself more than the service.
@@ -50,8 +52,9 @@ async def _checkpoint(
     replica: ShardsReplicas, store: Store, ranks: int, prefetch: int
 ) -> dict[str, float]:
     job = f"ckpt{ranks}"
-    spec = JobSpec(job=job, world_size=ranks, dataset_size=10**9, shard_size=10**4,
-                   global_batch=ranks * 32)  # fmt: skip
+    spec = JobSpec(
+        job=job, world_size=ranks, dataset_size=10**9, shard_size=10**4, global_batch=ranks * 32
+    )
     await replica.register(store, spec)
     bus = await Bus(replica.nats, name="bench-checkpoint").connect()
     gate = asyncio.Semaphore(CONCURRENT)

@@ -15,20 +15,26 @@ import random
 import time
 from typing import Any
 
-from antdt.bench.shards import ShardsReplicas, percentiles
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import JobSpec, ShardFetch, ShardReply
+from bench.replicas import ShardsReplicas
+from bench.shards import percentiles
 
 LEAD_S = 5.0  # at most this long before the measured window, waiting for the budget
 
 
 async def bench_ledger_writes(
-    cluster: EmbeddedCluster, *, ranks: int, every_s: float, seconds: float,
-    budget: float | None, burst_s: float | None = None,
-) -> dict[str, float]:  # fmt: skip
+    cluster: EmbeddedCluster,
+    *,
+    ranks: int,
+    every_s: float,
+    seconds: float,
+    budget: float | None,
+    burst_s: float | None = None,
+) -> dict[str, float]:
     """`ranks` ranks of one job, each reporting its shard done and fetching the next
     every `every_s` seconds (started at random offsets); over `seconds` after a first
     round, the bytes per second the replica's ledger transactions wrote, their rate, and
@@ -43,8 +49,13 @@ async def bench_ledger_writes(
     job = f"writes{ranks}-{'default' if budget is None else int(budget)}"
     try:
         async with ShardsReplicas(cluster, count=1, settings=settings) as replica:
-            spec = JobSpec(job=job, world_size=ranks, dataset_size=10**9, shard_size=10**4,
-                           global_batch=ranks * 32)  # fmt: skip
+            spec = JobSpec(
+                job=job,
+                world_size=ranks,
+                dataset_size=10**9,
+                shard_size=10**4,
+                global_batch=ranks * 32,
+            )
             await replica.register(store, spec)
             bus = await Bus(replica.nats, name="bench-ledger-writes").connect()
             try:
@@ -57,9 +68,14 @@ async def bench_ledger_writes(
 
 
 async def _load(
-    replica: ShardsReplicas, bus: Bus, job: str, ranks: int, every_s: float, seconds: float,
+    replica: ShardsReplicas,
+    bus: Bus,
+    job: str,
+    ranks: int,
+    every_s: float,
+    seconds: float,
     paced: bool,
-) -> dict[str, float]:  # fmt: skip
+) -> dict[str, float]:
     """The load, measured over `seconds`; when `paced`, from the moment the job's write
     budget first holds a write back (or after LEAD_S if it never does). A budget is a
     token bucket: from a full bucket a job may write a burst on top of the rate, so a

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from antdt.bench.latency import bench_incident_to_plan
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.services.controller.service import ControllerService
+from bench.latency import bench_incident_to_plan
 
 pytestmark = pytest.mark.integration
 

@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import pytest
 
-from antdt.bench.epoch_turn import bench_epoch_turn
-from antdt.bench.ledger_writes import bench_ledger_writes
-from antdt.bench.master import MemoryMaster, MemoryShards, bench_memory_master_cycles
-from antdt.bench.paired import bench_paired_cycles
-from antdt.bench.shards import (
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.runtime.store import Store
+from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardRef
+from bench.epoch_turn import bench_epoch_turn
+from bench.ledger_writes import bench_ledger_writes
+from bench.master import MemoryMaster, MemoryShards, bench_memory_master_cycles
+from bench.paired import bench_paired_cycles
+from bench.shards import (
     bench_raw_nats_request,
     bench_shards,
     cpu_per_cycle,
     cycle_request,
 )
-from antdt.runtime.servers import EmbeddedCluster
-from antdt.runtime.store import Store
-from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardRef
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +81,9 @@ async def test_paired_turns_serve_both_and_report_the_median_turn(
     cluster: EmbeddedCluster,
 ) -> None:
     turns: list[tuple[int, int]] = []
-    paired = await bench_paired_cycles(cluster, clients=(2,), seconds=0.3, turns=3,
-                                       on_turn=lambda n, t: turns.append((n, t)))  # fmt: skip
+    paired = await bench_paired_cycles(
+        cluster, clients=(2,), seconds=0.3, turns=3, on_turn=lambda n, t: turns.append((n, t))
+    )
     assert turns == [(2, 0), (2, 1), (2, 2)]
     pair = paired[2]
     assert len(pair["ratios"]) == 3 and pair["ratio"] == sorted(pair["ratios"])[1]
@@ -95,8 +96,9 @@ async def test_paired_turns_serve_both_and_report_the_median_turn(
     assert len(pair["dlrover_ratios"]) == 3
     assert pair["dlrover_ratio"] == sorted(pair["dlrover_ratios"])[1]
     # Raw NATS reports its CPU per request, every process together.
-    raw = await bench_raw_nats_request(cluster.nats.url, seconds=0.3, clients=2,
-                                       nats_pid=cluster.nats.pid)  # fmt: skip
+    raw = await bench_raw_nats_request(
+        cluster.nats.url, seconds=0.3, clients=2, nats_pid=cluster.nats.pid
+    )
     assert raw["responder_cpu_us_per_cycle"] > 0 and raw["nats_cpu_us_per_cycle"] > 0
     assert cpu_per_cycle(raw) > raw["client_cpu_us_per_cycle"]
 

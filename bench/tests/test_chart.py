@@ -6,24 +6,48 @@ from pathlib import Path
 
 import pytest
 
-from antdt.bench.chart import draw, save_chart, series_of
-from antdt.bench.shards_rows import scaled_targets
+from bench.chart import draw, save_chart, series_of
+from bench.shards_table import scaled_targets
 
 
 def rows() -> list[dict[str, object]]:
     made: list[dict[str, object]] = []
     for clients, raw, shards in ((1, 1800.0, 950.0), (2, 3100.0, 1350.0), (8, 5800.0, 1950.0)):
-        made.append({"what": f"raw NATS request/reply/s, {clients} client(s)", "value": raw,
-                     "p50_ms": 0.5, "baseline": None, "target": "baseline",
-                     "series": "raw NATS request/reply", "clients": clients})  # fmt: skip
-        made.append({"what": f"shards fetch+done cycles/s, {clients} client(s)", "value": shards,
-                     "p50_ms": 1.0, "baseline": raw, "target": ">= 1,000",
-                     "series": "shards, 1 replica(s)", "clients": clients,
-                     "cycle_target": 1000.0 * clients,
-                     "scaled_target": 800.0 * clients})  # fmt: skip
-    made.append({"what": "shards fetch+done cycles/s, 32 clients: capacity", "value": 4100.0,
-                 "p50_ms": 7.0, "baseline": None, "target": "reported",
-                 "series": "shards, 1 replica(s)", "clients": 32})  # fmt: skip
+        made.append(
+            {
+                "what": f"raw NATS request/reply/s, {clients} client(s)",
+                "value": raw,
+                "p50_ms": 0.5,
+                "baseline": None,
+                "target": "baseline",
+                "series": "raw NATS request/reply",
+                "clients": clients,
+            }
+        )
+        made.append(
+            {
+                "what": f"shards fetch+done cycles/s, {clients} client(s)",
+                "value": shards,
+                "p50_ms": 1.0,
+                "baseline": raw,
+                "target": ">= 1,000",
+                "series": "shards, 1 replica(s)",
+                "clients": clients,
+                "cycle_target": 1000.0 * clients,
+                "scaled_target": 800.0 * clients,
+            }
+        )
+    made.append(
+        {
+            "what": "shards fetch+done cycles/s, 32 clients: capacity",
+            "value": 4100.0,
+            "p50_ms": 7.0,
+            "baseline": None,
+            "target": "reported",
+            "series": "shards, 1 replica(s)",
+            "clients": 32,
+        }
+    )
     made.append({"what": "ledger bytes", "value": 103878, "baseline": None, "target": "reported"})
     return made
 
@@ -31,8 +55,11 @@ def rows() -> list[dict[str, object]]:
 def test_series_by_client_count() -> None:
     series = series_of(list(reversed(rows())))
     assert series["shards, 1 replica(s)"] == [
-        (1, 950.0, 1.0), (2, 1350.0, 1.0), (8, 1950.0, 1.0), (32, 4100.0, 7.0)
-    ]  # fmt: skip
+        (1, 950.0, 1.0),
+        (2, 1350.0, 1.0),
+        (8, 1950.0, 1.0),
+        (32, 4100.0, 7.0),
+    ]
     assert [c for c, _, _ in series["raw NATS request/reply"]] == [1, 2, 8]
 
 

@@ -80,8 +80,13 @@ def _worker(rank: int, master: str, conn: Any) -> None:
     conn.send("ready")
     while (command := conn.recv()) != "exit":
         dataset, seconds, start_at = command
-        client = ShardingClient(dataset_name=dataset, batch_size=SHARD_SIZE, num_epochs=1,
-                                dataset_size=DATASET_SIZE, num_minibatches_per_shard=1)  # fmt: skip
+        client = ShardingClient(
+            dataset_name=dataset,
+            batch_size=SHARD_SIZE,
+            num_epochs=1,
+            dataset_size=DATASET_SIZE,
+            num_minibatches_per_shard=1,
+        )
         if client.fetch_shard() is None:
             raise RuntimeError(f"rank {rank}: no first shard of {dataset}")
         time.sleep(max(0.0, start_at - time.time()))  # every rank starts together

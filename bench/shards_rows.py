@@ -12,29 +12,30 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from antdt.bench.display import console, listed
-from antdt.bench.dlrover import DLROVER_VERSION, DLRoverMaster, dlrover_python
-from antdt.bench.paired import bench_paired_cycles, median_figures, turn_ratios
-from antdt.bench.shards import (
-    bench_ledger_sizes,
+from antdt.runtime import loops
+from antdt.runtime.servers import EmbeddedCluster
+from bench.display import console, listed
+from bench.dlrover import DLROVER_VERSION, DLRoverMaster, dlrover_python
+from bench.ledger_size import ledger_size_rows
+from bench.paired import bench_paired_cycles, median_figures, turn_ratios
+from bench.shards import (
     bench_raw_etcd_txn,
     bench_raw_nats_request,
     bench_shards,
     cpu_per_cycle,
 )
-from antdt.runtime import loops
-from antdt.runtime.servers import EmbeddedCluster
+from bench.shards_table import (
+    ISSUE_DLROVER_ONE_CLIENT,
+    baseline_row,
+    cpu_budget,
+    cycles_details,
+    cycles_row,
+    scaled_targets,
+    series_row,
+)
 
 #: Turns of master and shards cycles per client count (paired.py), and of the loops.
 TURNS = 3
-#: The issue's targets (cycles/s of one shards replica by client count, "on this 2-core
-#: machine") and the reference it set them beside: "the in-memory DLRover master does
-#: about 960 here" with one client. Machines here differ by tens of percent, so the bench
-#: judges them as set and scaled by this run's DLRover master (DLRover's own, dlrover.py)
-#: at one client over that 960. Not by the re-implementation in master.py: it shares this
-#: project's transport, so every gain in the Bus raised it too (to twice DLRover's rate).
-CYCLE_TARGETS = {1: 1000, 8: 4000}
-ISSUE_DLROVER_ONE_CLIENT = 960.0
 #: Ranks of the capacity row: as many as keep a replica's queue from running dry, so the
 #: row says what one replica serves when a job has many ranks (the targets are at 1 and 8).
 CAPACITY_CLIENTS = 32
@@ -53,19 +54,24 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     per cycle, and with AntDT's one request per cycle (the cost of durability alone)."""
     with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
-        raw = {n: await bench_raw_nats_request(cluster.nats.url, seconds=3.0, clients=n,
-                                               nats_pid=cluster.nats.pid)
-               for n in (1, 2, 8)}  # fmt: skip
+        raw = {
+            n: await bench_raw_nats_request(
+                cluster.nats.url, seconds=3.0, clients=n, nats_pid=cluster.nats.pid
+            )
+            for n in (1, 2, 8)
+        }
     async with contextlib.AsyncExitStack() as stack:
         real = await _start_dlrover(stack)
         with console.status("shards cycles and the masters, in turns") as status:
 
             def on_turn(n: int, turn: int) -> None:
-                status.update(f"shards cycles and the masters, {n} client(s), turn "
-                              f"{turn + 1} of {TURNS}")  # fmt: skip
+                status.update(
+                    f"shards cycles and the masters, {n} client(s), turn {turn + 1} of {TURNS}"
+                )
 
-            paired = await bench_paired_cycles(cluster, clients=(1, 2, 8), seconds=3.0,
-                                               turns=TURNS, on_turn=on_turn, real=real)  # fmt: skip
+            paired = await bench_paired_cycles(
+                cluster, clients=(1, 2, 8), seconds=3.0, turns=TURNS, on_turn=on_turn, real=real
+            )
     master = {n: p["master"] for n, p in paired.items()}
     dlrover = {n: p["dlrover"] for n, p in paired.items()}
     reals = {n: p["real"] for n, p in paired.items() if "real" in p}
@@ -88,24 +94,26 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     )
     console.print(
         "  CPU per request, clients + responder + nats-server: "
-        + ", ".join(f"{n} client(s) {_cpu_budget(r)}" for n, r in raw.items())
+        + ", ".join(f"{n} client(s) {cpu_budget(r)}" for n, r in raw.items())
     )
-    for name, runs in (("DLRover's two requests per cycle (done, then fetch)", dlrover),
-                       ("AntDT's one request per cycle", master)):  # fmt: skip
+    for name, runs in (
+        ("DLRover's two requests per cycle (done, then fetch)", dlrover),
+        ("AntDT's one request per cycle", master),
+    ):
         console.print(
             f"in-memory shard master (DLRover's design: no durability, no fencing), {name}, "
             "same transport: "
             + ", ".join(
                 f"{n} client(s) {m['cycles_per_s']:,.0f}/s, p50 {m['p50_ms']:.2f} ms, CPU per "
-                f"cycle {_cpu_budget(m)}"
+                f"cycle {cpu_budget(m)}"
                 for n, m in runs.items()
             )
         )
     rows: list[dict[str, Any]] = [
-        _baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
+        baseline_row("raw serial etcd txn/s (fsync on)", txn["txn_per_s"], txn),
         *(
             {
-                **_baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r),
+                **baseline_row(f"raw NATS request/reply/s, {n} client(s)", r["req_per_s"], r),
                 "series": "raw NATS request/reply",
                 "clients": n,
             }
@@ -113,7 +121,7 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         ),
         *(
             {
-                **_baseline_row(
+                **baseline_row(
                     f"in-memory shard master cycles/s, not durable, {what}, {n} client(s)",
                     m["cycles_per_s"],
                     m,
@@ -131,10 +139,11 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     scale = reals[1]["cycles_per_s"] / ISSUE_DLROVER_ONE_CLIENT if reals else None
     for n, pair in paired.items():
         cycles = pair["shards"]
-        console.print(_pair_line(n, pair, raw[n]) + _details(cycles))
+        console.print(_pair_line(n, pair, raw[n]) + cycles_details(cycles))
         ratio = pair.get("real_ratio", pair["dlrover_ratio"])
-        rows.append(_cycles_row(n, 1, cycles, reference[n], raw[n], scale, ratio=ratio,
-                                real=bool(reals)))  # fmt: skip
+        rows.append(
+            cycles_row(n, 1, cycles, reference[n], raw[n], scale, ratio=ratio, real=bool(reals))
+        )
     one_replica = {n: pair["shards"]["cycles_per_s"] for n, pair in paired.items()}
     console.print(scaled_targets(one_replica, reals[1]["cycles_per_s"] if reals else None))
     with console.status("shards cycles, 2 replicas"):
@@ -143,31 +152,12 @@ async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         # Ranks follow the job's owner: a second replica adds no contention.
         console.print(
             f"shards, {n} client(s), 2 replicas: {cycles['cycles_per_s'] / one_replica[n]:.2f} "
-            f"of one replica's rate (median of its turns); " + _details(cycles)
+            f"of one replica's rate (median of its turns); " + cycles_details(cycles)
         )
-        rows.append(_cycles_row(n, 2, cycles, reference[n], raw[n], scale, real=bool(reals)))
+        rows.append(cycles_row(n, 2, cycles, reference[n], raw[n], scale, real=bool(reals)))
     rows.append(await capacity_row(cluster, eight=one_replica[8]))
     rows += await event_loop_rows(cluster)
-    with console.status("ledger size in etcd"):
-        sizes = await bench_ledger_sizes(cluster, dataset_size=10**9, shard_sizes=(10**4, 10**5),
-                                         ranks=1000, prefetch=2)  # fmt: skip
-    for shard_size, size in sizes.items():
-        console.print(
-            f"ledger, {shard_size:,}-sample shards: {size['bytes']:,.0f} bytes, filled at "
-            f"{size['fetches_per_s']:,.0f} fetches/s; encode {size['encode_ms']:.1f} ms, "
-            f"decode {size['decode_ms']:.1f} ms"
-        )
-        rows.append(
-            {
-                "what": f"ledger bytes in etcd: 10^9 samples, {shard_size:,}-sample shards, "
-                f"{size['in_flight']:,.0f} in flight (1,000 ranks x 2)",
-                "value": size["bytes"],
-                "baseline": None,
-                "baseline_what": "",
-                "target": "reported",
-                "details": size,
-            }
-        )
+    rows += await ledger_size_rows(cluster)
     return rows
 
 
@@ -203,7 +193,7 @@ def _real_rows(reals: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
     )
     return [
         {
-            **_baseline_row(
+            **baseline_row(
                 f"DLRover {DLROVER_VERSION}'s own shard master cycles/s (gRPC, in memory, not "
                 f"durable), its ShardingClient, {n} client(s)",
                 r["cycles_per_s"],
@@ -221,8 +211,10 @@ def _pair_line(n: int, pair: dict[str, Any], raw: dict[str, float]) -> str:
     """The one-replica cycles against each same-run baseline, medians of the turns."""
     said = [f"shards, {n} client(s), 1 replica:"]
     if "real_ratio" in pair:
-        said.append(f"{pair['real_ratio']:.2f} of DLRover's own master (median of {TURNS} "
-                    f"turns: {listed(pair['real_ratios'])}),")  # fmt: skip
+        said.append(
+            f"{pair['real_ratio']:.2f} of DLRover's own master (median of {TURNS} "
+            f"turns: {listed(pair['real_ratios'])}),"
+        )
     said.append(
         f"{pair['dlrover_ratio']:.2f} of the in-memory master with DLRover's two requests "
         f"({listed(pair['dlrover_ratios'])}), {pair['ratio']:.2f} of it with AntDT's one "
@@ -242,10 +234,10 @@ async def capacity_row(cluster: EmbeddedCluster, *, eight: float) -> dict[str, A
         [cycles] = (await bench_shards(cluster, clients=(n,), seconds=3.0)).values()
     console.print(
         f"shards, {n} clients, 1 replica (capacity with many ranks): "
-        f"{cycles['cycles_per_s'] / eight:.2f} of its rate with 8; " + _details(cycles)
+        f"{cycles['cycles_per_s'] / eight:.2f} of its rate with 8; " + cycles_details(cycles)
     )
     return {
-        **_series_row(n, 1, cycles, "one replica's capacity with many ranks"),
+        **series_row(n, 1, cycles, "one replica's capacity with many ranks"),
         "baseline": None,
         "baseline_what": "",
         "target": "reported (the issue's targets are at 1 and 8 clients)",
@@ -289,110 +281,3 @@ async def event_loop_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def _cycles_row(
-    n: int, replicas: int, cycles: dict[str, float], baseline: dict[str, float],
-    raw: dict[str, float], scale: float | None, ratio: float | None = None, real: bool = True,
-) -> dict[str, Any]:  # fmt: skip
-    """A shards cycles row; `baseline`: DLRover's own master at `n` clients (`real`), else
-    the DLRover-driven in-memory master; `scale`: DLRover's own master at one client over
-    the issue's reference (None: not run), by which the targets are scaled."""
-    target = CYCLE_TARGETS.get(n)
-    if target is None:
-        said = ">= 1,000 (1 client), >= 4,000 (8 clients)"
-    elif scale is None:
-        said = f">= {target:,} as set (no DLRover here to scale by)"
-    else:
-        said = f">= {target:,} as set, >= {target * scale:,.0f} scaled to this run's DLRover"
-    what = (
-        f"DLRover {DLROVER_VERSION}'s own master, {n} client(s)"
-        if real
-        else f"in-memory master, DLRover's 2 requests per cycle, {n} client(s)"
-    )
-    row: dict[str, Any] = {
-        **_series_row(
-            n, replicas, cycles, "grants durable before handed out, done marks written behind"
-        ),
-        "baseline": baseline["cycles_per_s"],
-        "baseline_what": what,
-        "raw_nats": raw["req_per_s"],
-        "target": f"{said}; aim 2x DLRover",
-    }
-    if target is not None:
-        row["cycle_target"] = target
-        if scale is not None:
-            row["scaled_target"] = target * scale
-    if ratio is not None:  # measured in turns with its baseline: the median turn's
-        row["ratio"] = ratio
-    return row
-
-
-def _series_row(n: int, replicas: int, cycles: dict[str, float], said: str) -> dict[str, Any]:
-    """What every shards cycles row says: its figures, and its point in the picture."""
-    return {
-        "what": f"shards fetch+done cycles/s, {n} client(s), {replicas} replica(s), {said}",
-        "value": cycles["cycles_per_s"],
-        "p50_ms": cycles["p50_ms"],
-        "p99_ms": cycles["p99_ms"],
-        "details": cycles,
-        "series": f"shards, {replicas} replica(s)",
-        "clients": n,
-    }
-
-
-def scaled_targets(measured: dict[int, float], dlrover_one: float | None) -> str:
-    """The issue's cycle targets as set, and scaled by this run's DLRover master at one
-    client (`dlrover_one`; None: DLRover was not run) over the issue's reference."""
-    scale = None if dlrover_one is None else dlrover_one / ISSUE_DLROVER_ONE_CLIENT
-    verdicts = []
-    for n, target in CYCLE_TARGETS.items():
-        got = measured[n]
-        said = f"{n} client(s) {got:,.0f}/s against {target:,} ({_verdict(got, target)})"
-        if scale is not None:
-            said += f", scaled {target * scale:,.0f} ({_verdict(got, target * scale)})"
-        verdicts.append(said)
-    where = (
-        "DLRover was not run here, so they are judged as set only"
-        if dlrover_one is None
-        else f"DLRover's own master did {dlrover_one:,.0f}/s here (x{scale:.2f})"
-    )
-    return (
-        f"the issue's cycle targets, set where DLRover's in-memory master did about "
-        f"{ISSUE_DLROVER_ONE_CLIENT:.0f}/s with one client; {where}: " + "; ".join(verdicts)
-    )
-
-
-def _verdict(got: float, target: float) -> str:
-    return "met" if got >= target else "short"
-
-
-def _baseline_row(what: str, value: float, latency: dict[str, float]) -> dict[str, Any]:
-    return {"what": what, "value": value, "p50_ms": latency["p50_ms"],
-            "p99_ms": latency["p99_ms"], "baseline": None, "baseline_what": "",
-            "target": "baseline"}  # fmt: skip
-
-
-def _cpu_budget(figures: dict[str, float]) -> str:
-    """A cycle's CPU, all processes together, and the rate this machine's cores could
-    serve at that cost if nothing else ran: the bound a CPU-bound run sits under."""
-    cpu = cpu_per_cycle(figures)
-    cores = os.cpu_count() or 1
-    return f"{cpu:,.0f} us (at most {cores * 1e6 / cpu:,.0f}/s on {cores} cores)"
-
-
-def _details(cycles: dict[str, float]) -> str:
-    cpu = ", ".join(
-        f"{name.removesuffix('_cpu_us_per_cycle')} {value:,.0f}"
-        for name, value in cycles.items()
-        if name.endswith("_cpu_us_per_cycle")
-    )
-    return (
-        f"{cycles['cycles_per_s']:,.0f}/s, p50 {cycles['p50_ms']:.2f} ms, p99 "
-        f"{cycles['p99_ms']:.2f} ms, {cycles['early_share']:.0%} answered before their write, "
-        f"{cycles['requests_per_commit']:.1f} requests per commit, "
-        f"{cycles['cas_conflicts']:,.0f} CAS conflicts; per stage: ledger ops "
-        f"{cycles['apply_us_per_request']:,.0f} us per request, etcd txn "
-        f"{cycles['txn_ms_per_commit']:.2f} ms per commit; CPU us per cycle: {cpu}; all "
-        f"processes {_cpu_budget(cycles)}"
-    )

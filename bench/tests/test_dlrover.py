@@ -1,5 +1,5 @@
 """DLRover's own shard master and client, the shards bench's baseline for issue #3, run
-briefly from the environment `make test` and `make bench` make (.venv-dlrover): the
+briefly from the environment `make bench-test` and `make bench` make (.venv-dlrover): the
 cycles it reports were really served by DLRover's gRPC master to its ShardingClient."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from antdt.bench.dlrover import DLRoverMaster, dlrover_python
-from antdt.bench.paired import bench_paired_cycles
 from antdt.runtime.servers import EmbeddedCluster
+from bench.dlrover import DLRoverMaster, dlrover_python
+from bench.paired import bench_paired_cycles
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,7 @@ def _python() -> Path:
     python = dlrover_python()
     if python is None:
         pytest.fail(
-            "no Python with DLRover: `make test` makes .venv-dlrover (or set "
+            "no Python with DLRover: `make bench-test` makes .venv-dlrover (or set "
             "ANTDT_BENCH_DLROVER_PYTHON)"
         )
     return python

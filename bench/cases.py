@@ -120,10 +120,16 @@ async def bench_agent_tracing(
     iterators: dict[str, Any] = {}
     for mode, provider in (("off", None), ("on", traced)):
         cfg = AgentSettings(
-            nats=base.nats, job=f"bench-tracing-{mode}", rank=0, world_size=1, host="h0",
-            dataset_size=8 * (rounds + 1) * (steps + 200) * 2, shard_size=20_000, global_batch=8,
+            nats=base.nats,
+            job=f"bench-tracing-{mode}",
+            rank=0,
+            world_size=1,
+            host="h0",
+            dataset_size=8 * (rounds + 1) * (steps + 200) * 2,
+            shard_size=20_000,
+            global_batch=8,
             register_timeout_s=15.0,
-        )  # fmt: skip
+        )
         agent = Agent(cfg, collectives=_AloneCollectives(), tracer_provider=provider)
         await asyncio.to_thread(agent.start)
         await asyncio.to_thread(next, agent.epochs())  # blocks until data: not on this loop
@@ -137,8 +143,13 @@ async def bench_agent_tracing(
         while not done.is_set():
             if agent.step >= next_at:
                 versions[mode] += 1
-                plan = Plan(job=agent.settings.job, version=versions[mode], local_batch=(8,),
-                            effective_step=agent.step + 3, created_at=time.time())  # fmt: skip
+                plan = Plan(
+                    job=agent.settings.job,
+                    version=versions[mode],
+                    local_batch=(8,),
+                    effective_step=agent.step + 3,
+                    created_at=time.time(),
+                )
                 command = AdjustBatch(action_id=f"{mode}-{plan.version}", job=plan.job, plan=plan)
                 with sender.start_as_current_span("send adjust_batch"):
                     await client.request(subjects.command(plan.job, 0), command, Ack)

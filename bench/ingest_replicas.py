@@ -2,8 +2,8 @@
 replica and then by two (each replica a process of its own, the jobs spread over them
 by placement, each replica subscribed to its own jobs' steps only).
 
-Each job's events come from a load generator process of its own (antdt.bench.publisher),
-both at once. A replica process (`python -m antdt.bench.ingest_replicas ...`) runs a
+Each job's events come from a load generator process of its own (bench.publisher),
+both at once. A replica process (`python -m bench.ingest_replicas ...`) runs a
 MonitorService and answers the bench over its stdin and stdout, one JSON line each way:
 `count` (events ingested so far), `go` (count from here, the jobs it owns now),
 `result` (its ingest, once its jobs' events have all come or stopped coming). Its
@@ -18,9 +18,6 @@ import sys
 import time
 from typing import Any
 
-from antdt.bench.cases import _settings
-from antdt.bench.ingest import RANKS, _load, _until_settled
-from antdt.bench.publisher import step_event
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import EtcdSettings, NatsSettings
@@ -28,6 +25,10 @@ from antdt.runtime.coordination.placement import preferred
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import JobSpec, Keys, RankHello, Subjects
+from bench.cases import _settings
+from bench.children import start_module
+from bench.ingest import RANKS, _load, _until_settled
+from bench.publisher import step_event
 
 REPLICAS = ("bench-m0", "bench-m1")
 #: Marks the replica process's answers on its stdout, which its logs share.
@@ -99,11 +100,13 @@ async def _claimed(bus: Bus, store: Store, keys: Keys, subjects: Subjects, jobs:
     """Each job registered and started (a hello: how a job starting is claimed), until
     every job has an owner."""
     for job in jobs:
-        spec = JobSpec(job=job, world_size=RANKS, dataset_size=10**6, shard_size=1000,
-                       global_batch=32 * RANKS)  # fmt: skip
+        spec = JobSpec(
+            job=job, world_size=RANKS, dataset_size=10**6, shard_size=1000, global_batch=32 * RANKS
+        )
         await store.put(keys.spec(job), spec.model_dump_json().encode())
-        hello = RankHello(job=job, rank=0, world_size=RANKS, host="h0", pid=1,
-                          started_at=time.time())  # fmt: skip
+        hello = RankHello(
+            job=job, rank=0, world_size=RANKS, host="h0", pid=1, started_at=time.time()
+        )
         await bus.publish(subjects.hello(job, 0), hello)
     await _wait(lambda: _count(store, keys.owners("monitor"), len(jobs)), "every job owned")
 
@@ -142,10 +145,12 @@ class _Replica:
     @classmethod
     async def start(cls, nats: NatsSettings, etcd: EtcdSettings, name: str) -> _Replica:
         config = {"nats": nats.model_dump(), "etcd": etcd.model_dump(), "replica_id": name}
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "antdt.bench.ingest_replicas", json.dumps(config),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        process = await start_module(
+            "ingest_replicas",
+            json.dumps(config),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
         return cls(process)
 
     async def _ask(self, command: str) -> Any:

@@ -14,18 +14,24 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from antdt.bench.dlrover import DLRoverMaster
-from antdt.bench.master import MemoryMaster, bench_memory_master_cycles
-from antdt.bench.shards import ShardsReplicas, bench_shards_cycles
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
+from bench.dlrover import DLRoverMaster
+from bench.master import MemoryMaster, bench_memory_master_cycles
+from bench.replicas import ShardsReplicas
+from bench.shards import bench_shards_cycles
 
 
 async def bench_paired_cycles(
-    cluster: EmbeddedCluster, *, clients: tuple[int, ...], seconds: float, turns: int,
-    on_turn: Any = None, real: DLRoverMaster | None = None,
-) -> dict[int, dict[str, Any]]:  # fmt: skip
+    cluster: EmbeddedCluster,
+    *,
+    clients: tuple[int, ...],
+    seconds: float,
+    turns: int,
+    on_turn: Any = None,
+    real: DLRoverMaster | None = None,
+) -> dict[int, dict[str, Any]]:
     """For each client count: {"master": median figures, "dlrover": the master's
     median figures with DLRover's two requests per cycle, "shards": median figures,
     "ratio": median of shards/master per turn, "ratios": each turn's, "dlrover_ratio"
@@ -41,8 +47,12 @@ async def bench_paired_cycles(
             ShardsReplicas(cluster, count=1) as replica,
         ):
             for n in clients:
-                runs: dict[str, list[dict[str, float]]] = {"master": [], "dlrover": [],
-                                                           "shards": [], "real": []}  # fmt: skip
+                runs: dict[str, list[dict[str, float]]] = {
+                    "master": [],
+                    "dlrover": [],
+                    "shards": [],
+                    "real": [],
+                }
                 for turn in range(turns):
                     if on_turn is not None:
                         on_turn(n, turn)
@@ -52,9 +62,9 @@ async def bench_paired_cycles(
                     )
                     if real is not None:
                         runs["real"].append(await real.run(n, seconds))
-                    runs["shards"].append(await bench_shards_cycles(
-                        replica, store, clients=n, seconds=seconds
-                    ))  # fmt: skip
+                    runs["shards"].append(
+                        await bench_shards_cycles(replica, store, clients=n, seconds=seconds)
+                    )
                 results[n] = _paired(runs)
     finally:
         await store.close()

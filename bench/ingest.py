@@ -1,7 +1,7 @@
 """Monitor ingest cases: one replica's step-event rate against raw nats-py pub/sub, and
 the same replica under a burst far past what it ingests in a lease's TTL.
 
-Both take their events from the load generator process (antdt.bench.publisher), so the
+Both take their events from the load generator process (bench.publisher), so the
 receiving side is measured the same way in both. The monitor runs on this process's
 loop, where a ticker also measures how long the loop went without a turn: a replica
 that holds its loop for its lease's TTL loses every job it owns."""
@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import time
 from typing import Any
 
-from antdt.bench.cases import _settings
-from antdt.bench.publisher import step_event
 from antdt.runtime.bus import SLOW_CONSUMER_CODE, Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -30,6 +27,9 @@ from antdt.schemas import (
     RankHello,
     Subjects,
 )
+from bench.cases import _settings
+from bench.children import start_module
+from bench.publisher import step_event
 
 #: Ranks of the load generator's job.
 RANKS = 64
@@ -72,9 +72,14 @@ async def bench_monitor_ingest(
     runtime = ServiceRuntime("bench-monitor")
     bus = await Bus(settings.nats, name="bench-monitor").connect()
     store = await Store(settings.etcd).connect()
-    spec = JobSpec(job="bench", world_size=RANKS, dataset_size=10**6, shard_size=1000,
-                   global_batch=32 * RANKS,
-                   monitor=MonitorParams(min_stall_s=1.0) if stalled_first else None)  # fmt: skip
+    spec = JobSpec(
+        job="bench",
+        world_size=RANKS,
+        dataset_size=10**6,
+        shard_size=1000,
+        global_batch=32 * RANKS,
+        monitor=MonitorParams(min_stall_s=1.0) if stalled_first else None,
+    )
     await store.put(f"{settings.etcd.key_prefix}jobs/bench/spec", spec.model_dump_json().encode())
     monitor = MonitorService(settings, bus, store)
     jobs_lost: list[str] = []
@@ -127,8 +132,9 @@ async def _take_on(nats: NatsSettings, monitor: Any) -> None:
     one is ingested."""
     warm = await Bus(nats, name="bench-warmup").connect()
     subjects = Subjects(nats.subject_prefix)
-    hello = RankHello(job="bench", rank=0, world_size=RANKS, host="h0", pid=1,
-                      started_at=time.time())  # fmt: skip
+    hello = RankHello(
+        job="bench", rank=0, world_size=RANKS, host="h0", pid=1, started_at=time.time()
+    )
     await warm.publish(subjects.hello("bench", 0), hello)
     first = (subjects.step("bench", 0), step_event(0, 0, "bench").model_dump_json())
     deadline = time.monotonic() + 30
@@ -202,11 +208,8 @@ class LoopHolds:
 
 
 async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> Any:
-    """Start the load generator (antdt.bench.publisher) in its own process."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "antdt.bench.publisher", url, prefix, job, str(RANKS),
-        str(events), *extra,
-    )  # fmt: skip
+    """Start the load generator (bench.publisher) in its own process."""
+    return await start_module("publisher", url, prefix, job, str(RANKS), str(events), *extra)
 
 
 async def _received(

@@ -3,7 +3,7 @@ one nats-py client can. The monitor ingest case and its raw pub/sub baseline bot
 it, so that the receiving side is measured the same way in both and does not share a
 thread (or the GIL) with its load: in a real job the step events come from the ranks.
 
-    python -m antdt.bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]
+    python -m bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]
 """
 
 from __future__ import annotations
@@ -18,10 +18,21 @@ from antdt.schemas import StepEvent, Subjects
 
 def step_event(rank: int, n: int, job: str) -> StepEvent:
     return StepEvent(
-        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=32,
-        samples=32, compute_s=0.1, data_wait_s=0.001, comm_s=0.01, step_s=0.111,
-        started_at=1e9 + n, ended_at=1e9 + n + 0.111,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        step=n,
+        epoch=0,
+        plan_version=0,
+        local_batch=32,
+        samples=32,
+        compute_s=0.1,
+        data_wait_s=0.001,
+        comm_s=0.01,
+        step_s=0.111,
+        started_at=1e9 + n,
+        ended_at=1e9 + n + 0.111,
+    )
 
 
 def payloads(
@@ -41,8 +52,11 @@ def payloads(
 def _template(rank: int, job: str) -> str:
     """step_event(rank, n, job) as JSON, with its step and times left to fill in."""
     text = step_event(rank, 0, job).model_dump_json()
-    for field, value in (("step", "0"), ("started_at", "1000000000.0"),
-                         ("ended_at", "1000000000.111")):  # fmt: skip
+    for field, value in (
+        ("step", "0"),
+        ("started_at", "1000000000.0"),
+        ("ended_at", "1000000000.111"),
+    ):
         made = text.replace(f'"{field}":{value}', f'"{field}":%r', 1)
         if made == text:
             raise RuntimeError(f"step event JSON without {field}={value}: {text}")

@@ -1,5 +1,5 @@
 """Latency benchmark: incident to plan applied on every rank, with the real controller
-and stand-in ranks (`antdt.bench.ranks`) in another process, against a raw NATS
+and stand-in ranks (`bench.ranks`) in another process, against a raw NATS
 request/reply round trip measured in the same run."""
 
 from __future__ import annotations
@@ -8,11 +8,9 @@ import asyncio
 import contextlib
 import json
 import statistics
-import sys
 import time
 from typing import Any
 
-from antdt.bench.cases import _settings
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -31,6 +29,8 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from bench.cases import _settings
+from bench.children import start_module
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:
@@ -93,8 +93,16 @@ def _bench_health(job: str, ranks: int, slow: int, step: int, version: int) -> J
         )
         for r in range(ranks)
     )
-    return JobHealth(job=job, at=time.time(), step=step, step_s=0.1, samples_per_s=1000.0,
-                     balance_efficiency=0.5, plan_version=version, ranks=rows)  # fmt: skip
+    return JobHealth(
+        job=job,
+        at=time.time(),
+        step=step,
+        step_s=0.1,
+        samples_per_s=1000.0,
+        balance_efficiency=0.5,
+        plan_version=version,
+        ranks=rows,
+    )
 
 
 async def bench_incident_to_plan(
@@ -122,9 +130,15 @@ async def bench_incident_to_plan(
     await client.jetstream.ensure_stream(
         INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600
     )
-    spec = JobSpec(job=job, world_size=ranks, dataset_size=10**6, shard_size=1000,
-                   global_batch=32 * ranks, policy="lb-bsp",
-                   policy_params={"cooldown_s": 0.0, "settle_steps": 0})  # fmt: skip
+    spec = JobSpec(
+        job=job,
+        world_size=ranks,
+        dataset_size=10**6,
+        shard_size=1000,
+        global_batch=32 * ranks,
+        policy="lb-bsp",
+        policy_params={"cooldown_s": 0.0, "settle_steps": 0},
+    )
     await client.request(subjects.register(job), spec, RegisterReply)
     held: dict[int, dict[str, float]] = {}
     recorded: dict[int, float] = {}
@@ -148,19 +162,35 @@ async def bench_incident_to_plan(
     report = f"{base.nats.subject_prefix}.bench.held"
     await client.nc.subscribe(report, cb=on_held)
     await client.subscribe(subjects.action(job), ActionRecord, on_record)
-    stand_in = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "antdt.bench.ranks", base.nats.url, base.nats.subject_prefix,
-        job, str(ranks), report, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    stand_in = await start_module(
+        "ranks",
+        base.nats.url,
+        base.nats.subject_prefix,
+        job,
+        str(ranks),
+        report,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     assert stand_in.stdout is not None and stand_in.stdin is not None
     await asyncio.wait_for(stand_in.stdout.readline(), 60)  # "ready"
     to_ranks, to_record, step = [], [], 100
     for n in range(rounds + 10):
         slow, version = n % ranks, n + 1  # the plan version this round makes
         now = time.time()
-        incident = Incident(id=f"bench-{n}", job=job, rank=slow, host=f"h{slow}", ratio=3.0,
-                            kind=IncidentKind.SLOW, state=IncidentState.OPENED, step=step,
-                            opened_at=now, updated_at=now, windows=3)  # fmt: skip
+        incident = Incident(
+            id=f"bench-{n}",
+            job=job,
+            rank=slow,
+            host=f"h{slow}",
+            ratio=3.0,
+            kind=IncidentKind.SLOW,
+            state=IncidentState.OPENED,
+            step=step,
+            opened_at=now,
+            updated_at=now,
+            windows=3,
+        )
         health = _bench_health(job, ranks, slow, step, version - 1)
         started = time.time()
         await client.publish(subjects.health(job), health)

@@ -42,25 +42,46 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
         # The re-implemented masters' figures are in the table: labelling them too
         # crowded the one-client points past reading.
         labelled = not raw and not name.startswith("in-memory")
-        [line] = cycles.plot(clients, values, marker="o", ls="--" if baseline else "-",
-                             label=name, color="grey" if raw else None)  # fmt: skip
+        [line] = cycles.plot(
+            clients,
+            values,
+            marker="o",
+            ls="--" if baseline else "-",
+            label=name,
+            color="grey" if raw else None,
+        )
         # Baselines are labelled left of their points, the service's series right: one
         # above its points, the next below, so that nothing overlaps at 8 clients.
         offset = (-6, 6) if baseline else (6, 6 if measured % 2 == 0 else -12)
         for c, v, p50 in points:
             if labelled:
-                cycles.annotate(f"{v:,.0f}/s, p50 {p50:.1f} ms", (c, v), fontsize=7,
-                                color=line.get_color(), textcoords="offset points",
-                                xytext=offset, ha="right" if baseline else "left")  # fmt: skip
+                cycles.annotate(
+                    f"{v:,.0f}/s, p50 {p50:.1f} ms",
+                    (c, v),
+                    fontsize=7,
+                    color=line.get_color(),
+                    textcoords="offset points",
+                    xytext=offset,
+                    ha="right" if baseline else "left",
+                )
         measured += not baseline
     # The issue's targets as set, and scaled to this run's DLRover master, as the rows say.
     scaled_label = "the target scaled to this run's DLRover"
-    for key, marker, label in (("cycle_target", "x", "the issue's target"),
-                               ("scaled_target", "+", scaled_label)):  # fmt: skip
+    for key, marker, label in (
+        ("cycle_target", "x", "the issue's target"),
+        ("scaled_target", "+", scaled_label),
+    ):
         targets = [(r["clients"], r[key]) for r in rows if key in r]
         if targets:
-            cycles.scatter([c for c, _ in targets], [v for _, v in targets], marker=marker, s=80,
-                           color="red", zorder=3, label=label)  # fmt: skip
+            cycles.scatter(
+                [c for c, _ in targets],
+                [v for _, v in targets],
+                marker=marker,
+                s=80,
+                color="red",
+                zorder=3,
+                label=label,
+            )
     cycles.set_xscale("log", base=2)
     drawn = sorted({c for points in series.values() for c, _, _ in points})
     cycles.set_xticks(drawn, labels=[str(c) for c in drawn])
@@ -68,23 +89,29 @@ def draw(rows: list[dict[str, Any]]) -> Figure:
     cycles.set_xlabel("concurrent clients")
     cycles.set_ylabel("per second")
     cycles.set_ylim(bottom=0)
-    cycles.set_title("shards fetch+done cycles vs DLRover's own master, in-memory masters\n"
-                     "and the bare transport", fontsize=10)  # fmt: skip
+    cycles.set_title(
+        "shards fetch+done cycles vs DLRover's own master, in-memory masters\n"
+        "and the bare transport",
+        fontsize=10,
+    )
     cycles.legend(fontsize=8, frameon=False, loc="upper left")
     _ratios(ratios, rows)
-    fig.suptitle("make bench (figures of one run; ratios are against same-run baselines)",
-                 fontsize=11)  # fmt: skip
+    fig.suptitle(
+        "make bench (figures of one run; ratios are against same-run baselines)", fontsize=11
+    )
     return fig
 
 
 def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
     with_baseline = [row for row in rows if row.get("baseline")]
     # A row measured in turns with its baseline says its ratio (the median turn's).
-    pairs = [(row["what"], row.get("ratio", row["value"] / row["baseline"]))
-             for row in with_baseline]  # fmt: skip
+    pairs = [
+        (row["what"], row.get("ratio", row["value"] / row["baseline"])) for row in with_baseline
+    ]
     # Some rows are rates (higher is better), some latencies or costs: each says its target.
-    labels = [f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}"
-              for r in with_baseline]  # fmt: skip
+    labels = [
+        f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}" for r in with_baseline
+    ]
     ax.barh(range(len(pairs)), [ratio for _, ratio in pairs], color="tab:blue")
     ax.set_yticks(range(len(pairs)), labels=labels, fontsize=6.5)
     ax.invert_yaxis()
@@ -100,8 +127,14 @@ def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xlabel("value / same-run baseline (log)")
     ax.set_title("every row with a baseline", fontsize=10)
     for i, (_, ratio) in enumerate(pairs):
-        ax.annotate(f"{ratio:.2f}", (ratio, i), fontsize=7, va="center",
-                    textcoords="offset points", xytext=(3, 0))  # fmt: skip
+        ax.annotate(
+            f"{ratio:.2f}",
+            (ratio, i),
+            fontsize=7,
+            va="center",
+            textcoords="offset points",
+            xytext=(3, 0),
+        )
 
 
 def _short(what: str, width: int = 60) -> str:

@@ -16,13 +16,14 @@ import contextlib
 import time
 from typing import Any
 
-from antdt.bench.display import console
-from antdt.bench.shards import ShardsReplicas, percentiles
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import EpochFinished, FetchStatus, JobSpec, ShardFetch, ShardReply
+from bench.display import console
+from bench.replicas import ShardsReplicas
+from bench.shards import percentiles
 
 #: The waiting ranks' poll before the announcement existed, seconds.
 OLD_POLL_S = 0.05
@@ -44,8 +45,14 @@ async def bench_epoch_turn(
     job = f"turn{ranks}{'told' if told else 'polled'}"
     try:
         async with ShardsReplicas(cluster, count=1) as replica:
-            spec = JobSpec(job=job, world_size=ranks, dataset_size=ranks * 100, shard_size=100,
-                           global_batch=ranks * 32, epochs=2)  # fmt: skip
+            spec = JobSpec(
+                job=job,
+                world_size=ranks,
+                dataset_size=ranks * 100,
+                shard_size=100,
+                global_batch=ranks * 32,
+                epochs=2,
+            )
             await replica.register(store, spec)
             buses = [
                 await Bus(replica.nats, name=f"bench-turn-{n}").connect()
@@ -75,8 +82,9 @@ async def _turn(
     async def ask(
         rank: int, epoch: int, done: tuple[Any, ...] = (), settle: bool = False
     ) -> ShardReply:
-        request = ShardFetch(job=job, rank=rank, epoch=epoch, done=done, want=int(not settle),
-                             held=(), settle=settle)  # fmt: skip
+        request = ShardFetch(
+            job=job, rank=rank, epoch=epoch, done=done, want=int(not settle), held=(), settle=settle
+        )
         return await buses[rank % len(buses)].request(subject, request, ShardReply, timeout=60)
 
     held = {rank: (await ask(rank, 0)).grants for rank in range(ranks)}

@@ -21,13 +21,14 @@ import time
 from collections import deque
 from typing import Any
 
-from antdt.bench.shards import Children, bench_shards_cycles
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.store import Store
 from antdt.schemas import FetchStatus, JobSpec, ShardFetch, ShardGrant, ShardReply, Subjects
 from antdt.services.shards.state import ceil_div
+from bench.replicas import Children
+from bench.shards import bench_shards_cycles
 
 #: The master's subject prefix: its own, so that no shards replica answers for it.
 PREFIX = "bench.master"
@@ -53,8 +54,11 @@ class MemoryShards:
             shard = self.todo.popleft()
             self.doing[shard] = req.rank
             start = shard * size
-            grants.append(ShardGrant(epoch=0, shard=shard, attempt=0, start=start,
-                                     end=min(start + size, total)))  # fmt: skip
+            grants.append(
+                ShardGrant(
+                    epoch=0, shard=shard, attempt=0, start=start, end=min(start + size, total)
+                )
+            )
         status = FetchStatus.OK if grants or self.todo else FetchStatus.EPOCH_DONE
         return ShardReply(job=self.spec.job, epoch=0, status=status, grants=tuple(grants))
 
