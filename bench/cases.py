@@ -78,17 +78,9 @@ def _steps_cost(iterator: Any, steps: int) -> tuple[float, float]:
 async def bench_agent_tracing(
     cluster: EmbeddedCluster, *, steps: int = 6000, rounds: int = 24, command_every: int = 300
 ) -> dict[str, Any]:
-    """The agent's cost per step on the training thread, tracing off and on, in one run:
-    the thread's CPU time per step (see _steps_cost), and its wall time.
-
-    Two one-rank jobs against the real controller and shards services: one agent without
-    a tracer provider (what a rank gets with no OTLP endpoint), one with its own provider
-    recording every span (batch processor into memory: export is off the training
-    thread anyway). Both get the same AdjustBatch every `command_every` steps, sent from
-    inside a span, so the traced one makes its `process` and `apply plan` spans. Rounds
-    alternate off/on (the order flips each round); each mode's figure is the median of its
-    rounds, the ratio the median of the rounds' on/off ratios (pairs of adjacent rounds
-    see the same load from the rest of the machine)."""
+    """The agent's cost per step on the training thread, tracing off and on: the thread's
+    CPU time per step (see _steps_cost) and its wall time, each mode the median of its
+    rounds, and the median of paired rounds' on/off ratios."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -1,12 +1,7 @@
 """Checkpoints of large jobs through a real shards replica: every rank of a job holding
-`prefetch` shards commits the same checkpoint, as agents do after one synced step.
-
-Reported: how fast the commits are served (against how fast the same replica granted
-the shards: a commit that cost O(ranks) would fall far behind at 10^4 ranks), how long
-the checkpoint took to complete, the stored ledger's size at its peak (all ranks but
-one committed) against the same state written as JSON objects, the format before
-columns, which etcd's 1.5 MiB request limit refused at 10^4 ranks; then every rank
-restores that checkpoint with one token, as a restarted job does."""
+`prefetch` shards commits the same checkpoint, as agents do after one synced step, then
+restores it. Reported: the commit rate, the time to complete, the ledger's peak size
+(against the same state as JSON objects) and the restore time."""
 
 from __future__ import annotations
 

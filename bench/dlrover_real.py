@@ -1,26 +1,8 @@
-"""DLRover's own shard master and client, for the shards bench's same-run baseline.
-
-Issue #3 measures the shards service against "the in-memory DLRover master". This script
-runs the real one: DLRover's `LocalJobMaster` (its gRPC servicer and TaskManager, shards
-in memory, nothing durable) in this process, and up to `--workers` client processes,
-each a rank with DLRover's own `ShardingClient`, which makes a cycle of two RPCs, the
-done report (`report_batch_done` -> report_task_result) and the fetch (`fetch_shard` ->
-get_task). Shards are 10^4 samples of a 10^9-sample dataset, as in the shards bench.
-
-It imports nothing of antdt and runs on a Python that has DLRover installed (the
-Makefile's `.venv-dlrover`: dlrover and its Kubernetes client would otherwise share the
-project's environment). The bench talks to it over stdin and stdout, one JSON line each:
-
-    started       -> {"ready": true, "master": "127.0.0.1:PORT"}
-    {"clients": N, "seconds": S}
-                  -> {"latencies": [seconds of each cycle, every client's],
-                      "master_cpu_s": this process's CPU over the run (the master's
-                      threads), "client_cpu_s": the clients' together}
-    end of stdin  -> exits
-
-Each run is a dataset of its own, shared by its N clients as a job's ranks share theirs,
-so no run takes up an earlier one's shards.
-"""
+"""DLRover's own shard master and clients, the shards bench's same-run baseline (see
+dlrover.py). Runs on a Python with DLRover and imports nothing of antdt. One JSON line
+each way: started, it says {"ready": true, "master": ADDRESS}; to {"clients": N,
+"seconds": S} it answers {"latencies": [s, ...], "master_cpu_s", "client_cpu_s"}; at
+the end of stdin it exits."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The turn of an epoch in a large job: every rank but one is out of data and waits for
-the next epoch while the last one finishes the epoch's last shard.
-
-A rank out of data asks whether it may leave the epoch (a settle request) and is told
-how many shards are still held. The shards service announces the epoch's end
-(EpochFinished) and agents ask again then, polling only at the reply's
-`retry_after_s`, which grows with the job's ranks; once told none is held, a rank asks
-for the next epoch. Before, every waiting rank asked again every 0.05 s: this bench
-drives the same turn both ways, in the same run, with the waiting ranks' requests as the
-agents make them (the rank holding the last shard is one more client; no torch)."""
+"""The turn of an epoch in a large job: every rank but one waits for the next epoch while
+the last one finishes the epoch's last shard. Driven both ways in one run: the waiting
+ranks told (the announcement, `retry_after_s`), and polling every OLD_POLL_S as agents
+did before."""
 
 from __future__ import annotations
 
@@ -34,13 +28,11 @@ CONNECTIONS = 8
 async def bench_epoch_turn(
     cluster: EmbeddedCluster, *, ranks: int, hold_s: float, told: bool
 ) -> dict[str, float]:
-    """A 2-epoch job of `ranks` ranks, one shard each: every rank but 0 reports its shard
-    done and settles epoch 0 (asking again while shards are outstanding), then asks for
-    epoch 1; rank 0 reports its own `hold_s` later. `told`: the waiting
-    ranks ask again on the announcement or at the reply's `retry_after_s` (as agents do
-    now); else every OLD_POLL_S. Figures: the requests a second the replica answered
-    while they waited, and the time from rank 0's last done report to each waiting
-    rank's first grant of epoch 1."""
+    """A 2-epoch job of `ranks` ranks, one shard each: all but rank 0 report done, settle
+    epoch 0 and ask for epoch 1; rank 0 reports `hold_s` later. `told`: waiting ranks ask
+    again on the announcement or at `retry_after_s`, else every OLD_POLL_S. Figures: the
+    requests a second the replica answered meanwhile, and the time from rank 0's last done
+    report to each waiting rank's first grant of epoch 1."""
     store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
     job = f"turn{ranks}{'told' if told else 'polled'}"
     try:

@@ -1,10 +1,7 @@
-"""Monitor ingest cases: one replica's step-event rate against raw nats-py pub/sub, and
-the same replica under a burst far past what it ingests in a lease's TTL.
-
-Both take their events from the load generator process (bench.publisher), so the
-receiving side is measured the same way in both. The monitor runs on this process's
-loop, where a ticker also measures how long the loop went without a turn: a replica
-that holds its loop for its lease's TTL loses every job it owns."""
+"""Monitor ingest: one replica's step-event rate against raw nats-py pub/sub, and the
+same replica under a burst far past what it ingests in a lease's TTL. Events come from
+the load generator process (publisher.py); a ticker on the monitor's loop measures how
+long the loop went without a turn."""
 
 from __future__ import annotations
 
@@ -58,13 +55,10 @@ async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
 async def bench_monitor_ingest(
     cluster: EmbeddedCluster, *, events: int, stalled_first: bool = False
 ) -> dict[str, float]:
-    """Step events of 64 ranks from the load generator process, ingested by one monitor
-    replica (validation + detector) that owns the job: the receiving side's rate, as for
-    the raw baseline; events lost (dropped behind a full queue: `dropped`), jobs lost
-    with the lease, and the longest the loop went without a turn (`longest_hold_s`).
-
-    `stalled_first`: every rank but one is stalled when the events come (a job coming
-    back from a hang, all ranks at once), so the first events also resolve 63 incidents."""
+    """Step events of 64 ranks from the load generator, ingested by one monitor replica that
+    owns the job: the rate, events lost (`dropped`: behind a full queue), jobs lost with the
+    lease, and the loop's longest hold (`longest_hold_s`). `stalled_first`: all ranks but
+    one stalled when the events come, so the first events also resolve 63 incidents."""
     from antdt.services.monitor.service import MonitorService, MonitorSettings
 
     base = _settings(cluster, f"ingest{time.monotonic_ns() % 10**9}")

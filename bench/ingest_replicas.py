@@ -1,13 +1,8 @@
-"""Monitor replicas share the ingest: the step events of two jobs, ingested by one
-replica and then by two (each replica a process of its own, the jobs spread over them
-by placement, each replica subscribed to its own jobs' steps only).
-
-Each job's events come from a load generator process of its own (bench.publisher),
-both at once. A replica process (`python -m bench.ingest_replicas ...`) runs a
-MonitorService and answers the bench over its stdin and stdout, one JSON line each way:
-`count` (events ingested so far), `go` (count from here, the jobs it owns now),
-`result` (its ingest, once its jobs' events have all come or stopped coming). Its
-answers are the lines marked ANSWER: its logs share its stdout."""
+"""Monitor replicas share the ingest: two jobs' step events ingested by one replica, then
+by two (processes of their own, the jobs spread by placement). A replica process
+(`python -m bench.ingest_replicas CONFIG`) answers each command on its stdin with one
+JSON line marked ANSWER (its logs share its stdout): `count`, `go` (count from here; the
+jobs it owns), `result`."""
 
 from __future__ import annotations
 

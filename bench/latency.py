@@ -108,14 +108,10 @@ def _bench_health(job: str, ranks: int, slow: int, step: int, version: int) -> J
 async def bench_incident_to_plan(
     cluster: EmbeddedCluster, *, ranks: int, rounds: int
 ) -> dict[str, float]:
-    """Incident → plan applied on every rank, with the real controller (policy lb-bsp,
-    cooldown and settling off so that every round acts) and `ranks` stand-in ranks in
-    another process, each on its own connection, acking AdjustBatch. A round publishes what
-    the monitor does (JobHealth, then the Incident on JetStream; a different slow rank each
-    round) and measures until the last rank holds the new plan (the controller decided,
-    wrote the plan to etcd with CAS, sent it to every rank), not the wait for its
-    effective step; and until the ActionRecord (every ack collected, recorded on
-    JetStream). Wall-clock times, one host."""
+    """Incident -> plan on every rank: the real controller (lb-bsp, cooldown and settling off)
+    and `ranks` stand-in ranks in another process. Each round publishes what the monitor
+    does (the health, then the incident) and measures, wall clock, until the last rank holds
+    the new plan, and until its ActionRecord."""
     from antdt.services.controller.service import ControllerService, ControllerSettings
 
     base = _settings(cluster, f"plan{ranks}-{time.monotonic_ns() % 10**9}")

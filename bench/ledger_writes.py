@@ -1,11 +1,7 @@
-"""How fast a large job's ledger grows etcd: bytes its writes put into etcd's history.
-
-Every ledger write is the whole ledger (about 50 bytes per shard in flight), and etcd
-keeps each one until it compacts its history. A job of a thousand ranks, each asking
-every few seconds, changes its ledger hundreds of times a second; unpaced, the shards
-service writes it as often as etcd allows. The job's write budget
-(`ledger_write_bytes_per_s`) paces the writes instead, each carrying the requests that
-came meanwhile. This bench runs the same load with and without the budget."""
+"""Bytes a large job's ledger writes put into etcd's history, with the job's write budget
+(`ledger_write_bytes_per_s`) and unpaced, under the same load: a thousand ranks asking
+every few seconds change the ledger hundreds of times a second, and every write is the
+whole ledger."""
 
 from __future__ import annotations
 
@@ -76,11 +72,9 @@ async def _load(
     seconds: float,
     paced: bool,
 ) -> dict[str, float]:
-    """The load, measured over `seconds`; when `paced`, from the moment the job's write
-    budget first holds a write back (or after LEAD_S if it never does). A budget is a
-    token bucket: from a full bucket a job may write a burst on top of the rate, so a
-    window that started full would count the burst as rate (1 s of it in 8 s: up to
-    1.125x the budget)."""
+    """The load, measured over `seconds`; when `paced`, from the moment the budget first holds
+    a write back (or after LEAD_S): the budget's bucket starts full, and a window that
+    started full would count its burst as rate."""
     subject = replica.subjects.shards(job, "fetch")
     held: dict[int, tuple[Any, ...]] = dict.fromkeys(range(ranks), ())
     latencies: list[float] = []

@@ -1,18 +1,8 @@
-"""Baseline for the shards bench: an in-memory shard master, as DLRover builds its own.
-
-DLRover's master keeps a job's shards in one process: a queue of shards to do, a dict of
-shards being done, a done report pops its entry. Nothing is durable, and nothing fences:
-a master that dies loses the job's progress; a rank restarted in place loses what it had
-in flight. Issue #3 measures the shards service against it ("the in-memory DLRover
-master does about 960 cycles/s here"). This one answers the same ShardFetch and
-ShardReply messages over the same transport (nats-py request/reply, pydantic on both
-sides, its own process), driven two ways:
-
-- as DLRover's ShardingClient drives its master: a cycle is two requests, the done
-  report (report_task_result) and the fetch (get_task). The issue's comparison;
-- with AntDT's one-request cycle (done and fetch together): the ratio of the shards
-  service to this is the cost of durability and exactly-once accounting alone, on the
-  machine of the run, whatever its speed that day."""
+"""Baseline for the shards bench: an in-memory shard master as DLRover builds its own (a
+queue of shards to do, a dict of shards being done; nothing durable, nothing fenced),
+answering ShardFetch over this project's transport in its own process. Driven as
+DLRover's client drives its master (done report, then fetch: two requests a cycle) and
+with AntDT's one request a cycle."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The shards cycles and their baselines, the in-memory master driven with AntDT's one
-request per cycle and with DLRover's two (master.py), and DLRover's own master and client
-(dlrover.py) where a Python with DLRover is at hand, measured in turns.
-
-A shared machine's speed drifts by tens of percent within a minute (other tenants, CPU
-steal), and a baseline measured a minute before the figure it divides can move the ratio
-by as much as the change under test. So for each client count the bench runs master,
-DLRover-style master, replica, ... (all kept running, each run its own job) and reports the
-median of each, and the median of the per-turn ratios: a turn's runs are seconds apart,
-under the same load."""
+"""The shards cycles and their baselines (the in-memory master with AntDT's one request
+and DLRover's two, and DLRover's own master where at hand), measured in turns: for each
+client count each runs in turn, and the figures are each one's median and the median of
+the per-turn ratios (a shared machine's speed drifts within a minute)."""
 
 from __future__ import annotations
 
@@ -32,12 +26,11 @@ async def bench_paired_cycles(
     on_turn: Any = None,
     real: DLRoverMaster | None = None,
 ) -> dict[int, dict[str, Any]]:
-    """For each client count: {"master": median figures, "dlrover": the master's
-    median figures with DLRover's two requests per cycle, "shards": median figures,
-    "ratio": median of shards/master per turn, "ratios": each turn's, "dlrover_ratio"
-    and "dlrover_ratios": the same against the two-request master}; with `real` (DLRover's
-    own master, running) also "real", "real_ratio" and "real_ratios" against it.
-    `on_turn(n, turn)` is called before each turn (progress)."""
+    """Per client count: "master", "dlrover" (the master, two requests a cycle) and "shards":
+    median figures; "ratio"/"ratios": shards over master, median and per turn;
+    "dlrover_ratio"/"dlrover_ratios": the same against "dlrover"; with `real` (DLRover's own
+    master, running) also "real", "real_ratio", "real_ratios". `on_turn(n, turn)` runs
+    before each turn."""
     store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
     pids = {"nats": cluster.nats.pid}
     results: dict[int, dict[str, Any]] = {}

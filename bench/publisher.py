@@ -1,10 +1,7 @@
-"""A load generator in its own process: publishes pre-serialised step events as fast as
-one nats-py client can. The monitor ingest case and its raw pub/sub baseline both use
-it, so that the receiving side is measured the same way in both and does not share a
-thread (or the GIL) with its load: in a real job the step events come from the ranks.
+"""A load generator in its own process: pre-serialised step events, as fast as one
+nats-py client publishes them (the receiving side then shares no thread with its load).
 
-    python -m bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]
-"""
+    python -m bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]"""
 
 from __future__ import annotations
 

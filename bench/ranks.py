@@ -1,9 +1,7 @@
-"""Stand-in ranks in a process of their own, for the latency bench:
-`python -m bench.ranks URL PREFIX JOB WORLD REPORT`, until stdin closes.
-
-Each rank (antdt.testing's FakeRanks, on its own connection) acks commands as an agent
-does; once every rank holds a plan version, this publishes `{"version", "first", "last"}`
-(when it reached the first and the last rank, `time.time()`) on subject REPORT."""
+"""Stand-in ranks in their own process, for the latency bench: `python -m bench.ranks URL
+PREFIX JOB WORLD REPORT`, until stdin closes. antdt.testing's FakeRanks, each on its own
+connection; once every rank holds a plan version, `{"version", "first", "last"}` (when
+it reached the first and the last rank) goes out on subject REPORT."""
 
 from __future__ import annotations
 

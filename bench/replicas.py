@@ -1,9 +1,6 @@
-"""Shards replicas in processes of their own, for the benches that drive them.
-
-A shards replica is its own process in production, and so are the ranks. Running the
-replica in the bench process would bill the clients' Python time to the service (one
-event loop, one core), so each replica runs in a child process and reports its counters
-(commits, requests per commit, CPU) over the measured window only."""
+"""Shards replicas in child processes, as in production (in the bench's own process they
+would be billed the clients' Python time), reporting their counters over the measured
+window only."""
 
 from __future__ import annotations
 

@@ -56,13 +56,10 @@ async def bench_raw_nats_request(
     event_loop: loops.LoopKind = "auto",
     nats_pid: int | None = None,
 ) -> dict[str, float]:
-    """Baseline: request/reply alone, bytes over the Bus's request path (the one the
-    shards clients use, without pydantic). A responder in its own process answers at
-    once; `clients` connections in this process each loop request -> reply, payloads the
-    size of a shard fetch and its reply. Laid out like the shards bench (replica process,
-    clients here), it is the ceiling a shards cycle over NATS can reach on this machine:
-    one client's latency floor with the etcd baseline; with many, the transport's CPU,
-    reported per request for the clients, the responder and nats-server (`nats_pid`)."""
+    """Baseline: bare request/reply over the Bus's request path (no pydantic), fetch-sized
+    payloads, a responder process answering at once and `clients` connections here: the
+    ceiling of a shards cycle over NATS, and the transport's CPU per request (clients,
+    responder, nats-server at `nats_pid`)."""
     responder = Children("the raw NATS responder", [(_raw_responder, (url, event_loop))])
     try:
         await responder.started()
@@ -157,15 +154,10 @@ async def bench_shards_cycles(
     seconds: float,
     split: bool = False,
 ) -> dict[str, float]:
-    """Each client (its own NATS connection, like a rank) loops: report the shard it
-    holds as done and fetch the next, in one request; every ledger change durable in
-    etcd before the reply. Counters and CPU are taken over the measured window only.
-    Each call is a job of its own: one that took up an earlier run's ledger would run
-    out of shards once the machine is fast enough (10^5 shards, 5,400/s at 8 clients).
-
-    `split`: a cycle in two requests, as DLRover's ShardingClient makes it (its
-    report_task_result, then get_task: two RPCs per shard); only the in-memory master
-    is driven so, to measure DLRover's design."""
+    """Each client (its own connection, like a rank) loops: report its shard done and fetch
+    the next, in one request, durable in etcd before the reply; counters and CPU over the
+    measured window only. Each call is a job of its own. `split`: two requests a cycle, as
+    DLRover's client makes them (the in-memory master only)."""
     job = f"cycles{clients}x{replicas.count}r{next(_CYCLE_JOBS)}{'s' if split else ''}"
     spec = JobSpec(
         job=job,

@@ -1,8 +1,6 @@
-"""The bench's shards rows: fetch+done cycles against one and two replica processes,
-with the same run's baselines (raw etcd and NATS, the in-memory master driven as DLRover
-drives it and with AntDT's one request), the issue's targets as set and scaled to the
-run, one replica's capacity with many ranks, uvloop against asyncio's loop, and the
-10^9-sample ledger's size in etcd."""
+"""The bench's shards rows: fetch+done cycles against one and two replica processes, with
+same-run baselines, the issue's targets as set and scaled, one replica's capacity with
+many ranks, uvloop against asyncio's loop, and the ledger's size in etcd."""
 
 from __future__ import annotations
 
@@ -45,13 +43,10 @@ RUNS = Path("runs/bench")
 
 
 async def shards_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
-    """Fetch+done cycles against one and two replica processes. Baselines from the same
-    run: a raw etcd transaction; at each client count, raw NATS request/reply with a
-    trivial responder process (the transport alone: what a cycle over NATS can reach),
-    DLRover's own master driven by its own client (what the issue compares with: the
-    shards rows' ratio), and the same cycles against an in-memory master (master.py) over
-    this project's transport, driven as DLRover's client drives its master, two requests
-    per cycle, and with AntDT's one request per cycle (the cost of durability alone)."""
+    """Fetch+done cycles against one and two replicas. Same-run baselines: a raw etcd
+    transaction; per client count, raw NATS request/reply (the transport's ceiling),
+    DLRover's own master (the issue's comparison) and the in-memory master over this
+    transport with DLRover's two requests and AntDT's one (the cost of durability alone)."""
     with console.status("raw etcd transactions and NATS requests (baselines)"):
         txn = await bench_raw_etcd_txn(cluster.etcd.endpoint, seconds=3.0)
         raw = {

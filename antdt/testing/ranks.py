@@ -34,11 +34,10 @@ AckHook = Callable[[int, Command, Ack], Ack]
 
 
 class FakeRanks:
-    """`world` ranks of `job` answering commands as an agent does. AdjustBatch: a newer
-    version is taken, a known one acked again, an older one refused as stale. KillRestart
-    (on the broadcast subject): acked at its checkpoint step, refused once `step` passed it.
-    `connection`: one Bus for every rank, or the settings to give each rank its own (as
-    real ranks have: the controller's requests to them are served in parallel)."""
+    """`world` ranks of `job` acking commands by the agent's rules: a newer AdjustBatch is
+    taken, a known one acked again, an older one refused as stale; a KillRestart is acked
+    at its checkpoint step unless `step` passed it. `connection`: one Bus for every rank,
+    or the settings for one connection per rank (as real ranks have)."""
 
     def __init__(
         self,
