@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import NatsSettings
-from antdt.schemas import COMMAND_ADAPTER, Ack, AdjustBatch, KillRestart, Plan, Subjects
+from antdt.schemas import COMMAND_ADAPTER, Ack, AdjustBatch, ErrorCode, KillRestart, Plan, Subjects
 
 Command = AdjustBatch | KillRestart
 
@@ -96,7 +96,7 @@ class AckingRanks:
                 return self._ack(cmd.action_id, signed, ok=False, error="stand-in rank")
             newest, plan = self.newest(rank), cmd.plan
             if newest is not None and plan.version < newest.version:
-                raise Rejected("stale", f"plan version {plan.version} < {newest.version}")
+                raise Rejected(ErrorCode.STALE, f"plan version {plan.version} < {newest.version}")
             if plan.version not in self.plans[rank]:
                 self.plans[rank][plan.version] = plan
                 self.arrived[plan.version][rank] = time.time()

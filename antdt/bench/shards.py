@@ -27,6 +27,7 @@ from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Put, Store
 from antdt.schemas import (
+    ErrorCode,
     FetchStatus,
     JobSpec,
     Keys,
@@ -320,7 +321,7 @@ async def bench_shards_cycles(
                     request = request.model_copy(update={"done": ()})
                 reply = await buses[rank].request(route.subject, request, ShardReply)
             except RequestRefused as refused:
-                if refused.reply.code != "busy":
+                if refused.reply.code != ErrorCode.BUSY:
                     raise
                 busy += 1  # two replicas contending; the agent retries the same way
                 route.on_failure(time.perf_counter())

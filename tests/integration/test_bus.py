@@ -16,6 +16,7 @@ from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
     AdjustBatch,
+    ErrorCode,
     ErrorReply,
     Plan,
     PlanRequest,
@@ -65,7 +66,7 @@ async def test_request_reply_errors_and_union(bus: Bus) -> None:
     async def on_cmd(cmd: object, delivery: Delivery) -> Ack:
         assert isinstance(cmd, AdjustBatch)
         if cmd.plan.version < 2:
-            raise Rejected("stale", "plan version 1 is older than 2")
+            raise Rejected(ErrorCode.STALE, "plan version 1 is older than 2")
         return Ack(action_id=cmd.action_id, job="j", rank=0, ok=True, applied_step=10, at=2.0)
 
     await bus.subscribe(subjects.command("j", 0), COMMAND_ADAPTER, on_cmd, queue="agents")
@@ -186,7 +187,7 @@ async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type
     def responder(name: str):  # type: ignore[no-untyped-def]
         async def handle(req: PlanRequest, _: Delivery) -> ErrorReply:
             served[name] += 1
-            return ErrorReply(error=name, code="who")
+            return ErrorReply(error=name, code=ErrorCode.UNAVAILABLE)
 
         return handle
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
-from antdt.schemas import Ack, ErrorReply, PlanRequest
+from antdt.schemas import Ack, ErrorCode, ErrorReply, PlanRequest
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ async def responders(bus: Bus, subject: str, ranks: range) -> None:
 
         async def answer(req: PlanRequest, _: Delivery, rank: int = rank) -> Ack:
             if rank == 2:
-                raise Rejected("bad_request", "rank 2 says no")
+                raise Rejected(ErrorCode.BAD_REQUEST, "rank 2 says no")
             return Ack(action_id="a1", job=req.job, rank=rank, ok=True, at=time.time())
 
         await bus.subscribe(subject, PlanRequest, answer)

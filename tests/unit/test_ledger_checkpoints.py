@@ -16,6 +16,7 @@ from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
 from antdt.schemas import (
     CommitReply,
+    ErrorCode,
     ErrorReply,
     JobSpec,
     ReleaseReply,
@@ -27,7 +28,6 @@ from antdt.schemas import (
     ShardRestore,
 )
 from antdt.services.shards.checkpoints import (
-    NOT_READ,
     Outcome,
     apply_commit,
     apply_release,
@@ -338,7 +338,7 @@ def test_a_restore_without_its_inputs_answers_a_known_token_and_refuses_a_new_on
     new = apply_restore(
         first.state, ShardRestore(job="job", rank=1, token="u", step=None), None, None
     )
-    assert isinstance(new.reply, ErrorReply) and new.reply.code == NOT_READ
+    assert isinstance(new.reply, ErrorReply) and new.reply.code == ErrorCode.NOT_READ
     assert new.state is first.state
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
-from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
+from antdt.schemas import ErrorCode, ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
 from antdt.services.shards.change import LedgerChange, Writes
 from antdt.services.shards.committer import Committed, Committer, Snapshot
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
@@ -52,7 +52,7 @@ class MemoryLedgers:
 
     async def load(self, job: str) -> Snapshot:
         if job != JOB:
-            raise Rejected("unknown_job", job)
+            raise Rejected(ErrorCode.UNKNOWN_JOB, job)
         return Snapshot(self.state, self.version)
 
     async def commit(
@@ -376,9 +376,10 @@ async def test_an_idle_job_is_forgotten_only_when_nothing_is_in_progress() -> No
 def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:
     def op(state: LedgerState) -> LedgerChange:
         deletes = (delete,) if delete else ()
-        return LedgerChange(state, ErrorReply(error="x", code="n") if key == "!" else
-                            ShardReply(job=JOB, epoch=0, status=FetchStatus.OK),
-                            puts=((key, value),), deletes=deletes)  # fmt: skip
+        reply: ErrorReply | ShardReply = ShardReply(job=JOB, epoch=0, status=FetchStatus.OK)
+        if key == "!":
+            reply = ErrorReply(error="x", code=ErrorCode.BAD_REQUEST)
+        return LedgerChange(state, reply, puts=((key, value),), deletes=deletes)
 
     return op
 

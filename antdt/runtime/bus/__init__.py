@@ -2,7 +2,6 @@
 over typed wire models) and what its users handle: errors, deliveries, rejections."""
 
 from antdt.runtime.bus.client import (
-    SLOW_CONSUMER_CODE,
     Bus,
     BusError,
     Decoder,
@@ -22,7 +21,6 @@ from antdt.runtime.bus.client import (
 )
 
 __all__ = [
-    "SLOW_CONSUMER_CODE",
     "Bus",
     "BusError",
     "Decoder",

@@ -40,7 +40,7 @@ from antdt.runtime.bus.messages import (
     trace_headers,
 )
 from antdt.runtime.config import NatsSettings
-from antdt.schemas import ErrorReply, WireModel
+from antdt.schemas import ErrorCode, ErrorReply, WireModel
 
 M = TypeVar("M")
 R = TypeVar("R", bound=BaseModel)
@@ -127,7 +127,7 @@ class Bus:
             # behind). One call per message, so counted, and logged the first time, as any
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
-            self.rejections.record(pattern, SLOW_CONSUMER_CODE, SLOW_CONSUMER, exc.subject)
+            self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
             return
         log.debug("nats error", error=str(exc), client=self.name)
 
@@ -273,7 +273,7 @@ class Bus:
                 except RequestRefused as exc:
                     replies.append(exc.reply)
                 except BusError as exc:
-                    self.rejections.record("gather", "bad_reply", str(exc), subject)
+                    self.rejections.record("gather", ErrorCode.BAD_REPLY, str(exc), subject)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -356,7 +356,9 @@ class Bus:
         except Exception as exc:  # a handler bug must not kill the subscription
             self.handler_errors += 1
             log.exception("handler failed", subject=msg.subject)
-            reply = ErrorReply(error=f"internal error: {type(exc).__name__}", code="internal")
+            reply = ErrorReply(
+                error=f"internal error: {type(exc).__name__}", code=ErrorCode.INTERNAL
+            )
         finally:
             if token is not None:
                 otel_context.detach(token)
@@ -438,9 +440,7 @@ TURN_AFTER_S = 0.02
 CHECK_EVERY = 16
 
 
-#: The code and reason a message nats-py dropped behind a full subscription queue is
-#: counted under.
-SLOW_CONSUMER_CODE = "slow_consumer"
+#: The reason a message nats-py dropped behind a full subscription queue is counted with.
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"
 
 #: How nats-server says that nobody subscribes to a request's subject: a status message

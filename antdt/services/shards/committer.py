@@ -59,7 +59,7 @@ from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.runtime.recent import Recent
-from antdt.schemas import ErrorReply, ShardReply
+from antdt.schemas import ErrorCode, ErrorReply, ShardReply
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState
@@ -201,7 +201,7 @@ class Committer:
         """Apply `op` to `job`'s ledger; the future resolves with its reply when it may
         be sent (early, or once durable), or with Rejected."""
         if self._closed:
-            raise Rejected("unavailable", "shards replica shutting down; retry")
+            raise Rejected(ErrorCode.UNAVAILABLE, "shards replica shutting down; retry")
         future: asyncio.Future[BaseModel] = asyncio.get_running_loop().create_future()
         j = self._jobs.get(job)
         if j is None:
@@ -320,7 +320,7 @@ class Committer:
                 await self._flush(job, j)
         finally:
             j.task = None  # no await between the empty check and here: none is lost
-            gone = Rejected("unavailable", "shards replica shutting down; retry")
+            gone = Rejected(ErrorCode.UNAVAILABLE, "shards replica shutting down; retry")
             for entry in j.applied:  # cancelled mid-write: the outcome is unknown
                 _fail(entry.future, gone)
             for _, future in j.waiting:
@@ -429,7 +429,7 @@ class Committer:
             # Two replicas writing the same job every few milliseconds can keep beating
             # each other to it: back off (jittered) so one of them gets a turn.
             await asyncio.sleep(random.uniform(0, min(0.0005 * 2**attempt, 0.02)))
-        self._give_up(j, Rejected("busy", f"ledger of {job!r} contended; retry"))
+        self._give_up(j, Rejected(ErrorCode.BUSY, f"ledger of {job!r} contended; retry"))
 
     def _written(self, j: _Job, batch: list[_Applied], done: Committed) -> None:
         self.commits += 1
@@ -496,4 +496,4 @@ def _fail(future: asyncio.Future[BaseModel], error: Exception) -> None:
 
 
 def _unavailable(job: str, exc: Exception) -> Rejected:
-    return Rejected("unavailable", f"ledger store unavailable: {type(exc).__name__}")
+    return Rejected(ErrorCode.UNAVAILABLE, f"ledger store unavailable: {type(exc).__name__}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
+from antdt.schemas import ErrorCode, ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Early
 from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import (
@@ -164,25 +164,27 @@ _error = error
 def check_member(state: LedgerState, job: str, rank: int, incarnation: int) -> ErrorReply | None:
     """Is this request from a current rank of this job? (Every ledger request asks.)"""
     if job != state.job:
-        return error("bad_request", f"request for job {job!r} sent to {state.job!r}")
+        return error(ErrorCode.BAD_REQUEST, f"request for job {job!r} sent to {state.job!r}")
     if rank >= state.world_size:
-        return error("bad_request", f"rank {rank} outside world size {state.world_size}")
+        return error(ErrorCode.BAD_REQUEST, f"rank {rank} outside world size {state.world_size}")
     if incarnation != state.incarnation:
         return error(
-            "incarnation",
+            ErrorCode.INCARNATION,
             f"this process belongs to incarnation {incarnation} of job {job}, the ledger to "
             f"incarnation {state.incarnation}: a restarted job must restore (agent.restore) "
             "before training, and processes of an older incarnation must stop",
         )
     if rank in state.left:
-        return error("removed", f"rank {rank} was removed from the job")
+        return error(ErrorCode.REMOVED, f"rank {rank} was removed from the job")
     return None
 
 
 def check_refs(state: LedgerState, refs: tuple[ShardRef, ...]) -> ErrorReply | None:
     for ref in refs:
         if ref.shard >= state.num_shards:
-            return error("bad_request", f"shard {ref.shard} outside [0, {state.num_shards})")
+            return error(
+                ErrorCode.BAD_REQUEST, f"shard {ref.shard} outside [0, {state.num_shards})"
+            )
     return None
 
 
@@ -191,7 +193,7 @@ def _check_request(state: LedgerState, req: ShardFetch) -> ErrorReply | None:
     if member is not None:
         return member
     if req.epoch > state.epoch + 1:
-        return _error("stale", f"epoch {req.epoch} is ahead of the ledger's {state.epoch}")
+        return _error(ErrorCode.STALE, f"epoch {req.epoch} is ahead of the ledger's {state.epoch}")
     return check_refs(state, req.done)
 
 
@@ -209,7 +211,9 @@ def apply_done(
             if refused is not None:
                 return refused
         elif ref.epoch > state.epoch:
-            return _error("stale", f"done for epoch {ref.epoch}; the ledger is at {state.epoch}")
+            return _error(
+                ErrorCode.STALE, f"done for epoch {ref.epoch}; the ledger is at {state.epoch}"
+            )
         # Every earlier epoch was complete before the ledger advanced: a late or repeated
         # done for one is an idempotent no-op. (Refused, a done two epochs late, which an
         # early answer's reconfirmation can be after two short epochs, was sent again by
@@ -243,7 +247,7 @@ def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
     nothing either: a settle applied late, whose reply nobody reads, is harmless."""
     if req.epoch != state.epoch:
         return FetchResult(state, _error(
-            "stale", f"settle for epoch {req.epoch}, which the ledger has not started"
+            ErrorCode.STALE, f"settle for epoch {req.epoch}, which the ledger has not started"
         ))  # fmt: skip
     if work.complete:
         return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))

@@ -11,7 +11,7 @@ snapshot each time), and a 10^4-rank job's hours. So:
 * the others, which arrive together before the first is applied, share one read of the
   snapshot (and of the job's spec, for a restart from the start);
 * should the ledger have moved on meanwhile (a reload, another replica), so that the
-  operation finds the token new after all, it refuses with NOT_READ, and the request is
+  operation finds the token new after all, it refuses with ErrorCode.NOT_READ, and the request is
   applied again with what it needs.
 """
 
@@ -25,9 +25,8 @@ from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.runtime.store import StoreError
-from antdt.schemas import Keys, ShardRestore
+from antdt.schemas import ErrorCode, Keys, ShardRestore
 from antdt.services.shards.change import Operation
-from antdt.services.shards.checkpoints import NOT_READ
 from antdt.services.shards.ops import restore_op
 from antdt.services.shards.state import LedgerState
 
@@ -61,7 +60,7 @@ class Restores:
             try:
                 return await self.ledgers.submit(req.job, restore_op(req, self.keys, None, None))
             except Rejected as refused:
-                if refused.code != NOT_READ:
+                if refused.code != ErrorCode.NOT_READ:
                     raise
             # The token was new after all (the ledger was reloaded meanwhile): read them.
         snapshot, fresh = await self._inputs(req)
@@ -79,7 +78,7 @@ class Restores:
             return await self._snapshot(req.job, req.step), fresh
         except StoreError as exc:  # etcd away or refusing: worth another try
             reason = f"ledger store unavailable: {type(exc).__name__}"
-            raise Rejected("unavailable", reason) from exc
+            raise Rejected(ErrorCode.UNAVAILABLE, reason) from exc
 
     async def _fresh(self, job: str) -> LedgerState:
         result: LedgerState = await self._once(("spec", job), lambda: self.stored.fresh(job))

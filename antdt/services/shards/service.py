@@ -40,6 +40,7 @@ from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,
     EpochFinished,
+    ErrorCode,
     FetchStatus,
     JobSpec,
     Keys,
@@ -177,7 +178,7 @@ class EtcdLedgers:
         """The ledger of the job's start, from its spec; Rejected if it is not registered."""
         spec = await self.store.get_model(self.keys.spec(job), JobSpec)
         if spec is None:
-            raise Rejected("unknown_job", f"job {job!r} is not registered")
+            raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {job!r} is not registered")
         return new_ledger(spec[0])
 
     async def snapshot(self, job: str, step: int) -> LedgerState | None:
@@ -203,7 +204,7 @@ class EtcdLedgers:
         size = written + sum(len(op.key) for op in success) + len(key)  # + the compare
         if size > self.max_txn_bytes:
             raise Rejected(
-                "too_large",
+                ErrorCode.TOO_LARGE,
                 f"the ledger of job {job!r} would take a {size:,}-byte etcd transaction, "
                 f"over max_txn_bytes ({self.max_txn_bytes:,}): nothing was written. Raise "
                 "etcd's --max-request-bytes and the shards service's max_txn_bytes together, "
@@ -374,7 +375,7 @@ class ShardsService:
 
     def _check_subject(self, job: str, delivery: Delivery) -> None:
         if self.subjects.job_of(delivery.subject) != job:
-            raise Rejected("bad_request", f"job {job!r} does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, f"job {job!r} does not match the subject")
 
     async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from antdt.schemas import (
+    ErrorCode,
     ErrorReply,
     FetchStatus,
     ShardGrant,
@@ -79,7 +80,7 @@ class Work:
         if entry is not None:
             if entry.rank != rank or entry.attempt != ref.attempt:
                 return error(
-                    "fenced",
+                    ErrorCode.FENCED,
                     f"shard {ref.shard} attempt {ref.attempt} is held by rank {entry.rank} "
                     f"as attempt {entry.attempt}",
                 )
@@ -88,11 +89,11 @@ class Work:
             self._maybe_complete()
             return None
         if ref.shard in self.requeued_shards:
-            return error("fenced", f"shard {ref.shard} was taken back from its rank")
+            return error(ErrorCode.FENCED, f"shard {ref.shard} was taken back from its rank")
         base = self.base
         if index_of(base.seed, self.epoch, base.num_shards, ref.shard) < self.cursor:
             return None  # already done: a repeated done is a no-op
-        return error("fenced", f"shard {ref.shard} was not granted in epoch {self.epoch}")
+        return error(ErrorCode.FENCED, f"shard {ref.shard} was not granted in epoch {self.epoch}")
 
     def grantable(self) -> bool:
         return bool(self.requeued) or self.cursor < self.base.num_shards
