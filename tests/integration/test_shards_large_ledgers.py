@@ -32,11 +32,11 @@ from antdt.schemas.shards import STATUS_LISTED_MAX
 from antdt.services.runner import start_service
 from antdt.services.shards.change import Writes
 from antdt.services.shards.checkpoints import apply_commit
-from antdt.services.shards.committer import Snapshot
 from antdt.services.shards.ops import to_change
-from antdt.services.shards.service import EtcdLedgers, ShardsService, ShardsSettings, _Revision
+from antdt.services.shards.service import ShardsService, ShardsSettings
 from antdt.services.shards.state import LedgerState, PendingCheckpoint, RankCommit
 from antdt.services.shards.state import status as ledger_status
+from antdt.services.shards.stored import EtcdLedgers, Revision, Snapshot
 from tests.integration.agent_fixtures import shard_status
 from tests.integration.test_shards_checkpoints import render
 from tests.integration.test_shards_concurrency import register
@@ -62,7 +62,7 @@ async def test_a_checkpoint_of_ten_thousand_ranks_is_written_to_real_etcd(
     )
     pending = LedgerState.model_validate(pending.model_dump())
     assert len(older_format(pending)) > ETCD_MAX_REQUEST  # what could not be written
-    first = await ledgers.commit("big", Snapshot(steady, _Revision(0, 0)), pending, Writes())
+    first = await ledgers.commit("big", Snapshot(steady, Revision(0, 0)), pending, Writes())
     assert first.ok and first.snapshot is not None
     out = apply_commit(pending, ShardCommit(job="big", rank=ranks - 1, step=7, epoch=0))
     writes = Writes()

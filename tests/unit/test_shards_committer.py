@@ -17,10 +17,12 @@ from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.schemas import ErrorCode, ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
+from antdt.services.shards.budget import WriteBudget
 from antdt.services.shards.change import LedgerChange, Writes
-from antdt.services.shards.committer import Committed, Committer, Snapshot
+from antdt.services.shards.committer import Committer
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
-from antdt.services.shards.service import fetch_op
+from antdt.services.shards.ops import fetch_op
+from antdt.services.shards.stored import Committed, Snapshot
 from tests.helpers import wait_for
 
 JOB = "job1"
@@ -502,3 +504,16 @@ class Fleet:
             self.unconfirmed[rank] = result.unconfirmed
             if result.status == FetchStatus.EPOCH_DONE and not result.grants:
                 self.epoch[rank] = epoch + 1  # ask for the next epoch: JOB_DONE at the end
+
+
+def test_a_write_budget_lets_a_burst_through_then_holds_until_back_at_zero() -> None:
+    budget = WriteBudget(bytes_per_s=1000, burst_s=2.0)
+    assert budget.due() == 0.0  # a full bucket: 2000 bytes
+    budget.spend(1500, now=10.0)
+    assert budget.due() == 0.0  # 500 left
+    budget.spend(1000, now=10.0)
+    assert budget.due() == 10.5  # 500 in debt, at 1000 bytes/s
+    budget.spend(0, now=10.5)
+    assert budget.tokens == 0.0 and budget.due() == 0.0
+    budget.spend(100, now=100.0)  # refilled only up to the burst
+    assert budget.tokens == 1900.0

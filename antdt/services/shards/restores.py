@@ -32,7 +32,7 @@ from antdt.services.shards.state import LedgerState
 
 
 class Stored(Protocol):
-    """What a restore reads (service.EtcdLedgers)."""
+    """What a restore reads (stored.EtcdLedgers)."""
 
     async def fresh(self, job: str) -> LedgerState: ...
     async def snapshot(self, job: str, step: int) -> LedgerState | None: ...
