@@ -1,26 +1,8 @@
-"""Checkpoints, restores and removals: the ledger's "exactly once relative to the model".
-
-Commit. Every rank commits at the checkpoint step S, after S's update and before S+1
-takes data: its finished shards (done) and, for every other shard it holds, how far the
-model got. The ledger records each rank's part in a pending checkpoint, and from then on
-notes the grants it makes to ranks that already committed (`late`: untouched at S). When
-every active rank has committed, the snapshot at S is
-
-    in flight at S  = every rank's committed holdings, at their committed positions
-    re-queued at S  = the re-queued shards + the late grants (as they were before)
-    done at S       = every other shard before the cursor
-
-which is stored at ledger/ckpt/{S}; only the last few snapshots are kept. Why this is
-exact: a shard before the cursor was granted to some rank r either before r's commit
-(then r listed it, or r had finished it by S) or after it (then it is in `late`).
-
-Restore. A restarted job (incarnation k+1) puts the ledger back to the snapshot of the
-checkpoint its model was loaded from: done by S stays done, in flight at S resumes at its
-position at S with a new attempt (old processes are fenced), the rest is TODO again.
-
-Release. A rank removed without a rollback hands its shards back: from the positions it
-reports when it leaves itself, else from its last committed positions.
-"""
+"""Checkpoint commit, restore and release: the ledger exactly once relative to the model.
+Commit records each rank's holdings at step S; once every active rank committed, snapshot
+S is stored. Restore puts the ledger back to a snapshot in a new incarnation (old
+processes fenced); release hands a removed rank's shards back. Pure; see the ledger's
+lifecycle in docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -201,9 +183,14 @@ def _commit_reply(
         if count <= WAITING_LISTED:
             waiting_for = tuple(sorted(state.active_ranks() - state.pending.committed()))
     return CommitReply(
-        job=state.job, step=step, complete=complete, completed_now=now, waiting=count,
-        waiting_for=waiting_for, checkpoints=state.checkpoints,
-    )  # fmt: skip
+        job=state.job,
+        step=step,
+        complete=complete,
+        completed_now=now,
+        waiting=count,
+        waiting_for=waiting_for,
+        checkpoints=state.checkpoints,
+    )
 
 
 # ------------------------------------------------------------------------ restore
@@ -215,11 +202,10 @@ def apply_restore(
     snapshot: LedgerState | None,
     fresh: LedgerState | None,
 ) -> Outcome:
-    """Start a new incarnation from the snapshot of checkpoint `req.step` (`snapshot`,
-    loaded by the shell; None: not kept), or from `fresh` (the job's start) when step is
-    None. The same token again (another rank of the same restart) changes nothing, and
-    needs neither: the shell may pass fresh=None when it expects the token to be known,
-    and gets ErrorCode.NOT_READ back if it is not."""
+    """Start a new incarnation from `snapshot` (checkpoint `req.step`'s, loaded by the shell;
+    None: not kept) or from `fresh` (the job's start) when step is None. The same token again
+    (another rank of the restart) changes nothing and needs neither: the shell may pass
+    fresh=None when it expects the token known, and gets ErrorCode.NOT_READ if it is not."""
     if req.job != state.job or req.rank >= state.world_size:
         return refused(state, error(ErrorCode.BAD_REQUEST, "restore for another job or rank"))
     if req.token == state.restore_token:
@@ -254,9 +240,12 @@ def apply_restore(
 
 def _restore_reply(state: LedgerState, *, restored: bool) -> RestoreReply:
     return RestoreReply(
-        job=state.job, incarnation=state.incarnation, step=state.restored_step,
-        epoch=state.epoch, restored=restored,
-    )  # fmt: skip
+        job=state.job,
+        incarnation=state.incarnation,
+        step=state.restored_step,
+        epoch=state.epoch,
+        restored=restored,
+    )
 
 
 # ------------------------------------------------------------------------ release

@@ -29,10 +29,8 @@ from antdt.services.shards.stored import Committed, LedgerStore, Snapshot
 
 log = structlog.get_logger("antdt.shards.committer")
 #: Loop turns a write waits before it starts, so that it carries the requests that
-#: arrived together: one from a message read off the socket to its handler's enqueue
-#: (nats-py hands it to the subscription's task, which runs the handler at once up to its
-#: first wait: eager.py). Two were needed when each handler was a task of its own; kept,
-#: as a turn costs microseconds.
+#: arrived together (one turn from a message read off the socket to its handler's
+#: enqueue; a second costs microseconds).
 GATHER_TURNS = 2
 #: Completed jobs whose end a replica remembers after their ledger left its cache.
 MAX_COMPLETED = 4096
@@ -206,8 +204,10 @@ class Committer:
             revised = entry.future.done() and change.reply != entry.change.reply
             if revised and self._early_reply(j, change) is None:
                 self.early_revised += 1
-                log.warning("an early answer came out differently on the stored ledger",
-                            reply=str(change.reply)[:200])  # fmt: skip
+                log.warning(
+                    "an early answer came out differently on the stored ledger",
+                    reply=str(change.reply)[:200],
+                )
             entry.change = change
             kept.append(entry)
             if not change.rejected:

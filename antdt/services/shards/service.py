@@ -1,22 +1,7 @@
-"""Shards service shell: done-and-fetch over request/reply in a queue group, ledger in etcd.
-
-Every replica serves every job. Each ledger change goes through the per-job
-write-behind committer (committer.py): concurrent requests of a job share one
-compare-and-swap transaction on the ledger key. A fetch that only hands out shards
-already granted to its rank in etcd (reserved ahead) is answered at once, its done marks
-written behind; everything else is answered once durable (early.py says which is
-which). Two replicas can never grant the same shard twice: a replica whose cached
-ledger is stale fails the compare, re-applies its unwritten operations to the state
-read back in the same transaction, retries. Ranks still keep to one replica per job
-when they can (routing.py): each fetch reply names the job's owner, whose own subject
-the agent uses next, so that two replicas rarely write one ledger at once.
-
-Fetches and commits are handled concurrently (`fetch_concurrency` at once per subject,
-each a task of its own): a request waits for the write that carries it, and a write
-carries every request waiting, so this bounds how many one write serves. When every rank
-of a job of 10^4 ranks committed a checkpoint at once, 64 at a time per subject (one per
-nats-py subscription, as before) made the checkpoint take 118 s in `make bench`; with
-1024, 20-30 s on the 2-core machine."""
+"""Shards service shell: the ledger's requests over NATS (a queue group, and each replica's
+own subjects for the jobs it owns), every change through the write-behind committer,
+announcements to the job's ranks. Every replica serves every job; see
+docs/architecture.md, "Data: the shards service and exactly-once samples"."""
 
 from __future__ import annotations
 
@@ -236,13 +221,9 @@ class ShardsService:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
 
     async def _announce_epoch_end(self, job: str) -> None:
-        """Tell the job's ranks that an epoch is finished, once per epoch here, as soon as
-        the working ledger says so (`epoch_end_to_announce`): the ranks waiting for the
-        next epoch, or for the job's end, ask at once (their requests are judged on the
-        same working ledger, and a grant of the new epoch is answered only once durable).
-        The write that completes a job drops its ledger from the cache, which remembers
-        that end (`completed`), whether a fetch or a commit's done refs made it. Best
-        effort: a rank that misses it asks at its next poll (`pending_retry_s`)."""
+        """Tell the job's ranks that an epoch is finished (EpochFinished), once per epoch here, as
+        soon as the working ledger says so (`epoch_end_to_announce`), or a completed job's end
+        the committer remembers. Best effort: a rank that misses it asks at its next poll."""
         state = self.committer.working(job)
         if state is None:
             key = self.committer.completed(job)
@@ -269,8 +250,13 @@ class ShardsService:
         self.requests["restore"] += 1
         reply = await self.restores.submit(req)
         if isinstance(reply, RestoreReply) and reply.restored:
-            log.info("ledger restored", job=req.job, step=req.step, rank=req.rank,
-                     incarnation=reply.incarnation)  # fmt: skip
+            log.info(
+                "ledger restored",
+                job=req.job,
+                step=req.step,
+                rank=req.rank,
+                incarnation=reply.incarnation,
+            )
         return reply
 
     async def _on_release(self, req: ShardRelease, delivery: Delivery) -> BaseModel:
