@@ -76,7 +76,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             # Paired: adjacent rounds see the same load from the rest of the machine, and
             # the medians of the two modes' rounds, taken apart, do not.
             "ratio": tracing["ratio"],
-            "target": "ratio <= 1.05 (median of paired rounds); < 50 µs (DESIGN.md 11)",
+            "target": "ratio <= 1.05 (median of paired rounds); < 50 µs",
         }
     )
     rows += await shards_rows(cluster)
