@@ -30,10 +30,21 @@ pytestmark = pytest.mark.integration
 
 def step_event(job: str = "job1", rank: int = 0, step: int = 1) -> StepEvent:
     return StepEvent(
-        job=job, rank=rank, host="h0", step=step, epoch=0, plan_version=0, local_batch=8,
-        samples=8, compute_s=0.1, data_wait_s=0.01, comm_s=0.02, step_s=0.14,
-        started_at=100.0, ended_at=100.14,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host="h0",
+        step=step,
+        epoch=0,
+        plan_version=0,
+        local_batch=8,
+        samples=8,
+        compute_s=0.1,
+        data_wait_s=0.01,
+        comm_s=0.02,
+        step_s=0.14,
+        started_at=100.0,
+        ended_at=100.14,
+    )
 
 
 async def test_typed_publish_subscribe_and_rejections(bus: Bus) -> None:
@@ -168,8 +179,9 @@ async def test_replies_and_concurrent_handlers_are_delivered_straight_from_the_s
     subject = Subjects(bus.settings.subject_prefix).plan_get("direct")
 
     async def handler(req: PlanRequest, _: Delivery) -> Plan:
-        return Plan(job="direct", version=req.rank, local_batch=(4,), effective_step=0,
-                    created_at=1.0)  # fmt: skip
+        return Plan(
+            job="direct", version=req.rank, local_batch=(4,), effective_step=0, created_at=1.0
+        )
 
     await bus.subscribe(subject, PlanRequest, handler, concurrency=4)
     before = bus.delivered_directly()

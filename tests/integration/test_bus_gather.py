@@ -30,8 +30,9 @@ async def test_gather_collects_every_responder_until_done(bus: Bus) -> None:
 
     # done once four answers are in; the junk reply may come before or after them, so a
     # second gather (to the deadline) checks that it is counted, not returned.
-    replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=5.0,
-                               done=lambda got: len(got) == 4)  # fmt: skip
+    replies = await bus.gather(
+        subject, PlanRequest(job="j", rank=0), Ack, timeout=5.0, done=lambda got: len(got) == 4
+    )
     assert len(replies) == 4
     before = bus.rejections.counts[("gather", "bad_reply")]
     everything = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=2.0)
@@ -50,8 +51,7 @@ async def test_gather_returns_what_came_by_the_timeout(bus: Bus) -> None:
     replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=1.0)
     assert sorted(r.rank for r in replies if isinstance(r, Ack)) == [0, 1]
     assert 1.0 <= time.monotonic() - started < 3.0
-    nobody = await bus.gather(f"{subject}.nobody", PlanRequest(job="j", rank=0), Ack,
-                              timeout=0.1)  # fmt: skip
+    nobody = await bus.gather(f"{subject}.nobody", PlanRequest(job="j", rank=0), Ack, timeout=0.1)
     assert nobody == []
 
 

@@ -95,8 +95,9 @@ async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_wri
             for rank in range(world):  # each rank takes two shards: the ledger grows
                 before = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
                 try:
-                    await bus.request(fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2),
-                                      ShardReply)  # fmt: skip
+                    await bus.request(
+                        fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2), ShardReply
+                    )
                     asked += 1
                 except RequestRefused as exc:
                     refused = exc
@@ -106,8 +107,7 @@ async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_wri
         assert 100 < asked < world
         after = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
         assert after == before  # nothing written
-        assert any(e["event"] == "ledger commit refused" and e["code"] == "too_large"
-                   for e in logs)  # fmt: skip
+        assert any(e["event"] == "ledger commit refused" and e["code"] == "too_large" for e in logs)
         # The replica serves on: the same job's done marks shrink it, and other jobs.
         neighbour = ShardFetch(job="neighbour", rank=0, epoch=0)
         other = await bus.request(subjects.shards("neighbour", "fetch"), neighbour, ShardReply)
@@ -132,10 +132,12 @@ async def test_status_of_a_large_job_lists_a_bounded_part_and_counts_the_rest(
     subjects = Subjects(settings.nats.subject_prefix)
     try:
         fetch = subjects.shards(job, "fetch")
-        await asyncio.gather(*(
-            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=held), ShardReply)
-            for r in range(world)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=held), ShardReply)
+                for r in range(world)
+            )
+        )
         ask = subjects.shards(job, "status")
         default = await bus.request(ask, ShardStatusRequest(job=job), ShardStatus)
         assert default.in_flight_total == world * held and len(default.in_flight) == 2000
@@ -177,21 +179,31 @@ async def test_every_rank_of_a_restart_restores_with_one_read_of_the_snapshot(
     subjects = Subjects(settings.nats.subject_prefix)
     try:
         fetch, commit = subjects.shards(job, "fetch"), subjects.shards(job, "commit")
-        await asyncio.gather(*(
-            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=2), ShardReply)
-            for r in range(world)
-        ))  # fmt: skip
-        commits = await asyncio.gather(*(
-            bus.request(commit, ShardCommit(job=job, rank=r, step=5, epoch=0), CommitReply)
-            for r in range(world)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=2), ShardReply)
+                for r in range(world)
+            )
+        )
+        commits = await asyncio.gather(
+            *(
+                bus.request(commit, ShardCommit(job=job, rank=r, step=5, epoch=0), CommitReply)
+                for r in range(world)
+            )
+        )
         assert sum(c.completed_now for c in commits) == 1
         restore = subjects.shards(job, "restore")
-        replies = await asyncio.gather(*(
-            bus.request(restore, ShardRestore(job=job, rank=r, token="again", step=5),
-                        RestoreReply, timeout=10)
-            for r in range(world)
-        ))  # fmt: skip
+        replies = await asyncio.gather(
+            *(
+                bus.request(
+                    restore,
+                    ShardRestore(job=job, rank=r, token="again", step=5),
+                    RestoreReply,
+                    timeout=10,
+                )
+                for r in range(world)
+            )
+        )
         assert sum(r.restored for r in replies) == 1
         assert {(r.incarnation, r.step) for r in replies} == {(1, 5)}
         assert service.restores.reads <= 2  # the job's spec and the snapshot, once each

@@ -29,8 +29,14 @@ JOB = "job1"
 
 
 def ledger(world: int = 4, shards: int = 40, epochs: int = 1) -> LedgerState:
-    spec = JobSpec(job=JOB, world_size=world, dataset_size=shards * 10, shard_size=10,
-                   global_batch=world, epochs=epochs)  # fmt: skip
+    spec = JobSpec(
+        job=JOB,
+        world_size=world,
+        dataset_size=shards * 10,
+        shard_size=10,
+        global_batch=world,
+        epochs=epochs,
+    )
     return new_ledger(spec)
 
 
