@@ -10,12 +10,13 @@ import math
 import time
 from typing import Any
 
-from antdt.runtime.bus import SLOW_CONSUMER_CODE, Bus, Delivery
+from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import (
+    ErrorCode,
     Incident,
     IncidentKind,
     IncidentState,
@@ -105,7 +106,7 @@ async def bench_monitor_ingest(
     await store.close()
     came_back = [at - first for at in stalls.resolved.values()]
     counts = bus.rejections.counts
-    dropped = sum(n for (_, code), n in counts.items() if code == SLOW_CONSUMER_CODE)
+    dropped = sum(n for (_, code), n in counts.items() if code == ErrorCode.SLOW_CONSUMER)
     return {
         "events_per_s": ingested / elapsed,
         "lost": expected - ingested,

@@ -19,6 +19,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Put, Store
 from antdt.schemas import (
+    ErrorCode,
     FetchStatus,
     JobSpec,
     ShardFetch,
@@ -193,7 +194,7 @@ async def bench_shards_cycles(
                     request = request.model_copy(update={"done": ()})
                 reply = await buses[rank].request(route.subject, request, ShardReply)
             except RequestRefused as refused:
-                if refused.reply.code != "busy":
+                if refused.reply.code != ErrorCode.BUSY:
                     raise
                 busy += 1  # two replicas contending; the agent retries the same way
                 route.on_failure(time.perf_counter())

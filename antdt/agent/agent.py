@@ -40,6 +40,7 @@ from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,
     EpochFinished,
+    ErrorCode,
     ExitReason,
     JobSpec,
     KillRestart,
@@ -398,7 +399,9 @@ class Agent:
         s = self.settings
         self.commands += 1
         if cmd.job != s.job:
-            raise Rejected("bad_request", f"command for job {cmd.job!r} sent to job {s.job!r}")
+            raise Rejected(
+                ErrorCode.BAD_REQUEST, f"command for job {cmd.job!r} sent to job {s.job!r}"
+            )
         if isinstance(cmd, KillRestart):
             return self._kill_restart(cmd)
         return self._adjust(cmd, delivery.subject)
@@ -447,9 +450,9 @@ class Agent:
         with self._plan_lock:
             judgement = self._book.judge(plan, job=s.job, world_size=s.world_size)
             if judgement.verdict is Verdict.STALE:
-                raise Rejected("stale", judgement.reason)
+                raise Rejected(ErrorCode.STALE, judgement.reason)
             if judgement.verdict is Verdict.BAD:
-                raise Rejected("bad_request", judgement.reason)
+                raise Rejected(ErrorCode.BAD_REQUEST, judgement.reason)
             if judgement.verdict is Verdict.SAME:
                 at = self._book.applied_step(plan)
             else:

@@ -1,5 +1,5 @@
 """Batch-weighted gradient averaging: every step's update is the mean gradient over all
-samples of the step, whatever the per-rank batch sizes (DESIGN.md section 8).
+samples of the step, whatever the per-rank batch sizes.
 
 Each rank's gradients are the MEAN over its own n_i samples (the usual `loss.mean()`).
 Plain averaging over ranks would weigh a rank's sample by 1 / (world * n_i); weighting

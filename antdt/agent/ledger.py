@@ -23,6 +23,7 @@ from antdt.runtime.bus import Bus, BusError, Delivery, RequestRefused
 from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,
+    ErrorCode,
     ReleaseReply,
     RestoreReply,
     ShardRestore,
@@ -43,7 +44,7 @@ COMMIT_POLL_MAX_S = 1.0
 #: Refusals a commit, restore or release retries until its deadline: the ledger
 #: contended (`busy`), or the service could not reach etcd or is draining for a restart
 #: (`unavailable`). All three requests are idempotent. Any other refusal is final.
-RETRIED_CODES = frozenset({"busy", "unavailable"})
+RETRIED_CODES = frozenset({ErrorCode.BUSY, ErrorCode.UNAVAILABLE})
 #: Checkpoint steps announced lately, remembered for a commit still on its way.
 ANNOUNCED_KEPT = 16
 

@@ -10,7 +10,7 @@ import structlog
 from antdt.agent.errors import AgentError
 from antdt.agent.shards import Backoff
 from antdt.runtime.bus import Bus, RequestRefused
-from antdt.schemas import JobSpec, RegisterReply
+from antdt.schemas import ErrorCode, JobSpec, RegisterReply
 
 log = structlog.get_logger("antdt.agent")
 
@@ -28,7 +28,7 @@ async def register(bus: Bus, subject: str, spec: JobSpec, deadline: float) -> Re
             timeout = min(bus.settings.request_timeout_s, max(remaining, 0.05))
             return await bus.request(subject, spec, RegisterReply, timeout=timeout)
         except RequestRefused as exc:
-            if exc.reply.code == "bad_request":
+            if exc.reply.code == ErrorCode.BAD_REQUEST:
                 raise AgentError(f"job {spec.job} refused: {exc.reply.error}") from None
             last = str(exc)
         except Exception as exc:  # BusError, or the client's own while NATS is away

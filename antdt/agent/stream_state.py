@@ -16,6 +16,7 @@ from enum import Enum
 
 from antdt.agent.sampling import Cursor, LocalShards, Taken
 from antdt.schemas import (
+    ErrorCode,
     FetchStatus,
     ShardCommit,
     ShardFetch,
@@ -38,7 +39,7 @@ MAX_HELD = 1024
 #: the rank spin.
 MIN_RETRY_S = 0.05
 #: Refusals that no retry can fix: this process is not a member of the job's present.
-FATAL_CODES = frozenset({"incarnation", "removed"})
+FATAL_CODES = frozenset({ErrorCode.INCARNATION, ErrorCode.REMOVED})
 #: Seconds after it was last sent that an unconfirmed done ref goes out again. The service
 #: makes done marks durable within tens of milliseconds (its done_flush_interval_s).
 RECONFIRM_AFTER_S = 0.05
@@ -211,15 +212,17 @@ class StreamState:
         unsynced = sorted(self.unsynced, key=lambda r: (r.epoch, r.shard))
         return tuple(held + unsynced + list(unsent))[:MAX_HELD]
 
-    def on_refused(self, code: str, reason: str) -> None:
+    def on_refused(self, code: ErrorCode, reason: str) -> None:
         """A refusal: final for a process of another incarnation or a removed rank."""
         if code in FATAL_CODES:
             self.fatal = f"{code}: {reason}"
-        elif code == "bad_request" and ("local_batch" in reason or "global_batch" in reason):
+        elif code == ErrorCode.BAD_REQUEST and (
+            "local_batch" in reason or "global_batch" in reason
+        ):
             # A shards service of an earlier version, which knows no batch share: ask as
             # before (an even share is reserved for this rank).
             self.say_share = False
-        elif code == "bad_request" and "settle" in reason and self._settle_due():
+        elif code == ErrorCode.BAD_REQUEST and "settle" in reason and self._settle_due():
             # An earlier version, which knows no settle request: leave the epoch on the
             # step's zero alone, as the group did before (a late hand-back is stranded).
             self.can_settle, self.settled = False, Settled.FINISHED

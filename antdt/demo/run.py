@@ -88,17 +88,22 @@ def _run_job(
     started = time.time()
     runner.start()
     # The summary wraps under the bar rather than squeezing it (a narrow terminal).
-    columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-               TimeElapsedColumn(),
-               TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")))  # fmt: skip
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}", table_column=Column(overflow="fold")),
+    )
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"policy {policy:7}", total=total_steps, info="")
         while runner.is_alive():
             runner.join(0.25)
             steps = _count_lines(progress_file)
             # Epoch tails (uneven batches) may add steps to the estimate.
-            bar.update(task, completed=steps, total=max(steps, total_steps),
-                       info=watcher.summary_line())  # fmt: skip
+            bar.update(
+                task, completed=steps, total=max(steps, total_steps), info=watcher.summary_line()
+            )
         steps = _count_lines(progress_file)
         bar.update(task, completed=steps, total=steps, info=watcher.summary_line())
     watcher.stop()
@@ -141,8 +146,16 @@ def run_demo(out: Path, *, steps: int = 150) -> int:
     )
     with EmbeddedCluster(root=out / "cluster") as cluster:
         env = dict(os.environ, ANTDT_WINDOW="5", ANTDT_TELEMETRY__LOG_FORMAT="json")
-        argv = [sys.executable, "-m", "antdt.cli", "services", "--nats-url", cluster.nats.url,
-                "--etcd-endpoint", cluster.etcd.endpoint]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "antdt.cli",
+            "services",
+            "--nats-url",
+            cluster.nats.url,
+            "--etcd-endpoint",
+            cluster.etcd.endpoint,
+        ]
         log_path = out / "services.log"
         log_path.unlink(missing_ok=True)
         services = ManagedProcess("antdt services", argv, log_path, env=env).spawn()

@@ -38,11 +38,9 @@ BASE_LR = 2e-3
 
 
 def learning_rate(seen: int, total: int, step_samples: int, settings: Any) -> float:
-    """Cosine decay over samples seen (not steps), scaled by the share of the global batch
-    this step carried: epoch tails under uneven batches end with a few small steps, and a
-    50-sample step must not move the weights as far as a full one. Decaying to zero also
-    makes the final model far less sensitive to sample order (which dynamic sharding
-    changes from run to run)."""
+    """Cosine decay over samples seen (not steps), scaled by this step's share of the global
+    batch, so that an epoch tail's small steps move the weights less; decaying to zero also
+    makes the final model far less sensitive to the sample order."""
     progress = min(1.0, seen / total)
     share = step_samples / settings.global_batch
     return BASE_LR * 0.5 * (1.0 + math.cos(math.pi * progress)) * share
@@ -164,8 +162,12 @@ class Checkpoints:
             return
         agent.commit(step)  # the ledger's snapshot first: a model without one is useless
         if self.rank == 0:
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                     "step": step, "seen": seen}  # fmt: skip
+            state = {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "step": step,
+                "seen": seen,
+            }
             tmp = self.path.with_suffix(".tmp")
             torch.save(state, tmp)
             tmp.replace(self.path)  # atomic: a crash leaves the previous checkpoint
@@ -181,8 +183,9 @@ class Fault:
 
     @classmethod
     def from_env(cls, rank: int, restart_count: int) -> Fault:
-        spec = dict(kv.split("=", 1) for kv in os.environ.get("ANTDT_DEMO_FAIL", "").split(",")
-                    if "=" in kv)  # fmt: skip
+        spec = dict(
+            kv.split("=", 1) for kv in os.environ.get("ANTDT_DEMO_FAIL", "").split(",") if "=" in kv
+        )
         if restart_count > 0 or int(spec.get("rank", -1)) != rank:
             return cls(None, "")
         return cls(int(spec["step"]), spec.get("how", "kill"))
@@ -232,9 +235,11 @@ class Shrink:
             self.left = True
             return True
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{int(port.item())}", rank=self.rank,
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{int(port.item())}",
+            rank=self.rank,
             world_size=self.world - 1,
-        )  # fmt: skip
+        )
         self.step = None
         return False
 

@@ -1,13 +1,7 @@
-"""Observability for people: recording streams, `antdt status` and `antdt report`.
-
-- `recorder`: bounded JetStream streams ANTDT_STEPS and ANTDT_HEALTH (ensured by whoever
-  starts the services) so a run can be drawn after it ended.
-- `timeline` (pure) -> `figure` (matplotlib, extra `report`) and `html` (pure) ->
-  `report` (the I/O shell of `antdt report`).
-- `status` (pure state and renderer) -> `live` (the I/O shell of `antdt status`).
-
-Imports only the wire contract and the runtime (import-linter), never a service; matplotlib
-is imported only when a report is written."""
+"""Observability for people: `recorder` (the streams a run is drawn from afterwards),
+`timeline` (pure) -> `figure` and `html` -> `report` (`antdt report`), `status` (pure) ->
+`live` (`antdt status`). Reads only the wire contract and the runtime, never a service;
+matplotlib is imported only when a report is written."""
 
 from antdt.observe.live import load_state, run_status
 from antdt.observe.recorder import (

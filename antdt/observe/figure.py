@@ -41,9 +41,12 @@ def draw(timeline: Timeline, *, width_in: float = 13.0) -> Figure:
     _clip(busy, [v for s in timeline.ranks for v in s.busy_s] + [w for _, w in timeline.step_wall])
     _clip(per_sample, [v for s in timeline.ranks for v in s.per_sample_ms])
     busy.legend(
-        loc="lower left", bbox_to_anchor=(0.0, 1.0), fontsize=8, frameon=False,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0),
+        fontsize=8,
+        frameon=False,
         ncol=min(7, len(timeline.ranks) + 1),
-    )  # fmt: skip
+    )
     fig.suptitle(_title(timeline), fontsize=11)
     return fig
 
@@ -70,8 +73,9 @@ def _title(timeline: Timeline) -> str:
 def _rank_lines(series: RankSeries, busy: Any, per_sample: Any, batch: Any) -> None:
     style = {"color": series.color, "lw": 1.2, "label": series.label}
     busy.plot(series.steps, series.busy_s, **style)
-    points = [(s, v) for s, v in zip(series.steps, series.per_sample_ms, strict=True)
-              if not math.isnan(v)]  # fmt: skip
+    points = [
+        (s, v) for s, v in zip(series.steps, series.per_sample_ms, strict=True) if not math.isnan(v)
+    ]
     if points:
         xs, ys = zip(*points, strict=True)
         per_sample.plot(xs, ys, color=series.color, lw=1.0)

@@ -1,15 +1,7 @@
-"""Recording for after-the-fact reports: bounded JetStream streams that capture what is
-otherwise core NATS only, so `antdt report` can draw a run after it ended.
-
-- ANTDT_STEPS captures every `{p}.*.step.*` (StepEvent) and ANTDT_HEALTH every
-  `{p}.*.health` (JobHealth). Publishers do not change: the server stores what they
-  publish; nobody waits for an ack, so the agent's cost does not change either.
-- Both are bounded (RecordingSettings: max age in seconds, max size in bytes; the oldest
-  messages go first). Incidents and actions are already on ANTDT_INCIDENTS and
-  ANTDT_ACTIONS (ensured by the monitor and the controller).
-
-Whoever starts the services ensures the streams (`antdt services`/`up`, the demo): it is
-idempotent, so every replica may do it."""
+"""Recording for after-the-fact reports: bounded JetStream streams ANTDT_STEPS (every
+StepEvent) and ANTDT_HEALTH (every JobHealth), captured by the server from core NATS, so
+publishers and the agent's cost do not change. Whoever starts the services ensures them
+(idempotent: every replica may)."""
 
 from __future__ import annotations
 

@@ -117,9 +117,13 @@ def _header(state: StatusState, now: float) -> RenderableType:
 
 def _table(title: str) -> Table:
     return Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-        collapse_padding=True, show_edge=False,
-    )  # fmt: skip
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        show_edge=False,
+    )
 
 
 def _ranks(state: StatusState) -> RenderableType:
@@ -165,9 +169,15 @@ def _incidents(state: StatusState) -> RenderableType:
         table.add_column(col, no_wrap=True)
     for i in open_:
         table.add_row(
-            i.id, str(i.rank), i.kind.value, i.straggler_class.value, i.cause.value,
-            i.state.value, str(i.step), f"{i.ratio:.2f}",
-        )  # fmt: skip
+            i.id,
+            str(i.rank),
+            i.kind.value,
+            i.straggler_class.value,
+            i.cause.value,
+            i.state.value,
+            str(i.step),
+            f"{i.ratio:.2f}",
+        )
     return table
 
 
@@ -182,10 +192,13 @@ def _actions(state: StatusState, now: float) -> RenderableType:
     for a in recent:
         style = "bold green" if a.result == ActionResult.APPLIED else "yellow"
         table.add_row(
-            a.action_id, a.kind, Text(a.result.value, style=style),
+            a.action_id,
+            a.kind,
+            Text(a.result.value, style=style),
             "" if a.plan_version is None else f"v{a.plan_version}",
             str(list(a.local_batch or ())),
             "" if a.effective_step is None else str(a.effective_step),
-            _age(now, a.completed_at), a.reason[:80],
-        )  # fmt: skip
+            _age(now, a.completed_at),
+            a.reason[:80],
+        )
     return table

@@ -16,9 +16,19 @@ RESOLVED_COLOR = "#2e8b57"
 ACTION_COLOR = "#d00000"  # applied actions; no rank line uses it
 ACTION_OTHER_COLOR = "#808080"  # refused, failed or partial actions
 RANK_COLORS = (
-    "#1f77b4", "#9467bd", "#17becf", "#8c564b", "#e377c2", "#bcbd22",
-    "#7f7f7f", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173",
-)  # fmt: skip
+    "#1f77b4",
+    "#9467bd",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#7f7f7f",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+    "#843c39",
+    "#7b4173",
+)
 
 
 @dataclass

@@ -78,9 +78,11 @@ class TelemetrySettings(BaseModel):
         default=15.0, gt=0, description="Period of OTLP metric export, seconds"
     )
     effect_steps: int = Field(
-        default=16, ge=1, description="Steps after a plan's effective step at which the "
+        default=16,
+        ge=1,
+        description="Steps after a plan's effective step at which the "
         "controller measures its effect (span `effect`): >= 2 monitor windows",
-    )  # fmt: skip
+    )
 
 
 class RecordingSettings(BaseModel):

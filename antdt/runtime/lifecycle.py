@@ -1,10 +1,6 @@
-"""Service lifecycle: named tasks, one stop signal, a staged and idempotent shutdown.
-
-Stages run in order, each step bounded in time:
-    drain  – stop taking new messages (drain subscriptions)
-    finish – let in-flight work complete
-    revoke – give up leases so another replica takes over at once
-    flush  – flush telemetry and logs, close connections"""
+"""Service lifecycle: named tasks, one stop signal, a staged and idempotent shutdown, each
+step bounded in time: drain (stop taking messages), finish (in-flight work), revoke (give
+up leases, so another replica takes over at once), flush (telemetry, logs, connections)."""
 
 from __future__ import annotations
 

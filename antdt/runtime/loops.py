@@ -1,18 +1,7 @@
-"""The event loop a process runs on: uvloop where it is installed, else asyncio's own.
-
-The services' hot paths are an event loop moving small NATS messages (a rank's fetch,
-its reply, a step event) and gRPC calls to etcd; uvloop (libuv) runs the same asyncio code
-with a little less CPU per wake-up and per socket write. Measured in turns on the shards
-fetch+done cycle (`make bench`, rows "on uvloop"; replica and clients on the same loop):
-with one rank a median 1.09x the cycles per second (turns 0.94-1.11; 1.02-1.05 in another
-series), with eight no difference beyond the machine's noise (medians 1.00). It is an
-optional dependency of the `services` extra (not on Windows); services use it where
-installed. The agent stays on asyncio's own loop unless told otherwise: its I/O thread
-carries a few messages a second, and the training process is the user's.
-
-Processes choose with their settings' `event_loop` (env ANTDT_EVENT_LOOP):
-`auto` (uvloop if importable), `uvloop` (required: a clear error if missing), `asyncio`.
-"""
+"""The event loop a process runs on, by its settings' `event_loop` (ANTDT_EVENT_LOOP): `auto`
+(uvloop where importable), `uvloop` (required: a clear error if missing) or `asyncio`.
+Services run uvloop where installed (the `services` extra); the agent's I/O thread stays on
+asyncio's own loop unless told otherwise: the training process is the user's."""
 
 from __future__ import annotations
 

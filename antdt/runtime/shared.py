@@ -1,9 +1,6 @@
-"""One call per key at a time, its answer shared: what a service does when many events of
-one job ask for the same slow thing at once (a claim, the job's take-on: etcd reads).
-
-The first caller runs it; callers that come while it runs wait for its answer instead of
-running it again. A call that fails answers the waiters with `failed` (their events are
-dropped as the first one's is) and raises in the first caller only."""
+"""One call per key at a time, its answer shared by the callers that come while it runs
+(many events of one job asking for the same etcd reads). A call that fails answers the
+waiters with `failed` and raises in the first caller only."""
 
 from __future__ import annotations
 

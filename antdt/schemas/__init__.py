@@ -9,9 +9,9 @@ from antdt.schemas.commands import (
     ActionResult,
     AdjustBatch,
     Command,
-    ErrorReply,
     KillRestart,
 )
+from antdt.schemas.errors import ErrorCode, ErrorReply
 from antdt.schemas.events import (
     Cause,
     ExitReason,
@@ -77,6 +77,7 @@ __all__ = [
     "Command",
     "CommitReply",
     "EpochFinished",
+    "ErrorCode",
     "ErrorReply",
     "ExitReason",
     "FetchStatus",

@@ -117,10 +117,3 @@ class ActionProposal(WireModel):
     def _consistent(self) -> ActionProposal:
         check_accumulation(self.local_batch, self.micro_batch, self.accumulation)
         return self
-
-
-class ErrorReply(WireModel):
-    """The answer to any request that was refused: a machine code and a clear reason."""
-
-    error: str = Field(max_length=2048, description="Human-readable reason")
-    code: str = Field(max_length=64, description="bad_request, unknown_job, stale, fenced, ...")

@@ -110,7 +110,10 @@ class JobHealth(WireModel):
     step_s: float = Field(ge=0, description="Median step wall time over the window, seconds")
     samples_per_s: float = Field(ge=0, description="Job throughput over the window")
     balance_efficiency: float = Field(
-        ge=0, le=1, description="T_ideal / T_step (DESIGN.md section 7); 1 = perfectly balanced"
+        ge=0,
+        le=1,
+        description="T_ideal / T_step: the step time were the batch split by speed, over the "
+        "measured one; 1 = perfectly balanced",
     )
     plan_version: Count
     ranks: tuple[RankHealth, ...]

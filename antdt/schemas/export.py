@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from antdt import schemas
 
-#: file stem → model (or the Command union's adapter)
+#: file stem → model (or the adapter of a union or an enum)
 EXPORTED: dict[str, Any] = {
     "StepEvent": schemas.StepEvent,
     "RankHello": schemas.RankHello,
@@ -28,6 +28,7 @@ EXPORTED: dict[str, Any] = {
     "ActionRecord": schemas.ActionRecord,
     "ActionProposal": schemas.ActionProposal,
     "ErrorReply": schemas.ErrorReply,
+    "ErrorCode": TypeAdapter(schemas.ErrorCode),
     "ShardFetch": schemas.ShardFetch,
     "ShardReply": schemas.ShardReply,
     "ShardStatusRequest": schemas.ShardStatusRequest,

@@ -10,14 +10,11 @@ PolicyParam = float | int | str | bool
 
 
 class MonitorParams(WireModel):
-    """The monitor's detection tunables for one job (DESIGN.md section 7).
-
-    Every field is optional: one left out (None) takes the monitor replica's default
-    (`ANTDT_WINDOW`, `ANTDT_SLOW_THRESHOLD`, `ANTDT_PERSISTENT_WINDOWS`, else the
-    detector's own). Ratios compare a rank's median compute time per sample with the
-    median of the other ranks. A combination the monitor cannot use (for example a
-    slow_threshold above the replica's instant_threshold) makes it fall back to the
-    replica's defaults for the whole job and log a warning."""
+    """The monitor's detection tunables for one job; one left None takes the replica's
+    default (`ANTDT_WINDOW`, `ANTDT_SLOW_THRESHOLD`, ..., else the detector's own). Ratios
+    compare a rank's median compute time per sample with the other ranks' median. A
+    combination the monitor cannot use (slow_threshold above the replica's
+    instant_threshold) makes it use the replica's defaults for the whole job, logged."""
 
     window: int | None = Field(
         default=None,

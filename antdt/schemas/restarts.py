@@ -1,10 +1,7 @@
-"""KILL_RESTART state in etcd: the per-job restart ledger and the host blocklist.
-
-`jobs/{job}/restarts` holds one `RestartLedger` (JSON): the restart budget used, the
-measured restart costs and the restart in flight, if any. `blocklist/{host}` holds one
-`BlocklistEntry`: a host that a KILL_RESTART moved a rank away from. The controller
-writes both in one etcd transaction fenced by its ownership of the job.
-"""
+"""KILL_RESTART state in etcd: `jobs/{job}/restarts` holds a job's `RestartLedger` (budget
+used, measured costs, the restart in flight), `blocklist/{host}` a `BlocklistEntry` for a
+host a rank was moved away from; the owning controller writes both in one fenced
+transaction."""
 
 from __future__ import annotations
 

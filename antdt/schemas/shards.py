@@ -1,4 +1,4 @@
-"""Agent ↔ shards service: done-and-fetch in one request (DESIGN.md section 6)."""
+"""Agent ↔ shards service: done-and-fetch in one request, checkpoints, restores, releases."""
 
 from __future__ import annotations
 
@@ -68,13 +68,10 @@ Incarnation = Annotated[
 
 
 class ShardFetch(WireModel):
-    """Report finished shards and ask for up to `want` more, in one request.
-
-    With `held` (every grant the rank holds and has not finished), the reply carries only
-    what the rank lacks, and may be sent before the done refs are durable: then it lists
-    them in `unconfirmed`, and the rank sends them again with its next request. Without
-    `held`, the reply re-sends everything the rank holds and waits until every change is
-    durable."""
+    """Report finished shards and ask for up to `want` more, in one request. With `held`
+    (every unfinished grant the rank holds) the reply carries only what the rank lacks and
+    may go before the done refs are durable, listing them in `unconfirmed` to be sent
+    again; without it, the reply re-sends all the rank holds once every change is durable."""
 
     job: Token
     rank: Rank
@@ -129,12 +126,10 @@ class ShardFetch(WireModel):
 
 
 class FetchStatus(str, Enum):
-    """OK: grants attached (maybe fewer than wanted). EPOCH_DONE: no shard of the epoch is
-    left to grant (others may still be in flight). PENDING: the rank asked for the next
-    epoch while the current one still has shards in flight: retry after retry_after_s.
-    JOB_DONE: every epoch is complete. To a settle request (nothing new is granted), OK
-    means the epoch has shards to grant again, or the reply hands the rank shards it holds
-    and did not list in `held`."""
+    """OK: grants attached (maybe fewer than wanted). EPOCH_DONE: none of the epoch is left
+    to grant (some may be in flight). PENDING: the next epoch was asked for while this one
+    has shards in flight: retry after retry_after_s. JOB_DONE: every epoch is complete. To
+    a settle, OK: the epoch has shards to grant again, or the reply hands back unlisted ones."""
 
     OK = "ok"
     EPOCH_DONE = "epoch_done"
@@ -280,15 +275,11 @@ class CheckpointCompleted(WireModel):
 
 
 class EpochFinished(WireModel):
-    """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done (the
-    last epoch's too: the job is then done). Ranks waiting to leave the epoch (a settle
-    answered with shards `outstanding`) or for the next one (PENDING) ask again at once
-    instead of at their next poll, which
-    for a large job is seconds away (`retry_after_s` grows with the ranks, so that a
-    thousand ranks waiting at an epoch's end do not flood the service). A replica that
-    takes the job into the next epoch tells the previous end again (its finisher may
-    have died first), so an end may come more than once. Best effort: a rank that
-    misses it asks at that poll. Anyone may subscribe."""
+    """Published on `{p}.{job}.shards.epoch` when every shard of `epoch` is done (of the last
+    epoch too: the job is done), so that ranks waiting on it ask again at once, not at
+    their next poll (seconds away in a large job). May come more than once (a replica
+    taking the job on tells the previous end again); best effort: a rank that misses it
+    asks at that poll."""
 
     job: Token
     epoch: Count = Field(description="The epoch just finished: every shard of it is done")
@@ -297,13 +288,10 @@ class EpochFinished(WireModel):
 
 class ShardsReturned(WireModel):
     """Published on `{p}.{job}.shards.returned` when releases handed shards back to be
-    granted again (`antdt shards release`, `agent.leave()`). Ranks waiting to leave the
-    epoch (a settle answered with shards `outstanding`, which may be these) ask again at
-    once instead of at their next poll, seconds away in a large job: the shards are
-    grantable now, and the group stays in the epoch to train them. At most one a second
-    per job and replica: the first hand-back at once, those within the second after an
-    announcement in one at its end. Best effort: a rank that misses it asks at that poll.
-    Anyone may subscribe."""
+    granted again (`antdt shards release`, `agent.leave()`), so that ranks waiting to leave
+    the epoch ask again at once and train them. At most one a second per job and replica
+    (the first at once, later ones gathered); best effort: a rank that misses it asks at
+    its next poll."""
 
     job: Token
     ranks: tuple[Rank, ...] = Field(

@@ -1,4 +1,4 @@
-"""Builders for NATS subjects and etcd keys (DESIGN.md sections 4 and 5). No I/O."""
+"""Builders for NATS subjects and etcd keys (docs/architecture.md lists them). No I/O."""
 
 from __future__ import annotations
 

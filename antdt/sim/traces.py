@@ -1,31 +1,7 @@
-"""Seeded, labelled StepEvent traces of a bulk-synchronous job (pure, no I/O, no clock).
-
-Reused by the detector's accuracy tests, the simulator and the benchmarks. A trace is a
-time-ordered list of `(arrival_time, StepEvent)` plus the ground truth of every rank.
-
-The job model: at every step each live rank computes its samples (per-sample cost x a
-per-rank factor x lognormal jitter), waits for data, then all live ranks meet at the
-gradient all-reduce; a rank's `comm_s` is the pure communication plus its barrier wait,
-so `step_s` is the same on every rank and equals the slowest rank's compute + data wait
-plus the communication time.
-
-Rank behaviours (`RankClass`), all from one `random.Random(seed)`:
-
-- HEALTHY: jitter with a per-rank coefficient of variation in [cv_min, cv_max]
-  (10-20% by default), rare single-step spikes (GC pauses: `spike_prob`, 1.5-3x), and
-  optional sub-window blips (`blip_steps` slow steps at 2-5x, too short to be a slow
-  window: a median over W steps ignores fewer than W/2 outliers).
-- TRANSIENT: one burst of 2-5x lasting `transient_steps` steps, then healthy again.
-- PERSISTENT: healthy until the onset step, then `persistent_factor` slower for good.
-- DETERMINISTIC: slower by `deterministic_factor` from the first step (hardware).
-- LEADER: faster by `leader_factor` from the first step.
-- DATA: healthy compute, but from the onset step it waits for data `data_factor` times
-  its compute time every step (slow data loading); cause DATA.
-- DEAD: emits steps until the onset step, then nothing (process died or hung while the
-  others continue, e.g. its agent lost); the other ranks are not slowed by it.
-
-Only `antdt.schemas` is imported, so the simulator can use it without the services.
-"""
+"""Seeded, labelled StepEvent traces of a bulk-synchronous job (pure, no I/O, no clock): a
+time-ordered list of `(arrival_time, StepEvent)` and every rank's ground truth, for the
+detector's accuracy tests, the simulator and the benchmarks. The job model and the rank
+classes: docs/architecture.md, "The trace generator". Imports only `antdt.schemas`."""
 
 from __future__ import annotations
 
@@ -39,13 +15,15 @@ from antdt.schemas import StepEvent
 
 
 class RankClass(str, enum.Enum):
-    HEALTHY = "healthy"
-    TRANSIENT = "transient"
-    PERSISTENT = "persistent"
-    DETERMINISTIC = "deterministic"
-    LEADER = "leader"
-    DATA = "data"
-    DEAD = "dead"
+    """How a rank behaves over a trace (its ground truth)."""
+
+    HEALTHY = "healthy"  # jitter, rare spikes, optional blips too short for a window
+    TRANSIENT = "transient"  # one burst of 2-5x for `transient_steps`, then healthy
+    PERSISTENT = "persistent"  # healthy until its onset, then `persistent_factor` slower
+    DETERMINISTIC = "deterministic"  # `deterministic_factor` slower from the start
+    LEADER = "leader"  # `leader_factor` faster from the start
+    DATA = "data"  # from its onset, waits `data_factor` x its compute for data each step
+    DEAD = "dead"  # no step after its onset; the others are not slowed by it
 
 
 @dataclass(frozen=True, slots=True)

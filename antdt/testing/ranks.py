@@ -15,6 +15,7 @@ from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
     AdjustBatch,
+    ErrorCode,
     Incident,
     IncidentKind,
     IncidentState,
@@ -153,7 +154,7 @@ class FakeRanks:
     def _adjust(self, rank: int, cmd: AdjustBatch) -> Ack:
         plan, known = cmd.plan, self.versions.get(rank, 0)
         if plan.version < known:
-            raise Rejected("stale", f"plan version {plan.version} < {known}")
+            raise Rejected(ErrorCode.STALE, f"plan version {plan.version} < {known}")
         if plan.version > known:
             self.versions[rank] = plan.version
             self.applied[(rank, f"plan-{plan.version}")] += 1

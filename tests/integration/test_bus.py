@@ -16,6 +16,7 @@ from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
     AdjustBatch,
+    ErrorCode,
     ErrorReply,
     Plan,
     PlanRequest,
@@ -29,10 +30,21 @@ pytestmark = pytest.mark.integration
 
 def step_event(job: str = "job1", rank: int = 0, step: int = 1) -> StepEvent:
     return StepEvent(
-        job=job, rank=rank, host="h0", step=step, epoch=0, plan_version=0, local_batch=8,
-        samples=8, compute_s=0.1, data_wait_s=0.01, comm_s=0.02, step_s=0.14,
-        started_at=100.0, ended_at=100.14,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host="h0",
+        step=step,
+        epoch=0,
+        plan_version=0,
+        local_batch=8,
+        samples=8,
+        compute_s=0.1,
+        data_wait_s=0.01,
+        comm_s=0.02,
+        step_s=0.14,
+        started_at=100.0,
+        ended_at=100.14,
+    )
 
 
 async def test_typed_publish_subscribe_and_rejections(bus: Bus) -> None:
@@ -65,7 +77,7 @@ async def test_request_reply_errors_and_union(bus: Bus) -> None:
     async def on_cmd(cmd: object, delivery: Delivery) -> Ack:
         assert isinstance(cmd, AdjustBatch)
         if cmd.plan.version < 2:
-            raise Rejected("stale", "plan version 1 is older than 2")
+            raise Rejected(ErrorCode.STALE, "plan version 1 is older than 2")
         return Ack(action_id=cmd.action_id, job="j", rank=0, ok=True, applied_step=10, at=2.0)
 
     await bus.subscribe(subjects.command("j", 0), COMMAND_ADAPTER, on_cmd, queue="agents")
@@ -167,8 +179,9 @@ async def test_replies_and_concurrent_handlers_are_delivered_straight_from_the_s
     subject = Subjects(bus.settings.subject_prefix).plan_get("direct")
 
     async def handler(req: PlanRequest, _: Delivery) -> Plan:
-        return Plan(job="direct", version=req.rank, local_batch=(4,), effective_step=0,
-                    created_at=1.0)  # fmt: skip
+        return Plan(
+            job="direct", version=req.rank, local_batch=(4,), effective_step=0, created_at=1.0
+        )
 
     await bus.subscribe(subject, PlanRequest, handler, concurrency=4)
     before = bus.delivered_directly()
@@ -186,7 +199,7 @@ async def test_queue_group_spreads_requests(bus: Bus, settings) -> None:  # type
     def responder(name: str):  # type: ignore[no-untyped-def]
         async def handle(req: PlanRequest, _: Delivery) -> ErrorReply:
             served[name] += 1
-            return ErrorReply(error=name, code="who")
+            return ErrorReply(error=name, code=ErrorCode.UNAVAILABLE)
 
         return handle
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
-from antdt.schemas import Ack, ErrorReply, PlanRequest
+from antdt.schemas import Ack, ErrorCode, ErrorReply, PlanRequest
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +17,7 @@ async def responders(bus: Bus, subject: str, ranks: range) -> None:
 
         async def answer(req: PlanRequest, _: Delivery, rank: int = rank) -> Ack:
             if rank == 2:
-                raise Rejected("bad_request", "rank 2 says no")
+                raise Rejected(ErrorCode.BAD_REQUEST, "rank 2 says no")
             return Ack(action_id="a1", job=req.job, rank=rank, ok=True, at=time.time())
 
         await bus.subscribe(subject, PlanRequest, answer)
@@ -30,8 +30,9 @@ async def test_gather_collects_every_responder_until_done(bus: Bus) -> None:
 
     # done once four answers are in; the junk reply may come before or after them, so a
     # second gather (to the deadline) checks that it is counted, not returned.
-    replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=5.0,
-                               done=lambda got: len(got) == 4)  # fmt: skip
+    replies = await bus.gather(
+        subject, PlanRequest(job="j", rank=0), Ack, timeout=5.0, done=lambda got: len(got) == 4
+    )
     assert len(replies) == 4
     before = bus.rejections.counts[("gather", "bad_reply")]
     everything = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=2.0)
@@ -50,8 +51,7 @@ async def test_gather_returns_what_came_by_the_timeout(bus: Bus) -> None:
     replies = await bus.gather(subject, PlanRequest(job="j", rank=0), Ack, timeout=1.0)
     assert sorted(r.rank for r in replies if isinstance(r, Ack)) == [0, 1]
     assert 1.0 <= time.monotonic() - started < 3.0
-    nobody = await bus.gather(f"{subject}.nobody", PlanRequest(job="j", rank=0), Ack,
-                              timeout=0.1)  # fmt: skip
+    nobody = await bus.gather(f"{subject}.nobody", PlanRequest(job="j", rank=0), Ack, timeout=0.1)
     assert nobody == []
 
 

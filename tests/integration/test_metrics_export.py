@@ -138,8 +138,10 @@ async def test_shards_replica_serves_its_requests_writes_and_ledgers(
         # answer, so that every fetch below is sent once and counted once.
         await wait_for(
             lambda: _status(bus, subjects.shards(job, "status"), ShardStatusRequest(job=job)),
-            timeout=30, interval=0.2, what="the replica answering",
-        )  # fmt: skip
+            timeout=30,
+            interval=0.2,
+            what="the replica answering",
+        )
         first = await bus.request(fetch, ShardFetch(job=job, rank=0, epoch=0, held=()), ShardReply)
         held = tuple(g.ref() for g in first.grants)
         unconfirmed: tuple[object, ...] = ()

@@ -40,9 +40,11 @@ from tests.unit.test_observe_timeline import JOB, synthetic_run
 pytestmark = pytest.mark.integration
 
 LIMITS = RecordingSettings(
-    steps_max_age_s=3600, steps_max_bytes=8 * 1024 * 1024,
-    health_max_age_s=600, health_max_bytes=1024 * 1024,
-)  # fmt: skip
+    steps_max_age_s=3600,
+    steps_max_bytes=8 * 1024 * 1024,
+    health_max_age_s=600,
+    health_max_bytes=1024 * 1024,
+)
 
 
 async def _record(bus: Bus, subjects: Subjects, run: RunRecord) -> None:

@@ -55,10 +55,21 @@ def spec(job: str, **kw: object) -> JobSpec:
 
 def step(job: str, rank: int, n: int, compute: float = 0.1) -> StepEvent:
     return StepEvent(
-        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
-        samples=4, compute_s=compute, data_wait_s=0.0, comm_s=0.01, step_s=compute + 0.01,
-        started_at=1000.0 + n, ended_at=1000.0 + n + compute + 0.01,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        step=n,
+        epoch=0,
+        plan_version=0,
+        local_batch=4,
+        samples=4,
+        compute_s=compute,
+        data_wait_s=0.0,
+        comm_s=0.01,
+        step_s=compute + 0.01,
+        started_at=1000.0 + n,
+        ended_at=1000.0 + n + compute + 0.01,
+    )
 
 
 async def test_register_is_idempotent_and_plan_served(running: RunningServices, bus: Bus) -> None:
@@ -163,9 +174,10 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
     monitor, controller = running.by_name["monitor"], running.by_name["controller"]
     other = await start_service(
-        "monitor", MonitorSettings(**{**settings.model_dump(), "replica_id": "monitor-2"}),
+        "monitor",
+        MonitorSettings(**{**settings.model_dump(), "replica_id": "monitor-2"}),
         running.runtime,
-    )  # fmt: skip
+    )
     store = monitor.store
     await bus.request(subjects.register("j5"), spec("j5"), RegisterReply)
     await monitor_owner(store, keys, "j5")
@@ -198,8 +210,10 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
     await bus.publish(subjects.hello("j5", 0), hello)
     await monitor_owner(store, keys, "j5")
     await _steps(bus, subjects, range(3))  # the new run steps from 0 again
-    await wait_for(lambda: "j5" in monitor.detectors or "j5" in other.detectors,
-                   what="a monitor watches j5 again")  # fmt: skip
+    await wait_for(
+        lambda: "j5" in monitor.detectors or "j5" in other.detectors,
+        what="a monitor watches j5 again",
+    )
 
 
 async def test_exits_end_a_job_though_they_come_with_or_before_its_first_step(
@@ -225,8 +239,15 @@ async def test_exits_end_a_job_though_they_come_with_or_before_its_first_step(
 
 
 def finished(job: str, rank: int, step: int) -> RankExit:
-    return RankExit(job=job, rank=rank, host=f"h{rank}", pid=1, reason=ExitReason.FINISHED,
-                    step=step, at=time.time())  # fmt: skip
+    return RankExit(
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        pid=1,
+        reason=ExitReason.FINISHED,
+        step=step,
+        at=time.time(),
+    )
 
 
 async def _steps(bus: Bus, subjects: Subjects, steps: range) -> None:
@@ -272,8 +293,9 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
     async def only_registered_owned() -> bool:
         owned = await store.get_prefix(keys.owners("monitor"), keys_only=True)
         return sorted(o.key for o in owned) == [
-            keys.owner("monitor", "by-exit"), keys.owner("monitor", "by-hello")
-        ]  # fmt: skip
+            keys.owner("monitor", "by-exit"),
+            keys.owner("monitor", "by-hello"),
+        ]
 
     await wait_for(only_registered_owned, what="the stray jobs' claims given up")
     assert not monitor._starting

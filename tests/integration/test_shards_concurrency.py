@@ -44,8 +44,14 @@ async def register(
     store: Store, base: ServiceSettings, job: str, *, world: int, shards: int, epochs: int
 ) -> None:
     """A job of `shards` 3-sample shards, its spec written where the replicas read it."""
-    spec = JobSpec(job=job, world_size=world, dataset_size=shards * 3, shard_size=3,
-                   global_batch=world, epochs=epochs)  # fmt: skip
+    spec = JobSpec(
+        job=job,
+        world_size=world,
+        dataset_size=shards * 3,
+        shard_size=3,
+        global_batch=world,
+        epochs=epochs,
+    )
     await store.put(Keys(base.etcd.key_prefix).spec(job), spec.model_dump_json().encode())
 
 
@@ -66,8 +72,9 @@ class Fleet:
     def request(self, rank: int, want: int, report: int | None = None) -> ShardFetch:
         held = self.held.get(rank, ())
         done = held if report is None else held[:report]
-        return ShardFetch(job=self.job, rank=rank, epoch=self.epoch.get(rank, 0),
-                          done=done, want=want)  # fmt: skip
+        return ShardFetch(
+            job=self.job, rank=rank, epoch=self.epoch.get(rank, 0), done=done, want=want
+        )
 
     def on_reply(self, rank: int, sent: ShardFetch, reply: ShardReply) -> float:
         """Check and account one reply; returns how long the rank should wait."""

@@ -32,11 +32,11 @@ from antdt.schemas.shards import STATUS_LISTED_MAX
 from antdt.services.runner import start_service
 from antdt.services.shards.change import Writes
 from antdt.services.shards.checkpoints import apply_commit
-from antdt.services.shards.committer import Snapshot
 from antdt.services.shards.ops import to_change
-from antdt.services.shards.service import EtcdLedgers, ShardsService, ShardsSettings, _Revision
+from antdt.services.shards.service import ShardsService, ShardsSettings
 from antdt.services.shards.state import LedgerState, PendingCheckpoint, RankCommit
 from antdt.services.shards.state import status as ledger_status
+from antdt.services.shards.stored import EtcdLedgers, Revision, Snapshot
 from tests.integration.agent_fixtures import shard_status
 from tests.integration.test_shards_checkpoints import render
 from tests.integration.test_shards_concurrency import register
@@ -62,7 +62,7 @@ async def test_a_checkpoint_of_ten_thousand_ranks_is_written_to_real_etcd(
     )
     pending = LedgerState.model_validate(pending.model_dump())
     assert len(older_format(pending)) > ETCD_MAX_REQUEST  # what could not be written
-    first = await ledgers.commit("big", Snapshot(steady, _Revision(0, 0)), pending, Writes())
+    first = await ledgers.commit("big", Snapshot(steady, Revision(0, 0)), pending, Writes())
     assert first.ok and first.snapshot is not None
     out = apply_commit(pending, ShardCommit(job="big", rank=ranks - 1, step=7, epoch=0))
     writes = Writes()
@@ -95,8 +95,9 @@ async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_wri
             for rank in range(world):  # each rank takes two shards: the ledger grows
                 before = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
                 try:
-                    await bus.request(fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2),
-                                      ShardReply)  # fmt: skip
+                    await bus.request(
+                        fetch, ShardFetch(job=job, rank=rank, epoch=0, want=2), ShardReply
+                    )
                     asked += 1
                 except RequestRefused as exc:
                     refused = exc
@@ -106,8 +107,7 @@ async def test_a_ledger_past_the_transaction_limit_is_refused_and_nothing_is_wri
         assert 100 < asked < world
         after = await bus.request(status, ShardStatusRequest(job=job), ShardStatus)
         assert after == before  # nothing written
-        assert any(e["event"] == "ledger commit refused" and e["code"] == "too_large"
-                   for e in logs)  # fmt: skip
+        assert any(e["event"] == "ledger commit refused" and e["code"] == "too_large" for e in logs)
         # The replica serves on: the same job's done marks shrink it, and other jobs.
         neighbour = ShardFetch(job="neighbour", rank=0, epoch=0)
         other = await bus.request(subjects.shards("neighbour", "fetch"), neighbour, ShardReply)
@@ -132,10 +132,12 @@ async def test_status_of_a_large_job_lists_a_bounded_part_and_counts_the_rest(
     subjects = Subjects(settings.nats.subject_prefix)
     try:
         fetch = subjects.shards(job, "fetch")
-        await asyncio.gather(*(
-            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=held), ShardReply)
-            for r in range(world)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=held), ShardReply)
+                for r in range(world)
+            )
+        )
         ask = subjects.shards(job, "status")
         default = await bus.request(ask, ShardStatusRequest(job=job), ShardStatus)
         assert default.in_flight_total == world * held and len(default.in_flight) == 2000
@@ -177,21 +179,31 @@ async def test_every_rank_of_a_restart_restores_with_one_read_of_the_snapshot(
     subjects = Subjects(settings.nats.subject_prefix)
     try:
         fetch, commit = subjects.shards(job, "fetch"), subjects.shards(job, "commit")
-        await asyncio.gather(*(
-            bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=2), ShardReply)
-            for r in range(world)
-        ))  # fmt: skip
-        commits = await asyncio.gather(*(
-            bus.request(commit, ShardCommit(job=job, rank=r, step=5, epoch=0), CommitReply)
-            for r in range(world)
-        ))  # fmt: skip
+        await asyncio.gather(
+            *(
+                bus.request(fetch, ShardFetch(job=job, rank=r, epoch=0, want=2), ShardReply)
+                for r in range(world)
+            )
+        )
+        commits = await asyncio.gather(
+            *(
+                bus.request(commit, ShardCommit(job=job, rank=r, step=5, epoch=0), CommitReply)
+                for r in range(world)
+            )
+        )
         assert sum(c.completed_now for c in commits) == 1
         restore = subjects.shards(job, "restore")
-        replies = await asyncio.gather(*(
-            bus.request(restore, ShardRestore(job=job, rank=r, token="again", step=5),
-                        RestoreReply, timeout=10)
-            for r in range(world)
-        ))  # fmt: skip
+        replies = await asyncio.gather(
+            *(
+                bus.request(
+                    restore,
+                    ShardRestore(job=job, rank=r, token="again", step=5),
+                    RestoreReply,
+                    timeout=10,
+                )
+                for r in range(world)
+            )
+        )
         assert sum(r.restored for r in replies) == 1
         assert {(r.incarnation, r.step) for r in replies} == {(1, 5)}
         assert service.restores.reads <= 2  # the job's spec and the snapshot, once each

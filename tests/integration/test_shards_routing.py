@@ -48,8 +48,9 @@ class Ranks:
         self.seen: set[str] = set()  # every route a reply named
 
     async def connect(self) -> Ranks:
-        self.buses = [await Bus(self.settings.nats, name=f"rank-{r}").connect()
-                      for r in range(self.world)]  # fmt: skip
+        self.buses = [
+            await Bus(self.settings.nats, name=f"rank-{r}").connect() for r in range(self.world)
+        ]
         return self
 
     async def step(self, rank: int) -> None:
@@ -212,8 +213,7 @@ async def test_checkpoint_commits_go_to_the_owner_and_fall_back_with_it(
         clients = []
         for rank in range(world):
             state = StreamState(job=job, rank=rank, seed=0, prefetch=1, shard_size=100)
-            stream = ShardStream(state, bus=ranks.buses[rank], route=ranks.routes[rank],
-                                 loop=loop)  # fmt: skip
+            stream = ShardStream(state, bus=ranks.buses[rank], route=ranks.routes[rank], loop=loop)
             clients.append(LedgerClient(ranks.buses[rank], stream))
         replies = await asyncio.gather(*(c.commit(20, timeout_s=20) for c in clients))
         assert all(reply.complete and 20 in reply.checkpoints for reply in replies)
@@ -289,8 +289,9 @@ async def test_the_replica_taking_a_job_into_its_next_epoch_tells_the_waiting_ra
                 await asyncio.wait_for(ranks.step(rank), 30)
         assert (await ledger_in_etcd(store, settings, job)).epoch == 0  # finished, not turned
         await first.shutdown()
-        await bus.subscribe(Subjects(settings.nats.subject_prefix).epoch_finished(job),
-                            EpochFinished, on_told)  # fmt: skip
+        await bus.subscribe(
+            Subjects(settings.nats.subject_prefix).epoch_finished(job), EpochFinished, on_told
+        )
         await start_replica(settings, "host.b", second)
         while len(ranks.fleet.finished) < world:
             await asyncio.wait_for(ranks.run(steps=1), 30)

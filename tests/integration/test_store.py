@@ -156,9 +156,13 @@ async def test_etcd_away_is_a_store_error_not_the_clients(tmp_path, unique) -> N
     store = await Store(EtcdSettings(endpoint=etcd.endpoint, timeout_s=1)).connect()
     await store.put(f"/{unique}/a", b"1")
     etcd.kill()
-    calls = [lambda: store.get(f"/{unique}/a"), lambda: store.put(f"/{unique}/a", b"2"),
-             lambda: store.txn([], [Put(f"/{unique}/a", b"3")]), store.current_revision,
-             lambda: store.get_prefix(f"/{unique}/")]  # fmt: skip
+    calls = [
+        lambda: store.get(f"/{unique}/a"),
+        lambda: store.put(f"/{unique}/a", b"2"),
+        lambda: store.txn([], [Put(f"/{unique}/a", b"3")]),
+        store.current_revision,
+        lambda: store.get_prefix(f"/{unique}/"),
+    ]
     for call in calls:
         with pytest.raises(StoreUnavailable) as raised:
             await call()

@@ -22,9 +22,19 @@ pytestmark = pytest.mark.integration
 
 
 def _incident(job: str) -> Incident:
-    return Incident(id=f"{job}-r1-slow-1", job=job, rank=1, host="h1", kind=IncidentKind.SLOW,
-                    state=IncidentState.OPENED, step=9, opened_at=1.7e9, updated_at=1.7e9,
-                    ratio=2.0, windows=3)  # fmt: skip
+    return Incident(
+        id=f"{job}-r1-slow-1",
+        job=job,
+        rank=1,
+        host="h1",
+        kind=IncidentKind.SLOW,
+        state=IncidentState.OPENED,
+        step=9,
+        opened_at=1.7e9,
+        updated_at=1.7e9,
+        ratio=2.0,
+        windows=3,
+    )
 
 
 async def test_incident_trace_context_is_stored_in_jetstream(bus: Bus, unique: str) -> None:

@@ -58,8 +58,14 @@ class Group:
     asks: int = 0
 
     def __post_init__(self) -> None:
-        spec = JobSpec(job="settle", world_size=WORLD, dataset_size=DATASET, shard_size=SHARD,
-                       global_batch=WORLD * BATCH, epochs=EPOCHS)  # fmt: skip
+        spec = JobSpec(
+            job="settle",
+            world_size=WORLD,
+            dataset_size=DATASET,
+            shard_size=SHARD,
+            global_batch=WORLD * BATCH,
+            epochs=EPOCHS,
+        )
         self.ledger = new_ledger(spec)
         shape = {"seed": spec.seed, "prefetch": 2, "shard_size": SHARD}
         self.ranks = [
@@ -134,8 +140,7 @@ class Group:
         replica stalled past the rank's timeout, and the rank's retry was answered by
         another. It takes every shard the hand-back made grantable, and its reply goes
         nowhere: nothing is left to grant, and the rank does not know what it holds."""
-        late = ShardFetch(job="settle", rank=rank, epoch=0, want=len(self.ledger.requeued),
-                          held=())  # fmt: skip
+        late = ShardFetch(job="settle", rank=rank, epoch=0, want=len(self.ledger.requeued), held=())
         result = plan_fetch(self.ledger, late, RESERVE)
         assert not isinstance(result.reply, ErrorReply) and result.reply.grants
         assert not result.state.requeued and result.state.cursor == result.state.num_shards
@@ -221,8 +226,9 @@ def _settle(ledger: LedgerState, rank: int, **kw: object) -> tuple[LedgerState, 
 
 def test_a_settle_counts_the_shards_held_elsewhere_and_grants_nothing() -> None:
     ledger = _ledger_with_grants()
-    mine = [ShardRef(epoch=0, shard=e.shard, attempt=e.attempt) for e in ledger.in_flight
-            if e.rank == 0]  # fmt: skip
+    mine = [
+        ShardRef(epoch=0, shard=e.shard, attempt=e.attempt) for e in ledger.in_flight if e.rank == 0
+    ]
     after, reply = _settle(ledger, 0, done=tuple(mine), held=())
     assert reply.status is FetchStatus.OK and reply.outstanding == 1 and not reply.grants
     assert reply.retry_after_s > 0  # rank 1's shard: ask again later
@@ -246,8 +252,7 @@ def test_a_request_that_wants_nothing_reserves_nothing() -> None:
 
 
 def test_a_finished_epoch_settles_and_the_next_one_is_its_ledgers_answer() -> None:
-    spec = JobSpec(job="s", world_size=1, dataset_size=10, shard_size=10, global_batch=2,
-                   epochs=2)  # fmt: skip
+    spec = JobSpec(job="s", world_size=1, dataset_size=10, shard_size=10, global_batch=2, epochs=2)
     ledger = plan_fetch(new_ledger(spec), ShardFetch(job="s", rank=0, epoch=0, want=1)).state
     done = (ShardRef(epoch=0, shard=0, attempt=0),)
     _, reply = _settle(ledger, 0, done=done, held=())
@@ -307,9 +312,13 @@ FINISHED, REOPENED = SETTLE_CODES[Settled.FINISHED], SETTLE_CODES[Settled.REOPEN
         ((Settled.FINISHED, Settled.FINISHED), (WAIT, REOPENED), 2, True),
         ((None, Settled.REOPENED), (WAIT, WAIT), 2, True),
     ],
-    ids=["asks-while-any-waits", "handed-shards-while-others-wait", "another-is-handed-shards",
-         "handed-shards-later"],
-)  # fmt: skip
+    ids=[
+        "asks-while-any-waits",
+        "handed-shards-while-others-wait",
+        "another-is-handed-shards",
+        "handed-shards-later",
+    ],
+)
 def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
     mine: tuple[Settled | None, ...], others: tuple[int, ...], asked: int, reopen: bool
 ) -> None:
@@ -318,9 +327,13 @@ def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
     handed are what they wait for); else they ask again while any waits."""
     stream, group = ScriptedStream(*mine), ScriptedGroup(*others)
     driver = StepDriver(
-        rank=0, host="h", stream=cast(Any, stream), plan_for=cast(Any, None),
-        collectives=lambda: cast(Any, group), schedule=InjectionSchedule(),
+        rank=0,
+        host="h",
+        stream=cast(Any, stream),
+        plan_for=cast(Any, None),
+        collectives=lambda: cast(Any, group),
+        schedule=InjectionSchedule(),
         emit=lambda record: None,
-    )  # fmt: skip
+    )
     assert driver._taken_up_again(0) is reopen
     assert (stream.asked, stream.reopened, group.others) == (asked, reopen, [])

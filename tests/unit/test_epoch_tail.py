@@ -20,8 +20,14 @@ PLAN = (330, 330, 331, 33)
 def epoch_steps(batches: tuple[int, ...], *, say_share: bool, epochs: int = 2) -> list[int]:
     """Steps per epoch; a fetch is answered before the next step (it takes milliseconds,
     a step a hundred or more)."""
-    spec = JobSpec(job="tail", world_size=len(batches), dataset_size=DATASET,
-                   shard_size=SHARD, global_batch=sum(batches), epochs=epochs)  # fmt: skip
+    spec = JobSpec(
+        job="tail",
+        world_size=len(batches),
+        dataset_size=DATASET,
+        shard_size=SHARD,
+        global_batch=sum(batches),
+        epochs=epochs,
+    )
     ledger = new_ledger(spec)
     ranks = [
         StreamState(

@@ -333,6 +333,62 @@ def test_tabled_rounds_walk_as_the_computed_ones(
     assert index_of(seed, epoch, n, x) == index
 
 
+def numbers(text: str) -> list[int]:
+    return [int(word) for word in text.split()]
+
+
+#: The shard order of a few (seed, epoch, shards): literal, so that a change to the
+#: permutation fails here. A ledger resumed by a newer version must grant the same order.
+GOLDEN_SHARD_ORDERS = [
+    (0, 0, 10, numbers("7 2 5 4 0 8 3 9 1 6")),
+    (7, 2, 16, numbers("6 9 8 15 3 0 5 2 11 12 1 14 10 13 4 7")),
+    (
+        123,
+        3,
+        37,
+        numbers(
+            "28 12 19 23 30 32 3 27 9 33 10 7 24 8 4 17 25 22 35 21 26 6 31 0 5 36 20 15 34"
+            " 18 1 2 14 11 16 29 13"
+        ),
+    ),
+    (
+        2**40 + 5,
+        9,
+        100,
+        numbers(
+            "68 70 73 30 45 11 33 95 81 24 60 93 49 3 7 34 8 66 96 27 42 16 82 36 0 29 4 10"
+            " 94 99 52 37 98 65 47 6 19 17 84 23 2 91 20 40 59 53 89 46 80 72 90 58 44 54 92"
+            " 63 75 76 1 87 56 61 83 32 41 18 67 39 55 64 15 5 9 57 25 35 69 74 38 86 77 14 71"
+            " 97 31 26 50 13 22 12 21 28 62 88 51 85 78 79 43 48"
+        ),
+    ),
+]
+#: Beyond the tabled domains (round functions computed per walk): (seed, epoch,
+#: shards, {position: shard}).
+GOLDEN_LARGE_ORDERS = [
+    (5, 1, 4**12 + 7, {0: 9804139, 1: 15116147, 2: 5493791, 8388611: 437725, 16777222: 537900}),
+    (3, 4, 10**12, {0: 350826772489, 1: 3495057393, 2: 823893467506, 10**12 - 1: 565130195669}),
+]
+
+
+@pytest.mark.parametrize(("seed", "epoch", "n", "order"), GOLDEN_SHARD_ORDERS)
+def test_shard_order_is_pinned_to_golden_values(
+    seed: int, epoch: int, n: int, order: list[int]
+) -> None:
+    assert [shard_at(seed, epoch, n, i) for i in range(n)] == order
+    _RECENT.clear()  # the inverse must walk back, not remember
+    assert [index_of(seed, epoch, n, s) for s in order] == list(range(n))
+
+
+@pytest.mark.parametrize(("seed", "epoch", "n", "shards"), GOLDEN_LARGE_ORDERS)
+def test_large_shard_order_is_pinned_to_golden_values(
+    seed: int, epoch: int, n: int, shards: dict[int, int]
+) -> None:
+    assert {i: shard_at(seed, epoch, n, i) for i in shards} == shards
+    _RECENT.clear()
+    assert {index_of(seed, epoch, n, s): s for s in shards.values()} == shards
+
+
 def test_permutation_rejects_out_of_range() -> None:
     with pytest.raises(ValueError):
         shard_at(0, 0, 10, 10)

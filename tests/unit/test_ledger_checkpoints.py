@@ -16,6 +16,7 @@ from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
 from antdt.schemas import (
     CommitReply,
+    ErrorCode,
     ErrorReply,
     JobSpec,
     ReleaseReply,
@@ -27,7 +28,6 @@ from antdt.schemas import (
     ShardRestore,
 )
 from antdt.services.shards.checkpoints import (
-    NOT_READ,
     Outcome,
     apply_commit,
     apply_release,
@@ -63,9 +63,12 @@ class Sim:
 
     def new_rank(self, rank: int, incarnation: int) -> StreamState:
         state = StreamState(
-            job=self.spec.job, rank=rank, seed=self.spec.seed, prefetch=2,
+            job=self.spec.job,
+            rank=rank,
+            seed=self.spec.seed,
+            prefetch=2,
             shard_size=self.spec.shard_size,
-        )  # fmt: skip
+        )
         state.incarnation = incarnation
         return state
 
@@ -188,8 +191,9 @@ class Sim:
         assert [r.restored for r in replies] == [True] + [False] * (len(replies) - 1)
         incarnation = replies[0].incarnation
         for state in old.values():  # a process of the old incarnation is fenced
-            stale = ShardFetch(job=self.spec.job, rank=state.rank, epoch=state.epoch,
-                               incarnation=state.incarnation)  # fmt: skip
+            stale = ShardFetch(
+                job=self.spec.job, rank=state.rank, epoch=state.epoch, incarnation=state.incarnation
+            )
             _, refused = apply_fetch(self.ledger, stale)
             assert isinstance(refused, ErrorReply) and refused.code == "incarnation"
         self.ranks = {r: self.new_rank(r, incarnation) for r in range(self.spec.world_size)}
@@ -261,8 +265,7 @@ def test_every_sample_reaches_the_final_model_once_per_epoch(
 
 
 def spec(**kw: int) -> JobSpec:
-    base = {"job": "job", "world_size": 2, "dataset_size": 40, "shard_size": 10,
-            "global_batch": 8}  # fmt: skip
+    base = {"job": "job", "world_size": 2, "dataset_size": 40, "shard_size": 10, "global_batch": 8}
     return JobSpec(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -338,7 +341,7 @@ def test_a_restore_without_its_inputs_answers_a_known_token_and_refuses_a_new_on
     new = apply_restore(
         first.state, ShardRestore(job="job", rank=1, token="u", step=None), None, None
     )
-    assert isinstance(new.reply, ErrorReply) and new.reply.code == NOT_READ
+    assert isinstance(new.reply, ErrorReply) and new.reply.code == ErrorCode.NOT_READ
     assert new.state is first.state
 
 

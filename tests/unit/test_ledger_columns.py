@@ -40,8 +40,9 @@ def older_format(state: LedgerState) -> bytes:
 def big_job(ranks: int, held: int = 2) -> LedgerState:
     """A job of `ranks` ranks (10^9 samples, 10^4-sample shards) holding `held` shards
     each, built directly: granting them one request at a time takes seconds."""
-    spec = JobSpec(job="big", world_size=ranks, dataset_size=10**9, shard_size=10**4,
-                   global_batch=ranks * 32)  # fmt: skip
+    spec = JobSpec(
+        job="big", world_size=ranks, dataset_size=10**9, shard_size=10**4, global_batch=ranks * 32
+    )
     entries = tuple(
         InFlightEntry(shard=i, rank=i // held, attempt=0, position=0) for i in range(ranks * held)
     )
@@ -70,7 +71,8 @@ def test_a_ledger_with_every_list_filled_round_trips_through_columns() -> None:
             "requeued": (Requeued(shard=100, position=7, attempt=2),),
             "cursor": 9,
             "pending": PendingCheckpoint(
-                step=3, epoch=0,
+                step=3,
+                epoch=0,
                 commits=(
                     RankCommit(rank=1, held=(entry(2, 1, position=4), entry(3, 1))),
                     RankCommit(rank=2),  # held nothing at the step
@@ -78,13 +80,17 @@ def test_a_ledger_with_every_list_filled_round_trips_through_columns() -> None:
                 late=(Requeued(shard=5, position=0, attempt=0),),
             ),
         }
-    )  # fmt: skip
+    )
     state = LedgerState.model_validate(state.model_dump())  # a valid state, checked
     stored = json.loads(encode(state))
     assert stored["in_flight"]["shard"] == list(range(8))
     assert stored["pending"]["commits"] == {
-        "rank": [1, 2], "held": [2, 0], "shard": [2, 3], "attempt": [0, 0], "position": [4, 0],
-    }  # fmt: skip
+        "rank": [1, 2],
+        "held": [2, 0],
+        "shard": [2, 3],
+        "attempt": [0, 0],
+        "position": [4, 0],
+    }
     assert LedgerState.model_validate_json(encode(state)) == state
     # Python-mode dumps keep the objects, for code that dumps and validates in memory.
     assert state.model_dump()["in_flight"][0] == {

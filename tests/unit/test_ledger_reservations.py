@@ -19,8 +19,9 @@ from antdt.services.shards.ledger import (
 
 
 def ledger(world: int = 2, shards: int = 400) -> LedgerState:
-    spec = JobSpec(job="job", world_size=world, dataset_size=shards * 10, shard_size=10,
-                   global_batch=world)  # fmt: skip
+    spec = JobSpec(
+        job="job", world_size=world, dataset_size=shards * 10, shard_size=10, global_batch=world
+    )
     return new_ledger(spec)
 
 

@@ -11,8 +11,9 @@ from antdt.services.shards.work import Work
 
 
 def ledger(world: int = 3) -> LedgerState:
-    spec = JobSpec(job="j", world_size=world, dataset_size=1000, shard_size=10,
-                   global_batch=world * 4)  # fmt: skip
+    spec = JobSpec(
+        job="j", world_size=world, dataset_size=1000, shard_size=10, global_batch=world * 4
+    )
     state = new_ledger(spec)
     for rank in range(world):
         state = plan_fetch(state, ShardFetch(job="j", rank=rank, epoch=0, want=3)).state

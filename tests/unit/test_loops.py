@@ -52,8 +52,14 @@ def test_the_agent_thread_runs_on_its_settings_loop() -> None:
 def test_event_loop_comes_from_the_environment_and_is_validated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    base = {"job": "j", "rank": 0, "world_size": 1, "dataset_size": 10, "shard_size": 5,
-            "global_batch": 2}  # fmt: skip
+    base = {
+        "job": "j",
+        "rank": 0,
+        "world_size": 1,
+        "dataset_size": 10,
+        "shard_size": 5,
+        "global_batch": 2,
+    }
     assert AgentSettings(**base).event_loop == "asyncio"  # the training process's own
     assert ServiceSettings().event_loop == "auto"
     monkeypatch.setenv("ANTDT_EVENT_LOOP", "uvloop")

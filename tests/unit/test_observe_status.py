@@ -29,18 +29,33 @@ def _row(text: str, first: str) -> list[str]:
 
 def _plan(version: int, batch: tuple[int, ...]) -> Plan:
     return Plan(
-        job=JOB, version=version, local_batch=batch, effective_step=35, reason="rebalance",
-        policy="lb-bsp", created_at=T0,
-    )  # fmt: skip
+        job=JOB,
+        version=version,
+        local_batch=batch,
+        effective_step=35,
+        reason="rebalance",
+        policy="lb-bsp",
+        created_at=T0,
+    )
 
 
 def _state() -> StatusState:
     run = synthetic_run()
     state = StatusState(job=JOB)
-    slow = run.health[-1].ranks[0].model_copy(
-        update={"rank": 3, "host": "h3", "state": RankState.SLOW, "ratio": 3.0,
-                "samples_per_s": 333.0, "compute_s_per_sample": 0.003}
-    )  # fmt: skip
+    slow = (
+        run.health[-1]
+        .ranks[0]
+        .model_copy(
+            update={
+                "rank": 3,
+                "host": "h3",
+                "state": RankState.SLOW,
+                "ratio": 3.0,
+                "samples_per_s": 333.0,
+                "compute_s_per_sample": 0.003,
+            }
+        )
+    )
     for health in run.health:
         state.apply_health(health.model_copy(update={"ranks": (health.ranks[0], slow)}))
     for incident in run.incidents:
@@ -54,8 +69,17 @@ def _state() -> StatusState:
 def test_render_shows_the_straggler_its_class_and_the_action() -> None:
     text = _text(_state())
     assert _row(text, "3") == [
-        "3", "h3", "slow", "slow/persistent", "333", "3.000", "3.00", "40", "0%", "10%",
-    ]  # fmt: skip
+        "3",
+        "h3",
+        "slow",
+        "slow/persistent",
+        "333",
+        "3.000",
+        "3.00",
+        "40",
+        "0%",
+        "10%",
+    ]
     assert _row(text, "0")[:4] == ["0", "h0", "ok", "1,000"]  # no class
     assert "plan v1 (lb-bsp) from step 35: local batch [72, 72, 72, 40] = 256" in text
     assert "job-a-r3-slow-1" in text and "escalated" in text  # open incident

@@ -45,22 +45,38 @@ def synthetic_run(
     events, t = [], T0
     for step in range(steps):
         batch = relieved if step >= switch else [equal] * world
-        compute = [b * per_sample * (3.0 if r == slow and step >= onset else 1.0)
-                   for r, b in enumerate(batch)]  # fmt: skip
+        compute = [
+            b * per_sample * (3.0 if r == slow and step >= onset else 1.0)
+            for r, b in enumerate(batch)
+        ]
         wall = max(compute) + 0.01
         for r in range(world):
-            events.append(StepEvent(
-                job=JOB, rank=r, host=f"h{r}", step=step, epoch=0,
-                plan_version=1 if step >= switch else 0, local_batch=batch[r], samples=batch[r],
-                compute_s=compute[r], data_wait_s=0.0, comm_s=wall - compute[r], step_s=wall,
-                started_at=t, ended_at=t + wall,
-            ))  # fmt: skip
+            events.append(
+                StepEvent(
+                    job=JOB,
+                    rank=r,
+                    host=f"h{r}",
+                    step=step,
+                    epoch=0,
+                    plan_version=1 if step >= switch else 0,
+                    local_batch=batch[r],
+                    samples=batch[r],
+                    compute_s=compute[r],
+                    data_wait_s=0.0,
+                    comm_s=wall - compute[r],
+                    step_s=wall,
+                    started_at=t,
+                    ended_at=t + wall,
+                )
+            )
         t += wall
     return RunRecord(
         job=JOB,
         steps=events,
-        health=[_health(s, T0 + 0.1 * s, 0.5 if onset <= s < switch else 0.9)
-                for s in range(0, steps, 5)],
+        health=[
+            _health(s, T0 + 0.1 * s, 0.5 if onset <= s < switch else 0.9)
+            for s in range(0, steps, 5)
+        ],
         incidents=[
             _incident(IncidentState.OPENED, onset + 3, StragglerClass.UNKNOWN, slow),
             _incident(IncidentState.ESCALATED, onset + 9, StragglerClass.PERSISTENT, slow),
@@ -70,38 +86,69 @@ def synthetic_run(
             _action("act-1", ActionResult.APPLIED, switch, tuple(relieved), T0 + 3.0),
             _action("act-0", ActionResult.REFUSED, None, (1, 1, 1, 1), T0 + 2.55),
         ],
-    )  # fmt: skip
+    )
 
 
 def _health(step: int, at: float, eff: float) -> JobHealth:
     rank = RankHealth(
-        rank=0, host="h0", state=RankState.OK, last_step=step, local_batch=64,
-        samples_per_s=1000.0, compute_s_per_sample=0.001, ratio=1.0,
-        data_wait_share=0.0, comm_share=0.1,
-    )  # fmt: skip
+        rank=0,
+        host="h0",
+        state=RankState.OK,
+        last_step=step,
+        local_batch=64,
+        samples_per_s=1000.0,
+        compute_s_per_sample=0.001,
+        ratio=1.0,
+        data_wait_share=0.0,
+        comm_share=0.1,
+    )
     return JobHealth(
-        job=JOB, at=at, step=step, step_s=0.1, samples_per_s=2000.0, balance_efficiency=eff,
-        plan_version=0, ranks=(rank,),
-    )  # fmt: skip
+        job=JOB,
+        at=at,
+        step=step,
+        step_s=0.1,
+        samples_per_s=2000.0,
+        balance_efficiency=eff,
+        plan_version=0,
+        ranks=(rank,),
+    )
 
 
 def _incident(state: IncidentState, step: int, klass: StragglerClass, rank: int) -> Incident:
     return Incident(
-        id=f"{JOB}-r{rank}-slow-1", job=JOB, rank=rank, host=f"h{rank}", kind=IncidentKind.SLOW,
-        straggler_class=klass, state=state, step=step, opened_at=T0 + 2.3,
-        updated_at=T0 + 0.1 * step, ratio=3.0, windows=3,
-    )  # fmt: skip
+        id=f"{JOB}-r{rank}-slow-1",
+        job=JOB,
+        rank=rank,
+        host=f"h{rank}",
+        kind=IncidentKind.SLOW,
+        straggler_class=klass,
+        state=state,
+        step=step,
+        opened_at=T0 + 2.3,
+        updated_at=T0 + 0.1 * step,
+        ratio=3.0,
+        windows=3,
+    )
 
 
 def _action(
     action_id: str, result: ActionResult, eff: int | None, batch: tuple[int, ...], at: float
 ) -> ActionRecord:
     return ActionRecord(
-        action_id=action_id, job=JOB, kind="adjust_batch", policy="lb-bsp", reason="rebalance",
-        incident_id=f"{JOB}-r3-slow-1", plan_version=1 if eff is not None else None,
-        local_batch=batch, effective_step=eff, decided_at=at, completed_at=at + 0.01,
-        result=result, acked_ranks=(0, 1, 2, 3) if eff is not None else (),
-    )  # fmt: skip
+        action_id=action_id,
+        job=JOB,
+        kind="adjust_batch",
+        policy="lb-bsp",
+        reason="rebalance",
+        incident_id=f"{JOB}-r3-slow-1",
+        plan_version=1 if eff is not None else None,
+        local_batch=batch,
+        effective_step=eff,
+        decided_at=at,
+        completed_at=at + 0.01,
+        result=result,
+        acked_ranks=(0, 1, 2, 3) if eff is not None else (),
+    )
 
 
 def test_rank_series_show_the_straggler_and_its_relief() -> None:

@@ -37,8 +37,10 @@ def test_a_replica_joining_takes_about_its_share_and_nothing_between_others() ->
     assert 550 <= len(moved) <= 780  # a third of 2,000
 
 
-@given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
-       st.text(max_size=12))  # fmt: skip
+@given(
+    st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=6, unique=True),
+    st.text(max_size=12),
+)
 def test_every_replica_agrees_whatever_the_order_of_the_list(replicas: list[str], job: str) -> None:
     assert preferred(job, replicas) == preferred(job, list(reversed(replicas)))
     assert preferred(job, replicas) in replicas

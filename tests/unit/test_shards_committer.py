@@ -16,19 +16,27 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
-from antdt.schemas import ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
+from antdt.schemas import ErrorCode, ErrorReply, FetchStatus, JobSpec, ShardFetch, ShardReply
+from antdt.services.shards.budget import WriteBudget
 from antdt.services.shards.change import LedgerChange, Writes
-from antdt.services.shards.committer import Committed, Committer, Snapshot
+from antdt.services.shards.committer import Committer
 from antdt.services.shards.ledger import LedgerState, apply_fetch, new_ledger
-from antdt.services.shards.service import fetch_op
+from antdt.services.shards.ops import fetch_op
+from antdt.services.shards.stored import Committed, Snapshot
 from tests.helpers import wait_for
 
 JOB = "job1"
 
 
 def ledger(world: int = 4, shards: int = 40, epochs: int = 1) -> LedgerState:
-    spec = JobSpec(job=JOB, world_size=world, dataset_size=shards * 10, shard_size=10,
-                   global_batch=world, epochs=epochs)  # fmt: skip
+    spec = JobSpec(
+        job=JOB,
+        world_size=world,
+        dataset_size=shards * 10,
+        shard_size=10,
+        global_batch=world,
+        epochs=epochs,
+    )
     return new_ledger(spec)
 
 
@@ -52,7 +60,7 @@ class MemoryLedgers:
 
     async def load(self, job: str) -> Snapshot:
         if job != JOB:
-            raise Rejected("unknown_job", job)
+            raise Rejected(ErrorCode.UNKNOWN_JOB, job)
         return Snapshot(self.state, self.version)
 
     async def commit(
@@ -376,9 +384,10 @@ async def test_an_idle_job_is_forgotten_only_when_nothing_is_in_progress() -> No
 def put_op(key: str, value: bytes = b"v", delete: str | None = None) -> Any:
     def op(state: LedgerState) -> LedgerChange:
         deletes = (delete,) if delete else ()
-        return LedgerChange(state, ErrorReply(error="x", code="n") if key == "!" else
-                            ShardReply(job=JOB, epoch=0, status=FetchStatus.OK),
-                            puts=((key, value),), deletes=deletes)  # fmt: skip
+        reply: ErrorReply | ShardReply = ShardReply(job=JOB, epoch=0, status=FetchStatus.OK)
+        if key == "!":
+            reply = ErrorReply(error="x", code=ErrorCode.BAD_REQUEST)
+        return LedgerChange(state, reply, puts=((key, value),), deletes=deletes)
 
     return op
 
@@ -501,3 +510,16 @@ class Fleet:
             self.unconfirmed[rank] = result.unconfirmed
             if result.status == FetchStatus.EPOCH_DONE and not result.grants:
                 self.epoch[rank] = epoch + 1  # ask for the next epoch: JOB_DONE at the end
+
+
+def test_a_write_budget_lets_a_burst_through_then_holds_until_back_at_zero() -> None:
+    budget = WriteBudget(bytes_per_s=1000, burst_s=2.0)
+    assert budget.due() == 0.0  # a full bucket: 2000 bytes
+    budget.spend(1500, now=10.0)
+    assert budget.due() == 0.0  # 500 left
+    budget.spend(1000, now=10.0)
+    assert budget.due() == 10.5  # 500 in debt, at 1000 bytes/s
+    budget.spend(0, now=10.5)
+    assert budget.tokens == 0.0 and budget.due() == 0.0
+    budget.spend(100, now=100.0)  # refilled only up to the burst
+    assert budget.tokens == 1900.0

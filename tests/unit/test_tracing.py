@@ -43,23 +43,49 @@ def exported() -> Exported:
 
 def _incident(state: IncidentState, step: int = 20) -> Incident:
     return Incident(
-        id="j-r3-slow-1", job="j", rank=3, host="h3", kind=IncidentKind.SLOW, state=state,
-        step=step, opened_at=NOW, updated_at=NOW, ratio=2.5, windows=3,
-    )  # fmt: skip
+        id="j-r3-slow-1",
+        job="j",
+        rank=3,
+        host="h3",
+        kind=IncidentKind.SLOW,
+        state=state,
+        step=step,
+        opened_at=NOW,
+        updated_at=NOW,
+        ratio=2.5,
+        windows=3,
+    )
 
 
 def _health(step: int, samples_per_s: float, version: int) -> JobHealth:
-    return JobHealth(job="j", at=NOW + step, step=step, step_s=0.2, samples_per_s=samples_per_s,
-                     balance_efficiency=0.5, plan_version=version, ranks=())  # fmt: skip
+    return JobHealth(
+        job="j",
+        at=NOW + step,
+        step=step,
+        step_s=0.2,
+        samples_per_s=samples_per_s,
+        balance_efficiency=0.5,
+        plan_version=version,
+        ranks=(),
+    )
 
 
 def _record(version: int, effective_step: int) -> ActionRecord:
     return ActionRecord(
-        action_id=f"j-plan-{version}", job="j", kind="adjust_batch", policy="lb-bsp",
-        reason="r", incident_id="j-r3-slow-1", plan_version=version, local_batch=(3, 3, 3, 1),
-        effective_step=effective_step, decided_at=NOW, completed_at=NOW + 0.05,
-        result=ActionResult.APPLIED, acked_ranks=(0, 1, 2, 3),
-    )  # fmt: skip
+        action_id=f"j-plan-{version}",
+        job="j",
+        kind="adjust_batch",
+        policy="lb-bsp",
+        reason="r",
+        incident_id="j-r3-slow-1",
+        plan_version=version,
+        local_batch=(3, 3, 3, 1),
+        effective_step=effective_step,
+        decided_at=NOW,
+        completed_at=NOW + 0.05,
+        result=ActionResult.APPLIED,
+        acked_ranks=(0, 1, 2, 3),
+    )
 
 
 @dataclass(frozen=True)
@@ -80,7 +106,10 @@ def test_incident_transitions_share_the_trace_of_the_first(exported: Exported) -
             pass
     opened, escalated, resolved = exporter.get_finished_spans()
     assert [s.name for s in (opened, escalated, resolved)] == [
-        "incident opened", "incident escalated", "incident resolved"]  # fmt: skip
+        "incident opened",
+        "incident escalated",
+        "incident resolved",
+    ]
     assert opened.parent is None
     assert _parent(escalated) == _parent(resolved) == opened.context.span_id
     assert {s.context.trace_id for s in (opened, escalated, resolved)} == {opened.context.trace_id}
@@ -157,8 +186,17 @@ def _agent(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 
 
 def _step(step: int, version: int) -> StepRecord:
-    return StepRecord(step=step, epoch=0, plan_version=version, local_batch=3, samples=3,
-                      data_wait_s=0.0, comm_s=0.01, step_s=0.1, started_at=NOW + step)  # fmt: skip
+    return StepRecord(
+        step=step,
+        epoch=0,
+        plan_version=version,
+        local_batch=3,
+        samples=3,
+        data_wait_s=0.0,
+        comm_s=0.01,
+        step_s=0.1,
+        started_at=NOW + step,
+    )
 
 
 def test_agent_spans_process_then_apply_at_the_first_step_under_the_plan(
@@ -166,8 +204,15 @@ def test_agent_spans_process_then_apply_at_the_first_step_under_the_plan(
 ) -> None:
     provider, exporter = exported
     traces = AgentTraces("j", 2, provider)
-    plan = Plan(job="j", version=1, local_batch=(3, 3, 3, 1), effective_step=12, reason="r",
-                policy="lb-bsp", created_at=NOW)  # fmt: skip
+    plan = Plan(
+        job="j",
+        version=1,
+        local_batch=(3, 3, 3, 1),
+        effective_step=12,
+        reason="r",
+        policy="lb-bsp",
+        created_at=NOW,
+    )
     cmd = AdjustBatch(action_id="j-plan-1", job="j", plan=plan, incident_id="j-r3-slow-1")
     with provider.get_tracer("c").start_as_current_span("send adjust_batch") as send:
         traces.command(cmd, "p.j.cmd.2", "accept", 12)
@@ -189,8 +234,15 @@ def test_agent_spans_process_then_apply_at_the_first_step_under_the_plan(
 
 def test_no_provider_installed_costs_nothing_and_fails_nothing() -> None:
     traces = AgentTraces("j", 0, trace.NoOpTracerProvider())
-    plan = Plan(job="j", version=1, local_batch=(1,), effective_step=1, reason="r",
-                policy="none", created_at=NOW)  # fmt: skip
+    plan = Plan(
+        job="j",
+        version=1,
+        local_batch=(1,),
+        effective_step=1,
+        reason="r",
+        policy="none",
+        created_at=NOW,
+    )
     traces.command(AdjustBatch(action_id="a", job="j", plan=plan), "s", "accept", 1)
     assert not traces._pending  # a no-op span has no context to wait on
     traces.stepped([_step(1, 1)])

@@ -1,28 +1,24 @@
 """The NATS seam: the only package that imports nats. `Bus` (core NATS and JetStream
 over typed wire models) and what its users handle: errors, deliveries, rejections."""
 
-from antdt.runtime.bus.client import (
-    SLOW_CONSUMER_CODE,
-    Bus,
+from antdt.runtime.bus.client import Bus
+from antdt.runtime.bus.jetstream import DurableConsumer, Received
+from antdt.runtime.bus.messages import (
     BusError,
     Decoder,
     Delivery,
-    DurableConsumer,
     Handler,
-    Received,
     Rejected,
     Rejections,
     Replay,
     RequestRefused,
     StreamMissing,
-    Subscription,
-    WireModel,
     decode_reply,
     encode,
 )
+from antdt.runtime.bus.subscription import Subscription
 
 __all__ = [
-    "SLOW_CONSUMER_CODE",
     "Bus",
     "BusError",
     "Decoder",
@@ -36,7 +32,6 @@ __all__ = [
     "RequestRefused",
     "StreamMissing",
     "Subscription",
-    "WireModel",
     "decode_reply",
     "encode",
 ]

@@ -1,14 +1,12 @@
-"""`Bus`: typed publish, subscribe and request over pydantic wire models on one NATS
-connection, validated at the boundary (each rejection counted, logged once per reason,
-answered with ErrorReply when a reply is expected), trace context in headers, endless
-reconnects. JetStream is `bus.jetstream` (jetstream.py), on the same connection."""
+"""`Bus`: typed publish, subscribe and request over wire models on one NATS connection,
+validated at the boundary (each rejection counted, answered with ErrorReply when a reply
+is expected), trace context in headers, endless reconnects. JetStream is `bus.jetstream`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -24,7 +22,8 @@ from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus import delivery
-from antdt.runtime.bus.jetstream import DurableConsumer, JetStream, Received
+from antdt.runtime.bus.inbox import NO_RESPONDERS, STATUS_HEADER, Inbox
+from antdt.runtime.bus.jetstream import JetStream
 from antdt.runtime.bus.messages import (
     BusError,
     Decoder,
@@ -32,15 +31,14 @@ from antdt.runtime.bus.messages import (
     Handler,
     Rejected,
     Rejections,
-    Replay,
     RequestRefused,
-    StreamMissing,
     decode_reply,
     encode,
     trace_headers,
 )
+from antdt.runtime.bus.subscription import Subscription, Turns, drain
 from antdt.runtime.config import NatsSettings
-from antdt.schemas import ErrorReply, WireModel
+from antdt.schemas import ErrorCode, ErrorReply
 
 M = TypeVar("M")
 R = TypeVar("R", bound=BaseModel)
@@ -62,7 +60,7 @@ class Bus:
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
         self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
-        self._inbox: _Inbox | None = None  # replies to this connection's requests
+        self._inbox: Inbox | None = None  # replies to this connection's requests
 
     # -- connection ---------------------------------------------------------------
 
@@ -127,7 +125,7 @@ class Bus:
             # behind). One call per message, so counted, and logged the first time, as any
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
-            self.rejections.record(pattern, SLOW_CONSUMER_CODE, SLOW_CONSUMER, exc.subject)
+            self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
             return
         log.debug("nats error", error=str(exc), client=self.name)
 
@@ -165,7 +163,7 @@ class Bus:
         # then the handlers that run as tasks (concurrency > 1): their replies need the
         # connection, which the connection's own drain closes.
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*(_drain(sub) for sub in self._subs)), timeout=5)
+            await asyncio.wait_for(asyncio.gather(*(drain(sub) for sub in self._subs)), timeout=5)
         if self._handling:
             await asyncio.wait(set(self._handling), timeout=5)
         if before_close is not None:
@@ -183,11 +181,8 @@ class Bus:
 
     async def flush(self, timeout: float = 2.0) -> None:
         """Return once nats-server has read everything sent so far (SUBs and PUBs).
-
-        nats-py's own flush writes its PING straight to the socket, ahead of the commands
-        still queued for its flusher task: its PONG then says nothing about them (a SUB
-        the server had not read yet let a request on another connection find no
-        responder, in CI). So hand the queue to the flusher first, then ping."""
+        nats-py's own flush pings ahead of the commands its flusher task still holds:
+        hand those to the flusher first, then ping."""
         nc = self.nc
         await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
         if not nc.is_connected:  # (nats-py's flush returns quietly once its writer is gone)
@@ -223,7 +218,7 @@ class Bus:
         self, subject: str, data: bytes, *, timeout: float | None = None
     ) -> bytes:
         if self._inbox is None:
-            self._inbox = _Inbox(self.nc)
+            self._inbox = Inbox(self.nc)
         try:
             msg = await self._inbox.request(
                 subject,
@@ -246,10 +241,9 @@ class Bus:
         timeout: float,
         done: Callable[[list[R | ErrorReply]], bool] | None = None,
     ) -> list[R | ErrorReply]:
-        """Scatter-gather: publish once with a private reply inbox and collect the replies
-        of every responder (e.g. all ranks on a broadcast subject) until `done(replies)`
-        holds or `timeout` passes. An ErrorReply is kept as such; a reply that is neither
-        is counted in `rejections` (pattern `gather`) and skipped."""
+        """Publish once and collect every responder's reply (all ranks on a broadcast
+        subject) until `done(replies)` holds or `timeout` passes. An ErrorReply is kept as
+        such; a reply that is neither is counted (pattern `gather`) and skipped."""
         inbox = self.nc.new_inbox()
         queue: asyncio.Queue[bytes] = asyncio.Queue()
 
@@ -273,7 +267,7 @@ class Bus:
                 except RequestRefused as exc:
                     replies.append(exc.reply)
                 except BusError as exc:
-                    self.rejections.record("gather", "bad_reply", str(exc), subject)
+                    self.rejections.record("gather", ErrorCode.BAD_REPLY, str(exc), subject)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -291,22 +285,15 @@ class Bus:
         pending_msgs: int = 500_000,
         concurrency: int = 1,
     ) -> Subscription:
-        """Validate every message into `target`, then call `handler(model, delivery)`.
-
-        A handler's returned model is the reply (when the message expects one). Bad input
-        and handler failures are counted and answered with ErrorReply; they never escape.
-
-        nats-py runs a subscription's handler for one message at a time. With
-        `concurrency` > 1 each message is handled at once up to its first wait, and by a
-        task of its own from there (eager.py), in arrival order, at most `concurrency` at
-        once (then the subscription waits for one to end): for handlers that wait on
-        something shared, such as a write many requests join. Such a subscription's
-        messages reach it straight from the read of the socket while it keeps up
-        (delivery.py)."""
+        """Validate every message into `target`, then call `handler(model, delivery)`; its
+        returned model is the reply. Bad input and handler failures are counted and
+        answered with ErrorReply; they never escape. `concurrency` > 1: up to that many
+        messages handled at once, each eagerly up to its first wait (eager.py,
+        delivery.py), for handlers that wait on something shared."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
         # The loop's turns are given where the subscription's delivery loop waits: in
         # _dispatch, or in the wrapper that starts each message's handler.
-        turns = _Turns()
+        turns = Turns()
         on_msg: Callable[[Msg], Coroutine[Any, Any, None]] = functools.partial(
             self._dispatch, subject, Decoder(target), handler, turns if concurrency == 1 else None
         )
@@ -331,8 +318,9 @@ class Bus:
         try:
             await self.flush(timeout=2)
         except Exception as exc:
-            log.warning("subscription not confirmed by nats-server yet",
-                        subject=subject, error=repr(exc))  # fmt: skip
+            log.warning(
+                "subscription not confirmed by nats-server yet", subject=subject, error=repr(exc)
+            )
         return handle
 
     async def _dispatch(
@@ -340,7 +328,7 @@ class Bus:
         pattern: str,
         decoder: Decoder[M],
         handler: Handler[M],
-        turns: _Turns | None,
+        turns: Turns | None,
         msg: Msg,
     ) -> None:
         token = None
@@ -356,7 +344,9 @@ class Bus:
         except Exception as exc:  # a handler bug must not kill the subscription
             self.handler_errors += 1
             log.exception("handler failed", subject=msg.subject)
-            reply = ErrorReply(error=f"internal error: {type(exc).__name__}", code="internal")
+            reply = ErrorReply(
+                error=f"internal error: {type(exc).__name__}", code=ErrorCode.INTERNAL
+            )
         finally:
             if token is not None:
                 otel_context.detach(token)
@@ -367,173 +357,5 @@ class Bus:
             await asyncio.sleep(0)
 
 
-class Subscription:
-    """A subscription made by `Bus.subscribe`, to end on its own before the connection."""
-
-    def __init__(self, sub: NatsSubscription, subs: list[NatsSubscription]) -> None:
-        self._sub = sub
-        self._subs = subs  # the connection's, which its drain goes over
-        self._ending: asyncio.Task[None] | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self._ending is not None
-
-    @property
-    def pending(self) -> tuple[int, int]:
-        """Messages received and waiting for the handler: (how many, bytes)."""
-        return int(self._sub.pending_msgs), int(self._sub.pending_bytes)
-
-    def limit_pending(self, max_bytes: int) -> None:
-        """Cap what may wait for the handler, bytes, from now on: past it each message
-        is dropped and counted (code slow_consumer). What waits already stays."""
-        self._sub._pending_bytes_limit = max(1, max_bytes)  # (0 would be: no cap)
-
-    def end(self) -> asyncio.Task[None] | None:
-        """Stop receiving: UNSUB at once; what is queued still reaches the handler, then
-        the delivery loop ends. Returns at once (may be called from the subscription's
-        own handler, which the loop waits for), with the task that finishes it; None if
-        it was ended already. Idempotent."""
-        if self._ending is not None:
-            return None
-        with contextlib.suppress(ValueError):
-            self._subs.remove(self._sub)
-        self._ending = asyncio.get_running_loop().create_task(_end(self._sub))
-        return self._ending
-
-
-class _Turns:
-    """When a subscription's delivery loop should give the event loop a turn.
-
-    nats-py hands a subscription's queued messages to its handler one after another, with
-    no turn of the loop in between while its queue holds any (asyncio.Queue.get does not
-    wait when there is something to get). A monitor behind by 500,000 step events held
-    its loop for 5.6 s: no etcd lease keepalive, no health, no reads of the socket, and
-    the lease (5 s) lapsed with every job it owned. So once the delivery loop has held
-    the loop for TURN_AFTER_S it waits for one turn. By time, not by a count: each turn
-    also lets nats-py read the socket, about a thousand messages, and a turn every few
-    dozen messages handled left most of a backlog read only to be dropped."""
-
-    __slots__ = ("_last", "_since")
-
-    def __init__(self) -> None:
-        self._since = 0
-        self._last = time.monotonic()
-
-    def due(self) -> bool:
-        self._since += 1
-        if self._since < CHECK_EVERY:  # the clock only every few messages
-            return False
-        self._since = 0
-        now = time.monotonic()
-        if now - self._last < TURN_AFTER_S:
-            return False
-        self._last = now
-        return True
-
-
-#: How long a subscription's delivery loop may hold the event loop, seconds (about).
-TURN_AFTER_S = 0.02
-#: Messages handed out between two looks at the clock.
-CHECK_EVERY = 16
-
-
-#: The code and reason a message nats-py dropped behind a full subscription queue is
-#: counted under.
-SLOW_CONSUMER_CODE = "slow_consumer"
+#: The reason a message nats-py dropped behind a full subscription queue is counted with.
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"
-
-#: How nats-server says that nobody subscribes to a request's subject: a status message
-#: to its reply subject (the connection announces headers, hence no_responders).
-STATUS_HEADER, NO_RESPONDERS = "Status", "503"
-
-
-class _Inbox:
-    """Request/reply over one wildcard subscription of the connection's own inbox (as
-    nats-py's `request` does it), leaner on the path of every request: a reply subject is
-    the inbox and a counter (the inbox is unique: nothing random per request), and the
-    timeout is one timer on the loop (`asyncio.wait_for` adds a future, a callback and a
-    loop turn before the requester wakes). Every shards fetch a rank makes comes here."""
-
-    def __init__(self, nc: NatsClient) -> None:
-        self._nc = nc
-        self._prefix = nc.new_inbox() + "."
-        self._count = 0
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
-        self._subscribing = asyncio.Lock()
-        self.sub: NatsSubscription | None = None  # once subscribed
-
-    async def request(
-        self, subject: str, data: bytes, *, timeout: float, headers: dict[str, str] | None
-    ) -> Msg:
-        """The reply to `data` on `subject`; NatsTimeoutError after `timeout` seconds."""
-        if self.sub is None:
-            await self._subscribe()  # its SUB goes out before our PUB: no reply is missed
-        self._count += 1
-        token = str(self._count)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = future
-        timer = loop.call_later(timeout, _expire, future)
-        try:
-            await self._nc.publish(subject, data, reply=self._prefix + token, headers=headers)
-            return await future
-        finally:
-            timer.cancel()
-            del self._waiting[token]
-
-    async def _subscribe(self) -> None:
-        async with self._subscribing:  # once, whoever asks first; again if that failed
-            if self.sub is None:
-                sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_reply)
-                delivery.install(sub, self._take)
-                self.sub = sub
-
-    def _take(self, msg: Msg) -> bool:
-        future = self._waiting.get(msg.subject[len(self._prefix) :])
-        if future is not None and not future.done():  # else: late, after its timeout
-            future.set_result(msg)
-        return True
-
-    async def _on_reply(self, msg: Msg) -> None:  # without direct delivery (delivery.py)
-        self._take(msg)
-
-
-def _expire(future: asyncio.Future[Msg]) -> None:
-    if not future.done():
-        future.set_exception(NatsTimeoutError())
-
-
-async def _drain(sub: NatsSubscription) -> None:
-    with contextlib.suppress(Exception):  # closed already, or the connection is away
-        await sub.drain()
-
-
-async def _end(sub: NatsSubscription) -> None:
-    try:
-        await sub.drain()
-    except Exception:
-        # The connection is away or closing: drop the interest without the drain, so that
-        # a reconnect does not subscribe again.
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-
-
-__all__ = [
-    "Bus",
-    "BusError",
-    "Decoder",
-    "Delivery",
-    "DurableConsumer",
-    "Handler",
-    "Received",
-    "Rejected",
-    "Rejections",
-    "Replay",
-    "RequestRefused",
-    "StreamMissing",
-    "Subscription",
-    "WireModel",
-    "decode_reply",
-    "encode",
-]

@@ -1,29 +1,8 @@
-"""How a subscription's messages reach their handler: directly, inside nats-py's read of
-the socket, while the handler keeps up. Part of the NATS seam: only bus.py uses it.
-
-nats-py puts each message of a callback subscription on an asyncio.Queue that a task of
-the subscription empties. Per message that is a put, a wake-up of the task, a loop turn
-before the handler starts, and a get. On the path of every shards request (the rank's
-reply inbox, the replica's fetch subscription) that was a tenth of the rank's transport
-CPU (docs/architecture.md, *The request path*). With direct delivery the subscription's
-queue hands a message straight to a synchronous `take(msg)` while nothing waits in it.
-A message the taker declines (its handler slots are taken, a message ahead of it still
-waits for one, or the loop is due a turn) goes into the queue as before, and so does
-every message after it until the queue is empty again. So arrival order is kept, and a
-subscription that falls behind works as it always did: its own task empties the queue,
-with the slow-consumer limits, the drain and the loop turns.
-
-A taker runs inside nats-py's read loop, so what it raises is caught here (logged and
-counted, the message dropped as a handler failure would drop it): escaping, it would
-stop the connection's reading. And the first step of a handler it starts runs in that
-loop's task: a handler must not enter `asyncio.timeout()` before its first wait (its
-timer would cancel the read loop; no handler here does).
-
-This reaches into nats-py's Subscription (`_pending_queue`, `_pending_size`): `install`
-checks that they are there and leaves the subscription as it is when they are not
-(another nats-py version); `tests/integration/test_bus.py` fails when it cannot install
-on the installed nats-py.
-"""
+"""How a subscription's messages reach their handler: straight from nats-py's read of the
+socket, through a synchronous `take(msg)`, while nothing waits in the subscription's queue;
+a declined message, and every one after it until the queue is empty, takes the queue (order
+kept). A taker must not raise (caught and counted here), and a handler it starts must not
+enter `asyncio.timeout()` before its first wait: its first step runs in the read loop's task."""
 
 from __future__ import annotations
 
@@ -133,12 +112,10 @@ Handle = Callable[[Any], Coroutine[Any, Any, None]]
 def concurrently(
     on_msg: Handle, count: int, turn_due: Callable[[], bool], handling: set[asyncio.Task[None]]
 ) -> tuple[Take, Handle]:
-    """A subscription's two ways into `on_msg`, at most `count` at once, each message
-    handled at once up to its first wait and by a task from there (eager.py), in
-    arrival order: `take`, straight from the read of the socket (declines when no slot
-    is free, a queued message still waits for one, or `turn_due()`), and `start`, from
-    the subscription's queue (waits for a slot, and gives the loop a turn when due).
-    The tasks are in `handling` while they run (a drain waits for them)."""
+    """A subscription's two ways into `on_msg`, at most `count` at once, each handled eagerly
+    (eager.py), in arrival order: `take`, from the read of the socket (declines when no slot
+    is free, a queued message waits for one, or `turn_due()`), and `start`, from the queue
+    (waits for a slot, gives the loop its turns). Running tasks are in `handling` (drain)."""
     slots = Slots(count)
     queued_waiting = 0  # messages from the queue waiting for a slot: none may be passed
 

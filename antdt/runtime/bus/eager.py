@@ -1,18 +1,7 @@
-"""Start a coroutine eagerly: run it at once up to its first wait, and make a task only
-for the rest, if there is a rest (what Python 3.12's `asyncio.eager_task_factory` does).
-
-A subscription that handles its messages concurrently gives each one a task of its
-own. Most shards fetches never wait (their answer comes from the ledger in memory): for
-them a task is a loop turn and a task object spent before the handler even starts, on
-the path of every request. Run eagerly, such a handler completes inside the caller's
-step; one that waits (for an etcd write) goes on as a task from where it stopped.
-
-The first step runs in a context of its own, and the task that goes on runs in that same
-context: a context variable set before the first wait and reset after it (OpenTelemetry's
-attach and detach of a request's trace context) sees one context throughout, as it
-would in a task. Before Python 3.11 a task cannot be given a context, so there every
-coroutine gets a task at once, as before.
-"""
+"""Start a coroutine eagerly: run it at once up to its first wait, and make a task only for
+the rest (what Python 3.12's `asyncio.eager_task_factory` does), in the same context, so
+that a context variable set before the first wait is seen throughout. Before Python 3.11
+(no task context) every coroutine gets a task at once."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The JetStream half of the NATS seam (with bus.py, the only modules that import nats):
-bounded streams, de-duplicated publish, bounded reads, the last message of a subject
-and durable consumers.
-A `Bus` holds one as `bus.jetstream`, on the Bus's own connection."""
+"""The JetStream half of the NATS seam: bounded streams, de-duplicated publish, bounded
+reads, the last message of a subject and durable consumers. A `Bus` holds one as
+`bus.jetstream`, on its own connection."""
 
 from __future__ import annotations
 
@@ -196,12 +195,10 @@ class JetStream:
         max_deliver: int = 5,
         deliver_new: bool = False,
     ) -> DurableConsumer[M]:
-        """A pull consumer of `subject` (a filter) in `stream` named `durable`, kept by the
-        server across restarts of this process: binding the same name again resumes after
-        the last acked message. Explicit acks; a message not acked within `ack_wait_s` is
-        delivered again, at most `max_deliver` times. Starts at the stream's first message
-        (`deliver_new`: at the next one) when the consumer is created. Raises StreamMissing
-        when the stream does not exist."""
+        """A pull consumer of `subject` in `stream` named `durable`, kept by the server across
+        restarts: binding the name again resumes after the last acked message. A message not
+        acked within `ack_wait_s` comes again, at most `max_deliver` times. Starts at the stream's
+        first message (`deliver_new`: the next one); StreamMissing if the stream is not there."""
         js = self.nc.jetstream()
         config = ConsumerConfig(
             durable_name=durable,

@@ -16,7 +16,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanContext
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from antdt.schemas import MAX_MESSAGE_BYTES, ErrorReply
+from antdt.schemas import MAX_MESSAGE_BYTES, ErrorCode, ErrorReply
 
 M = TypeVar("M")
 R = TypeVar("R", bound=BaseModel)
@@ -42,9 +42,9 @@ class StreamMissing(BusError):
 class Rejected(ValueError):
     """Raised by a handler to refuse a message with a machine code and a clear reason."""
 
-    def __init__(self, code: str, reason: str) -> None:
+    def __init__(self, code: ErrorCode, reason: str) -> None:
         super().__init__(reason)
-        self.code = code
+        self.code = ErrorCode(code)  # an unknown code fails here, in the handler
         self.reason = reason
 
 
@@ -92,11 +92,13 @@ class Decoder(Generic[M]):
 
     def decode(self, data: bytes) -> M:
         if len(data) > MAX_MESSAGE_BYTES:
-            raise Rejected("too_large", f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+            raise Rejected(
+                ErrorCode.TOO_LARGE, f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}"
+            )
         try:
             return self._validate_json(data)
         except ValidationError as exc:
-            raise Rejected("bad_request", short_validation_error(exc)) from None
+            raise Rejected(ErrorCode.BAD_REQUEST, short_validation_error(exc)) from None
 
 
 def short_validation_error(exc: ValidationError) -> str:
@@ -117,9 +119,9 @@ class Rejections:
     """Counts rejected messages by (subscription, code); logs each reason the first time."""
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
+        self.counts: Counter[tuple[str, ErrorCode]] = Counter()
 
-    def record(self, pattern: str, code: str, reason: str, subject: str) -> None:
+    def record(self, pattern: str, code: ErrorCode, reason: str, subject: str) -> None:
         key = (pattern, code)
         self.counts[key] += 1
         if self.counts[key] == 1:
@@ -162,5 +164,9 @@ def decode_reply(data: bytes, reply_type: type[R]) -> R:
         raise BusError("reply is not JSON") from None
     # Models forbid extra fields, so an ErrorReply never passes as another reply type.
     if isinstance(raw, dict) and {"error", "code"} <= set(raw) <= _ERROR_FIELDS:
-        raise RequestRefused(ErrorReply.model_validate(raw))
+        try:
+            refusal = ErrorReply.model_validate(raw)
+        except ValidationError as exc:  # e.g. a code this version does not know
+            raise BusError(f"bad error reply: {short_validation_error(exc)}") from None
+        raise RequestRefused(refusal)
     raise BusError(f"bad reply: {short_validation_error(mismatch)}") from None

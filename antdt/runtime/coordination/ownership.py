@@ -131,8 +131,12 @@ class Ownership:
             try:
                 await settle()
             except Exception as exc:
-                log.warning("job not settled before its release", service=self.service,
-                            job=job, error=repr(exc))  # fmt: skip
+                log.warning(
+                    "job not settled before its release",
+                    service=self.service,
+                    job=job,
+                    error=repr(exc),
+                )
         key = self.keys.owner(self.service, job)
         await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
         log.info("job released", service=self.service, job=job, replica=self.replica_id)

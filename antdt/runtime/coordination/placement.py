@@ -1,22 +1,8 @@
-"""Which replica of a service should own which job, so that jobs spread over replicas.
-
-Rendezvous (highest random weight) hashing: every replica scores each (replica, job)
-pair with the same hash and a job's preferred replica is the one scoring highest. Every
-replica computes the same answer from the same member list, with no coordination; a
-replica joining or leaving moves only the jobs it wins or held (about 1/N of them).
-
-Preference steers claims and guards nothing: ownership stays the lease-bound etcd key,
-which only one replica can create. A job whose preferred replica does not claim it (the
-member key of a replica killed -9 outlives it by up to the lease TTL; a replica at its
-`max_jobs`; one that is slow) is claimed by any replica once it has been seen unowned for
-`grace_s`.
-
-Jobs also move back to their preferred replica: a replica that started after others had
-claimed every job (the first of a deployment to start claims them all; so do the
-survivors of a rolling restart) would otherwise own nothing until new jobs came. An
-owner hands a job over once its preferred replica has been a member for `settle_s`, one
-job per round, so that jobs move a few at a time and only to a replica that stayed up.
-Pure: time is an argument, no I/O."""
+"""Which replica of a service should own which job: rendezvous hashing over the member list,
+the same answer on every replica; a replica joining or leaving moves only its share.
+Preference steers claims and guards nothing (ownership is the lease-bound etcd key); a job
+unowned for `grace_s` is claimed by anyone, and an owner hands a job to its preferred
+replica once that one has been a member for `settle_s`. Pure: time is an argument."""
 
 from __future__ import annotations
 
@@ -76,9 +62,12 @@ class ClaimPlan:
         return preferred(job, _with(self.me, replicas)) == self.me
 
     def hand_over(
-        self, owned: Iterable[str], members: Mapping[str, float], now: float,
+        self,
+        owned: Iterable[str],
+        members: Mapping[str, float],
+        now: float,
         movable: Callable[[str], bool] = lambda job: True,
-    ) -> str | None:  # fmt: skip
+    ) -> str | None:
         """Of the jobs this replica owns, one to hand over to its preferred replica: one
         that has been a member (since `members[replica]`, s) for `settle_s`, and that
         `movable` allows (say, not being taken on). None if there is none."""

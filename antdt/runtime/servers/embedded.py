@@ -40,13 +40,9 @@ def die_with_parent() -> None:
 
 
 def go_server_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of an embedded Go server: GOMAXPROCS half this process's CPUs (at
-    least 1), unless the caller's environment sets it.
-
-    Why: these servers share a small machine with CPU-bound Python services and ranks.
-    Go's scheduler keeps idle threads spinning for work, and hands each message between
-    threads; on 2 cores that cost nats-server a third more CPU per request/reply and etcd
-    twice as much per transaction (`make bench`), CPU taken from the services."""
+    """The environment of an embedded Go server: GOMAXPROCS half this process's CPUs (at least
+    1) unless set. Go's idle threads spin for work, CPU taken from the Python services and
+    ranks these servers share a small machine with."""
     env = dict(os.environ if base is None else base)
     if "GOMAXPROCS" not in env:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -177,10 +173,8 @@ class _EmbeddedServer:
 
 
 #: What nats-server buffers for one connection before it closes it as a slow consumer,
-#: bytes (its default is 64 MiB). A monitor replica gets every job's step events: under
-#: a burst of 1.2 million (about 20 s of its ingest) 64 MiB was exceeded in 1 of 8 runs,
-#: the connection closed and 280,000 events were lost ("Slow Consumer Detected:
-#: MaxPending of 67108864 Exceeded"). deploy/nats.conf sets the same.
+#: bytes (its default, 64 MiB, is too little for a monitor replica under a burst of every
+#: job's step events). deploy/nats.conf sets the same.
 MAX_PENDING_BYTES = 256 * 2**20
 
 
@@ -206,9 +200,19 @@ class EmbeddedNats(_EmbeddedServer):
         config = self.data_dir / "nats.conf"  # for what has no command-line flag
         config.write_text(f"max_pending: {self.max_pending_bytes}\n")
         argv = [
-            find_nats_server(), "-c", str(config), "-a", self.host, "-p", str(self.port),
-            "-m", str(self.monitor_port), "-js", "-sd", str(self.data_dir / "jetstream"),
-        ]  # fmt: skip
+            find_nats_server(),
+            "-c",
+            str(config),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port),
+            "-m",
+            str(self.monitor_port),
+            "-js",
+            "-sd",
+            str(self.data_dir / "jetstream"),
+        ]
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         log = self.data_dir / "nats-server.log"
         self._run("nats-server", argv, log, lambda: _http_ok(health, "ok"), timeout)
@@ -236,13 +240,30 @@ class EmbeddedEtcd(_EmbeddedServer):
         peer = f"http://{self.host}:{self.peer_port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
-            find_etcd(), "--name", "antdt", "--data-dir", str(self.data_dir / "etcd"),
-            "--listen-client-urls", client, "--advertise-client-urls", client,
-            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"antdt={peer}", "--log-level", "warn",
-            "--quota-backend-bytes", str(2 * 1024**3), "--auto-compaction-retention", "1000",
-            "--auto-compaction-mode", "revision",
-        ]  # fmt: skip
+            find_etcd(),
+            "--name",
+            "antdt",
+            "--data-dir",
+            str(self.data_dir / "etcd"),
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"antdt={peer}",
+            "--log-level",
+            "warn",
+            "--quota-backend-bytes",
+            str(2 * 1024**3),
+            "--auto-compaction-retention",
+            "1000",
+            "--auto-compaction-mode",
+            "revision",
+        ]
         ready = lambda: _http_ok(f"{client}/health", '"true"')  # noqa: E731
         self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout)
         return self

@@ -1,25 +1,26 @@
 """The etcd seam: the only package that imports the etcd client. `Store` and its
 typed operations, errors and leases."""
 
-from antdt.runtime.store.etcd import (
+from antdt.runtime.store.etcd import Store, retrying
+from antdt.runtime.store.lease import Lease
+from antdt.runtime.store.values import (
     Compare,
     Delete,
     Get,
-    Lease,
+    HistoryCompacted,
     Op,
     Put,
-    Store,
     StoreError,
     StoreUnavailable,
     Versioned,
     WatchEvent,
-    retrying,
 )
 
 __all__ = [
     "Compare",
     "Delete",
     "Get",
+    "HistoryCompacted",
     "Lease",
     "Op",
     "Put",

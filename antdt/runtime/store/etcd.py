@@ -1,9 +1,6 @@
-"""The etcd seam: the only module that imports the etcd client (aetcd).
-
-Keys and values are str/bytes here; callers never see aetcd types, nor its exceptions:
-every call raises StoreError (StoreUnavailable when etcd could not be reached or did not
-answer in time: worth retrying). Multi-key changes go through `txn` (one etcd
-transaction), fenced writes compare mod revisions."""
+"""`Store`: etcd with str keys and bytes values. Callers never see aetcd's types or
+exceptions: every call raises StoreError (StoreUnavailable: etcd unreachable or too slow,
+worth retrying). Multi-key changes are one transaction (`txn`); fenced writes compare."""
 
 from __future__ import annotations
 
@@ -11,7 +8,6 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import aetcd
@@ -19,27 +15,25 @@ import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.config import EtcdSettings
+from antdt.runtime.store.lease import Lease
+from antdt.runtime.store.values import (
+    Compare,
+    Get,
+    HistoryCompacted,
+    Op,
+    Put,
+    StoreError,
+    StoreUnavailable,
+    TxnResult,
+    Versioned,
+    WatchEvent,
+)
 
 log = structlog.get_logger("antdt.store")
 T = TypeVar("T", bound=BaseModel)
 P = ParamSpec("P")
 R = TypeVar("R")
 S = TypeVar("S")
-
-
-class StoreError(RuntimeError):
-    """etcd refused the call, or could not be reached (StoreUnavailable)."""
-
-
-class HistoryCompacted(StoreError):
-    """A watch asked for changes from a revision etcd has compacted away."""
-
-    def __init__(self, prefix: str, revision: int | None) -> None:
-        super().__init__(f"changes under {prefix!r} from revision {revision} were compacted")
-
-
-class StoreUnavailable(StoreError):
-    """etcd could not be reached, or did not answer in time: worth retrying."""
 
 
 _UNAVAILABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError)
@@ -61,74 +55,6 @@ def _etcd_call(
     return call
 
 
-@dataclass(frozen=True)
-class Versioned:
-    key: str
-    value: bytes
-    mod_revision: int
-    create_revision: int
-    version: int
-    lease: int
-
-
-@dataclass(frozen=True)
-class Compare:
-    """One condition of a transaction. `mod_revision == 0` / `create_revision == 0`
-    mean the key does not exist."""
-
-    key: str
-    target: Literal["mod", "create", "version", "value"]
-    value: int | bytes
-    op: Literal["==", "!=", "<", ">"] = "=="
-
-    @classmethod
-    def mod_is(cls, key: str, revision: int) -> Compare:
-        return cls(key, "mod", revision)
-
-    @classmethod
-    def absent(cls, key: str) -> Compare:
-        return cls(key, "create", 0)
-
-    @classmethod
-    def value_is(cls, key: str, value: bytes) -> Compare:
-        return cls(key, "value", value)
-
-
-@dataclass(frozen=True)
-class Put:
-    key: str
-    value: bytes
-    lease: int | None = None
-
-
-@dataclass(frozen=True)
-class Delete:
-    key: str
-    prefix: bool = False
-
-
-@dataclass(frozen=True)
-class Get:
-    key: str
-
-
-Op = Put | Delete | Get
-
-
-@dataclass(frozen=True)
-class TxnResult:
-    succeeded: bool
-    gets: list[Versioned | None] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    kind: Literal["put", "delete"]
-    key: str
-    value: bytes
-    mod_revision: int
-
-
 def _versioned(kv: Any) -> Versioned:
     return Versioned(
         key=kv.key.decode(),
@@ -144,44 +70,6 @@ def _host_port(endpoint: str) -> tuple[str, int]:
     endpoint = endpoint.split("://", 1)[-1].rstrip("/")
     host, _, port = endpoint.rpartition(":")
     return host or "127.0.0.1", int(port or 2379)
-
-
-class Lease:
-    """An etcd lease kept alive by a background task; `lost` is set the moment it lapses."""
-
-    def __init__(self, store: Store, lease_id: int, ttl: int) -> None:
-        self.id = lease_id
-        self.ttl = ttl
-        self.lost = asyncio.Event()
-        self._store = store
-        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease_id}")
-
-    async def _keep_alive(self) -> None:
-        interval = max(self.ttl / 3.0, 0.2)
-        last_ok = asyncio.get_running_loop().time()
-        while not self.lost.is_set():
-            await asyncio.sleep(interval)
-            try:
-                reply = await self._store.client.refresh_lease(self.id)
-                if reply is None or int(reply.TTL) <= 0:
-                    break
-                last_ok = asyncio.get_running_loop().time()
-            except Exception as exc:
-                log.debug("lease refresh failed", lease=self.id, error=str(exc))
-                if asyncio.get_running_loop().time() - last_ok >= self.ttl:
-                    break
-        self.lost.set()
-        log.warning("lease lost", lease=self.id)
-
-    async def revoke(self) -> None:
-        """Give the lease up now (idempotent): keys bound to it vanish at once."""
-        self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
-        if not self.lost.is_set():
-            self.lost.set()
-            with contextlib.suppress(Exception):
-                await self._store.client.revoke_lease(self.id)
 
 
 class Store:
@@ -321,7 +209,7 @@ class Store:
     async def grant_lease(self, ttl: int | None = None) -> Lease:
         ttl = ttl or self.settings.lease_ttl_s
         raw = await self.client.lease(ttl)
-        return Lease(self, int(raw.id), ttl)
+        return Lease(self.client, int(raw.id), ttl)
 
     @_etcd_call
     async def current_revision(self) -> int:
@@ -343,8 +231,7 @@ class Store:
             for key in sorted(known - present):
                 yield WatchEvent(kind="delete", key=key, value=b"", mod_revision=revision)
             for item in items:
-                yield WatchEvent(kind="put", key=item.key, value=item.value,
-                                 mod_revision=item.mod_revision)  # fmt: skip
+                yield WatchEvent("put", item.key, item.value, item.mod_revision)
             known = present
             try:
                 async for event in self.watch_prefix(

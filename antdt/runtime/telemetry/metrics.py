@@ -1,36 +1,7 @@
-"""AntDT's OpenTelemetry metrics: every instrument is declared here; a service calls one
-function per hook. Exported to Prometheus (`TelemetrySettings.metrics_port`: a /metrics
-HTTP server) and/or by OTLP (`metrics_otlp_endpoint`); without either the instruments
-are the API's no-ops.
-
-| instrument | kind | unit | attributes | recorded by |
-|---|---|---|---|---|
-| `antdt.monitor.events.ingested` | observable counter | {event} | `antdt.replica` | monitor |
-| `antdt.monitor.events.rejected` | observable counter | {event} | `antdt.replica`, `reason`, `messaging.destination.name` (bus) or `antdt.job` (detector) | monitor |
-| `antdt.monitor.backlog` | observable gauge | By | `antdt.replica` | monitor: step events waiting to be handled, every owned job's (at most `step_backlog_bytes`) |
-| `antdt.incidents` | counter | {transition} | `antdt.job`, `antdt.incident.kind`, `antdt.incident.class`, `antdt.incident.state` | monitor |
-| `antdt.actions` | counter | {action} | `antdt.job`, `antdt.action.kind`, `antdt.action.result` | controller |
-| `antdt.plan.latency` | histogram | s | `antdt.job`, `antdt.action.result` | controller: decision to the last ack |
-| `antdt.job.balance_efficiency` | observable gauge | 1 | `antdt.job` | controller, latest JobHealth of owned jobs |
-| `antdt.job.throughput` | observable gauge | {sample}/s | `antdt.job` | controller, latest JobHealth |
-| `antdt.shards.requests` | observable counter | {request} | `antdt.replica`, `antdt.shards.verb` | shards |
-| `antdt.shards.requests.refused` | observable counter | {request} | `antdt.replica`, `reason`, `messaging.destination.name` | shards |
-| `antdt.shards.commits` | observable counter | {transaction} | `antdt.replica` | shards: ledger writes (and compare-only checks) that succeeded |
-| `antdt.shards.operations.committed` | observable counter | {operation} | `antdt.replica` | shards: ledger operations those made durable |
-| `antdt.shards.operations.early` | observable counter | {operation} | `antdt.replica` | shards: fetches answered before their write |
-| `antdt.shards.conflicts` | observable counter | {conflict} | `antdt.replica` | shards: failed compare-and-swaps (another replica wrote) |
-| `antdt.shards.store.duration` | observable counter | s | `antdt.replica` | shards: time spent in ledger transactions |
-| `antdt.shards.written` | observable counter | By | `antdt.replica` | shards: bytes those transactions wrote to etcd |
-| `antdt.shards.budget_waits` | observable counter | {write} | `antdt.replica` | shards: ledger writes the write budget held back |
-| `antdt.shards.ledger.shards` | observable gauge | {shard} | `antdt.job`, `antdt.shards.state` (done, todo, in_flight) | shards replica owning the job |
-| `antdt.shards.ledger.epoch` | observable gauge | {epoch} | `antdt.job` | shards replica owning the job |
-| `antdt.shards.ledger.incarnation` | observable gauge | {restart} | `antdt.job` | shards replica owning the job |
-
-Prometheus names them with `_` for `.` and the unit (`antdt_incidents_total`,
-`antdt_plan_latency_seconds_bucket`, `antdt_job_throughput_per_second`).
-Hooks cost a dict update or a counter add per incident or action, nothing per step event:
-the ingest and rejection counts are read from the monitor's own integers when scraped, and
-every shards instrument from the shards service's own counters and cached ledgers."""  # noqa: E501
+"""AntDT's OpenTelemetry metrics: every instrument is declared here, and a service calls one
+function per hook (the instruments: docs/observability.md, "Metrics"). Hooks cost a dict
+update or a counter add per incident or action, nothing per step event: counts are read
+from the services' own integers when scraped."""
 
 from __future__ import annotations
 
@@ -100,20 +71,30 @@ class LedgerFigures:
 
 #: instrument -> (counter key, unit, description) of the shards counters.
 SHARDS_COUNTERS = {
-    "antdt.shards.commits": ("commits", "{transaction}",
-                             "Ledger transactions that succeeded"),
-    "antdt.shards.operations.committed": ("committed", "{operation}",
-                                          "Ledger operations made durable"),
-    "antdt.shards.operations.early": ("early", "{operation}",
-                                      "Fetches answered before their write (write-behind)"),
-    "antdt.shards.conflicts": ("conflicts", "{conflict}",
-                               "Ledger compare-and-swaps that failed: another replica wrote"),
+    "antdt.shards.commits": ("commits", "{transaction}", "Ledger transactions that succeeded"),
+    "antdt.shards.operations.committed": (
+        "committed",
+        "{operation}",
+        "Ledger operations made durable",
+    ),
+    "antdt.shards.operations.early": (
+        "early",
+        "{operation}",
+        "Fetches answered before their write (write-behind)",
+    ),
+    "antdt.shards.conflicts": (
+        "conflicts",
+        "{conflict}",
+        "Ledger compare-and-swaps that failed: another replica wrote",
+    ),
     "antdt.shards.store.duration": ("store_s", "s", "Time spent in ledger transactions"),
-    "antdt.shards.written": ("written_bytes", "By",
-                             "Bytes the ledger transactions wrote to etcd"),
-    "antdt.shards.budget_waits": ("budget_waits", "{write}",
-                                  "Ledger writes held back by the job's write budget"),
-}  # fmt: skip
+    "antdt.shards.written": ("written_bytes", "By", "Bytes the ledger transactions wrote to etcd"),
+    "antdt.shards.budget_waits": (
+        "budget_waits",
+        "{write}",
+        "Ledger writes held back by the job's write budget",
+    ),
+}
 
 
 class _Instruments:
@@ -130,59 +111,80 @@ class _Instruments:
             "antdt.actions", unit="{action}", description="Actions recorded, by kind and result"
         )
         self.plan_latency = meter.create_histogram(
-            "antdt.plan.latency", unit="s", description="From a decision to its last ack",
+            "antdt.plan.latency",
+            unit="s",
+            description="From a decision to its last ack",
             explicit_bucket_boundaries_advisory=LATENCY_BUCKETS_S,
-        )  # fmt: skip
+        )
         meter.create_observable_counter(
-            "antdt.monitor.events.ingested", [self._ingested], unit="{event}",
+            "antdt.monitor.events.ingested",
+            [self._ingested],
+            unit="{event}",
             description="Step events fed to a detector",
-        )  # fmt: skip
+        )
         meter.create_observable_counter(
-            "antdt.monitor.events.rejected", [self._rejected], unit="{event}",
+            "antdt.monitor.events.rejected",
+            [self._rejected],
+            unit="{event}",
             description="Step events refused (bus validation) or ignored (detector)",
-        )  # fmt: skip
+        )
         meter.create_observable_gauge(
-            "antdt.monitor.backlog", [self._backlog], unit="By",
+            "antdt.monitor.backlog",
+            [self._backlog],
+            unit="By",
             description="Step events waiting to be handled, every owned job's together",
-        )  # fmt: skip
+        )
         meter.create_observable_gauge(
-            "antdt.job.balance_efficiency", [self._gauge(1)], unit="1",
+            "antdt.job.balance_efficiency",
+            [self._gauge(1)],
+            unit="1",
             description="T_ideal / T_step of the job's latest JobHealth",
-        )  # fmt: skip
+        )
         meter.create_observable_gauge(
-            "antdt.job.throughput", [self._gauge(2)], unit="{sample}/s",
+            "antdt.job.throughput",
+            [self._gauge(2)],
+            unit="{sample}/s",
             description="Job throughput in its latest JobHealth",
-        )  # fmt: skip
+        )
 
         self._shards_instruments(meter)
 
     def _shards_instruments(self, meter: metrics.Meter) -> None:
         meter.create_observable_counter(
-            "antdt.shards.requests", [self._shards_requests], unit="{request}",
+            "antdt.shards.requests",
+            [self._shards_requests],
+            unit="{request}",
             description="Shards requests that passed validation, by verb (one the ledger refuses "
             "counts here and in antdt.shards.requests.refused)",
-        )  # fmt: skip
+        )
         meter.create_observable_counter(
-            "antdt.shards.requests.refused", [self._shards_refused], unit="{request}",
+            "antdt.shards.requests.refused",
+            [self._shards_refused],
+            unit="{request}",
             description="Shards requests answered with an ErrorReply, by code",
-        )  # fmt: skip
+        )
         for name, (key, unit, description) in SHARDS_COUNTERS.items():
             meter.create_observable_counter(
                 name, [self._shards_counter(key)], unit=unit, description=description
             )
         meter.create_observable_gauge(
-            "antdt.shards.ledger.shards", [self._ledgers(_by_state)], unit="{shard}",
+            "antdt.shards.ledger.shards",
+            [self._ledgers(_by_state)],
+            unit="{shard}",
             description="Shards of the current epoch done, to do and in flight",
-        )  # fmt: skip
+        )
         meter.create_observable_gauge(
-            "antdt.shards.ledger.epoch", [self._ledgers(lambda f: [(f.epoch, {})])],
-            unit="{epoch}", description="The epoch the job's ledger is at",
-        )  # fmt: skip
+            "antdt.shards.ledger.epoch",
+            [self._ledgers(lambda f: [(f.epoch, {})])],
+            unit="{epoch}",
+            description="The epoch the job's ledger is at",
+        )
         meter.create_observable_gauge(
             "antdt.shards.ledger.incarnation",
             [self._ledgers(lambda f: [(f.incarnation, {})])],
-            unit="{restart}", description="Restores of the job's ledger (0: first run)",
-        )  # fmt: skip
+            unit="{restart}",
+            description="Restores of the job's ledger (0: first run)",
+        )
 
     def _live(self, services: weakref.WeakSet[Any]) -> list[Any]:
         with self.lock:

@@ -1,13 +1,6 @@
 """OpenTelemetry setup: a tracer provider per process, OTLP export when an endpoint is
-configured, and a clean flush.
-
-The endpoint comes from `TelemetrySettings.otlp_endpoint` (`ANTDT_TELEMETRY__OTLP_ENDPOINT`,
-else `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`). The protocol:
-OTLP/HTTP when the URL ends in `/v1/traces` or `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` says
-`http/protobuf`, gRPC otherwise (`host:port`, `http://host:port`; `https://` for TLS). The
-exporters read headers, timeout, compression and certificates from `OTEL_EXPORTER_OTLP_*`;
-the resource takes `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`; the sampler
-`OTEL_TRACES_SAMPLER`; the batch processor `OTEL_BSP_*`."""
+configured (the settings and the `OTEL_*` variables honoured: docs/observability.md),
+and a clean flush."""
 
 from __future__ import annotations
 

@@ -1,21 +1,7 @@
-"""One trace per straggler incident, across processes. Each service adds a line or two
-at its hook points; the span logic is here.
-
-    incident opened            monitor     root: the window that opened it, to its publication
-    ├─ decide lb-bsp           controller  the policy's decision (one per action)
-    │  ├─ send adjust_batch    controller  one per command attempt to a rank
-    │  │  ├─ process adjust_batch  agent   the command received and judged (its rank)
-    │  │  │  └─ apply plan     agent       the first step run under the plan (its rank)
-    │  │  └─ ack               controller  the rank's answer
-    │  └─ effect               controller  throughput and efficiency before / after
-    ├─ incident escalated      monitor     later transitions of the same incident
-    └─ incident resolved       monitor
-
-Context crosses processes as W3C `traceparent` in NATS headers: `Bus` injects the current
-context into every publish, request and JetStream publish (so an incident stored in
-ANTDT_INCIDENTS and an ActionRecord in ANTDT_ACTIONS carry their trace) and attaches the
-sender's context while a handler runs. Spans are made with the global tracer provider
-(`telemetry.setup_tracing`) unless a provider is passed; without one they cost nothing."""
+"""One trace per straggler incident, across processes (its spans: docs/observability.md).
+Each service adds a line or two at its hook points; the span logic is here. Context
+crosses processes as W3C `traceparent` in NATS headers. Spans use the global tracer
+provider unless one is passed; without one they cost nothing."""
 
 from __future__ import annotations
 
@@ -100,7 +86,9 @@ class IncidentTraces:
             context=under(root),
             kind=SpanKind.PRODUCER,
             attributes={
-                JOB: incident.job, RANK: incident.rank, INCIDENT: incident.id,
+                JOB: incident.job,
+                RANK: incident.rank,
+                INCIDENT: incident.id,
                 "antdt.incident.kind": incident.kind.value,
                 "antdt.incident.class": incident.straggler_class.value,
                 "antdt.incident.cause": incident.cause.value,
@@ -110,7 +98,7 @@ class IncidentTraces:
                 "antdt.step": incident.step,
                 **messaging(subject, "publish", msg_id),
             },
-        ) as span:  # fmt: skip
+        ) as span:
             if root is None and span.get_span_context().is_valid:
                 self._roots.put(incident.id, span.get_span_context())
             yield span
@@ -185,9 +173,13 @@ class Decision:
         span = self._traces.tracer.start_span(
             f"decide {self.policy}",
             start_time=self.started,
-            attributes={JOB: self.job, INCIDENT: self.event.id, "antdt.action.kind": "none",
-                        "antdt.trigger": "incident"},
-        )  # fmt: skip
+            attributes={
+                JOB: self.job,
+                INCIDENT: self.event.id,
+                "antdt.action.kind": "none",
+                "antdt.trigger": "incident",
+            },
+        )
         span.end()
 
 
@@ -234,12 +226,17 @@ class DecisionTraces:
     def expect_effect(self, record: ActionRecord, parent: SpanContext, before: Any) -> None:
         pending = self._effects.setdefault(record.job, [])
         del pending[: max(0, len(pending) - 15)]  # bounded: a job acting without health
-        pending.append(_Effect(
-            parent=parent, action_id=record.action_id, incident_id=record.incident_id,
-            plan_version=record.plan_version or 0,
-            measure_at=(record.effective_step or 0) + self.effect_steps,
-            since=record.completed_at, before=before,
-        ))  # fmt: skip
+        pending.append(
+            _Effect(
+                parent=parent,
+                action_id=record.action_id,
+                incident_id=record.incident_id,
+                plan_version=record.plan_version or 0,
+                measure_at=(record.effective_step or 0) + self.effect_steps,
+                since=record.completed_at,
+                before=before,
+            )
+        )
 
     def health(self, health: JobHealth) -> None:
         """Every JobHealth of an owned job: gauges, and the effect of applied actions."""
@@ -254,10 +251,12 @@ class DecisionTraces:
 
     def _effect(self, effect: _Effect, health: JobHealth) -> None:
         attributes: dict[str, Any] = {
-            JOB: health.job, ACTION: effect.action_id, "antdt.step": health.step,
+            JOB: health.job,
+            ACTION: effect.action_id,
+            "antdt.step": health.step,
             "antdt.plan.version": effect.plan_version,
             "antdt.effect.plan_version": health.plan_version,  # newer: superseded since
-        }  # fmt: skip
+        }
         if effect.incident_id:
             attributes[INCIDENT] = effect.incident_id
         attributes.update(_figures(health, "after"))
@@ -267,9 +266,11 @@ class DecisionTraces:
                 speedup = health.samples_per_s / effect.before.samples_per_s
                 attributes["antdt.effect.speedup"] = speedup
         span = self.tracer.start_span(
-            "effect", context=under(effect.parent), start_time=ns(effect.since),
+            "effect",
+            context=under(effect.parent),
+            start_time=ns(effect.since),
             attributes=attributes,
-        )  # fmt: skip
+        )
         span.end(end_time=ns(max(health.at, effect.since)))
 
 
@@ -293,9 +294,12 @@ class CommandSend:
     def __call__(self, ack: Ack) -> None:
         self.acked = True
         attributes: dict[str, Any] = {
-            JOB: ack.job, RANK: ack.rank, ACTION: ack.action_id, "antdt.ack.ok": ack.ok,
+            JOB: ack.job,
+            RANK: ack.rank,
+            ACTION: ack.action_id,
+            "antdt.ack.ok": ack.ok,
             "antdt.ack.expected_rank": self._rank,
-        }  # fmt: skip
+        }
         if ack.applied_step is not None:
             attributes["antdt.plan.applied_step"] = ack.applied_step
         if ack.plan_version is not None:

@@ -1,10 +1,6 @@
-"""The agent's spans of an incident's trace (see `antdt.runtime.telemetry.tracing`), all made on the
-agent's loop thread: the training thread never pays for them.
-
-- `process adjust_batch`: the command received and judged, a child of the controller's
-  `send` span (through the request's headers);
-- `apply plan`: the first step run under that plan, a child of `process`, timed as that
-  step (its start and wall time), emitted when the step's record reaches the loop."""
+"""The agent's spans of an incident's trace (`process adjust_batch`, a child of the
+controller's send; `apply plan`, the first step under the plan), all made on the agent's
+loop thread: the training thread never pays for them."""
 
 from __future__ import annotations
 
@@ -31,9 +27,12 @@ class AgentTraces:
         """A command judged (on the loop, inside its delivery). `verdict`: accept (the
         plan will apply at `applied_step`), same (already known), or a refusal code."""
         attributes: dict[str, Any] = {
-            JOB: self.job, RANK: self.rank, ACTION: cmd.action_id, "antdt.command.verdict": verdict,
+            JOB: self.job,
+            RANK: self.rank,
+            ACTION: cmd.action_id,
+            "antdt.command.verdict": verdict,
             **messaging(subject, "process"),
-        }  # fmt: skip
+        }
         if cmd.incident_id:
             attributes[INCIDENT] = cmd.incident_id
         plan = getattr(cmd, "plan", None)
@@ -67,11 +66,16 @@ class AgentTraces:
         self, record: Any, parent: SpanContext, action_id: str, incident: str | None, at: int
     ) -> None:
         attributes: dict[str, Any] = {
-            JOB: self.job, RANK: self.rank, ACTION: action_id, "antdt.step": record.step,
-            "antdt.plan.version": record.plan_version, "antdt.plan.applied_step": at,
-            "antdt.plan.local_batch": record.local_batch, "antdt.step.samples": record.samples,
+            JOB: self.job,
+            RANK: self.rank,
+            ACTION: action_id,
+            "antdt.step": record.step,
+            "antdt.plan.version": record.plan_version,
+            "antdt.plan.applied_step": at,
+            "antdt.plan.local_batch": record.local_batch,
+            "antdt.step.samples": record.samples,
             "antdt.step.seconds": record.step_s,
-        }  # fmt: skip
+        }
         if incident:
             attributes[INCIDENT] = incident
         span = self._tracer.start_span(

@@ -24,6 +24,7 @@ from antdt.schemas import (
     ActionRecord,
     ActionResult,
     AdjustBatch,
+    ErrorCode,
     Incident,
     JobHealth,
     JobSpec,
@@ -189,7 +190,7 @@ class Executor:
             sent(ack)
         reason = adjust_ack_problem(ack, rank, command)
         if reason:
-            self.bus.rejections.record("adjust_ack", "bad_ack", reason, subject)
+            self.bus.rejections.record("adjust_ack", ErrorCode.BAD_ACK, reason, subject)
             return False
         return ack.ok
 

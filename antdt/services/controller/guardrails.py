@@ -1,4 +1,4 @@
-"""Guardrails every policy applies before proposing a plan (DESIGN.md section 8). Pure.
+"""Guardrails every policy applies before proposing a plan. Pure.
 
 - cooldown: no action within `cooldown_s` of the last one;
 - settling: decide on figures measured under the current plan only, i.e. once health

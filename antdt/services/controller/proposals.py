@@ -44,7 +44,15 @@ from dataclasses import dataclass, replace
 
 from antdt.runtime.bus import Delivery, Rejected
 from antdt.runtime.store import Store
-from antdt.schemas import ActionProposal, ActionRecord, ActionResult, JobSpec, Keys, Subjects
+from antdt.schemas import (
+    ActionProposal,
+    ActionRecord,
+    ActionResult,
+    ErrorCode,
+    JobSpec,
+    Keys,
+    Subjects,
+)
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import plan_violations
@@ -53,7 +61,7 @@ from antdt.services.controller.policies.base import AdjustBatchAction, JobView
 
 @dataclass(frozen=True)
 class Refusal:
-    code: str
+    code: ErrorCode
     reason: str
 
 
@@ -63,15 +71,17 @@ def check_proposal(view: JobView, proposal: ActionProposal, rails: Guardrails) -
     n = len(proposal.local_batch)
     if n > spec.world_size:
         return Refusal(
-            "unknown_rank",
+            ErrorCode.UNKNOWN_RANK,
             f"batches for ranks {spec.world_size}..{n - 1}: job {spec.job} has ranks "
             f"0..{spec.world_size - 1}",
         )
     if n < spec.world_size:
-        return Refusal("bad_request", f"{n} batches for the {spec.world_size} ranks of the job")
+        return Refusal(
+            ErrorCode.BAD_REQUEST, f"{n} batches for the {spec.world_size} ranks of the job"
+        )
     if proposal.plan_version is not None and proposal.plan_version != plan.version:
         return Refusal(
-            "stale",
+            ErrorCode.STALE,
             f"computed from plan version {proposal.plan_version}; the job's plan is "
             f"version {plan.version}",
         )
@@ -79,17 +89,19 @@ def check_proposal(view: JobView, proposal: ActionProposal, rails: Guardrails) -
         spec, view.memory_caps, proposal.local_batch, proposal.micro_batch, proposal.accumulation
     )
     if violation:
-        return Refusal("guardrail", violation)
+        return Refusal(ErrorCode.GUARDRAIL, violation)
     too_far = change_violation(plan.local_batch, proposal.local_batch, rails.max_change)
     if too_far:
-        return Refusal("guardrail", too_far)
+        return Refusal(ErrorCode.GUARDRAIL, too_far)
     if _running(proposal.local_batch, proposal.micro_batch, proposal.accumulation) == _running(
         plan.local_batch, plan.micro_batch, plan.accumulation
     ):
-        return Refusal("no_change", f"the proposal is plan version {plan.version}, running now")
+        return Refusal(
+            ErrorCode.NO_CHANGE, f"the proposal is plan version {plan.version}, running now"
+        )
     hold = hold_reason(view, rails)
     if hold:
-        return Refusal("hold", hold)
+        return Refusal(ErrorCode.HOLD, hold)
     return None
 
 
@@ -190,11 +202,13 @@ class ProposalDesk:
     async def handle(self, proposal: ActionProposal, delivery: Delivery) -> ActionRecord | None:
         job = self.subjects.job_of(delivery.subject)
         if proposal.job != job:
-            raise Rejected("bad_request", f"proposal for job {proposal.job!r} sent on {job!r}")
+            raise Rejected(
+                ErrorCode.BAD_REQUEST, f"proposal for job {proposal.job!r} sent on {job!r}"
+            )
         state = await self.state_of(job)
         if state is None:
             if await self.store.get(self.keys.spec(job)) is None:
-                raise Rejected("unknown_job", f"job {job!r} is not registered")
+                raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {job!r} is not registered")
             return None  # another replica owns the job and answers
         async with state.busy:  # one decision at a time per job, policies included
             outcome = await self._decide(state, proposal)
@@ -225,7 +239,7 @@ class ProposalDesk:
             return refusal
         record = await self.executor.adjust_batch(state, action)
         if record.result == ActionResult.REFUSED:  # the executor's own last check
-            return Refusal("guardrail", record.error or "refused by the executor")
+            return Refusal(ErrorCode.GUARDRAIL, record.error or "refused by the executor")
         self.executed[key] = record
         while len(self.executed) > self.remember:
             self.executed.popitem(last=False)

@@ -34,6 +34,7 @@ from antdt.schemas import (
     ActionResult,
     AdjustBatch,
     BlocklistEntry,
+    ErrorCode,
     ErrorReply,
     JobHealth,
     KillRestart,
@@ -160,7 +161,7 @@ class Restarter:
             if not tally.complete:
                 await asyncio.sleep(0.05)
         for reason in dict.fromkeys(tally.rejected):
-            self.x.bus.rejections.record("kill_restart_ack", "bad_ack", reason, subject)
+            self.x.bus.rejections.record("kill_restart_ack", ErrorCode.BAD_ACK, reason, subject)
         return tally
 
     async def _write_ledger(

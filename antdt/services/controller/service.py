@@ -27,6 +27,7 @@ from antdt.runtime.telemetry.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,
+    ErrorCode,
     Incident,
     IncidentState,
     JobHealth,
@@ -149,12 +150,12 @@ class ControllerService:
 
     async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
         if self.subjects.job_of(delivery.subject) != spec.job:
-            raise Rejected("bad_request", "job does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
         self._ended.pop(spec.job)  # registering again: the job runs again
         try:
             self._policy(spec.policy)  # an unknown policy is refused before anything is stored
         except ValueError as exc:
-            raise Rejected("bad_request", str(exc)) from None
+            raise Rejected(ErrorCode.BAD_REQUEST, str(exc)) from None
         plan = Plan(
             job=spec.job,
             version=0,
@@ -183,7 +184,7 @@ class ControllerService:
             return RegisterReply(spec=spec, plan=plan, created=True)
         stored_spec, stored_plan = result.gets
         if stored_spec is None or stored_plan is None:
-            raise Rejected("unavailable", "job is being registered; retry")
+            raise Rejected(ErrorCode.UNAVAILABLE, "job is being registered; retry")
         await self._claim(spec.job)
         return RegisterReply(
             spec=JobSpec.model_validate_json(stored_spec.value),
@@ -193,10 +194,10 @@ class ControllerService:
 
     async def _on_plan_get(self, req: PlanRequest, delivery: Delivery) -> Plan:
         if self.subjects.job_of(delivery.subject) != req.job:
-            raise Rejected("bad_request", "job does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
         stored = await self.store.get_model(self.keys.plan(req.job), Plan)
         if stored is None:
-            raise Rejected("unknown_job", f"job {req.job!r} is not registered")
+            raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {req.job!r} is not registered")
         return stored[0]
 
     # -- ownership -----------------------------------------------------------------------------
@@ -269,7 +270,7 @@ class ControllerService:
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
-            raise Rejected("bad_request", "job or rank does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
         self._ended.pop(hello.job)
         if not self.hellos.remember(hello):
             return

@@ -1,4 +1,4 @@
-"""Straggler detection and classification for one job (DESIGN.md section 7).
+"""Straggler detection and classification for one job.
 
 The pure core of the monitor: no I/O, no clock reads (time is always the argument
 `now`, control-plane seconds), deterministic. The service shell feeds it StepEvents,

@@ -39,6 +39,7 @@ from antdt.runtime.telemetry import metrics
 from antdt.runtime.telemetry.tracing import IncidentTraces
 from antdt.schemas import (
     INCIDENT_STREAM,
+    ErrorCode,
     Incident,
     JobHealth,
     JobSpec,
@@ -307,7 +308,7 @@ class MonitorService:
     async def _on_step(self, event: StepEvent, delivery: Delivery) -> None:
         job, rank = event.job, event.rank
         if not self._subject_matches(delivery.subject, job, rank):
-            raise Rejected("bad_request", "job or rank does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
         detector = self.detectors.get(job)
         if detector is None or not self.ownership.owns(job):
             claim = self.intake.claiming(job)
@@ -333,7 +334,7 @@ class MonitorService:
 
     async def _on_exit(self, exit: RankExit, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.exit(exit.job, exit.rank):
-            raise Rejected("bad_request", "job or rank does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
         detector = self.detectors.get(exit.job)
         if detector is None or not self.ownership.owns(exit.job):
             if self._late_for_ended_job(exit.job, exit.step):
@@ -408,7 +409,7 @@ class MonitorService:
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
-            raise Rejected("bad_request", "job or rank does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
         self._ended.pop(hello.job)  # a new run: its steps are not late ones
         detector = self.detectors.get(hello.job)
         if detector is None or not self.ownership.owns(hello.job):

@@ -1,11 +1,6 @@
-"""A ledger operation's outcome, as data: what the committer writes and answers.
-
-Every ledger operation (fetch, and later checkpoint commit, restore, rank release) is a
-pure function `LedgerState -> LedgerChange`. The committer applies queued operations in
-arrival order, writes their combined result in one etcd transaction and only then sends
-the replies; an operation that answers an ErrorReply changes nothing. No I/O here, so the
-pure ledger modules may build changes.
-"""
+"""A ledger operation's outcome, as data: what the committer writes and answers. Every
+operation is a pure `LedgerState -> LedgerChange`; one that answers an ErrorReply changes
+nothing. No I/O here, so the pure ledger modules may build changes."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
-"""Checkpoints, restores and removals: the ledger's "exactly once relative to the model".
-
-Commit. Every rank commits at the checkpoint step S, after S's update and before S+1
-takes data: its finished shards (done) and, for every other shard it holds, how far the
-model got. The ledger records each rank's part in a pending checkpoint, and from then on
-notes the grants it makes to ranks that already committed (`late`: untouched at S). When
-every active rank has committed, the snapshot at S is
-
-    in flight at S  = every rank's committed holdings, at their committed positions
-    re-queued at S  = the re-queued shards + the late grants (as they were before)
-    done at S       = every other shard before the cursor
-
-which is stored at ledger/ckpt/{S}; only the last few snapshots are kept. Why this is
-exact: a shard before the cursor was granted to some rank r either before r's commit
-(then r listed it, or r had finished it by S) or after it (then it is in `late`).
-
-Restore. A restarted job (incarnation k+1) puts the ledger back to the snapshot of the
-checkpoint its model was loaded from: done by S stays done, in flight at S resumes at its
-position at S with a new attempt (old processes are fenced), the rest is TODO again.
-
-Release. A rank removed without a rollback hands its shards back: from the positions it
-reports when it leaves itself, else from its last committed positions.
-"""
+"""Checkpoint commit, restore and release: the ledger exactly once relative to the model.
+Commit records each rank's holdings at step S; once every active rank committed, snapshot
+S is stored. Restore puts the ledger back to a snapshot in a new incarnation (old
+processes fenced); release hands a removed rank's shards back. Pure; see the ledger's
+lifecycle in docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -28,6 +10,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import (
     CommitReply,
+    ErrorCode,
     ErrorReply,
     ReleaseReply,
     RestoreReply,
@@ -52,9 +35,6 @@ from antdt.services.shards.state import (
 #: Snapshots kept per job: a model checkpoint written after its ledger snapshot may be
 #: lost with the process, so the one before must still be restorable.
 DEFAULT_KEEP = 3
-#: A restore refused because the shell did not read its snapshot and the job's start
-#: (it expected the token to be known already): it reads them and applies it again.
-NOT_READ = "not_read"
 #: A commit reply lists the ranks yet to commit when there are at most this many.
 WAITING_LISTED = 16
 
@@ -86,15 +66,17 @@ def apply_commit(state: LedgerState, req: ShardCommit, keep: int = DEFAULT_KEEP)
         return Outcome(state, _commit_reply(state, req.step, complete=True))
     if state.checkpoints and req.step < state.checkpoints[-1]:
         message = f"step {req.step} is before checkpoint {state.checkpoints[-1]}"
-        return refused(state, error("stale", message))
+        return refused(state, error(ErrorCode.STALE, message))
     pending = state.pending
     if pending is not None and pending.step > req.step:
-        return refused(state, error("stale", f"checkpoint {pending.step} is already pending"))
+        return refused(
+            state, error(ErrorCode.STALE, f"checkpoint {pending.step} is already pending")
+        )
     if pending is not None and pending.step == req.step and pending.has_committed(req.rank):
         return Outcome(state, _commit_reply(state, req.step, complete=False))
     if req.epoch != state.epoch:
         message = f"commit for epoch {req.epoch}; the ledger is at {state.epoch}"
-        return refused(state, error("stale", message))
+        return refused(state, error(ErrorCode.STALE, message))
     if pending is None or pending.step != req.step:
         pending = PendingCheckpoint(step=req.step, epoch=state.epoch)  # an older one lapsed
     return _record_commit(state, pending, req, keep)
@@ -133,7 +115,7 @@ def _positions_at_step(work: Work, req: ShardCommit) -> list[InFlightEntry] | Er
         held.append(entry.model_copy(update={"position": position}))
     if listed:  # listed, but not in flight for this rank (any more)
         shard = next(iter(listed))
-        return error("fenced", f"shard {shard} is not held by rank {req.rank}")
+        return error(ErrorCode.FENCED, f"shard {shard} is not held by rank {req.rank}")
     return held
 
 
@@ -143,19 +125,21 @@ def _by_shard(
     base, out = work.base, {}
     for p in positions:
         if p.epoch != work.epoch or p.shard >= base.num_shards:
-            return error("stale", f"position for epoch {p.epoch} shard {p.shard}")
+            return error(ErrorCode.STALE, f"position for epoch {p.epoch} shard {p.shard}")
         entry = work.in_flight.get(p.shard)
         if entry is None or (entry.rank, entry.attempt) != (rank, p.attempt):
-            return error("fenced", f"shard {p.shard} attempt {p.attempt} is not held by {rank}")
+            return error(
+                ErrorCode.FENCED, f"shard {p.shard} attempt {p.attempt} is not held by {rank}"
+            )
         start, end = shard_range(base, p.shard)
         if not entry.position <= p.position <= end - start:
             return error(
-                "bad_request",
+                ErrorCode.BAD_REQUEST,
                 f"position {p.position} of shard {p.shard} outside "
                 f"[{entry.position}, {end - start}]",
             )
         if p.shard in out:
-            return error("bad_request", f"shard {p.shard} listed twice")
+            return error(ErrorCode.BAD_REQUEST, f"shard {p.shard} listed twice")
         out[p.shard] = p.position
     return out
 
@@ -199,9 +183,14 @@ def _commit_reply(
         if count <= WAITING_LISTED:
             waiting_for = tuple(sorted(state.active_ranks() - state.pending.committed()))
     return CommitReply(
-        job=state.job, step=step, complete=complete, completed_now=now, waiting=count,
-        waiting_for=waiting_for, checkpoints=state.checkpoints,
-    )  # fmt: skip
+        job=state.job,
+        step=step,
+        complete=complete,
+        completed_now=now,
+        waiting=count,
+        waiting_for=waiting_for,
+        checkpoints=state.checkpoints,
+    )
 
 
 # ------------------------------------------------------------------------ restore
@@ -213,23 +202,22 @@ def apply_restore(
     snapshot: LedgerState | None,
     fresh: LedgerState | None,
 ) -> Outcome:
-    """Start a new incarnation from the snapshot of checkpoint `req.step` (`snapshot`,
-    loaded by the shell; None: not kept), or from `fresh` (the job's start) when step is
-    None. The same token again (another rank of the same restart) changes nothing, and
-    needs neither: the shell may pass fresh=None when it expects the token to be known,
-    and gets NOT_READ back if it is not."""
+    """Start a new incarnation from `snapshot` (checkpoint `req.step`'s, loaded by the shell;
+    None: not kept) or from `fresh` (the job's start) when step is None. The same token again
+    (another rank of the restart) changes nothing and needs neither: the shell may pass
+    fresh=None when it expects the token known, and gets ErrorCode.NOT_READ if it is not."""
     if req.job != state.job or req.rank >= state.world_size:
-        return refused(state, error("bad_request", "restore for another job or rank"))
+        return refused(state, error(ErrorCode.BAD_REQUEST, "restore for another job or rank"))
     if req.token == state.restore_token:
         if req.step != state.restored_step:
             message = f"this restart restored step {state.restored_step}, not {req.step}"
-            return refused(state, error("stale", message))
+            return refused(state, error(ErrorCode.STALE, message))
         return Outcome(state, _restore_reply(state, restored=False))
     if fresh is None:
-        return refused(state, error(NOT_READ, f"restore token {req.token!r} is new here"))
+        return refused(state, error(ErrorCode.NOT_READ, f"restore token {req.token!r} is new here"))
     if req.step is not None and (snapshot is None or req.step not in state.checkpoints):
         message = f"no ledger snapshot for step {req.step}; kept: {list(state.checkpoints)}"
-        return refused(state, error("unknown_checkpoint", message))
+        return refused(state, error(ErrorCode.UNKNOWN_CHECKPOINT, message))
     base = snapshot if req.step is not None and snapshot is not None else fresh
     kept = tuple(s for s in state.checkpoints if req.step is not None and s <= req.step)
     restored = base.model_copy(
@@ -252,9 +240,12 @@ def apply_restore(
 
 def _restore_reply(state: LedgerState, *, restored: bool) -> RestoreReply:
     return RestoreReply(
-        job=state.job, incarnation=state.incarnation, step=state.restored_step,
-        epoch=state.epoch, restored=restored,
-    )  # fmt: skip
+        job=state.job,
+        incarnation=state.incarnation,
+        step=state.restored_step,
+        epoch=state.epoch,
+        restored=restored,
+    )
 
 
 # ------------------------------------------------------------------------ release
@@ -269,7 +260,9 @@ def apply_release(state: LedgerState, req: ShardRelease) -> Outcome:
     if problem is not None:
         return refused(state, problem)
     if state.active_count == 1:
-        return refused(state, error("bad_request", "the last rank of a job cannot be removed"))
+        return refused(
+            state, error(ErrorCode.BAD_REQUEST, "the last rank of a job cannot be removed")
+        )
     work = Work.of(state)
     problem = apply_done(work, state, req.rank, req.done)
     if problem is not None:

@@ -1,17 +1,7 @@
-"""The stored ledger's long lists as columns of numbers.
-
-A ledger is one etcd value written whole, and etcd refuses a request over its
---max-request-bytes (1.5 MiB by default). Written as JSON objects, an in-flight entry
-costs about 52 bytes, nearly all of them the repeated field names: a job of 10^4 ranks
-holding two shards each wrote 1.06 MB, and 2.3 MB once most of its ranks had committed a
-checkpoint (each commit keeps the rank's entries at the step): over the limit, so no
-write of the job could succeed any more. As columns (one list of numbers per field) an
-entry costs about 20 bytes.
-
-Reading accepts both: a list of objects (the older format, still found in etcd and in
-checkpoint snapshots) and columns. Python-mode dumps keep the objects, so code that
-dumps and validates a state in memory is unaffected.
-"""
+"""The stored ledger's long lists as columns of numbers: about 20 bytes an entry instead of
+52 as JSON objects, so that a large job's ledger stays under etcd's request limit.
+Reading accepts both forms (objects are still found in etcd and in snapshots); Python-mode
+dumps keep the objects."""
 
 from __future__ import annotations
 

@@ -1,46 +1,7 @@
-"""Write-behind group commit of ledger operations, per job.
-
-Each operation is applied to the job's working ledger the moment it arrives, in arrival
-order. A flush task per job writes the working ledger in ONE compare-and-swap
-transaction: every operation applied while a write is in flight goes into the next one,
-so N concurrent requests cost one etcd round trip and one fsync instead of N.
-
-An operation is answered either
-  * early, right after it is applied, when early.py allows it: a fetch that only hands
-    out shards already granted to its rank in the stored ledger. Its done refs become
-    durable with a later write; the reply lists them as `unconfirmed` until then and the
-    rank reports them again. Or
-  * after the write that contains it succeeded: everything else (new grants, epoch
-    changes, checkpoints, restores, releases, and refusals).
-
-Refusals wait for a write too: they are judged against the cached ledger, which may be
-stale when another replica wrote; only a successful compare (CAS, or a compare-only
-check when nothing changed) proves the state they were judged on was the real one.
-
-Pacing: a write starts at once when an answer waits on it; otherwise by the earliest
-deadline of the changes it carries, so a busy job writes a few dozen times a second, not
-once per request. Grants reserved ahead are written within `flush_interval_s` (15 ms),
-while the rank still has half its reservation to go (ledger.py); a rank that reaches a
-reserved shard not yet written waits for the write, which then starts at once. Done
-marks alone wait up to `done_flush_interval_s` (25 ms): their ranks report them again
-until a reply says they are durable, so a longer wait loses nothing.
-
-Either way a job's writes keep to a bandwidth budget (`write_bytes_per_s`), a token
-bucket holding `write_burst_s` seconds of it: a write of B bytes takes B tokens, and
-once they run out the next write waits until the bucket is back above zero. Every write
-is the whole ledger (about 50 kB at a thousand ranks) and etcd keeps each one until it
-compacts its history, so a large job asking a hundred times a second would grow etcd by
-megabytes a second; paced, each write carries more requests instead. A small job never
-empties the bucket, so it never waits.
-
-On a conflict every unwritten operation is applied again, in order, to the state the
-failed transaction read back; unanswered ones are answered from that. Answers already
-sent stay valid: they handed out shards that the stored ledger had granted to that rank,
-which only a release or a restore takes away, and both fence the rank. When a write
-cannot be made at all, the unanswered operations fail (`busy`, `unavailable`) and the
-answered ones are dropped, which loses nothing: their done refs are reported again and
-their reservations were never handed out.
-"""
+"""Write-behind group commit of ledger operations, per job: each operation is applied to
+the job's working ledger as it arrives and answered early (early.py) or once the write
+carrying it is durable; one compare-and-swap writes every operation applied meanwhile,
+paced by the changes' deadlines and the job's write budget (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -49,89 +10,31 @@ import contextlib
 import math
 import random
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.runtime.recent import Recent
-from antdt.schemas import ErrorReply, ShardReply
+from antdt.schemas import ErrorCode, ShardReply
+from antdt.services.shards.budget import WriteBudget
 from antdt.services.shards.change import LedgerChange, Operation, Writes
 from antdt.services.shards.early import Stored, early_reply
 from antdt.services.shards.ledger import LedgerState
+from antdt.services.shards.pending import Applied, PendingJob, answer, fail, idle
+from antdt.services.shards.stored import Committed, LedgerStore, Snapshot
 
 log = structlog.get_logger("antdt.shards.committer")
 #: Loop turns a write waits before it starts, so that it carries the requests that
-#: arrived together: one from a message read off the socket to its handler's enqueue
-#: (nats-py hands it to the subscription's task, which runs the handler at once up to its
-#: first wait: eager.py). Two were needed when each handler was a task of its own; kept,
-#: as a turn costs microseconds.
+#: arrived together (one turn from a message read off the socket to its handler's
+#: enqueue; a second costs microseconds).
 GATHER_TURNS = 2
 #: Completed jobs whose end a replica remembers after their ledger left its cache.
 MAX_COMPLETED = 4096
 Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A ledger as stored, with the store's compare-and-swap token for it."""
-
-    state: LedgerState
-    token: Any
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A commit's outcome: `ok` and the new snapshot, or a conflict and the snapshot the
-    failed transaction read back; None: unknown, load it again."""
-
-    ok: bool
-    snapshot: Snapshot | None
-    written_bytes: int = 0  # what a successful transaction wrote (values of its puts)
-
-
-class LedgerStore(Protocol):
-    async def load(self, job: str) -> Snapshot:
-        """The stored ledger, or a new one from the job's spec; Rejected if unknown."""
-
-    async def commit(
-        self, job: str, base: Snapshot, state: LedgerState | None, writes: Writes
-    ) -> Committed:
-        """Write `state` (None: keep the stored one) and `writes` only if the ledger is
-        still at `base`; with nothing to write, only check that it is."""
-
-
-@dataclass
-class _Applied:
-    """An operation applied to the working ledger and not yet written."""
-
-    op: Operation
-    change: LedgerChange
-    future: asyncio.Future[BaseModel]  # done once answered (early, or after the write)
-    interval: float  # seconds its write may wait, once answered (see _interval)
-
-
-@dataclass
-class _Job:
-    stored: Snapshot | None = None
-    index: Stored | None = None
-    working: LedgerState | None = None
-    applied: list[_Applied] = field(default_factory=list)
-    waiting: deque[tuple[Operation, asyncio.Future[BaseModel]]] = field(default_factory=deque)
-    task: asyncio.Task[None] | None = None
-    urgent: bool = False  # an answer waits on the next write
-    due: float = math.inf  # monotonic time the next write is due by, answers aside
-    used: float = 0.0  # monotonic time of the last operation enqueued
-    tokens: float | None = None  # bytes the write budget allowed (None: a full bucket)
-    tokens_at: float = 0.0  # monotonic time `tokens` was counted
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def rebase(self, snapshot: Snapshot) -> None:
-        self.stored, self.index, self.working = snapshot, Stored(snapshot.state), snapshot.state
 
 
 class Committer:
@@ -157,7 +60,7 @@ class Committer:
         self.done_flush_interval_s = max(flush_interval_s, done_flush_interval_s)
         self.write_bytes_per_s = write_bytes_per_s  # 0: no budget
         self.write_burst_s = write_burst_s  # the bucket holds this many seconds of budget
-        self._jobs: dict[str, _Job] = {}
+        self._jobs: dict[str, PendingJob] = {}
         # (incarnation, epoch) of the jobs this replica last wrote complete, forgotten
         # from the cache with that write: their end can still be announced.
         self._completed: Recent[tuple[int, int]] = Recent(MAX_COMPLETED)
@@ -201,11 +104,11 @@ class Committer:
         """Apply `op` to `job`'s ledger; the future resolves with its reply when it may
         be sent (early, or once durable), or with Rejected."""
         if self._closed:
-            raise Rejected("unavailable", "shards replica shutting down; retry")
+            raise Rejected(ErrorCode.UNAVAILABLE, "shards replica shutting down; retry")
         future: asyncio.Future[BaseModel] = asyncio.get_running_loop().create_future()
         j = self._jobs.get(job)
         if j is None:
-            j = self._jobs[job] = _Job()
+            j = self._jobs[job] = PendingJob()
         j.used = time.monotonic()
         if j.working is None:
             j.waiting.append((op, future))
@@ -219,13 +122,13 @@ class Committer:
     def idle_jobs(self, now: float, idle_s: float) -> list[str]:
         """Jobs with nothing unwritten or in progress and no operation since
         `now - idle_s` (monotonic seconds)."""
-        return [job for job, j in self._jobs.items() if _idle(j, now, idle_s)]
+        return [job for job, j in self._jobs.items() if idle(j, now, idle_s)]
 
     def forget(self, job: str, now: float, idle_s: float) -> bool:
         """Drop `job`'s cached ledger if it is still idle (see idle_jobs); the next
         operation loads it from the store again. Returns whether it was dropped."""
         j = self._jobs.get(job)
-        if j is None or not _idle(j, now, idle_s):
+        if j is None or not idle(j, now, idle_s):
             return False
         del self._jobs[job]
         return True
@@ -246,7 +149,7 @@ class Committer:
 
     # -- applying -----------------------------------------------------------------------
 
-    def _apply(self, j: _Job, op: Operation, future: asyncio.Future[BaseModel]) -> None:
+    def _apply(self, j: PendingJob, op: Operation, future: asyncio.Future[BaseModel]) -> None:
         assert j.working is not None and j.index is not None
         started = time.perf_counter()
         try:
@@ -262,7 +165,7 @@ class Committer:
         if due < j.due:
             j.due = due
             j.wake.set()
-        j.applied.append(_Applied(op, change, future, interval))
+        j.applied.append(Applied(op, change, future, interval))
         if not change.rejected:
             j.working = change.state
         reply = self._early_reply(j, change)
@@ -280,13 +183,13 @@ class Committer:
         return self.flush_interval_s if change.reserved else self.done_flush_interval_s
 
     @staticmethod
-    def _early_reply(j: _Job, change: LedgerChange) -> BaseModel | None:
+    def _early_reply(j: PendingJob, change: LedgerChange) -> BaseModel | None:
         if change.early is None or not isinstance(change.reply, ShardReply):
             return None
         assert j.index is not None
         return early_reply(change.reply, change.early, j.index)
 
-    def _reapply(self, j: _Job) -> None:
+    def _reapply(self, j: PendingJob) -> None:
         """Apply every unwritten operation again, in order, to the stored ledger."""
         assert j.stored is not None
         state = j.stored.state
@@ -296,13 +199,15 @@ class Committer:
                 change = entry.op(state)
             except Exception as exc:
                 log.exception("ledger operation failed")
-                _fail(entry.future, exc)
+                fail(entry.future, exc)
                 continue
             revised = entry.future.done() and change.reply != entry.change.reply
             if revised and self._early_reply(j, change) is None:
                 self.early_revised += 1
-                log.warning("an early answer came out differently on the stored ledger",
-                            reply=str(change.reply)[:200])  # fmt: skip
+                log.warning(
+                    "an early answer came out differently on the stored ledger",
+                    reply=str(change.reply)[:200],
+                )
             entry.change = change
             kept.append(entry)
             if not change.rejected:
@@ -311,7 +216,7 @@ class Committer:
 
     # -- writing ------------------------------------------------------------------------
 
-    async def _run(self, job: str, j: _Job) -> None:
+    async def _run(self, job: str, j: PendingJob) -> None:
         try:
             while j.applied or j.waiting:  # else a new operation starts a new task
                 if j.working is None and not await self._load(job, j):
@@ -320,11 +225,11 @@ class Committer:
                 await self._flush(job, j)
         finally:
             j.task = None  # no await between the empty check and here: none is lost
-            gone = Rejected("unavailable", "shards replica shutting down; retry")
+            gone = Rejected(ErrorCode.UNAVAILABLE, "shards replica shutting down; retry")
             for entry in j.applied:  # cancelled mid-write: the outcome is unknown
-                _fail(entry.future, gone)
+                fail(entry.future, gone)
             for _, future in j.waiting:
-                _fail(future, gone)
+                fail(future, gone)
             j.applied.clear()
             j.waiting.clear()
             j.due = math.inf
@@ -334,15 +239,15 @@ class Committer:
                 self._completed.put(job, (done.incarnation, done.epoch))
                 self._jobs.pop(job, None)
 
-    async def _load(self, job: str, j: _Job) -> bool:
+    async def _load(self, job: str, j: PendingJob) -> bool:
         try:
             j.rebase(await self.store.load(job))
         except Exception as exc:  # unknown_job, or etcd unreachable
             error = exc if isinstance(exc, Rejected) else _unavailable(job, exc)
             for entry in j.applied:
-                _fail(entry.future, error)
+                fail(entry.future, error)
             for _, future in j.waiting:
-                _fail(future, error)
+                fail(future, error)
             j.applied.clear()
             j.waiting.clear()
             self._jobs.pop(job, None)
@@ -354,14 +259,14 @@ class Committer:
                 self._apply(j, op, future)
         return True
 
-    async def _pace(self, j: _Job) -> None:
+    async def _pace(self, j: PendingJob) -> None:
         """Let the requests that arrived together join; then wait for an answer that
         needs the write, or the flush interval, whichever comes first; and in any case
         until the write budget allows the next write."""
         for _ in range(GATHER_TURNS):
             await asyncio.sleep(0)
         held = False
-        budget_due = self._budget_due(j)
+        budget_due = j.budget.due() if j.budget is not None else 0.0
         while not self._closed:
             now = time.monotonic()
             interval_due = now if j.urgent else j.due
@@ -375,7 +280,7 @@ class Committer:
             with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                 await asyncio.wait_for(j.wake.wait(), due - now)
 
-    def _prefix(self, j: _Job) -> int:
+    def _prefix(self, j: PendingJob) -> int:
         """How many unwritten operations the next write carries: all, unless their extra
         keys exceed what etcd takes in one transaction (the first always goes)."""
         keys: set[str] = set()
@@ -389,7 +294,7 @@ class Committer:
             keys |= extra
         return len(j.applied)
 
-    async def _flush(self, job: str, j: _Job) -> None:
+    async def _flush(self, job: str, j: PendingJob) -> None:
         for attempt in range(self.retries):
             assert j.stored is not None
             count = self._prefix(j)
@@ -429,18 +334,20 @@ class Committer:
             # Two replicas writing the same job every few milliseconds can keep beating
             # each other to it: back off (jittered) so one of them gets a turn.
             await asyncio.sleep(random.uniform(0, min(0.0005 * 2**attempt, 0.02)))
-        self._give_up(j, Rejected("busy", f"ledger of {job!r} contended; retry"))
+        self._give_up(j, Rejected(ErrorCode.BUSY, f"ledger of {job!r} contended; retry"))
 
-    def _written(self, j: _Job, batch: list[_Applied], done: Committed) -> None:
+    def _written(self, j: PendingJob, batch: list[Applied], done: Committed) -> None:
         self.commits += 1
         self.committed += len(batch)
         self.batch_sizes[len(batch)] += 1
         self.written_bytes += done.written_bytes
         if self.write_bytes_per_s > 0:
-            self._spend(j, done.written_bytes, time.monotonic())
+            if j.budget is None:
+                j.budget = WriteBudget(self.write_bytes_per_s, self.write_burst_s)
+            j.budget.spend(done.written_bytes, time.monotonic())
         del j.applied[: len(batch)]
         for entry in batch:
-            _answer(entry)
+            answer(entry)
         if done.snapshot is None:
             j.working = None  # written, but its token is unknown: reload
         else:
@@ -448,52 +355,20 @@ class Committer:
             j.stored, j.index = done.snapshot, Stored(done.snapshot.state)
         self._settle(j)
 
-    def _spend(self, j: _Job, written: int, now: float) -> None:
-        """Take a write's bytes from the job's bucket (it may go into debt)."""
-        rate, capacity = self.write_bytes_per_s, self.write_bytes_per_s * self.write_burst_s
-        tokens = capacity if j.tokens is None else j.tokens + (now - j.tokens_at) * rate
-        j.tokens, j.tokens_at = min(capacity, tokens) - written, now
-
-    def _budget_due(self, j: _Job) -> float:
-        """Monotonic time before which the write budget holds the job's next write: when
-        its bucket, in debt, is back at zero (0.0: now)."""
-        if j.tokens is None or j.tokens >= 0:
-            return 0.0
-        return j.tokens_at - j.tokens / self.write_bytes_per_s
-
-    def _settle(self, j: _Job) -> None:
+    def _settle(self, j: PendingJob) -> None:
         """After a write: is another one due at once?"""
         j.urgent = any(not e.future.done() for e in j.applied)
         intervals = [e.interval for e in j.applied]
         j.due = time.monotonic() + min(intervals) if intervals else math.inf
 
-    def _give_up(self, j: _Job, error: Exception) -> None:
+    def _give_up(self, j: PendingJob, error: Exception) -> None:
         for entry in j.applied:
-            _fail(entry.future, error)
+            fail(entry.future, error)
         j.applied.clear()
         j.working = None  # reload before the next operation is applied
         j.stored = j.index = None
         j.urgent, j.due = False, math.inf
 
 
-def _idle(j: _Job, now: float, idle_s: float) -> bool:
-    return j.task is None and not j.applied and not j.waiting and j.used + idle_s <= now
-
-
-def _answer(entry: _Applied) -> None:
-    if entry.future.done():
-        return
-    reply = entry.change.reply
-    if isinstance(reply, ErrorReply):  # the change is rejected
-        entry.future.set_exception(Rejected(reply.code, reply.error))
-    else:
-        entry.future.set_result(reply)
-
-
-def _fail(future: asyncio.Future[BaseModel], error: Exception) -> None:
-    if not future.done():
-        future.set_exception(error)
-
-
 def _unavailable(job: str, exc: Exception) -> Rejected:
-    return Rejected("unavailable", f"ledger store unavailable: {type(exc).__name__}")
+    return Rejected(ErrorCode.UNAVAILABLE, f"ledger store unavailable: {type(exc).__name__}")

@@ -1,17 +1,7 @@
-"""When a fetch reply may go out before its change is durable (write-behind).
-
-A fetch changes the ledger in two ways: it marks the rank's done shards, and it hands
-the rank shards. Handing out must be durable before the rank trains on it: otherwise a
-replica that crashed after answering would leave the shards TODO in etcd, and another
-rank would get them too. Done marks need not be: the rank keeps reporting a done shard
-until a reply says it is durable, so a crash loses no done mark, only delays it.
-
-So a reply may go out early when every shard it delivers was already granted to that
-rank, with that attempt, in the ledger as stored (a reservation made by an earlier,
-durable write). Its done refs that are still open in the stored ledger are listed as
-`unconfirmed`, for the rank to report again. Everything else (new grants, epoch changes,
-refusals, checkpoints) is answered only after its write, as before.
-"""
+"""When a fetch reply may go out before its change is durable (write-behind): when every
+shard it delivers was already granted to that rank, with that attempt, in the ledger as
+stored. Handing out must be durable before a rank trains on it; done marks need not be
+(the rank reports them again until a reply says they are durable, `unconfirmed`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""When to announce hand-backs (ShardsReturned): at once, but at most once per job every
-`every_s` seconds. Each announcement wakes every rank of the job waiting to leave the
-epoch, and they all ask again; a shrink that releases a hundred ranks of a thousand one
-after another would otherwise make each of the waiting ranks ask a hundred times. The
-first hand-back is announced at once; those that come within the window after an
-announcement are folded into one at the window's end. Pure: the caller passes the time
-and does the waiting and the publishing."""
+"""When to announce hand-backs (ShardsReturned): the first at once, then at most once per
+job every `every_s` seconds, folding those within the window into one at its end (each
+announcement makes every waiting rank of the job ask again). Pure: the caller passes the
+time and does the waiting and the publishing."""
 
 from __future__ import annotations
 

@@ -1,20 +1,7 @@
-"""A ledger's in-flight entries, shared between successive states: an operation costs
-what it changes, not what the job holds.
-
-Every ledger operation builds a new immutable state. With the in-flight entries as a
-tuple, each one copied them all, and the index (shard -> entry, rank -> its shards) an
-operation needs with them: at 10^4 ranks holding two shards each, 0.8 ms of C-level
-copying per request, most of a checkpoint's CPU (10^4 commits). Here a state's entries
-are a shared `base` (never changed once built) plus a small `delta` of what changed
-since, with the shards of the ranks whose shards changed. An operation edits through an
-`InFlightEdit` and builds the next `InFlightTable` by copying only the delta; once the delta
-outgrows a fraction of the base (`_compact_at`), the next build folds it into a new base:
-O(entries) once per that many changes, O(sqrt(entries)) per operation.
-
-The order is grant order as a tuple kept it (the serialised ledger and equality use it),
-except that a shard dropped and granted again before the next fold keeps its first place:
-order carries no meaning beyond each rank's shards, which stay in grant order.
-"""
+"""A ledger's in-flight entries, shared between successive states, so that an operation
+costs what it changes, not what the job holds: a shared, never-changed base plus a small
+delta, folded into a new base once it outgrows `_compact_at(base)`. Order is grant order;
+a shard dropped and granted again before the next fold keeps its first place."""
 
 from __future__ import annotations
 
@@ -42,12 +29,9 @@ def _compact_at(base: int) -> int:
 
 class InFlightTable(Sequence[E]):
     """Immutable: entries in grant order, by shard, and each rank's shards in grant order.
-
-    `_base` and `_base_ranks` are shared between versions and never change. `_delta`
-    holds what changed since: shard -> its entry now, or None once gone. A shard of the
-    base whose entry was replaced keeps its place; one that left and came back (granted
-    again) is in `_moved` and goes after the base, in the order of `_delta`, as a dict
-    would order it."""
+    `_base` and `_base_ranks` are shared between versions; `_delta` maps a shard to its entry
+    now (None: gone). A base shard whose entry was replaced keeps its place; one that left
+    and came back is in `_moved`, after the base, in `_delta`'s order."""
 
     __slots__ = ("_base", "_base_ranks", "_count", "_delta", "_delta_ranks", "_items", "_moved")
 

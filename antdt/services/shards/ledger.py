@@ -1,16 +1,12 @@
-"""The shard ledger's fetch path (DESIGN.md section 6): done-and-fetch as one pure step.
-
-The state and its diagram are in state.py; checkpoints, restores and removals in
-checkpoints.py. A request is judged as a whole: any error (ErrorReply with code
-bad_request, fenced or stale) leaves the ledger untouched, so a client may always retry
-the same request.
-"""
+"""The shard ledger's fetch path: done-and-fetch as one pure step (the state in state.py,
+checkpoints in checkpoints.py). A request is judged as a whole: any error leaves the
+ledger untouched, so a client may always retry the same request."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from antdt.schemas import ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
+from antdt.schemas import ErrorCode, ErrorReply, FetchStatus, ShardFetch, ShardRef, ShardReply
 from antdt.services.shards.early import Early
 from antdt.services.shards.inflight import InFlightTable
 from antdt.services.shards.state import (
@@ -45,10 +41,8 @@ __all__ = [
 #: A job with more ranks than this reserves nothing: its many ranks fill every write anyway.
 MAX_RESERVED = 256
 #: How long a rank asking for the next epoch too early waits before asking again, at
-#: least. The service announces an epoch's end (EpochFinished), which wakes the waiting
-#: ranks at once, so this poll is the fallback, and it grows with the job's ranks: at
-#: 0.05 s for every rank, the ranks of a job of a thousand waiting for its last shard
-#: asked 20,000 times a second, more than a replica serves, ahead of that shard's report.
+#: least: a fallback to the epoch's announcement (EpochFinished), growing with the job's
+#: ranks so that a large job's waiting ranks do not outask what a replica serves.
 PENDING_RETRY_S = 0.05
 #: Polls a second, at most, that the waiting ranks of one job make together.
 PENDING_POLLS_PER_S = 200.0
@@ -66,18 +60,10 @@ def pending_retry_s(state: LedgerState) -> float:
 
 
 def epoch_end_to_announce(state: LedgerState) -> int | None:
-    """The epoch whose end the job's ranks should be told of (EpochFinished), judged on
-    the ledger after an operation; None: none.
-
-    - The ledger's own epoch once every shard of it is done: ranks waiting for the next
-      epoch ask for it at once. The last epoch too: its waiting ranks ask again and
-      learn that the job is done, instead of at their next poll (5 s apart in a job of a
-      thousand ranks).
-    - The previous epoch while nothing of the ledger's epoch is done yet: the replica
-      that finished the previous epoch may have died before telling the waiting ranks,
-      and the replica taking the job into the next epoch tells them instead. (A replica
-      tells each end once; one that loads such a ledger anew tells it once more, which
-      makes a waiting rank ask at once and a training one not at all.)"""
+    """The epoch whose end the job's ranks should be told of (EpochFinished), judged on the
+    ledger after an operation; None: none. The ledger's own epoch once it is finished (the
+    last one too); else the previous one while nothing of this one is done yet, because the
+    replica that finished it may have died before telling the waiting ranks."""
     if finished(state):
         return state.epoch
     if state.epoch >= 1 and state.done_count == 0:
@@ -123,15 +109,11 @@ class FetchResult(NamedTuple):
 
 
 def plan_fetch(state: LedgerState, req: ShardFetch, reserve: int = 0) -> FetchResult:
-    """Account the request's done shards, then deliver up to `want` grants.
-
-    Epochs: the rank's epoch equal to the ledger's gets grants (EPOCH_DONE when none is
-    left); the next epoch starts once the current one is complete (PENDING until then,
-    JOB_DONE after the last); an earlier epoch gets EPOCH_DONE; a later one is stale.
-
-    A request that says what it `held` may have up to `reserve` shards granted to its rank
-    ahead of need (see `_deliver`); without it, the reply re-sends every grant it holds.
-    """
+    """Account the request's done shards, then deliver up to `want` grants. The ledger's epoch
+    gets grants (EPOCH_DONE once none is left), the next one PENDING until the current is
+    complete (JOB_DONE after the last), an earlier one EPOCH_DONE, a later one `stale`. With
+    `held`, up to `reserve` shards may be granted ahead (`_deliver`); without it, the reply
+    re-sends every grant the rank holds."""
     work = Work.of(state)
     error = _check_request(state, req) or _apply_done(work, state, req)
     if error is not None:
@@ -164,25 +146,27 @@ _error = error
 def check_member(state: LedgerState, job: str, rank: int, incarnation: int) -> ErrorReply | None:
     """Is this request from a current rank of this job? (Every ledger request asks.)"""
     if job != state.job:
-        return error("bad_request", f"request for job {job!r} sent to {state.job!r}")
+        return error(ErrorCode.BAD_REQUEST, f"request for job {job!r} sent to {state.job!r}")
     if rank >= state.world_size:
-        return error("bad_request", f"rank {rank} outside world size {state.world_size}")
+        return error(ErrorCode.BAD_REQUEST, f"rank {rank} outside world size {state.world_size}")
     if incarnation != state.incarnation:
         return error(
-            "incarnation",
+            ErrorCode.INCARNATION,
             f"this process belongs to incarnation {incarnation} of job {job}, the ledger to "
             f"incarnation {state.incarnation}: a restarted job must restore (agent.restore) "
             "before training, and processes of an older incarnation must stop",
         )
     if rank in state.left:
-        return error("removed", f"rank {rank} was removed from the job")
+        return error(ErrorCode.REMOVED, f"rank {rank} was removed from the job")
     return None
 
 
 def check_refs(state: LedgerState, refs: tuple[ShardRef, ...]) -> ErrorReply | None:
     for ref in refs:
         if ref.shard >= state.num_shards:
-            return error("bad_request", f"shard {ref.shard} outside [0, {state.num_shards})")
+            return error(
+                ErrorCode.BAD_REQUEST, f"shard {ref.shard} outside [0, {state.num_shards})"
+            )
     return None
 
 
@@ -191,7 +175,7 @@ def _check_request(state: LedgerState, req: ShardFetch) -> ErrorReply | None:
     if member is not None:
         return member
     if req.epoch > state.epoch + 1:
-        return _error("stale", f"epoch {req.epoch} is ahead of the ledger's {state.epoch}")
+        return _error(ErrorCode.STALE, f"epoch {req.epoch} is ahead of the ledger's {state.epoch}")
     return check_refs(state, req.done)
 
 
@@ -209,11 +193,11 @@ def apply_done(
             if refused is not None:
                 return refused
         elif ref.epoch > state.epoch:
-            return _error("stale", f"done for epoch {ref.epoch}; the ledger is at {state.epoch}")
+            return _error(
+                ErrorCode.STALE, f"done for epoch {ref.epoch}; the ledger is at {state.epoch}"
+            )
         # Every earlier epoch was complete before the ledger advanced: a late or repeated
-        # done for one is an idempotent no-op. (Refused, a done two epochs late, which an
-        # early answer's reconfirmation can be after two short epochs, was sent again by
-        # its rank with every request, and every one was refused.)
+        # done for one (a reconfirmation after two short epochs) is an idempotent no-op.
     return None
 
 
@@ -223,28 +207,18 @@ SETTLE_DELIVERS = 8
 
 
 def _settle(work: Work, state: LedgerState, req: ShardFetch) -> FetchResult:
-    """A group out of data in the ledger's epoch asks whether it may leave it: how many
-    of its shards are still in flight (`outstanding`), and whether any is left to grant
-    (OK). Grants and reserves nothing, and nor does any request that wants nothing, so
-    once nothing is in flight what every rank of the group sees stays the same until one
-    of them asks for work again: each waits while shards are held outside the group (a
-    removed rank's, until handed back), then all of them either leave the epoch
-    (finished) or take up what came back. Ending the epoch on the step's zero alone
-    stranded a hand-back that landed after it: nobody asked for that epoch again, and
-    the next one never started. Changes nothing but the request's done refs, so a settle
-    applied late (a replica's retry after a conflict) cannot undo what came after it.
-
-    Shards in flight for the asking rank that its `held` does not list come back in the
-    reply (OK), and the rank's group goes on in the epoch to train them. A request of the
-    rank's own granted them after it had run out of data, and that reply went nowhere: a
-    replica stalled past the rank's timeout applied it after the retry was answered.
-    Every rank of the group would otherwise wait for them for good (they count as
-    `outstanding`). Handing out what the ledger already says the rank holds changes
-    nothing either: a settle applied late, whose reply nobody reads, is harmless."""
+    """A group out of data asks whether it may leave the epoch: how many of its shards are in
+    flight (`outstanding`) and whether any is left to grant (OK). Grants and reserves nothing
+    and changes only the done refs, so a settle applied late cannot undo what came after it.
+    Shards in flight for the rank that `held` does not list come back (OK), to be trained:
+    otherwise the whole group would wait for them for good."""
     if req.epoch != state.epoch:
-        return FetchResult(state, _error(
-            "stale", f"settle for epoch {req.epoch}, which the ledger has not started"
-        ))  # fmt: skip
+        return FetchResult(
+            state,
+            _error(
+                ErrorCode.STALE, f"settle for epoch {req.epoch}, which the ledger has not started"
+            ),
+        )
     if work.complete:
         return FetchResult(work.state(), work.reply(FetchStatus.JOB_DONE))
     outstanding = len(work.in_flight)
@@ -269,11 +243,9 @@ def _grant(work: Work, req: ShardFetch) -> FetchResult:
 
 
 def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
-    """Deliver what the rank lacks: first the shards granted to it that it does not hold
-    (reserved ahead, restored, or in a reply that was lost), then new grants; then top up
-    its reservation. A reservation is an ordinary grant, durable like any other, that the
-    rank has not been told of yet; handing it out later needs no write, so such a reply
-    may go out before the request's done refs are durable (FetchResult.early)."""
+    """Deliver what the rank lacks: first the shards granted to it that it does not hold, then
+    new grants; then top up its reservation (grants it has not been told of, which need no
+    write to hand out later, so such a reply may go before its done refs are durable)."""
     rank = req.rank
     lacking, delivered = _lacking(work, rank, req.held or (), req.want)
     fresh = [work.grant(rank) for _ in range(req.want - len(delivered)) if work.grantable()]
@@ -305,11 +277,9 @@ def _deliver(work: Work, req: ShardFetch, reserve: int) -> FetchResult:
 def _lacking(
     work: Work, rank: int, held: tuple[ShardRef, ...], want: int
 ) -> tuple[int, list[InFlightEntry]]:
-    """How many of `rank`'s in-flight shards it does not hold (`held`, as its request
-    lists them), and the first `want` of them in grant order. It looks at the rank's
-    shards only until it has them: a rank holding a full reservation is asked about on
-    every request, and listing the reservation each time cost more than the rest of the
-    operation."""
+    """How many of `rank`'s in-flight shards its `held` does not list, and the first `want` of
+    them in grant order; it stops at the ones it needs (a full reservation is asked about on
+    every request)."""
     known = {(r.shard, r.attempt) for r in held if r.epoch == work.epoch}
     in_flight = work.in_flight
     mine = in_flight.shards_of(rank)
@@ -339,12 +309,10 @@ def consumption_share(req: ShardFetch, work: Work) -> float:
 
 
 def reservation_target(work: Work, reserve: int, share: float) -> int:
-    """Shards to keep reserved for a rank whose consumption `share` of the job is given:
-    `reserve`, but never more than a quarter of its share of what is left to grant, nor
-    its share of MAX_RESERVED. A reservation is never taken back from a live rank, so
-    what a rank holds at the end of an epoch is what every other rank waits for: a slow
-    rank (lb-bsp gave it a small batch) reserved an even share would hold the epoch's
-    last shards for many steps while the others idle."""
+    """Shards to keep reserved for a rank whose share of the job's consumption is `share`:
+    `reserve`, at most a quarter of its share of what is left to grant and its share of
+    MAX_RESERVED. Reservations are never taken from a live rank, so a slow rank must not hold
+    the epoch's last shards while the others idle."""
     if reserve <= 0:
         return 0
     base = work.base

@@ -1,10 +1,9 @@
-"""Checkpoint commit, restore and release as committer operations: the pure outcomes of
-checkpoints.py turned into ledger changes, with each snapshot at its own etcd key
-(jobs/{job}/ledger/ckpt/{step}) written or deleted in the ledger's own transaction."""
+"""Requests as committer operations: fetch, and checkpoint commit, restore and release,
+whose snapshots are written or deleted at their own keys in the ledger's transaction."""
 
 from __future__ import annotations
 
-from antdt.schemas import Keys, ShardCommit, ShardRelease, ShardRestore
+from antdt.schemas import Keys, ShardCommit, ShardFetch, ShardRelease, ShardRestore
 from antdt.services.shards.change import LedgerChange, Operation
 from antdt.services.shards.checkpoints import (
     Outcome,
@@ -12,6 +11,7 @@ from antdt.services.shards.checkpoints import (
     apply_release,
     apply_restore,
 )
+from antdt.services.shards.ledger import plan_fetch
 from antdt.services.shards.state import LedgerState
 
 
@@ -49,5 +49,17 @@ def restore_op(
 def release_op(req: ShardRelease, keys: Keys) -> Operation:
     def op(state: LedgerState) -> LedgerChange:
         return to_change(apply_release(state, req), keys, req.job)
+
+    return op
+
+
+def fetch_op(req: ShardFetch, reserve: int = 0) -> Operation:
+    """A ShardFetch as a ledger operation."""
+
+    def op(state: LedgerState) -> LedgerChange:
+        result = plan_fetch(state, req, reserve)
+        return LedgerChange(
+            state=result.state, reply=result.reply, early=result.early, reserved=result.reserved
+        )
 
     return op

@@ -1,18 +1,8 @@
-"""A seeded O(1) permutation of range(n): the per-epoch shard order, never materialised.
-
-A balanced Feistel network over the smallest even-bit domain 4^h >= n is a bijection of
-that domain for any round function; cycle-walking (re-applying it until the value falls
-below n) restricts it to a bijection of range(n). The domain is less than 4n, so a walk
-takes fewer than four rounds on average. The inverse walks the inverse network. Keys come
-from a splitmix64 mix of (seed, epoch): stable across processes and Python versions,
-unlike hash().
-
-A round's function depends only on its half-width input, so for domains of up to
-2 * TABLE_HALF_BITS bits (1.7 * 10^7 shards) each round's values are computed once per
-(seed, epoch) into a table: a walk is then a few lookups, not a few dozen 64-bit
-multiplications (a grant's shard_at went from 11 to 3 us, on the path of every fetch
-that tops up a reservation). Tables and direct computation give the same permutation.
-"""
+"""A seeded O(1) permutation of range(n): the per-epoch shard order, never materialised. A
+balanced Feistel network over the smallest 4^h >= n, cycle-walked into range(n), keyed by
+a splitmix64 mix of (seed, epoch) (stable across processes and Python versions). Up to
+2 * TABLE_HALF_BITS bits the round functions are tabled per (seed, epoch): the same
+permutation, a few lookups per walk. Stored ledgers depend on it: it must never change."""
 
 from __future__ import annotations
 

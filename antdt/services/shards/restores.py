@@ -1,19 +1,7 @@
-"""Restores of a restarted job, as the shell serves them.
-
-Every rank of a restarted job sends the same ShardRestore (one token); the first one puts
-the ledger back to the snapshot of its checkpoint, the others get the same answer
-(checkpoints.apply_restore). Reading the snapshot from etcd and decoding it for every
-request, one request at a time, made a 1,000-rank job's restore take 20 s (a 60 kB
-snapshot each time), and a 10^4-rank job's hours. So:
-
-* a request whose token the job's working ledger already carries needs no snapshot and
-  no spec: the operation answers it from the ledger;
-* the others, which arrive together before the first is applied, share one read of the
-  snapshot (and of the job's spec, for a restart from the start);
-* should the ledger have moved on meanwhile (a reload, another replica), so that the
-  operation finds the token new after all, it refuses with NOT_READ, and the request is
-  applied again with what it needs.
-"""
+"""Restores of a restarted job, as the shell serves them: a request whose token the working
+ledger carries is answered from it; the others, arriving together, share one read of the
+snapshot (and of the job's spec). Should the token turn out new after all, the operation
+refuses with ErrorCode.NOT_READ and the request is applied again with what it needs."""
 
 from __future__ import annotations
 
@@ -25,15 +13,14 @@ from pydantic import BaseModel
 
 from antdt.runtime.bus import Rejected
 from antdt.runtime.store import StoreError
-from antdt.schemas import Keys, ShardRestore
+from antdt.schemas import ErrorCode, Keys, ShardRestore
 from antdt.services.shards.change import Operation
-from antdt.services.shards.checkpoints import NOT_READ
 from antdt.services.shards.ops import restore_op
 from antdt.services.shards.state import LedgerState
 
 
 class Stored(Protocol):
-    """What a restore reads (service.EtcdLedgers)."""
+    """What a restore reads (stored.EtcdLedgers)."""
 
     async def fresh(self, job: str) -> LedgerState: ...
     async def snapshot(self, job: str, step: int) -> LedgerState | None: ...
@@ -61,7 +48,7 @@ class Restores:
             try:
                 return await self.ledgers.submit(req.job, restore_op(req, self.keys, None, None))
             except Rejected as refused:
-                if refused.code != NOT_READ:
+                if refused.code != ErrorCode.NOT_READ:
                     raise
             # The token was new after all (the ledger was reloaded meanwhile): read them.
         snapshot, fresh = await self._inputs(req)
@@ -69,9 +56,8 @@ class Restores:
 
     async def _inputs(self, req: ShardRestore) -> tuple[LedgerState | None, LedgerState]:
         """The snapshot of `req.step` (None: not kept) and the job's start. A read that
-        etcd fails is refused as `unavailable`, which the rank retries (it was an
-        `internal` error, final for the rank: a restarted job crash-looped while etcd
-        was away)."""
+        etcd fails is refused as `unavailable`, which the rank retries: etcd away must
+        not be final for a restarted job."""
         try:
             fresh = await self._fresh(req.job)
             if req.step is None:
@@ -79,7 +65,7 @@ class Restores:
             return await self._snapshot(req.job, req.step), fresh
         except StoreError as exc:  # etcd away or refusing: worth another try
             reason = f"ledger store unavailable: {type(exc).__name__}"
-            raise Rejected("unavailable", reason) from exc
+            raise Rejected(ErrorCode.UNAVAILABLE, reason) from exc
 
     async def _fresh(self, job: str) -> LedgerState:
         result: LedgerState = await self._once(("spec", job), lambda: self.stored.fresh(job))

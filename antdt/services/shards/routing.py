@@ -1,26 +1,7 @@
-"""Job affinity between shards replicas: which replica the ranks of a job should ask.
-
-Every replica serves every job (queue group), and compare-and-swap keeps two replicas
-from granting a shard twice. But two replicas writing one job's ledger beat each other
-to it: each one's writes fail the other's compare, their cached ledgers go stale, and
-answers that could go out before the write (reservations, early.py) wait for one.
-Measured with `make bench`: two replicas serving 8 ranks of one job did half of what
-one replica did.
-
-So a job has an owner: the replica holding `owners/shards/{job}`, bound to its lease as
-every service's ownership is (runtime/coordination/ownership.py). Each fetch reply names the owner's
-route token; the agent sends its next fetches straight to that replica
-(`{p}.{job}.shards.fetch.{route}`) and back through the queue group when that fails. A
-replica that gets a request for a job another replica owns still serves it: ownership
-only steers the ranks, it guards nothing, and it is answered with the owner's route.
-
-Takeover: every replica follows `owners/shards/` with a watch. When an owner's key goes
-(its lease lapsed: the replica died; or revoked at shutdown), the next request that
-reaches another replica claims the job. A job whose ledger is complete is given up, and
-so is a job no rank has asked about for `idle_job_s` (its ranks are gone, or paused): a
-long-lived replica must not hold the keys, and cache the ledgers, of every job it ever
-served. Its next request claims it again.
-"""
+"""Job affinity between shards replicas: which replica a job's ranks should ask. A job's
+owner holds `owners/shards/{job}` (bound to its lease); fetch replies name its route and
+the agent asks it directly. Ownership only steers the ranks: any replica serves any
+request. A completed job, or one idle for `idle_job_s`, is given up."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""Shards service shell: done-and-fetch over request/reply in a queue group, ledger in etcd.
-
-Every replica serves every job. Each ledger change goes through the per-job
-write-behind committer (committer.py): concurrent requests of a job share one
-compare-and-swap transaction on the ledger key. A fetch that only hands out shards
-already granted to its rank in etcd (reserved ahead) is answered at once, its done marks
-written behind; everything else is answered once durable (early.py says which is
-which). Two replicas can never grant the same shard twice: a replica whose cached
-ledger is stale fails the compare, re-applies its unwritten operations to the state
-read back in the same transaction, retries. Ranks still keep to one replica per job
-when they can (routing.py): each fetch reply names the job's owner, whose own subject
-the agent uses next, so that two replicas rarely write one ledger at once.
-
-Fetches and commits are handled concurrently (`fetch_concurrency` at once per subject,
-each a task of its own): a request waits for the write that carries it, and a write
-carries every request waiting, so this bounds how many one write serves. When every rank
-of a job of 10^4 ranks committed a checkpoint at once, 64 at a time per subject (one per
-nats-py subscription, as before) made the checkpoint take 118 s in `make bench`; with
-1024, 20-30 s on the 2-core machine."""
+"""Shards service shell: the ledger's requests over NATS (a queue group, and each replica's
+own subjects for the jobs it owns), every change through the write-behind committer,
+announcements to the job's ranks. Every replica serves every job; see
+docs/architecture.md, "Data: the shards service and exactly-once samples"."""
 
 from __future__ import annotations
 
@@ -24,24 +9,22 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
-from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.recent import Recent
-from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
+from antdt.runtime.store import Store
 from antdt.runtime.telemetry import metrics
 from antdt.schemas import (
     CheckpointCompleted,
     CommitReply,
     EpochFinished,
+    ErrorCode,
     FetchStatus,
-    JobSpec,
     Keys,
     ReleaseReply,
     RestoreReply,
@@ -56,20 +39,18 @@ from antdt.schemas import (
     Subjects,
     replaced,
 )
-from antdt.services.shards.change import LedgerChange, Operation, Writes
-from antdt.services.shards.checkpoints import DEFAULT_KEEP
-from antdt.services.shards.committer import Committed, Committer, Snapshot
+from antdt.services.shards.change import Operation
+from antdt.services.shards.committer import Committer
 from antdt.services.shards.handbacks import HandBacks
 from antdt.services.shards.ledger import (
-    LedgerState,
     epoch_end_to_announce,
-    new_ledger,
-    plan_fetch,
     status,
 )
-from antdt.services.shards.ops import commit_op, encode, release_op
+from antdt.services.shards.ops import commit_op, fetch_op, release_op
 from antdt.services.shards.restores import Restores
 from antdt.services.shards.routing import Routes
+from antdt.services.shards.settings import ShardsSettings
+from antdt.services.shards.stored import EtcdLedgers, Snapshot
 
 log = structlog.get_logger("antdt.shards")
 QUEUE_GROUP = "antdt-shards"
@@ -78,174 +59,6 @@ VERBS = ("fetch", "commit", "restore", "release", "status")
 MAX_ANNOUNCED = 4096
 #: Seconds, at least, between two hand-back announcements of a job (see handbacks.py).
 RETURNED_EVERY_S = 1.0
-
-
-class ShardsSettings(ServiceSettings):
-    cas_retries: int = Field(default=20, ge=1, description="Ledger CAS attempts per batch")
-    checkpoints_kept: int = Field(
-        default=DEFAULT_KEEP, ge=2, le=100, description="Ledger snapshots kept per job"
-    )
-    fetch_concurrency: int = Field(
-        default=1024,
-        ge=1,
-        le=65536,
-        description="Fetch (and, apart, commit) requests one replica handles at once, per "
-        "subject: the most one ledger write can carry when every rank asks at once",
-    )
-    flush_interval_s: float = Field(
-        default=0.015,
-        ge=0,
-        le=1.0,
-        description="Seconds, at most, between a change whose answer went out early and "
-        "that granted shards ahead of need (a reservation) and its write; changes someone "
-        "waits on are written at once. A reservation is topped up while its rank still "
-        "holds half of it, so it is durable long before the rank reaches it; a rank that "
-        "gets there first waits for the write, which then starts at once",
-    )
-    done_flush_interval_s: float = Field(
-        default=0.025,
-        ge=0,
-        le=1.0,
-        description="Seconds, at most, between a change whose answer went out early and "
-        "that only marked shards done and its write (never less than flush_interval_s): "
-        "ranks report such marks again until a reply says they are durable, so waiting "
-        "longer loses nothing and lets one write carry more requests",
-    )
-    ledger_write_bytes_per_s: float = Field(
-        default=1024**2,
-        ge=0,
-        description="Bytes per second that one job's ledger writes to etcd, on average "
-        "over ledger_write_burst_s: past it a write waits, and carries every request that "
-        "came meanwhile. Each write is the whole ledger (about 14-20 bytes per shard in "
-        "flight) and stays in etcd's history until etcd compacts it; 0: no limit",
-    )
-    ledger_write_burst_s: float = Field(
-        default=1.0,
-        ge=0,
-        le=60,
-        description="Seconds of ledger_write_bytes_per_s a job may write in a burst before "
-        "its writes are paced (0: every write waits its own bytes' worth)",
-    )
-    idle_job_s: float = Field(
-        default=600.0,
-        ge=0.05,
-        description="Seconds without a request after which this replica drops a job: its "
-        "cached ledger and its ownership (the next request loads and claims it again)",
-    )
-    max_txn_bytes: int = Field(
-        default=1_500_000,
-        ge=10_000,
-        description="Bytes, at most, of keys and values in one ledger transaction. Keep it "
-        "under etcd's --max-request-bytes (1.5 MiB by default): etcd refuses a larger "
-        "request, and a ledger that outgrew it could never be written again. A change "
-        "past it is refused with code too_large, naming the sizes, and nothing is written",
-    )
-    reserve_shards: int = Field(
-        default=64,
-        ge=0,
-        le=256,
-        description="Shards granted to a rank ahead of its asking (capped near the end of "
-        "an epoch), so that handing them out needs no etcd write; 0: never",
-    )
-
-
-@dataclass(frozen=True)
-class _Revision:
-    """CAS token of a stored ledger. (create revision, version) names one value of the
-    key, as the mod revision would, but is known after a write without reading the
-    (possibly large) value back. create == 0: the key does not exist yet."""
-
-    create: int
-    version: int
-
-
-class EtcdLedgers:
-    """The committer's store: one etcd key per job's ledger, JSON."""
-
-    def __init__(self, store: Store, keys: Keys, max_txn_bytes: int = 1_500_000) -> None:
-        self.store = store
-        self.keys = keys
-        self.max_txn_bytes = max_txn_bytes
-
-    async def load(self, job: str) -> Snapshot:
-        stored = await self.store.get(self.keys.ledger(job))
-        if stored is not None:
-            return _snapshot(stored)
-        return Snapshot(await self.fresh(job), _Revision(0, 0))
-
-    async def fresh(self, job: str) -> LedgerState:
-        """The ledger of the job's start, from its spec; Rejected if it is not registered."""
-        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
-        if spec is None:
-            raise Rejected("unknown_job", f"job {job!r} is not registered")
-        return new_ledger(spec[0])
-
-    async def snapshot(self, job: str, step: int) -> LedgerState | None:
-        """The ledger snapshot of checkpoint `step`, None if it is not kept."""
-        stored = await self.store.get_model(self.keys.ledger_checkpoint(job, step), LedgerState)
-        return stored[0] if stored is not None else None
-
-    async def commit(
-        self, job: str, base: Snapshot, state: LedgerState | None, writes: Writes
-    ) -> Committed:
-        key = self.keys.ledger(job)
-        revision: _Revision = base.token
-        puts = writes.puts()
-        success: list[Op] = [Put(k, v) for k, v in puts]
-        success += [Delete(k) for k in writes.deletes()]
-        written = sum(len(v) for _, v in puts)
-        if state is not None:
-            encoded = encode(state)
-            written += len(encoded)
-            success.append(Put(key, encoded))
-            if revision.create == 0:
-                success.append(Get(key))  # the new key's create revision: the next token
-        size = written + sum(len(op.key) for op in success) + len(key)  # + the compare
-        if size > self.max_txn_bytes:
-            raise Rejected(
-                "too_large",
-                f"the ledger of job {job!r} would take a {size:,}-byte etcd transaction, "
-                f"over max_txn_bytes ({self.max_txn_bytes:,}): nothing was written. Raise "
-                "etcd's --max-request-bytes and the shards service's max_txn_bytes together, "
-                "or have the ranks hold fewer shards each (prefetch)",
-            )
-        result = await self.store.txn(_unchanged(key, revision), success, [Get(key)])
-        if not result.succeeded:
-            current = result.gets[0] if result.gets else None
-            return Committed(False, _snapshot(current) if current is not None else None)
-        if state is None:
-            return Committed(True, base, written)
-        if revision.create == 0:
-            created = result.gets[-1]
-            if created is None:
-                return Committed(True, None, written)
-            token = _Revision(created.create_revision, 1)
-        else:
-            token = _Revision(revision.create, revision.version + 1)
-        return Committed(True, Snapshot(state, token), written)
-
-
-def _unchanged(key: str, revision: _Revision) -> list[Compare]:
-    if revision.create == 0:
-        return [Compare.absent(key)]
-    return [Compare(key, "create", revision.create), Compare(key, "version", revision.version)]
-
-
-def _snapshot(stored: Versioned) -> Snapshot:
-    state = LedgerState.model_validate_json(stored.value)
-    return Snapshot(state, _Revision(stored.create_revision, stored.version))
-
-
-def fetch_op(req: ShardFetch, reserve: int = 0) -> Operation:
-    """A ShardFetch as a ledger operation."""
-
-    def op(state: LedgerState) -> LedgerChange:
-        result = plan_fetch(state, req, reserve)
-        return LedgerChange(
-            state=result.state, reply=result.reply, early=result.early, reserved=result.reserved
-        )
-
-    return op
 
 
 class ShardsService:
@@ -374,7 +187,7 @@ class ShardsService:
 
     def _check_subject(self, job: str, delivery: Delivery) -> None:
         if self.subjects.job_of(delivery.subject) != job:
-            raise Rejected("bad_request", f"job {job!r} does not match the subject")
+            raise Rejected(ErrorCode.BAD_REQUEST, f"job {job!r} does not match the subject")
 
     async def _on_fetch(self, req: ShardFetch, delivery: Delivery) -> BaseModel:
         self._check_subject(req.job, delivery)
@@ -408,13 +221,9 @@ class ShardsService:
             log.info("checkpoint complete", job=reply.job, step=reply.step)
 
     async def _announce_epoch_end(self, job: str) -> None:
-        """Tell the job's ranks that an epoch is finished, once per epoch here, as soon as
-        the working ledger says so (`epoch_end_to_announce`): the ranks waiting for the
-        next epoch, or for the job's end, ask at once (their requests are judged on the
-        same working ledger, and a grant of the new epoch is answered only once durable).
-        The write that completes a job drops its ledger from the cache, which remembers
-        that end (`completed`), whether a fetch or a commit's done refs made it. Best
-        effort: a rank that misses it asks at its next poll (`pending_retry_s`)."""
+        """Tell the job's ranks that an epoch is finished (EpochFinished), once per epoch here, as
+        soon as the working ledger says so (`epoch_end_to_announce`), or a completed job's end
+        the committer remembers. Best effort: a rank that misses it asks at its next poll."""
         state = self.committer.working(job)
         if state is None:
             key = self.committer.completed(job)
@@ -441,8 +250,13 @@ class ShardsService:
         self.requests["restore"] += 1
         reply = await self.restores.submit(req)
         if isinstance(reply, RestoreReply) and reply.restored:
-            log.info("ledger restored", job=req.job, step=req.step, rank=req.rank,
-                     incarnation=reply.incarnation)  # fmt: skip
+            log.info(
+                "ledger restored",
+                job=req.job,
+                step=req.step,
+                rank=req.rank,
+                incarnation=reply.incarnation,
+            )
         return reply
 
     async def _on_release(self, req: ShardRelease, delivery: Delivery) -> BaseModel:

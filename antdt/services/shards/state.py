@@ -1,19 +1,7 @@
-"""The shard ledger's state (DESIGN.md section 6): pure, JSON-serialisable, compact.
-
-The epoch's shard order is a seeded permutation computed on demand (permutation.py), so
-the ledger holds a cursor into that order, the shards re-queued, the shards in flight and
-counts; never one entry per shard. Every shard before the cursor is exactly one of: done,
-in flight, re-queued. Its size depends on the ranks and what they hold, not the dataset.
-
-A shard's life within an epoch (a restore moves whole ledgers back, see checkpoints.py):
-
-    TODO ──grant──▶ DOING(rank, attempt, position) ──done──▶ DONE
-     ▲                 │  ▲
-     │                 │  └─ commit: position := how far the model got (checkpoint)
-     │              release (rank removed)
-     │                 ▼
-     └──────────── REQUEUED(position) ──grant (attempt + 1)──▶ DOING ...
-"""
+"""The shard ledger's state: pure, JSON-serialisable, compact. A cursor into the epoch's
+shard order (permutation.py), the re-queued and in-flight shards and counts, never an
+entry per shard: every shard before the cursor is done, in flight or re-queued. A shard's
+lifecycle (TODO, DOING, DONE, REQUEUED) is drawn in docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -130,8 +118,7 @@ class PendingCheckpoint(_Frozen):
 
     def with_commit(self, commit: RankCommit) -> PendingCheckpoint:
         """This checkpoint with `commit` added; its mask is this one's with the
-        committer's bit set (a set union, or a pass over every commit, would make a
-        checkpoint of n ranks cost O(n^2): 10^4 ranks committed 115 µs a commit that way)."""
+        committer's bit set, so that a checkpoint of n ranks costs O(n), not O(n^2)."""
         commits = (*self.commits, commit)
         committed_mask(commits, known=committed_mask(self.commits) | 1 << commit.rank)
         return self.model_copy(update={"commits": commits})

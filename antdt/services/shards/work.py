@@ -1,17 +1,13 @@
-"""A mutable working copy of a ledger, for one pure ledger operation.
-
-An operation copies the stored state into a Work, changes it, and builds the next state
-from it (or discards it on error). Copying must not cost what the job holds: a busy job
-has hundreds of shards in flight and a request every few tens of microseconds, a large
-one 2 * 10^4. So a Work edits the state's in-flight entries through an InFlightEdit
-(inflight.py), which the next state shares but for what this operation changed.
-"""
+"""A mutable working copy of a ledger, for one pure ledger operation: changed, then built
+into the next state or discarded on error. Its in-flight entries are edited through an
+InFlightEdit (inflight.py), which the next state shares but for what this one changed."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from antdt.schemas import (
+    ErrorCode,
     ErrorReply,
     FetchStatus,
     ShardGrant,
@@ -79,7 +75,7 @@ class Work:
         if entry is not None:
             if entry.rank != rank or entry.attempt != ref.attempt:
                 return error(
-                    "fenced",
+                    ErrorCode.FENCED,
                     f"shard {ref.shard} attempt {ref.attempt} is held by rank {entry.rank} "
                     f"as attempt {entry.attempt}",
                 )
@@ -88,11 +84,11 @@ class Work:
             self._maybe_complete()
             return None
         if ref.shard in self.requeued_shards:
-            return error("fenced", f"shard {ref.shard} was taken back from its rank")
+            return error(ErrorCode.FENCED, f"shard {ref.shard} was taken back from its rank")
         base = self.base
         if index_of(base.seed, self.epoch, base.num_shards, ref.shard) < self.cursor:
             return None  # already done: a repeated done is a no-op
-        return error("fenced", f"shard {ref.shard} was not granted in epoch {self.epoch}")
+        return error(ErrorCode.FENCED, f"shard {ref.shard} was not granted in epoch {self.epoch}")
 
     def grantable(self) -> bool:
         return bool(self.requeued) or self.cursor < self.base.num_shards
@@ -126,10 +122,17 @@ class Work:
 
     def grant_of(self, entry: InFlightEntry) -> ShardGrant:
         start, end = shard_range(self.base, entry.shard)
-        return trusted(ShardGrant, {
-            "epoch": self.epoch, "shard": entry.shard, "attempt": entry.attempt, "start": start,
-            "end": end, "position": entry.position,
-        })  # fmt: skip
+        return trusted(
+            ShardGrant,
+            {
+                "epoch": self.epoch,
+                "shard": entry.shard,
+                "attempt": entry.attempt,
+                "start": start,
+                "end": end,
+                "position": entry.position,
+            },
+        )
 
     def finished(self) -> bool:
         return self.cursor == self.base.num_shards and not self.in_flight and not self.requeued
@@ -166,10 +169,20 @@ class Work:
         )
 
     def reply(
-        self, status: FetchStatus, grants: list[ShardGrant] | None = None, retry: float = 0.0,
+        self,
+        status: FetchStatus,
+        grants: list[ShardGrant] | None = None,
+        retry: float = 0.0,
         outstanding: int | None = None,
-    ) -> ShardReply:  # fmt: skip
-        return trusted(ShardReply, {
-            "job": self.base.job, "epoch": self.epoch, "status": status,
-            "grants": tuple(grants or ()), "retry_after_s": retry, "outstanding": outstanding,
-        })  # fmt: skip
+    ) -> ShardReply:
+        return trusted(
+            ShardReply,
+            {
+                "job": self.base.job,
+                "epoch": self.epoch,
+                "status": status,
+                "grants": tuple(grants or ()),
+                "retry_after_s": retry,
+                "outstanding": outstanding,
+            },
+        )

@@ -1,4 +1,4 @@
-"""The policy contract: a pure `decide(view, event) -> list[Action]` (DESIGN.md section 8).
+"""The policy contract: a pure `decide(view, event) -> list[Action]`.
 
 Policies never do I/O and never read the clock: the controller shell builds a read-only
 JobView (with `now`) and the executor alone carries actions out, after checking the same

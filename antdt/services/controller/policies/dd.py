@@ -1,4 +1,4 @@
-"""The `antdt-dd` policy: dedicated heterogeneous clusters (AntDT-DD, DESIGN.md section 8).
+"""The `antdt-dd` policy: dedicated heterogeneous clusters (AntDT-DD).
 
 On a dedicated cluster the devices differ (older and newer GPUs, smaller and larger
 memories) but each one's speed is stable. So the policy plans once, from measured speeds,

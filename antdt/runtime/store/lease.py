@@ -1,0 +1,49 @@
+"""An etcd lease kept alive by a task of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aetcd
+import structlog
+
+log = structlog.get_logger("antdt.store")
+
+
+class Lease:
+    """An etcd lease kept alive by a background task; `lost` is set the moment it lapses."""
+
+    def __init__(self, client: aetcd.Client, lease_id: int, ttl: int) -> None:
+        self.id = lease_id
+        self.ttl = ttl
+        self.lost = asyncio.Event()
+        self._client = client
+        self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease_id}")
+
+    async def _keep_alive(self) -> None:
+        interval = max(self.ttl / 3.0, 0.2)
+        last_ok = asyncio.get_running_loop().time()
+        while not self.lost.is_set():
+            await asyncio.sleep(interval)
+            try:
+                reply = await self._client.refresh_lease(self.id)
+                if reply is None or int(reply.TTL) <= 0:
+                    break
+                last_ok = asyncio.get_running_loop().time()
+            except Exception as exc:
+                log.debug("lease refresh failed", lease=self.id, error=str(exc))
+                if asyncio.get_running_loop().time() - last_ok >= self.ttl:
+                    break
+        self.lost.set()
+        log.warning("lease lost", lease=self.id)
+
+    async def revoke(self) -> None:
+        """Give the lease up now (idempotent): keys bound to it vanish at once."""
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+        if not self.lost.is_set():
+            self.lost.set()
+            with contextlib.suppress(Exception):
+                await self._client.revoke_lease(self.id)
