@@ -298,6 +298,11 @@ class ShardStream:
         return self._state.epoch
 
     @property
+    def incarnation(self) -> int:
+        """This process's incarnation in the ledger (0 until a restore names one)."""
+        return self._state.incarnation
+
+    @property
     def job_done(self) -> bool:
         return self._state.job_done
 

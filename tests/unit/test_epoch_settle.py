@@ -318,7 +318,7 @@ def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
     handed are what they wait for); else they ask again while any waits."""
     stream, group = ScriptedStream(*mine), ScriptedGroup(*others)
     driver = StepDriver(
-        rank=0, host="h", stream=cast(Any, stream), plan_for=cast(Any, None),
+        rank=0, host="h", stream=cast(Any, stream), plans=cast(Any, None),
         collectives=lambda: cast(Any, group), schedule=InjectionSchedule(),
         emit=lambda record: None,
     )  # fmt: skip
