@@ -1,9 +1,6 @@
 """The loop's side of the outbox: step events to the bus, sample-log lines to the file.
-
-The training thread only appends (`emit`, `log_ids`) and schedules one drain on the loop;
-the drain publishes queued step events (dropped with a counter when the bus is down:
-never buffered without bound) and writes sample-log lines (never dropped: they are the
-exactly-once accounting)."""
+The training thread only appends and schedules one drain; step events are dropped and
+counted when the bus is down, sample-log lines never (they are the accounting)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """The step cursor and the plans it runs under: the one record of which step comes next.
-
-The training thread fixes a step's plan when its take starts and moves the cursor when
-the step begins; the loop accepts commanded plans against it. One lock covers both, so
-the step an ack names (`applied_step`) is the step the plan really starts at."""
+The training thread fixes a step's plan as its take starts; the loop accepts commanded
+plans against the cursor under the same lock, so an ack's `applied_step` is exact."""
 
 from __future__ import annotations
 
