@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Iterator
+from enum import Enum
 from typing import Any, NoReturn
 
 import structlog
@@ -37,6 +38,15 @@ from antdt.schemas import (
 log = structlog.get_logger("antdt.agent")
 
 
+class Phase(Enum):
+    """An agent's life: NEW --start()--> RUNNING --close()--> CLOSED, and NEW --close(), or
+    a start() that failed--> CLOSED. Its session lives on after close, for its counters."""
+
+    NEW = "new"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
 class Agent:
     """One rank's agent. `start()` connects and registers; then iterate `epochs()` and
     `steps()`; `close()` flushes and stops. The training thread never waits on the
@@ -49,11 +59,10 @@ class Agent:
         collectives: Collectives | None = None,
         tracer_provider: TracerProvider | None = None,  # flushed by close(); None: global
     ):
-        self.settings = settings
-        self.subjects = Subjects(settings.nats.subject_prefix)
+        s = self.settings = settings
+        self.subjects = Subjects(s.nats.subject_prefix)
         self._tracer_provider = tracer_provider
         self._collectives = collectives
-        s = settings
         plans = StepPlans(s.job, s.world_size)
         traces = AgentTraces(s.job, s.rank, tracer_provider)
         self._parts = Parts(
@@ -63,23 +72,23 @@ class Agent:
             schedule=InjectionSchedule.parse(s.inject).for_rank(s.rank, s.host),
             collectives=self._get_collectives,
         )
-        self._session: Session | None = None  # set once by start(), whole
-        self._closed = False
-        self._exit_reason = ExitReason.CLOSED  # what close() tells the monitor
+        self._phase = Phase.NEW
+        self._session: Session | None = None  # set by a start() that succeeded, whole
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Agent:
         """Connect, say hello, register the job (retrying up to register_timeout_s).
         Blocks until registered; raises AgentError otherwise."""
-        if self._session is not None or self._closed:
+        if self._phase is not Phase.NEW:
             return self
         try:
             self._session = open_session(self.settings, self._parts)
         except BaseException:
-            self._closed = True
+            self._phase = Phase.CLOSED
             flush_tracing(self._tracer_provider, 2.0)
             raise
+        self._phase = Phase.RUNNING
         atexit.register(self.close)
         s = self.settings
         log.info("agent started", job=s.job, rank=s.rank, host=s.host, plan=self.plan.version)
@@ -89,14 +98,14 @@ class Agent:
         """Flush step events and done reports (bounded by close_timeout_s), say the rank
         exits (finished once the shards service said the job is done), drain the bus and
         stop the loop. Idempotent."""
-        if self._closed:
+        self._close(ExitReason.CLOSED)
+
+    def _close(self, reason: ExitReason) -> None:
+        phase, self._phase = self._phase, Phase.CLOSED
+        if phase is not Phase.RUNNING or self._session is None:
             return
-        self._closed = True
         atexit.unregister(self.close)
         session = self._session
-        if session is None:
-            return
-        reason = self._exit_reason
         if reason is ExitReason.CLOSED and session.stream.job_done:
             reason = ExitReason.FINISHED  # its silence is then no stall
         session.close(reason, max(self.step - 1, 0), self.settings.close_timeout_s)
@@ -111,7 +120,7 @@ class Agent:
         self.close()
 
     def _live(self) -> Session:
-        if self._closed:
+        if self._phase is Phase.CLOSED:
             raise AgentClosed("the agent is closed")
         if self._session is None:
             raise RuntimeError("the agent is not running: call start() (or antdt.agent.init())")
@@ -214,8 +223,7 @@ class Agent:
         if request is None:
             raise RuntimeError("no restart was requested")
         restart.write_request(os.environ.get("ANTDT_LAUNCH_DIR"), self.settings.rank, request)
-        self._exit_reason = ExitReason.RESTART
-        self.close()
+        self._close(ExitReason.RESTART)
         os._exit(restart.RESTART_EXIT_CODE)  # past torch's and atexit's teardown: no hang
 
     def _get_collectives(self) -> Collectives:
