@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from antdt.agent.route import ShardRoute
-from antdt.agent.stream_state import MAX_DONE, Unconfirmed
+from antdt.agent.stream_state import MAX_DONE
+from antdt.agent.unconfirmed import Unconfirmed
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import EtcdSettings, NatsSettings

@@ -1,16 +1,6 @@
-"""antdt.agent: the library a training script imports.
-
-    agent = antdt.agent.init()            # settings from ANTDT_* env, kwargs override
-    antdt.agent.init_process_group()      # or your own torch.distributed (gloo) setup
-    for epoch in agent.epochs():
-        for step in agent.steps():
-            loss = mean loss over step.sample_ids; loss.backward()
-            step.sync(model)               # batch-weighted gradient all-reduce
-            optimizer.step(); optimizer.zero_grad()
-    agent.close()
-    antdt.agent.destroy_process_group()   # barrier, then leave the group
-
-Importing this package does not import torch; the parts that need it import it lazily."""
+"""antdt.agent: the library a training script imports (README, "Using it in a training
+script"): `init()`, then `epochs()`, `steps()` and `step.sync(model)`, then `close()`.
+Importing it does not import torch; the parts that need it import it lazily."""
 
 from __future__ import annotations
 
@@ -44,9 +34,8 @@ def init(settings: AgentSettings | None = None, **overrides: Any) -> Agent:
 
 
 def _tracer_provider(settings: AgentSettings) -> Any:
-    """With an OTLP endpoint (ANTDT_TELEMETRY__OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_*): this
-    process's tracer provider (service `antdt-agent`), installed as the global one unless
-    the application has its own, and flushed when the agent closes."""
+    """With an OTLP endpoint: this process's tracer provider (service `antdt-agent`),
+    global unless the application has its own, flushed when the agent closes."""
     if not settings.telemetry.otlp_endpoint:
         return None
     from antdt.runtime.telemetry import setup_tracing

@@ -1,21 +1,7 @@
 """Batch-weighted gradient averaging: every step's update is the mean gradient over all
-samples of the step, whatever the per-rank batch sizes.
-
-Each rank's gradients are the MEAN over its own n_i samples (the usual `loss.mean()`).
-Plain averaging over ranks would weigh a rank's sample by 1 / (world * n_i); weighting
-each rank by n_i gives sum_i n_i g_i / sum_i n_i, the mean over the union, so no learning
-rate change is needed when the controller moves samples between ranks.
-
-Two ways to use it:
-
-* `allreduce_weighted(model.parameters(), n)` after backward (one flat all-reduce). With a
-  DDP-wrapped model, run forward/backward under `ddp.no_sync()` (or do not wrap at all)
-  so DDP does not all-reduce a second time.
-* Keep DDP's overlapped all-reduce and register `weighted_allreduce_hook` with a
-  `WeightedHookState` updated each step (the agent does both: `Agent.register_ddp`).
-  Every rank must then run backward every step, also with no samples (a zero loss), or
-  the other ranks wait forever in DDP's collective.
-
+samples of the step, whatever the per-rank batch sizes, so moving samples between ranks
+needs no learning-rate change. Two ways: `allreduce_weighted` after backward, or DDP's
+own all-reduce with `weighted_allreduce_hook` (docs/architecture.md, gradient weighting).
 torch is imported inside the functions: importing this module does not need torch."""
 
 from __future__ import annotations
@@ -87,12 +73,10 @@ def _reduce_group(params: list[torch.Tensor], n: int, group: Any) -> float:
 
 
 def allreduce_weighted(params: Iterable[Any] | Any, local_samples: int, group: Any = None) -> int:
-    """Replace every rank's gradients by the mean gradient over all samples of the step.
-
-    `params`: a module (plain or DDP) or its parameters; their grads must be the mean over
-    this rank's `local_samples` samples (None grads count as zeros). One flat all-reduce
-    (SUM) of [g_1*n, ..., g_k*n, n] per device; returns the step's total sample count.
-    Without an initialised process group it acts as a world of one."""
+    """Replace every rank's gradients by the mean over all samples of the step; returns
+    the step's total sample count. `params`: a module (DDP or not) or its parameters,
+    whose grads are the mean over this rank's `local_samples` (None grads count as zeros).
+    One flat SUM all-reduce of [g*n, n] per device; no process group: a world of one."""
     if local_samples < 0:
         raise ValueError("local_samples must be >= 0")
     params = trainable(params)
@@ -129,11 +113,8 @@ class WeightedHookState:
 # purpose: DDP compares the annotations with the real classes, and under
 # `from __future__ import annotations` they would be strings and fail that check.
 def weighted_allreduce_hook(state: WeightedHookState, bucket):  # type: ignore[no-untyped-def]
-    """DDP communication hook: weight each rank's bucket by n_i * world / B and average.
-
-    DDP's default hook divides the SUM by world; here the bucket is scaled by
-    (n_i * world / B) / world = n_i / B before the SUM, so the result is
-    sum_i n_i g_i / B: the mean over the step's samples. Register with
+    """DDP communication hook: scales each rank's bucket by n_i / B before the SUM, so
+    the result is sum_i n_i g_i / B, the mean over the step's B samples. Register with
     `ddp.register_comm_hook(state, weighted_allreduce_hook)`."""
     import torch.distributed as dist
 

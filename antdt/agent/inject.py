@@ -1,10 +1,7 @@
 """Straggler injection for tests and demos: a parsed schedule of slowdowns. Pure.
-
-Grammar of `ANTDT_INJECT`: entries separated by ';', each a ','-separated list of
-`key=value` pairs. Keys: `rank` or `host` (whom, exactly one), `factor` (>= 1: how many
-times slower the rank's compute becomes), `from` (first step, default 0), `until`
-(first step no longer slowed, default never). Example:
-`rank=3,factor=3,from=30;host=slot1,factor=2,from=0,until=50`."""
+`ANTDT_INJECT`: entries split by ';', each `key=value` pairs split by ','; keys `rank`
+or `host` (exactly one), `factor` (>= 1), `from` (default 0), `until` (default never).
+Example: `rank=3,factor=3,from=30;host=slot1,factor=2,until=50`."""
 
 from __future__ import annotations
 

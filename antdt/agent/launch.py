@@ -1,10 +1,8 @@
-"""Local launch of N ranks (what `antdt launch` runs), and the process-group helper.
+"""Local launch of N ranks (what `antdt launch` runs), and the process-group helpers.
 
-Every child gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
-ANTDT_HOST=<prefix><rank> (so one machine can pose as N hosts for host-based injection),
-runs in its own process group, and dies with the launcher (PR_SET_PDEATHSIG), even when
-the launcher is killed -9. The death signal is tied to the thread that forked the child:
-call launch() from a thread that outlives the children (the main thread)."""
+Each rank runs in its own process group and dies with the launcher, even a killed -9
+one: its death signal is tied to the forking thread, so call launch() from a thread that
+outlives the children (the main thread)."""
 
 from __future__ import annotations
 
@@ -41,10 +39,14 @@ def rank_env(
     env.pop("ANTDT_RANK", None)
     env.pop("ANTDT_WORLD_SIZE", None)
     env.update(
-        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-        ANTDT_HOST=host,
-    )  # fmt: skip
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(nproc),
+        LOCAL_WORLD_SIZE=str(nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ANTDT_HOST=host,  # one machine poses as N hosts for host-based injection
+    )
     return env
 
 
@@ -126,15 +128,11 @@ def launch(
     spare_slots: int = 0,
     max_requested_restarts: int = 3,
 ) -> int:
-    """Run `command` as `nproc` ranks; returns 0 when all succeed, else the first
-    non-zero exit code (the others are then stopped). `env` adds to os.environ.
-    SIGINT/SIGTERM to the launcher are forwarded to every rank.
-
-    Restarts, as torchrun does them, of the whole group: after a rank failed (up to
-    `max_restarts`), or when the ranks exit with RESTART_EXIT_CODE because the
-    controller asked for a KILL_RESTART (up to `max_requested_restarts`; the ranks to
-    move go to one of `spare_slots` spare host slots). Each rank sees
-    ANTDT_RESTART_COUNT (and TORCHELASTIC_RESTART_COUNT) and resumes from its checkpoint."""
+    """Run `command` as `nproc` ranks (`env` adds to os.environ); returns 0 when all
+    succeed, else the first non-zero exit code. Restarts the whole group after a failure
+    (up to `max_restarts`) and when the ranks exit with RESTART_EXIT_CODE (up to
+    `max_requested_restarts`, moving ranks to `spare_slots`). SIGINT/SIGTERM are
+    forwarded to every rank."""
     if nproc < 1:
         raise ValueError("nproc must be >= 1")
     if not command:
@@ -156,8 +154,8 @@ def launch(
             if code == RESTART_EXIT_CODE and requested < max_requested_restarts:
                 requested += 1
                 moves = slots.avoid(read_restart_requests(Path(folder)))
-                _say(f"restart requested ({requested}/{max_requested_restarts}); "
-                     f"{'; '.join(moves) or 'no host moved'}")  # fmt: skip
+                moved = "; ".join(moves) or "no host moved"
+                _say(f"restart requested ({requested}/{max_requested_restarts}); {moved}")
             elif code != RESTART_EXIT_CODE and failures < max_restarts:
                 failures += 1
                 _say(f"a rank failed (exit {code}); restart {failures} of {max_restarts}")
@@ -170,9 +168,12 @@ def _say(message: str) -> None:
 
 
 def _run_group(
-    nproc: int, command: list[str], base: dict[str, str], hosts: list[str],
+    nproc: int,
+    command: list[str],
+    base: dict[str, str],
+    hosts: list[str],
     stop_requested: threading.Event,
-) -> int:  # fmt: skip
+) -> int:
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -261,12 +262,9 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 1800.0) -> None
 
 
 def destroy_process_group() -> None:
-    """Leave torch.distributed cleanly: a barrier, then destroy. A no-op when not
-    initialised.
-
-    Why the barrier: a gloo rank that tears its pairs down while a peer is still
-    finishing the last collective can abort that peer ("terminate called without an
-    active exception", SIGABRT). After the barrier every rank is past its last op."""
+    """Leave torch.distributed cleanly: a barrier, then destroy (a no-op when not
+    initialised). After the barrier every rank is past its last collective, so no gloo
+    rank tears its pairs down under a peer still in one (which aborts that peer)."""
     import gc
 
     import torch.distributed as dist

@@ -1,9 +1,7 @@
 """The agent's ledger requests besides fetching: commit at a checkpoint, restore on a
-restart, release on leaving. They run on the agent's loop; the training thread waits.
-
-Each retries through an outage of the shards service or of NATS (with backoff) until
-its deadline; a refusal other than "busy" is final and raised with the service's reason.
-"""
+restart, release on leaving. On the agent's loop; the training thread waits. Each retries
+through an outage of the service or of NATS until its deadline; a refusal other than
+those in RETRIED_CODES is final, raised with the service's reason."""
 
 from __future__ import annotations
 
@@ -33,12 +31,9 @@ from antdt.schemas import (
 log = structlog.get_logger("antdt.agent.ledger")
 R = TypeVar("R", bound=WireModel)
 
-#: A rank that committed waits for the service's announcement that the checkpoint is
-#: complete (CheckpointCompleted), and asks again when it comes. It also asks after
-#: COMMIT_POLL_S, then at doubling intervals up to COMMIT_POLL_MAX_S (seconds), in case
-#: the announcement is lost (a NATS reconnect) or the service is older. Asking every 20 ms
-#: while one rank came late (saving, evaluating) had a job of 10^3 ranks send 5 * 10^4
-#: requests/s, more than a shards replica serves.
+#: A rank that committed asks again when the service announces the checkpoint complete
+#: (CheckpointCompleted), and also after COMMIT_POLL_S, then at doubling intervals up to
+#: COMMIT_POLL_MAX_S (seconds), in case the announcement is lost or the service is older.
 COMMIT_POLL_S = 0.02
 COMMIT_POLL_MAX_S = 1.0
 #: Refusals a commit, restore or release retries until its deadline: the ledger
@@ -83,11 +78,12 @@ class LedgerClient:
         first commit of each rank."""
         deadline = time.monotonic() + timeout_s
         poll = COMMIT_POLL_S
+
+        def request() -> WireModel:
+            return self._stream.build(lambda s: s.commit_request(step))
+
         while True:
-            reply = await self._call(
-                "commit", lambda: self._stream.build(lambda s: s.commit_request(step)),
-                CommitReply, deadline,
-            )  # fmt: skip
+            reply = await self._call("commit", request, CommitReply, deadline)
             if reply.complete:
                 return reply
             if time.monotonic() > deadline:

@@ -35,10 +35,9 @@ class SampleLine:
 
 @dataclass(frozen=True)
 class RestoreMark:
-    """In the sample log: this process restored the ledger to `step` (None: the start)
-    as incarnation `incarnation`; lines of earlier incarnations after `step` were undone."""
+    """In the sample log: this process restored the ledger to `step` (None: the start);
+    lines of earlier incarnations after `step` were undone."""
 
-    incarnation: int
     step: int | None
 
 

@@ -1,9 +1,6 @@
 """The loop's side of the outbox: step events to the bus, sample-log lines to the file.
-
-The training thread only appends (`emit`, `log_ids`) and schedules one drain on the loop;
-the drain publishes queued step events (dropped with a counter when the bus is down:
-never buffered without bound) and writes sample-log lines (never dropped: they are the
-exactly-once accounting)."""
+The training thread only appends and schedules one drain; step events are dropped and
+counted when the bus is down, sample-log lines never (they are the accounting)."""
 
 from __future__ import annotations
 
@@ -18,26 +15,33 @@ from antdt.agent.loopthread import LoopThread
 from antdt.agent.outbox import BoundedQueue, RestoreMark, SampleLine, StepRecord
 from antdt.agent.settings import AgentSettings
 from antdt.runtime.bus import Bus
-from antdt.schemas import StepEvent, Subjects
+from antdt.schemas import StepEvent
 
 log = structlog.get_logger("antdt.agent")
 
 
 class Publisher:
     def __init__(
-        self, settings: AgentSettings, subjects: Subjects, on_records: Callable[[list[Any]], None]
+        self,
+        settings: AgentSettings,
+        subject: str,
+        *,
+        thread: LoopThread,
+        bus: Bus,
+        incarnation: Callable[[], int],
+        on_records: Callable[[list[Any]], None],
     ) -> None:
         self.settings = settings
-        self._subject = subjects.step(settings.job, settings.rank)
+        self._subject = subject
+        self._thread = thread
+        self._bus = bus
+        self._incarnation = incarnation  # the shard stream's: labels sample-log lines
         self._on_records = on_records  # tracing: the span of a plan's first step
         self.events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
         self._lines: deque[SampleLine | RestoreMark] = deque()
         self._scheduled = False
         self._task: asyncio.Task[None] | None = None
         self._file: IO[str] | None = None
-        self.thread: LoopThread | None = None
-        self.bus: Bus | None = None
-        self.incarnation = 0
 
     # -- training thread -----------------------------------------------------------------
 
@@ -50,9 +54,9 @@ class Publisher:
         self._schedule()
 
     def _schedule(self) -> None:
-        if not self._scheduled and self.thread is not None:
+        if not self._scheduled:
             self._scheduled = True
-            self.thread.call_soon(self._start)
+            self._thread.call_soon(self._start)
 
     # -- loop ------------------------------------------------------------------------------
 
@@ -89,11 +93,11 @@ class Publisher:
         return out
 
     async def _publish(self, records: list[StepRecord]) -> None:
-        bus = self.bus
+        bus = self._bus
         if not records:
             return
         self._on_records(records)
-        if bus is None or not bus.connected:
+        if not bus.connected:
             self.events.drop(len(records))  # the bus is down: drop, never buffer unboundedly
             return
         for record in records:
@@ -108,11 +112,21 @@ class Publisher:
         s = self.settings
         compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
         return StepEvent(
-            job=s.job, rank=s.rank, host=s.host, step=r.step, epoch=r.epoch,
-            plan_version=r.plan_version, local_batch=r.local_batch, samples=r.samples,
-            compute_s=compute_s, data_wait_s=r.data_wait_s, comm_s=r.comm_s, step_s=r.step_s,
-            started_at=r.started_at, ended_at=r.started_at + r.step_s,
-        )  # fmt: skip
+            job=s.job,
+            rank=s.rank,
+            host=s.host,
+            step=r.step,
+            epoch=r.epoch,
+            plan_version=r.plan_version,
+            local_batch=r.local_batch,
+            samples=r.samples,
+            compute_s=compute_s,
+            data_wait_s=r.data_wait_s,
+            comm_s=r.comm_s,
+            step_s=r.step_s,
+            started_at=r.started_at,
+            ended_at=r.started_at + r.step_s,
+        )
 
     def _write_lines(self, lines: list[SampleLine | RestoreMark]) -> None:
         if not lines or not self.settings.sample_log:
@@ -120,7 +134,7 @@ class Publisher:
         if self._file is None:
             path = f"{self.settings.sample_log}.rank{self.settings.rank}.jsonl"
             self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (lives with the agent)
-        k = self.incarnation
+        k = self._incarnation()
         for line in lines:
             if isinstance(line, RestoreMark):
                 step = "null" if line.step is None else line.step

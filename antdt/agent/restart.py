@@ -1,8 +1,6 @@
-"""KILL_RESTART on the rank's side: the controller asks the job to checkpoint at a step
-and come back with one rank moved off its host. Every rank acts on it: at the step, the
-script checkpoints (agent.commit + its model) and calls agent.exit_for_restart(), which
-tells the launcher which hosts to avoid and exits with RESTART_EXIT_CODE; the launcher
-restarts the whole group and the ranks restore from that checkpoint."""
+"""KILL_RESTART on the rank's side (pure, but for the file the launcher reads): whether
+a rank can honour it, and the hosts to avoid left for the launcher, which restarts the
+group when its ranks exit with RESTART_EXIT_CODE."""
 
 from __future__ import annotations
 
@@ -41,7 +39,11 @@ def write_request(folder: str | None, rank: int, request: RestartRequest) -> Pat
         return None
     path = Path(folder) / f"restart-{rank}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"action_id": request.action_id, "step": request.step,
-                               "avoid_hosts": list(request.avoid_hosts)}))  # fmt: skip
+    fields = {
+        "action_id": request.action_id,
+        "step": request.step,
+        "avoid_hosts": list(request.avoid_hosts),
+    }
+    tmp.write_text(json.dumps(fields))
     os.replace(tmp, path)
     return path

@@ -1,13 +1,7 @@
 """Where a rank's next shard request goes: the shards service's queue group, or straight
-to the replica that owns the job's ledger (services/shards/routing.py says why). Fetches
-follow it, and so do checkpoint commits and releases: every rank commits at once, and
-through the queue group two replicas would contend for the ledger just then.
-
-Pure: the caller passes the time. Each fetch reply names the owner's route; a direct
-request that fails (the replica died, drained, or timed out) sends the next one through
-the queue group, where any live replica answers. The failed replica is not taken back
-for `cooldown_s`, even if replies keep naming it: after a kill -9 its ownership lives
-on in etcd until its lease lapses, and the others still name it until then."""
+to the replica a reply named as the job's owner. Pure: the caller passes the time. A
+failed direct request goes back to the queue group, and that replica is not routed to
+for `cooldown_s` (a killed replica is still named until its lease lapses)."""
 
 from __future__ import annotations
 

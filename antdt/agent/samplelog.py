@@ -1,10 +1,7 @@
 """Reading the agent's sample log (ANTDT_SAMPLE_LOG): which sample ids reached the final
-model, per epoch. An audit of "exactly once" that works across restarts.
-
-Each rank appends one line per synced step, `{"incarnation", "epoch", "step", "ids"}`,
-and a restored process writes `{"incarnation", "restored": S}` first. A restore to S
-undoes every step after S of the incarnations before it: those updates were lost with
-the model state that was not checkpointed."""
+model, per epoch, across restarts. Lines: `{"incarnation", "epoch", "step", "ids"}` per
+synced step, `{"incarnation", "restored": S}` per restore; a restore to S undoes the
+steps after S of earlier incarnations."""
 
 from __future__ import annotations
 

@@ -103,9 +103,11 @@ class AgentSettings(BaseSettings):
         description="Restarts of this job's group so far (set by the launcher), restarts",
     )
     restore_token: str | None = Field(
-        default=None, max_length=128, pattern=TOKEN.pattern,
+        default=None,
+        max_length=128,
+        pattern=TOKEN.pattern,
         description="Names this restart for restore() (default: agreed by the ranks)",
-    )  # fmt: skip
+    )
     monitor: MonitorParams | None = Field(
         default=None,
         description="The job's detection tunables, e.g. ANTDT_MONITOR__WINDOW=16 (registered)",

@@ -25,10 +25,8 @@ from antdt.schemas import EpochFinished, ShardFetch, ShardRef, ShardReply, Shard
 log = structlog.get_logger("antdt.agent.shards")
 T = TypeVar("T")
 #: Seconds a rank with nothing to ask waits before having its unconfirmed done refs
-#: confirmed. The service writes them within tens of milliseconds, so the confirmation
-#: only matters if the replica died first, and the next fetch usually does it: at 0.1 s,
-#: every shard that lasted longer than that cost a request of its own (36 requests for
-#: 20 shards of 150 ms; now 21).
+#: confirmed: it matters only if the replica died before its write, and the next fetch
+#: usually does it first.
 CONFIRM_AFTER_S = 1.0
 
 
@@ -67,17 +65,16 @@ class ShardStream:
         self._timeout = request_timeout_s
         self._cond = threading.Condition()
         self._wake = asyncio.Event()
-        # An epoch of the job finished (EpochFinished), or a release handed shards back
-        # (ShardsReturned), since the last request went out: a rank waiting to leave the
-        # epoch, or for the next one, asks again at once.
+        # EpochFinished or ShardsReturned heard since the last request: a rank waiting to
+        # leave the epoch, or for the next one, asks again at once.
         self._news = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.errors: Counter[str] = Counter()
         self.requests = 0
         self.closed = False
         self._confirm = False  # the next request should confirm unconfirmed done refs
-        # A wake from the training thread is on its way to the fetcher, which has not
-        # looked at the state since (guarded by _cond): further takes need not send one.
+        # A wake is on its way to the fetcher, which has not looked at the state since
+        # (guarded by _cond): further takes need not send one.
         self._kicked = False
 
     # -- loop side ------------------------------------------------------------------------
@@ -188,8 +185,9 @@ class ShardStream:
         code = exc.reply.code if isinstance(exc, RequestRefused) else type(exc).__name__
         self.errors[code] += 1
         if self.errors[code] == 1 or self.errors[code] % 100 == 0:
-            log.warning("shard fetch failed, retrying", code=code, error=str(exc),
-                        count=self.errors[code])  # fmt: skip
+            log.warning(
+                "shard fetch failed, retrying", code=code, error=str(exc), count=self.errors[code]
+            )
 
     async def flush(self, timeout: float) -> bool:
         """Wait (bounded) until every synced done ref has been reported."""
@@ -223,9 +221,8 @@ class ShardStream:
 
     def _kick_due(self, wanted: bool) -> bool:
         """Under _cond: should the training thread wake the fetcher? Not if a wake is on
-        its way already: the fetcher reads the state after the wake, so it sees this
-        change too. Each wake is a write to the loop's self-pipe; while a fetch was in
-        flight, every step sent one."""
+        its way already: the fetcher reads the state after it, so it sees this change too
+        (each wake is a write to the loop's self-pipe)."""
         if not wanted or self._kicked:
             return False
         self._kicked = True
@@ -250,14 +247,10 @@ class ShardStream:
             self._kick()
 
     def settle(self, epoch: int) -> Settled | None:
-        """`epoch` is out of data on every rank of this rank's group: block until the
-        ledger first answers whether it is over. REOPENED: shards came back to be granted
-        in it (another rank's, handed back), or the ledger handed this rank shards of it
-        that it did not know it held; FINISHED: it is over; None: wait, shards of it are
-        still in flight (held by ranks outside the group, removed and not handed back
-        yet, or by a rank of the group that has not heard of them yet). The group agrees
-        on its ranks' answers, and asks again (`settle_again`) while none is REOPENED
-        and any says wait."""
+        """`epoch` is out of data on every rank of the group: block until the ledger first
+        answers whether it is over. REOPENED: it has shards for the group to take up;
+        FINISHED: it is over; None: wait, shards of it are still in flight. The group
+        agrees, and asks again (`settle_again`) while none is REOPENED and any waits."""
         with self._cond:
             self._state.settle(epoch)
             return self._answer(waits_seen=0)
@@ -296,6 +289,11 @@ class ShardStream:
     @property
     def epoch(self) -> int:
         return self._state.epoch
+
+    @property
+    def incarnation(self) -> int:
+        """This process's incarnation in the ledger (0 until a restore names one)."""
+        return self._state.incarnation
 
     @property
     def job_done(self) -> bool:

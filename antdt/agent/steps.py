@@ -1,8 +1,8 @@
 """The training thread's side of the agent: epochs, steps, timing and sync.
 
-Everything here runs on the training thread, so it stays small: a few clock reads, one
-lock for the plan, list slicing for the ids, one bounded-queue append per step. Network
-work is handed to the agent's loop through `emit` / `log_ids` and the shard stream."""
+Per step: a few clock reads, the plan lock twice, list slicing for the ids, one
+bounded-queue append. Network work goes to the loop through `emit`, `log_ids` and the
+shard stream."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
     from antdt.agent.gradients import WeightedHookState
     from antdt.agent.shards import ShardStream
+    from antdt.agent.timeline import StepPlans
     from antdt.schemas import Plan
 
 
@@ -27,10 +28,23 @@ class Step:
     """One step of this rank: its sample ids, and `sync` to end it."""
 
     __slots__ = (
-        "_comm_s", "_count_s", "_data_s", "_driver", "_finished", "_t0", "_t_yield", "_wall0",
-        "epoch", "index", "local_batch", "micro_batch", "plan_version", "sample_ids",
-        "synced", "total_samples",
-    )  # fmt: skip
+        "_comm_s",
+        "_count_s",
+        "_data_s",
+        "_driver",
+        "_finished",
+        "_t0",
+        "_t_yield",
+        "_wall0",
+        "epoch",
+        "index",
+        "local_batch",
+        "micro_batch",
+        "plan_version",
+        "sample_ids",
+        "synced",
+        "total_samples",
+    )
 
     def __init__(
         self, driver: StepDriver, index: int, epoch: int, plan: Plan, taken: Taken, total: int
@@ -77,16 +91,20 @@ class StepDriver:
     rank: int
     host: str
     stream: ShardStream
-    plan_for: Callable[[int], Plan]
+    plans: StepPlans
     collectives: Callable[[], Collectives]
     schedule: InjectionSchedule
     emit: Callable[[StepRecord], None]
     log_ids: Callable[[SampleLine], None] | None = None
     hook_state: WeightedHookState | None = None
     ddp_model: Any = None
-    step: int = 0  # the next step's global index
     epoch: int | None = None
     _open: Step | None = None
+
+    @property
+    def step(self) -> int:
+        """The global index of the next step (kept by `plans`, which the loop reads)."""
+        return self.plans.step
 
     # -- iteration -----------------------------------------------------------------
 
@@ -119,8 +137,7 @@ class StepDriver:
 
     def _begin(self, epoch: int, t0: float) -> Step | None:
         wall0 = time.time()
-        index = self.step
-        plan = self.plan_for(index)
+        index, plan = self.plans.fix()
         while True:
             taken = self.stream.take(plan.local_batch[self.rank], epoch)
             t1 = time.perf_counter()
@@ -136,19 +153,13 @@ class StepDriver:
         if self.hook_state is not None:
             self.hook_state.update(len(taken.ids), total)
         self._open = step
-        self.step = index + 1
+        self.plans.began()
         return step
 
     def _taken_up_again(self, epoch: int) -> bool:
-        """Every rank of the group is out of data in `epoch`. Is it over? Each rank asks
-        the ledger, and the group agrees on the answers, round after round: if any rank
-        has shards to take up (they came back, a removed rank's, or the ledger handed a
-        rank shards it never heard of), all go on in the epoch (the ranks that get none
-        train on empty batches); else, while any is told that shards of the epoch are
-        still in flight, all ask again; else all leave it. Without this, a hand-back
-        after the group had left went into an epoch nobody asked for again, and the next
-        epoch never started. Agreeing on final answers only, a rank handed shards it
-        never heard of waited for the others, and they waited for those shards."""
+        """The group is out of data in `epoch`: True when it goes on in it. Each rank asks
+        the ledger and the group agrees, round after round: any REOPENED takes all back
+        into the epoch; else any "wait" makes all ask again; else all leave it."""
         answer = self.stream.settle(epoch)
         while (agreed := self.collectives().agree_max(SETTLE_CODES[answer])) == SETTLE_WAIT:
             answer = self.stream.settle_again()
@@ -195,9 +206,14 @@ class StepDriver:
         self._open = None
         self.emit(
             StepRecord(
-                step=step.index, epoch=step.epoch, plan_version=step.plan_version,
-                local_batch=step.local_batch, samples=len(step.sample_ids),
-                data_wait_s=step._data_s, comm_s=step._comm_s, step_s=t_end - step._t0,
+                step=step.index,
+                epoch=step.epoch,
+                plan_version=step.plan_version,
+                local_batch=step.local_batch,
+                samples=len(step.sample_ids),
+                data_wait_s=step._data_s,
+                comm_s=step._comm_s,
+                step_s=t_end - step._t0,
                 started_at=step._wall0,
             )
-        )  # fmt: skip
+        )

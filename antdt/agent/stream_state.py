@@ -1,11 +1,6 @@
 """The shard stream's state machine: what to ask the shards service next, and what its
 replies mean for this rank. Pure: no I/O, no clock, no locks (the shell adds those).
-
-Epochs only move forward on a rank. A rank starts by asking for epoch 0; a reply naming a
-later epoch makes it jump there (a rank restarted into a running job). A reply naming an
-earlier epoch than the one asked for means the ledger has not moved on yet (PENDING, or
-an EPOCH_DONE of the old epoch): retry later. Grants of an earlier epoch that still come
-(the ledger re-queued work) are taken, not dropped: their samples are owed to the model."""
+Epochs only move forward on a rank (docs/architecture.md, the agent's shard stream)."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from antdt.agent.sampling import Cursor, LocalShards, Taken
+from antdt.agent.unconfirmed import Unconfirmed
 from antdt.schemas import (
     ErrorCode,
     FetchStatus,
@@ -28,10 +24,8 @@ from antdt.schemas import (
 )
 
 #: Most done refs one ShardFetch may carry, most grants one may ask for, and most held
-#: refs it may list (the schema's). A rank lists every grant it holds: one it left out
-#: would look lacking to the service, which re-sends it instead of a new one, and a step
-#: spanning more shards than the list held (a batch of 1,150 of 16-sample shards) asked
-#: again and again for the same ones and never completed.
+#: refs it may list (the schema's). A rank lists every grant it holds: one left out looks
+#: lacking to the service, which re-sends it instead of a new one.
 MAX_DONE = 64
 MAX_WANT = 8
 MAX_HELD = 1024
@@ -40,53 +34,6 @@ MAX_HELD = 1024
 MIN_RETRY_S = 0.05
 #: Refusals that no retry can fix: this process is not a member of the job's present.
 FATAL_CODES = frozenset({ErrorCode.INCARNATION, ErrorCode.REMOVED})
-#: Seconds after it was last sent that an unconfirmed done ref goes out again. The service
-#: makes done marks durable within tens of milliseconds (its done_flush_interval_s).
-RECONFIRM_AFTER_S = 0.05
-
-
-@dataclass
-class Unconfirmed:
-    """Done refs the service accepted but had not made durable when it replied (the
-    reply's `unconfirmed`), each with the time it was last sent. Each goes out again once
-    RECONFIRM_AFTER_S has passed, until a reply no longer lists it: a replica that died
-    before its write loses no done mark, only delays it. Sending them all with every
-    request instead made a rank that fetches every millisecond report each one some ten
-    times before its write, and the service check it each time."""
-
-    # In the order they were last sent (sending times only grow on a rank: one request
-    # at a time), so that `due` looks at the due ones and stops at the first that is not:
-    # a rank fetching every millisecond holds some fifty, and scanning them all on every
-    # request was a tenth of the bench client's own CPU.
-    sent_at: dict[ShardRef, float] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.sent_at)
-
-    def refs(self) -> list[ShardRef]:
-        return list(self.sent_at)
-
-    def due(self, now: float | None, everything: bool = False) -> list[ShardRef]:
-        """Take out the refs to send again at `now` (monotonic seconds; None, or
-        `everything`: all of them)."""
-        if everything or now is None:
-            due, self.sent_at = list(self.sent_at), {}
-            return due
-        due = []
-        for ref, sent in self.sent_at.items():
-            if now - sent < RECONFIRM_AFTER_S:
-                break  # the rest were sent later (a time out of order only delays a ref)
-            due.append(ref)
-        for ref in due:
-            del self.sent_at[ref]
-        return due
-
-    def answered(self, unconfirmed: tuple[ShardRef, ...], sent_at: float) -> None:
-        """A reply listed these refs, sent at `sent_at`, as accepted but not durable."""
-        sent = self.sent_at
-        for ref in unconfirmed:
-            sent.pop(ref, None)  # to the end: the dict stays in sending order
-            sent[ref] = sent_at
 
 
 class Settled(Enum):
@@ -170,13 +117,13 @@ class StreamState:
     def _done_is_near(self) -> bool:
         """Hold the request for the next grant until the step that finished a shard is
         synced, so "done with X" and "give me the next" go in one request, while what
-        this rank holds lasts two more takes (its next take comes after that sync; the
-        second covers a slow reply). Asking at once, on the take that finished the shard,
-        made two requests of every shard: one for the next, one for the done."""
+        this rank holds lasts two more takes (the second covers a slow reply)."""
         return (
-            self.established and bool(self.unsynced) and self.demand == 0
+            self.established
+            and bool(self.unsynced)
+            and self.demand == 0
             and self.local.remaining >= 2 * self.batch_hint
-        )  # fmt: skip
+        )
 
     def next_fetch(self, confirm: bool = False, now: float | None = None) -> ShardFetch | None:
         """The next request, or None when there is nothing to ask or report (`confirm`:
@@ -198,12 +145,17 @@ class StreamState:
         # which bounds what the service reserves for it.
         share = self.say_share and 0 < self.batch_hint <= self.global_batch
         return ShardFetch(
-            job=self.job, rank=self.rank, epoch=self.epoch, done=tuple(self.sending),
-            want=0 if settle else self.want(), incarnation=self.incarnation,
+            job=self.job,
+            rank=self.rank,
+            epoch=self.epoch,
+            done=tuple(self.sending),
+            want=0 if settle else self.want(),
+            incarnation=self.incarnation,
             held=self.held(self.pending_done if settle else ()),
             local_batch=self.batch_hint if share else None,
-            global_batch=self.global_batch if share else None, settle=settle,
-        )  # fmt: skip
+            global_batch=self.global_batch if share else None,
+            settle=settle,
+        )
 
     def held(self, unsent: Sequence[ShardRef] = ()) -> tuple[ShardRef, ...]:
         """Every grant this rank holds and has not reported done, so the service hands
@@ -276,11 +228,9 @@ class StreamState:
     def _on_settle_reply(
         self, fetch: ShardFetch, reply: ShardReply, cursors: list[Cursor]
     ) -> float:
-        """The ledger's answer to a settle request (it grants nothing new): final once
-        every done ref of this rank is out and no shard of the epoch is in flight, or
-        once it hands this rank shards of the epoch it did not know it held (REOPENED:
-        the group goes on to train them); else asked again (at once, or after a while),
-        each such answer counted in `settle_waits`."""
+        """The ledger's answer to a settle (it grants nothing new): final once every done
+        ref is out and no shard of the epoch is in flight, or once it hands this rank
+        shards it did not know it held (REOPENED); else asked again (`settle_waits`)."""
         # Shards the ledger says this rank holds and it never heard of (the reply to the
         # request that granted them went nowhere): its group must train them.
         strays = self._hold(cursors) if reply.epoch == fetch.epoch else 0
@@ -335,9 +285,12 @@ class StreamState:
         """An exhausted rank out of data asks once more per step before calling its epoch
         over: a removed rank's shards may have been re-queued since the last answer."""
         return (
-            self.exhausted and not into.rechecked and not self.job_done
-            and epoch == self.epoch and self.local.available(epoch) == 0
-        )  # fmt: skip
+            self.exhausted
+            and not into.rechecked
+            and not self.job_done
+            and epoch == self.epoch
+            and self.local.available(epoch) == 0
+        )
 
     def epoch_over(self, epoch: int) -> bool:
         """No more samples for this rank in `epoch`: job done, jumped past it, or the
@@ -393,24 +346,35 @@ class StreamState:
         taken is exactly what reached the model."""
         return tuple(
             ShardPosition(
-                epoch=c.grant.epoch, shard=c.grant.shard, attempt=c.grant.attempt,
+                epoch=c.grant.epoch,
+                shard=c.grant.shard,
+                attempt=c.grant.attempt,
                 position=c.position,
             )
             for c in self.local.cursors
             if c.grant.epoch == self.epoch
-        )  # fmt: skip
+        )
 
     def commit_request(self, step: int) -> ShardCommit:
         return ShardCommit(
-            job=self.job, rank=self.rank, incarnation=self.incarnation, step=step,
-            epoch=self.epoch, done=self.unacknowledged(), positions=self.positions(),
-        )  # fmt: skip
+            job=self.job,
+            rank=self.rank,
+            incarnation=self.incarnation,
+            step=step,
+            epoch=self.epoch,
+            done=self.unacknowledged(),
+            positions=self.positions(),
+        )
 
     def release_request(self, reason: str) -> ShardRelease:
         return ShardRelease(
-            job=self.job, rank=self.rank, incarnation=self.incarnation,
-            done=self.unacknowledged(), positions=self.positions(), reason=reason,
-        )  # fmt: skip
+            job=self.job,
+            rank=self.rank,
+            incarnation=self.incarnation,
+            done=self.unacknowledged(),
+            positions=self.positions(),
+            reason=reason,
+        )
 
 
 def open_cursors(grants: tuple[ShardGrant, ...], seed: int) -> list[Cursor]:

@@ -669,8 +669,9 @@ async def test_shards_a_rank_never_heard_of_come_to_it_when_its_group_settles(
     # Rank 0's loop stalls meanwhile, so that the hand-back's announcement (which makes
     # it ask at once) reaches it only after the late fetch took what came back.
     stalled, resume = threading.Event(), threading.Event()
-    assert agents[0]._thread is not None
-    agents[0]._thread.call_soon(lambda: (stalled.set(), resume.wait(30)))
+    session = agents[0]._session
+    assert session is not None
+    session.thread.call_soon(lambda: (stalled.set(), resume.wait(30)))
     await wait_for(stalled.is_set, what="rank 0's loop stalled")
     try:
         released = await bus.request(subjects.shards(unique, "release"), release, ReleaseReply)

@@ -9,14 +9,8 @@ import pytest
 from pydantic import ValidationError, create_model
 
 from antdt.agent.sampling import Cursor, Taken
-from antdt.agent.stream_state import (
-    MIN_RETRY_S,
-    RECONFIRM_AFTER_S,
-    Settled,
-    StreamState,
-    Unconfirmed,
-    open_cursors,
-)
+from antdt.agent.stream_state import MIN_RETRY_S, Settled, StreamState, open_cursors
+from antdt.agent.unconfirmed import RECONFIRM_AFTER_S, Unconfirmed
 from antdt.runtime.bus import Rejected
 from antdt.runtime.bus.messages import Decoder, encode
 from antdt.schemas import FetchStatus, ShardFetch, ShardGrant, ShardRef, ShardReply

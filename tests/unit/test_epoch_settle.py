@@ -330,7 +330,7 @@ def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
         rank=0,
         host="h",
         stream=cast(Any, stream),
-        plan_for=cast(Any, None),
+        plans=cast(Any, None),
         collectives=lambda: cast(Any, group),
         schedule=InjectionSchedule(),
         emit=lambda record: None,

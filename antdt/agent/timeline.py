@@ -1,0 +1,89 @@
+"""The step cursor and the plans it runs under: the one record of which step comes next.
+The training thread fixes a step's plan as its take starts; the loop accepts commanded
+plans against the cursor under the same lock, so an ack's `applied_step` is exact."""
+
+from __future__ import annotations
+
+import threading
+
+from antdt.agent.errors import AgentError
+from antdt.agent.plans import Judgement, PlanBook, Verdict, applied_step, select_plan
+from antdt.schemas import Plan
+
+
+class StepPlans:
+    """Thread-safe: the plan book, the next step's index and the plan fixed for it."""
+
+    def __init__(self, job: str, world_size: int) -> None:
+        self._job = job
+        self._world_size = world_size
+        self._lock = threading.Lock()
+        self._book = PlanBook()
+        self._next = 0  # the global index of the next step to run
+        self._fixed: Plan | None = None  # the plan of step `_next`, once its take started
+
+    @property
+    def step(self) -> int:
+        """The global index of the next step."""
+        return self._next
+
+    def _first_open(self) -> int:
+        """The first step whose plan is not fixed yet (a new plan can start there)."""
+        return self._next + (self._fixed is not None)
+
+    @property
+    def first_open(self) -> int:
+        with self._lock:
+            return self._first_open()
+
+    @property
+    def plan(self) -> Plan:
+        """The plan of the first step whose plan is not fixed yet."""
+        with self._lock:
+            return select_plan(self._book.plans, self._first_open())
+
+    # -- the training thread ------------------------------------------------------------
+
+    def fix(self) -> tuple[int, Plan]:
+        """The next step's index and its plan, fixed from now on (a repeat returns both)."""
+        with self._lock:
+            if self._fixed is None:
+                self._fixed = select_plan(self._book.plans, self._next)
+            return self._next, self._fixed
+
+    def began(self) -> None:
+        """The step whose plan was fixed has begun: the cursor moves to the one after."""
+        with self._lock:
+            self._next += 1
+            self._fixed = None
+
+    def rewind(self, first: int) -> None:
+        """A restore: the next step is `first` (a checkpoint's step + 1), no plan fixed."""
+        with self._lock:
+            self._next, self._fixed = first, None
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def adopt(self, plan: Plan) -> None:
+        """The plan registration answered with; a newer one a command brought is kept."""
+        with self._lock:
+            judgement = self._judge(plan)
+            if judgement.verdict is Verdict.BAD:
+                raise AgentError(f"registered plan unusable: {judgement.reason}")
+            if judgement.verdict is Verdict.ACCEPT:
+                self._book = self._book.add(plan, plan.effective_step, self._first_open())
+
+    def offer(self, plan: Plan) -> tuple[Judgement, int]:
+        """A commanded plan: the judgement, and the step it applies at (ACCEPT, SAME)."""
+        with self._lock:
+            judgement = self._judge(plan)
+            if judgement.verdict is Verdict.SAME:
+                return judgement, self._book.applied_step(plan)
+            if judgement.verdict is not Verdict.ACCEPT:
+                return judgement, -1
+            at = applied_step(plan, self._first_open())
+            self._book = self._book.add(plan, at, self._first_open())
+            return judgement, at
+
+    def _judge(self, plan: Plan) -> Judgement:
+        return self._book.judge(plan, job=self._job, world_size=self._world_size)
