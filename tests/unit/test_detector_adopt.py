@@ -11,7 +11,7 @@ from tests.unit.test_detector import JOB, Job, event, run, slow_rank
 
 def _taken_over(previous: JobDetector, world: int) -> JobDetector:
     """A fresh detector (a new owner's claim) that adopted what `previous` left open."""
-    new = JobDetector(JOB, world, epoch=previous._epoch + 1)
+    new = JobDetector(JOB, world, epoch=previous.epoch + 1)
     for incident in previous.open_incidents:
         assert new.adopt(incident, 2000.0) is None
     return new

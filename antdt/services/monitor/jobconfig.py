@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from antdt.schemas import JobSpec, MonitorParams
-from antdt.services.monitor.detector import DetectorConfig
+from antdt.services.monitor.config import DetectorConfig
 
 
 def read_spec(raw: bytes) -> tuple[JobSpec | None, str | None]:
