@@ -32,16 +32,20 @@ HAND_OVER_AGAIN_S = 600.0
 
 
 class JobPhase(enum.Enum):
-    """Where a job stands with this replica.
+    """Where a job stands with this replica; each line a transition (and its decision).
 
-    IDLE ─claimed─▶ CLAIMED ─first event, spec read─▶ WATCHED ─all ranks exit─▶ ENDED
-      │               ▲   ╲ (also on its end found in etcd) ─────────────────▶ ENDED
-      │ claimed on    │ spec                 WATCHED ─no rank heard─▶ DORMANT
-      │ a hello,      │ stored               DORMANT ─a step past its end─▶ WATCHED
-      └─no spec yet─▶ STARTING ─REGISTER_WAIT_S─▶ IDLE
-    STARTING, CLAIMED, WATCHED ─lost, handed over, given up─▶ IDLE (ENDED if ended)
-    ENDED ─a hello, a later step, ENDED_GRACE_S passed─▶ IDLE
-    IDLE, ENDED ─marked abandoned in etcd (claim round)─▶ DORMANT ─unmarked─▶ IDLE
+    IDLE, ENDED ──claimed: a claim round, an event (claimed)───────▶ CLAIMED
+    CLAIMED ──claimed on a hello, no spec yet (hold_starting)──────▶ STARTING
+    STARTING ──spec stored (registered)────────────────────────────▶ CLAIMED
+    STARTING ──REGISTER_WAIT_S without a spec (registered)─────────▶ IDLE, given up
+    CLAIMED, STARTING, DORMANT ──an event, spec read (watched)─────▶ WATCHED
+    CLAIMED ──an event finds its end in etcd (end_found)───────────▶ ENDED, given up
+    WATCHED ──every rank exited (ended)────────────────────────────▶ ENDED
+    WATCHED ──no rank heard for abandon_after_s (ended)────────────▶ DORMANT
+    STARTING, CLAIMED, WATCHED ──lost, handed over, given up───────▶ IDLE (ENDED if ended)
+    ENDED ──a hello, a step past its end or after ENDED_GRACE_S────▶ IDLE
+    IDLE, ENDED ──marked abandoned in etcd (hold_dormant)──────────▶ DORMANT
+    DORMANT ──unmarked, or past MAX_DORMANT────────────────────────▶ IDLE (ENDED if ended)
     """
 
     IDLE = "idle"  # not ours: only pacing (claim tries, spec reads, hand-overs) is kept
