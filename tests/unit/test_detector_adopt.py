@@ -87,5 +87,6 @@ def test_still_open_keeps_each_incidents_latest_transition_unless_resolved() -> 
     other = Job(4, cost=slow_rank(2, 3.0, start=40))
     _, more = run(other, range(60), JobDetector(JOB, 4, epoch=5))
     assert [i.id for i in still_open([*transitions[:1], *more])] == [
-        transitions[0].id, more[0].id,
-    ]  # fmt: skip
+        transitions[0].id,
+        more[0].id,
+    ]

@@ -1,13 +1,7 @@
-"""Jobs as etcd sees them: which are registered, which ended and when, and the removal
-of an ended job's keys (its retention).
-
-A job's keys all live under `jobs/{job}/`: spec, plan, ledger and its checkpoint
-snapshots, restart ledger, rank hellos, and `ended` once every rank exited (the monitor
-writes the job's last health there; with `abandoned` beside it when no rank was heard
-from, which keeps the job dormant: see the monitor's intake.py). Nothing else deletes
-them, so without a retention etcd grows with every job ever run until it hits its space
-quota and refuses all writes.
-Shared by the controller (the sweep) and the CLI (`antdt jobs`)."""
+"""Jobs as etcd sees them (`jobs/{job}/...`): which are registered, ended or dormant,
+and the removal of an ended job's keys once its retention is over (nothing else deletes
+them). Shared by the monitor, the controller (the sweep) and the CLI (`antdt jobs`);
+ended.py answers "has this job ended" for the services."""
 
 from __future__ import annotations
 
@@ -27,11 +21,10 @@ log = structlog.get_logger("antdt.jobs")
 
 @dataclass(frozen=True)
 class Ended:
-    """An ended job: when (its last health's time, Unix seconds), at which step, the mod
-    revision of its `ended` key (a removal holds only while that key is unchanged), and
-    whether its data is finished: its ledger complete, or no ledger at all (None: not
-    read). Ranks that closed before the end leave an unfinished ledger, which a later run
-    may restore."""
+    """An ended job: its last health's time (Unix s) and step, the mod revision of its
+    `ended` key (a removal holds only while it is unchanged), and whether its data is
+    finished (ledger complete or none; None: not read): an unfinished ledger is kept
+    for a later run to restore."""
 
     job: str
     at: float

@@ -1,9 +1,7 @@
-"""Straggler detection and classification for one job: the monitor's pure core.
-
-No I/O, no clock reads: time is the argument `now` (control-plane seconds). The shell
-feeds it StepEvents, exits and hellos, calls `check_stalls` and `health` about once a
-second, and publishes the incident transitions that come back. The rules (windows,
-judging, incidents, stalls, exits, restarts) are in docs/architecture.md, the monitor."""
+"""Straggler detection and classification for one job: the monitor's pure core (no I/O,
+time passed in as `now`). The shell feeds it steps, exits and hellos, calls
+`check_stalls` and `health` about once a second and publishes the transitions returned.
+The rules are in docs/architecture.md (the monitor)."""
 
 from __future__ import annotations
 
