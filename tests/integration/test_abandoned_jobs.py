@@ -1,7 +1,6 @@
 """A job whose ranks all went silent without exiting (its launcher gave up) is ended by
-the monitor after `abandon_after_s`, and both services give it up: before, it stayed
-live and stalled for good, holding an ownership slot in each service, and `antdt jobs
-remove` refused it."""
+the monitor after `abandon_after_s`, and both services give it up; it stays dormant, and
+its next step makes it live again."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.services.monitor.lifecycle import JobPhase
 from tests.e2e.conftest import start_services
 from tests.helpers import monitor_owner, wait_for
 from tests.integration.test_services import spec, step
@@ -74,8 +74,11 @@ async def test_a_job_whose_ranks_went_silent_is_ended_and_given_up(
                 await bus.publish(subjects.step(job, rank), step(job, rank, n))
         await wait_for(lambda: _absent(store, keys.ended(job)), what="its end deleted")
         await wait_for(lambda: job in monitor.detectors, what="the monitor watches it again")
-        await wait_for(lambda: controller.ownership.owns(job), timeout=15,
-                       what="the controller takes it on again")  # fmt: skip
+        await wait_for(
+            lambda: controller.ownership.owns(job),
+            timeout=15,
+            what="the controller takes it on again",
+        )
     finally:
         await running.runtime.shutdown()
 
@@ -97,7 +100,7 @@ async def test_a_job_claimed_after_its_ranks_went_silent_is_ended_too(
         assert {r.state for r in health.ranks} == {RankState.EXITED} and health.step == 0
         await wait_for(lambda: _absent(store, keys.owner("monitor", job)), what="given up")
         assert job not in await live_jobs(store, keys)
-        await wait_for(lambda: job not in monitor._unwatched, what="no longer tracked")
+        assert monitor.book.phase(job) is JobPhase.DORMANT  # not held: its steps received
     finally:
         await running.runtime.shutdown()
 
@@ -107,12 +110,12 @@ async def test_a_dormant_job_is_watched_whichever_replica_lives_on(
 ) -> None:
     """The replica that ended a silent job as abandoned is gone (redeployed, crashed)
     before the job steps on: the job is still watched, because the dormant jobs are
-    marked in etcd and every replica receives their steps. Before, only the replica that
-    ended the job did, and the job went unwatched for the rest of its run."""
+    marked in etcd and every replica receives their steps."""
     subjects, keys = Subjects(settings.nats.subject_prefix), Keys(settings.etcd.key_prefix)
     job = f"eval-{unique}"
-    first = await start_services(settings, ("monitor",), abandon_after_s=2.0,
-                                 replica_id=f"m-a-{unique}")  # fmt: skip
+    first = await start_services(
+        settings, ("monitor",), abandon_after_s=2.0, replica_id=f"m-a-{unique}"
+    )
     later = None
     try:
         store = first.by_name["monitor"].store
@@ -122,17 +125,24 @@ async def test_a_dormant_job_is_watched_whichever_replica_lives_on(
                 await bus.publish(subjects.step(job, rank), step(job, rank, n))
         await wait_for(lambda: store.get(keys.ended(job)), timeout=15, what="abandoned")
         assert await store.get(keys.abandoned(job)) is not None
-        env = {"ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
-               "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix, "COLUMNS": "250"}  # fmt: skip
+        env = {
+            "ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
+            "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
+            "COLUMNS": "250",
+        }
         listed = await asyncio.to_thread(CliRunner().invoke, app, ["jobs", "list"], env=env)
         row = next(line for line in listed.output.splitlines() if job in line)
         assert "abandoned" in row and "dormant" in row, listed.output
         await first.runtime.shutdown()
-        later = await start_services(settings, ("monitor",), abandon_after_s=2.0,
-                                     replica_id=f"m-b-{unique}")  # fmt: skip
+        later = await start_services(
+            settings, ("monitor",), abandon_after_s=2.0, replica_id=f"m-b-{unique}"
+        )
         monitor = later.by_name["monitor"]
-        await wait_for(lambda: job in monitor.intake.watched, timeout=15,
-                       what="the other replica receives its steps")  # fmt: skip
+        await wait_for(
+            lambda: job in monitor.intake.watched,
+            timeout=15,
+            what="the other replica receives its steps",
+        )
         assert monitor.intake.dormant == [job] and not monitor.ownership.owns(job)
         for n in range(12, 20):
             for rank in (0, 1):

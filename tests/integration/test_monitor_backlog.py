@@ -53,8 +53,10 @@ async def test_a_replicas_step_backlog_is_one_budget_its_jobs_share(
         for job in jobs:
             await send(job, range(EVENTS))
         # Each event is in a handler (one per job), waiting, or dropped.
-        await wait_for(lambda: len(jobs) + intake.backlog[0] + dropped() == EVENTS * len(jobs),
-                       what="every event accounted for")  # fmt: skip
+        await wait_for(
+            lambda: len(jobs) + intake.backlog[0] + dropped() == EVENTS * len(jobs),
+            what="every event accounted for",
+        )
         waiting, waiting_bytes = intake.backlog
         event_bytes = waiting_bytes / waiting
         # Each job's share is full to within an event or two (a drop leaves room for a
@@ -106,13 +108,17 @@ async def test_a_dormant_job_holds_a_small_backlog_beside_the_owned_jobs_budget(
         await intake.keep_dormant(dormant)
         assert intake.dormant == [dormant] and intake.watched == sorted([owned, dormant])
         await send(dormant)
-        await wait_for(lambda: 1 + intake.backlog[0] + dropped(dormant) == EVENTS,
-                       what="the dormant job's events accounted for")  # fmt: skip
+        await wait_for(
+            lambda: 1 + intake.backlog[0] + dropped(dormant) == EVENTS,
+            what="the dormant job's events accounted for",
+        )
         waiting, dormant_bytes = intake.backlog
         assert 10_000 - 2 * dormant_bytes / waiting < dormant_bytes <= 10_000
         await send(owned)
-        await wait_for(lambda: 2 + intake.backlog[0] + dropped(dormant) + dropped(owned)
-                       == 2 * EVENTS, what="every event accounted for")  # fmt: skip
+        await wait_for(
+            lambda: 2 + intake.backlog[0] + dropped(dormant) + dropped(owned) == 2 * EVENTS,
+            what="every event accounted for",
+        )
         # The owned job's share is the whole budget, not half of it.
         assert intake.backlog[1] - dormant_bytes > BUDGET - 2 * dormant_bytes / waiting
     finally:

@@ -28,16 +28,32 @@ def step(rank: int, n: int, job: str = JOB, slow: bool = False, step_s: float = 
     """Rank `rank`'s step `n`: 30 ms of compute (3x that when `slow`) in `step_s`."""
     t = 1000.0 + n * step_s
     return StepEvent(
-        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
-        samples=4, compute_s=0.09 if slow else 0.03, data_wait_s=0.0, comm_s=0.01,
-        step_s=step_s, started_at=t, ended_at=t + step_s,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        step=n,
+        epoch=0,
+        plan_version=0,
+        local_batch=4,
+        samples=4,
+        compute_s=0.09 if slow else 0.03,
+        data_wait_s=0.0,
+        comm_s=0.01,
+        step_s=step_s,
+        started_at=t,
+        ended_at=t + step_s,
+    )
 
 
 async def publish_steps(
-    bus: Bus, job: str, world: int, stop: asyncio.Event, *, every_s: float,
+    bus: Bus,
+    job: str,
+    world: int,
+    stop: asyncio.Event,
+    *,
+    every_s: float,
     slow: set[int] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Every rank's next step every `every_s` until `stop`; the ranks in `slow` (read each
     step: the caller may empty it) at 3x, everyone waiting for them at the barrier."""
     subjects, slow = Subjects(bus.settings.subject_prefix), slow if slow is not None else set()
@@ -74,16 +90,21 @@ async def test_owner_killed_another_replica_takes_over(
     publisher = asyncio.create_task(publish_steps(bus, JOB, 2, stop, every_s=0.05))
     try:
         with replicas(settings, names, tmp_path) as procs:
-            first = await wait_for(lambda: _owner(store, keys, JOB), timeout=60,
-                                   what="a replica owns the job")  # fmt: skip
+            first = await wait_for(
+                lambda: _owner(store, keys, JOB), timeout=60, what="a replica owns the job"
+            )
             assert first in names
             await wait_for(lambda: any(h.ranks and h.step > 0 for _, h in healths), what="health")
             procs[first].send_signal(signal.SIGKILL)
             procs[first].wait(timeout=10)
             killed_at = time.monotonic()
             survivor = next(n for n in names if n != first)
-            await wait_for(lambda: _owned_by(store, keys, JOB, survivor), timeout=30,
-                           interval=0.05, what="takeover")  # fmt: skip
+            await wait_for(
+                lambda: _owned_by(store, keys, JOB, survivor),
+                timeout=30,
+                interval=0.05,
+                what="takeover",
+            )
             takeover_s = time.monotonic() - killed_at
             await wait_for(
                 lambda: sum(1 for t, h in healths if t > killed_at + takeover_s) >= 2,
@@ -111,8 +132,7 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     from ANTDT_INCIDENTS and resolves it under its id, either once the rank is back to
     speed, or, when the ranks fell silent with the owner (their launcher died with it),
     when it ends the job as abandoned: it takes the job on with no rank heard from
-    `abandon_after_s` after its claim. (Before, nobody ever resolved it: the controller
-    went on acting on it, and it stayed open in ANTDT_INCIDENTS for good.)"""
+    `abandon_after_s` after its claim."""
     job, world = f"hajob-incident-{then}", 4
     keys = Keys(settings.etcd.key_prefix)
     incidents = await watch_incidents(settings, bus, store, job, world)
@@ -122,10 +142,14 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
     abandon = {"ANTDT_ABANDON_AFTER_S": "3"}
     try:
         with replicas(settings, names, tmp_path, abandon) as procs:
-            first = await wait_for(lambda: _owner(store, keys, job), timeout=60,
-                                   what="a replica owns the job")  # fmt: skip
-            opened = await wait_for(lambda: first_in(incidents, IncidentState.OPENED), timeout=30,
-                                    what="the straggler's incident opened")  # fmt: skip
+            first = await wait_for(
+                lambda: _owner(store, keys, job), timeout=60, what="a replica owns the job"
+            )
+            opened = await wait_for(
+                lambda: first_in(incidents, IncidentState.OPENED),
+                timeout=30,
+                what="the straggler's incident opened",
+            )
             assert opened.rank == 1
             if then == "ranks_fall_silent":
                 stop.set()
@@ -133,16 +157,21 @@ async def test_the_replica_taking_over_carries_on_the_incident_left_open(
             procs[first].send_signal(signal.SIGKILL)
             procs[first].wait(timeout=10)
             survivor = next(n for n in names if n != first)
-            await wait_for(lambda: _owned_by(store, keys, job, survivor), timeout=30,
-                           what="takeover")  # fmt: skip
+            await wait_for(
+                lambda: _owned_by(store, keys, job, survivor), timeout=30, what="takeover"
+            )
             slow.clear()  # the rank is back to speed (if the ranks still run)
-            resolved = await wait_for(lambda: first_in(incidents, IncidentState.RESOLVED),
-                                      timeout=30, what="the survivor resolves it")  # fmt: skip
+            resolved = await wait_for(
+                lambda: first_in(incidents, IncidentState.RESOLVED),
+                timeout=30,
+                what="the survivor resolves it",
+            )
             if then == "ranks_fall_silent":
                 # Its end is recorded after its resolutions are out (and the replicas
                 # are stopped on leaving this block): wait for it here.
-                await wait_for(lambda: _ended(store, keys, job), timeout=30,
-                               what="the job ended as abandoned")  # fmt: skip
+                await wait_for(
+                    lambda: _ended(store, keys, job), timeout=30, what="the job ended as abandoned"
+                )
     finally:
         stop.set()
         await publisher
@@ -156,8 +185,9 @@ async def watch_incidents(
     """Register `job` (its spec, `world` ranks); the list its incidents are added to as
     they are published."""
     keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
-    spec = JobSpec(job=job, world_size=world, dataset_size=100, shard_size=10,
-                   global_batch=4 * world)  # fmt: skip
+    spec = JobSpec(
+        job=job, world_size=world, dataset_size=100, shard_size=10, global_batch=4 * world
+    )
     await store.put(keys.spec(job), spec.model_dump_json().encode())
     incidents: list[Incident] = []
 

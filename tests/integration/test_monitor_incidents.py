@@ -28,11 +28,21 @@ def transitions(job: str, count: int) -> list[Incident]:
     """`count` transitions of incidents of `job`, each incident opened, escalated, resolved."""
     made = []
     for n in range(count):
-        made.append(Incident(
-            id=f"{job}-r{n // 3}", job=job, rank=n // 3 % 8, host="h", kind=IncidentKind.SLOW,
-            state=STATES[n % 3], step=n, opened_at=1.7e9, updated_at=1.7e9 + n, ratio=2.0,
-            windows=n,
-        ))  # fmt: skip
+        made.append(
+            Incident(
+                id=f"{job}-r{n // 3}",
+                job=job,
+                rank=n // 3 % 8,
+                host="h",
+                kind=IncidentKind.SLOW,
+                state=STATES[n % 3],
+                step=n,
+                opened_at=1.7e9,
+                updated_at=1.7e9 + n,
+                ratio=2.0,
+                windows=n,
+            )
+        )
     return made
 
 

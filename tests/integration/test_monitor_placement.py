@@ -50,10 +50,21 @@ def _jobs(unique: str) -> list[str]:
 
 def _step(job: str, rank: int, n: int) -> StepEvent:
     return StepEvent(
-        job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0, local_batch=4,
-        samples=4, compute_s=0.1, data_wait_s=0.0, comm_s=0.01, step_s=0.11,
-        started_at=1000.0 + n, ended_at=1000.11 + n,
-    )  # fmt: skip
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        step=n,
+        epoch=0,
+        plan_version=0,
+        local_batch=4,
+        samples=4,
+        compute_s=0.1,
+        data_wait_s=0.0,
+        comm_s=0.01,
+        step_s=0.11,
+        started_at=1000.0 + n,
+        ended_at=1000.11 + n,
+    )
 
 
 async def _start(settings: ServiceSettings, name: str) -> tuple[ServiceRuntime, MonitorService]:
@@ -115,13 +126,16 @@ async def test_each_replica_receives_only_the_steps_of_the_jobs_it_owns(
         # m-a leaves (its lease revoked at shutdown): m-b takes its jobs, steps and all.
         await runtimes.pop("m-a").shutdown()
         survivor = monitors["m-b"]
-        await wait_for(lambda: set(survivor.ownership.jobs) == set(jobs), timeout=15,
-                       what="m-b owns every job")  # fmt: skip
+        await wait_for(
+            lambda: set(survivor.ownership.jobs) == set(jobs), timeout=15, what="m-b owns every job"
+        )
         assert survivor.intake.watched == jobs
         before = survivor.ingested
         await _publish_steps(bus, subjects, jobs, range(STEPS + 1, STEPS + 3))
-        await wait_for(lambda: survivor.ingested == before + 2 * RANKS * len(jobs),
-                       what="m-b ingests every job's steps")  # fmt: skip
+        await wait_for(
+            lambda: survivor.ingested == before + 2 * RANKS * len(jobs),
+            what="m-b ingests every job's steps",
+        )
     finally:
         for runtime in runtimes.values():
             await runtime.shutdown()
@@ -145,15 +159,17 @@ async def test_a_replica_started_later_is_handed_its_share_of_the_jobs(
         runtime, later = await _start(settings, "m-b")
         runtimes.append(runtime)
         theirs = sorted(j for j in jobs if preferred(j, REPLICAS) == "m-b")
-        await wait_for(lambda: later.ownership.jobs == theirs, timeout=30,
-                       what="m-b is handed its jobs")  # fmt: skip
+        await wait_for(
+            lambda: later.ownership.jobs == theirs, timeout=30, what="m-b is handed its jobs"
+        )
         assert first.ownership.jobs == sorted(set(jobs) - set(theirs))
         assert later.intake.watched == theirs
         assert first.intake.watched == first.ownership.jobs
         await _publish_steps(bus, subjects, jobs, range(STEPS))
         await wait_for(lambda: later.ingested == STEPS * RANKS * len(theirs), what="m-b's")
-        await wait_for(lambda: first.ingested == STEPS * RANKS * (len(jobs) - len(theirs)),
-                       what="m-a's")  # fmt: skip
+        await wait_for(
+            lambda: first.ingested == STEPS * RANKS * (len(jobs) - len(theirs)), what="m-a's"
+        )
         assert set(later.detectors) == set(theirs) and later.dropped_not_owner == 0
     finally:
         for runtime in runtimes:
@@ -166,7 +182,7 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
     """m-a owns a job whose rank 1 straggles, its incident open; m-b, the job's preferred
     replica, starts: m-a hands the job over all the same, its transitions stored first,
     and m-b carries the incident on and resolves it, under its id, once the rank is back
-    to speed. (Before, a job with an incident open stayed where it was.)"""
+    to speed."""
     job = next(j for n in range(100) if preferred(j := f"ho{unique}-{n}", REPLICAS) == "m-b")
     incidents = await watch_incidents(settings, bus, store, job, 4)
     slow, stop = {1}, asyncio.Event()
@@ -175,19 +191,26 @@ async def test_a_job_with_an_incident_open_is_handed_over_and_its_incident_carri
     try:
         runtime, first = await _start(settings, "m-a")
         runtimes.append(runtime)
-        opened = await wait_for(lambda: first_in(incidents, IncidentState.OPENED), timeout=30,
-                                what="the straggler's incident opened on m-a")  # fmt: skip
+        opened = await wait_for(
+            lambda: first_in(incidents, IncidentState.OPENED),
+            timeout=30,
+            what="the straggler's incident opened on m-a",
+        )
         assert first.ownership.jobs == [job] and opened.rank == 1
         runtime, later = await _start(settings, "m-b")
         runtimes.append(runtime)
-        await wait_for(lambda: later.ownership.jobs == [job], timeout=30,
-                       what="m-b is handed the job")  # fmt: skip
+        await wait_for(
+            lambda: later.ownership.jobs == [job], timeout=30, what="m-b is handed the job"
+        )
         assert job not in first.detectors
         await wait_for(lambda: job in later.detectors, what="m-b takes the job on")
         assert [i.id for i in later.detectors[job].open_incidents] == [opened.id]
         slow.clear()  # the rank is back to speed
-        resolved = await wait_for(lambda: first_in(incidents, IncidentState.RESOLVED), timeout=30,
-                                  what="the incident resolved by m-b")  # fmt: skip
+        resolved = await wait_for(
+            lambda: first_in(incidents, IncidentState.RESOLVED),
+            timeout=30,
+            what="the incident resolved by m-b",
+        )
     finally:
         stop.set()
         await publisher
@@ -202,11 +225,11 @@ async def _register_and_start(
 ) -> None:
     """Each job's spec, then a hello of its rank 0 (as an agent starting)."""
     for job in jobs:
-        spec = JobSpec(job=job, world_size=RANKS, dataset_size=80, shard_size=10,
-                       global_batch=8)  # fmt: skip
+        spec = JobSpec(job=job, world_size=RANKS, dataset_size=80, shard_size=10, global_batch=8)
         await store.put(keys.spec(job), spec.model_dump_json().encode())
-        hello = RankHello(job=job, rank=0, world_size=RANKS, host="h0", pid=1,
-                          started_at=time.time())  # fmt: skip
+        hello = RankHello(
+            job=job, rank=0, world_size=RANKS, host="h0", pid=1, started_at=time.time()
+        )
         await bus.publish(subjects.hello(job, 0), hello)
 
 

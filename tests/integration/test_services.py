@@ -32,6 +32,7 @@ from antdt.schemas import (
     StepEvent,
     Subjects,
 )
+from antdt.services.monitor.lifecycle import JobPhase
 from antdt.services.monitor.service import MonitorSettings
 from antdt.services.runner import start_service
 from tests.e2e.conftest import RunningServices, start_services
@@ -195,7 +196,7 @@ async def test_an_ended_job_is_given_up_and_registering_it_again_makes_it_live(
         await _steps(bus, subjects, range(1, 2))
         # Every claim try is at most once a second: sent until both have seen one.
         await bus.publish(subjects.exit("j5", 0), finished("j5", 0, step=2))
-        return all("j5" in m._ended for m in (monitor, other))
+        return all(m.book.phase("j5") is JobPhase.ENDED for m in (monitor, other))
 
     await wait_for(late_exit_dropped_by_both, timeout=10, interval=0.3, what="late exit dropped")
     assert "j5" not in monitor.intake.watched and "j5" not in other.intake.watched
@@ -269,10 +270,9 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
     slots, claim rounds, step subscriptions) nor grow what it remembers per job."""
     subjects, keys = Subjects(bus.settings.subject_prefix), Keys(settings.etcd.key_prefix)
     monitor = running.by_name["monitor"]
-    for table in (monitor.intake._last_try, monitor._spec_retry_at):
-        monkeypatch.setattr(table, "limit", 8)  # MAX_PACED, made small
+    monkeypatch.setattr(monitor.book, "limit", 8)  # MAX_REMEMBERED, made small
     # A job claimed on a hello waits for its registration (hello comes first): not long.
-    monkeypatch.setattr("antdt.services.monitor.service.REGISTER_WAIT_S", 0.5)
+    monkeypatch.setattr("antdt.services.monitor.lifecycle.REGISTER_WAIT_S", 0.5)
     store = monitor.store
     junk = [f"stray{i}" for i in range(20)]
     for job in junk:
@@ -298,10 +298,11 @@ async def test_messages_of_unregistered_jobs_claim_nothing_and_are_not_remembere
         ]
 
     await wait_for(only_registered_owned, what="the stray jobs' claims given up")
-    assert not monitor._starting
+    assert monitor.book.count(JobPhase.STARTING) == 0
     assert set(monitor.detectors) <= {"by-hello", "by-exit"}
     assert monitor.intake.watched == ["by-exit", "by-hello"]
-    assert len(monitor.intake._last_try) <= 8 and len(monitor._spec_retry_at) <= 8
+    # The stray jobs' records: at most 8 (IDLE), beside the two jobs owned.
+    assert monitor.book.count(JobPhase.IDLE) <= 8 and len(monitor.book) <= 8 + 2
     assert await live_jobs(store, keys) == ["by-exit", "by-hello"]
 
 
@@ -318,12 +319,16 @@ async def test_a_job_claimed_on_a_hello_before_it_registers_is_kept_once_it_does
     await wait_for(lambda: monitor.ownership.owns("early"), what="claimed on its hello")
     # Held as starting once the claim has read that the job has no end and no spec yet
     # (two etcd reads after the claim itself).
-    await wait_for(lambda: "early" in monitor._starting, what="held as starting")
+    await wait_for(
+        lambda: monitor.book.phase("early") is JobPhase.STARTING, what="held as starting"
+    )
     assert monitor.intake.watched == ["early"]
     await bus.request(subjects.register("early"), spec("early"), RegisterReply)
     for n in range(3):
         for rank in (0, 1):
             await bus.publish(subjects.step("early", rank), step("early", rank, n))
     await wait_for(lambda: monitor.ingested >= 6, what="its first steps ingested")
-    await wait_for(lambda: "early" not in monitor._starting, what="registered: held for good")
+    await wait_for(
+        lambda: monitor.book.phase("early") is JobPhase.WATCHED, what="registered: held for good"
+    )
     assert monitor.ownership.owns("early") and monitor.dropped_not_owner == 0

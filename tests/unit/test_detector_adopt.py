@@ -11,7 +11,7 @@ from tests.unit.test_detector import JOB, Job, event, run, slow_rank
 
 def _taken_over(previous: JobDetector, world: int) -> JobDetector:
     """A fresh detector (a new owner's claim) that adopted what `previous` left open."""
-    new = JobDetector(JOB, world, epoch=previous._epoch + 1)
+    new = JobDetector(JOB, world, epoch=previous.epoch + 1)
     for incident in previous.open_incidents:
         assert new.adopt(incident, 2000.0) is None
     return new
@@ -87,5 +87,6 @@ def test_still_open_keeps_each_incidents_latest_transition_unless_resolved() -> 
     other = Job(4, cost=slow_rank(2, 3.0, start=40))
     _, more = run(other, range(60), JobDetector(JOB, 4, epoch=5))
     assert [i.id for i in still_open([*transitions[:1], *more])] == [
-        transitions[0].id, more[0].id,
-    ]  # fmt: skip
+        transitions[0].id,
+        more[0].id,
+    ]

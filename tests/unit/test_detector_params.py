@@ -17,9 +17,13 @@ from tests.unit.test_detector import JOB, Job, opened, run, slow_rank
 
 def spec(**monitor: object) -> JobSpec:
     return JobSpec(
-        job=JOB, world_size=4, dataset_size=100, shard_size=10, global_batch=8,
+        job=JOB,
+        world_size=4,
+        dataset_size=100,
+        shard_size=10,
+        global_batch=8,
         monitor=MonitorParams(**monitor) if monitor else None,  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
 def detector_for(params: MonitorParams | None, world: int = 4) -> JobDetector:
@@ -100,10 +104,13 @@ def test_read_spec_refuses_an_unreadable_spec() -> None:
 
 def test_agent_sends_params_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in {
-        "ANTDT_JOB": JOB, "ANTDT_DATASET_SIZE": "100", "ANTDT_SHARD_SIZE": "10",
-        "ANTDT_GLOBAL_BATCH": "8", "ANTDT_MONITOR__WINDOW": "16",
+        "ANTDT_JOB": JOB,
+        "ANTDT_DATASET_SIZE": "100",
+        "ANTDT_SHARD_SIZE": "10",
+        "ANTDT_GLOBAL_BATCH": "8",
+        "ANTDT_MONITOR__WINDOW": "16",
         "ANTDT_MONITOR__SLOW_THRESHOLD": "0.2",
-    }.items():  # fmt: skip
+    }.items():
         monkeypatch.setenv(key, value)
     sent = AgentSettings(rank=0, world_size=2).job_spec().monitor
     assert sent == MonitorParams(window=16, slow_threshold=0.2)

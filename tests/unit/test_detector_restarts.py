@@ -13,8 +13,9 @@ GRACE = DetectorConfig().restart_grace_s
 
 
 def hello(rank: int, at: float, *, host: str = "", job: str = JOB, world: int = 4) -> RankHello:
-    return RankHello(job=job, rank=rank, world_size=world, host=host or f"h{rank}", pid=2,
-                     started_at=at)  # fmt: skip
+    return RankHello(
+        job=job, rank=rank, world_size=world, host=host or f"h{rank}", pid=2, started_at=at
+    )
 
 
 def crashed_job() -> tuple[JobDetector, float]:
@@ -105,6 +106,9 @@ def test_hellos_that_are_stale_or_foreign_are_counted_and_change_nothing() -> No
     detector.rank_started(hello(4, now, world=5), now)
     detector.rank_started(hello(0, now, world=8), now)
     assert detector.rejected == {
-        "stale_hello": 1, "wrong_job": 1, "rank_out_of_range": 1, "world_size_mismatch": 1,
-    }  # fmt: skip
+        "stale_hello": 1,
+        "wrong_job": 1,
+        "rank_out_of_range": 1,
+        "world_size_mismatch": 1,
+    }
     assert detector.health(now) == before

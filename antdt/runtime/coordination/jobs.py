@@ -1,7 +1,7 @@
-"""Jobs as etcd sees them: which are registered, which ended and when, and the removal of
-an ended job's keys, all under `jobs/{job}/`, after its retention (nothing else deletes
-them, and etcd refuses every write once it reaches its quota). Shared by the controller
-(the sweep) and the CLI (`antdt jobs`)."""
+"""Jobs as etcd sees them (`jobs/{job}/...`): which are registered, ended or dormant,
+and the removal of an ended job's keys once its retention is over (nothing else deletes
+them). Shared by the monitor, the controller (the sweep) and the CLI (`antdt jobs`);
+ended.py answers "has this job ended" for the services."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ log = structlog.get_logger("antdt.jobs")
 
 @dataclass(frozen=True)
 class Ended:
-    """An ended job: when (its last health's time), at which step, the mod revision of its
-    `ended` key (a removal holds only while it is unchanged), and whether its data is finished
-    (ledger complete or absent; None: not read): a later run may restore an unfinished one."""
+    """An ended job: its last health's time (Unix s) and step, the mod revision of its
+    `ended` key (a removal holds only while it is unchanged), and whether its data is
+    finished (ledger complete or none; None: not read): an unfinished ledger is kept
+    for a later run to restore."""
 
     job: str
     at: float

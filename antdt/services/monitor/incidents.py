@@ -1,26 +1,20 @@
-"""Publishing incidents off the path of step events: one task, in the order they come.
-
-An incident goes to JetStream (ANTDT_INCIDENTS), which answers each publish with an
-ack. Awaited in the step handler, that ack held the ingestion of every job's steps: a
-replica behind on step events read the ack only after every event queued before it on
-the same connection, so each transition (a stall resolving as its rank's steps came
-back) waited up to a second there while the step subscription's queue overflowed. Here
-the handler only queues the incident, and a task publishes the queue in order, so an
-incident's transitions keep their order (opened, escalated, resolved).
-
-The queue is bounded: past MAX_QUEUED (JetStream away for long on a job with many
-ranks) whoever queues waits for room, as every handler waited before.
-"""
+"""Publishing off the path of step events: a job's health at once, its incident
+transitions queued and published to JetStream (ANTDT_INCIDENTS) in order by one task, so
+that awaiting JetStream's acks never holds up ingestion. The queue is bounded
+(MAX_QUEUED): past it whoever queues waits for room."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
 
 import structlog
 
 from antdt.runtime.bus import Bus
 from antdt.runtime.telemetry.tracing import IncidentTraces
-from antdt.schemas import Incident, Subjects
+from antdt.schemas import Incident, JobHealth, Subjects
+from antdt.services.monitor.detector import JobDetector
 
 log = structlog.get_logger("antdt.monitor")
 
@@ -28,6 +22,9 @@ log = structlog.get_logger("antdt.monitor")
 MAX_QUEUED = 10_000
 #: Incidents published at once, their acks awaited together.
 MAX_IN_FLIGHT = 64
+#: How long a job handed over waits, at most, for its transitions under way to be on
+#: ANTDT_INCIDENTS before its key goes, seconds (then it goes anyway, logged).
+SETTLE_TIMEOUT_S = 5.0
 
 
 class IncidentPublisher:
@@ -61,12 +58,9 @@ class IncidentPublisher:
             await self._done.wait_for(lambda: self._done_total >= target)
 
     async def run(self) -> None:
-        """Run as a task: publish what is queued, in order, up to MAX_IN_FLIGHT at once.
-
-        Their publishes go out in queue order on the one connection, so JetStream stores
-        them in that order; they only wait for their acks together. One at a time, each
-        waited for its own ack: several loop turns, which a replica busy with a backlog of
-        step events gives every few tens of ms (63 stalls resolving took 5 s)."""
+        """Run as a task: publish what is queued, in order, up to MAX_IN_FLIGHT at once:
+        they go out in queue order on one connection, and only their acks are awaited
+        together."""
         while True:
             batch = [await self._queue.get()]
             while len(batch) < MAX_IN_FLIGHT and not self._queue.empty():
@@ -101,3 +95,38 @@ class IncidentPublisher:
                 state=incident.state.value,
                 ratio=round(incident.ratio, 3),
             )
+
+
+class Outbox:
+    """What the monitor sends about a job: its health, then its new transitions (queued,
+    in order), so that whoever reacts to an incident sees the window that opened it."""
+
+    def __init__(self, bus: Bus, subjects: Subjects, publisher: IncidentPublisher) -> None:
+        self._bus = bus
+        self._subjects = subjects
+        self._publisher = publisher
+        self._sending: Counter[str] = Counter()  # job -> sends under way
+
+    async def send(self, detector: JobDetector, incidents: list[Incident], now: float) -> JobHealth:
+        """Counted while under way, with no turn given before the count (`settled`)."""
+        job = detector.job
+        self._sending[job] += 1
+        try:
+            health = detector.health(now)
+            await self._bus.publish(self._subjects.health(job), health)
+            for incident in incidents:
+                await self._publisher.put(incident)
+            return health
+        finally:
+            self._sending[job] -= 1
+            if not self._sending[job]:
+                del self._sending[job]
+
+    async def settled(self, job: str) -> None:
+        """Return once no send of `job` is under way and every transition queued is
+        published (at most SETTLE_TIMEOUT_S: then TimeoutError)."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while self._sending[job] and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        timeout = max(0.0, deadline - time.monotonic())
+        await asyncio.wait_for(self._publisher.flushed(), timeout)

@@ -1,21 +1,7 @@
-"""The incidents a job's previous owner left open, for the replica that takes it over.
-
-A monitor replica that dies (or loses its lease) leaves its jobs' open incidents open:
-nobody else would ever resolve them, so the controller and custom policies kept acting
-on a straggler that had long recovered, and `antdt status` showed it forever. Every
-incident transition is on ANTDT_INCIDENTS, so the new owner reads the job's incidents
-there when it takes the job on, and its detector carries on those still open
-(`JobDetector.adopt`): same id, resolved by the same rules.
-
-A job's incidents are read oldest first, at most READ_LIMIT of them. A job with more
-retained than that (a long run, many transient stragglers) is read from a later start
-time, in LOOKBACKS_S steps, so that the newest are the ones read: an incident opened
-before that start and still open is then not carried on (logged).
-
-Each incident left open comes with the span its earliest transition read was published
-under (its traceparent on the stream: the OPENED one's is the incident's root), so that
-its later transitions join its trace rather than start one of their own.
-"""
+"""The incidents a job's previous owner left open (read on ANTDT_INCIDENTS), each with
+the span its earliest transition was published under, so that the replica taking the
+job on carries them on (`JobDetector.adopt`) in their traces. At most READ_LIMIT of a
+job's incidents are read: past that, from a later start (LOOKBACKS_S), newest kept."""
 
 from __future__ import annotations
 
@@ -56,12 +42,17 @@ async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> 
     subject = subjects.incident(job)
     for lookback in LOOKBACKS_S:
         since = None if lookback is None else now - lookback
-        replay = await bus.jetstream.read(INCIDENT_STREAM, subject, Incident, limit=READ_LIMIT,
-                                   since=since)  # fmt: skip
+        replay = await bus.jetstream.read(
+            INCIDENT_STREAM, subject, Incident, limit=READ_LIMIT, since=since
+        )
         if replay.available <= READ_LIMIT:
             break
-        log.warning("job has more incidents than a take-over reads; reading later ones",
-                    job=job, incidents=replay.available, since=since)  # fmt: skip
+        log.warning(
+            "job has more incidents than a take-over reads; reading later ones",
+            job=job,
+            incidents=replay.available,
+            since=since,
+        )
     ours = [(i, t) for i, t in zip(replay.items, replay.traces, strict=True) if i.job == job]
     first_trace: dict[str, SpanContext | None] = {}
     for incident, trace in ours:

@@ -1,10 +1,6 @@
-"""Per-job detector configuration: the replica's defaults overridden by the job's spec.
-
-Pure, no I/O. The service reads `jobs/{job}/spec` once, when it takes a job on, and
-builds the job's detector from what these functions return. Monitor params the replica
-cannot use never stop detection: the job gets the replica's defaults, and the reason
-comes back for the log. Only a spec without a usable world size leaves a job undetected.
-"""
+"""Per-job detector configuration (pure): the replica's defaults overridden by the job's
+spec, read when the job is taken on. Params the replica cannot use never stop detection:
+the job gets the defaults, and the reason comes back for the log."""
 
 from __future__ import annotations
 
@@ -15,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from antdt.schemas import JobSpec, MonitorParams
-from antdt.services.monitor.detector import DetectorConfig
+from antdt.services.monitor.config import DetectorConfig
 
 
 def read_spec(raw: bytes) -> tuple[JobSpec | None, str | None]:
@@ -46,11 +42,8 @@ def job_config(
     defaults: DetectorConfig, params: MonitorParams | None
 ) -> tuple[DetectorConfig, str | None]:
     """`defaults` with the job's params applied, and why they were not (None: they were).
-
-    Each param is valid on its own (the wire schema checks ranges), but not every mix
-    with the replica's defaults is: a job's slow threshold above the replica's instant
-    threshold, say. The detector refuses such a config, and the job then runs on the
-    replica's defaults rather than on a half-applied mix."""
+    A mix the detector refuses (a job's δ above the replica's instant threshold, say)
+    is dropped as a whole: the job runs on the defaults, never on a half-applied mix."""
     if params is None:
         return defaults, None
     overrides: dict[str, Any] = params.overrides()  # the names match DetectorConfig's

@@ -7,13 +7,11 @@ Pure: the Judge keeps each rank's latest window figures in sorted multisets so t
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from antdt.schemas import Cause
+from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.windows import SortedValues, WindowStats
-
-if TYPE_CHECKING:
-    from antdt.services.monitor.detector import DetectorConfig
 
 
 class Verdict(enum.Enum):

@@ -59,14 +59,10 @@ def median_step_s(ranks: list[RankMemory]) -> float:
 
 
 def job_health(ranks: list[RankMemory], progress: JobProgress) -> JobHealth:
-    """The job's health from each rank's latest closed window.
-
-    step_s: median over ranks of their window-median step time. samples_per_s: the
-    samples of one step over all ranks divided by step_s. balance_efficiency:
-    T_ideal / step_s with T_ideal = B / sum(speeds) + min overhead + min comm, where
-    overhead is data wait plus time no stage claims, and min comm is the pure
-    communication of the rank everyone waited for; rebalancing removes neither.
-    """
+    """The job's health from each rank's latest closed window: step_s the median of the
+    ranks' step times; samples_per_s one step's samples over step_s; balance_efficiency
+    T_ideal / step_s, T_ideal = B / sum(speeds) + min overhead + min comm (rebalancing
+    removes neither the data wait nor the communication of the rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
     step_s = statistics.median(s.step_s for s in measured) if measured else 0.0
     batch = sum(s.samples for s in measured)

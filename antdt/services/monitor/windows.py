@@ -18,12 +18,9 @@ Row = tuple[int, float, float, float, float]
 
 
 class WindowStats(NamedTuple):
-    """Medians over one closed window of one rank (seconds, shares in [0, 1]).
-
-    The figures the Judge compares are computed when the window closes (once per W
-    events, on the ingest path); those only JobHealth and the stall limit read (about
-    once a second) are medians over the kept rows, computed when read. A NamedTuple
-    rather than a frozen dataclass: as immutable, and several times cheaper to build."""
+    """Medians over one closed window of one rank (seconds, shares in [0, 1]). What the
+    Judge compares is computed at the close; what only JobHealth and the stall limit
+    read, when read. A NamedTuple: immutable, and cheaper to build than a dataclass."""
 
     compute_per_sample: float  # compute_s / samples: the straggler signal
     busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
@@ -65,12 +62,8 @@ class WindowStats(NamedTuple):
 
 def summarize(rows: Sequence[Row]) -> WindowStats | None:
     """The window's statistics, or None when no step carried a measurable compute time.
-
-    Steps with samples == 0 (or no compute time) still count towards closing the window
-    and towards step/comm figures, but not towards per-sample figures. One pass over the
-    rows, then one sort per figure. The loop body calls no functions: calls per share
-    cost a third of its time, and this runs once per W events on the ingest path.
-    """
+    Steps without samples (or compute time) count for step and comm figures only. One
+    pass, one sort per figure, no calls in the loop: it runs on the ingest path."""
     compute, busy, data_share, comm_share = [], [], [], []
     for n, c, d, m, s in rows:
         if n > 0 and c > 0:

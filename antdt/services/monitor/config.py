@@ -1,0 +1,37 @@
+"""The detector's tunables (pure): a replica's defaults, which a job's spec may override."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Tunables of the detector; defaults suit steps of 10 ms to 10 s."""
+
+    window: int = 8  # W: events per window, per rank (disjoint windows)
+    slow_threshold: float = 0.25  # delta: slow when r >= 1+delta, leader when r <= 1-delta
+    instant_threshold: float = 0.5  # r >= 1+this opens a slow rank's incident in one window
+    open_windows: int = 3  # consecutive deviating windows before a mild incident opens
+    resolve_windows: int = 2  # consecutive normal windows before it resolves (hysteresis)
+    persistent_windows: int = 3  # K: deviating K+ windows after a normal period: persistent
+    stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
+    min_stall_s: float = 10.0  # ... and at least this many seconds
+    restart_grace_s: float = 120.0  # a rank exiting to be restarted gets this much more
+    leaders: bool = True  # open LEADER incidents too
+    warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
+    data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError("window must be >= 1")
+        if not 0.0 < self.slow_threshold < 1.0:
+            raise ValueError("slow_threshold must be in (0, 1)")
+        if self.instant_threshold < self.slow_threshold:
+            raise ValueError("instant_threshold must be >= slow_threshold")
+        if min(self.open_windows, self.resolve_windows, self.persistent_windows) < 1:
+            raise ValueError("open_windows, resolve_windows, persistent_windows must be >= 1")
+        if self.warmup_windows < 0:
+            raise ValueError("warmup_windows must be >= 0")
+        if self.stall_factor <= 0 or self.min_stall_s < 0 or self.restart_grace_s < 0:
+            raise ValueError("stall_factor must be > 0, min_stall_s and restart_grace_s >= 0")
