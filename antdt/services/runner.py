@@ -71,9 +71,12 @@ async def run_services(
     provider = setup_tracing(service_name, telemetry.otlp_endpoint)
     runtime.on_shutdown("flush", lambda: asyncio.to_thread(flush_tracing, provider))
     exported = setup_metrics(
-        service_name, port=telemetry.metrics_port, host=telemetry.metrics_host,
-        otlp_endpoint=telemetry.metrics_otlp_endpoint, interval_s=telemetry.metrics_interval_s,
-    )  # fmt: skip
+        service_name,
+        port=telemetry.metrics_port,
+        host=telemetry.metrics_host,
+        otlp_endpoint=telemetry.metrics_otlp_endpoint,
+        interval_s=telemetry.metrics_interval_s,
+    )
     if exported is not None:
         runtime.on_shutdown("flush", lambda: asyncio.to_thread(exported.flush))
     runtime.install_signal_handlers()
