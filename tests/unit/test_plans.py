@@ -17,7 +17,7 @@ from antdt.services.controller.plans import (
     proportional_shares,
     upper_bounds,
 )
-from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.policies import JobView
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,7 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies import DdPolicy, load_policy
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView
+from antdt.services.controller.policies import AdjustBatchAction, DdPolicy, JobView, load_policy
 from antdt.services.controller.policies.dd import DdParams, plan_dd
 
 JOB = "dd1"

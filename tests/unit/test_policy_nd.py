@@ -29,8 +29,8 @@ from antdt.services.controller.policies import (
     KillRestartAction,
     load_policy,
 )
-from antdt.services.controller.policies.base import remaining_samples
 from antdt.services.controller.policies.nd import NdParams, estimate_restart
+from antdt.services.controller.view import remaining_samples
 from tests.unit.test_policies import JOB, STRAGGLER, health, spec, view
 
 HOSTS = {r: f"h{r}" for r in range(4)}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from antdt.schemas import ActionProposal, JobHealth, JobSpec, Plan
-from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.policies import JobView
 from antdt.services.controller.proposals import (
     Refusal,
     change_violation,

@@ -32,9 +32,10 @@ from antdt.schemas import (
     RestartLedger,
     Subjects,
 )
+from antdt.services.controller.actions import AdjustBatchAction
 from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView, remaining_samples
 from antdt.services.controller.restarts import Progress
+from antdt.services.controller.view import JobView, remaining_samples
 
 log = structlog.get_logger("antdt.controller.executor")
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.plans import upper_bounds
-
-if TYPE_CHECKING:  # policies import the guardrails
-    from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.view import JobView
 
 T = TypeVar("T", int, float, str, bool)
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 from antdt.schemas import JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
-
-if TYPE_CHECKING:
-    from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.view import JobView
 
 
 def upper_bounds(

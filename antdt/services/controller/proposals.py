@@ -45,10 +45,11 @@ from dataclasses import dataclass, replace
 from antdt.runtime.bus import Delivery, Rejected
 from antdt.runtime.store import Store
 from antdt.schemas import ActionProposal, ActionRecord, ActionResult, JobSpec, Keys, Subjects
+from antdt.services.controller.actions import AdjustBatchAction
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView
+from antdt.services.controller.view import JobView
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from antdt.schemas import (
     PendingRestart,
     RestartLedger,
 )
+from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.executor import (
     Executor,
     JobState,
@@ -48,7 +49,6 @@ from antdt.services.controller.executor import (
     plan_violations,
 )
 from antdt.services.controller.guardrails import Guardrails
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView, KillRestartAction
 from antdt.services.controller.restarts import (
     AckTally,
     abandon,
@@ -57,6 +57,7 @@ from antdt.services.controller.restarts import (
     observe,
     restart_violation,
 )
+from antdt.services.controller.view import JobView
 
 log = structlog.get_logger("antdt.controller.restarter")
 

@@ -19,8 +19,9 @@ from antdt.schemas import (
     RestartLedger,
 )
 from antdt.schemas.restarts import MAX_COSTS
+from antdt.services.controller.actions import KillRestartAction
 from antdt.services.controller.guardrails import Guardrails
-from antdt.services.controller.policies.base import JobView, KillRestartAction
+from antdt.services.controller.view import JobView
 
 
 def restart_violation(view: JobView, action: KillRestartAction, rails: Guardrails) -> str:

@@ -40,11 +40,11 @@ from antdt.schemas import (
     RestartLedger,
     Subjects,
 )
+from antdt.services.controller.actions import AdjustBatchAction
 from antdt.services.controller.blocklist import Blocklist
 from antdt.services.controller.executor import Executor, JobState
 from antdt.services.controller.hellos import RankHellos, learn_hello
-from antdt.services.controller.policies import load_policy
-from antdt.services.controller.policies.base import AdjustBatchAction, Policy
+from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
 from antdt.services.controller.restarter import Restarter
 

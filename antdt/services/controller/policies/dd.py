@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import Incident, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import Guardrails, read_param
 from antdt.services.controller.plans import (
     accumulation_upper_bounds,
@@ -61,13 +62,8 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.base import (
-    Action,
-    AdjustBatchAction,
-    JobView,
-    plan_action_id,
-)
 from antdt.services.controller.policies.lbbsp import measured_speeds
+from antdt.services.controller.view import JobView
 
 #: dd's own defaults for the shared guardrails (a job's params still override them).
 DD_DEFAULTS: dict[str, PolicyParam] = {"max_change": 8.0}

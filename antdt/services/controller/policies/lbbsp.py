@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, RankState
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import (
     Guardrails,
     batch_bounds,
@@ -54,12 +55,7 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.base import (
-    Action,
-    AdjustBatchAction,
-    JobView,
-    plan_action_id,
-)
+from antdt.services.controller.view import JobView
 
 _ACTIONABLE = (IncidentKind.SLOW, IncidentKind.LEADER)
 

@@ -56,15 +56,11 @@ from dataclasses import dataclass, replace
 
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, KillRestartAction, restart_action_id
 from antdt.services.controller.guardrails import Guardrails, batch_bounds, read_param
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
-from antdt.services.controller.policies.base import (
-    Action,
-    JobView,
-    KillRestartAction,
-    restart_action_id,
-)
 from antdt.services.controller.policies.lbbsp import LbBspPolicy, judged_speeds, measured_speeds
+from antdt.services.controller.view import JobView
 
 
 @dataclass(frozen=True)
