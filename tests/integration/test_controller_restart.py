@@ -33,9 +33,9 @@ from antdt.schemas import (
     StragglerClass,
     Subjects,
 )
-from antdt.services.controller.executor import JobState
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.service import ControllerService
+from antdt.services.controller.state import JobState
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.fake_ranks import FakeRanks
@@ -213,12 +213,12 @@ async def test_never_restarts_a_job_it_does_not_own(
     action = KillRestartAction(action_id=f"{job.name}-restart-1", rank=3, host="slot3",
                                reason="test", local_batch_after=(32,) * 4)  # fmt: skip
     view = state.view(time.time())
-    record = await controller.restarter.kill_restart(state, action, view)
+    record = await controller.executor.apply(state, action, view)
     assert record.result == ActionResult.FAILED  # the fence held: nothing written
     assert await store.get(job.keys.restarts(job.name)) is None
     assert await store.get(job.keys.blocklist("slot3")) is None
     controller.ownership._owned.pop(job.name, None)  # what a lease loss does
-    record = await controller.restarter.kill_restart(state, replace(action), view)
+    record = await controller.executor.apply(state, replace(action), view)
     assert record.result == ActionResult.REFUSED and record.error == "job not owned by this replica"
     assert job.ranks.kills() == []
     # Only the first (still believed owned) is on ANTDT_ACTIONS: the other replica answers now.

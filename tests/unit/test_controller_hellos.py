@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from antdt.schemas import JobSpec, Keys, Plan, RankHello
-from antdt.services.controller.executor import JobState
-from antdt.services.controller.hellos import RankHellos, learn_hello
+from antdt.services.controller.hellos import RankHellos
+from antdt.services.controller.state import JobState
 
 SPEC = JobSpec(job="j", world_size=2, dataset_size=100, shard_size=10, global_batch=8)
 
@@ -29,10 +29,10 @@ def test_the_newest_process_of_a_rank_wins_and_an_older_hello_is_ignored() -> No
 
 def test_a_hello_sets_host_start_and_cap_and_one_without_a_cap_clears_it() -> None:
     job = state()
-    learn_hello(job, hello(1, 10.0, cap=64))
+    job.learn_hello(hello(1, 10.0, cap=64))
     assert (job.hosts, job.started, job.memory_caps) == ({1: "h1-10"}, {1: 10.0}, {1: 64})
-    learn_hello(job, hello(1, 20.0))  # a new process on a device of unknown memory
+    job.learn_hello(hello(1, 20.0))  # a new process on a device of unknown memory
     assert (job.hosts[1], job.memory_caps) == ("h1-20", {})
-    learn_hello(job, hello(1, 30.0, cap=8, world=3))  # another world: not this job's rank
-    learn_hello(job, hello(5, 30.0, cap=8, world=2))  # out of range
+    job.learn_hello(hello(1, 30.0, cap=8, world=3))  # another world: not this job's rank
+    job.learn_hello(hello(5, 30.0, cap=8, world=2))  # out of range
     assert (job.hosts, job.memory_caps) == ({1: "h1-20"}, {})

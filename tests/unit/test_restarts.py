@@ -9,10 +9,10 @@ import pytest
 
 from antdt.schemas import Ack, ErrorReply, JobHealth, PendingRestart, RestartLedger
 from antdt.schemas.restarts import MAX_COSTS
+from antdt.services.controller.acks import AckTally
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.restarts import (
-    AckTally,
     Progress,
     abandon,
     begin,

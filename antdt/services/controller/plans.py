@@ -1,9 +1,8 @@
-"""Plan arithmetic: integer batch shares that keep the global batch exactly. Pure.
+"""Plan arithmetic and the one plan builder. Pure.
 
-Every function here keeps the invariant the training side relies on: per-rank local
-batches sum to the global batch, each within its rank's bounds (min batch, max batch,
-memory cap), whenever such a plan exists at all; otherwise it says so with ValueError.
-"""
+Every function keeps the invariant the training side relies on: per-rank local batches
+sum to the global batch, each within its rank's bounds (min batch, max batch, memory
+cap), whenever such a plan exists; otherwise it says so with ValueError."""
 
 from __future__ import annotations
 
@@ -11,9 +10,9 @@ import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
-from antdt.schemas import JobSpec, Plan
+from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
-from antdt.services.controller.view import JobView
+from antdt.services.controller.actions import AdjustBatchAction
 
 
 def upper_bounds(
@@ -152,17 +151,43 @@ def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> 
     return max(times, default=0.0)
 
 
-def next_plan(view: JobView, local_batch: Sequence[int], reason: str, effective_step: int) -> Plan:
-    """The plan following the view's current one (version + 1)."""
+def initial_plan(spec: JobSpec, now: float) -> Plan:
+    """Version 0 of a job's plan: equal shares from step 0."""
     return Plan(
-        job=view.spec.job,
-        version=view.plan.version + 1,
-        local_batch=tuple(local_batch),
-        effective_step=effective_step,
-        reason=reason[:512],
-        policy=view.spec.policy,
-        created_at=view.now,
+        job=spec.job,
+        version=0,
+        local_batch=spec.equal_shares(),
+        effective_step=0,
+        reason="initial plan: equal shares",
+        policy=spec.policy,
+        created_at=now,
     )
+
+
+def next_plan(
+    current: Plan, action: AdjustBatchAction, *, policy: str, effective_step: int, now: float
+) -> Plan:
+    """The plan that carries `action` out, following `current` (version + 1)."""
+    return Plan(
+        job=current.job,
+        version=current.version + 1,
+        local_batch=action.local_batch,
+        micro_batch=action.micro_batch,
+        accumulation=action.accumulation,
+        effective_step=effective_step,
+        reason=action.reason[:512],
+        policy=policy,
+        created_at=now,
+    )
+
+
+def estimate_current_step(health: JobHealth | None, now: float) -> int:
+    """Health is up to a period old: extrapolate the step from the measured step time."""
+    if health is None:
+        return 0
+    if health.step_s <= 0:
+        return health.step
+    return health.step + math.ceil(max(0.0, now - health.at) / health.step_s)
 
 
 # -- micro-batches and gradient accumulation ---------------------------------------------------

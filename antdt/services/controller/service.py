@@ -28,7 +28,6 @@ from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,
     Incident,
-    IncidentState,
     JobHealth,
     JobSpec,
     Keys,
@@ -40,13 +39,12 @@ from antdt.schemas import (
     RestartLedger,
     Subjects,
 )
-from antdt.services.controller.actions import AdjustBatchAction
 from antdt.services.controller.blocklist import Blocklist
-from antdt.services.controller.executor import Executor, JobState
-from antdt.services.controller.hellos import RankHellos, learn_hello
+from antdt.services.controller.executor import Executor, Timing
+from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
-from antdt.services.controller.restarter import Restarter
+from antdt.services.controller.state import JobState
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
@@ -90,20 +88,15 @@ class ControllerService:
         self.subjects = Subjects(settings.nats.subject_prefix)
         self.keys = Keys(settings.etcd.key_prefix)
         self.ownership = Ownership.for_service(store, settings, SERVICE)
-        self.executor = Executor(
-            bus,
-            store,
-            self.ownership,
-            subjects=self.subjects,
-            keys=self.keys,
+        timing = Timing(
             lead_steps=settings.lead_steps,
+            restart_lead_steps=settings.restart_lead_steps,
+            blocklist_ttl_s=settings.blocklist_ttl_s,
             ack_timeout_s=settings.ack_timeout_s,
             ack_deadline_s=settings.ack_deadline_s,
         )
-        self.restarter = Restarter(
-            self.executor,
-            restart_lead_steps=settings.restart_lead_steps,
-            blocklist_ttl_s=settings.blocklist_ttl_s,
+        self.executor = Executor(
+            bus, store, self.ownership, subjects=self.subjects, keys=self.keys, timing=timing
         )
         self.jobs: dict[str, JobState] = {}
         self._ended: Recent[None] = Recent(MAX_ENDED)  # jobs whose ranks all exited
@@ -259,7 +252,7 @@ class ControllerService:
         if ledger is not None:
             state.restarts, state.restarts_revision = ledger
         for hello in await self.hellos.load(job):
-            learn_hello(state, hello)
+            state.learn_hello(hello)
         # A takeover (or a restart of this replica): finish what was in flight.
         state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
         self.jobs.setdefault(job, state)
@@ -275,7 +268,7 @@ class ControllerService:
             return
         state = await self._state(hello.job)  # loading it learns (and stores) the hello
         if state is not None and state.started.get(hello.rank) != hello.started_at:
-            learn_hello(state, hello)
+            state.learn_hello(hello)
             self.hellos.save(hello)
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
@@ -301,9 +294,9 @@ class ControllerService:
             async with state.busy:
                 if state.resume_pending:
                     state.resume_pending = False
-                    await self.restarter.resume(state, self.blocklist.hosts(time.time()))
+                    await self.executor.resume(state, self.blocklist.hosts(time.time()))
         try:
-            await self.restarter.observe(state, health)
+            await self.executor.observe(state, health)
         except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
             log.warning("restart cost not observed", job=health.job, error=str(exc))
         await self._decide(state, health)
@@ -313,10 +306,7 @@ class ControllerService:
         if state is None:
             return
         self.traces.incident(incident)  # decisions on it join its trace
-        if incident.state == IncidentState.RESOLVED:
-            state.incidents.pop(incident.id, None)
-        else:
-            state.incidents[incident.id] = incident
+        state.learn_incident(incident)
         await self._decide(state, incident)
 
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
@@ -332,10 +322,7 @@ class ControllerService:
                     if not self.ownership.owns(state.spec.job):
                         return
                     with decision.action(action):
-                        if isinstance(action, AdjustBatchAction):
-                            record = await self.executor.adjust_batch(state, action)
-                        else:
-                            record = await self.restarter.kill_restart(state, action, view)
+                        record = await self.executor.apply(state, action, view)
                         decision.done(record, view.health)
 
     def _policy(self, name: str) -> Policy:
