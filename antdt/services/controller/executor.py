@@ -74,29 +74,19 @@ class Executor:
         """Carry `action` out for the owned job `state` (decided on `view`)."""
         match action:
             case AdjustBatchAction():
-                return await self._adjust(state, action)
+                return await self._adjust_batch(state, action)
             case KillRestartAction():
-                return await self._restart(state, action, view)
+                return await self._kill_restart(state, action, view)
             case _:
                 assert_never(action)
 
     async def refuse(self, state: JobState, action: AdjustBatchAction, error: str) -> ActionRecord:
         """Record that `action` was refused before it was applied, and why."""
-        now = time.time()
-        return await self.actions.record(
-            records.adjust_record(
-                state.spec,
-                action,
-                ActionResult.REFUSED,
-                decided_at=now,
-                completed_at=now,
-                error=error,
-            )
-        )
+        return await self._adjusted(state, action, time.time(), error=error)
 
     # -- ADJUST_BS ------------------------------------------------------------------------
 
-    async def _adjust(
+    async def _adjust_batch(
         self, state: JobState, action: AdjustBatchAction, *, effective_step: int | None = None
     ) -> ActionRecord:
         """Plan CAS (fenced), AdjustBatch to every rank, ActionRecord. The plan starts at
@@ -165,7 +155,7 @@ class Executor:
 
     # -- KILL_RESTART ---------------------------------------------------------------------
 
-    async def _restart(
+    async def _kill_restart(
         self, state: JobState, action: KillRestartAction, view: JobView
     ) -> ActionRecord:
         """Guardrails again; ledger and blocklist in one fenced CAS; then `_finish`."""
@@ -255,7 +245,7 @@ class Executor:
                 reason=f"plan after {pending.action_id}: rank {pending.rank} on a healthy host",
                 incident_id=pending.incident_id,
             )
-            await self._adjust(state, after, effective_step=pending.checkpoint_step + 1)
+            await self._adjust_batch(state, after, effective_step=pending.checkpoint_step + 1)
         return await self.actions.record(
             self._restart_record(
                 state, pending, tally.result, acked=tally.acked, error=tally.error()

@@ -1,9 +1,7 @@
 """What each rank's latest process said of itself (RankHello): host, start, memory cap.
-
-Every replica keeps the latest hello of every rank it heard (a rank says hello before it
-registers, so before anyone owns its job); the owner stores them at
-`jobs/{job}/ranks/{rank}`, fenced and written behind in batches, and a replica loading a
-job merges the stored and the heard ones, the newest process winning."""
+Every replica keeps the hellos it hears (a rank says hello before anyone owns its job);
+the owner stores them at `jobs/{job}/ranks/{rank}`, fenced and written behind in
+batches; loading a job merges the stored and the heard ones, the newest process winning."""
 
 from __future__ import annotations
 

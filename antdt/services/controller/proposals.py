@@ -1,9 +1,7 @@
-"""Custom policies: ActionProposals from any process, held to every policy's guardrails.
-
-The owner of the job answers a proposal with the ActionRecord of what it did, or refuses
-it with an ErrorReply (code and reason, also recorded on ANTDT_ACTIONS); any replica
-refuses a job that does not exist. `check_proposal` is the pure check, in order:
-unknown_rank, bad_request, stale, guardrail, no_change, hold."""
+"""Custom policies' ActionProposals, held to every policy's guardrails. The job's owner
+answers with the ActionRecord, or refuses with an ErrorReply (also recorded); the pure
+check (`check_proposal`) is, in order: unknown_rank, bad_request, stale, guardrail,
+no_change, hold."""
 
 from __future__ import annotations
 
