@@ -41,14 +41,30 @@ def health(job: str, away: dict[int, RankState] | None = None) -> JobHealth:
     """Rank 3 three times slower; `away`: ranks shown exited or restarting instead."""
     away = away or {}
     ranks = tuple(
-        RankHealth(rank=r, host=f"h{r}",
-                   state=away.get(r, RankState.SLOW if r == 3 else RankState.OK),
-                   last_step=100, local_batch=16, samples_per_s=100.0 if r == 3 else 300.0,
-                   compute_s_per_sample=0.01, ratio=1.0, data_wait_share=0.0, comm_share=0.1)
+        RankHealth(
+            rank=r,
+            host=f"h{r}",
+            state=away.get(r, RankState.SLOW if r == 3 else RankState.OK),
+            last_step=100,
+            local_batch=16,
+            samples_per_s=100.0 if r == 3 else 300.0,
+            compute_s_per_sample=0.01,
+            ratio=1.0,
+            data_wait_share=0.0,
+            comm_share=0.1,
+        )
         for r in range(WORLD)
-    )  # fmt: skip
-    return JobHealth(job=job, at=time.time(), step=100, step_s=0.1, samples_per_s=1.0,
-                     balance_efficiency=0.5, plan_version=0, ranks=ranks)  # fmt: skip
+    )
+    return JobHealth(
+        job=job,
+        at=time.time(),
+        step=100,
+        step_s=0.1,
+        samples_per_s=1.0,
+        balance_efficiency=0.5,
+        plan_version=0,
+        ranks=ranks,
+    )
 
 
 @dataclass
@@ -73,13 +89,29 @@ async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncItera
         await bus.jetstream.ensure_stream(
             INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600
         )
-        spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
-                       global_batch=64, policy="lb-bsp")  # fmt: skip
+        spec = JobSpec(
+            job=job,
+            world_size=WORLD,
+            dataset_size=1000,
+            shard_size=10,
+            global_batch=64,
+            policy="lb-bsp",
+        )
         await bus.request(subjects.register(job), spec, RegisterReply)
         now = time.time()
-        incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
-                            state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
-                            ratio=3.0, windows=3)  # fmt: skip
+        incident = Incident(
+            id="i1",
+            job=job,
+            rank=3,
+            host="h3",
+            kind=IncidentKind.SLOW,
+            state=IncidentState.OPENED,
+            step=100,
+            opened_at=now,
+            updated_at=now,
+            ratio=3.0,
+            windows=3,
+        )
         yield LbBspJob(job, subjects, running.by_name["controller"], ranks, incident, spec)
     finally:
         await ranks.close()

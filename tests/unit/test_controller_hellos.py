@@ -10,8 +10,15 @@ SPEC = JobSpec(job="j", world_size=2, dataset_size=100, shard_size=10, global_ba
 
 
 def hello(rank: int, started_at: float, cap: int | None = None, world: int = 2) -> RankHello:
-    return RankHello(job="j", rank=rank, world_size=world, host=f"h{rank}-{started_at:g}",
-                     pid=1, started_at=started_at, max_local_batch=cap)  # fmt: skip
+    return RankHello(
+        job="j",
+        rank=rank,
+        world_size=world,
+        host=f"h{rank}-{started_at:g}",
+        pid=1,
+        started_at=started_at,
+        max_local_batch=cap,
+    )
 
 
 def state() -> JobState:
