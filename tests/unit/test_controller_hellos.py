@@ -1,8 +1,9 @@
-"""The controller's memory of what each rank's latest process said of itself."""
+"""The controller's record of a job: what each rank's latest process said of itself, and
+the open incidents."""
 
 from __future__ import annotations
 
-from antdt.schemas import JobSpec, Keys, Plan, RankHello
+from antdt.schemas import Incident, IncidentKind, IncidentState, JobSpec, Keys, Plan, RankHello
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.state import JobState
 
@@ -43,3 +44,26 @@ def test_a_hello_sets_host_start_and_cap_and_one_without_a_cap_clears_it() -> No
     job.learn_hello(hello(1, 30.0, cap=8, world=3))  # another world: not this job's rank
     job.learn_hello(hello(5, 30.0, cap=8, world=2))  # out of range
     assert (job.hosts, job.memory_caps) == ({1: "h1-20"}, {})
+
+
+def test_an_incident_is_kept_open_at_its_latest_transition_until_resolved() -> None:
+    job = state()
+    opened = Incident(
+        id="i",
+        job="j",
+        rank=1,
+        host="h1",
+        kind=IncidentKind.SLOW,
+        state=IncidentState.OPENED,
+        step=5,
+        opened_at=1.0,
+        updated_at=1.0,
+        ratio=2.0,
+        windows=3,
+    )
+    escalated = opened.model_copy(update={"state": IncidentState.ESCALATED, "windows": 6})
+    job.learn_incident(opened)
+    job.learn_incident(escalated)
+    assert job.view(2.0).open_incidents == (escalated,)
+    job.learn_incident(escalated.model_copy(update={"state": IncidentState.RESOLVED}))
+    assert job.incidents == {} and job.view(3.0).open_incidents == ()
