@@ -134,31 +134,32 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
 ) -> None:
     async with lbbsp_job(settings, bus, "ranks-leave") as t:
         job, subjects, controller = t.job, t.subjects, t.controller
-        handled, decisions = controller.handled, controller.decisions
+        counts = controller.counts
         # Rank 0 is restarting: the straggler is plain to see, but a plan needs every ack.
         await bus.publish(subjects.health(job), health(job, {0: RankState.RESTARTING}))
         await bus.jetstream.publish(subjects.incident(job), t.incident)
         await wait_for(
-            lambda: handled[(job, "health")] == 1 and handled[(job, "incident")] == 1,
+            lambda: counts[job, "health"] == 1 and counts[job, "incident"] == 1,
             what="the health and the incident handled",
         )
         assert "i1" in controller.jobs[job].incidents
-        assert decisions[job] == 0 and t.ranks.commands == 0  # the policy was not even asked
+        # The policy was not even asked, and nothing was sent.
+        assert counts[job, "decision"] == 0 and t.ranks.commands == 0
         await bus.publish(subjects.health(job), health(job))  # everyone back: it plans
         await t.ranks.wait_version(1, timeout=10)
-        assert decisions[job] >= 1
+        assert counts[job, "decision"] >= 1
 
         ended = {r: RankState.EXITED for r in range(WORLD)}
         await bus.publish(subjects.health(job), health(job, ended))
         await wait_for(lambda: job not in controller.jobs, what="the ended job dropped")
-        loads, asked = controller.owned.loads, decisions[job]
+        loads, asked = controller.owned.loads, counts[job, "decision"]
         await bus.jetstream.publish(
             subjects.incident(job), t.incident.model_copy(update={"id": "i2"})
         )
-        await wait_for(lambda: handled[(job, "incident")] == 2, what="the late incident handled")
+        await wait_for(lambda: counts[job, "incident"] == 2, what="the late incident handled")
         # It loaded nothing and decided nothing: the job stays dropped.
         assert job not in controller.jobs and not controller.ownership.owns(job)
-        assert (controller.owned.loads, decisions[job]) == (loads, asked)
+        assert (controller.owned.loads, counts[job, "decision"]) == (loads, asked)
 
         hello = RankHello(
             job=job, rank=0, world_size=WORLD, host="h0", pid=1, started_at=time.time()

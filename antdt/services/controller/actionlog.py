@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 
 import structlog
 
 from antdt.runtime.bus import Bus, BusError, StreamMissing
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.schemas import ACTION_STREAM, ActionRecord, ActionResult, Subjects
+from antdt.services.controller.counts import JobCounts
 
 log = structlog.get_logger("antdt.controller.actions")
 #: Records read back per job at a takeover, at most.
@@ -21,12 +21,12 @@ class ActionLog:
         self.bus = bus
         self.subjects = subjects
         self.ownership = ownership
-        self.counts: Counter[tuple[str, str]] = Counter()  # (job, result): records made
+        self.counts = JobCounts()  # (job, result): records made
 
     async def record(self, record: ActionRecord) -> ActionRecord:
         """Publish `record`, de-duplicated by action id. A failure or refusal for a job
         owned elsewhere now is not published: its new owner answers for the job."""
-        self.counts[(record.job, record.result.value)] += 1
+        self.counts.add(record.job, record.result.value)
         lost = not self.ownership.owns(record.job)
         if lost and record.result in (ActionResult.FAILED, ActionResult.REFUSED):
             log.info(

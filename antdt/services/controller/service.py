@@ -6,7 +6,6 @@ are the executor's."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import structlog
 from pydantic import Field
@@ -33,6 +32,7 @@ from antdt.schemas import (
     Subjects,
 )
 from antdt.services.controller.blocklist import Blocklist
+from antdt.services.controller.counts import JobCounts
 from antdt.services.controller.ended import job_ended
 from antdt.services.controller.executor import Executor, Timing
 from antdt.services.controller.hellos import RankHellos
@@ -101,8 +101,7 @@ class ControllerService:
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
-        self.handled: Counter[tuple[str, str]] = Counter()  # (job, event kind) handled
-        self.decisions: Counter[str] = Counter()  # job -> times its policy was asked
+        self.counts = JobCounts()  # (job, "hello" | "health" | "incident" | "decision")
 
     @property
     def jobs(self) -> dict[str, JobState]:
@@ -122,7 +121,7 @@ class ControllerService:
         await self.bus.subscribe(s.any_job("health"), JobHealth, self._on_health)
         await self.bus.subscribe(s.any_job("incident"), Incident, self._on_incident)
         await self.bus.subscribe(s.any_job("hello.*"), RankHello, self._on_hello)
-        desk = ProposalDesk(self.executor, self.store, self.keys, s, self.owned.get)
+        desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
         await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn("hellos", self.hellos.write_loop())
@@ -165,9 +164,15 @@ class ControllerService:
 
     async def _claim_round(self) -> None:
         """Claim every live job nobody owns (a takeover) and load what is not loaded."""
-        for job in await live_jobs(self.store, self.keys):
-            if job not in self.owned.ended:
-                await self.owned.claim(job)
+        for job in await self._claimable():
+            await self.owned.claim(job)
+
+    async def _claimable(self) -> list[str]:
+        return [j for j in await live_jobs(self.store, self.keys) if j not in self.owned.ended]
+
+    async def _state(self, job: str) -> JobState | None:
+        """The owned job's state, loaded when it was claimed (None: not ours, or ended)."""
+        return await self.owned.get(job)
 
     async def _forget(self, job: str) -> None:
         self.owned.forget(job)
@@ -179,22 +184,22 @@ class ControllerService:
             raise Rejected("bad_request", "job or rank does not match the subject")
         self.owned.ended.live_again(hello.job)
         if self.hellos.remember(hello):
-            state = await self.owned.get(hello.job)
+            state = await self._state(hello.job)
             if state is not None and state.started.get(hello.rank) != hello.started_at:
                 state.learn_hello(hello)
                 self.hellos.save(hello)
-        self.handled[(hello.job, "hello")] += 1
+        self.counts.add(hello.job, "hello")
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
         ended = job_ended(health)
         if not ended:  # a job taken for abandoned that stepped on is live again
             self.owned.ended.live_again(health.job)
-        state = await self.owned.get(health.job)
+        state = await self._state(health.job)
         if state is not None and ended:
             await self.owned.end(health.job)
         elif state is not None:
             await self._follow_health(state, health)
-        self.handled[(health.job, "health")] += 1
+        self.counts.add(health.job, "health")
 
     async def _follow_health(self, state: JobState, health: JobHealth) -> None:
         state.health = health
@@ -211,12 +216,12 @@ class ControllerService:
         await self._decide(state, health)
 
     async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
-        state = await self.owned.get(incident.job)
+        state = await self._state(incident.job)
         if state is not None:
             self.traces.incident(incident)  # decisions on it join its trace
             state.learn_incident(incident)
             await self._decide(state, incident)
-        self.handled[(incident.job, "incident")] += 1
+        self.counts.add(incident.job, "incident")
 
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
         if state.busy.locked():  # an action is in flight; the next event re-decides
@@ -228,7 +233,7 @@ class ControllerService:
             policy = self._policy(state.spec.policy)
             now = time.time()
             view = state.view(now, self.blocklist.hosts(now))
-            self.decisions[job] += 1
+            self.counts.add(job, "decision")
             with self.traces.decide(job, state.spec.policy, event) as decision:
                 for action in policy.decide(view, event):
                     if not self.ownership.owns(job):
