@@ -16,6 +16,7 @@ from antdt.services.controller.restarts import (
     Progress,
     abandon,
     begin,
+    blocklist_entry,
     kill_command,
     observe,
     restart_violation,
@@ -92,6 +93,13 @@ def test_begin_uses_budget_and_marks_the_restart_in_flight() -> None:
     assert ledger.pending.local_batch_after == (32, 32, 32, 32)
     assert ledger.pending.incident_id == "inc-1"
     assert abandon(ledger).pending is None and abandon(ledger).count == 1
+
+
+def test_the_blocklist_entry_ends_after_its_ttl_or_never() -> None:
+    entry = blocklist_entry(ACTION, JOB, at=10.0, ttl_s=60.0)
+    assert (entry.host, entry.rank, entry.action_id) == ("h3", 3, ACTION.action_id)
+    assert (entry.at, entry.until) == (10.0, 70.0)
+    assert blocklist_entry(ACTION, JOB, at=10.0, ttl_s=0.0).until is None
 
 
 def test_kill_command_avoids_the_host_and_the_blocklist() -> None:

@@ -20,7 +20,6 @@ from antdt.schemas import (
     ActionRecord,
     ActionResult,
     AdjustBatch,
-    BlocklistEntry,
     JobHealth,
     Keys,
     PendingRestart,
@@ -172,15 +171,8 @@ class Executor:
             decided_at=decided_at,
             step_s=health.step_s if health else 0.0,
         )
-        ttl = self.timing.blocklist_ttl_s
-        entry = BlocklistEntry(
-            host=action.host,
-            job=state.spec.job,
-            rank=action.rank,
-            action_id=action.action_id,
-            reason=action.reason[:512],
-            at=decided_at,
-            until=decided_at + ttl if ttl else None,
+        entry = restarts.blocklist_entry(
+            action, state.spec.job, at=decided_at, ttl_s=self.timing.blocklist_ttl_s
         )
         blocked = Put(self.keys.blocklist(action.host), entry.model_dump_json().encode())
         async with state.ledger_lock:

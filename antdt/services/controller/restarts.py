@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from antdt.schemas import JobHealth, KillRestart, PendingRestart, RestartLedger
+from antdt.schemas import BlocklistEntry, JobHealth, KillRestart, PendingRestart, RestartLedger
 from antdt.schemas.restarts import MAX_COSTS
 from antdt.services.controller.actions import KillRestartAction
 from antdt.services.controller.guardrails import Guardrails
@@ -52,6 +52,21 @@ def begin(
             "last_checkpoint_step": checkpoint_step,
             "pending": pending,
         }
+    )
+
+
+def blocklist_entry(
+    action: KillRestartAction, job: str, *, at: float, ttl_s: float
+) -> BlocklistEntry:
+    """The host the restart moves the rank off, blocked for `ttl_s` (0: until deleted)."""
+    return BlocklistEntry(
+        host=action.host,
+        job=job,
+        rank=action.rank,
+        action_id=action.action_id,
+        reason=action.reason[:512],
+        at=at,
+        until=at + ttl_s if ttl_s else None,
     )
 
 
