@@ -153,8 +153,10 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
     machine = compute_speed(steps, restart.effective_step + 6, last_step) / compute_speed(
         steps, 5, ONSET - 1
     )
-    print(f"throughput: before onset {before:.0f}/s, after restart {after:.0f}/s "
-          f"({after / before:.2f}; the machine at {machine:.2f} of its speed before)")  # fmt: skip
+    print(
+        f"throughput: before onset {before:.0f}/s, after restart {after:.0f}/s "
+        f"({after / before:.2f}; the machine at {machine:.2f} of its speed before)"
+    )
     # With rank 3 planned as healthy (checked above), what is left between the two figures
     # is any leader's share: 0.89-1.07 across runs here (machine included). A job still
     # behind the straggler, only batch-adjusted, runs at about 0.75.

@@ -20,8 +20,19 @@ pytestmark = pytest.mark.integration
 
 
 def entry(host: str, until: float | None) -> bytes:
-    return BlocklistEntry(host=host, job="j", rank=1, action_id="j-restart-1", reason="slow",
-                          at=time.time() - 60, until=until).model_dump_json().encode()  # fmt: skip
+    return (
+        BlocklistEntry(
+            host=host,
+            job="j",
+            rank=1,
+            action_id="j-restart-1",
+            reason="slow",
+            at=time.time() - 60,
+            until=until,
+        )
+        .model_dump_json()
+        .encode()
+    )
 
 
 async def test_a_replica_follows_the_blocklist_and_sweeps_only_what_expired(
@@ -64,8 +75,11 @@ def test_the_cli_lists_the_blocklist_and_allows_a_host(settings: ServiceSettings
         await store.close()
 
     asyncio.run(seed())
-    env = {"ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
-           "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix, "COLUMNS": "200"}  # fmt: skip
+    env = {
+        "ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
+        "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
+        "COLUMNS": "200",
+    }
     runner = CliRunner()
     listed = runner.invoke(app, ["blocklist", "list"], env=env)
     assert listed.exit_code == 0, listed.output

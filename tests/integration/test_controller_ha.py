@@ -83,8 +83,9 @@ class Job:
             self.step += 1
         hosts = {0: "slot0", 1: "slot1", 2: "slot2", 3: "slot4" if self.resumed else "slot3"}
         speeds = HEALTHY if self.resumed else STRAGGLER
-        await self.ranks.health(speeds, step=self.step, plan_version=self.plan_version(),
-                                hosts=hosts)  # fmt: skip
+        await self.ranks.health(
+            speeds, step=self.step, plan_version=self.plan_version(), hosts=hosts
+        )
 
 
 async def watch_plans(store: Store, key: str, start: int, into: list[Plan]) -> None:
@@ -108,8 +109,15 @@ async def test_owner_killed_mid_action_survivor_finishes_the_mitigation(
     names = ["controller-a", "controller-b"]
     try:
         with replicas(settings, names, tmp_path) as procs:
-            spec = JobSpec(job=name, world_size=4, dataset_size=10_000_000, shard_size=100,
-                           global_batch=128, policy="antdt-nd", policy_params=PARAMS)  # fmt: skip
+            spec = JobSpec(
+                job=name,
+                world_size=4,
+                dataset_size=10_000_000,
+                shard_size=100,
+                global_batch=128,
+                policy="antdt-nd",
+                policy_params=PARAMS,
+            )
             await wait_for(lambda: _register(bus, subjects, spec), timeout=60, what="register")
             owner = await wait_for(lambda: _owner(store, keys, name), what="an owner")
             await ranks.hello({r: f"slot{r}" for r in range(4)})
@@ -124,15 +132,23 @@ async def test_owner_killed_mid_action_survivor_finishes_the_mitigation(
             assert ranks.hold is not None
             ranks.hold.set()
             survivor = next(n for n in names if n != owner)
-            await wait_for(lambda: _owner_is(store, keys, name, survivor), timeout=30,
-                           interval=0.05, what="takeover")  # fmt: skip
+            await wait_for(
+                lambda: _owner_is(store, keys, name, survivor),
+                timeout=30,
+                interval=0.05,
+                what="takeover",
+            )
             takeover_s = time.monotonic() - killed_at
-            records = await wait_for(lambda: _records(bus, subjects, name, 1), timeout=20,
-                                     what="plan 1 recorded by the survivor")  # fmt: skip
+            records = await wait_for(
+                lambda: _records(bus, subjects, name, 1),
+                timeout=20,
+                what="plan 1 recorded by the survivor",
+            )
             await ranks.incident(3, "slot3", IncidentState.ESCALATED, StragglerClass.PERSISTENT)
             await wait_for(lambda: job.resumed, timeout=60, what="KILL_RESTART done, job resumed")
-            ledger = await wait_for(lambda: _measured(store, keys, name), timeout=20,
-                                    what="restart cost measured")  # fmt: skip
+            ledger = await wait_for(
+                lambda: _measured(store, keys, name), timeout=20, what="restart cost measured"
+            )
             records = await wait_for(lambda: _records(bus, subjects, name, 3), what="3 records")
             assert procs[survivor].poll() is None
     finally:

@@ -29,8 +29,14 @@ async def test_a_large_job_s_hellos_are_stored_a_batch_per_transaction(
 
         async def say_hellos(started_at: float) -> None:
             for rank in range(RANKS):
-                hello = RankHello(job=job, rank=rank, world_size=RANKS, host=f"h{rank}",
-                                  pid=rank + 1, started_at=started_at)  # fmt: skip
+                hello = RankHello(
+                    job=job,
+                    rank=rank,
+                    world_size=RANKS,
+                    host=f"h{rank}",
+                    pid=rank + 1,
+                    started_at=started_at,
+                )
                 await bus.publish(subjects.hello(job, rank), hello)
             await bus.flush()
 
@@ -41,8 +47,9 @@ async def test_a_large_job_s_hellos_are_stored_a_batch_per_transaction(
 
         first = time.time()
         await say_hellos(first)  # before registering, as agents do: nobody owns the job
-        await wait_for(lambda: len(controller.hellos._heard.get(job) or {}) == RANKS,
-                       what="every hello heard")  # fmt: skip
+        await wait_for(
+            lambda: len(controller.hellos._heard.get(job) or {}) == RANKS, what="every hello heard"
+        )
         wide = spec(job, world_size=RANKS, global_batch=RANKS * 2)
         await bus.request(subjects.register(job), wide, RegisterReply)
         await wait_for(lambda: stored_at(first), what="the hellos stored at registration")

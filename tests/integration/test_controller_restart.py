@@ -33,9 +33,9 @@ from antdt.schemas import (
     StragglerClass,
     Subjects,
 )
-from antdt.services.controller.executor import JobState
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.service import ControllerService
+from antdt.services.controller.state import JobState
 from antdt.testing import FakeRanks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
@@ -52,8 +52,9 @@ PARAMS = {"restart_cost_s": 1.0, "settle_steps": 2, "cooldown_s": 0.0}
 async def running(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
     # Acks that never come are waited for until the deadline: long enough that a stalled
     # machine (CI's do stall) does not turn the ranks' real acks into missing ones.
-    services = await start_services(settings, names=("controller",), ack_deadline_s=2.5,
-                                    ack_timeout_s=0.3)  # fmt: skip
+    services = await start_services(
+        settings, names=("controller",), ack_deadline_s=2.5, ack_timeout_s=0.3
+    )
     yield services
     await services.runtime.shutdown()
 
@@ -74,9 +75,15 @@ class Job:
 
         await self.bus.subscribe(self.subjects.action(self.name), ActionRecord, on_record)
         await self.ranks.start()
-        spec = JobSpec(job=self.name, world_size=4, dataset_size=10_000_000, shard_size=100,
-                       global_batch=128, policy="antdt-nd",
-                       policy_params={**PARAMS, **params})  # fmt: skip
+        spec = JobSpec(
+            job=self.name,
+            world_size=4,
+            dataset_size=10_000_000,
+            shard_size=100,
+            global_batch=128,
+            policy="antdt-nd",
+            policy_params={**PARAMS, **params},
+        )
         await self.bus.request(self.subjects.register(self.name), spec, RegisterReply)
         await wait_for(lambda: controller.ownership.owns(self.name), what="controller owns job")
         await self.ranks.hello(SLOTS)
@@ -119,8 +126,11 @@ async def test_adjust_then_restart_measure_and_stop(
     assert (kill.rank, kill.host) == (3, "slot3") and kill.incident_id
     step = kill.effective_step
     assert step is not None
-    assert {(r, c.checkpoint_step, c.avoid_hosts) for r, c in job.ranks.received
-            if isinstance(c, KillRestart)} == {(r, step, ("slot3",)) for r in range(4)}  # fmt: skip
+    assert {
+        (r, c.checkpoint_step, c.avoid_hosts)
+        for r, c in job.ranks.received
+        if isinstance(c, KillRestart)
+    } == {(r, step, ("slot3",)) for r in range(4)}
     # etcd: the ledger and the blocklist in one txn; the plan for after the restart.
     ledger = await job.ledger()
     assert ledger.count == 1 and ledger.pending is not None
@@ -145,8 +155,9 @@ async def test_adjust_then_restart_measure_and_stop(
     await job.ranks.hello({3: "slot4"})
     state = controller.jobs[job.name]
     await wait_for(lambda: state.hosts[3] == "slot4", what="the new process's hello")
-    await job.ranks.health(HEALTHY, step=step + 3, plan_version=2, at=t0 + 7,
-                           hosts={**SLOTS, 3: "slot4"})  # fmt: skip
+    await job.ranks.health(
+        HEALTHY, step=step + 3, plan_version=2, at=t0 + 7, hosts={**SLOTS, 3: "slot4"}
+    )
     measured = await wait_for(lambda: _costs(job), what="restart cost measured")
     assert measured == (pytest.approx(7 - 2 * 0.1 - 0.1),)
     # etcd has it first; the controller's own copy follows once its transaction returned.
@@ -188,8 +199,12 @@ async def test_bad_acks_are_refused_and_nothing_applied(
     assert adjust.result == ActionResult.PARTIAL and adjust.missing_ranks == (2,)
     assert kill.result == ActionResult.FAILED and kill.acked_ranks == ()
     assert kill.error is not None
-    for reason in ("rank 3: disk full", "outside the job", "not " + str(kill.effective_step),
-                   f"{job.name}-restart-0"):  # fmt: skip
+    for reason in (
+        "rank 3: disk full",
+        "outside the job",
+        "not " + str(kill.effective_step),
+        f"{job.name}-restart-0",
+    ):
         assert reason in kill.error
     counts = controller.bus.rejections.counts
     assert counts[("kill_restart_ack", "bad_ack")] >= 3 and counts[("adjust_ack", "bad_ack")] >= 1
@@ -210,15 +225,20 @@ async def test_never_restarts_a_job_it_does_not_own(
     state: JobState = controller.jobs[job.name]
     owner_key = job.keys.owner("controller", job.name)
     await store.delete(owner_key)  # another replica's world now: we no longer own it
-    action = KillRestartAction(action_id=f"{job.name}-restart-1", rank=3, host="slot3",
-                               reason="test", local_batch_after=(32,) * 4)  # fmt: skip
+    action = KillRestartAction(
+        action_id=f"{job.name}-restart-1",
+        rank=3,
+        host="slot3",
+        reason="test",
+        local_batch_after=(32,) * 4,
+    )
     view = state.view(time.time())
-    record = await controller.restarter.kill_restart(state, action, view)
+    record = await controller.executor.apply(state, action, view)
     assert record.result == ActionResult.FAILED  # the fence held: nothing written
     assert await store.get(job.keys.restarts(job.name)) is None
     assert await store.get(job.keys.blocklist("slot3")) is None
     controller.ownership._owned.pop(job.name, None)  # what a lease loss does
-    record = await controller.restarter.kill_restart(state, replace(action), view)
+    record = await controller.executor.apply(state, replace(action), view)
     assert record.result == ActionResult.REFUSED and record.error == "job not owned by this replica"
     assert job.ranks.kills() == []
     # Only the first (still believed owned) is on ANTDT_ACTIONS: the other replica answers now.
@@ -228,26 +248,53 @@ async def test_never_restarts_a_job_it_does_not_own(
 
 @pytest.mark.parametrize(("step", "result"), [(40, "applied"), (60, "partial")])
 async def test_takeover_finishes_a_restart_left_in_flight(
-    running: RunningServices, bus: Bus, store: Store, settings: ServiceSettings, unique: str,
-    step: int, result: str,
-) -> None:  # fmt: skip
+    running: RunningServices,
+    bus: Bus,
+    store: Store,
+    settings: ServiceSettings,
+    unique: str,
+    step: int,
+    result: str,
+) -> None:
     """A dead owner wrote the ledger (restart in flight, checkpoint 50) but recorded
     nothing: the replica that claims the job broadcasts it again while the job is before
     the checkpoint, else records what is known."""
     controller: ControllerService = running.by_name["controller"]
     job = Job(bus, store, settings, f"{unique}-left")
-    spec = JobSpec(job=job.name, world_size=4, dataset_size=10_000_000, shard_size=100,
-                   global_batch=128, policy="antdt-nd", policy_params=PARAMS)  # fmt: skip
-    plan = Plan(job=job.name, version=1, local_batch=(39, 38, 38, 13), effective_step=20,
-                created_at=time.time())  # fmt: skip
-    pending = PendingRestart(action_id=f"{job.name}-restart-1", rank=3, host="slot3",
-                             checkpoint_step=50, decided_at=time.time(), reason="left",
-                             local_batch_after=(32,) * 4)  # fmt: skip
-    ledger = RestartLedger(count=1, last_decided_at=time.time(), last_checkpoint_step=50,
-                           pending=pending)  # fmt: skip
+    spec = JobSpec(
+        job=job.name,
+        world_size=4,
+        dataset_size=10_000_000,
+        shard_size=100,
+        global_batch=128,
+        policy="antdt-nd",
+        policy_params=PARAMS,
+    )
+    plan = Plan(
+        job=job.name,
+        version=1,
+        local_batch=(39, 38, 38, 13),
+        effective_step=20,
+        created_at=time.time(),
+    )
+    pending = PendingRestart(
+        action_id=f"{job.name}-restart-1",
+        rank=3,
+        host="slot3",
+        checkpoint_step=50,
+        decided_at=time.time(),
+        reason="left",
+        local_batch_after=(32,) * 4,
+    )
+    ledger = RestartLedger(
+        count=1, last_decided_at=time.time(), last_checkpoint_step=50, pending=pending
+    )
     job.ranks.versions = dict.fromkeys(range(4), 1)  # the ranks run plan 1 already
-    for key, value in [(job.keys.plan(job.name), plan), (job.keys.restarts(job.name), ledger),
-                       (job.keys.spec(job.name), spec)]:  # fmt: skip
+    for key, value in [
+        (job.keys.plan(job.name), plan),
+        (job.keys.restarts(job.name), ledger),
+        (job.keys.spec(job.name), spec),
+    ]:
         await store.put(key, value.model_dump_json().encode())
     await job.ranks.start()
     await bus.subscribe(job.subjects.action(job.name), ActionRecord, _sink(job.records))

@@ -6,7 +6,6 @@ while one has exited, the state dropped once all have, and back with a hello."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -30,7 +29,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
-from antdt.testing import acking_ranks as AckingRanks
+from antdt.testing import FakeRanks, acking_ranks
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 
@@ -42,14 +41,30 @@ def health(job: str, away: dict[int, RankState] | None = None) -> JobHealth:
     """Rank 3 three times slower; `away`: ranks shown exited or restarting instead."""
     away = away or {}
     ranks = tuple(
-        RankHealth(rank=r, host=f"h{r}",
-                   state=away.get(r, RankState.SLOW if r == 3 else RankState.OK),
-                   last_step=100, local_batch=16, samples_per_s=100.0 if r == 3 else 300.0,
-                   compute_s_per_sample=0.01, ratio=1.0, data_wait_share=0.0, comm_share=0.1)
+        RankHealth(
+            rank=r,
+            host=f"h{r}",
+            state=away.get(r, RankState.SLOW if r == 3 else RankState.OK),
+            last_step=100,
+            local_batch=16,
+            samples_per_s=100.0 if r == 3 else 300.0,
+            compute_s_per_sample=0.01,
+            ratio=1.0,
+            data_wait_share=0.0,
+            comm_share=0.1,
+        )
         for r in range(WORLD)
-    )  # fmt: skip
-    return JobHealth(job=job, at=time.time(), step=100, step_s=0.1, samples_per_s=1.0,
-                     balance_efficiency=0.5, plan_version=0, ranks=ranks)  # fmt: skip
+    )
+    return JobHealth(
+        job=job,
+        at=time.time(),
+        step=100,
+        step_s=0.1,
+        samples_per_s=1.0,
+        balance_efficiency=0.5,
+        plan_version=0,
+        ranks=ranks,
+    )
 
 
 @dataclass
@@ -60,7 +75,7 @@ class LbBspJob:
     job: str
     subjects: Subjects
     controller: Any
-    ranks: AckingRanks
+    ranks: FakeRanks
     incident: Incident
     spec: JobSpec
 
@@ -69,18 +84,34 @@ class LbBspJob:
 async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncIterator[LbBspJob]:
     running = await start_services(settings, ("controller",))
     subjects = Subjects(settings.nats.subject_prefix)
-    ranks = await AckingRanks(settings.nats, job, WORLD).start()
+    ranks = await acking_ranks(settings.nats, job, WORLD).start()
     try:
         await bus.jetstream.ensure_stream(
             INCIDENT_STREAM, [subjects.any_job("incident")], max_age_s=600
         )
-        spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
-                       global_batch=64, policy="lb-bsp")  # fmt: skip
+        spec = JobSpec(
+            job=job,
+            world_size=WORLD,
+            dataset_size=1000,
+            shard_size=10,
+            global_batch=64,
+            policy="lb-bsp",
+        )
         await bus.request(subjects.register(job), spec, RegisterReply)
         now = time.time()
-        incident = Incident(id="i1", job=job, rank=3, host="h3", kind=IncidentKind.SLOW,
-                            state=IncidentState.OPENED, step=100, opened_at=now, updated_at=now,
-                            ratio=3.0, windows=3)  # fmt: skip
+        incident = Incident(
+            id="i1",
+            job=job,
+            rank=3,
+            host="h3",
+            kind=IncidentKind.SLOW,
+            state=IncidentState.OPENED,
+            step=100,
+            opened_at=now,
+            updated_at=now,
+            ratio=3.0,
+            windows=3,
+        )
         yield LbBspJob(job, subjects, running.by_name["controller"], ranks, incident, spec)
     finally:
         await ranks.close()
@@ -103,27 +134,37 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
 ) -> None:
     async with lbbsp_job(settings, bus, "ranks-leave") as t:
         job, subjects, controller = t.job, t.subjects, t.controller
+        counts = controller.counts
         # Rank 0 is restarting: the straggler is plain to see, but a plan needs every ack.
         await bus.publish(subjects.health(job), health(job, {0: RankState.RESTARTING}))
         await bus.jetstream.publish(subjects.incident(job), t.incident)
-        await wait_for(lambda: job in controller.jobs and "i1" in controller.jobs[job].incidents,
-                       what="the controller has the health and the incident")  # fmt: skip
-        await asyncio.sleep(0.5)  # a plan would be on its way to the ranks by now
-        assert t.ranks.commands == 0
+        await wait_for(
+            lambda: counts[job, "health"] == 1 and counts[job, "incident"] == 1,
+            what="the health and the incident handled",
+        )
+        assert "i1" in controller.jobs[job].incidents
+        # The policy was not even asked, and nothing was sent.
+        assert counts[job, "decision"] == 0 and t.ranks.commands == 0
         await bus.publish(subjects.health(job), health(job))  # everyone back: it plans
         await t.ranks.wait_version(1, timeout=10)
+        assert counts[job, "decision"] >= 1
 
         ended = {r: RankState.EXITED for r in range(WORLD)}
         await bus.publish(subjects.health(job), health(job, ended))
         await wait_for(lambda: job not in controller.jobs, what="the ended job dropped")
+        loads, asked = controller.owned.loads, counts[job, "decision"]
         await bus.jetstream.publish(
             subjects.incident(job), t.incident.model_copy(update={"id": "i2"})
         )
-        await asyncio.sleep(0.5)  # the late incident must not load the job again
-        assert job not in controller.jobs
+        await wait_for(lambda: counts[job, "incident"] == 2, what="the late incident handled")
+        # It loaded nothing and decided nothing: the job stays dropped.
+        assert job not in controller.jobs and not controller.ownership.owns(job)
+        assert (controller.owned.loads, counts[job, "decision"]) == (loads, asked)
 
-        hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1,
-                          started_at=time.time())  # fmt: skip
+        hello = RankHello(
+            job=job, rank=0, world_size=WORLD, host="h0", pid=1, started_at=time.time()
+        )
         await bus.publish(subjects.hello(job, 0), hello)  # the job starts over: as an
         await bus.request(subjects.register(job), t.spec, RegisterReply)  # agent does
         await wait_for(lambda: job in controller.jobs, what="the job live again")
+        assert controller.owned.loads == loads + 1

@@ -76,9 +76,15 @@ async def start_example(settings: ServiceSettings, job: str, durable: str) -> Ex
         ANTDT_NATS__URL=settings.nats.url, ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix
     )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(EXAMPLE), "--job", job, "--durable", durable,
-        env=env, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        str(EXAMPLE),
+        "--job",
+        job,
+        "--durable",
+        durable,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
     example = Example(proc)
 
     async def read() -> None:
@@ -94,11 +100,20 @@ async def start_example(settings: ServiceSettings, job: str, durable: str) -> Ex
 
 def incident(job: str, n: int, rank: int, ratio: float, **kw: Any) -> Incident:
     fields: dict[str, Any] = dict(
-        id=f"{job}-i{n}", job=job, rank=rank, host=f"h{rank}", kind=IncidentKind.SLOW,
-        straggler_class=StragglerClass.PERSISTENT, cause=Cause.COMPUTE,
-        state=IncidentState.OPENED, step=40, opened_at=time.time(), updated_at=time.time(),
-        ratio=ratio, windows=3,
-    )  # fmt: skip
+        id=f"{job}-i{n}",
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        kind=IncidentKind.SLOW,
+        straggler_class=StragglerClass.PERSISTENT,
+        cause=Cause.COMPUTE,
+        state=IncidentState.OPENED,
+        step=40,
+        opened_at=time.time(),
+        updated_at=time.time(),
+        ratio=ratio,
+        windows=3,
+    )
     fields.update(kw)
     return Incident(**fields)
 
@@ -131,8 +146,15 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
 
         # 2. Rank 0 reports a memory cap of 20; rank 1 turns 2x slower: the example moves
         # 10 samples off rank 1, 4 of them to rank 0 (24 > 20): refused with the reason.
-        hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1,
-                          max_local_batch=20, started_at=time.time())  # fmt: skip
+        hello = RankHello(
+            job=job,
+            rank=0,
+            world_size=WORLD,
+            host="h0",
+            pid=1,
+            max_local_batch=20,
+            started_at=time.time(),
+        )
         await bus.publish(subjects.hello(job, 0), hello)
         jobs = services.by_name["controller"].jobs
         await wait_for(lambda: jobs[job].memory_caps.get(0) == 20, what="rank 0 cap")

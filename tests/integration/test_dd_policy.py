@@ -42,8 +42,9 @@ class SyntheticJob:
         self.subjects = Subjects(bus.settings.subject_prefix)
         self.speeds = [2000.0, 2000.0, 1000.0, 1000.0]
         self.step, self.clock = 0, 1e9
-        self.plan = Plan(job=job, version=0, local_batch=(16,) * WORLD, effective_step=0,
-                         created_at=0.0)  # fmt: skip
+        self.plan = Plan(
+            job=job, version=0, local_batch=(16,) * WORLD, effective_step=0, created_at=0.0
+        )
         self.learned: dict[int, int] = {}
 
     def current(self) -> Plan:
@@ -62,11 +63,21 @@ class SyntheticJob:
         wall = max(compute) + 0.001
         for rank, b in enumerate(plan.local_batch):
             event = StepEvent(
-                job=self.job, rank=rank, host=f"h{rank}", step=self.step, epoch=0,
-                plan_version=plan.version, local_batch=b, samples=b, compute_s=compute[rank],
-                data_wait_s=0.0, comm_s=wall - compute[rank], step_s=wall,
-                started_at=self.clock, ended_at=self.clock + wall,
-            )  # fmt: skip
+                job=self.job,
+                rank=rank,
+                host=f"h{rank}",
+                step=self.step,
+                epoch=0,
+                plan_version=plan.version,
+                local_batch=b,
+                samples=b,
+                compute_s=compute[rank],
+                data_wait_s=0.0,
+                comm_s=wall - compute[rank],
+                step_s=wall,
+                started_at=self.clock,
+                ended_at=self.clock + wall,
+            )
             await self.bus.publish(self.subjects.step(self.job, rank), event)
         self.step += 1
         self.clock += wall
@@ -82,13 +93,26 @@ async def test_heterogeneous_from_the_start_one_plan_then_quiet(
     job, subjects = "dd-hetero", Subjects(settings.nats.subject_prefix)
     ranks = await acking_ranks(settings.nats, job, WORLD).start()
     try:
-        spec = JobSpec(job=job, world_size=WORLD, dataset_size=10**6, shard_size=100,
-                       global_batch=BATCH, policy="antdt-dd",
-                       policy_params={"cooldown_s": 0.0})  # fmt: skip
+        spec = JobSpec(
+            job=job,
+            world_size=WORLD,
+            dataset_size=10**6,
+            shard_size=100,
+            global_batch=BATCH,
+            policy="antdt-dd",
+            policy_params={"cooldown_s": 0.0},
+        )
         await bus.request(subjects.register(job), spec, RegisterReply)
         for rank in range(WORLD):
-            hello = RankHello(job=job, rank=rank, world_size=WORLD, host=f"h{rank}", pid=rank,
-                              max_local_batch=CAP, started_at=time.time())  # fmt: skip
+            hello = RankHello(
+                job=job,
+                rank=rank,
+                world_size=WORLD,
+                host=f"h{rank}",
+                pid=rank,
+                max_local_batch=CAP,
+                started_at=time.time(),
+            )
             await bus.publish(subjects.hello(job, rank), hello)
         synthetic = SyntheticJob(bus, job, ranks)
         deadline = time.monotonic() + 60

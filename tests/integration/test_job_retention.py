@@ -26,8 +26,13 @@ RETENTION_S = 1.5
 
 @pytest.fixture
 async def running(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
-    services = await start_services(settings, ("monitor", "controller"), window=4,
-                                    health_interval_s=0.2, job_retention_s=RETENTION_S)  # fmt: skip
+    services = await start_services(
+        settings,
+        ("monitor", "controller"),
+        window=4,
+        health_interval_s=0.2,
+        job_retention_s=RETENTION_S,
+    )
     yield services
     await services.runtime.shutdown()
 
@@ -42,16 +47,38 @@ async def run_and_end(bus: Bus, job: str) -> None:
     await bus.request(subjects.register(job), spec(job), RegisterReply)
     for n in range(3):
         for rank in range(2):
-            await bus.publish(subjects.step(job, rank), StepEvent(
-                job=job, rank=rank, host=f"h{rank}", step=n, epoch=0, plan_version=0,
-                local_batch=4, samples=4, compute_s=0.1, data_wait_s=0.0, comm_s=0.01,
-                step_s=0.11, started_at=1000.0 + n, ended_at=1000.11 + n,
-            ))  # fmt: skip
+            await bus.publish(
+                subjects.step(job, rank),
+                StepEvent(
+                    job=job,
+                    rank=rank,
+                    host=f"h{rank}",
+                    step=n,
+                    epoch=0,
+                    plan_version=0,
+                    local_batch=4,
+                    samples=4,
+                    compute_s=0.1,
+                    data_wait_s=0.0,
+                    comm_s=0.01,
+                    step_s=0.11,
+                    started_at=1000.0 + n,
+                    ended_at=1000.11 + n,
+                ),
+            )
     for rank in range(2):  # right behind: an exit that overtakes the first step still counts
-        await bus.publish(subjects.exit(job, rank), RankExit(
-            job=job, rank=rank, host=f"h{rank}", pid=1, reason=ExitReason.FINISHED, step=2,
-            at=time.time(),
-        ))  # fmt: skip
+        await bus.publish(
+            subjects.exit(job, rank),
+            RankExit(
+                job=job,
+                rank=rank,
+                host=f"h{rank}",
+                pid=1,
+                reason=ExitReason.FINISHED,
+                step=2,
+                at=time.time(),
+            ),
+        )
 
 
 async def keys_of(store: Store, keys: Keys, job: str) -> list[str]:
@@ -69,8 +96,9 @@ async def test_an_ended_job_is_removed_after_its_retention_but_not_one_run_again
     for job in ("gone", "again", "paused"):
         await wait_for(lambda j=job: store.get(keys.ended(j)), what=f"{job} ended")
     [seen] = await read_ended(store, keys, ["again"])
-    await bus.request(Subjects(bus.settings.subject_prefix).register("again"), spec("again"),
-                      RegisterReply)  # fmt: skip  # a new run of it, before its retention ends
+    # A new run of it, before its retention ends.
+    subjects = Subjects(bus.settings.subject_prefix)
+    await bus.request(subjects.register("again"), spec("again"), RegisterReply)
     ended_at = time.monotonic()
     assert not await remove_job(store, keys, seen)  # a sweep that read it before: refused
 
@@ -98,19 +126,24 @@ def test_the_retention_keeps_recent_and_unfinished_jobs_and_zero_keeps_them_all(
 async def test_the_cli_lists_live_and_ended_jobs_and_removes_only_an_ended_one(
     settings: ServiceSettings, bus: Bus, store: Store
 ) -> None:
-    services = await start_services(settings, ("monitor", "controller"), window=4,
-                                    health_interval_s=0.2, job_retention_s=0)  # fmt: skip
+    services = await start_services(
+        settings, ("monitor", "controller"), window=4, health_interval_s=0.2, job_retention_s=0
+    )
     try:
         keys = Keys(settings.etcd.key_prefix)
         await run_and_end(bus, "done")
         await run_and_end(bus, "paused")
         await store.put(keys.ledger("paused"), b'{"complete": false}')
-        await bus.request(Subjects(bus.settings.subject_prefix).register("busy"), spec("busy"),
-                          RegisterReply)  # fmt: skip
+        await bus.request(
+            Subjects(bus.settings.subject_prefix).register("busy"), spec("busy"), RegisterReply
+        )
         for job in ("done", "paused"):
             await wait_for(lambda j=job: store.get(keys.ended(j)), what=f"{job} ended")
-        env = {"ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
-               "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix, "COLUMNS": "250"}  # fmt: skip
+        env = {
+            "ANTDT_ETCD__ENDPOINT": settings.etcd.endpoint,
+            "ANTDT_ETCD__KEY_PREFIX": settings.etcd.key_prefix,
+            "COLUMNS": "250",
+        }
         runner = CliRunner()
         listed = await asyncio.to_thread(runner.invoke, app, ["jobs", "list"], env=env)
         assert listed.exit_code == 0, listed.output

@@ -42,8 +42,14 @@ async def controller(settings: ServiceSettings) -> AsyncIterator[RunningServices
 
 
 async def register(bus: Bus, job: str, **params: float) -> None:
-    spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10,
-                   global_batch=BATCH, policy_params=params)  # fmt: skip
+    spec = JobSpec(
+        job=job,
+        world_size=WORLD,
+        dataset_size=1000,
+        shard_size=10,
+        global_batch=BATCH,
+        policy_params=params,
+    )
     await bus.request(Subjects(bus.settings.subject_prefix).register(job), spec, RegisterReply)
 
 
@@ -53,8 +59,14 @@ async def current_plan(bus: Bus, job: str) -> Plan:
 
 
 def proposal(job: str, local: tuple[int, ...], pid: str = "p1", **kw: object) -> ActionProposal:
-    return ActionProposal(proposal_id=pid, job=job, source="test-policy", local_batch=local,
-                          reason="test: move samples off rank 3", **kw)  # type: ignore[arg-type]  # fmt: skip
+    return ActionProposal(
+        proposal_id=pid,
+        job=job,
+        source="test-policy",
+        local_batch=local,
+        reason="test: move samples off rank 3",
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 async def propose(bus: Bus, p: ActionProposal) -> ActionRecord:
@@ -89,8 +101,15 @@ async def test_bad_proposals_refused_with_reasons(controller: RunningServices, b
     subjects = Subjects(bus.settings.subject_prefix)
     await register(bus, job)
     ranks = await acking_ranks(bus.settings, job, WORLD).start()
-    hello = RankHello(job=job, rank=0, world_size=WORLD, host="h0", pid=1, max_local_batch=18,
-                      started_at=time.time())  # fmt: skip
+    hello = RankHello(
+        job=job,
+        rank=0,
+        world_size=WORLD,
+        host="h0",
+        pid=1,
+        max_local_batch=18,
+        started_at=time.time(),
+    )
     await bus.publish(subjects.hello(job, 0), hello)
     jobs = controller.by_name["controller"].jobs
     await wait_for(lambda: job in jobs and jobs[job].memory_caps.get(0) == 18, what="rank 0 cap")

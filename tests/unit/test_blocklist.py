@@ -10,8 +10,15 @@ from antdt.services.controller.blocklist import Blocklist
 
 
 def entry(host: str, until: float | None) -> BlocklistEntry:
-    return BlocklistEntry(host=host, job="j", rank=3, action_id="j-restart-1",
-                          reason="persistent straggler", at=1000.0, until=until)  # fmt: skip
+    return BlocklistEntry(
+        host=host,
+        job="j",
+        rank=3,
+        action_id="j-restart-1",
+        reason="persistent straggler",
+        at=1000.0,
+        until=until,
+    )
 
 
 def test_entries_block_until_they_end_and_deletes_unblock() -> None:
@@ -29,8 +36,12 @@ def test_entries_block_until_they_end_and_deletes_unblock() -> None:
 
 
 def test_the_table_says_until_when_each_host_is_avoided() -> None:
-    rows = [("h2", entry("h2", 1000.0 + 2 * 3600)), ("h1", entry("h1", 500.0)),
-            ("h3", entry("h3", None)), ("h4", None)]  # fmt: skip
+    rows = [
+        ("h2", entry("h2", 1000.0 + 2 * 3600)),
+        ("h1", entry("h1", 500.0)),
+        ("h3", entry("h3", None)),
+        ("h4", None),
+    ]
     console = Console(record=True, width=200)
     console.print(blocklist_table(rows, now=1000.0))
     text = console.export_text()

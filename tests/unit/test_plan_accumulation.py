@@ -40,8 +40,15 @@ def test_plan_schema_checks_accumulation(
     accumulation: tuple[int, ...] | None,
     error: str | None,
 ) -> None:
-    fields = dict(job=JOB, version=1, local_batch=local, micro_batch=micro,
-                  accumulation=accumulation, effective_step=0, created_at=0.0)  # fmt: skip
+    fields = dict(
+        job=JOB,
+        version=1,
+        local_batch=local,
+        micro_batch=micro,
+        accumulation=accumulation,
+        effective_step=0,
+        created_at=0.0,
+    )
     if error is None:
         plan = Plan(**fields)  # type: ignore[arg-type]
         for rank, b in enumerate(local):
@@ -52,8 +59,14 @@ def test_plan_schema_checks_accumulation(
         Plan(**fields)  # type: ignore[arg-type]
     if len(micro or local) == len(local):
         with pytest.raises(ValidationError):
-            ActionProposal(proposal_id="y", job=JOB, source="t", local_batch=local,
-                           micro_batch=micro, accumulation=accumulation)  # fmt: skip
+            ActionProposal(
+                proposal_id="y",
+                job=JOB,
+                source="t",
+                local_batch=local,
+                micro_batch=micro,
+                accumulation=accumulation,
+            )
 
 
 def test_split_batch() -> None:

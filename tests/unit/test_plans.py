@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from antdt.schemas import JobSpec, Plan
+from antdt.schemas import Plan
 from antdt.services.controller.plans import (
     bounded_change,
     check_feasible,
@@ -17,7 +17,7 @@ from antdt.services.controller.plans import (
     proportional_shares,
     upper_bounds,
 )
-from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.policies import AdjustBatchAction
 
 
 @pytest.mark.parametrize(
@@ -170,9 +170,9 @@ def test_predicted_step_time(
 
 
 def test_next_plan_bumps_the_version() -> None:
-    spec = JobSpec(job="j", world_size=2, dataset_size=100, shard_size=10, global_batch=8)
     plan = Plan(job="j", version=4, local_batch=(4, 4), effective_step=10, created_at=1.0)
-    view = JobView(spec, plan, None, (), {}, None, now=99.0)
-    nxt = next_plan(view, [6, 2], "why" * 300, effective_step=20)
+    action = AdjustBatchAction("j-plan-5", (6, 2), "why" * 300)
+    nxt = next_plan(plan, action, policy="none", effective_step=20, now=99.0)
     assert (nxt.version, nxt.local_batch, nxt.effective_step) == (5, (6, 2), 20)
     assert (nxt.created_at, nxt.policy, len(nxt.reason)) == (99.0, "none", 512)
+    assert (nxt.micro_batch, nxt.accumulation) == (None, None)

@@ -23,8 +23,7 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies import DdPolicy, load_policy
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView
+from antdt.services.controller.policies import AdjustBatchAction, DdPolicy, JobView, load_policy
 from antdt.services.controller.policies.dd import DdParams, plan_dd
 
 JOB = "dd1"
@@ -33,8 +32,15 @@ HETERO = (2000.0, 2000.0, 1000.0, 1000.0)  # two new devices, two old ones
 
 
 def spec(world: int = 4, global_batch: int = 128, **fields: Any) -> JobSpec:
-    return JobSpec(job=JOB, world_size=world, dataset_size=10_000, shard_size=100,
-                   global_batch=global_batch, policy="antdt-dd", **fields)  # fmt: skip
+    return JobSpec(
+        job=JOB,
+        world_size=world,
+        dataset_size=10_000,
+        shard_size=100,
+        global_batch=global_batch,
+        policy="antdt-dd",
+        **fields,
+    )
 
 
 def health(speeds: tuple[float | None, ...], *, step: int = 100, version: int = 0) -> JobHealth:
@@ -53,8 +59,16 @@ def health(speeds: tuple[float | None, ...], *, step: int = 100, version: int = 
         )
         for r, s in enumerate(speeds)
     )
-    return JobHealth(job=JOB, at=NOW - 0.5, step=step, step_s=0.1, samples_per_s=1000.0,
-                     balance_efficiency=0.6, plan_version=version, ranks=ranks)  # fmt: skip
+    return JobHealth(
+        job=JOB,
+        at=NOW - 0.5,
+        step=step,
+        step_s=0.1,
+        samples_per_s=1000.0,
+        balance_efficiency=0.6,
+        plan_version=version,
+        ranks=ranks,
+    )
 
 
 def view(
@@ -74,20 +88,44 @@ def view(
     now: float = NOW,
 ) -> JobView:
     job_spec = job_spec or spec(len(speeds))
-    plan = Plan(job=JOB, version=version, local_batch=batch or job_spec.equal_shares(),
-                micro_batch=micro, accumulation=accumulation, effective_step=10,
-                created_at=created_at, reason=reason)  # fmt: skip
+    plan = Plan(
+        job=JOB,
+        version=version,
+        local_batch=batch or job_spec.equal_shares(),
+        micro_batch=micro,
+        accumulation=accumulation,
+        effective_step=10,
+        created_at=created_at,
+        reason=reason,
+    )
     seen = version if health_version is None else health_version
-    return JobView(spec=job_spec, plan=plan, health=health(speeds, step=step, version=seen),
-                   open_incidents=(), memory_caps=caps or {}, last_action_at=last_action_at,
-                   now=now)  # fmt: skip
+    return JobView(
+        spec=job_spec,
+        plan=plan,
+        health=health(speeds, step=step, version=seen),
+        open_incidents=(),
+        memory_caps=caps or {},
+        last_action_at=last_action_at,
+        now=now,
+    )
 
 
 def hardware_incident() -> Incident:
-    return Incident(id="i-hw", job=JOB, rank=2, host="h2", kind=IncidentKind.SLOW,
-                    straggler_class=StragglerClass.DETERMINISTIC, cause=Cause.COMPUTE,
-                    state=IncidentState.OPENED, step=40, opened_at=NOW - 5, updated_at=NOW - 5,
-                    ratio=2.0, windows=3)  # fmt: skip
+    return Incident(
+        id="i-hw",
+        job=JOB,
+        rank=2,
+        host="h2",
+        kind=IncidentKind.SLOW,
+        straggler_class=StragglerClass.DETERMINISTIC,
+        cause=Cause.COMPUTE,
+        state=IncidentState.OPENED,
+        step=40,
+        opened_at=NOW - 5,
+        updated_at=NOW - 5,
+        ratio=2.0,
+        windows=3,
+    )
 
 
 def decide(v: JobView, event: JobHealth | Incident | None = None) -> list[AdjustBatchAction]:
@@ -95,12 +133,22 @@ def decide(v: JobView, event: JobHealth | Incident | None = None) -> list[Adjust
     return DdPolicy().decide(v, event or v.health)
 
 
-AFTER_DD = dict(batch=(43, 43, 21, 21), micro=(15, 15, 11, 11), accumulation=(3, 3, 2, 2),
-                version=1, caps={0: 16, 1: 16, 2: 16, 3: 16})  # fmt: skip
+AFTER_DD = dict(
+    batch=(43, 43, 21, 21),
+    micro=(15, 15, 11, 11),
+    accumulation=(3, 3, 2, 2),
+    version=1,
+    caps={0: 16, 1: 16, 2: 16, 3: 16},
+)
 
-PROVISIONAL_PLAN = dict(batch=(37, 37, 18, 36), micro=(10, 10, 9, 12), accumulation=(4, 4, 2, 3),
-                        version=1, caps={r: 12 for r in range(4)},
-                        reason="antdt-dd provisional (no speed yet: ranks 3): ...")  # fmt: skip
+PROVISIONAL_PLAN = dict(
+    batch=(37, 37, 18, 36),
+    micro=(10, 10, 9, 12),
+    accumulation=(4, 4, 2, 3),
+    version=1,
+    caps={r: 12 for r in range(4)},
+    reason="antdt-dd provisional (no speed yet: ranks 3): ...",
+)
 
 # (name, view, expected (local, micro, accumulation) or None for no action)
 CASES: list[tuple[str, JobView, tuple[tuple[int, ...], ...] | None]] = [
@@ -204,9 +252,15 @@ def test_one_plan_then_quiet_over_time() -> None:
         tick_health = health(HETERO, step=200 + 10 * tick, version=current.plan.version)
         v = replace(current, now=now, health=tick_health)
         for action in policy.decide(v, tick_health):
-            plan = Plan(job=JOB, version=v.plan.version + 1, local_batch=action.local_batch,
-                        micro_batch=action.micro_batch, accumulation=action.accumulation,
-                        effective_step=tick_health.step + 3, created_at=now)  # fmt: skip
+            plan = Plan(
+                job=JOB,
+                version=v.plan.version + 1,
+                local_batch=action.local_batch,
+                micro_batch=action.micro_batch,
+                accumulation=action.accumulation,
+                effective_step=tick_health.step + 3,
+                created_at=now,
+            )
             plans.append(plan)
             current = replace(v, plan=plan, last_action_at=now)
     assert len(plans) == 1 and plans[0].accumulation == (3, 3, 2, 2)
@@ -233,9 +287,17 @@ def dd_views(draw: st.DrawFn) -> JobView:
         "max_accumulation": draw(st.integers(1, 8)),
         "max_change": draw(st.sampled_from([0.25, 1.0, 8.0])),
     }
-    job_spec = JobSpec(job=JOB, world_size=world, dataset_size=10_000, shard_size=100,
-                       global_batch=global_batch, policy="antdt-dd", min_local_batch=min_b,
-                       max_local_batch=max_b, policy_params=params)  # fmt: skip
+    job_spec = JobSpec(
+        job=JOB,
+        world_size=world,
+        dataset_size=10_000,
+        shard_size=100,
+        global_batch=global_batch,
+        policy="antdt-dd",
+        min_local_batch=min_b,
+        max_local_batch=max_b,
+        policy_params=params,
+    )
     return view(speeds, job_spec=job_spec, caps=caps)
 
 
@@ -247,10 +309,21 @@ def test_dd_plans_keep_global_batch_bounds_and_caps(v: JobView) -> None:
     if plan is None:
         return
     assert sum(plan.local_batch) == v.spec.global_batch
-    assert plan_violations(v.spec, v.memory_caps, plan.local_batch, plan.micro_batch,
-                           plan.accumulation) == ""  # fmt: skip
+    assert (
+        plan_violations(
+            v.spec, v.memory_caps, plan.local_batch, plan.micro_batch, plan.accumulation
+        )
+        == ""
+    )
     assert max(plan.accumulation) <= params.max_accumulation
     for rank, cap in v.memory_caps.items():
         assert plan.micro_batch[rank] <= cap
-    Plan(job=JOB, version=1, local_batch=plan.local_batch, micro_batch=plan.micro_batch,
-         accumulation=plan.accumulation, effective_step=0, created_at=NOW)  # fmt: skip
+    Plan(
+        job=JOB,
+        version=1,
+        local_batch=plan.local_batch,
+        micro_batch=plan.micro_batch,
+        accumulation=plan.accumulation,
+        effective_step=0,
+        created_at=NOW,
+    )

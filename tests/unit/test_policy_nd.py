@@ -29,8 +29,8 @@ from antdt.services.controller.policies import (
     KillRestartAction,
     load_policy,
 )
-from antdt.services.controller.policies.base import remaining_samples
 from antdt.services.controller.policies.nd import NdParams, estimate_restart
+from antdt.services.controller.view import remaining_samples
 from tests.unit.test_policies import JOB, STRAGGLER, health, spec, view
 
 HOSTS = {r: f"h{r}" for r in range(4)}
@@ -46,10 +46,19 @@ def persistent(
     state: IncidentState = IncidentState.ESCALATED,
 ) -> Incident:
     return Incident(
-        id=f"{JOB}-r{rank}-slow-1", job=JOB, rank=rank, host=host, kind=IncidentKind.SLOW,
-        straggler_class=cls, state=state, step=90, opened_at=900.0, updated_at=950.0,
-        ratio=3.0, windows=4,
-    )  # fmt: skip
+        id=f"{JOB}-r{rank}-slow-1",
+        job=JOB,
+        rank=rank,
+        host=host,
+        kind=IncidentKind.SLOW,
+        straggler_class=cls,
+        state=state,
+        step=90,
+        opened_at=900.0,
+        updated_at=950.0,
+        ratio=3.0,
+        windows=4,
+    )
 
 
 def nd_view(
@@ -63,8 +72,11 @@ def nd_view(
     **overrides: Any,
 ) -> JobView:
     job_spec = spec(policy_params=params or {}).model_copy(update={"policy": "antdt-nd"})
-    base = view(job_spec=job_spec, incidents=(persistent(),) if incidents is None else incidents,
-                **overrides)  # fmt: skip
+    base = view(
+        job_spec=job_spec,
+        incidents=(persistent(),) if incidents is None else incidents,
+        **overrides,
+    )
     return replace(
         base,
         hosts=HOSTS if hosts is None else hosts,
@@ -114,46 +126,78 @@ def test_restart_when_the_saving_beats_the_cost() -> None:
     [
         ("short run: adjust only", {"remaining": SHORT}, ["adjust"]),
         ("unknown length", {"remaining": None}, ["adjust"]),
-        ("opened, class unknown", {"incidents": (persistent(cls=StragglerClass.UNKNOWN),)},
-         ["adjust"]),
+        (
+            "opened, class unknown",
+            {"incidents": (persistent(cls=StragglerClass.UNKNOWN),)},
+            ["adjust"],
+        ),
         ("transient", {"incidents": (persistent(cls=StragglerClass.TRANSIENT),)}, ["adjust"]),
-        ("deterministic", {"incidents": (persistent(cls=StragglerClass.DETERMINISTIC),)},
-         ["adjust"]),
+        (
+            "deterministic",
+            {"incidents": (persistent(cls=StragglerClass.DETERMINISTIC),)},
+            ["adjust"],
+        ),
         ("no incident", {"incidents": ()}, []),
         ("budget used", {"restarts": RestartLedger(count=2)}, ["adjust"]),
-        ("budget of 3 left", {"restarts": RestartLedger(count=2),
-                              "params": {"restart_budget": 3}}, ["restart"]),
-        ("restart in flight: nothing at all",
-         {"restarts": RestartLedger(count=1, pending=pending(990.0))}, []),
-        ("in-flight restart timed out", {"restarts": RestartLedger(count=1,
-                                                                   pending=pending(300.0))},
-         ["restart"]),
-        ("restart cooldown", {"restarts": RestartLedger(count=1, last_decided_at=970.0)},
-         ["adjust"]),
-        ("cooldown over", {"restarts": RestartLedger(count=1, last_decided_at=940.0)},
-         ["restart"]),
-        ("settling after the restart",
-         {"restarts": RestartLedger(count=1, last_decided_at=900.0, last_checkpoint_step=95)},
-         []),
-        ("settled after the restart",
-         {"restarts": RestartLedger(count=1, last_decided_at=900.0, last_checkpoint_step=91)},
-         ["restart"]),
+        (
+            "budget of 3 left",
+            {"restarts": RestartLedger(count=2), "params": {"restart_budget": 3}},
+            ["restart"],
+        ),
+        (
+            "restart in flight: nothing at all",
+            {"restarts": RestartLedger(count=1, pending=pending(990.0))},
+            [],
+        ),
+        (
+            "in-flight restart timed out",
+            {"restarts": RestartLedger(count=1, pending=pending(300.0))},
+            ["restart"],
+        ),
+        (
+            "restart cooldown",
+            {"restarts": RestartLedger(count=1, last_decided_at=970.0)},
+            ["adjust"],
+        ),
+        ("cooldown over", {"restarts": RestartLedger(count=1, last_decided_at=940.0)}, ["restart"]),
+        (
+            "settling after the restart",
+            {"restarts": RestartLedger(count=1, last_decided_at=900.0, last_checkpoint_step=95)},
+            [],
+        ),
+        (
+            "settled after the restart",
+            {"restarts": RestartLedger(count=1, last_decided_at=900.0, last_checkpoint_step=91)},
+            ["restart"],
+        ),
         ("measured cost too high", {"restarts": RestartLedger(costs=(60.0, 80.0))}, ["adjust"]),
-        ("measured cost low: short run pays",
-         {"restarts": RestartLedger(costs=(10.0, 20.0)), "remaining": SHORT}, ["restart"]),
-        ("lower ratio: short run pays", {"params": {"min_saving_ratio": 1.5},
-                                         "remaining": SHORT}, ["restart"]),
-        ("cheaper default cost", {"params": {"restart_cost_s": 5.0}, "remaining": SHORT},
-         ["restart"]),
+        (
+            "measured cost low: short run pays",
+            {"restarts": RestartLedger(costs=(10.0, 20.0)), "remaining": SHORT},
+            ["restart"],
+        ),
+        (
+            "lower ratio: short run pays",
+            {"params": {"min_saving_ratio": 1.5}, "remaining": SHORT},
+            ["restart"],
+        ),
+        (
+            "cheaper default cost",
+            {"params": {"restart_cost_s": 5.0}, "remaining": SHORT},
+            ["restart"],
+        ),
         ("pool exhausted", {"params": {"host_pool": "h0,h1,h2,h3"}}, ["adjust"]),
         ("pool has a spare", {"params": {"host_pool": "h0, h1,h2,h3,h4"}}, ["restart"]),
-        ("spare blocklisted", {"params": {"host_pool": "h0,h1,h2,h3,h4"},
-                               "blocklist": frozenset({"h4"})}, ["adjust"]),
+        (
+            "spare blocklisted",
+            {"params": {"host_pool": "h0,h1,h2,h3,h4"}, "blocklist": frozenset({"h4"})},
+            ["adjust"],
+        ),
         ("incident about a host the rank left", {"hosts": {**HOSTS, 3: "h4"}}, ["adjust"]),
         ("straggler stalled: speed unknown", {"states": {3: RankState.STALLED}}, []),
         ("cooling down after any action", {"last_action_at": 999.0}, []),
     ],
-)  # fmt: skip
+)
 def test_decision_table(case: str, kwargs: dict[str, Any], expected: list[str]) -> None:
     assert kinds(decide(nd_view(**kwargs))) == expected, case
 
@@ -236,13 +280,23 @@ def test_plan_after_restart_takes_ranks_judged_normal_as_equally_fast() -> None:
 
 def test_plan_after_restart_keeps_a_leader_the_detector_reported() -> None:
     leader = Incident(
-        id=f"{JOB}-r0-leader-1", job=JOB, rank=0, host="h0", kind=IncidentKind.LEADER,
-        straggler_class=StragglerClass.DETERMINISTIC, state=IncidentState.OPENED, step=90,
-        opened_at=900.0, updated_at=950.0, ratio=0.5, windows=4,
-    )  # fmt: skip
+        id=f"{JOB}-r0-leader-1",
+        job=JOB,
+        rank=0,
+        host="h0",
+        kind=IncidentKind.LEADER,
+        straggler_class=StragglerClass.DETERMINISTIC,
+        state=IncidentState.OPENED,
+        step=90,
+        opened_at=900.0,
+        updated_at=950.0,
+        ratio=0.5,
+        windows=4,
+    )
     speeds = (2000.0, 1000.0, 1000.0, 330.0)
-    [action] = decide(nd_view(speeds=speeds, batch=(60, 26, 26, 16), version=1,
-                              incidents=(persistent(), leader)))  # fmt: skip
+    [action] = decide(
+        nd_view(speeds=speeds, batch=(60, 26, 26, 16), version=1, incidents=(persistent(), leader))
+    )
     assert isinstance(action, KillRestartAction)
     assert action.local_batch_after == (51, 26, 26, 25)
 
@@ -260,9 +314,15 @@ def test_same_view_same_decision() -> None:
 
 @pytest.mark.parametrize(
     "params",
-    [{"restart_cost_s": -1.0}, {"min_saving_ratio": -0.5}, {"host_pool": 3},
-     {"restart_budget": -1}, {"restart_timeout_s": 0.0}, {"restart_cooldown_s": "soon"}],
-)  # fmt: skip
+    [
+        {"restart_cost_s": -1.0},
+        {"min_saving_ratio": -0.5},
+        {"host_pool": 3},
+        {"restart_budget": -1},
+        {"restart_timeout_s": 0.0},
+        {"restart_cooldown_s": "soon"},
+    ],
+)
 def test_bad_params_are_reported(params: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         NdParams.from_params(params)
@@ -300,8 +360,9 @@ def nd_views(draw: st.DrawFn) -> JobView:
         "min_saving_ratio": draw(st.sampled_from([0.0, 1.0, 2.0])),
         "restart_budget": draw(st.sampled_from([0, 2, 3])),
     }
-    job_spec = spec(n, global_batch, min_local_batch=min_b, max_local_batch=max_b,
-                    policy_params=params)  # fmt: skip
+    job_spec = spec(
+        n, global_batch, min_local_batch=min_b, max_local_batch=max_b, policy_params=params
+    )
     weights = draw(st.lists(st.floats(0.1, 10), min_size=n, max_size=n))
     try:
         batch = proportional_shares(global_batch, weights, min_b, max_b, caps)
@@ -313,8 +374,13 @@ def nd_views(draw: st.DrawFn) -> JobView:
     others = [x for r, x in enumerate(speeds) if r != slow and x is not None]
     if others and draw(st.booleans()):  # mostly a real straggler: slower than the others
         speeds[slow] = min(others) / draw(st.floats(1.2, 5.0))
-    base = view(tuple(speeds), batch, job_spec=job_spec, caps=caps,
-                incidents=(persistent(rank=slow, host=f"h{slow}"),))  # fmt: skip
+    base = view(
+        tuple(speeds),
+        batch,
+        job_spec=job_spec,
+        caps=caps,
+        incidents=(persistent(rank=slow, host=f"h{slow}"),),
+    )
     return replace(
         base,
         hosts={r: f"h{r}" for r in range(n)},

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from antdt.schemas import ActionProposal, JobHealth, JobSpec, Plan
-from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.policies import JobView
 from antdt.services.controller.proposals import (
     Refusal,
     change_violation,
@@ -28,14 +28,34 @@ def view(
     last_action_at: float | None = None,
     health_at: tuple[int, int] | None = None,  # (plan_version, step) of the last health
 ) -> JobView:
-    plan = Plan(job=JOB, version=version, local_batch=(16, 16, 16, 16), effective_step=50,
-                created_at=NOW - 100)  # fmt: skip
+    plan = Plan(
+        job=JOB,
+        version=version,
+        local_batch=(16, 16, 16, 16),
+        effective_step=50,
+        created_at=NOW - 100,
+    )
     health = None
     if health_at is not None:
-        health = JobHealth(job=JOB, at=NOW, step=health_at[1], step_s=0.1, samples_per_s=1.0,
-                           balance_efficiency=1.0, plan_version=health_at[0], ranks=())  # fmt: skip
-    return JobView(spec=SPEC, plan=plan, health=health, open_incidents=(),
-                   memory_caps=caps or {}, last_action_at=last_action_at, now=NOW)  # fmt: skip
+        health = JobHealth(
+            job=JOB,
+            at=NOW,
+            step=health_at[1],
+            step_s=0.1,
+            samples_per_s=1.0,
+            balance_efficiency=1.0,
+            plan_version=health_at[0],
+            ranks=(),
+        )
+    return JobView(
+        spec=SPEC,
+        plan=plan,
+        health=health,
+        open_incidents=(),
+        memory_caps=caps or {},
+        last_action_at=last_action_at,
+        now=NOW,
+    )
 
 
 def proposal(local: tuple[int, ...] = (20, 20, 20, 4), **fields: Any) -> ActionProposal:

@@ -9,13 +9,14 @@ import pytest
 
 from antdt.schemas import Ack, ErrorReply, JobHealth, PendingRestart, RestartLedger
 from antdt.schemas.restarts import MAX_COSTS
+from antdt.services.controller.acks import AckTally
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.policies import KillRestartAction
 from antdt.services.controller.restarts import (
-    AckTally,
     Progress,
     abandon,
     begin,
+    blocklist_entry,
     kill_command,
     observe,
     restart_violation,
@@ -23,14 +24,24 @@ from antdt.services.controller.restarts import (
 from tests.unit.test_policies import JOB, STRAGGLER, health, view
 
 ACTION = KillRestartAction(
-    action_id=f"{JOB}-restart-1", rank=3, host="h3", reason="slow", incident_id="inc-1",
+    action_id=f"{JOB}-restart-1",
+    rank=3,
+    host="h3",
+    reason="slow",
+    incident_id="inc-1",
     local_batch_after=(32, 32, 32, 32),
-)  # fmt: skip
+)
 
 
 def pending(step: int = 50, **fields: object) -> PendingRestart:
-    base = PendingRestart(action_id=ACTION.action_id, rank=3, host="h3", checkpoint_step=step,
-                          decided_at=100.0, step_s=0.2)  # fmt: skip
+    base = PendingRestart(
+        action_id=ACTION.action_id,
+        rank=3,
+        host="h3",
+        checkpoint_step=step,
+        decided_at=100.0,
+        step_s=0.2,
+    )
     return base.model_copy(update=fields)
 
 
@@ -73,14 +84,22 @@ def test_restart_violation_of_the_history(ledger: RestartLedger, reason: str) ->
 
 
 def test_begin_uses_budget_and_marks_the_restart_in_flight() -> None:
-    ledger = begin(RestartLedger(costs=(9.0,)), ACTION, checkpoint_step=57, decided_at=10.0,
-                   step_s=0.3)  # fmt: skip
+    ledger = begin(
+        RestartLedger(costs=(9.0,)), ACTION, checkpoint_step=57, decided_at=10.0, step_s=0.3
+    )
     assert ledger.count == 1 and ledger.costs == (9.0,)
     assert (ledger.last_decided_at, ledger.last_checkpoint_step) == (10.0, 57)
     assert ledger.pending is not None
     assert ledger.pending.local_batch_after == (32, 32, 32, 32)
     assert ledger.pending.incident_id == "inc-1"
     assert abandon(ledger).pending is None and abandon(ledger).count == 1
+
+
+def test_the_blocklist_entry_ends_after_its_ttl_or_never() -> None:
+    entry = blocklist_entry(ACTION, JOB, at=10.0, ttl_s=60.0)
+    assert (entry.host, entry.rank, entry.action_id) == ("h3", 3, ACTION.action_id)
+    assert (entry.at, entry.until) == (10.0, 70.0)
+    assert blocklist_entry(ACTION, JOB, at=10.0, ttl_s=0.0).until is None
 
 
 def test_kill_command_avoids_the_host_and_the_blocklist() -> None:
@@ -114,10 +133,12 @@ def test_tally_counts_every_rank_once() -> None:
         (ack(1, action_id="other"), f"ack for {JOB}/other"),
         (ack(1, job="job2"), f"ack for job2/{ACTION.action_id}"),
         (ack(1, step=60), "rank 1 acked step 60, not 57"),
-        (ErrorReply(error="kill_restart for rank 3 sent to 1", code="bad_request"),
-         "error reply: bad_request"),
+        (
+            ErrorReply(error="kill_restart for rank 3 sent to 1", code="bad_request"),
+            "error reply: bad_request",
+        ),
     ],
-)  # fmt: skip
+)
 def test_tally_refuses_what_is_not_an_ack(reply: Ack | ErrorReply, reason: str) -> None:
     tally = AckTally(kill_command(pending(57), JOB, frozenset()), world_size=4)
     tally.add(reply)

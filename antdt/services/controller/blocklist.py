@@ -1,11 +1,7 @@
-"""The host blocklist as one controller replica sees it: every `blocklist/{host}` entry,
-followed with a watch, read against the time (an entry ends at `BlocklistEntry.until`),
-and expired keys removed from etcd.
-
-Every replica follows and sweeps; a sweep deletes a key only at the revision it saw
-expire, so an entry renewed meanwhile (the host blocked again) stays. A value that is not
-a BlocklistEntry (written by hand) blocks its host until deleted: the safe reading of an
-operator's intent."""
+"""The host blocklist as one replica sees it: every `blocklist/{host}` entry, followed
+with a watch and read against the time. Expired keys are deleted only at the revision
+seen expiring (an entry renewed meanwhile stays); a value that is not a BlocklistEntry
+blocks its host until deleted."""
 
 from __future__ import annotations
 
@@ -43,8 +39,11 @@ class Blocklist:
 
     def expired(self, now: float) -> list[tuple[str, int]]:
         """(host, revision) of every entry that has ended by `now`."""
-        return [(h, b.revision) for h, b in self.entries.items() if b.until is not None
-                and now >= b.until]  # fmt: skip
+        return [
+            (h, b.revision)
+            for h, b in self.entries.items()
+            if b.until is not None and now >= b.until
+        ]
 
     def apply(self, host: str, value: bytes | None, revision: int) -> None:
         """A put (value) or delete (None) of `blocklist/{host}`."""
@@ -54,8 +53,11 @@ class Blocklist:
         try:
             until = BlocklistEntry.model_validate_json(value).until
         except ValidationError as exc:
-            log.warning("blocklist entry unreadable: host blocked until deleted",
-                        host=host, error=str(exc)[:200])  # fmt: skip
+            log.warning(
+                "blocklist entry unreadable: host blocked until deleted",
+                host=host,
+                error=str(exc)[:200],
+            )
             until = None
         self.entries[host] = Blocked(until, revision)
 

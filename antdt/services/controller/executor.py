@@ -1,91 +1,50 @@
-"""The controller's executor: the only place a decision turns into side effects.
+"""The one executor: the only place where a decision turns into side effects.
 
-For an AdjustBatch action it (1) writes the next Plan with compare-and-swap on the plan's
-revision, fenced by our ownership of the job, (2) sends AdjustBatch to every rank and
-collects acks (retries, deadline; an ack from the wrong rank or action is not an ack),
-(3) records an ActionRecord on JetStream ANTDT_ACTIONS. It never acts for a job it does
-not own: the fence makes a stale owner's write fail. KILL_RESTART: `restarter.py`."""
+`apply` carries out an action of any kind (one handler per kind). Every etcd write is
+fenced by the job's ownership, every plan comes from `plans.next_plan`, every command's
+acks go through one `AckTally`, and every outcome is an ActionRecord on ANTDT_ACTIONS."""
 
 from __future__ import annotations
 
-import asyncio
-import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import assert_never
 
 import structlog
 
-from antdt.runtime.bus import Bus, BusError
+from antdt.runtime.bus import Bus
 from antdt.runtime.coordination.ownership import Ownership
-from antdt.runtime.store import Store
-from antdt.runtime.telemetry import tracing
+from antdt.runtime.store import Put, Store
 from antdt.schemas import (
-    Ack,
     ActionRecord,
     ActionResult,
     AdjustBatch,
-    ErrorCode,
-    Incident,
     JobHealth,
-    JobSpec,
     Keys,
-    Plan,
+    PendingRestart,
     RestartLedger,
     Subjects,
 )
-from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView, remaining_samples
-from antdt.services.controller.restarts import Progress
+from antdt.services.controller import records, restarts
+from antdt.services.controller.actionlog import ActionLog
+from antdt.services.controller.actions import Action, AdjustBatchAction, KillRestartAction
+from antdt.services.controller.guardrails import Guardrails
+from antdt.services.controller.plans import estimate_current_step, next_plan, plan_violations
+from antdt.services.controller.sender import CommandSender
+from antdt.services.controller.state import JobState
+from antdt.services.controller.view import JobView
 
 log = structlog.get_logger("antdt.controller.executor")
 
 
-@dataclass
-class JobState:
-    """What the owning replica knows of a job (rebuilt from etcd on takeover)."""
-
-    spec: JobSpec
-    plan: Plan
-    plan_revision: int
-    health: JobHealth | None = None
-    incidents: dict[str, Incident] = field(default_factory=dict)
-    memory_caps: dict[int, int] = field(default_factory=dict)
-    last_action_at: float | None = None
-    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
-    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, from RankHello
-    restarts: RestartLedger = field(default_factory=RestartLedger)
-    restarts_revision: int = 0  # mod revision of jobs/{job}/restarts (0: absent)
-    ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # restart ledger writes
-    resume_pending: bool = False  # a takeover: re-send and re-record on the first health
-    started: dict[int, float] = field(default_factory=dict)  # rank -> its process's start
-    progress: Progress | None = None  # where the job stands during a restart in flight
-
-    def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
-        """The read-only view a policy decides on."""
-        hosts = {r.rank: r.host for r in self.health.ranks} if self.health else {}
-        hosts.update(self.hosts)  # a RankHello is newer than the health's window
-        return JobView(
-            spec=self.spec,
-            plan=self.plan,
-            health=self.health,
-            open_incidents=tuple(self.incidents.values()),
-            memory_caps=dict(self.memory_caps),
-            last_action_at=self.last_action_at,
-            now=now,
-            hosts=hosts,
-            blocklist=blocklist,
-            restarts=self.restarts,
-            remaining_samples=remaining_samples(self.spec, self.health),
-        )
-
-
-def estimate_current_step(health: JobHealth | None, now: float) -> int:
-    """Health is up to a period old: extrapolate the step from the measured step time."""
-    if health is None:
-        return 0
-    if health.step_s <= 0:
-        return health.step
-    return health.step + math.ceil(max(0.0, now - health.at) / health.step_s)
+@dataclass(frozen=True)
+class Timing:
+    lead_steps: int  # steps between an ADJUST_BS decision and its plan's first step
+    restart_lead_steps: int  # steps between a KILL_RESTART decision and its checkpoint
+    blocklist_ttl_s: float  # how long a host left by a restart stays blocked (0: for good)
+    ack_timeout_s: float
+    ack_deadline_s: float
 
 
 class Executor:
@@ -97,46 +56,55 @@ class Executor:
         *,
         subjects: Subjects,
         keys: Keys,
-        lead_steps: int,
-        ack_timeout_s: float,
-        ack_deadline_s: float,
+        timing: Timing,
     ) -> None:
         self.bus = bus
         self.store = store
         self.ownership = ownership
         self.subjects = subjects
         self.keys = keys
-        self.lead_steps = lead_steps
-        self.ack_timeout_s = ack_timeout_s
-        self.ack_deadline_s = ack_deadline_s
-        self.records: list[ActionRecord] = []
+        self.timing = timing
+        self.sender = CommandSender(
+            bus, subjects, ack_timeout_s=timing.ack_timeout_s, ack_deadline_s=timing.ack_deadline_s
+        )
+        self.actions = ActionLog(bus, subjects, ownership)
 
-    async def adjust_batch(
+    async def apply(self, state: JobState, action: Action, view: JobView) -> ActionRecord:
+        """Carry `action` out for the owned job `state` (decided on `view`)."""
+        match action:
+            case AdjustBatchAction():
+                return await self._adjust_batch(state, action)
+            case KillRestartAction():
+                return await self._kill_restart(state, action, view)
+            case _:
+                assert_never(action)
+
+    async def refuse(self, state: JobState, action: AdjustBatchAction, error: str) -> ActionRecord:
+        """Record that `action` was refused before it was applied, and why."""
+        return await self._adjusted(state, action, time.time(), error=error)
+
+    # -- ADJUST_BS ------------------------------------------------------------------------
+
+    async def _adjust_batch(
         self, state: JobState, action: AdjustBatchAction, *, effective_step: int | None = None
     ) -> ActionRecord:
-        """ADJUST_BS: plan CAS (fenced), AdjustBatch to every rank, ActionRecord. The plan
-        starts at `effective_step`, by default the estimated current step + lead_steps."""
-        decided_at = time.time()
-        spec = state.spec
+        """Plan CAS (fenced), AdjustBatch to every rank, ActionRecord. The plan starts at
+        `effective_step`, by default the estimated current step + lead_steps."""
+        decided_at, spec = time.time(), state.spec
         violation = plan_violations(
             spec, state.memory_caps, action.local_batch, action.micro_batch, action.accumulation
         )
         if violation:
-            return await self.record(
-                adjust_record(state, action, decided_at, ActionResult.REFUSED, error=violation)
-            )
+            return await self._adjusted(state, action, decided_at, error=violation)
         if effective_step is None:
-            effective_step = estimate_current_step(state.health, decided_at) + self.lead_steps
-        plan = Plan(
-            job=spec.job,
-            version=state.plan.version + 1,
-            local_batch=action.local_batch,
-            micro_batch=action.micro_batch,
-            accumulation=action.accumulation,
-            effective_step=effective_step,
-            reason=action.reason[:512],
+            effective_step = estimate_current_step(state.health, decided_at)
+            effective_step += self.timing.lead_steps
+        plan = next_plan(
+            state.plan,
+            action,
             policy=action.source or spec.policy,
-            created_at=decided_at,
+            effective_step=effective_step,
+            now=decided_at,
         )
         revision = await self.store.cas(
             self.keys.plan(spec.job),
@@ -146,129 +114,224 @@ class Executor:
         )
         if revision is None:
             error = "plan changed underneath or job no longer owned"
-            return await self.record(
-                adjust_record(state, action, decided_at, ActionResult.FAILED, error=error)
-            )
+            return await self._adjusted(state, action, decided_at, ActionResult.FAILED, error=error)
         state.plan, state.plan_revision, state.last_action_at = plan, revision, decided_at
         command = AdjustBatch(
             action_id=action.action_id, job=spec.job, plan=plan, incident_id=action.incident_id
         )
-        acked = await self.send_to_all(spec.world_size, command)
-        result = ack_result(len(acked), spec.world_size)
-        return await self.record(
-            adjust_record(state, action, decided_at, result, plan=plan, acked=acked)
+        tally = await self.sender.send(command, spec.world_size)
+        return await self.actions.record(
+            records.adjust_record(
+                spec,
+                action,
+                tally.result,
+                decided_at=decided_at,
+                completed_at=time.time(),
+                plan=plan,
+                acked=tally.acked,
+            )
         )
 
-    async def refuse(self, state: JobState, action: AdjustBatchAction, error: str) -> ActionRecord:
-        """Record that `action` was refused (a guardrail, a stale plan version), with why."""
-        record = adjust_record(state, action, time.time(), ActionResult.REFUSED, error=error)
-        return await self.record(record)
+    async def _adjusted(
+        self,
+        state: JobState,
+        action: AdjustBatchAction,
+        decided_at: float,
+        result: ActionResult = ActionResult.REFUSED,
+        *,
+        error: str,
+    ) -> ActionRecord:
+        return await self.actions.record(
+            records.adjust_record(
+                state.spec,
+                action,
+                result,
+                decided_at=decided_at,
+                completed_at=time.time(),
+                error=error,
+            )
+        )
 
-    async def send_to_all(self, world_size: int, command: AdjustBatch) -> list[int]:
-        """Send to every rank until each acks or the deadline passes; returns acked ranks."""
-        deadline = time.monotonic() + self.ack_deadline_s
-        pending = set(range(world_size))
-        acked: set[int] = set()
-        while pending and time.monotonic() < deadline:
-            results = await asyncio.gather(*(self._send_one(r, command) for r in sorted(pending)))
-            for rank, ok in zip(sorted(pending), results, strict=True):
-                if ok:
-                    acked.add(rank)
-            pending -= acked
-            if pending:
-                await asyncio.sleep(0.05)
-        return sorted(acked)
+    # -- KILL_RESTART ---------------------------------------------------------------------
 
-    async def _send_one(self, rank: int, command: AdjustBatch) -> bool:
-        subject = self.subjects.command(command.job, rank)
-        with tracing.send(subject, command, rank) as sent:  # a span per attempt, a child per ack
-            try:
-                ack = await self.bus.request(subject, command, Ack, timeout=self.ack_timeout_s)
-            except BusError as exc:
-                log.info("no ack", job=command.job, rank=rank, error=str(exc))
-                return False
-            sent(ack)
-        reason = adjust_ack_problem(ack, rank, command)
-        if reason:
-            self.bus.rejections.record("adjust_ack", ErrorCode.BAD_ACK, reason, subject)
-            return False
-        return ack.ok
+    async def _kill_restart(
+        self, state: JobState, action: KillRestartAction, view: JobView
+    ) -> ActionRecord:
+        """Guardrails again; ledger and blocklist in one fenced CAS; then `_finish`."""
+        decided_at = time.time()
+        violation = self._restart_violation(state, action, view)
+        if violation:
+            return await self._unsent(state, action, decided_at, ActionResult.REFUSED, violation)
+        health = state.health
+        step = estimate_current_step(health, decided_at) + self.timing.restart_lead_steps
+        ledger = restarts.begin(
+            state.restarts,
+            action,
+            checkpoint_step=step,
+            decided_at=decided_at,
+            step_s=health.step_s if health else 0.0,
+        )
+        entry = restarts.blocklist_entry(
+            action, state.spec.job, at=decided_at, ttl_s=self.timing.blocklist_ttl_s
+        )
+        blocked = Put(self.keys.blocklist(action.host), entry.model_dump_json().encode())
+        async with state.ledger_lock:
+            written = await self._write_ledger(state, ledger, also=[blocked])
+        if not written or ledger.pending is None:
+            error = "job no longer owned, or its restart ledger changed underneath"
+            return await self._unsent(state, action, decided_at, ActionResult.FAILED, error)
+        state.last_action_at = decided_at
+        return await self._finish(state, ledger.pending, view.blocklist)
 
-    async def record(self, record: ActionRecord) -> ActionRecord:
-        """Keep the record and publish it on ANTDT_ACTIONS, de-duplicated by action id.
-        A failure because another replica owns the job now is not published: that replica
-        answers for the job (and may publish this very action id with its real result)."""
-        self.records.append(record)
-        lost = not self.ownership.owns(record.job)
-        if lost and record.result in (ActionResult.FAILED, ActionResult.REFUSED):
-            log.info("action not recorded: job not owned", action=record.action_id,
-                     result=record.result.value, error=record.error)  # fmt: skip
-            return record
+    def _restart_violation(self, state: JobState, action: KillRestartAction, view: JobView) -> str:
         try:
-            subject = self.subjects.action(record.job)
-            await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
-        except Exception as exc:
-            log.warning("action record not persisted", action=record.action_id, error=str(exc))
-        log.info(
-            "action",
-            job=record.job,
-            action=record.action_id,
-            kind=record.kind,
-            result=record.result.value,
-            local_batch=record.local_batch,
-            effective_step=record.effective_step,
-            reason=record.reason,
-            error=record.error,
+            rails = Guardrails.from_params(state.spec.policy_params)
+        except ValueError as exc:
+            return str(exc)
+        after = action.local_batch_after
+        return (
+            restarts.restart_violation(view, action, rails)
+            or (plan_violations(state.spec, state.memory_caps, after) if after else "")
+            or ("" if self.ownership.owns(state.spec.job) else "job not owned by this replica")
         )
-        return record
 
+    async def _unsent(
+        self,
+        state: JobState,
+        action: KillRestartAction,
+        decided_at: float,
+        result: ActionResult,
+        error: str,
+    ) -> ActionRecord:
+        return await self.actions.record(
+            records.restart_record(
+                state.spec,
+                action.action_id,
+                action.reason,
+                result,
+                rank=action.rank,
+                host=action.host,
+                incident_id=action.incident_id,
+                decided_at=decided_at,
+                completed_at=time.time(),
+                error=error,
+            )
+        )
 
-def adjust_ack_problem(ack: Ack, rank: int, command: AdjustBatch) -> str:
-    """Why a reply to an AdjustBatch sent to `rank` is not its ack ('' when it is)."""
-    if ack.job != command.job or ack.action_id != command.action_id:
-        return f"ack for {ack.job}/{ack.action_id}, expected {command.job}/{command.action_id}"
-    if ack.rank != rank:
-        return f"ack from rank {ack.rank} to a command for rank {rank}"
-    if ack.ok and ack.plan_version not in (None, command.plan.version):
-        return f"rank {rank} acked plan version {ack.plan_version}, not {command.plan.version}"
-    return ""
+    async def _finish(
+        self, state: JobState, pending: PendingRestart, blocklist: Collection[str]
+    ) -> ActionRecord:
+        """Broadcast the restart in flight, write the plan for after it, record it. The
+        same restart may be finished again (a takeover): its command is the same."""
+        job = state.spec.job
+        command = restarts.kill_command(pending, job, frozenset(blocklist))
+        tally = await self.sender.send(command, state.spec.world_size)
+        if not tally.ok:
+            async with state.ledger_lock:
+                if state.restarts.pending == pending:
+                    await self._write_ledger(state, restarts.abandon(state.restarts))
+        elif pending.local_batch_after and state.plan.effective_step <= pending.checkpoint_step:
+            after = AdjustBatchAction(
+                action_id=f"{job}-plan-{state.plan.version + 1}",
+                local_batch=pending.local_batch_after,
+                reason=f"plan after {pending.action_id}: rank {pending.rank} on a healthy host",
+                incident_id=pending.incident_id,
+            )
+            await self._adjust_batch(state, after, effective_step=pending.checkpoint_step + 1)
+        return await self.actions.record(
+            self._restart_record(
+                state, pending, tally.result, acked=tally.acked, error=tally.error()
+            )
+        )
 
+    def _restart_record(
+        self,
+        state: JobState,
+        pending: PendingRestart,
+        result: ActionResult,
+        *,
+        acked: Sequence[int] = (),
+        error: str | None = None,
+    ) -> ActionRecord:
+        return records.restart_record(
+            state.spec,
+            pending.action_id,
+            pending.reason,
+            result,
+            rank=pending.rank,
+            host=pending.host,
+            incident_id=pending.incident_id,
+            decided_at=pending.decided_at,
+            completed_at=time.time(),
+            step=pending.checkpoint_step,
+            acked=acked,
+            error=error,
+        )
 
-def ack_result(acked: int, world_size: int) -> ActionResult:
-    if acked == world_size:
-        return ActionResult.APPLIED
-    return ActionResult.PARTIAL if acked else ActionResult.FAILED
+    async def _write_ledger(
+        self, state: JobState, ledger: RestartLedger, also: list[Put] | None = None
+    ) -> bool:
+        """CAS the ledger (and `also`) fenced by ownership; state follows on success."""
+        job = state.spec.job
+        revision = await self.store.cas(
+            self.keys.restarts(job),
+            ledger.model_dump_json().encode(),
+            state.restarts_revision,
+            fences=[self.ownership.fence(job)],
+            also=also or [],
+        )
+        if revision is None:
+            log.warning("restart ledger not written (fenced or changed)", job=job)
+            return False
+        state.restarts, state.restarts_revision = ledger, revision
+        return True
 
+    # -- measurement and takeover ---------------------------------------------------------
 
-def adjust_record(
-    state: JobState,
-    action: AdjustBatchAction,
-    decided_at: float,
-    result: ActionResult,
-    *,
-    plan: Plan | None = None,
-    acked: list[int] | None = None,
-    error: str | None = None,
-) -> ActionRecord:
-    acked = acked or []
-    return ActionRecord(
-        action_id=action.action_id,
-        job=state.spec.job,
-        kind="adjust_batch",
-        policy=(action.source or state.spec.policy)[:64],
-        reason=action.reason[:1024],
-        incident_id=action.incident_id,
-        plan_version=plan.version if plan else None,
-        local_batch=plan.local_batch if plan else action.local_batch,
-        micro_batch=action.micro_batch,
-        accumulation=action.accumulation,
-        effective_step=plan.effective_step if plan else None,
-        decided_at=decided_at,
-        completed_at=time.time(),
-        result=result,
-        acked_ranks=tuple(acked),
-        missing_ranks=tuple(r for r in range(state.spec.world_size) if r not in acked)
-        if plan
-        else (),
-        error=error,
-    )
+    async def observe(self, state: JobState, health: JobHealth) -> float | None:
+        """Fold health into the restart in flight; returns the cost once measured."""
+        pending = state.restarts.pending
+        if pending is None:
+            return None
+        restarted = any(at > pending.decided_at for at in state.started.values())
+        async with state.ledger_lock:
+            ledger, state.progress, cost = restarts.observe(
+                state.restarts, state.progress, health, restarted
+            )
+            if ledger == state.restarts or not await self._write_ledger(state, ledger):
+                return None
+        if cost is not None:
+            log.info(
+                "restart cost measured",
+                job=state.spec.job,
+                cost_s=round(cost, 3),
+                mean_s=ledger.measured_cost_s,
+            )
+        return cost
+
+    async def resume(self, state: JobState, blocklist: Collection[str]) -> None:
+        """After a takeover: send the current plan again (recorded if its record is
+        missing); a restart in flight without a record is finished while its checkpoint
+        step is ahead, else recorded as the dead owner left it."""
+        spec, plan = state.spec, state.plan
+        recorded = await self.actions.recorded_ids(spec.job)
+        if plan.version > 0:
+            action_id = f"{spec.job}-plan-{plan.version}"
+            command = AdjustBatch(action_id=action_id, job=spec.job, plan=plan)
+            tally = await self.sender.send(command, spec.world_size)
+            if action_id not in recorded:
+                await self.actions.record(
+                    records.resent_plan_record(
+                        spec, plan, action_id, tally.result, tally.acked, completed_at=time.time()
+                    )
+                )
+        pending = state.restarts.pending
+        if pending is None or pending.action_id in recorded:
+            return
+        if state.health is not None and state.health.step < pending.checkpoint_step:
+            await self._finish(state, pending, blocklist)
+            return
+        error = "owner lost while collecting acks; the job had reached the checkpoint step"
+        await self.actions.record(
+            self._restart_record(state, pending, ActionResult.PARTIAL, error=error)
+        )

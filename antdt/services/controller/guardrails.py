@@ -1,27 +1,16 @@
-"""Guardrails every policy applies before proposing a plan. Pure.
-
-- cooldown: no action within `cooldown_s` of the last one;
-- settling: decide on figures measured under the current plan only, i.e. once health
-  reports the plan's version and at least `settle_steps` steps past its effective step;
-- hysteresis: act only when the predicted step time improves by at least `min_gain`;
-- bounds: per-rank [min_local_batch, min(max_local_batch, memory cap)];
-- bounded change: a rank's batch moves by at most `max_change` of max(its batch, mean);
-- restarts: at most `restart_budget` KILL_RESTARTs per job, `restart_cooldown_s` apart,
-  one in flight at a time (until the job is seen to resume, or `restart_timeout_s`), and
-  no decision until `settle_steps` steps after the job resumed.
-"""
+"""The guardrails every policy applies before it acts, and the executor again: cooldown,
+settling under a new plan, hysteresis, per-rank bounds, bounded change, and for restarts
+a budget, a cooldown and one in flight at a time. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.plans import upper_bounds
-
-if TYPE_CHECKING:  # policies import the guardrails
-    from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.view import JobView
 
 T = TypeVar("T", int, float, str, bool)
 

@@ -1,24 +1,7 @@
 """What each rank's latest process said of itself (RankHello): host, start, memory cap.
-
-The controller needs them to plan (a memory cap bounds a rank's local batch, or its
-micro-batch) and to restart (the host to avoid). They must outlive the replica that
-heard them, and be known before anyone owns the job:
-
-  * every replica keeps, in memory, the latest hello of every rank of every job it heard
-    (owned or not): a rank says hello *before* it registers, so on a new job nobody owns
-    the job yet when its first hellos arrive;
-  * the owner stores each hello at `jobs/{job}/ranks/{rank}` (fenced by its ownership,
-    so no one else writes them, and nothing is written for a job that was never
-    registered), and a replica loading a job's state (at registration, after a claim, on
-    a takeover, after its own restart) reads them back, merged with what it heard:
-    the hello of the newest process wins, and one heard but not yet stored is stored.
-
-Storing is written behind, in batches: a job of 10^4 ranks says 10^4 hellos within
-seconds, and registration finds them all unsaved. One transaction each (an fsync each,
-in the order they came) held the registration's reply and the hello handler for as many
-round trips; the writer task puts up to WRITE_BATCH of a job's hellos in one fenced
-transaction instead, and the shutdown's `finish` stage writes what is left.
-"""
+Every replica keeps the hellos it hears (a rank says hello before anyone owns its job);
+the owner stores them at `jobs/{job}/ranks/{rank}`, fenced and written behind in
+batches; loading a job merges the stored and the heard ones, the newest process winning."""
 
 from __future__ import annotations
 
@@ -32,7 +15,6 @@ from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Put, Store
 from antdt.schemas import Keys, RankHello
-from antdt.services.controller.executor import JobState
 
 log = structlog.get_logger("antdt.controller.hellos")
 #: Jobs whose hellos a replica keeps in memory (the least recently heard from go first).
@@ -118,17 +100,3 @@ class RankHellos:
             if hello.job == job and item.key == self.keys.rank_hello(job, hello.rank):
                 found[hello.rank] = hello
         return found
-
-
-def learn_hello(state: JobState, hello: RankHello) -> None:
-    """What a rank's (latest) process said of itself: its host, start and memory cap (the
-    cap describes that process's device: none said means none known)."""
-    rank = hello.rank
-    if rank >= state.spec.world_size or hello.world_size != state.spec.world_size:
-        return
-    state.hosts[rank] = hello.host
-    state.started[rank] = hello.started_at
-    if hello.max_local_batch is not None:
-        state.memory_caps[rank] = hello.max_local_batch
-    else:
-        state.memory_caps.pop(rank, None)

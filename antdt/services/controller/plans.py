@@ -1,22 +1,18 @@
-"""Plan arithmetic: integer batch shares that keep the global batch exactly. Pure.
+"""Plan arithmetic and the one plan builder. Pure.
 
-Every function here keeps the invariant the training side relies on: per-rank local
-batches sum to the global batch, each within its rank's bounds (min batch, max batch,
-memory cap), whenever such a plan exists at all; otherwise it says so with ValueError.
-"""
+Every function keeps the invariant the training side relies on: per-rank local batches
+sum to the global batch, each within its rank's bounds (min batch, max batch, memory
+cap), whenever such a plan exists; otherwise it says so with ValueError."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
-from antdt.schemas import JobSpec, Plan
+from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
-
-if TYPE_CHECKING:
-    from antdt.services.controller.policies.base import JobView
+from antdt.services.controller.actions import AdjustBatchAction
 
 
 def upper_bounds(
@@ -51,13 +47,10 @@ def proportional_shares(
     max_b: int | None = None,
     caps: Mapping[int, int] | None = None,
 ) -> tuple[int, ...]:
-    """Split `global_batch` in proportion to `speeds` (samples/s), within bounds.
-
-    Bounds per rank are [min_b, min(max_b, caps[rank])]. Ranks whose proportional share
-    falls outside are pinned to the bound and the rest is re-split among the others
-    (water-filling); integer shares then come from largest-remainder rounding, so the
-    sum is exactly `global_batch`. Ties go to the lower rank: the result is deterministic.
-    """
+    """Split `global_batch` in proportion to `speeds` (samples/s) within the per-rank
+    bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
+    rest re-split (water-filling), then rounded by largest remainder so that the sum is
+    exact. Ties go to the lower rank: the result is deterministic."""
     if any(not math.isfinite(s) or s <= 0 for s in speeds):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
     lower = (min_b,) * len(speeds)
@@ -114,13 +107,10 @@ def _round_keeping_sum(
 
 
 def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) -> tuple[int, ...]:
-    """Move from `old` towards `new` by at most `max_fraction` per rank, keeping the sum.
-
-    A rank may move by at most max(1, floor(max_fraction * max(old_i, mean batch))): the
-    mean term lets a rank starved to a tiny batch grow back in a few moves. All ranks
-    move by the same fraction of their way to `new`, so the sum stays the same, and every
-    value lies between old_i and new_i (hence within any bounds both respect).
-    """
+    """Move from `old` towards `new`, every rank by the same fraction of its way, so that
+    none moves more than max(1, floor(max_fraction x max(old_i, mean batch))). The sum
+    stays, and each value lies between old_i and new_i (within any bounds both respect);
+    the mean term lets a rank starved to a tiny batch grow back in a few moves."""
     if len(old) != len(new) or sum(old) != sum(new):
         raise ValueError("old and new plans must have the same ranks and the same sum")
     if not max_fraction > 0:
@@ -155,17 +145,43 @@ def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> 
     return max(times, default=0.0)
 
 
-def next_plan(view: JobView, local_batch: Sequence[int], reason: str, effective_step: int) -> Plan:
-    """The plan following the view's current one (version + 1)."""
+def initial_plan(spec: JobSpec, now: float) -> Plan:
+    """Version 0 of a job's plan: equal shares from step 0."""
     return Plan(
-        job=view.spec.job,
-        version=view.plan.version + 1,
-        local_batch=tuple(local_batch),
-        effective_step=effective_step,
-        reason=reason[:512],
-        policy=view.spec.policy,
-        created_at=view.now,
+        job=spec.job,
+        version=0,
+        local_batch=spec.equal_shares(),
+        effective_step=0,
+        reason="initial plan: equal shares",
+        policy=spec.policy,
+        created_at=now,
     )
+
+
+def next_plan(
+    current: Plan, action: AdjustBatchAction, *, policy: str, effective_step: int, now: float
+) -> Plan:
+    """The plan that carries `action` out, following `current` (version + 1)."""
+    return Plan(
+        job=current.job,
+        version=current.version + 1,
+        local_batch=action.local_batch,
+        micro_batch=action.micro_batch,
+        accumulation=action.accumulation,
+        effective_step=effective_step,
+        reason=action.reason[:512],
+        policy=policy,
+        created_at=now,
+    )
+
+
+def estimate_current_step(health: JobHealth | None, now: float) -> int:
+    """Health is up to a period old: extrapolate the step from the measured step time."""
+    if health is None:
+        return 0
+    if health.step_s <= 0:
+        return health.step
+    return health.step + math.ceil(max(0.0, now - health.at) / health.step_s)
 
 
 # -- micro-batches and gradient accumulation ---------------------------------------------------
@@ -178,12 +194,10 @@ def plan_violations(
     micro_batch: Sequence[int] | None = None,
     accumulation: Sequence[int] | None = None,
 ) -> str:
-    """Guardrails every plan must meet, whichever policy proposed it ('' when fine).
-
-    One batch per rank, summing to the global batch, each within [min_local_batch,
-    max_local_batch (else the global batch)]; what a rank holds in memory at once (its
-    micro-batch under accumulation, else its batch) within its memory cap; micro-batches
-    consistent with the accumulation (`antdt.schemas.plan.check_accumulation`)."""
+    """Why the plan breaks the rule every plan meets ('' when it does not): one batch per
+    rank, summing to the global batch, each within [min_local_batch, max_local_batch];
+    what a rank holds at once (its micro-batch, else its batch) within its memory cap;
+    micro-batches consistent with the accumulation."""
     if len(local_batch) != spec.world_size:
         return f"plan has {len(local_batch)} ranks, job has {spec.world_size}"
     if sum(local_batch) != spec.global_batch:
@@ -226,10 +240,8 @@ def accumulation_upper_bounds(
 def micro_batching(
     local_batch: Sequence[int], caps: Mapping[int, int], max_accumulation: int
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(micro_batch, accumulation) per rank: the fewest micro-steps whose micro-batches fit
-    the rank's memory cap, a = ceil(b / cap) (1 without a known cap or for an empty
-    batch), with micro-batches m = ceil(b / a) (the last one the rest). The fewest means the
-    largest micro-batch the device holds, where a device runs nearest its best throughput.
+    """(micro_batch, accumulation) per rank: the fewest micro-steps that fit the memory
+    cap, a = ceil(b / cap) (1 without a cap or for an empty batch), and m = ceil(b / a).
     ValueError when a rank would need more than `max_accumulation` micro-steps."""
     micro: list[int] = []
     accumulation: list[int] = []

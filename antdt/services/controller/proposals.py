@@ -1,37 +1,7 @@
-"""Custom policies: ActionProposals from any process, held to every policy's guardrails.
-
-A custom policy (any process, any language: `antdt schemas export` gives the JSON Schema)
-sends an `ActionProposal` by request/reply on `{p}.{job}.proposal`. Every controller
-replica subscribes; the replica that owns the job answers, with the `ActionRecord` of what
-it did (result applied, partial or failed), or with an `ErrorReply` saying why it refused
-(code and reason). A refusal by the owner is also recorded on ANTDT_ACTIONS, so
-`antdt actions` shows it. A proposal for a job that does not exist is refused by any
-replica (`unknown_job`); for a job owned by another replica this one stays silent.
-
-Checks, in order (`check_proposal`, pure, time as a value):
-
-=============  ==============================================================
-code           when
-=============  ==============================================================
-bad_request    malformed (refused by the bus before this module: schema, size,
-               micro-batches inconsistent with accumulation), subject and
-               payload name different jobs, fewer batches than ranks
-unknown_rank   batches for ranks the job does not have
-stale          `plan_version` given and the job's plan is another version
-guardrail      the plan rules of every policy (`plans.plan_violations`: global
-               batch kept, per-rank bounds, memory caps) and the bounded change
-               per adjustment (`max_change`)
-no_change      the proposal is the plan already running
-hold           cooldown since the last action; when health is known, the current
-               plan not measured yet or still settling
-=============  ==============================================================
-
-The guardrail parameters are the job's `policy_params` (cooldown_s, settle_steps,
-max_change) with the common defaults. Idempotency: a proposal id that was executed gets
-the same ActionRecord again, never a second plan (in the owner's memory; after a failover,
-`plan_version` makes the retry stale instead of applying it twice). Refusals are not
-remembered: a retry is checked afresh.
-"""
+"""Custom policies' ActionProposals, held to every policy's guardrails. The job's owner
+answers with the ActionRecord, or refuses with an ErrorReply (also recorded); the pure
+check (`check_proposal`) is, in order: unknown_rank, bad_request, stale, guardrail,
+no_change, hold."""
 
 from __future__ import annotations
 
@@ -53,10 +23,12 @@ from antdt.schemas import (
     Keys,
     Subjects,
 )
-from antdt.services.controller.executor import Executor, JobState
+from antdt.services.controller.actions import AdjustBatchAction
+from antdt.services.controller.executor import Executor
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import plan_violations
-from antdt.services.controller.policies.base import AdjustBatchAction, JobView
+from antdt.services.controller.state import JobState
+from antdt.services.controller.view import JobView
 
 
 @dataclass(frozen=True)
@@ -230,14 +202,15 @@ class ProposalDesk:
             source=f"proposal:{proposal.source}"[:64],
         )
         now = time.time()
-        refusal = check_proposal(state.view(now), proposal, rails_for(state.spec))
+        view = state.view(now)
+        refusal = check_proposal(view, proposal, rails_for(state.spec))
         if refusal is not None:
             # A distinct id: ANTDT_ACTIONS de-duplicates by action id, and a retry of this
             # proposal may yet be executed under the plain one.
             refused = replace(action, action_id=f"{action.action_id[:100]}-refused-{now:.6f}")
             await self.executor.refuse(state, refused, f"{refusal.code}: {refusal.reason}")
             return refusal
-        record = await self.executor.adjust_batch(state, action)
+        record = await self.executor.apply(state, action, view)
         if record.result == ActionResult.REFUSED:  # the executor's own last check
             return Refusal(ErrorCode.GUARDRAIL, record.error or "refused by the executor")
         self.executed[key] = record

@@ -1,26 +1,15 @@
-"""KILL_RESTART bookkeeping: pure functions the restart executor calls (no I/O, no clock).
-
-- `restart_violation`: the guardrails checked again just before acting;
-- `begin`: the restart ledger once a restart is decided (budget used, the one in flight);
-- `AckTally`: which ranks accepted a broadcast KillRestart, and why others did not count;
-- `observe`: the measured restart cost, folded from the JobHealth stream (see there).
-"""
+"""KILL_RESTART bookkeeping the executor calls: the guardrails again, the restart ledger
+(`begin`, `abandon`), the command, and the restart cost folded from JobHealth. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from antdt.schemas import (
-    Ack,
-    ErrorReply,
-    JobHealth,
-    KillRestart,
-    PendingRestart,
-    RestartLedger,
-)
+from antdt.schemas import BlocklistEntry, JobHealth, KillRestart, PendingRestart, RestartLedger
 from antdt.schemas.restarts import MAX_COSTS
+from antdt.services.controller.actions import KillRestartAction
 from antdt.services.controller.guardrails import Guardrails
-from antdt.services.controller.policies.base import JobView, KillRestartAction
+from antdt.services.controller.view import JobView
 
 
 def restart_violation(view: JobView, action: KillRestartAction, rails: Guardrails) -> str:
@@ -66,6 +55,21 @@ def begin(
     )
 
 
+def blocklist_entry(
+    action: KillRestartAction, job: str, *, at: float, ttl_s: float
+) -> BlocklistEntry:
+    """The host the restart moves the rank off, blocked for `ttl_s` (0: until deleted)."""
+    return BlocklistEntry(
+        host=action.host,
+        job=job,
+        rank=action.rank,
+        action_id=action.action_id,
+        reason=action.reason[:512],
+        at=at,
+        until=at + ttl_s if ttl_s else None,
+    )
+
+
 def abandon(ledger: RestartLedger) -> RestartLedger:
     """No rank accepted the restart: nothing is in flight (the budget stays used)."""
     return ledger.model_copy(update={"pending": None})
@@ -84,67 +88,13 @@ def kill_command(pending: PendingRestart, job: str, avoid: frozenset[str]) -> Ki
     )
 
 
-@dataclass
-class AckTally:
-    """Acks to one broadcast KillRestart. A rank counts once it acked ok=True at exactly
-    the checkpoint step; ok=False is its refusal (final, with the agent's reason); any
-    other reply (another job or action, a rank outside the job, another step, an
-    ErrorReply) is not an ack and is kept in `rejected` with the reason."""
-
-    command: KillRestart
-    world_size: int
-    ok: dict[int, Ack] = field(default_factory=dict)
-    refused: dict[int, str] = field(default_factory=dict)
-    rejected: list[str] = field(default_factory=list)
-
-    def add(self, reply: Ack | ErrorReply) -> None:
-        if isinstance(reply, ErrorReply):
-            self.rejected.append(f"error reply: {reply.code}: {reply.error}"[:200])
-            return
-        reason = self._not_an_ack(reply)
-        if reason:
-            self.rejected.append(reason)
-        elif reply.rank in self.ok or reply.rank in self.refused:
-            return  # a duplicate (a retry's answer): the first one counts
-        elif reply.ok:
-            self.ok[reply.rank] = reply
-        else:
-            self.refused[reply.rank] = reply.error or "refused without a reason"
-
-    def _not_an_ack(self, ack: Ack) -> str:
-        cmd = self.command
-        if ack.job != cmd.job or ack.action_id != cmd.action_id:
-            return f"ack for {ack.job}/{ack.action_id}, expected {cmd.job}/{cmd.action_id}"
-        if ack.rank >= self.world_size:
-            return f"ack from rank {ack.rank}, outside the job (world size {self.world_size})"
-        if ack.ok and ack.applied_step != cmd.checkpoint_step:
-            return f"rank {ack.rank} acked step {ack.applied_step}, not {cmd.checkpoint_step}"
-        return ""
-
-    @property
-    def pending(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.ok and r not in self.refused]
-
-    @property
-    def complete(self) -> bool:
-        return not self.pending
-
-    def error(self) -> str | None:
-        """The reasons ranks did not accept, for the ActionRecord (None: all accepted)."""
-        parts = [f"rank {r}: {e}" for r, e in sorted(self.refused.items())]
-        parts += [f"no ack from rank {r}" for r in self.pending]
-        parts += [f"not an ack: {reason}" for reason in dict.fromkeys(self.rejected)]
-        return "; ".join(parts)[:1024] or None
-
-
 #: Steps past the checkpoint with no new rank process seen: the job did not restart.
 NO_RESTART_STEPS = 5
 
 
 @dataclass(frozen=True)
 class Progress:
-    """The latest step seen at or before a restart's checkpoint step, and when it was
-    first seen: where the job stopped, once it stops advancing."""
+    """The latest step seen at or before the checkpoint step, and when first seen."""
 
     step: int
     at: float
@@ -153,14 +103,10 @@ class Progress:
 def observe(
     ledger: RestartLedger, progress: Progress | None, health: JobHealth, restarted: bool
 ) -> tuple[RestartLedger, Progress | None, float | None]:
-    """Fold one JobHealth into the restart in flight. Returns the ledger (changed once the
-    job resumed), the progress so far, and the restart cost in seconds once measured.
-
-    `restarted`: a rank said hello after the restart was decided (a new process). The job
-    stops at the checkpoint step C (the health's step stays at C, or a little before when
-    the last step's event was not published) and resumes at C + 1. The cost is the time
-    from the end of step C to the end of step C + 1, minus one step: resume and stop
-    times are extrapolated with the step time from the health nearest to them."""
+    """Fold one JobHealth into the restart in flight: the ledger (changed once the job
+    resumed), the progress so far, and the cost in seconds once measured (the end of
+    checkpoint step C to the end of C + 1, minus one step). `restarted`: a rank said
+    hello after the restart was decided (a new process)."""
     pending = ledger.pending
     if pending is None:
         return ledger, None, None

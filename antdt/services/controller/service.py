@@ -1,16 +1,10 @@
-"""Controller service shell: job registration, plans, and policy decisions for owned jobs.
-
-Registration and plan reads are served by any replica (queue group). Health, incidents and
-hellos reach every replica; only the job's owner (`owners/controller/{job}`) asks its
-policy and lets the executor act. Takeover: a replica that claims a job rebuilds its
-state from etcd (spec, plan, restart ledger) and, on the job's first health, re-sends the
-current plan (agents treat a known version as a no-op) and finishes an action the dead
-owner left in flight (`Restarter.resume`). Every replica follows the host blocklist
-(`blocklist/` in etcd) with a watch (blocklist.py)."""
+"""The controller's service shell: job registration and plan reads (any replica, queue
+group), and for the jobs this replica owns, their events turned into decisions that the
+executor carries out. Decisions are the policies' and the pure modules'; side effects
+are the executor's."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import structlog
@@ -18,18 +12,16 @@ from pydantic import Field
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.coordination.jobs import expired, live_jobs, read_ended, remove_job, scan_jobs
-from antdt.runtime.coordination.ownership import Ownership, claim_loop
+from antdt.runtime.coordination.jobs import live_jobs
+from antdt.runtime.coordination.ownership import Ownership, claim_rounds
 from antdt.runtime.lifecycle import ServiceRuntime
-from antdt.runtime.recent import Recent
-from antdt.runtime.store import Compare, Delete, Get, Put, Store
+from antdt.runtime.store import Store
 from antdt.runtime.telemetry.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
     ActionProposal,
     ErrorCode,
     Incident,
-    IncidentState,
     JobHealth,
     JobSpec,
     Keys,
@@ -38,24 +30,21 @@ from antdt.schemas import (
     RankHello,
     RankState,
     RegisterReply,
-    RestartLedger,
     Subjects,
 )
 from antdt.services.controller.blocklist import Blocklist
-from antdt.services.controller.executor import Executor, JobState
-from antdt.services.controller.hellos import RankHellos, learn_hello
-from antdt.services.controller.policies import load_policy
-from antdt.services.controller.policies.base import AdjustBatchAction, Policy
+from antdt.services.controller.counts import JobCounts
+from antdt.services.controller.ended import job_ended
+from antdt.services.controller.executor import Executor, Timing
+from antdt.services.controller.hellos import RankHellos
+from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
+from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
-from antdt.services.controller.restarter import Restarter
+from antdt.services.controller.state import JobState
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
 QUEUE_GROUP = "antdt-controller"
-#: Ended jobs remembered (so late events do not load them again), at most.
-MAX_ENDED = 4096
-#: Seconds between sweeps for ended jobs past their retention, at most.
-RETENTION_SWEEP_S = 3600.0
 
 
 class ControllerSettings(ServiceSettings):
@@ -82,6 +71,15 @@ class ControllerSettings(ServiceSettings):
         "(antdt jobs remove deletes one)",
     )
 
+    def timing(self) -> Timing:
+        return Timing(
+            lead_steps=self.lead_steps,
+            restart_lead_steps=self.restart_lead_steps,
+            blocklist_ttl_s=self.blocklist_ttl_s,
+            ack_timeout_s=self.ack_timeout_s,
+            ack_deadline_s=self.ack_deadline_s,
+        )
+
 
 class ControllerService:
     def __init__(self, settings: ControllerSettings, bus: Bus, store: Store) -> None:
@@ -97,21 +95,19 @@ class ControllerService:
             self.ownership,
             subjects=self.subjects,
             keys=self.keys,
-            lead_steps=settings.lead_steps,
-            ack_timeout_s=settings.ack_timeout_s,
-            ack_deadline_s=settings.ack_deadline_s,
+            timing=settings.timing(),
         )
-        self.restarter = Restarter(
-            self.executor,
-            restart_lead_steps=settings.restart_lead_steps,
-            blocklist_ttl_s=settings.blocklist_ttl_s,
-        )
-        self.jobs: dict[str, JobState] = {}
-        self._ended: Recent[None] = Recent(MAX_ENDED)  # jobs whose ranks all exited
         self.hellos = RankHellos(store, self.keys, self.ownership)
+        self.owned = OwnedJobs(store, self.keys, self.ownership, self.hellos)
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
+        self.counts = JobCounts()  # (job, "hello" | "health" | "incident" | "decision")
+
+    @property
+    def jobs(self) -> dict[str, JobState]:
+        """The states of the jobs this replica owns, loaded."""
+        return self.owned.states
 
     async def start(self, runtime: ServiceRuntime) -> None:
         await self.bus.jetstream.ensure_stream(
@@ -120,13 +116,9 @@ class ControllerService:
             max_age_s=self.settings.action_retention_s,
         )
         self.ownership.on_lost(self._forget)
-        s = self.subjects
-        await self.bus.subscribe(
-            s.any_job("register"), JobSpec, self._on_register, queue=QUEUE_GROUP
-        )
-        await self.bus.subscribe(
-            s.any_job("plan.get"), PlanRequest, self._on_plan_get, queue=QUEUE_GROUP
-        )
+        s, q = self.subjects, QUEUE_GROUP
+        await self.bus.subscribe(s.any_job("register"), JobSpec, self._on_register, queue=q)
+        await self.bus.subscribe(s.any_job("plan.get"), PlanRequest, self._on_plan_get, queue=q)
         await self.bus.subscribe(s.any_job("health"), JobHealth, self._on_health)
         await self.bus.subscribe(s.any_job("incident"), Incident, self._on_incident)
         await self.bus.subscribe(s.any_job("hello.*"), RankHello, self._on_hello)
@@ -137,60 +129,29 @@ class ControllerService:
         runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
         runtime.spawn("blocklist-sweep", self.blocklist.sweep_expired(self.store, self.keys))
         if self.settings.job_retention_s > 0:
-            runtime.spawn("job-retention", self._remove_old_jobs())
-        runtime.spawn(
-            "claim", claim_loop(self.ownership, self._claimable, self.settings.etcd.lease_ttl_s / 2)
-        )
+            retention = remove_old_jobs(self.store, self.keys, self.settings.job_retention_s)
+            runtime.spawn("job-retention", retention)
+        interval_s = self.settings.etcd.lease_ttl_s / 2
+        runtime.spawn("claim", claim_rounds(self._claim_round, interval_s))
         runtime.on_shutdown("drain", self.bus.drain)
         runtime.on_shutdown("finish", self.hellos.flush)  # while we still own the jobs
         runtime.on_shutdown("revoke", self.ownership.stop)
         log.info("controller started", replica=self.settings.replica_id)
 
-    # -- registration and plans (any replica) -------------------------------------------------
+    # -- registration and plans (any replica) -------------------------------------------
 
     async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
         if self.subjects.job_of(delivery.subject) != spec.job:
             raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
-        self._ended.pop(spec.job)  # registering again: the job runs again
+        self.owned.ended.live_again(spec.job)
         try:
             self._policy(spec.policy)  # an unknown policy is refused before anything is stored
         except ValueError as exc:
             raise Rejected(ErrorCode.BAD_REQUEST, str(exc)) from None
-        plan = Plan(
-            job=spec.job,
-            version=0,
-            local_batch=spec.equal_shares(),
-            effective_step=0,
-            reason="initial plan: equal shares",
-            policy=spec.policy,
-            created_at=time.time(),
-        )
-        spec_key, plan_key = self.keys.spec(spec.job), self.keys.plan(spec.job)
-        # A job that ended and registers again is live again: its `ended` key goes (and
-        # its `abandoned` mark: the monitors stop holding it dormant).
-        ended = [Delete(self.keys.ended(spec.job)), Delete(self.keys.abandoned(spec.job))]
-        result = await self.store.txn(
-            [Compare.absent(spec_key)],
-            [
-                Put(spec_key, spec.model_dump_json().encode()),
-                Put(plan_key, plan.model_dump_json().encode()),
-                *ended,
-            ],
-            [Get(spec_key), Get(plan_key), *ended],
-        )
-        if result.succeeded:
-            log.info("job registered", job=spec.job, policy=spec.policy, world_size=spec.world_size)
-            await self._claim(spec.job)
-            return RegisterReply(spec=spec, plan=plan, created=True)
-        stored_spec, stored_plan = result.gets
-        if stored_spec is None or stored_plan is None:
-            raise Rejected(ErrorCode.UNAVAILABLE, "job is being registered; retry")
-        await self._claim(spec.job)
-        return RegisterReply(
-            spec=JobSpec.model_validate_json(stored_spec.value),
-            plan=Plan.model_validate_json(stored_plan.value),
-            created=False,
-        )
+        reply = await register(self.store, self.keys, spec, time.time())
+        # A rank says hello first, then registers: the claim loads the hellos heard.
+        await self.owned.claim(spec.job)
+        return reply
 
     async def _on_plan_get(self, req: PlanRequest, delivery: Delivery) -> Plan:
         if self.subjects.job_of(delivery.subject) != req.job:
@@ -200,154 +161,92 @@ class ControllerService:
             raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {req.job!r} is not registered")
         return stored[0]
 
-    # -- ownership -----------------------------------------------------------------------------
+    # -- ownership ----------------------------------------------------------------------
+
+    async def _claim_round(self) -> None:
+        """Claim every live job nobody owns (a takeover) and load what is not loaded."""
+        for job in await self._claimable():
+            await self.owned.claim(job)
 
     async def _claimable(self) -> list[str]:
-        return [j for j in await live_jobs(self.store, self.keys) if j not in self._ended]
-
-    async def _claim(self, job: str) -> None:
-        """Registration claims the job, and loads its state with the hellos its ranks
-        said before (a rank says hello first, then registers)."""
-        if not self.ownership.owns(job):
-            await self.ownership.try_acquire(job)
-        await self._state(job)
-
-    async def _remove_old_jobs(self) -> None:
-        """Run as a task: remove the keys of jobs ended `job_retention_s` ago. Every
-        replica sweeps (each removal holds only if the job's `ended` key is unchanged, so
-        two replicas never remove twice, and a job registered again is never removed)."""
-        retention_s = self.settings.job_retention_s
-        interval_s = min(max(retention_s / 4, 0.1), RETENTION_SWEEP_S)
-        while True:
-            try:
-                scanned, now = await scan_jobs(self.store, self.keys), time.time()
-                ended = await read_ended(
-                    self.store, self.keys, scanned.ended, ledgers_before=now - retention_s
-                )
-                for record in expired(ended, now, retention_s):
-                    await remove_job(self.store, self.keys, record)
-            except Exception as exc:  # etcd away: the next sweep
-                log.info("job retention sweep failed", error=repr(exc))
-            await asyncio.sleep(interval_s)
-
-    async def _give_up(self, job: str) -> None:
-        """An ended job needs no owner (its registration makes it claimed again)."""
-        try:
-            await self.ownership.release(job)
-        except Exception as exc:  # etcd away: the job stays claimed, which is harmless
-            log.warning("ended job not released", job=job, error=str(exc))
-
-    async def _forget(self, job: str) -> None:
-        self.jobs.pop(job, None)
+        return [j for j in await live_jobs(self.store, self.keys) if j not in self.owned.ended]
 
     async def _state(self, job: str) -> JobState | None:
-        """The owned job's state, loaded from etcd on first use after a claim (not for a
-        job that ended, until one of its ranks says hello again)."""
-        if job in self._ended:
-            return None
-        if not self.ownership.owns(job):
-            self.jobs.pop(job, None)
-            return None
-        state = self.jobs.get(job)
-        if state is not None:
-            return state
-        spec = await self.store.get_model(self.keys.spec(job), JobSpec)
-        plan = await self.store.get_model(self.keys.plan(job), Plan)
-        if spec is None or plan is None:
-            return None
-        ledger = await self.store.get_model(self.keys.restarts(job), RestartLedger)
-        state = JobState(spec=spec[0], plan=plan[0], plan_revision=plan[1])
-        if ledger is not None:
-            state.restarts, state.restarts_revision = ledger
-        for hello in await self.hellos.load(job):
-            learn_hello(state, hello)
-        # A takeover (or a restart of this replica): finish what was in flight.
-        state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
-        self.jobs.setdefault(job, state)
-        return self.jobs[job]
+        """The owned job's state, loaded when it was claimed (None: not ours, or ended)."""
+        return await self.owned.get(job)
 
-    # -- events (owner only) -----------------------------------------------------------------------
+    async def _forget(self, job: str) -> None:
+        self.owned.forget(job)
+
+    # -- events (owner only) ------------------------------------------------------------
 
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
             raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
-        self._ended.pop(hello.job)
-        if not self.hellos.remember(hello):
-            return
-        state = await self._state(hello.job)  # loading it learns (and stores) the hello
-        if state is not None and state.started.get(hello.rank) != hello.started_at:
-            learn_hello(state, hello)
-            self.hellos.save(hello)
+        self.owned.ended.live_again(hello.job)
+        if self.hellos.remember(hello):
+            state = await self._state(hello.job)
+            if state is not None and state.started.get(hello.rank) != hello.started_at:
+                state.learn_hello(hello)
+                self.hellos.save(hello)
+        self.counts.add(hello.job, "hello")
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
-        if health.job in self._ended and not job_ended(health):
-            # The monitor took the job for abandoned and it stepped on: live again (the
-            # claim round takes it once its `ended` key is gone).
-            self._ended.pop(health.job)
+        ended = job_ended(health)
+        if not ended:  # a job taken for abandoned that stepped on is live again
+            self.owned.ended.live_again(health.job)
         state = await self._state(health.job)
-        if state is None:
-            return
-        if job_ended(health):
-            # Every rank stopped on purpose: nothing left to act on, and the resolutions
-            # that follow must not load it again. A rank's hello (the job started over)
-            # makes it live again.
-            self.jobs.pop(health.job, None)
-            self._ended.put(health.job, None)
-            log.info("job ended; state dropped", job=health.job)
-            await self._give_up(health.job)
-            return
+        if state is not None and ended:
+            await self.owned.end(health.job)
+        elif state is not None:
+            await self._follow_health(state, health)
+        self.counts.add(health.job, "health")
+
+    async def _follow_health(self, state: JobState, health: JobHealth) -> None:
         state.health = health
         self.traces.health(health)  # gauges; the effect of the last action
         if state.resume_pending:  # first, so that measuring cannot drop what it finishes
             async with state.busy:
                 if state.resume_pending:
                     state.resume_pending = False
-                    await self.restarter.resume(state, self.blocklist.hosts(time.time()))
+                    await self.executor.resume(state, self.blocklist.hosts(time.time()))
         try:
-            await self.restarter.observe(state, health)
+            await self.executor.observe(state, health)
         except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
             log.warning("restart cost not observed", job=health.job, error=str(exc))
         await self._decide(state, health)
 
     async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
         state = await self._state(incident.job)
-        if state is None:
-            return
-        self.traces.incident(incident)  # decisions on it join its trace
-        if incident.state == IncidentState.RESOLVED:
-            state.incidents.pop(incident.id, None)
-        else:
-            state.incidents[incident.id] = incident
-        await self._decide(state, incident)
+        if state is not None:
+            self.traces.incident(incident)  # decisions on it join its trace
+            state.learn_incident(incident)
+            await self._decide(state, incident)
+        self.counts.add(incident.job, "incident")
 
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
         if state.busy.locked():  # an action is in flight; the next event re-decides
             return
         if state.health is not None and ranks_away(state.health):
             return  # a plan needs every rank's ack: not while some have exited or restart
+        job = state.spec.job
         async with state.busy:
             policy = self._policy(state.spec.policy)
-            view = state.view(time.time(), self.blocklist.hosts(time.time()))
-            with self.traces.decide(state.spec.job, state.spec.policy, event) as decision:
+            now = time.time()
+            view = state.view(now, self.blocklist.hosts(now))
+            self.counts.add(job, "decision")
+            with self.traces.decide(job, state.spec.policy, event) as decision:
                 for action in policy.decide(view, event):
-                    if not self.ownership.owns(state.spec.job):
+                    if not self.ownership.owns(job):
                         return
                     with decision.action(action):
-                        if isinstance(action, AdjustBatchAction):
-                            record = await self.executor.adjust_batch(state, action)
-                        else:
-                            record = await self.restarter.kill_restart(state, action, view)
+                        record = await self.executor.apply(state, action, view)
                         decision.done(record, view.health)
 
     def _policy(self, name: str) -> Policy:
         if name not in self.policies:
             self.policies[name] = load_policy(name)
         return self.policies[name]
-
-
-def job_ended(health: JobHealth) -> bool:
-    """Every rank's process finished or closed (the monitor's last health of the job)."""
-    return all(r.state is RankState.EXITED for r in health.ranks)
 
 
 def ranks_away(health: JobHealth) -> bool:

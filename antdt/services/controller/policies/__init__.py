@@ -5,17 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib.metadata import entry_points
 
-from antdt.services.controller.policies.base import (
-    Action,
-    AdjustBatchAction,
-    JobView,
-    KillRestartAction,
-    Policy,
-)
+from antdt.services.controller.actions import Action, AdjustBatchAction, KillRestartAction
+from antdt.services.controller.policies.base import Policy, PolicyEvent
 from antdt.services.controller.policies.dd import DdPolicy
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
 from antdt.services.controller.policies.nd import AntDtNdPolicy
 from antdt.services.controller.policies.none import NonePolicy
+from antdt.services.controller.view import JobView
 
 ENTRY_POINT_GROUP = "antdt.policies"
 
@@ -64,6 +60,7 @@ __all__ = [
     "LbBspPolicy",
     "NonePolicy",
     "Policy",
+    "PolicyEvent",
     "available_policies",
     "load_policy",
 ]

@@ -1,48 +1,7 @@
-"""The `antdt-dd` policy: dedicated heterogeneous clusters (AntDT-DD).
-
-On a dedicated cluster the devices differ (older and newer GPUs, smaller and larger
-memories) but each one's speed is stable. So the policy plans once, from measured speeds,
-and then stays quiet:
-
-- **local batch** b_i in proportion to the rank's measured compute speed, the global batch
-  kept exactly, within [min_local_batch, max_local_batch];
-- **micro-batch and accumulation**: the memory cap (RankHello.max_local_batch) bounds what
-  a device holds at once, not what it processes per step: a rank runs a_i = ceil(b_i /
-  cap_i) micro-steps of micro-batches m_i = ceil(b_i / a_i) <= cap_i (the last the rest) and
-  accumulates their gradients before the all-reduce. The fewest micro-steps means the
-  largest micro-batch that fits, where a device is nearest its best throughput; a fast
-  device with a small memory still takes its full share of the global batch.
-
-The rules are ours (the paper publishes no constants). The model is linear (a rank's
-step time is b_i / speed_i) and ignores a per-micro-step overhead.
-
-When it acts (only on the health tick; incidents do not trigger it: a dedicated
-cluster's heterogeneity is static, transient noise is for `antdt-nd` / `lb-bsp`):
-
-1. never while the common guardrails hold (no health yet, cooldown, current plan not
-   measured yet, settling);
-2. at once when the current plan breaks a bound or a newly reported memory cap; if some
-   rank has no measured speed yet, the fix is *provisional* (the median speed stands in
-   for the unknown ones; the reason says so) and does not start the quiet period;
-3. otherwise only once every rank has a measured speed, and never within `replan_s` of
-   its own last (not provisional) plan, one with accumulation set: one plan, then quiet;
-4. and only when the predicted step time drops by at least `min_gain`.
-
-Parameters (``JobSpec.policy_params``):
-
-================  =======  =======================================================
-name              default  meaning
-================  =======  =======================================================
-min_gain          0.20     act only if the predicted step time drops this much
-replan_s          600.0    seconds after its last plan before considering another
-max_accumulation  16       most micro-steps per step a plan may give a rank
-max_change        8.0      per move, a rank's batch changes by at most this
-                           fraction of max(its batch, the mean batch): large by
-                           default so the one plan reaches its target
-cooldown_s        3.0      as for every policy (guardrails)
-settle_steps      8        as for every policy (guardrails)
-================  =======  =======================================================
-"""
+"""The `antdt-dd` policy (AntDT for dedicated heterogeneous clusters): batches
+proportional to measured speed, micro-batches within each device's memory cap with
+gradient accumulation, the global batch kept; one plan, then quiet.
+Rules and parameters: docs/architecture.md, "The antdt-dd policy"."""
 
 from __future__ import annotations
 
@@ -52,6 +11,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import Incident, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import Guardrails, read_param
 from antdt.services.controller.plans import (
     accumulation_upper_bounds,
@@ -61,13 +21,8 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.base import (
-    Action,
-    AdjustBatchAction,
-    JobView,
-    plan_action_id,
-)
 from antdt.services.controller.policies.lbbsp import measured_speeds
+from antdt.services.controller.view import JobView
 
 #: dd's own defaults for the shared guardrails (a job's params still override them).
 DD_DEFAULTS: dict[str, PolicyParam] = {"max_change": 8.0}
@@ -102,8 +57,7 @@ class DdPlan:
 
 
 class DdPolicy:
-    """AntDT-DD: speed-proportional batches, micro-batches within memory caps, gradient
-    accumulation; one plan, then quiet. See the module docstring."""
+    """AntDT-DD: one plan with accumulation, then quiet (the module docstring)."""
 
     name = "antdt-dd"
 

@@ -1,39 +1,8 @@
-"""The `lb-bsp` policy: right-size per-rank batches at iteration barriers (LB-BSP, SoCC'20).
-
-Under bulk-synchronous training a step lasts as long as its slowest rank, b_i / speed_i.
-Giving each rank a batch proportional to its speed makes all ranks reach the barrier
-together while the global batch (and so the learning dynamics) stays the same. The
-thresholds and step rules below are ours; the paper does not publish its constants.
-
-Variants (param `variant`):
-
-- ``cpu`` (default): b_i proportional to the rank's predicted compute speed, in one
-  bounded move. The predictor: a rank the detector holds deviating (open SLOW or LEADER
-  incident) at its measured speed (RankHealth.samples_per_s, the detector's window
-  median); every other rank at the median of those, since their differences are within
-  the detector's noise band (`judged_speeds`).
-- ``gpu``: move `step` samples from the slowest rank to the fastest rank that has spare
-  memory; halve the step whenever the direction reverses (the rank that last received
-  samples is now the slowest). GPU throughput is not linear in the batch, so it probes
-  instead of trusting a proportional model.
-
-Parameters (``JobSpec.policy_params``):
-
-=============  =======  ==========================================================
-name           default  meaning
-=============  =======  ==========================================================
-variant        "cpu"    "cpu" or "gpu"
-cooldown_s     3.0      seconds after the last action before the next one
-settle_steps   8        steps past the plan's effective step before re-deciding
-min_gain       0.20     act only if the predicted step time drops by this fraction
-max_change     0.75     per move, a rank's batch changes by at most this fraction
-                        of max(its batch, the mean batch) (cpu)
-step           0        gpu: initial samples moved per action (0: a quarter of the
-                        mean local batch)
-=============  =======  ==========================================================
-
-Ranks with unknown speed (no window yet, or stalled) keep their batch.
-"""
+"""The `lb-bsp` policy (LB-BSP, SoCC'20): per-rank batches right-sized at iteration
+barriers, the global batch kept. Variant `cpu`: batches proportional to the speeds as the
+detector judges them, in one bounded move; `gpu`: move a step of samples from the slowest
+rank to the fastest with spare memory, halving the step when the direction reverses.
+Rules and parameters: docs/architecture.md, "The lb-bsp policy"."""
 
 from __future__ import annotations
 
@@ -43,6 +12,7 @@ from dataclasses import dataclass
 
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, RankState
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import (
     Guardrails,
     batch_bounds,
@@ -54,12 +24,7 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.base import (
-    Action,
-    AdjustBatchAction,
-    JobView,
-    plan_action_id,
-)
+from antdt.services.controller.view import JobView
 
 _ACTIONABLE = (IncidentKind.SLOW, IncidentKind.LEADER)
 
@@ -92,12 +57,9 @@ class _Direction:
 
 @dataclass(frozen=True)
 class _GpuMemory:
-    """Per-job memory of the GPU variant, tied to the plan version it was decided on.
-
-    Deciding again on the same plan version starts from `before` (the same view gives the
-    same action); on the next version, i.e. after our move was applied, from `after`; on
-    any other version the memory is stale and the variant starts afresh.
-    """
+    """The GPU variant's memory of one job, tied to the plan version it decided on: the
+    same version again starts from `before` (the same view, the same action), the next
+    one (our move applied) from `after`, any other afresh."""
 
     base_version: int
     before: _Direction
@@ -105,7 +67,7 @@ class _GpuMemory:
 
 
 class LbBspPolicy:
-    """LB-BSP batch rebalancing; see the module docstring for rules and parameters."""
+    """LB-BSP batch rebalancing (variants and parameters: the module docstring)."""
 
     name = "lb-bsp"
 
@@ -201,12 +163,10 @@ def measured_speeds(view: JobView) -> tuple[float | None, ...]:
 def judged_speeds(
     view: JobView, speeds: Sequence[float | None], deviating: set[int]
 ) -> list[float | None]:
-    """Measured speeds, except that every rank the detector does not hold deviating (no
-    open SLOW or LEADER incident, not in `deviating`) counts as typical: the median of
-    those ranks. Their differences are within the detector's noise band, and a plan built
-    on them outlives the straggler it was for: on the 2-core test machine, four identical
-    ranks measured up to 27% apart while one was slowed, and the plan made from that for
-    after the restart (284, 251, 238, 251 samples) ran at 0.88 of equal shares."""
+    """Measured speeds, except that a rank the detector does not hold deviating (no open
+    SLOW or LEADER incident, not in `deviating`) counts as typical, the median of such
+    ranks: their differences are within the detector's noise band, and a plan built on
+    them would outlive the straggler it was for."""
     held = deviating | {
         i.rank
         for i in view.open_incidents

@@ -1,51 +1,8 @@
-"""The `antdt-nd` policy: AntDT for non-dedicated (shared) clusters.
-
-Two actions, as in the AntDT paper; the rules and constants below are ours (the paper
-does not publish its thresholds):
-
-- ADJUST_BS at once, for transient and persistent stragglers alike: the decision of
-  `lb-bsp` (batches proportional to speed as the detector judges it, same parameters and
-  guardrails).
-- KILL_RESTART for a persistent straggler (an open SLOW incident of class persistent
-  on the host the rank runs on now) when it pays:
-
-      saving = remaining_steps x (T_now - T_after)  >=  min_saving_ratio x restart_cost
-
-  T_now is the predicted step time of the best batch plan with the straggler as it is,
-  T_after the same with the rank as fast as the median of the others (the replacement
-  host is assumed healthy), both with the speeds as the detector judges them (ranks it
-  does not hold deviating count as typical, see `judged_speeds`); remaining_steps
-  comes from the spec and the latest health;
-  restart_cost is the mean measured restart cost of this job (time from the checkpoint
-  step to the first step after the restart) or, before any measurement, the parameter
-  `restart_cost_s`. It also needs a replacement host (see `host_pool`), the restart
-  budget, no restart in flight, the restart cooldown, and the common guardrails.
-  The action carries the plan for after the restart (`local_batch_after`: batches
-  proportional to the speeds with the rank healthy), and the rank's host goes on the
-  blocklist. Only one action per decision: a restart is never combined with ADJUST_BS.
-  A restart waits while a worse straggler (an open SLOW incident with a higher ratio, on
-  the host its rank runs on now) is still being classified (transient or unknown): the
-  cooldown allows one restart at a time, and it should go where it saves most. (Without
-  this, a rank made 1.3x slow by a loaded machine, escalated a moment before a 2.5x one,
-  took the restart, and the cooldown then held the 2.5x one's.)
-
-Parameters (``JobSpec.policy_params``), besides those of `lb-bsp` (variant, cooldown_s,
-settle_steps, min_gain, max_change, step) and the restart guardrails:
-
-==================  =======  =====================================================
-name                default  meaning
-==================  =======  =====================================================
-restart_cost_s      30.0     assumed restart cost, s, until one has been measured
-min_saving_ratio    2.0      restart only if the saving is at least this many times
-                             the restart cost (> 0 in any case)
-host_pool           ""       comma-separated hosts the job may use; a restart needs
-                             one that no rank uses and nobody blocklisted. "" means
-                             the launcher or scheduler always finds another host
-restart_budget      2        KILL_RESTARTs per job
-restart_cooldown_s  60.0     seconds between two KILL_RESTART decisions
-restart_timeout_s   600.0    a restart not seen to resume stops blocking after this
-==================  =======  =====================================================
-"""
+"""The `antdt-nd` policy (AntDT for non-dedicated clusters): ADJUST_BS at once, as
+`lb-bsp` decides it, for any slow rank; KILL_RESTART for a persistent straggler when the
+saving over the remaining run is at least `min_saving_ratio` x the restart cost and a
+replacement host exists. One action per decision, the worst straggler first.
+Rules and parameters: docs/architecture.md, "The controller"."""
 
 from __future__ import annotations
 
@@ -56,15 +13,11 @@ from dataclasses import dataclass, replace
 
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
+from antdt.services.controller.actions import Action, KillRestartAction, restart_action_id
 from antdt.services.controller.guardrails import Guardrails, batch_bounds, read_param
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
-from antdt.services.controller.policies.base import (
-    Action,
-    JobView,
-    KillRestartAction,
-    restart_action_id,
-)
 from antdt.services.controller.policies.lbbsp import LbBspPolicy, judged_speeds, measured_speeds
+from antdt.services.controller.view import JobView
 
 
 @dataclass(frozen=True)
@@ -103,7 +56,7 @@ class RestartEstimate:
 
 
 class AntDtNdPolicy:
-    """AntDT-ND: ADJUST_BS at once, KILL_RESTART when it pays; see the module docstring."""
+    """AntDT-ND: ADJUST_BS at once, KILL_RESTART when it pays."""
 
     name = "antdt-nd"
 

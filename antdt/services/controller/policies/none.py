@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from antdt.schemas import Incident, JobHealth
-from antdt.services.controller.policies.base import Action, JobView
+from antdt.services.controller.actions import Action
+from antdt.services.controller.view import JobView
 
 
 class NonePolicy:

@@ -1,0 +1,59 @@
+"""What a decision asks the executor to do. Pure values; `kind` names the executor's
+handler and the ActionRecord's kind. Action ids are deterministic for one view, so a
+decision repeated after a takeover is recognised as the same action."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from antdt.services.controller.view import JobView
+
+
+@dataclass(frozen=True)
+class AdjustBatchAction:
+    """ADJUST_BS: new per-rank batches (id `{job}-plan-{version}`); the executor builds
+    the plan. `micro_batch`/`accumulation` as in `Plan` (None: one pass per step);
+    `source`: who decided, when not the job's policy (a custom policy)."""
+
+    kind: ClassVar[str] = "adjust_batch"
+
+    action_id: str
+    local_batch: tuple[int, ...]
+    reason: str
+    incident_id: str | None = None
+    micro_batch: tuple[int, ...] | None = None
+    accumulation: tuple[int, ...] | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class KillRestartAction:
+    """KILL_RESTART: checkpoint, restart with `rank` moved off `host` (id
+    `{job}-restart-{n}`). `local_batch_after`: the plan from the checkpoint on (None:
+    unchanged); the saving and cost are the cost model's figures, for the record."""
+
+    kind: ClassVar[str] = "kill_restart"
+
+    action_id: str
+    rank: int
+    host: str
+    reason: str
+    incident_id: str | None = None
+    local_batch_after: tuple[int, ...] | None = None
+    expected_saving_s: float = 0.0
+    restart_cost_s: float = 0.0
+
+
+#: Every action a policy may return (the executor has one handler per member).
+Action = AdjustBatchAction | KillRestartAction
+
+
+def plan_action_id(view: JobView) -> str:
+    """The id of the plan that would follow the view's current one."""
+    return f"{view.spec.job}-plan-{view.plan.version + 1}"
+
+
+def restart_action_id(view: JobView) -> str:
+    """The id of the restart that would follow the view's restart history."""
+    return f"{view.spec.job}-restart-{view.restarts.count + 1}"

@@ -1,0 +1,79 @@
+"""The owning replica's record of one job: loaded from etcd when the job is claimed, then
+kept current by the job's events and the executor's writes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from antdt.schemas import (
+    Incident,
+    IncidentState,
+    JobHealth,
+    JobSpec,
+    Plan,
+    RankHello,
+    RestartLedger,
+)
+from antdt.services.controller.restarts import Progress
+from antdt.services.controller.view import JobView, remaining_samples
+
+
+@dataclass
+class JobState:
+    """One per owned job. `busy`: one decision (policy or proposal) at a time;
+    `ledger_lock`: one restart ledger write at a time; `resume_pending`: a takeover,
+    finished on the job's first health (the executor's `resume`)."""
+
+    spec: JobSpec
+    plan: Plan
+    plan_revision: int
+    health: JobHealth | None = None
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    memory_caps: dict[int, int] = field(default_factory=dict)
+    last_action_at: float | None = None
+    busy: asyncio.Lock = field(default_factory=asyncio.Lock)
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> host, from RankHello
+    restarts: RestartLedger = field(default_factory=RestartLedger)
+    restarts_revision: int = 0  # mod revision of jobs/{job}/restarts (0: absent)
+    ledger_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    resume_pending: bool = False
+    started: dict[int, float] = field(default_factory=dict)  # rank -> its process's start
+    progress: Progress | None = None  # where the job stands during a restart in flight
+
+    def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
+        """The read-only view a policy decides on."""
+        hosts = {r.rank: r.host for r in self.health.ranks} if self.health else {}
+        hosts.update(self.hosts)  # a RankHello is newer than the health's window
+        return JobView(
+            spec=self.spec,
+            plan=self.plan,
+            health=self.health,
+            open_incidents=tuple(self.incidents.values()),
+            memory_caps=dict(self.memory_caps),
+            last_action_at=self.last_action_at,
+            now=now,
+            hosts=hosts,
+            blocklist=blocklist,
+            restarts=self.restarts,
+            remaining_samples=remaining_samples(self.spec, self.health),
+        )
+
+    def learn_hello(self, hello: RankHello) -> None:
+        """A rank's latest process: its host, start and memory cap (none said: none known)."""
+        rank = hello.rank
+        if rank >= self.spec.world_size or hello.world_size != self.spec.world_size:
+            return
+        self.hosts[rank] = hello.host
+        self.started[rank] = hello.started_at
+        if hello.max_local_batch is not None:
+            self.memory_caps[rank] = hello.max_local_batch
+        else:
+            self.memory_caps.pop(rank, None)
+
+    def learn_incident(self, incident: Incident) -> None:
+        """Open incidents are kept (the latest transition of each); resolved ones go."""
+        if incident.state == IncidentState.RESOLVED:
+            self.incidents.pop(incident.id, None)
+        else:
+            self.incidents[incident.id] = incident

@@ -1,0 +1,46 @@
+"""What a policy may look at: a read-only `JobView`, built for one decision. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from antdt.schemas import Incident, JobHealth, JobSpec, Plan, RestartLedger
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job at one instant (`now` is a value). The fields after `now` default to a
+    job that never restarted, on hosts nobody blocklisted, of unknown remaining length."""
+
+    spec: JobSpec
+    plan: Plan
+    health: JobHealth | None
+    open_incidents: tuple[Incident, ...]
+    memory_caps: Mapping[int, int]  # rank -> largest local batch its memory holds
+    last_action_at: float | None
+    now: float
+    #: rank -> host it runs on now (its latest RankHello, else its JobHealth row)
+    hosts: Mapping[int, str] = field(default_factory=dict)
+    #: hosts no rank may be moved to (etcd `blocklist/{host}`, all jobs)
+    blocklist: frozenset[str] = frozenset()
+    #: restart budget used, measured costs, the restart in flight (etcd `jobs/{job}/restarts`)
+    restarts: RestartLedger = field(default_factory=RestartLedger)
+    #: samples left to train (spec: dataset_size x epochs, minus steps done x global batch)
+    remaining_samples: int | None = None
+
+    @property
+    def remaining_steps(self) -> int | None:
+        """Steps left at the current global batch (None: unknown)."""
+        if self.remaining_samples is None:
+            return None
+        return -(-self.remaining_samples // self.spec.global_batch)
+
+
+def remaining_samples(spec: JobSpec, health: JobHealth | None) -> int | None:
+    """Samples left after the step health reports (steps count from 0). An estimate that
+    errs towards too few: an epoch's last steps may be short."""
+    if health is None:
+        return None
+    done = (health.step + 1) * spec.global_batch
+    return max(0, spec.dataset_size * spec.epochs - done)
