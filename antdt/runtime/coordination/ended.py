@@ -7,7 +7,7 @@ from __future__ import annotations
 from antdt.runtime.coordination.jobs import Ended, read_end
 from antdt.runtime.recent import Recent
 from antdt.runtime.store import Store
-from antdt.schemas import JobHealth, Keys
+from antdt.schemas import JobHealth, Keys, RankState
 
 #: Ends remembered at most (the least recently learned go first): job ids come off the
 #: wire, and a job forgotten here is only read again.
@@ -53,3 +53,9 @@ class EndedJobs:
 
     def __len__(self) -> int:
         return len(self._known)
+
+
+def shows_end(health: JobHealth) -> bool:
+    """Every rank's process finished or closed: the monitor's last health of an ended job
+    (it writes the `ended` key right after publishing it)."""
+    return all(r.state is RankState.EXITED for r in health.ranks)

@@ -10,12 +10,20 @@ import time
 import structlog
 
 from antdt.runtime.bus import Rejected
+from antdt.runtime.coordination.ended import EndedJobs
 from antdt.runtime.coordination.jobs import expired, read_ended, remove_job, scan_jobs
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Get, Put, Store
-from antdt.schemas import ErrorCode, JobSpec, Keys, Plan, RegisterReply, RestartLedger
-from antdt.services.controller.ended import EndedJobs
+from antdt.schemas import (
+    ErrorCode,
+    JobHealth,
+    JobSpec,
+    Keys,
+    Plan,
+    RegisterReply,
+    RestartLedger,
+)
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.plans import initial_plan
 from antdt.services.controller.state import JobState
@@ -32,7 +40,7 @@ class OwnedJobs:
         self.ownership = ownership
         self.hellos = hellos
         self.states: dict[str, JobState] = {}
-        self.ended = EndedJobs()
+        self.ended = EndedJobs(store, keys)
         self.loads = 0  # states loaded from etcd so far
         self._loading: SharedCalls[JobState | None] = SharedCalls(failed=None)
 
@@ -49,7 +57,7 @@ class OwnedJobs:
 
     async def get(self, job: str) -> JobState | None:
         """The state of `job` if owned, live and loaded (waits for a load under way)."""
-        if job in self.ended:
+        if self.ended.known(job) is not None:
             return None
         if not self.ownership.owns(job):
             self.states.pop(job, None)
@@ -62,11 +70,12 @@ class OwnedJobs:
     def forget(self, job: str) -> None:
         self.states.pop(job, None)
 
-    async def end(self, job: str) -> None:
-        """Every rank stopped on purpose: drop the state, and give the job up (its
-        registration claims it again)."""
+    async def end(self, health: JobHealth) -> None:
+        """Every rank stopped on purpose (the job's last health): drop the state, and give
+        the job up (its registration claims it again)."""
+        job = health.job
         self.states.pop(job, None)
-        self.ended.add(job)
+        self.ended.note(health)
         log.info("job ended; state dropped", job=job)
         try:
             await self.ownership.release(job)
@@ -86,7 +95,7 @@ class OwnedJobs:
             state.learn_hello(hello)
         # A takeover (or a restart of this replica): finish what was in flight.
         state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
-        if not self.ownership.owns(job) or job in self.ended:
+        if not self.ownership.owns(job) or self.ended.known(job) is not None:
             return None  # lost, or ended, while loading
         self.loads += 1
         self.states[job] = state

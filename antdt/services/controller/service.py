@@ -12,6 +12,7 @@ from pydantic import Field
 
 from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.coordination.ended import shows_end
 from antdt.runtime.coordination.jobs import live_jobs
 from antdt.runtime.coordination.ownership import Ownership, claim_rounds
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -34,7 +35,6 @@ from antdt.schemas import (
 )
 from antdt.services.controller.blocklist import Blocklist
 from antdt.services.controller.counts import JobCounts
-from antdt.services.controller.ended import job_ended
 from antdt.services.controller.executor import Executor, Timing
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
@@ -143,7 +143,7 @@ class ControllerService:
     async def _on_register(self, spec: JobSpec, delivery: Delivery) -> RegisterReply:
         if self.subjects.job_of(delivery.subject) != spec.job:
             raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
-        self.owned.ended.live_again(spec.job)
+        self.owned.ended.forget(spec.job)
         try:
             self._policy(spec.policy)  # an unknown policy is refused before anything is stored
         except ValueError as exc:
@@ -169,7 +169,9 @@ class ControllerService:
             await self.owned.claim(job)
 
     async def _claimable(self) -> list[str]:
-        return [j for j in await live_jobs(self.store, self.keys) if j not in self.owned.ended]
+        return [
+            j for j in await live_jobs(self.store, self.keys) if self.owned.ended.known(j) is None
+        ]
 
     async def _state(self, job: str) -> JobState | None:
         """The owned job's state, loaded when it was claimed (None: not ours, or ended)."""
@@ -183,7 +185,7 @@ class ControllerService:
     async def _on_hello(self, hello: RankHello, delivery: Delivery) -> None:
         if delivery.subject != self.subjects.hello(hello.job, hello.rank):
             raise Rejected(ErrorCode.BAD_REQUEST, "job or rank does not match the subject")
-        self.owned.ended.live_again(hello.job)
+        self.owned.ended.forget(hello.job)
         if self.hellos.remember(hello):
             state = await self._state(hello.job)
             if state is not None and state.started.get(hello.rank) != hello.started_at:
@@ -192,12 +194,12 @@ class ControllerService:
         self.counts.add(hello.job, "hello")
 
     async def _on_health(self, health: JobHealth, delivery: Delivery) -> None:
-        ended = job_ended(health)
+        ended = shows_end(health)
         if not ended:  # a job taken for abandoned that stepped on is live again
-            self.owned.ended.live_again(health.job)
+            self.owned.ended.forget(health.job)
         state = await self._state(health.job)
         if state is not None and ended:
-            await self.owned.end(health.job)
+            await self.owned.end(health)
         elif state is not None:
             await self._follow_health(state, health)
         self.counts.add(health.job, "health")
