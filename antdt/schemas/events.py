@@ -141,16 +141,16 @@ class Cause(str, Enum):
 
 
 class IncidentState(str, Enum):
-    """Incident lifecycle.
+    """Incident lifecycle, kept by the monitor alone. What the controller did about an
+    incident is its ActionRecords naming the incident (`incident_id`).
 
-    OPENED ──▶ ESCALATED ──▶ MITIGATING ──▶ RESOLVED
-       │            │              │
-       └────────────┴──────────────┴──────▶ RESOLVED  (recovered, with hysteresis)
+    OPENED ──▶ ESCALATED ──▶ RESOLVED
+       │                        ▲
+       └────────────────────────┘  (recovered, with hysteresis)
     """
 
     OPENED = "opened"
     ESCALATED = "escalated"
-    MITIGATING = "mitigating"
     RESOLVED = "resolved"
 
 

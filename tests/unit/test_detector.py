@@ -284,21 +284,6 @@ def test_incident_ids_of_two_owners_of_a_job_never_meet() -> None:
 # ------------------------------------------------------------------ lifecycle
 
 
-def test_mark_mitigating_then_recovery_resolves() -> None:
-    job = Job(4, cost=slow_rank(3, 3.0, start=30, stop=60))
-    detector, transitions = run(job, range(45))
-    incident = opened(transitions)[0]
-    mitigating = detector.mark_mitigating(incident.id, 5000.0)
-    assert mitigating is not None and mitigating.state == IncidentState.MITIGATING
-    assert detector.mark_mitigating(incident.id, 5001.0) == mitigating  # idempotent
-    assert detector.mark_mitigating("nope", 5001.0) is None
-    assert detector.open_incidents[0].state == IncidentState.MITIGATING
-    _, later = run(job, range(45, 150), detector)
-    assert later[-1].state == IncidentState.RESOLVED
-    assert detector.mark_mitigating(incident.id, 9e9) is None
-    assert detector.open_incidents == ()
-
-
 def test_plan_change_discards_the_partial_window() -> None:
     detector = JobDetector(JOB, 2)
     for step in range(3):

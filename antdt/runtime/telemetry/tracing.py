@@ -64,7 +64,7 @@ def _current() -> SpanContext | None:
 
 class IncidentTraces:
     """The monitor's side: the first transition of an incident starts its trace; later
-    ones (escalated, mitigating, resolved) are children of that root. A replica that
+    ones (escalated, resolved) are children of that root. A replica that
     takes a job over mid-incident carries its trace on (`adopt`)."""
 
     def __init__(self, limit: int = 100_000, *, provider: TracerProvider | None = None) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from antdt.schemas import (
     Incident,
-    IncidentState,
     JobHealth,
     RankExit,
     RankHello,
@@ -173,22 +172,6 @@ class JobDetector:
         """Silence (seconds) after which a rank counts as stalled."""
         step_s = median_step_s(self._ranks)
         return max(self.config.min_stall_s, self.config.stall_factor * step_s)
-
-    def mark_mitigating(self, incident_id: str, now: float) -> Incident | None:
-        """The controller acts on the incident; None when it is unknown or resolved."""
-        now = self._tick(now)
-        if incident_id not in self._open:
-            return None
-        rank = self._ranks[self._open.rank_of(incident_id)]
-        current = self._find_open(incident_id)
-        if current.state == IncidentState.MITIGATING:
-            return current
-        updated = current.model_copy(update={"state": IncidentState.MITIGATING, "updated_at": now})
-        if rank.stall is not None and rank.stall.id == incident_id:
-            rank.stall = updated
-        else:
-            rank.deviation = updated
-        return updated
 
     def health(self, now: float) -> JobHealth:
         """The job's health now (ranks.job_health says how its figures are made)."""
