@@ -205,7 +205,7 @@ async def _serve(config: dict[str, Any]) -> None:
 
 
 async def _measure(monitor: Any, since: int, owns_jobs: bool) -> dict[str, float]:
-    """This replica's events: when its first and last came (perf_counter, one clock for
+    """One replica's events: when its first and last came (perf_counter, one clock for
     every process of the machine) and how many, settled when they stop coming."""
 
     def count() -> int:

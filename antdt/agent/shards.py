@@ -292,7 +292,7 @@ class ShardStream:
 
     @property
     def incarnation(self) -> int:
-        """This process's incarnation in the ledger (0 until a restore names one)."""
+        """The incarnation of this process in the ledger (0 until a restore names one)."""
         return self._state.incarnation
 
     @property

@@ -312,7 +312,7 @@ class StreamState:
             self.seen = {ref for ref in self.seen if ref.epoch >= finished_epoch}
 
     def settle(self, epoch: int) -> None:
-        """This rank's group ran out of data in `epoch` (a step's all-reduced count was
+        """The group of this rank ran out of data in `epoch` (a step's all-reduced count was
         zero): ask the ledger whether the epoch is over (`settled`). A rank that already
         moved past it, or whose job is done, knows without asking (and one whose service
         is too old to be asked takes the zero for the answer)."""

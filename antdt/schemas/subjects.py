@@ -84,7 +84,7 @@ class Subjects:
         return f"{self.prefix}.{job}.register"
 
     def any_job(self, tail: str) -> str:
-        """Wildcard over all jobs, e.g. any_job('step.*')."""
+        """Wildcard over all jobs: `{prefix}.*.{tail}`."""
         return f"{self.prefix}.*.{tail}"
 
     def job_of(self, subject: str) -> str:

@@ -161,7 +161,7 @@ class _EmbeddedServer:
         _wait_ready(self._process, ready, timeout)
 
     def kill(self) -> None:
-        """kill -9, as a crash would."""
+        """Kill with SIGKILL, as a crash would."""
         if self._process:
             self._process.kill()
             if self._process.proc:

@@ -185,7 +185,7 @@ def greet(book: JobBook, job: str, now: float, *, owned: bool) -> Greeting:
 
 
 def claimed(book: JobBook, job: str, now: float) -> None:
-    """This replica now owns `job` (a claim round, an event, a hello)."""
+    """The replica now owns `job` (a claim round, an event, a hello)."""
     record = book.record(job)
     if record.phase in (JobPhase.IDLE, JobPhase.ENDED):
         book.move(record, JobPhase.CLAIMED, now)

@@ -13,8 +13,8 @@ from antdt.services.shards.state import LedgerState
 
 
 class Early(NamedTuple):
-    """What a fetch reply delivers from reservations, and the done refs it reported.
-    (Immutable; a NamedTuple, as each fetch builds one: a frozen dataclass costs twice.)"""
+    """What a fetch reply delivers from reservations, and the done refs it reported
+    (immutable; a NamedTuple, as each fetch builds one: a frozen dataclass costs twice)."""
 
     rank: int
     epoch: int

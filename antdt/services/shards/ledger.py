@@ -144,7 +144,7 @@ _error = error
 
 
 def check_member(state: LedgerState, job: str, rank: int, incarnation: int) -> ErrorReply | None:
-    """Is this request from a current rank of this job? (Every ledger request asks.)"""
+    """Is this request from a current rank of this job? Every ledger request asks."""
     if job != state.job:
         return error(ErrorCode.BAD_REQUEST, f"request for job {job!r} sent to {state.job!r}")
     if rank >= state.world_size:

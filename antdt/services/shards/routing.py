@@ -27,7 +27,7 @@ Spawn = Callable[[str, Coroutine[Any, Any, None]], "asyncio.Task[None]"]
 
 
 class Routes:
-    """This replica's view of who owns which job, and its own claims."""
+    """The replica's view of who owns which job, and its own claims."""
 
     def __init__(self, store: Store, settings: ServiceSettings, spawn: Spawn) -> None:
         self.store = store

@@ -117,7 +117,7 @@ class PendingCheckpoint(_Frozen):
         return frozenset(r for r in range(mask.bit_length()) if mask >> r & 1)
 
     def with_commit(self, commit: RankCommit) -> PendingCheckpoint:
-        """This checkpoint with `commit` added; its mask is this one's with the
+        """The checkpoint with `commit` added; its mask is this one's with the
         committer's bit set, so that a checkpoint of n ranks costs O(n), not O(n^2)."""
         commits = (*self.commits, commit)
         committed_mask(commits, known=committed_mask(self.commits) | 1 << commit.rank)
