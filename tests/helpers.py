@@ -58,9 +58,10 @@ async def monitor_owner(store: Store, keys: Keys, job: str, *, timeout: float = 
     reach that replica (a replica subscribes to a job's steps before it claims it). A
     job is claimed on its ranks' hellos, or by a claim round (half the lease TTL)."""
     got = await wait_for(
-        lambda: store.get(keys.owner("monitor", job)), timeout=timeout,
+        lambda: store.get(keys.owner("monitor", job)),
+        timeout=timeout,
         what=f"a monitor replica owns {job}",
-    )  # fmt: skip
+    )
     return str(got.value.decode())
 
 
@@ -87,10 +88,20 @@ def service_replicas(
         for name in names:
             out = (logs / f"{name}.log").open("wb")
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "antdt.cli", service, "--nats-url", settings.nats.url,
-                 "--etcd-endpoint", settings.etcd.endpoint],
-                env={**env, "ANTDT_REPLICA_ID": name}, stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "antdt.cli",
+                    service,
+                    "--nats-url",
+                    settings.nats.url,
+                    "--etcd-endpoint",
+                    settings.etcd.endpoint,
+                ],
+                env={**env, "ANTDT_REPLICA_ID": name},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         yield procs
     finally:
         for proc in procs.values():

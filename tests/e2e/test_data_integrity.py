@@ -89,10 +89,13 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
     watcher = await HealthWatch.start(settings, job, running.by_name["monitor"])
     try:
         env = job_env(
-            settings, job, tmp_path,
-            ANTDT_DEMO_CKPT_DIR=str(tmp_path), ANTDT_DEMO_CKPT_EVERY="10",
+            settings,
+            job,
+            tmp_path,
+            ANTDT_DEMO_CKPT_DIR=str(tmp_path),
+            ANTDT_DEMO_CKPT_EVERY="10",
             ANTDT_DEMO_FAIL=f"rank=1,step={fail_step},how={how}",
-        )  # fmt: skip
+        )
         assert await run_job(env, max_restarts=1) == 0
         await wait_for(lambda: watcher.ended, timeout=15, what="the job's end, seen by the monitor")
     finally:
@@ -222,11 +225,24 @@ async def own_cluster(tmp_path: Path) -> AsyncIterator[EmbeddedCluster]:
 def shards_replica(
     cluster: EmbeddedCluster, prefix: str, key_prefix: str, replica_id: str
 ) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, ANTDT_NATS__SUBJECT_PREFIX=prefix, ANTDT_ETCD__KEY_PREFIX=key_prefix,
-               ANTDT_TELEMETRY__LOG_FORMAT="json", ANTDT_REPLICA_ID=replica_id,
-               ANTDT_ETCD__LEASE_TTL_S="2")  # fmt: skip
-    argv = [sys.executable, "-m", "antdt.cli", "shards", "--nats-url", cluster.nats.url,
-            "--etcd-endpoint", cluster.etcd.endpoint]  # fmt: skip
+    env = dict(
+        os.environ,
+        ANTDT_NATS__SUBJECT_PREFIX=prefix,
+        ANTDT_ETCD__KEY_PREFIX=key_prefix,
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+        ANTDT_REPLICA_ID=replica_id,
+        ANTDT_ETCD__LEASE_TTL_S="2",
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "antdt.cli",
+        "shards",
+        "--nats-url",
+        cluster.nats.url,
+        "--etcd-endpoint",
+        cluster.etcd.endpoint,
+    ]
     return subprocess.Popen(argv, env=env, start_new_session=True)
 
 
@@ -244,9 +260,12 @@ async def test_shards_replica_nats_and_etcd_faults_lose_and_repeat_nothing(
         replica_id=f"replica-{unique}",
     )
     running = await start_services(settings, names=("controller",))  # registers the job
-    replicas = {f"shards-{i}": shards_replica(own_cluster, settings.nats.subject_prefix,
-                                              settings.etcd.key_prefix, f"shards-{i}")
-                for i in range(2)}  # fmt: skip
+    replicas = {
+        f"shards-{i}": shards_replica(
+            own_cluster, settings.nats.subject_prefix, settings.etcd.key_prefix, f"shards-{i}"
+        )
+        for i in range(2)
+    }
     store = await Store(settings.etcd).connect()
     job = f"infra-{unique}"
     watcher, reached = await watch_steps(settings, job)

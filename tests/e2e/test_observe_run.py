@@ -83,8 +83,10 @@ async def test_status_shows_the_straggler_class_and_the_action(
     rank3 = [i for i in run.incidents if i.rank == 3 and i.kind == IncidentKind.SLOW]
     assert rank3, run.incidents
     # Relieved by batch, still 3x per sample: open until the job ended (its ranks exited).
-    await wait_for(lambda: any("exited" in i.evidence for i in rank3_slow(run)),
-                   what="rank 3's incident resolved as the job ended")  # fmt: skip
+    await wait_for(
+        lambda: any("exited" in i.evidence for i in rank3_slow(run)),
+        what="rank 3's incident resolved as the job ended",
+    )
     rank3 = rank3_slow(run)
     ended = max(rank3, key=lambda i: i.updated_at)
     assert ended.state == IncidentState.RESOLVED and ended.evidence.get("exited") == 1.0

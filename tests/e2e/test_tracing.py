@@ -101,8 +101,11 @@ async def test_one_incident_is_one_trace_from_monitor_to_every_rank(
     assert "antdt.effect.samples_per_s.before" in effect.attributes
 
     # one trace: nothing of this action was traced anywhere else
-    elsewhere = [s for s in spans if s.trace_id != root.trace_id and s.attributes.get(
-        "antdt.action.id") == action.action_id]  # fmt: skip
+    elsewhere = [
+        s
+        for s in spans
+        if s.trace_id != root.trace_id and s.attributes.get("antdt.action.id") == action.action_id
+    ]
     assert not elsewhere, elsewhere
 
 
@@ -124,6 +127,9 @@ async def test_metrics_of_the_run_reach_the_receiver(
     efficiency = job_points("antdt.job.balance_efficiency")
     assert efficiency and all(0 <= v <= 1 for _, v in efficiency)
     replica = run.settings.replica_id
-    ingested = [v for a, v in receiver.points("antdt.monitor.events.ingested")
-                if a["antdt.replica"] == replica]  # fmt: skip
+    ingested = [
+        v
+        for a, v in receiver.points("antdt.monitor.events.ingested")
+        if a["antdt.replica"] == replica
+    ]
     assert ingested and max(ingested) >= sum(len(e) for e in run.steps.values()) * 0.9

@@ -209,9 +209,14 @@ class NullCollectives:
 
 def agent_settings(nats: NatsSettings, job: str, rank: int, world: int, **kw: Any) -> AgentSettings:
     values: dict[str, Any] = {
-        "dataset_size": 50, "shard_size": 4, "global_batch": 3 * world, "epochs": 1,
-        "register_timeout_s": 15.0, "host": f"h{rank}", "inject": "",
-    }  # fmt: skip
+        "dataset_size": 50,
+        "shard_size": 4,
+        "global_batch": 3 * world,
+        "epochs": 1,
+        "register_timeout_s": 15.0,
+        "host": f"h{rank}",
+        "inject": "",
+    }
     values.update(kw)
     return AgentSettings(nats=nats, job=job, rank=rank, world_size=world, **values)
 

@@ -40,8 +40,14 @@ async def controller(settings: ServiceSettings) -> AsyncIterator[RunningServices
 
 async def make_actions(bus: Bus, job: str) -> list[ActionRecord]:
     subjects = Subjects(bus.settings.subject_prefix)
-    spec = JobSpec(job=job, world_size=4, dataset_size=1000, shard_size=10, global_batch=64,
-                   policy_params={"cooldown_s": 0.0})  # fmt: skip
+    spec = JobSpec(
+        job=job,
+        world_size=4,
+        dataset_size=1000,
+        shard_size=10,
+        global_batch=64,
+        policy_params={"cooldown_s": 0.0},
+    )
     await bus.request(subjects.register(job), spec, RegisterReply)
     proposals = [
         dict(local_batch=(20, 20, 20, 4), reason="rank 3 is 3x slower", incident_id="inc-7"),
@@ -82,16 +88,31 @@ async def test_actions_lists_decisions_reasons_and_results(
     text = console.export_text()
     assert f"actions of job {job}: 3" in text
     for expected in (
-        "proposal:cli-test", "inc-7", "rank 3 is 3x slower", "v1 @ step 3", "v2 @ step 3",
-        "20 20 20 4", "24=12x2 20 16 4", "applied", "refused",
+        "proposal:cli-test",
+        "inc-7",
+        "rank 3 is 3x slower",
+        "v1 @ step 3",
+        "v2 @ step 3",
+        "20 20 20 4",
+        "24=12x2 20 16 4",
+        "applied",
+        "refused",
         "guardrail: plan sums to 70, global batch is 64",
-    ):  # fmt: skip
+    ):
         assert expected in text, expected
 
     # The command itself, as a user runs it (its own process: it configures logging).
     env = {**os.environ, "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix}
-    command = [sys.executable, "-m", "antdt.cli", "actions", "--job", job,
-               "--nats-url", settings.nats.url]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "antdt.cli",
+        "actions",
+        "--job",
+        job,
+        "--nats-url",
+        settings.nats.url,
+    ]
     result = await asyncio.to_thread(
         subprocess.run, command, env=env, capture_output=True, text=True, timeout=60
     )

@@ -55,8 +55,13 @@ async def agents_to_close() -> Any:
 
 
 def plan(job: str, version: int, batch: tuple[int, ...], effective: int) -> Plan:
-    return Plan(job=job, version=version, local_batch=batch, effective_step=effective,
-                created_at=time.time())  # fmt: skip
+    return Plan(
+        job=job,
+        version=version,
+        local_batch=batch,
+        effective_step=effective,
+        created_at=time.time(),
+    )
 
 
 def adjust(job: str, p: Plan, action: str = "a1") -> AdjustBatch:
@@ -90,8 +95,7 @@ async def test_hello_register_and_stored_spec_wins(
     await bus.subscribe(subjects.hello(unique, "*"), RankHello, on_hello)
     await bus.subscribe(subjects.register(unique), JobSpec, on_register)
     await bus.flush()
-    first = JobSpec(job=unique, world_size=2, dataset_size=80, shard_size=8, global_batch=6,
-                    seed=9)  # fmt: skip
+    first = JobSpec(job=unique, world_size=2, dataset_size=80, shard_size=8, global_batch=6, seed=9)
     assert (await bus.request(subjects.register(unique), first, RegisterReply)).created
     agent = await start(
         agent_settings(settings.nats, unique, 1, 2, max_local_batch=64), agents_to_close
@@ -224,10 +228,12 @@ async def test_the_controller_knows_each_rank_from_its_hello_sent_before_registe
     said = ({0: 64, 1: 32}, {0: "h0", 1: "h1"})
     try:
         for rank, cap in ((0, 64), (1, 32)):
-            await start(agent_settings(settings.nats, unique, rank, 2, max_local_batch=cap),
-                        agents_to_close)  # fmt: skip
-        owner = await wait_for(lambda: next((c for c in controllers if unique in c.jobs), None),
-                               what="the job's state")  # fmt: skip
+            await start(
+                agent_settings(settings.nats, unique, rank, 2, max_local_batch=cap), agents_to_close
+            )
+        owner = await wait_for(
+            lambda: next((c for c in controllers if unique in c.jobs), None), what="the job's state"
+        )
         state = owner.jobs[unique]
         assert (state.memory_caps, state.hosts) == said
         heir = controllers[1 - controllers.index(owner)]

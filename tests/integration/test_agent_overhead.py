@@ -40,8 +40,16 @@ async def test_training_thread_cost_per_step(
 ) -> None:
     size = 8 * (STEPS + WARMUP) * 2
     log = str(tmp_path / "ids") if sample_log else None
-    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=size, shard_size=20_000,
-                         global_batch=8, sample_log=log)  # fmt: skip
+    cfg = agent_settings(
+        settings.nats,
+        unique,
+        0,
+        1,
+        dataset_size=size,
+        shard_size=20_000,
+        global_batch=8,
+        sample_log=log,
+    )
     agent = Agent(cfg, collectives=NullCollectives())  # no other ranks: the agent's own work
     async with real_services(settings, "controller", "shards"):
         try:

@@ -247,8 +247,16 @@ async def test_one_request_per_shard_reports_it_done_and_asks_for_the_next(
     # request of its own (DLRover's two RPCs per shard). With 30 ms steps a shard lasts
     # longer than the service takes to write its done mark: no request only to confirm it.
     tap = await ShardsTap(bus, unique).attach()
-    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=40 * shards, shard_size=40,
-                         global_batch=8, prefetch=2)  # fmt: skip
+    cfg = agent_settings(
+        settings.nats,
+        unique,
+        0,
+        1,
+        dataset_size=40 * shards,
+        shard_size=40,
+        global_batch=8,
+        prefetch=2,
+    )
     agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
     seen = await asyncio.to_thread(train, agent, lambda step: time.sleep(step_s))
     await asyncio.to_thread(agent.close)
@@ -276,8 +284,9 @@ async def test_survives_the_shards_service_disappearing(
     to_stop.append(await start_only(settings, "monitor", "controller"))
     to_stop.append(shards := await start_only(settings, "shards"))
     prefix = tmp_path / "outage"
-    cfg = agent_settings(settings.nats, unique, 0, 1, dataset_size=60, global_batch=2,
-                         sample_log=str(prefix))  # fmt: skip
+    cfg = agent_settings(
+        settings.nats, unique, 0, 1, dataset_size=60, global_batch=2, sample_log=str(prefix)
+    )
     agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
     loop = asyncio.get_running_loop()
     went_away = threading.Event()
@@ -345,16 +354,21 @@ async def test_survives_a_nats_server_restart(
     covered by the test below.)"""
     server = EmbeddedNats(tmp_path / "nats")
     await asyncio.to_thread(spawn, server)
-    nats = NatsSettings(url=server.url, subject_prefix=f"antdt.{unique}", reconnect_wait_s=0.05,
-                        request_timeout_s=0.5)  # fmt: skip
+    nats = NatsSettings(
+        url=server.url,
+        subject_prefix=f"antdt.{unique}",
+        reconnect_wait_s=0.05,
+        request_timeout_s=0.5,
+    )
     bus = await Bus(nats, name="test-restart").connect()
     go_on = threading.Event()
     try:
         to_stop.append(await start_services(settings.model_copy(update={"nats": nats})))
         tap = await ShardsTap(bus, unique).attach()
         prefix = tmp_path / "restart"
-        cfg = agent_settings(nats, unique, 0, 1, dataset_size=60, global_batch=2,
-                             sample_log=str(prefix))  # fmt: skip
+        cfg = agent_settings(
+            nats, unique, 0, 1, dataset_size=60, global_batch=2, sample_log=str(prefix)
+        )
         agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
         at_step_3 = threading.Event()
 
@@ -421,8 +435,9 @@ async def test_grants_of_a_reply_that_never_arrived_are_not_lost(
     tap = await ShardsTap(bus, unique).attach()
     nats = settings.nats.model_copy(update={"request_timeout_s": 0.5})
     prefix = tmp_path / "lost"
-    cfg = agent_settings(nats, unique, 0, 1, dataset_size=16, global_batch=4, prefetch=1,
-                         sample_log=str(prefix))  # fmt: skip
+    cfg = agent_settings(
+        nats, unique, 0, 1, dataset_size=16, global_batch=4, prefetch=1, sample_log=str(prefix)
+    )
     agent = await asyncio.to_thread(start_one, cfg, agents_to_close)
     epochs = agent.epochs()
     assert await asyncio.to_thread(next, epochs) == 0
@@ -475,9 +490,16 @@ async def test_close_unblocks_a_training_thread_waiting_for_data(
 
 
 async def two_ranks_of_a_thousand(
-    settings: ServiceSettings, bus: Bus, job: str, prefix: Path, to_stop: list[RunningServices],
-    agents_to_close: list[Agent], *, epochs: int, heard: tuple[str, type[BaseModel]],
-) -> tuple[ShardsTap, list[tuple[float, Any]], list[Agent]]:  # fmt: skip
+    settings: ServiceSettings,
+    bus: Bus,
+    job: str,
+    prefix: Path,
+    to_stop: list[RunningServices],
+    agents_to_close: list[Agent],
+    *,
+    epochs: int,
+    heard: tuple[str, type[BaseModel]],
+) -> tuple[ShardsTap, list[tuple[float, Any]], list[Agent]]:
     """The controller and shards services, a tap on the job's fetches, what is published
     on `heard`'s subject (when, and the event), and two started agents of a job of a
     thousand ranks (40 samples, `epochs`, sample logs at `prefix`): the service paces
@@ -492,8 +514,12 @@ async def two_ranks_of_a_thousand(
     subject, event_type = heard
     await bus.subscribe(subject, event_type, on_event)
     world = 1000
-    shape = {"dataset_size": 40, "global_batch": 2 * world, "epochs": epochs,
-             "sample_log": str(prefix)}  # fmt: skip
+    shape = {
+        "dataset_size": 40,
+        "global_batch": 2 * world,
+        "epochs": epochs,
+        "sample_log": str(prefix),
+    }
     agents = [
         Agent(agent_settings(settings.nats, job, r, world, **shape), collectives=NullCollectives())
         for r in range(2)
@@ -506,8 +532,11 @@ async def two_ranks_of_a_thousand(
 def told_to_wait(tap: ShardsTap, epoch: int) -> list[int]:
     """Where, in rank 0's answered requests (`tap.timed(0)`), its settles of `epoch` were
     told that shards of it are still held."""
-    return [i for i, (_, _, fetch, reply) in enumerate(tap.timed(0))
-            if fetch.settle and fetch.epoch == epoch and reply.outstanding]  # fmt: skip
+    return [
+        i
+        for i, (_, _, fetch, reply) in enumerate(tap.timed(0))
+        if fetch.settle and fetch.epoch == epoch and reply.outstanding
+    ]
 
 
 @pytest.mark.parametrize("held_in", [0, 1], ids=["next_epoch", "job_end"])
@@ -529,9 +558,15 @@ async def test_ranks_waiting_for_the_next_epoch_are_told_at_once_and_poll_seldom
     subject = Subjects(settings.nats.subject_prefix).epoch_finished(unique)
     prefix = tmp_path / "told"
     tap, announced, agents = await two_ranks_of_a_thousand(
-        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=2,
+        settings,
+        bus,
+        unique,
+        prefix,
+        to_stop,
+        agents_to_close,
+        epochs=2,
         heard=(subject, EpochFinished),
-    )  # fmt: skip
+    )
     paused, resume = threading.Event(), threading.Event()
 
     def hold(step: Any) -> None:
@@ -586,9 +621,15 @@ async def test_ranks_waiting_to_leave_an_epoch_ask_again_once_shards_come_back(
     subject = Subjects(settings.nats.subject_prefix).shards_returned(unique)
     prefix = tmp_path / "returned"
     tap, returned, agents = await two_ranks_of_a_thousand(
-        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=1,
+        settings,
+        bus,
+        unique,
+        prefix,
+        to_stop,
+        agents_to_close,
+        epochs=1,
         heard=(subject, ShardsReturned),
-    )  # fmt: skip
+    )
     paused, resume = threading.Event(), threading.Event()
 
     def train_then_leave(agent: Agent) -> None:  # rank 1: one step, then leaves when told
@@ -648,9 +689,15 @@ async def test_shards_a_rank_never_heard_of_come_to_it_when_its_group_settles(
     subject = Subjects(settings.nats.subject_prefix).shards_returned(unique)
     prefix = tmp_path / "strays"
     tap, _, agents = await two_ranks_of_a_thousand(
-        settings, bus, unique, prefix, to_stop, agents_to_close, epochs=1,
+        settings,
+        bus,
+        unique,
+        prefix,
+        to_stop,
+        agents_to_close,
+        epochs=1,
         heard=(subject, ShardsReturned),
-    )  # fmt: skip
+    )
 
     def take_then_go(agent: Agent) -> None:  # rank 1 holds shards, trains none of them
         for _ in agent.epochs():

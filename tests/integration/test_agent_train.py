@@ -110,16 +110,20 @@ async def test_two_torch_ranks_train_with_the_agent(
     env = {
         "ANTDT_NATS__URL": settings.nats.url,
         "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-        "ANTDT_JOB": unique, "ANTDT_DATASET_SIZE": "240", "ANTDT_SHARD_SIZE": "10",
-        "ANTDT_GLOBAL_BATCH": "8", "ANTDT_EPOCHS": "2", "ANTDT_SAMPLE_LOG": str(out),
-        "ANTDT_INJECT": "host=slot1,factor=6,from=2", "ANTDT_TELEMETRY__LOG_LEVEL": "warning",
-    }  # fmt: skip
+        "ANTDT_JOB": unique,
+        "ANTDT_DATASET_SIZE": "240",
+        "ANTDT_SHARD_SIZE": "10",
+        "ANTDT_GLOBAL_BATCH": "8",
+        "ANTDT_EPOCHS": "2",
+        "ANTDT_SAMPLE_LOG": str(out),
+        "ANTDT_INJECT": "host=slot1,factor=6,from=2",
+        "ANTDT_TELEMETRY__LOG_LEVEL": "warning",
+    }
     run = asyncio.ensure_future(
         asyncio.to_thread(launch, 2, [sys.executable, str(script), str(out)], env=env)
     )
     await wait_for(lambda: events or run.done(), timeout=60, what="first step event")
-    new = Plan(job=unique, version=1, local_batch=(6, 2), effective_step=12,
-               created_at=time.time())  # fmt: skip
+    new = Plan(job=unique, version=1, local_batch=(6, 2), effective_step=12, created_at=time.time())
     acks = [
         await bus.request(
             subjects.command(unique, r), AdjustBatch(action_id="a1", job=unique, plan=new), Ack
@@ -133,14 +137,20 @@ async def test_two_torch_ranks_train_with_the_agent(
     assert params[0] == params[1]  # same updates on every replica
     assert all(a.ok for a in acks)
     switch = max(a.applied_step or 0 for a in acks)
-    await wait_for(lambda: len({(e.rank, e.step) for e in events}) == 2 * _steps(events),
-                   what="all step events")  # fmt: skip
+    await wait_for(
+        lambda: len({(e.rank, e.step) for e in events}) == 2 * _steps(events),
+        what="all step events",
+    )
     for e in events:  # each rank switches at the step its ack announced
         applied = acks[e.rank].applied_step
         assert applied is not None
         assert e.local_batch == ((6, 2)[e.rank] if e.step >= applied else 4), e
-    compute = {r: statistics.median(e.compute_s for e in events if e.rank == r and e.step >= 2
-                                    and e.samples) for r in range(2)}  # fmt: skip
+    compute = {
+        r: statistics.median(
+            e.compute_s for e in events if e.rank == r and e.step >= 2 and e.samples
+        )
+        for r in range(2)
+    }
     assert compute[1] > 2 * compute[0], compute  # the injected straggler on host slot1
     print(f"\nsteps={_steps(events)} switch_at={switch} median compute_s={compute}")
     await _assert_the_job_ended(services, unique, exits, healths, incidents, _steps(events))
@@ -171,8 +181,9 @@ async def _assert_the_job_ended(
         await wait_for(lambda o=owner: _absent(store, o), what=f"the {service} gives it up")
     assert job not in await live_jobs(store, keys) and job not in await controller._claimable()
     assert sorted((x.rank, x.reason, x.step) for x in exits) == [
-        (0, ExitReason.FINISHED, steps - 1), (1, ExitReason.FINISHED, steps - 1)
-    ]  # fmt: skip
+        (0, ExitReason.FINISHED, steps - 1),
+        (1, ExitReason.FINISHED, steps - 1),
+    ]
     await wait_for(
         lambda: any(all(r.state is RankState.EXITED for r in h.ranks) for h in healths),
         what="a last health with every rank exited",

@@ -12,8 +12,16 @@ from pathlib import Path
 from antdt.agent.launch import Slots, exit_code, launch, rank_env
 from tests.helpers import wait_for_sync
 
-KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "ANTDT_HOST",
-        "ANTDT_RANK", "EXTRA"]  # fmt: skip
+KEYS = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "ANTDT_HOST",
+    "ANTDT_RANK",
+    "EXTRA",
+]
 
 # A rank that records its pid, then exits with its code or (code -1) waits to be killed.
 # A failing rank first waits (polling) until every rank has recorded its pid.
@@ -42,8 +50,10 @@ def _alive(pid: int) -> bool:
 
 def test_every_rank_gets_its_environment(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("ANTDT_RANK", "7")  # must not outrank the launcher's RANK
-    script = f"import os, json; open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w')" \
-             f".write(json.dumps({{k: os.environ.get(k) for k in {KEYS!r}}}))"  # fmt: skip
+    script = (
+        f"import os, json; open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w')"
+        f".write(json.dumps({{k: os.environ.get(k) for k in {KEYS!r}}}))"
+    )
     code = launch(3, [sys.executable, "-c", script], env={"EXTRA": "x"}, host_prefix="node")
     assert code == 0
     seen = [json.loads((tmp_path / str(r)).read_text()) for r in range(3)]
@@ -71,8 +81,9 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path) -> None:
     )
     proc = subprocess.Popen([sys.executable, "-c", launcher], cwd=Path(__file__).parents[2])
     try:
-        wait_for_sync(lambda: all((tmp_path / str(r)).exists() for r in range(2)),
-                      what="ranks started")  # fmt: skip
+        wait_for_sync(
+            lambda: all((tmp_path / str(r)).exists() for r in range(2)), what="ranks started"
+        )
         pids = [int((tmp_path / str(r)).read_text()) for r in range(2)]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 128 + signal.SIGTERM

@@ -9,8 +9,9 @@ from antdt.schemas import Plan
 
 
 def plan(version: int, effective: int, batch: tuple[int, ...] = (4, 4), job: str = "j") -> Plan:
-    return Plan(job=job, version=version, local_batch=batch, effective_step=effective,
-                created_at=1.0)  # fmt: skip
+    return Plan(
+        job=job, version=version, local_batch=batch, effective_step=effective, created_at=1.0
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,14 +11,16 @@ from antdt.schemas import ShardGrant, ShardRef
 
 
 def grant(shard: int, start: int, end: int, position: int = 0, epoch: int = 0) -> ShardGrant:
-    return ShardGrant(epoch=epoch, shard=shard, attempt=0, start=start, end=end,
-                      position=position)  # fmt: skip
+    return ShardGrant(epoch=epoch, shard=shard, attempt=0, start=start, end=end, position=position)
 
 
 @given(
-    seed=st.integers(0, 2**31), epoch=st.integers(0, 100), shard=st.integers(0, 10_000),
-    start=st.integers(0, 10**6), size=st.integers(1, 300),
-)  # fmt: skip
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 100),
+    shard=st.integers(0, 10_000),
+    start=st.integers(0, 10**6),
+    size=st.integers(1, 300),
+)
 def test_order_is_a_deterministic_permutation(
     seed: int, epoch: int, shard: int, start: int, size: int
 ) -> None:

@@ -7,8 +7,12 @@ from pydantic import ValidationError
 
 from antdt.agent.settings import AgentSettings, default_host
 
-BASE = {"ANTDT_JOB": "job1", "ANTDT_DATASET_SIZE": "100", "ANTDT_SHARD_SIZE": "10",
-        "ANTDT_GLOBAL_BATCH": "8"}  # fmt: skip
+BASE = {
+    "ANTDT_JOB": "job1",
+    "ANTDT_DATASET_SIZE": "100",
+    "ANTDT_SHARD_SIZE": "10",
+    "ANTDT_GLOBAL_BATCH": "8",
+}
 
 
 @pytest.fixture

@@ -18,14 +18,25 @@ from antdt.schemas.base import WireModel
 
 
 def state(**kw: int) -> StreamState:
-    return StreamState(job="j", rank=0, seed=0, prefetch=kw.get("prefetch", 2),
-                       shard_size=kw.get("shard_size", 4),
-                       global_batch=kw.get("global_batch", 0))  # fmt: skip
+    return StreamState(
+        job="j",
+        rank=0,
+        seed=0,
+        prefetch=kw.get("prefetch", 2),
+        shard_size=kw.get("shard_size", 4),
+        global_batch=kw.get("global_batch", 0),
+    )
 
 
 def g(shard: int, epoch: int = 0, size: int = 4, position: int = 0) -> ShardGrant:
-    return ShardGrant(epoch=epoch, shard=shard, attempt=0, start=shard * size,
-                      end=(shard + 1) * size, position=position)  # fmt: skip
+    return ShardGrant(
+        epoch=epoch,
+        shard=shard,
+        attempt=0,
+        start=shard * size,
+        end=(shard + 1) * size,
+        position=position,
+    )
 
 
 def reply(
@@ -321,8 +332,9 @@ def test_a_settle_is_final_only_once_every_done_ref_is_reported_and_none_held_el
     assert answer_to(s, first, told) == 0.0 and s.settled is None  # the rest, at once
     second = s.next_fetch(confirm=True)
     assert second is not None and len(second.done) == 6
-    held = ShardReply(job="j", epoch=0, status=FetchStatus.EPOCH_DONE, outstanding=1,
-                      retry_after_s=2.0)  # fmt: skip
+    held = ShardReply(
+        job="j", epoch=0, status=FetchStatus.EPOCH_DONE, outstanding=1, retry_after_s=2.0
+    )
     assert answer_to(s, second, held) == 2.0 and s.settled is None  # another rank's: wait
     third = s.next_fetch(confirm=True)
     assert third is not None and third.done == ()

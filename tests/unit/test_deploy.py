@@ -73,9 +73,15 @@ def test_a_misspelt_setting_is_caught() -> None:
     assert not names_setting(AgentSettings, "ANTDT_MONITOR__WINDOWS")
     # What a service process warns of: the services' own settings, an agent's (shard
     # size), the demo's and the launcher's variables pass; the misspelt one does not.
-    environ = {"ANTDT_ETCD__ENDPIONT": "e:2379", "ANTDT_WINDOW": "8", "ANTDT_DEMO_OUT": ".",
-               "ANTDT_LAUNCH_DIR": "/tmp", "PATH": "/bin", "ANTDT_SHARD_SIZE": "4",
-               "ANTDT_MONITOR__SLOW_THRESHOLD": "0.2"}  # fmt: skip
+    environ = {
+        "ANTDT_ETCD__ENDPIONT": "e:2379",
+        "ANTDT_WINDOW": "8",
+        "ANTDT_DEMO_OUT": ".",
+        "ANTDT_LAUNCH_DIR": "/tmp",
+        "PATH": "/bin",
+        "ANTDT_SHARD_SIZE": "4",
+        "ANTDT_MONITOR__SLOW_THRESHOLD": "0.2",
+    }
     roots = [*(settings_class(s) for s in SERVICES), AgentSettings]
     assert unknown_settings(environ, roots) == ["ANTDT_ETCD__ENDPIONT"]
 
