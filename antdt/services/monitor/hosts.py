@@ -1,0 +1,70 @@
+"""Hosts whose ranks slowed together, so an incident can name the node. Pure, no clock.
+
+A host is named when more than `min_share` of its ranks (at least `min_ranks`) were
+flagged within `together_steps` of each other: one cause (a noisy neighbour, thermal
+throttling, a slow disk) for all of them, which a policy can treat as one straggler.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class HostSlowdown(NamedTuple):
+    """Ranks of one host flagged together, from `since_step` (the first one's flag)."""
+
+    host: str
+    ranks: tuple[int, ...]
+    since_step: int
+
+
+@dataclass(frozen=True)
+class HostRule:
+    min_ranks: int = 2  # a host of one rank is that rank: nothing to name
+    min_share: float = 0.5  # more than this share of the host's ranks
+    together_steps: int = 64  # flagged within this many steps of each other
+
+    def __post_init__(self) -> None:
+        if self.min_ranks < 2 or not 0.0 <= self.min_share < 1.0 or self.together_steps < 0:
+            raise ValueError("min_ranks >= 2, min_share in [0, 1), together_steps >= 0")
+
+
+def slow_hosts(
+    flagged: Mapping[int, int], hosts: Sequence[str], rule: HostRule | None = None
+) -> list[HostSlowdown]:
+    """The hosts whose ranks slowed together, by host name.
+
+    `flagged`: rank -> the step its slow incident opened at; `hosts[rank]`: its host (""
+    when unknown: such ranks are never grouped)."""
+    rule = rule or HostRule()
+    members: defaultdict[str, list[int]] = defaultdict(list)
+    for rank, host in enumerate(hosts):
+        if host:
+            members[host].append(rank)
+    named = []
+    for host in sorted(members):
+        ranks = members[host]
+        group = _largest_cluster([(flagged[r], r) for r in ranks if r in flagged], rule)
+        if len(group) >= rule.min_ranks and len(group) > rule.min_share * len(ranks):
+            named.append(HostSlowdown(host, tuple(sorted(r for _, r in group)), group[0][0]))
+    return named
+
+
+def _largest_cluster(steps: list[tuple[int, int]], rule: HostRule) -> list[tuple[int, int]]:
+    """The most (step, rank) pairs whose steps lie within `together_steps`; earliest
+    first on ties."""
+    steps.sort()
+    best: list[tuple[int, int]] = []
+    start = 0
+    for end in range(len(steps)):
+        while steps[end][0] - steps[start][0] > rule.together_steps:
+            start += 1
+        if end + 1 - start > len(best):
+            best = steps[start : end + 1]
+    return best
+
+
+__all__ = ["HostRule", "HostSlowdown", "slow_hosts"]

@@ -1,0 +1,155 @@
+"""Per-rank step-time models: compute_s = fixed_s + per_sample_s x batch. Pure, no clock.
+
+Fitted on a rank's recent steps at a steady speed, one robust level (a quantile) per batch
+size it ran, so shared-core noise and a few slow steps do not move it. With one batch size
+the fixed part comes from the job's pool (`pooled_fixed_samples`), as a count of samples:
+contention slows a rank's fixed and per-sample parts alike, and their ratio stays.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+class SpeedModel(NamedTuple):
+    """A rank's predicted compute time for a batch: fixed_s + per_sample_s x batch."""
+
+    fixed_s: float  # per-step cost that does not depend on the batch, seconds
+    per_sample_s: float  # seconds per sample, > 0
+    batch_sizes: int  # distinct batch sizes fitted on; 1: fixed part from the job's pool
+
+    def predict(self, batch: int) -> float:
+        """Predicted compute seconds of one step at `batch` samples."""
+        return self.fixed_s + self.per_sample_s * batch
+
+    @property
+    def fixed_samples(self) -> float:
+        """The fixed part in samples: the batch whose per-sample part equals it."""
+        return self.fixed_s / self.per_sample_s
+
+
+@dataclass(frozen=True)
+class SpeedConfig:
+    """How a model is fitted."""
+
+    min_steps: int = 8  # steps a batch size needs before its level counts
+    line_steps: int = 12  # ... and before it counts towards a slope
+    min_spread: float = 0.15  # two batch sizes give a slope only this far apart (relative)
+    quantile: float = 0.25  # a batch size's level: this quantile of its compute times
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_steps <= self.line_steps:
+            raise ValueError("need 1 <= min_steps <= line_steps")
+        if self.min_spread <= 0 or not 0.0 <= self.quantile <= 1.0:
+            raise ValueError("min_spread must be > 0 and quantile in [0, 1]")
+
+
+def fit_speed(
+    steps: Iterable[tuple[int, float]],
+    fixed_samples: float = 0.0,
+    config: SpeedConfig | None = None,
+) -> SpeedModel | None:
+    """The model of one rank from its `(samples, compute_s)` steps, or None (too few).
+
+    The caller passes steps at one speed: it restarts a rank's history when the rank's
+    speed changes (an incident opens or resolves, the process restarts). `fixed_samples`:
+    the job's pooled fixed part, used when no two batch sizes are far enough apart.
+    """
+    config = config or SpeedConfig()
+    levels = batch_levels(steps, config)
+    if not levels:
+        return None
+    sloped = {b: level for b, level in levels.items() if level.steps >= config.line_steps}
+    line = _line(sloped, config.min_spread)
+    if line is not None:
+        return SpeedModel(line[0], line[1], len(sloped))
+    return _one_size(levels, max(0.0, fixed_samples))
+
+
+class Level(NamedTuple):
+    """The compute time of one batch size (the configured quantile) and its step count."""
+
+    seconds: float
+    steps: int
+
+
+def batch_levels(steps: Iterable[tuple[int, float]], config: SpeedConfig) -> dict[int, Level]:
+    """batch -> its level, for the batch sizes with at least `min_steps` steps."""
+    by_batch: defaultdict[int, list[float]] = defaultdict(list)
+    for samples, compute_s in steps:
+        if samples > 0 and compute_s > 0 and math.isfinite(compute_s):
+            by_batch[samples].append(compute_s)
+    return {
+        batch: Level(quantile(times, config.quantile), len(times))
+        for batch, times in sorted(by_batch.items())
+        if len(times) >= config.min_steps
+    }
+
+
+def _line(levels: dict[int, Level], min_spread: float) -> tuple[float, float] | None:
+    """(fixed_s, per_sample_s) through the levels (Theil-Sen), or None when no two batch
+    sizes are far enough apart or the slope is not positive (noise exceeds the signal)."""
+    points = sorted((batch, level.seconds) for batch, level in levels.items())
+    slopes = [
+        (t2 - t1) / (b2 - b1)
+        for i, (b1, t1) in enumerate(points)
+        for b2, t2 in points[i + 1 :]
+        if b2 - b1 >= min_spread * b2
+    ]
+    if not slopes:
+        return None
+    slope = statistics.median(slopes)
+    if slope <= 0:
+        return None
+    fixed = statistics.median(t - slope * b for b, t in points)
+    if fixed < 0:  # no fixed part to speak of: the best per-sample fit through zero
+        return 0.0, statistics.median(t / b for b, t in points)
+    return fixed, slope
+
+
+def _one_size(levels: dict[int, Level], fixed_samples: float) -> SpeedModel:
+    """From the batch size with the most steps (the larger on ties) and the pooled part."""
+    batch, level = max(levels.items(), key=lambda item: (item[1].steps, item[0]))
+    per_sample = level.seconds / (batch + fixed_samples)
+    return SpeedModel(per_sample * fixed_samples, per_sample, 1)
+
+
+def pooled_fixed_samples(models: Iterable[SpeedModel | None], default: float = 0.0) -> float:
+    """The job's fixed part in samples: the median over models fitted on two or more batch
+    sizes (pass those of ranks at a steady speed); `default` when there are none."""
+    pool = [m.fixed_samples for m in models if m is not None and m.batch_sizes >= 2]
+    return statistics.median(pool) if pool else default
+
+
+def unit_cost(samples: int, compute_s: float, fixed_samples: float) -> float:
+    """A step's compute time per sample-equivalent: compute_s / (samples + fixed_samples).
+
+    Equal for ranks of equal speed whatever batch each ran, when `fixed_samples` is the
+    job's fixed part; with 0 it is today's compute time per sample."""
+    return compute_s / (samples + fixed_samples)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile of `values` (non-empty), linear between order statistics."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+__all__ = [
+    "Level",
+    "SpeedConfig",
+    "SpeedModel",
+    "batch_levels",
+    "fit_speed",
+    "pooled_fixed_samples",
+    "quantile",
+    "unit_cost",
+]

@@ -1,0 +1,75 @@
+"""Real CPU contention for tests: pin processes to cores, run a noisy neighbour on one.
+
+A noisy neighbour is a CPU-bound process pinned to the same core as a rank: the kernel
+shares that core between them, so the rank really runs slower (not a sleep). It stops
+when its `with` block ends, also when the test fails, and on its own if the test process
+dies (it watches its parent) or after `max_s`. Linux only (os.sched_setaffinity).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+#: The neighbour: pins itself, says so, then spins until its parent is gone or time is up.
+_BUSY_LOOP = """
+import os, sys, time
+core, parent, deadline = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+os.sched_setaffinity(0, {core})
+print("ready", flush=True)
+while os.getppid() == parent and time.monotonic() < deadline:
+    for _ in range(200_000):
+        pass
+"""
+
+
+def cores() -> list[int]:
+    """The cores this process may run on."""
+    return sorted(os.sched_getaffinity(0))
+
+
+def pin(pid: int, core: int) -> None:
+    """Pin process `pid` (0: this one) to `core`."""
+    os.sched_setaffinity(pid, {core})
+
+
+@contextlib.contextmanager
+def pinned(core: int) -> Iterator[None]:
+    """Run this process on `core` only, and give its cores back afterwards."""
+    before = os.sched_getaffinity(0)
+    pin(0, core)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
+def noisy_neighbour(
+    core: int, *, processes: int = 1, max_s: float = 600.0
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """CPU-bound processes pinned to `core` for the `with` block; each is running, pinned,
+    when the block starts, and killed and reaped when it ends, however it ends."""
+    started: list[subprocess.Popen[str]] = []
+    try:
+        for _ in range(processes):
+            neighbour = subprocess.Popen(
+                [sys.executable, "-c", _BUSY_LOOP, str(core), str(os.getpid()), str(max_s)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            started.append(neighbour)
+            assert neighbour.stdout is not None
+            if neighbour.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"noisy neighbour on core {core} did not start")
+        yield started
+    finally:
+        for neighbour in started:
+            neighbour.kill()
+        for neighbour in started:
+            neighbour.wait(timeout=10)
+            if neighbour.stdout is not None:
+                neighbour.stdout.close()

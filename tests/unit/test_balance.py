@@ -1,0 +1,128 @@
+"""Batches that equalise predicted step times (antdt.services.controller.balance)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from typing import NamedTuple
+
+import pytest
+
+from antdt.services.controller.balance import balanced_batches, predicted_step_s
+from antdt.services.monitor.speed import SpeedModel
+
+
+class Model(NamedTuple):
+    fixed_s: float
+    per_sample_s: float
+
+
+HEALTHY = Model(0.032, 0.001)
+SLOW = Model(0.032 * 1.4, 0.001 * 1.4)  # a noisy neighbour slows both parts
+
+
+@pytest.mark.parametrize(
+    ("models", "total", "lower", "upper", "batches"),
+    [
+        # equal ranks: equal shares, the remainder to the lower ranks
+        ([HEALTHY] * 4, 128, [1] * 4, [128] * 4, (32, 32, 32, 32)),
+        ([HEALTHY] * 3, 100, [1] * 3, [100] * 3, (34, 33, 33)),
+        # no fixed part: shares proportional to speed (what lb-bsp does today)
+        ([Model(0, 0.001), Model(0, 0.002)], 90, [1, 1], [90, 90], (60, 30)),
+        # a fixed part: the slow rank keeps its fixed cost whatever its batch, so it gets
+        # fewer samples than proportional shares (which would give it 24 of 128)
+        ([HEALTHY, HEALTHY, HEALTHY, SLOW], 128, [1] * 4, [128] * 4, (37, 37, 37, 17)),
+        # bounds hold: the slow rank cannot go below 24, the others take the rest
+        ([HEALTHY, HEALTHY, HEALTHY, SLOW], 128, [24] * 4, [128] * 4, (35, 35, 34, 24)),
+        # a memory cap pins a fast rank
+        ([Model(0, 0.001), Model(0, 0.002)], 90, [1, 1], [50, 90], (50, 40)),
+        # a rank of unknown speed keeps its batch: lower = upper = its batch
+        ([HEALTHY, SLOW, HEALTHY], 96, [1, 32, 1], [96, 32, 96], (32, 32, 32)),
+        # exact bounds: the only plan
+        ([HEALTHY, SLOW], 10, [4, 6], [4, 6], (4, 6)),
+    ],
+)
+def test_balanced_batches(
+    models: list[Model],
+    total: int,
+    lower: list[int],
+    upper: list[int],
+    batches: tuple[int, ...],
+) -> None:
+    plan = balanced_batches(models, total, lower, upper)
+    assert plan == batches
+    assert sum(plan) == total
+    assert all(lo <= b <= hi for b, lo, hi in zip(plan, lower, upper, strict=True))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_integer_plan_has_a_faster_slowest_rank(seed: int) -> None:
+    """Against every plan of 3 ranks within the bounds (exhaustive)."""
+    rng = random.Random(seed)
+    models = [Model(rng.uniform(0, 0.05), rng.uniform(0.0005, 0.003)) for _ in range(3)]
+    lower = [rng.randint(0, 5) for _ in range(3)]
+    upper = [lo + rng.randint(0, 40) for lo in lower]
+    total = rng.randint(sum(lower), sum(upper))
+    plan = balanced_batches(models, total, lower, upper)
+    best = min(
+        predicted_step_s(models, candidate)
+        for candidate in itertools.product(
+            *(range(lo, hi + 1) for lo, hi in zip(lower, upper, strict=True))
+        )
+        if sum(candidate) == total
+    )
+    assert sum(plan) == total
+    assert predicted_step_s(models, plan) == pytest.approx(best)
+
+
+def test_the_monitors_fitted_models_plan_directly() -> None:
+    """The monitor's SpeedModel is a StepTimeModel: no conversion between the services."""
+    models = [SpeedModel(0.032, 0.001, 2)] * 3 + [SpeedModel(0.0448, 0.0014, 2)]
+    assert balanced_batches(models, 128, [1] * 4, [128] * 4) == (37, 37, 37, 17)
+
+
+def test_one_plan_reaches_what_per_sample_shares_chase() -> None:
+    """Per-sample shares, measured at the plan in force, cut the slow rank 32 -> 25 -> 21
+    -> 19 -> 18 -> 17, one move per plan; the model's plan goes to 17 at once."""
+    models = [HEALTHY, HEALTHY, HEALTHY, SLOW]
+    plan: tuple[int, ...] = (32,) * 4
+    chase = []
+    for _ in range(5):
+        times = [m.fixed_s + m.per_sample_s * b for m, b in zip(models, plan, strict=True)]
+        per_sample = [Model(0, t / b) for t, b in zip(times, plan, strict=True)]
+        plan = balanced_batches(per_sample, 128, [1] * 4, [128] * 4)
+        chase.append(plan[3])
+    assert chase == [25, 21, 19, 18, 17]
+    assert balanced_batches(models, 128, [1] * 4, [128] * 4)[3] == 17
+
+
+@pytest.mark.parametrize(
+    ("models", "batches", "seconds"),
+    [
+        ([HEALTHY, SLOW], (32, 32), 0.0448 + 0.0448),
+        ([HEALTHY, SLOW], (32, 0), 0.064),  # a rank with no samples waits, costs nothing
+        ([], (), 0.0),
+    ],
+)
+def test_predicted_step_s(models: list[Model], batches: tuple[int, ...], seconds: float) -> None:
+    assert predicted_step_s(models, batches) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("models", "total", "lower", "upper", "message"),
+    [
+        ([HEALTHY], 10, [1, 1], [10, 10], "same ranks"),
+        ([], 0, [], [], "same ranks"),
+        ([Model(0.0, 0.0)], 10, [1], [10], "per_sample_s"),
+        ([Model(-1.0, 0.001)], 10, [1], [10], "fixed_s"),
+        ([Model(float("inf"), 0.001)], 10, [1], [10], "finite"),
+        ([HEALTHY], 10, [5], [4], "empty"),
+        ([HEALTHY, HEALTHY], 10, [6, 6], [10, 10], "no plan"),
+        ([HEALTHY, HEALTHY], 30, [1, 1], [10, 10], "no plan"),
+    ],
+)
+def test_refuses_what_cannot_be_planned(
+    models: list[Model], total: int, lower: list[int], upper: list[int], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        balanced_batches(models, total, lower, upper)

@@ -1,0 +1,198 @@
+"""Per-rank step-time models (antdt.services.monitor.speed): fit, fallbacks, pooling."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from antdt.services.monitor.speed import (
+    SpeedConfig,
+    SpeedModel,
+    batch_levels,
+    fit_speed,
+    pooled_fixed_samples,
+    quantile,
+    unit_cost,
+)
+
+EXACT = SpeedConfig(min_steps=1, line_steps=1, quantile=0.5)
+
+
+def steps(batch: int, seconds: float, count: int) -> list[tuple[int, float]]:
+    return [(batch, seconds)] * count
+
+
+def noisy(fixed_s: float, per_sample_s: float, batches: list[int], seed: int) -> list:
+    """Steps with shared-core noise: 3-8% jitter, a neighbour slowing 25% of the steps
+    by 30-50%, rare 1.5-3x spikes."""
+    rng, out = random.Random(seed), []
+    for batch in batches:
+        value = (fixed_s + per_sample_s * batch) * rng.uniform(0.94, 1.06)
+        draw = rng.random()
+        if draw < 0.25:
+            value *= rng.uniform(1.3, 1.5)
+        elif draw > 0.99:
+            value *= rng.uniform(1.5, 3.0)
+        out.append((batch, value))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("history", "fixed_s", "per_sample_s", "batch_sizes"),
+    [
+        # two batch sizes: the line through them
+        (steps(32, 0.064, 3) + steps(16, 0.048, 3), 0.032, 0.001, 2),
+        # no fixed part
+        (steps(10, 0.02, 2) + steps(40, 0.08, 2), 0.0, 0.002, 2),
+        # five sizes, one far off the line: Theil-Sen keeps the line of the other four
+        (
+            [(b, 0.01 + 0.001 * b) for b in (10, 20, 30, 40)] * 2 + steps(50, 0.15, 2),
+            0.01,
+            0.001,
+            5,
+        ),
+        # a line below zero at batch 0 (noise): no fixed part, per-sample through zero
+        (steps(10, 0.009, 2) + steps(20, 0.021, 2), 0.0, 0.000975, 2),
+    ],
+)
+def test_fit_through_the_levels_of_the_batch_sizes(
+    history: list, fixed_s: float, per_sample_s: float, batch_sizes: int
+) -> None:
+    model = fit_speed(history, config=EXACT)
+    assert model is not None
+    assert model.fixed_s == pytest.approx(fixed_s, abs=1e-9)
+    assert model.per_sample_s == pytest.approx(per_sample_s)
+    assert model.batch_sizes == batch_sizes
+
+
+@pytest.mark.parametrize(
+    ("history", "pooled", "fixed_s", "per_sample_s"),
+    [
+        # one batch size, no pool: all of it per sample (today's compute per sample)
+        (steps(32, 0.064, 3), 0.0, 0.0, 0.002),
+        # one batch size, the job's pool says 32 samples' worth is fixed
+        (steps(32, 0.064, 3), 32.0, 0.032, 0.001),
+        # sizes too close for a slope (within 15%): the one with most steps, with the pool
+        (steps(32, 0.064, 3) + steps(30, 0.062, 5), 32.0, 0.032, 0.001),
+        # a slope that is not positive is noise: the size with most steps, with the pool
+        (steps(16, 0.05, 5) + steps(32, 0.049, 3), 16.0, 0.025, 0.05 / 32),
+        # a negative pool means nothing: no fixed part
+        (steps(32, 0.064, 3), -5.0, 0.0, 0.002),
+    ],
+)
+def test_fall_back_on_the_pooled_fixed_part(
+    history: list, pooled: float, fixed_s: float, per_sample_s: float
+) -> None:
+    model = fit_speed(history, pooled, EXACT)
+    assert model is not None and model.batch_sizes == 1
+    assert model.fixed_s == pytest.approx(fixed_s)
+    assert model.per_sample_s == pytest.approx(per_sample_s)
+
+
+@pytest.mark.parametrize(
+    ("history", "config", "fits"),
+    [
+        ([], SpeedConfig(), False),
+        (steps(32, 0.06, 7), SpeedConfig(min_steps=8), False),
+        (steps(32, 0.06, 8), SpeedConfig(min_steps=8), True),
+        # zero samples, zero or non-finite times are not steps to fit on
+        (steps(0, 0.06, 9) + steps(32, 0.0, 9) + steps(32, float("inf"), 9), SpeedConfig(), False),
+    ],
+)
+def test_too_few_steps_fit_nothing(history: list, config: SpeedConfig, fits: bool) -> None:
+    assert (fit_speed(history, config=config) is not None) is fits
+
+
+def test_a_slope_needs_line_steps_at_each_size() -> None:
+    config = SpeedConfig(min_steps=2, line_steps=4, quantile=0.5)
+    few = steps(32, 0.064, 4) + steps(16, 0.048, 3)
+    assert fit_speed(few, 0.0, config) == SpeedModel(0.0, 0.064 / 32, 1)
+    enough = few + steps(16, 0.048, 1)
+    model = fit_speed(enough, 0.0, config)
+    assert model is not None and model.batch_sizes == 2
+    assert model.fixed_s == pytest.approx(0.032)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_shared_core_noise_moves_the_fit_little(seed: int) -> None:
+    """Steps swinging 30-50% in a quarter of them, at 64 and 32 samples: both parts within
+    15% (the 25% quantile per batch size sits below the neighbour's hits)."""
+    batches = [64] * 40 + [32] * 40
+    model = fit_speed(noisy(0.032, 0.001, batches, seed))
+    assert model is not None and model.batch_sizes == 2
+    assert model.fixed_s == pytest.approx(0.032, rel=0.15)
+    assert model.per_sample_s == pytest.approx(0.001, rel=0.15)
+
+
+def test_predict_and_fixed_samples() -> None:
+    model = SpeedModel(0.032, 0.001, 2)
+    assert model.predict(0) == pytest.approx(0.032)
+    assert model.predict(48) == pytest.approx(0.080)
+    assert model.fixed_samples == pytest.approx(32.0)
+
+
+@pytest.mark.parametrize(
+    ("models", "default", "pooled"),
+    [
+        ([], 7.0, 7.0),
+        ([None, SpeedModel(0.01, 0.001, 1)], 7.0, 7.0),  # one-size models only echo a pool
+        ([SpeedModel(0.01, 0.001, 2)], 0.0, 10.0),
+        # the median: a rank's noisy fit cannot drag the job's part
+        (
+            [SpeedModel(0.01, 0.001, 2), SpeedModel(0.03, 0.002, 3), SpeedModel(0.5, 0.001, 2)],
+            0.0,
+            15.0,
+        ),
+    ],
+)
+def test_pooled_fixed_samples(
+    models: list[SpeedModel | None], default: float, pooled: float
+) -> None:
+    assert pooled_fixed_samples(models, default) == pytest.approx(pooled)
+
+
+def test_unit_cost_is_the_same_for_equal_speed_at_any_batch() -> None:
+    """Compute per sample rises as a batch shrinks (the fixed part spreads over fewer
+    samples); per sample-equivalent it does not."""
+    model = SpeedModel(0.032, 0.001, 2)
+    per_sample = [model.predict(b) / b for b in (16, 32, 64)]
+    assert per_sample[0] > 1.4 * per_sample[2]
+    costs = [unit_cost(b, model.predict(b), model.fixed_samples) for b in (16, 32, 64)]
+    assert costs == pytest.approx([0.001] * 3)
+    assert unit_cost(32, 0.064, 0.0) == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([3.0], 0.25, 3.0),
+        ([4.0, 1.0, 3.0, 2.0], 0.0, 1.0),
+        ([4.0, 1.0, 3.0, 2.0], 1.0, 4.0),
+        ([4.0, 1.0, 3.0, 2.0], 0.5, 2.5),
+        ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], 0.25, 2.75),
+    ],
+)
+def test_quantile(values: list[float], q: float, expected: float) -> None:
+    assert quantile(values, q) == pytest.approx(expected)
+
+
+def test_batch_levels_keep_sizes_with_enough_steps() -> None:
+    config = SpeedConfig(min_steps=2, line_steps=2, quantile=0.0)
+    levels = batch_levels([*steps(8, 0.2, 1), (16, 0.3), (16, 0.1), (16, 0.2)], config)
+    assert list(levels) == [16]
+    assert levels[16].seconds == pytest.approx(0.1) and levels[16].steps == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"min_steps": 0},
+        {"min_steps": 9, "line_steps": 8},
+        {"min_spread": 0.0},
+        {"quantile": 1.5},
+    ],
+)
+def test_config_refuses_nonsense(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        SpeedConfig(**kwargs)
