@@ -79,7 +79,7 @@ class Level(NamedTuple):
 
 
 def batch_levels(steps: Iterable[tuple[int, float]], config: SpeedConfig) -> dict[int, Level]:
-    """batch -> its level, for the batch sizes with at least `min_steps` steps."""
+    """Level per batch size, for the batch sizes with at least `min_steps` steps."""
     by_batch: defaultdict[int, list[float]] = defaultdict(list)
     for samples, compute_s in steps:
         if samples > 0 and compute_s > 0 and math.isfinite(compute_s):
