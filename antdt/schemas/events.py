@@ -6,7 +6,7 @@ from enum import Enum
 
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Rank, Seconds, Timestamp, Token, WireModel
+from antdt.schemas.base import Count, Rank, Seconds, Timestamp, Token, WireModel, unset
 
 
 class StepEvent(WireModel):
@@ -99,6 +99,19 @@ class RankHealth(WireModel):
     ratio: float = Field(ge=0, description="Per-sample compute time over the median of ranks")
     data_wait_share: float = Field(ge=0, le=1, description="Share of step time waiting for data")
     comm_share: float = Field(ge=0, le=1, description="Share of step time in gradient exchange")
+    fixed_s: float | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=0,
+        description="The rank's speed model: compute seconds per step whatever its batch "
+        "(null: not fitted yet); a step's compute is fixed_s + per_sample_s * batch",
+    )
+    per_sample_s: float | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=0,
+        description="The rank's speed model: compute seconds per sample (null: not fitted)",
+    )
 
 
 class JobHealth(WireModel):
@@ -171,3 +184,9 @@ class Incident(WireModel):
     ratio: float = Field(ge=0, description="Per-sample compute time over the ranks' median")
     windows: Count = Field(description="Consecutive windows the condition held")
     evidence: dict[str, float] = Field(default_factory=dict, description="Measured figures")
+    host_ranks: tuple[Rank, ...] | None = Field(
+        default=None,
+        exclude_if=unset,
+        description="The ranks of `host` that slowed together, this one included, when the "
+        "whole host is the straggler (null: this rank alone); a policy may treat them as one",
+    )

@@ -7,14 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Rank, Token, WireModel, trusted
-
-
-def _unset(value: object) -> bool:
-    """Fields added after the first release stay off the wire at their default, so a
-    receiver of an earlier version, which refuses fields it does not know, is sent none
-    it would not act on (an agent's fallback for an older service relies on it)."""
-    return value is None or value is False
+from antdt.schemas.base import Count, Rank, Token, WireModel, trusted, unset
 
 
 class ShardRef(WireModel):
@@ -87,7 +80,7 @@ class ShardFetch(WireModel):
     )
     local_batch: int | None = Field(
         default=None,
-        exclude_if=_unset,
+        exclude_if=unset,
         ge=0,
         le=10_000_000,
         description="Samples per step the rank takes under its current plan; with "
@@ -97,14 +90,14 @@ class ShardFetch(WireModel):
     )
     global_batch: int | None = Field(
         default=None,
-        exclude_if=_unset,
+        exclude_if=unset,
         ge=1,
         le=10_000_000,
         description="Samples per step of all ranks together",
     )
     settle: bool = Field(
         default=False,
-        exclude_if=_unset,
+        exclude_if=unset,
         description="Every rank of the rank's group is out of data in `epoch` (a step's "
         "all-reduced sample count was zero): grant and reserve nothing new, and say in the "
         "reply's `outstanding` how many of the epoch's shards are still in flight. The "
@@ -160,7 +153,7 @@ class ShardReply(WireModel):
     )
     outstanding: int | None = Field(
         default=None,
-        exclude_if=_unset,
+        exclude_if=unset,
         ge=0,
         description="Answering a settle request: shards of the epoch granted and not yet "
         "reported done, by any rank (a removed rank's, until they are handed back; the "
