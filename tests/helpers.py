@@ -15,9 +15,42 @@ from typing import Any, TypeVar
 
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
-from antdt.schemas import Keys
+from antdt.schemas import Keys, StepEvent
 
 T = TypeVar("T")
+
+
+def step_event(
+    job: str,
+    rank: int,
+    n: int,
+    *,
+    compute_s: float = 0.1,
+    comm_s: float = 0.01,
+    samples: int = 4,
+    step_s: float | None = None,
+    started_at: float | None = None,
+) -> StepEvent:
+    """Rank `rank`'s step `n` of `job` on host h{rank}: `samples` samples, `compute_s` of
+    compute, `comm_s` of communication, no data wait; it starts at 1000 + n by default."""
+    wall = compute_s + comm_s if step_s is None else step_s
+    start = 1000.0 + n if started_at is None else started_at
+    return StepEvent(
+        job=job,
+        rank=rank,
+        host=f"h{rank}",
+        step=n,
+        epoch=0,
+        plan_version=0,
+        local_batch=samples,
+        samples=samples,
+        compute_s=compute_s,
+        data_wait_s=0.0,
+        comm_s=comm_s,
+        step_s=wall,
+        started_at=start,
+        ended_at=start + wall,
+    )
 
 
 async def wait_for(

@@ -16,9 +16,9 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.coordination.jobs import Ended, expired, read_ended, remove_job
 from antdt.runtime.store import Store
-from antdt.schemas import ExitReason, JobSpec, Keys, RankExit, RegisterReply, StepEvent, Subjects
+from antdt.schemas import ExitReason, JobSpec, Keys, RankExit, RegisterReply, Subjects
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import wait_for
+from tests.helpers import step_event, wait_for
 
 pytestmark = pytest.mark.integration
 RETENTION_S = 1.5
@@ -49,22 +49,7 @@ async def run_and_end(bus: Bus, job: str) -> None:
         for rank in range(2):
             await bus.publish(
                 subjects.step(job, rank),
-                StepEvent(
-                    job=job,
-                    rank=rank,
-                    host=f"h{rank}",
-                    step=n,
-                    epoch=0,
-                    plan_version=0,
-                    local_batch=4,
-                    samples=4,
-                    compute_s=0.1,
-                    data_wait_s=0.0,
-                    comm_s=0.01,
-                    step_s=0.11,
-                    started_at=1000.0 + n,
-                    ended_at=1000.11 + n,
-                ),
+                step_event(job, rank, n),
             )
     for rank in range(2):  # right behind: an exit that overtakes the first step still counts
         await bus.publish(

@@ -17,7 +17,7 @@ from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
 from antdt.schemas import Incident, IncidentState, JobHealth, JobSpec, Keys, StepEvent, Subjects
-from tests.helpers import service_replicas, wait_for
+from tests.helpers import service_replicas, step_event, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,22 +26,9 @@ JOB = "hajob"
 
 def step(rank: int, n: int, job: str = JOB, slow: bool = False, step_s: float = 0.04) -> StepEvent:
     """Rank `rank`'s step `n`: 30 ms of compute (3x that when `slow`) in `step_s`."""
-    t = 1000.0 + n * step_s
-    return StepEvent(
-        job=job,
-        rank=rank,
-        host=f"h{rank}",
-        step=n,
-        epoch=0,
-        plan_version=0,
-        local_batch=4,
-        samples=4,
-        compute_s=0.09 if slow else 0.03,
-        data_wait_s=0.0,
-        comm_s=0.01,
-        step_s=step_s,
-        started_at=t,
-        ended_at=t + step_s,
+    compute = 0.09 if slow else 0.03
+    return step_event(
+        job, rank, n, compute_s=compute, step_s=step_s, started_at=1000.0 + n * step_s
     )
 
 

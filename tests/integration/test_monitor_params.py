@@ -16,7 +16,7 @@ from antdt.runtime.store import Store
 from antdt.schemas import Incident, IncidentKind, JobSpec, Keys, MonitorParams, StepEvent, Subjects
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
-from tests.helpers import wait_for
+from tests.helpers import step_event, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,23 +44,7 @@ def spec_bytes(job: str, monitor: MonitorParams | dict | None) -> bytes:
 
 def step(job: str, rank: int, n: int) -> StepEvent:
     compute = 0.13 if rank == 1 else 0.1  # rank 1: 1.3x the compute per sample of rank 0
-    t = 1000.0 + n * 0.2
-    return StepEvent(
-        job=job,
-        rank=rank,
-        host=f"h{rank}",
-        step=n,
-        epoch=0,
-        plan_version=0,
-        local_batch=4,
-        samples=4,
-        compute_s=compute,
-        data_wait_s=0.0,
-        comm_s=0.01,
-        step_s=compute + 0.01,
-        started_at=t,
-        ended_at=t + compute + 0.01,
-    )
+    return step_event(job, rank, n, compute_s=compute, started_at=1000.0 + n * 0.2)
 
 
 async def test_jobs_on_one_replica_are_judged_by_their_own_params(

@@ -24,7 +24,7 @@ from antdt.schemas import (
 )
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
-from tests.helpers import wait_for
+from tests.helpers import step_event, wait_for
 from tests.integration.test_monitor_ha import first_in, publish_steps, watch_incidents
 
 pytestmark = pytest.mark.integration
@@ -49,22 +49,7 @@ def _jobs(unique: str) -> list[str]:
 
 
 def _step(job: str, rank: int, n: int) -> StepEvent:
-    return StepEvent(
-        job=job,
-        rank=rank,
-        host=f"h{rank}",
-        step=n,
-        epoch=0,
-        plan_version=0,
-        local_batch=4,
-        samples=4,
-        compute_s=0.1,
-        data_wait_s=0.0,
-        comm_s=0.01,
-        step_s=0.11,
-        started_at=1000.0 + n,
-        ended_at=1000.11 + n,
-    )
+    return step_event(job, rank, n)
 
 
 async def _start(settings: ServiceSettings, name: str) -> tuple[ServiceRuntime, MonitorService]:

@@ -36,7 +36,7 @@ from antdt.services.monitor.lifecycle import JobPhase
 from antdt.services.monitor.service import MonitorSettings
 from antdt.services.runner import start_service
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import monitor_owner, wait_for
+from tests.helpers import monitor_owner, step_event, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -55,22 +55,7 @@ def spec(job: str, **kw: object) -> JobSpec:
 
 
 def step(job: str, rank: int, n: int, compute: float = 0.1) -> StepEvent:
-    return StepEvent(
-        job=job,
-        rank=rank,
-        host=f"h{rank}",
-        step=n,
-        epoch=0,
-        plan_version=0,
-        local_batch=4,
-        samples=4,
-        compute_s=compute,
-        data_wait_s=0.0,
-        comm_s=0.01,
-        step_s=compute + 0.01,
-        started_at=1000.0 + n,
-        ended_at=1000.0 + n + compute + 0.01,
-    )
+    return step_event(job, rank, n, compute_s=compute)
 
 
 async def test_register_is_idempotent_and_plan_served(running: RunningServices, bus: Bus) -> None:
