@@ -36,6 +36,7 @@ class LbBspParams:
     variant: str
     rails: Guardrails
     step: int
+    fit_steps: int = 16  # steps at a new batch or speed before its models are trusted
 
     @classmethod
     def from_params(cls, params: Mapping[str, PolicyParam]) -> LbBspParams:
@@ -43,9 +44,10 @@ class LbBspParams:
         if variant not in ("cpu", "gpu"):
             raise ValueError(f"policy param variant={variant!r}: expected 'cpu' or 'gpu'")
         step = read_param(params, "step", 0)
-        if step < 0:
-            raise ValueError("policy param step must be >= 0")
-        return cls(variant, Guardrails.from_params(params), step)
+        fit_steps = read_param(params, "fit_steps", cls.fit_steps)
+        if step < 0 or fit_steps < 0:
+            raise ValueError("policy params step and fit_steps must be >= 0")
+        return cls(variant, Guardrails.from_params(params), step, fit_steps)
 
 
 @dataclass(frozen=True)
@@ -158,15 +160,17 @@ def _cpu_plan(
     proportional to the judged speeds while the monitor reports no model; one move
     towards it within `max_change`, taken only when the predicted step time drops by
     `min_gain` or the current plan breaks a bound."""
+    current = tuple(view.plan.local_batch)
+    lower, upper = batch_bounds(view)
     models = judged_models(view, speeds, deviating=set())
     if models is None:
         target = proportional_target(view, judged_speeds(view, speeds, deviating=set()))
+    elif _models_behind(view, params) and within_bounds(current, lower, upper):
+        return None
     else:
         target = balanced_target(view, models)
     if target is None:
         return None  # no plan within the bounds: leave the job as it is
-    current = tuple(view.plan.local_batch)
-    lower, upper = batch_bounds(view)
     proposal = bounded_change(current, target.plan, params.rails.max_change)
     if not within_bounds(proposal, lower, upper):
         proposal = target.plan  # the current plan broke a new cap: fix it at once
@@ -178,6 +182,19 @@ def _cpu_plan(
         f"lb-bsp cpu: {target.how}; predicted step {before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
     )
     return proposal, reason
+
+
+def _models_behind(view: JobView, params: LbBspParams) -> bool:
+    """Whether the models may lack `fit_steps` steps of a rank at its current batch and
+    speed: since the plan in force took effect, and since each open incident reached its
+    state (the monitor restarts a rank's history when it turns slow). Until then a plan
+    would come from a model without the new batch or the job's fixed part: a chase."""
+    assert view.health is not None
+    since = view.plan.effective_step if view.plan.version > 0 else 0
+    for incident in view.open_incidents:
+        if _actionable(incident):
+            since = max(since, incident.step)
+    return view.health.step < since + params.fit_steps
 
 
 def _next_step(last: _Direction, source: int, initial: int) -> int:
