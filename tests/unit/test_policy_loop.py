@@ -256,3 +256,15 @@ def test_under_noise_per_sample_speeds_chase_longer_than_the_models_plan(
     (slow,) = job.slow_ranks
     assert chased.changes >= 4 > 2 >= balanced.changes, chased.batches_of(slow)
     assert max(balanced.true_step_s) < max(chased.true_step_s)
+
+
+def test_without_fit_steps_a_stale_model_adds_a_chase_step() -> None:
+    """Planning as soon as settle_steps allow: the straggler's model has not seen its new
+    batch yet and the job's fixed part is unknown, so the second plan is the per-sample
+    one (102 -> 63) and only a third balances; fit_steps waits for the models instead."""
+    hasty = close_the_loop(DEMO, True, fit_steps=0)
+    assert hasty.batches_of(3) == [256, 102, 63, 12]
+    assert [step for step, _ in hasty.spec.plans] == [39, 55, 67]
+    patient = close_the_loop(DEMO, True)
+    assert patient.batches_of(3) == [256, 102, 12]
+    assert [step for step, _ in patient.spec.plans] == [51, 71]
