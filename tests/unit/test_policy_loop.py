@@ -26,7 +26,13 @@ from antdt.schemas import (
     RankHealth,
     RankState,
 )
-from antdt.services.controller.policies import AntDtNdPolicy, JobView, LbBspPolicy, Policy
+from antdt.services.controller.policies import (
+    AdjustBatchAction,
+    AntDtNdPolicy,
+    JobView,
+    LbBspPolicy,
+    Policy,
+)
 from antdt.services.monitor.speed import fit_speed, pooled_fixed_samples
 from antdt.sim.scenarios import QUIET, Noise, Scenario, ScenarioSpec, StepRow
 
@@ -189,6 +195,7 @@ def close_the_loop(
             actions = policy.decide(view, health)
             if actions:
                 (action,) = actions
+                assert isinstance(action, AdjustBatchAction)
                 effective = step + LEAD
                 plan = plan.model_copy(
                     update={

@@ -4,6 +4,7 @@ the plan equalising predicted step times within the bounds, table-style (time is
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -92,7 +93,9 @@ def model_view(
 
 def decide(v: JobView) -> list[AdjustBatchAction]:
     assert v.health is not None
-    return LbBspPolicy().decide(v, v.health)
+    actions = LbBspPolicy().decide(v, v.health)
+    assert all(isinstance(a, AdjustBatchAction) for a in actions)
+    return [a for a in actions if isinstance(a, AdjustBatchAction)]
 
 
 def plan_of(v: JobView) -> tuple[int, ...] | None:
@@ -290,7 +293,7 @@ def test_restart_estimate_from_the_models() -> None:
     models = (HEALTHY,) * 3 + (slowed(3.0),)
     base = nd_view(remaining=1_280_000)
     v = model_view(models, slow=(3,))
-    v = JobView(**{**base.__dict__, "health": v.health})
+    v = replace(base, health=v.health)
     assert v.health is not None
     estimate = estimate_restart(v, 3, measured_speeds(v))
     assert estimate is not None
