@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class StepTimeModel(Protocol):
@@ -22,6 +23,25 @@ class StepTimeModel(Protocol):
 
     @property
     def per_sample_s(self) -> float: ...
+
+
+class StepModel(NamedTuple):
+    """The controller's copy of a rank's model, as health reports it (or a stand-in)."""
+
+    fixed_s: float
+    per_sample_s: float
+
+    def predict(self, batch: int) -> float:
+        """Predicted compute seconds of one step at `batch` samples."""
+        return self.fixed_s + self.per_sample_s * batch
+
+
+def median_model(models: Sequence[StepTimeModel]) -> StepModel:
+    """The typical rank of `models` (non-empty): the median of each part."""
+    return StepModel(
+        statistics.median(m.fixed_s for m in models),
+        statistics.median(m.per_sample_s for m in models),
+    )
 
 
 def predicted_step_s(models: Sequence[StepTimeModel], batches: Sequence[int]) -> float:
@@ -115,4 +135,4 @@ def _settle(
     return tuple(batches)
 
 
-__all__ = ["StepTimeModel", "balanced_batches", "predicted_step_s"]
+__all__ = ["StepModel", "StepTimeModel", "balanced_batches", "median_model", "predicted_step_s"]

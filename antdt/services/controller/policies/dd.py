@@ -21,7 +21,7 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.lbbsp import measured_speeds
+from antdt.services.controller.policies.judged import measured_speeds
 from antdt.services.controller.view import JobView
 
 #: dd's own defaults for the shared guardrails (a job's params still override them).

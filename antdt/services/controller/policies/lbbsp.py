@@ -1,16 +1,16 @@
 """The `lb-bsp` policy (LB-BSP, SoCC'20): per-rank batches right-sized at iteration
-barriers, the global batch kept. Variant `cpu`: batches proportional to the speeds as the
-detector judges them, in one bounded move; `gpu`: move a step of samples from the slowest
-rank to the fastest with spare memory, halving the step when the direction reverses.
+barriers, the global batch kept. Variant `cpu`: the plan that equalises the ranks'
+predicted step times under the monitor's step-time models (per-sample speeds while it
+reports none), in one bounded move; `gpu`: move a step of samples from the slowest rank to
+the fastest with spare memory, halving the step when the direction reverses.
 Rules and parameters: docs/architecture.md, "The lb-bsp policy"."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, RankState
+from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import (
@@ -19,11 +19,13 @@ from antdt.services.controller.guardrails import (
     read_param,
     within_bounds,
 )
-from antdt.services.controller.plans import (
-    bounded_change,
-    predicted_step_time,
-    proportional_shares,
+from antdt.services.controller.plans import bounded_change
+from antdt.services.controller.policies.judged import (
+    judged_models,
+    judged_speeds,
+    measured_speeds,
 )
+from antdt.services.controller.policies.targets import balanced_target, proportional_target
 from antdt.services.controller.view import JobView
 
 _ACTIONABLE = (IncidentKind.SLOW, IncidentKind.LEADER)
@@ -34,6 +36,7 @@ class LbBspParams:
     variant: str
     rails: Guardrails
     step: int
+    fit_steps: int = 16  # steps at a new batch or speed before its models are trusted
 
     @classmethod
     def from_params(cls, params: Mapping[str, PolicyParam]) -> LbBspParams:
@@ -41,9 +44,10 @@ class LbBspParams:
         if variant not in ("cpu", "gpu"):
             raise ValueError(f"policy param variant={variant!r}: expected 'cpu' or 'gpu'")
         step = read_param(params, "step", 0)
-        if step < 0:
-            raise ValueError("policy param step must be >= 0")
-        return cls(variant, Guardrails.from_params(params), step)
+        fit_steps = read_param(params, "fit_steps", cls.fit_steps)
+        if step < 0 or fit_steps < 0:
+            raise ValueError("policy params step and fit_steps must be >= 0")
+        return cls(variant, Guardrails.from_params(params), step, fit_steps)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class LbBspPolicy:
         if params.variant == "gpu":
             proposal = self._gpu_move(view, params, speeds)
         else:
-            proposal = _proportional(view, params, judged_speeds(view, speeds, deviating=set()))
+            proposal = _cpu_plan(view, params, speeds)
         if proposal is None:
             return []
         local_batch, reason = proposal
@@ -149,70 +153,48 @@ class LbBspPolicy:
         return _Direction()
 
 
-def measured_speeds(view: JobView) -> tuple[float | None, ...]:
-    """Per-rank compute speed (samples/s) from health; None where unknown or stalled."""
-    speeds: list[float | None] = [None] * view.spec.world_size
-    assert view.health is not None
-    for rank in view.health.ranks:
-        usable = rank.state in (RankState.OK, RankState.SLOW, RankState.LEADER)
-        if usable and rank.samples_per_s > 0 and rank.rank < len(speeds):
-            speeds[rank.rank] = rank.samples_per_s
-    return tuple(speeds)
-
-
-def judged_speeds(
-    view: JobView, speeds: Sequence[float | None], deviating: set[int]
-) -> list[float | None]:
-    """Measured speeds, except that a rank the detector does not hold deviating (no open
-    SLOW or LEADER incident, not in `deviating`) counts as typical, the median of such
-    ranks: their differences are within the detector's noise band, and a plan built on
-    them would outlive the straggler it was for."""
-    held = deviating | {
-        i.rank
-        for i in view.open_incidents
-        if i.kind in (IncidentKind.SLOW, IncidentKind.LEADER) and i.state != IncidentState.RESOLVED
-    }
-    normal = [s for r, s in enumerate(speeds) if s is not None and r not in held]
-    if not normal:
-        return list(speeds)
-    typical = statistics.median(normal)
-    return [s if s is None or r in held else typical for r, s in enumerate(speeds)]
-
-
-def _proportional(
+def _cpu_plan(
     view: JobView, params: LbBspParams, speeds: Sequence[float | None]
 ) -> tuple[tuple[int, ...], str] | None:
-    """CPU variant: shares proportional to speed among ranks of known speed."""
-    current = view.plan.local_batch
+    """CPU variant: the plan balancing the ranks' step-time models as judged, or shares
+    proportional to the judged speeds while the monitor reports no model; one move
+    towards it within `max_change`, taken only when the predicted step time drops by
+    `min_gain` or the current plan breaks a bound."""
+    current = tuple(view.plan.local_batch)
     lower, upper = batch_bounds(view)
-    known = [r for r, s in enumerate(speeds) if s is not None]
-    kept = sum(b for r, b in enumerate(current) if r not in known)
-    try:
-        shares = proportional_shares(
-            view.spec.global_batch - kept,
-            [_speed(speeds, r) for r in known],
-            min_b=view.spec.min_local_batch,
-            caps={i: upper[r] for i, r in enumerate(known)},
-        )
-    except ValueError:
+    models = judged_models(view, speeds, deviating=set())
+    if models is None:
+        target = proportional_target(view, judged_speeds(view, speeds, deviating=set()))
+    elif _models_behind(view, params) and within_bounds(current, lower, upper):
+        return None
+    else:
+        target = balanced_target(view, models)
+    if target is None:
         return None  # no plan within the bounds: leave the job as it is
-    target = list(current)
-    for i, r in enumerate(known):
-        target[r] = shares[i]
-    proposal = bounded_change(current, target, params.rails.max_change)
+    proposal = bounded_change(current, target.plan, params.rails.max_change)
     if not within_bounds(proposal, lower, upper):
-        proposal = tuple(target)  # the current plan broke a new cap: fix it at once
-    known_speeds = [_speed(speeds, r) for r in known]
-    before = predicted_step_time([current[r] for r in known], known_speeds)
-    after = predicted_step_time([proposal[r] for r in known], known_speeds)
+        proposal = target.plan  # the current plan broke a new cap: fix it at once
+    before, after = target.step_s(current), target.step_s(proposal)
     must_fix = not within_bounds(current, lower, upper)
-    if proposal == tuple(current) or not (must_fix or params.rails.worth_it(before, after)):
+    if proposal == current or not (must_fix or params.rails.worth_it(before, after)):
         return None
     reason = (
-        f"lb-bsp cpu: batches proportional to compute speed; "
-        f"predicted step {before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
+        f"lb-bsp cpu: {target.how}; predicted step {before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
     )
     return proposal, reason
+
+
+def _models_behind(view: JobView, params: LbBspParams) -> bool:
+    """Whether the models may lack `fit_steps` steps of a rank at its current batch and
+    speed: since the plan in force took effect, and since each open incident reached its
+    state (the monitor restarts a rank's history when it turns slow). Until then a plan
+    would come from a model without the new batch or the job's fixed part: a chase."""
+    assert view.health is not None
+    since = view.plan.effective_step if view.plan.version > 0 else 0
+    for incident in view.open_incidents:
+        if _actionable(incident):
+            since = max(since, incident.step)
+    return view.health.step < since + params.fit_steps
 
 
 def _next_step(last: _Direction, source: int, initial: int) -> int:

@@ -14,9 +14,19 @@ from dataclasses import dataclass, replace
 from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, KillRestartAction, restart_action_id
-from antdt.services.controller.guardrails import Guardrails, batch_bounds, read_param
-from antdt.services.controller.plans import predicted_step_time, proportional_shares
-from antdt.services.controller.policies.lbbsp import LbBspPolicy, judged_speeds, measured_speeds
+from antdt.services.controller.balance import StepModel, median_model
+from antdt.services.controller.guardrails import Guardrails, read_param
+from antdt.services.controller.policies.judged import (
+    judged_models,
+    judged_speeds,
+    measured_speeds,
+)
+from antdt.services.controller.policies.lbbsp import LbBspPolicy
+from antdt.services.controller.policies.targets import (
+    Target,
+    balanced_target,
+    proportional_target,
+)
 from antdt.services.controller.view import JobView
 
 
@@ -157,48 +167,51 @@ def replacement_available(view: JobView, params: NdParams, host: str) -> bool:
 def estimate_restart(
     view: JobView, rank: int, speeds: Sequence[float | None]
 ) -> RestartEstimate | None:
-    """Step times now and with `rank` as fast as the median of the others, both under the
-    best batch plan; None when speeds or the remaining length are unknown. The speeds
-    are taken as the detector judges them (`judged_speeds`)."""
+    """Step times now and with `rank` as fast as the typical other rank, both under the
+    best batch plan; None when speeds or the remaining length are unknown. Speeds and
+    models are taken as the detector judges them (`judged_speeds`, `judged_models`)."""
     steps_left = view.remaining_steps
-    own = speeds[rank] if 0 <= rank < len(speeds) else None
-    judged = judged_speeds(view, speeds, deviating={rank})
-    others = [s for r, s in enumerate(judged) if r != rank and s is not None]
-    if steps_left is None or own is None or not others:
+    if steps_left is None or not 0 <= rank < len(speeds) or speeds[rank] is None:
         return None
-    healed = list(judged)
-    healed[rank] = max(own, statistics.median(others))
-    now = _best_plan(view, judged)
-    after = _best_plan(view, healed)
+    models = judged_models(view, speeds, deviating={rank})
+    if models is None:
+        now, after = _healed_by_speed(view, rank, speeds)
+    else:
+        now, after = _healed_by_model(view, rank, models)
     if now is None or after is None:
         return None
-    plan_after = after[0] if after[0] != tuple(view.plan.local_batch) else None
-    return RestartEstimate(now[1], after[1], steps_left, plan_after)
+    plan_after = after.plan if after.plan != tuple(view.plan.local_batch) else None
+    return RestartEstimate(now.step_s(now.plan), after.step_s(after.plan), steps_left, plan_after)
 
 
-def _best_plan(
-    view: JobView, speeds: Sequence[float | None]
-) -> tuple[tuple[int, ...], float] | None:
-    """Batches proportional to speed within the bounds (ranks of unknown speed keep
-    theirs) and the predicted step time of the known ranks under it."""
-    current = view.plan.local_batch
-    _, upper = batch_bounds(view)
-    known = [r for r, s in enumerate(speeds) if s is not None]
-    kept = sum(b for r, b in enumerate(current) if r not in known)
-    known_speeds = [float(speeds[r] or 0.0) for r in known]
-    try:
-        shares = proportional_shares(
-            view.spec.global_batch - kept,
-            known_speeds,
-            min_b=view.spec.min_local_batch,
-            caps={i: upper[r] for i, r in enumerate(known)},
-        )
-    except ValueError:
-        return None
-    plan = list(current)
-    for i, r in enumerate(known):
-        plan[r] = shares[i]
-    return tuple(plan), predicted_step_time(shares, known_speeds)
+def _healed_by_speed(
+    view: JobView, rank: int, speeds: Sequence[float | None]
+) -> tuple[Target | None, Target | None]:
+    """Best plans by per-sample speed: now, and with `rank` at the others' median."""
+    judged = judged_speeds(view, speeds, deviating={rank})
+    others = [s for r, s in enumerate(judged) if r != rank and s is not None]
+    own = judged[rank]
+    if own is None or not others:
+        return None, None
+    healed = list(judged)
+    healed[rank] = max(own, statistics.median(others))
+    return proportional_target(view, judged), proportional_target(view, healed)
+
+
+def _healed_by_model(
+    view: JobView, rank: int, models: Sequence[StepModel | None]
+) -> tuple[Target | None, Target | None]:
+    """Best plans by step-time model: now, and with `rank` given the others' median
+    model (or its own, if that predicts faster at its batch)."""
+    others = [m for r, m in enumerate(models) if r != rank and m is not None]
+    own = models[rank]
+    if own is None or not others:
+        return None, None
+    typical = median_model(others)
+    batch = view.plan.local_batch[rank]
+    healed = list(models)
+    healed[rank] = min(own, typical, key=lambda m: m.predict(batch))
+    return balanced_target(view, models), balanced_target(view, healed)
 
 
 def _reason(

@@ -1,0 +1,99 @@
+"""What the batch policies read of a job's health: per-rank speeds and step-time models,
+as the detector judges them. A rank the detector does not hold deviating counts as the
+typical rank: its measured difference is within the detector's noise band. Pure.
+Rules: docs/architecture.md, "The lb-bsp policy"."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+
+from antdt.schemas import IncidentKind, IncidentState, RankHealth, RankState
+from antdt.services.controller.balance import StepModel, median_model
+from antdt.services.controller.view import JobView
+
+_HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
+_USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
+
+
+def measured_speeds(view: JobView) -> tuple[float | None, ...]:
+    """Per-rank compute speed (samples/s) from health; None where unknown or stalled."""
+    speeds: list[float | None] = [None] * view.spec.world_size
+    for row in _usable_rows(view):
+        if row.samples_per_s > 0:
+            speeds[row.rank] = row.samples_per_s
+    return tuple(speeds)
+
+
+def measured_models(view: JobView) -> tuple[StepModel | None, ...]:
+    """Per-rank step-time model from health (`fixed_s`, `per_sample_s`); None where the
+    monitor has not fitted one, the rank is unusable (as for speeds), or it has no speed."""
+    models: list[StepModel | None] = [None] * view.spec.world_size
+    for row in _usable_rows(view):
+        fixed, per_sample = row.fixed_s, row.per_sample_s  # finite: the wire contract
+        if fixed is not None and per_sample is not None and per_sample > 0 < row.samples_per_s:
+            models[row.rank] = StepModel(fixed, per_sample)
+    return tuple(models)
+
+
+def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
+    """Ranks held deviating: `deviating`, and those of an open SLOW or LEADER incident
+    (with the ranks of its host when the host slowed as one)."""
+    held = set(deviating)
+    for incident in view.open_incidents:
+        if incident.kind in _HELD and incident.state != IncidentState.RESOLVED:
+            held.add(incident.rank)
+            held.update(incident.host_ranks or ())
+    return held
+
+
+def judged_speeds(
+    view: JobView, speeds: Sequence[float | None], deviating: AbstractSet[int]
+) -> list[float | None]:
+    """Measured speeds, except that a rank not held deviating (`held_ranks`) counts as
+    typical, the median of such ranks: a plan built on their differences would outlive
+    the straggler it was for."""
+    held = held_ranks(view, deviating)
+    normal = [s for r, s in enumerate(speeds) if s is not None and r not in held]
+    if not normal:
+        return list(speeds)
+    typical = statistics.median(normal)
+    return [s if s is None or r in held else typical for r, s in enumerate(speeds)]
+
+
+def judged_models(
+    view: JobView, speeds: Sequence[float | None], deviating: AbstractSet[int]
+) -> list[StepModel | None] | None:
+    """Per-rank models to plan with, None for a rank of unknown speed (it keeps its
+    batch); None in all when no rank has a model (plan from `judged_speeds` as before).
+
+    A held rank keeps its own model, a rank not held gets the median model of those (as
+    `judged_speeds`); a rank without a model counts at its per-sample speed (no fixed
+    part), and so does the typical rank when no rank not held has a model."""
+    models = measured_models(view)
+    if all(m is None for m in models):
+        return None
+    judged = judged_speeds(view, speeds, deviating)
+    held = held_ranks(view, deviating)
+    normal = [m for r, m in enumerate(models) if m is not None and r not in held]
+    typical = median_model(normal) if normal else None
+    plan: list[StepModel | None] = []
+    for rank, (speed, own) in enumerate(zip(judged, models, strict=True)):
+        chosen = own if rank in held else typical
+        plan.append(None if speed is None else chosen or _flat(speed))
+    return plan
+
+
+def _flat(samples_per_s: float) -> StepModel:
+    """A rank's per-sample speed as a model without a fixed part (today's assumption)."""
+    return StepModel(0.0, 1.0 / samples_per_s)
+
+
+def _usable_rows(view: JobView) -> list[RankHealth]:
+    assert view.health is not None
+    world = view.spec.world_size
+    return [r for r in view.health.ranks if r.state in _USABLE and r.rank < world]
+
+
+__all__ = ["held_ranks", "judged_models", "judged_speeds", "measured_models", "measured_speeds"]

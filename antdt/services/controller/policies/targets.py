@@ -1,0 +1,91 @@
+"""The batch plans the policies aim at, and how each predicts a plan's step time. Pure.
+
+Both keep the global batch, the per-rank bounds and memory caps; a rank of unknown speed
+keeps its batch. Under BSP a step lasts as long as its slowest rank."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
+from antdt.services.controller.guardrails import batch_bounds
+from antdt.services.controller.plans import predicted_step_time, proportional_shares
+from antdt.services.controller.view import JobView
+
+
+@dataclass(frozen=True)
+class Target:
+    """A plan for every rank, and the figures it was computed from for its known ranks."""
+
+    plan: tuple[int, ...]
+    known: tuple[int, ...]  # ranks the plan was computed for; the others kept their batch
+    speeds: tuple[float, ...] | None  # per known rank, samples/s (proportional plans)
+    models: tuple[StepModel, ...] | None  # per known rank (balanced plans)
+
+    def step_s(self, plan: Sequence[int]) -> float:
+        """The predicted step time of `plan` over the known ranks, as this target sees it."""
+        batches = [plan[r] for r in self.known]
+        if self.models is not None:
+            return predicted_step_s(self.models, batches)
+        assert self.speeds is not None
+        return predicted_step_time(batches, self.speeds)
+
+    @property
+    def how(self) -> str:
+        if self.models is not None:
+            return "batches balancing the ranks' step-time models"
+        return "batches proportional to compute speed"
+
+
+def proportional_target(view: JobView, speeds: Sequence[float | None]) -> Target | None:
+    """Shares proportional to speed (samples/s); None when no plan fits the bounds."""
+    current = view.plan.local_batch
+    _, upper = batch_bounds(view)
+    known = tuple(r for r, s in enumerate(speeds) if s is not None)
+    rates = tuple(s for s in speeds if s is not None)
+    try:
+        shares = proportional_shares(
+            view.spec.global_batch - _kept(current, known),
+            rates,
+            min_b=view.spec.min_local_batch,
+            caps={i: upper[r] for i, r in enumerate(known)},
+        )
+    except ValueError:
+        return None
+    return Target(_fill(current, known, shares), known, rates, None)
+
+
+def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
+    """The plan whose slowest predicted rank is fastest (`balanced_batches`); None when
+    no plan fits the bounds."""
+    current = view.plan.local_batch
+    lower, upper = batch_bounds(view)
+    known = tuple(r for r, m in enumerate(models) if m is not None)
+    fitted = tuple(m for m in models if m is not None)
+    try:
+        shares = balanced_batches(
+            fitted,
+            view.spec.global_batch - _kept(current, known),
+            [lower[r] for r in known],
+            [upper[r] for r in known],
+        )
+    except ValueError:
+        return None
+    return Target(_fill(current, known, shares), known, None, fitted)
+
+
+def _kept(current: Sequence[int], known: Sequence[int]) -> int:
+    """Samples that ranks outside `known` keep."""
+    return sum(b for r, b in enumerate(current) if r not in known)
+
+
+def _fill(current: Sequence[int], ranks: Sequence[int], shares: Sequence[int]) -> tuple[int, ...]:
+    """`current` with `ranks` given `shares`, in order."""
+    plan = list(current)
+    for rank, share in zip(ranks, shares, strict=True):
+        plan[rank] = share
+    return tuple(plan)
+
+
+__all__ = ["Target", "balanced_target", "proportional_target"]
