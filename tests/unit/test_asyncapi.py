@@ -222,3 +222,13 @@ def test_the_export_writes_the_document_and_its_page_beside_the_schemas(tmp_path
 def test_a_checkpointing_message_is_exported(tmp_path: Path, name: str) -> None:
     export_schemas(tmp_path)
     assert json.loads((tmp_path / f"{name}.schema.json").read_text())["title"] == name
+
+
+def test_the_contract_doc_lists_every_subject_code_and_default() -> None:
+    doc = (ROOT / "docs" / "contract.md").read_text()
+    for channel in CHANNELS:
+        assert f"`{channel.address(Subjects('{p}'))}`" in doc, channel.id
+    for code in ErrorCode:
+        assert f"| `{code.value}` | {code.action.value} |" in doc, code
+    for name, default in vars(Guardrails()).items():
+        assert f"| `{name}` | {default} |" in doc, name
