@@ -3,6 +3,7 @@ channels with their direction, replies and streams, then every schema's fields."
 
 from __future__ import annotations
 
+import json
 from html import escape
 from typing import Any
 
@@ -111,20 +112,21 @@ def _schema(name: str, schema: dict[str, Any]) -> str:
 def _default(spec: dict[str, Any]) -> str:
     if "default" not in spec:
         return "no"
-    return f"no (default <code>{escape(repr(spec['default']))}</code>)"
+    return f"no (default <code>{escape(json.dumps(spec['default']))}</code>)"
 
 
 def _type(spec: dict[str, Any]) -> str:
     if "$ref" in spec:
         return _link(spec["$ref"].rsplit("/", 1)[-1])
     if "const" in spec:
-        return f"<code>{escape(repr(spec['const']))}</code>"
+        return f"<code>{escape(json.dumps(spec['const']))}</code>"
     for union in ("anyOf", "oneOf"):
         if union in spec:
             return " | ".join(_type(s) for s in spec[union])
     kind = spec.get("type", "any")
     if kind == "array":
-        return f"{_type(spec.get('items', {}))}[]"
+        item = _type(spec.get("items", {}))
+        return f"({item})[]" if " | " in item else f"{item}[]"
     if kind == "object" and isinstance(spec.get("additionalProperties"), dict):
         return f"map of {_type(spec['additionalProperties'])}"
     return escape(str(kind))
