@@ -15,7 +15,13 @@ DLROVER_STAMP := $(DLROVER_VENV)/.installed
 # (its generated gRPC code needs protobuf, which it does not declare)
 DLROVER       ?= 'dlrover[k8s]==0.6.1' 'protobuf==7.36.2'
 
-.PHONY: all install demo test test-fast lint up bench bench-test schemas clean
+# Node.js packages (npm registry, versions pinned in package-lock.json) for the tests that
+# run under Node: the AsyncAPI parser over the exported contract and the JavaScript policy
+# example. Installed into ./node_modules by `npm ci`; needs node >= 20 and npm.
+NPM        ?= npm
+NODE_STAMP := node_modules/.installed
+
+.PHONY: all install node demo test test-fast lint up bench bench-test schemas clean
 
 all: test
 
@@ -31,7 +37,13 @@ $(DLROVER_STAMP): Makefile
 	$(DLROVER_VENV)/bin/python -m pip install -q $(DLROVER)
 	@touch $(DLROVER_STAMP)
 
+$(NODE_STAMP): package.json package-lock.json examples/custom_policy_js/package.json
+	$(NPM) ci --no-audit --no-fund --ignore-scripts
+	@touch $(NODE_STAMP)
+
 install: $(STAMP)
+
+node: $(NODE_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check antdt tests bench
@@ -39,10 +51,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+test: lint $(NODE_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -60,6 +72,7 @@ bench-test: $(STAMP) $(DLROVER_STAMP)
 
 schemas: $(STAMP)
 	$(BIN)/antdt schemas export docs/schemas
+	@echo "docs/schemas/asyncapi.html: the contract as a page"
 
 clean:
-	rm -rf $(VENV) $(DLROVER_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(DLROVER_VENV) node_modules .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -8,6 +8,9 @@ import os
 # The test process uses gRPC (the etcd client) and then forks servers and ranks: grpc's
 # fork handlers can crash such a child, and the children exec at once anyway.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Every reply must say its type (Antdt-Reply), in this process and the ones it starts: so
+# every request/reply the suite makes checks the marker (the bus's reply decoding).
+os.environ.setdefault("ANTDT_NATS__REQUIRE_REPLY_TYPE", "true")
 
 import uuid
 from collections.abc import AsyncIterator, Iterator

@@ -13,9 +13,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
+from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
-from antdt.schemas import Keys, StepEvent
+from antdt.schemas import ErrorReply, Keys, StepEvent
 
 T = TypeVar("T")
 
@@ -143,3 +146,15 @@ def service_replicas(
         for proc in procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+
+
+async def refusal(
+    bus: Bus, subject: str, raw: bytes, reply_type: type[BaseModel], timeout: float = 5.0
+) -> ErrorReply:
+    """The ErrorReply that `raw` (bad input) gets on `subject`, its Antdt-Reply header
+    checked by the bus (the suite requires it); fails if it was answered as accepted."""
+    try:
+        accepted = await bus.request_bytes(subject, raw, reply_type, timeout=timeout)
+    except RequestRefused as refused:
+        return refused.reply
+    raise AssertionError(f"{raw!r} on {subject} was accepted: {accepted!r}")

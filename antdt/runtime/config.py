@@ -42,6 +42,12 @@ class NatsSettings(BaseModel):
     max_pending_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Outgoing buffer kept while disconnected, bytes"
     )
+    require_reply_type: bool = Field(
+        # From the environment even where the settings are built in code (tests).
+        default_factory=lambda: _truthy(os.environ.get("ANTDT_NATS__REQUIRE_REPLY_TYPE")),
+        description="Refuse a reply without its Antdt-Reply header (a service older than "
+        "typed replies answers without one); the test suite turns it on",
+    )
 
 
 class EtcdSettings(BaseModel):
@@ -49,6 +55,10 @@ class EtcdSettings(BaseModel):
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every key")
     timeout_s: float = Field(default=5.0, gt=0, description="Per-call timeout, seconds")
     lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _env(*names: str) -> str | None:

@@ -1,6 +1,13 @@
 """The wire contract: every message on the bus and every key in etcd. No I/O here."""
 
-from antdt.schemas.base import MAX_MESSAGE_BYTES, SCHEMA_VERSION, WireModel, replaced, trusted
+from antdt.schemas.base import (
+    MAX_MESSAGE_BYTES,
+    REPLY_HEADER,
+    SCHEMA_VERSION,
+    WireModel,
+    replaced,
+    trusted,
+)
 from antdt.schemas.commands import (
     COMMAND_ADAPTER,
     Ack,
@@ -11,7 +18,7 @@ from antdt.schemas.commands import (
     Command,
     KillRestart,
 )
-from antdt.schemas.errors import ErrorCode, ErrorReply
+from antdt.schemas.errors import ClientAction, ErrorCode, ErrorReply
 from antdt.schemas.events import (
     Cause,
     ExitReason,
@@ -26,7 +33,16 @@ from antdt.schemas.events import (
     StepEvent,
     StragglerClass,
 )
-from antdt.schemas.plan import JobSpec, MonitorParams, Plan, PlanRequest, RegisterReply
+from antdt.schemas.plan import (
+    GuardrailSettings,
+    JobSpec,
+    MonitorParams,
+    Plan,
+    PlanRequest,
+    RegisterReply,
+    SpecReply,
+    SpecRequest,
+)
 from antdt.schemas.restarts import BlocklistEntry, PendingRestart, RestartLedger
 from antdt.schemas.shards import (
     CheckpointCompleted,
@@ -65,6 +81,7 @@ __all__ = [
     "DEFAULT_SUBJECT_PREFIX",
     "INCIDENT_STREAM",
     "MAX_MESSAGE_BYTES",
+    "REPLY_HEADER",
     "SCHEMA_VERSION",
     "Ack",
     "ActionProposal",
@@ -74,6 +91,7 @@ __all__ = [
     "BlocklistEntry",
     "Cause",
     "CheckpointCompleted",
+    "ClientAction",
     "Command",
     "CommitReply",
     "EpochFinished",
@@ -81,6 +99,7 @@ __all__ = [
     "ErrorReply",
     "ExitReason",
     "FetchStatus",
+    "GuardrailSettings",
     "InFlight",
     "Incident",
     "IncidentKind",
@@ -112,6 +131,8 @@ __all__ = [
     "ShardStatus",
     "ShardStatusRequest",
     "ShardsReturned",
+    "SpecReply",
+    "SpecRequest",
     "StepEvent",
     "StragglerClass",
     "Subjects",

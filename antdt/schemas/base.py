@@ -22,6 +22,10 @@ Count = Annotated[int, Field(ge=0)]
 #: The largest message any AntDT subject accepts, in bytes.
 MAX_MESSAGE_BYTES = 256 * 1024
 
+#: The NATS header every reply carries: its message's name (the model's class name), or
+#: `ErrorReply` for a refusal. A requester reads it to tell which of the two it got.
+REPLY_HEADER = "Antdt-Reply"
+
 
 class WireModel(BaseModel):
     """Base of every message on the bus: immutable, closed, finite."""

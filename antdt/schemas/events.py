@@ -40,10 +40,10 @@ class StepEvent(WireModel):
 class RankHello(WireModel):
     """Sent by an agent when its rank starts: who it is and what it can hold."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     rank: Rank
     world_size: int = Field(ge=1, le=1_000_000, description="Ranks in the job")
-    host: Token
+    host: Token = Field(description="Host (node) the rank runs on")
     pid: int = Field(ge=0, description="OS process id of the rank")
     device: str = Field(default="cpu", max_length=64, description="cpu, cuda:0, ...")
     cpu_count: int = Field(default=1, ge=1, description="CPU cores visible to the rank")
@@ -65,11 +65,11 @@ class RankExit(WireModel):
     """Sent by an agent as it closes: the rank stops on purpose, so its silence from now
     on is not a stall. Published after its last step event."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     rank: Rank
-    host: Token
+    host: Token = Field(description="Host (node) the rank runs on")
     pid: int = Field(ge=0, description="OS process id of the rank")
-    reason: ExitReason
+    reason: ExitReason = Field(description="Why the process stops")
     step: Count = Field(description="Last step this process ran (0 if none)")
     at: Timestamp
 
@@ -90,13 +90,17 @@ class RankHealth(WireModel):
     """One rank's row in JobHealth."""
 
     rank: Rank
-    host: str = Field(max_length=128)
-    state: RankState
-    last_step: Count
+    host: str = Field(max_length=128, description="Host (node) the rank runs on")
+    state: RankState = Field(description="How the monitor sees the rank now")
+    last_step: Count = Field(description="Latest step heard from the rank")
     local_batch: Count = Field(description="Local batch of its last step")
     samples_per_s: float = Field(ge=0, description="Compute throughput, samples per second")
     compute_s_per_sample: float = Field(ge=0, description="Median over the window, seconds")
-    ratio: float = Field(ge=0, description="Per-sample compute time over the median of ranks")
+    ratio: float = Field(
+        ge=0,
+        description="Per-sample compute time over the median of ranks, measured at the "
+        "batches of the plan in force (plan_version); see Incident.ratio",
+    )
     data_wait_share: float = Field(ge=0, le=1, description="Share of step time waiting for data")
     comm_share: float = Field(ge=0, le=1, description="Share of step time in gradient exchange")
     fixed_s: float | None = Field(
@@ -117,7 +121,7 @@ class RankHealth(WireModel):
 class JobHealth(WireModel):
     """Published by the monitor at 1 Hz for every job it owns."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     at: Timestamp
     step: Count = Field(description="Latest step seen from any rank")
     step_s: float = Field(ge=0, description="Median step wall time over the window, seconds")
@@ -128,9 +132,13 @@ class JobHealth(WireModel):
         description="T_ideal / T_step: the step time were the batch split by speed, over the "
         "measured one; 1 = perfectly balanced",
     )
-    plan_version: Count
-    ranks: tuple[RankHealth, ...]
-    open_incidents: tuple[str, ...] = ()
+    plan_version: Count = Field(
+        description="Version of the plan the latest steps ran under (Plan.version)"
+    )
+    ranks: tuple[RankHealth, ...] = Field(description="One row per rank heard from")
+    open_incidents: tuple[str, ...] = Field(
+        default=(), description="Ids of the job's incidents not resolved yet"
+    )
 
 
 class IncidentKind(str, Enum):
@@ -170,18 +178,33 @@ class IncidentState(str, Enum):
 class Incident(WireModel):
     """A straggler (or leader, or stall) on one rank, with its evidence."""
 
-    id: str = Field(min_length=1, max_length=128, description="Stable id for the lifecycle")
-    job: Token
+    id: str = Field(
+        min_length=1,
+        max_length=128,
+        description="Stable id for the lifecycle: every state of one incident carries it",
+    )
+    job: Token = Field(description="Job id")
     rank: Rank
-    host: str = Field(max_length=128)
-    kind: IncidentKind
-    straggler_class: StragglerClass = StragglerClass.UNKNOWN
-    cause: Cause = Cause.UNKNOWN
-    state: IncidentState
+    host: str = Field(max_length=128, description="Host (node) the rank runs on")
+    kind: IncidentKind = Field(description="slow, leader (faster than the rest) or stalled")
+    straggler_class: StragglerClass = Field(
+        default=StragglerClass.UNKNOWN,
+        description="transient, persistent or deterministic, once the monitor can tell",
+    )
+    cause: Cause = Field(
+        default=Cause.UNKNOWN, description="Which part of the step is slow (compute, data, ...)"
+    )
+    state: IncidentState = Field(description="opened, escalated or resolved")
     step: Count = Field(description="Step at which this state was reached")
     opened_at: Timestamp
     updated_at: Timestamp
-    ratio: float = Field(ge=0, description="Per-sample compute time over the ranks' median")
+    ratio: float = Field(
+        ge=0,
+        description="Per-sample compute time over the other ranks' median, measured at the "
+        "batches of the plan in force: a speed ratio, not how far that plan is from balance "
+        "(a 3x rank still shows about 3 once a plan has balanced it; small batches inflate "
+        "it by fixed per-step costs). Divide the rank's even share by it, not its current batch",
+    )
     windows: Count = Field(description="Consecutive windows the condition held")
     evidence: dict[str, float] = Field(default_factory=dict, description="Measured figures")
     host_ranks: tuple[Rank, ...] | None = Field(

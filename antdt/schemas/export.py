@@ -1,4 +1,6 @@
-"""Export JSON Schema for every wire message, so policies in any language can subscribe."""
+"""`antdt schemas export`: the JSON Schema of every wire message and stored value, and the
+AsyncAPI 3 document of every channel (JSON, and a self-contained HTML page), so that
+policies in any language can subscribe, request and validate."""
 
 from __future__ import annotations
 
@@ -6,37 +8,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
-from antdt import schemas
+from antdt.schemas.asyncapi import asyncapi_document
+from antdt.schemas.channels import MESSAGES, STORED
+from antdt.schemas.html import render_html
+from antdt.schemas.subjects import DEFAULT_SUBJECT_PREFIX
 
 #: file stem → model (or the adapter of a union or an enum)
-EXPORTED: dict[str, Any] = {
-    "StepEvent": schemas.StepEvent,
-    "RankHello": schemas.RankHello,
-    "RankExit": schemas.RankExit,
-    "JobHealth": schemas.JobHealth,
-    "Incident": schemas.Incident,
-    "JobSpec": schemas.JobSpec,
-    "Plan": schemas.Plan,
-    "RestartLedger": schemas.RestartLedger,
-    "BlocklistEntry": schemas.BlocklistEntry,
-    "PlanRequest": schemas.PlanRequest,
-    "RegisterReply": schemas.RegisterReply,
-    "Command": schemas.COMMAND_ADAPTER,
-    "Ack": schemas.Ack,
-    "ActionRecord": schemas.ActionRecord,
-    "ActionProposal": schemas.ActionProposal,
-    "ErrorReply": schemas.ErrorReply,
-    "ErrorCode": TypeAdapter(schemas.ErrorCode),
-    "ShardFetch": schemas.ShardFetch,
-    "ShardReply": schemas.ShardReply,
-    "ShardStatusRequest": schemas.ShardStatusRequest,
-    "ShardStatus": schemas.ShardStatus,
-    "CheckpointCompleted": schemas.CheckpointCompleted,
-    "EpochFinished": schemas.EpochFinished,
-    "ShardsReturned": schemas.ShardsReturned,
-}
+EXPORTED: dict[str, Any] = {**MESSAGES, **STORED}
+ASYNCAPI_JSON = "asyncapi.json"
+ASYNCAPI_HTML = "asyncapi.html"
 
 
 def json_schema(target: Any) -> dict[str, Any]:
@@ -45,8 +27,10 @@ def json_schema(target: Any) -> dict[str, Any]:
     return dict(target.json_schema())
 
 
-def export_schemas(directory: Path) -> list[Path]:
-    """Write one `<Name>.schema.json` per message into `directory`; returns the paths."""
+def export_schemas(directory: Path, prefix: str = DEFAULT_SUBJECT_PREFIX) -> list[Path]:
+    """Write one `<Name>.schema.json` per message and stored value into `directory`, and
+    the AsyncAPI document of the subjects under `prefix` beside them (asyncapi.json,
+    asyncapi.html); returns the paths."""
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for name, target in EXPORTED.items():
@@ -56,4 +40,9 @@ def export_schemas(directory: Path) -> list[Path]:
         schema.setdefault("title", name)
         path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         written.append(path)
-    return written
+    document = asyncapi_document(prefix)
+    api = directory / ASYNCAPI_JSON
+    api.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    page = directory / ASYNCAPI_HTML
+    page.write_text(render_html(document), encoding="utf-8")
+    return [*written, api, page]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Timestamp, Token, WireModel
+from antdt.schemas.base import Count, Timestamp, Token, WireModel, unset
 
 PolicyParam = float | int | str | bool
 
@@ -80,7 +80,7 @@ class MonitorParams(WireModel):
 class JobSpec(WireModel):
     """What a job is: registered once, stored at jobs/{job}/spec."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     world_size: int = Field(ge=1, le=100_000, description="Ranks in the job")
     dataset_size: int = Field(ge=1, description="Samples per epoch")
     shard_size: int = Field(ge=1, description="Samples per shard")
@@ -88,7 +88,12 @@ class JobSpec(WireModel):
     epochs: int = Field(default=1, ge=1, description="Epochs to run")
     seed: int = Field(default=0, ge=0, description="Seed of the per-epoch shard shuffle")
     policy: str = Field(default="none", max_length=64, description="Controller policy name")
-    policy_params: dict[str, PolicyParam] = Field(default_factory=dict)
+    policy_params: dict[str, PolicyParam] = Field(
+        default_factory=dict,
+        description="Tunables of the policy and of the guardrails every policy and proposal "
+        "is held to (cooldown_s, settle_steps, max_change, ...); absent ones take the "
+        "defaults (`{p}.{job}.spec.get` serves the values in force)",
+    )
     min_local_batch: int = Field(default=1, ge=0, description="Smallest local batch a plan gives")
     max_local_batch: int | None = Field(
         default=None, ge=1, description="Largest local batch a plan gives (None: global batch)"
@@ -114,8 +119,11 @@ class JobSpec(WireModel):
 class Plan(WireModel):
     """Per-rank batch sizes from an effective step on; versioned, CAS-written by the controller."""
 
-    job: Token
-    version: Count = Field(description="Monotonic; agents ignore older versions")
+    job: Token = Field(description="Job id")
+    version: Count = Field(
+        description="This plan's version: 0 for the initial even split, one more per plan "
+        "written; agents ignore older versions"
+    )
     local_batch: tuple[Count, ...] = Field(min_length=1, description="Samples per rank per step")
     micro_batch: tuple[Count, ...] | None = Field(
         default=None,
@@ -128,8 +136,12 @@ class Plan(WireModel):
         "all-reduce: chunks of micro_batch samples, the last one the rest (None: 1)",
     )
     effective_step: Count = Field(description="First step that runs under this plan")
-    reason: str = Field(default="", max_length=512)
-    policy: str = Field(default="none", max_length=64)
+    reason: str = Field(default="", max_length=512, description="Why this plan was made")
+    policy: str = Field(
+        default="none",
+        max_length=64,
+        description="Who made it: the policy's name, or `proposal:<source>` for a proposal",
+    )
     created_at: Timestamp
 
     @model_validator(mode="after")
@@ -192,15 +204,87 @@ def check_accumulation(
 
 
 class PlanRequest(WireModel):
-    """Agent asks the controller for the job's current plan."""
+    """Asks any controller replica for the job's current plan (`{p}.{job}.plan.get`)."""
 
-    job: Token
-    rank: int = Field(ge=0)
+    job: Token = Field(description="Job id; must match the subject's")
+    rank: int | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=0,
+        description="The asking rank (agents send it; refused as unknown_rank when outside "
+        "the job); null or absent: asked by a non-rank (a policy, a dashboard)",
+    )
 
 
 class RegisterReply(WireModel):
     """The controller's answer to a job registration."""
 
-    spec: JobSpec
-    plan: Plan
+    spec: JobSpec = Field(description="The job's spec as stored (the first registration's)")
+    plan: Plan = Field(description="The job's current plan")
     created: bool = Field(description="True when this request created the job")
+
+
+class SpecRequest(WireModel):
+    """Asks any controller replica for a job's spec and the guardrails in force
+    (`{p}.{job}.spec.get`); answered with a SpecReply."""
+
+    job: Token = Field(description="Job id; must match the subject's")
+
+
+class GuardrailSettings(WireModel):
+    """The guardrails in force for a job: its `policy_params`, defaults filled in."""
+
+    cooldown_s: float = Field(
+        ge=0, description="Seconds after the job's last action before the next (proposals too)"
+    )
+    settle_steps: int = Field(
+        ge=0,
+        description="Steps after a plan's effective_step (or a restart) before the next "
+        "change; and the plan must have been measured (JobHealth.plan_version)",
+    )
+    min_gain: float = Field(
+        ge=0, description="Built-in policies only: least predicted step-time gain to re-plan"
+    )
+    max_change: float = Field(
+        gt=0,
+        description="Bounded change: per rank, |new - current batch| <= max(1, floor("
+        "max_change x max(current batch, mean batch))); SpecReply.max_move has the limits",
+    )
+    restart_budget: int = Field(ge=0, description="KILL_RESTARTs a job may be given in all")
+    restart_cooldown_s: float = Field(ge=0, description="Seconds between two KILL_RESTARTs")
+    restart_timeout_s: float = Field(
+        gt=0, description="A restart not seen to resume stops holding changes after, seconds"
+    )
+
+
+class SpecReply(WireModel):
+    """A job's spec and every bound a proposal for it is checked against, as in force when
+    read (the plan, memory caps and guardrails may change after)."""
+
+    spec: JobSpec = Field(description="The job's spec as stored, defaults included")
+    plan_version: Count = Field(
+        description="Version of the plan in force when read (Plan.version): what max_move "
+        "is computed from"
+    )
+    guardrails: GuardrailSettings = Field(description="The effective guardrails")
+    guardrails_error: str | None = Field(
+        default=None,
+        max_length=512,
+        description="Why the job's policy_params did not parse, when they did not: the "
+        "defaults are in force then (null: they parsed)",
+    )
+    min_local_batch: tuple[Count, ...] = Field(
+        description="Per rank: the smallest local batch a plan may give it"
+    )
+    max_local_batch: tuple[Count, ...] = Field(
+        description="Per rank: the largest local batch a plan may give it (the spec's "
+        "max_local_batch, its memory cap and the global batch, the least of them)"
+    )
+    memory_caps: tuple[Count | None, ...] = Field(
+        description="Per rank: the largest local batch its memory holds, as its agent said "
+        "(RankHello.max_local_batch; null: not said)"
+    )
+    max_move: tuple[Count, ...] = Field(
+        description="Per rank: how far its batch may move from the plan in force in one "
+        "proposal (the bounded change, see GuardrailSettings.max_change)"
+    )

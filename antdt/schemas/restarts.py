@@ -16,14 +16,18 @@ MAX_COSTS = 8
 class PendingRestart(WireModel):
     """A KILL_RESTART decided and not yet seen to resume."""
 
-    action_id: str = Field(min_length=1, max_length=128)
+    action_id: str = Field(
+        min_length=1, max_length=128, description="The restart's action id (`{job}-restart-{N}`)"
+    )
     rank: Rank
     host: Token = Field(description="The host the rank was moved away from")
-    checkpoint_step: Count
+    checkpoint_step: Count = Field(description="The step the job checkpoints at and resumes from")
     decided_at: Timestamp
     step_s: Seconds = Field(default=0.0, description="Step time when the restart was decided")
-    reason: str = Field(default="", max_length=512)
-    incident_id: str | None = Field(default=None, max_length=128)
+    reason: str = Field(default="", max_length=512, description="Why, for people")
+    incident_id: str | None = Field(
+        default=None, max_length=128, description="The incident acted on (null: none)"
+    )
     local_batch_after: tuple[Count, ...] | None = Field(
         default=None, description="The plan from checkpoint_step + 1 on (None: unchanged)"
     )
@@ -36,11 +40,15 @@ class RestartLedger(WireModel):
     costs: tuple[Seconds, ...] = Field(
         default=(), max_length=MAX_COSTS, description="Measured restart costs, s, newest last"
     )
-    last_decided_at: Timestamp | None = None
+    last_decided_at: Timestamp | None = Field(
+        default=None, description="When the newest restart was decided (null: none yet)"
+    )
     last_checkpoint_step: Count | None = Field(
         default=None, description="Checkpoint step of the newest restart"
     )
-    pending: PendingRestart | None = None
+    pending: PendingRestart | None = Field(
+        default=None, description="The restart decided and not yet seen to resume (null: none)"
+    )
 
     @property
     def measured_cost_s(self) -> float | None:
@@ -52,11 +60,13 @@ class BlocklistEntry(WireModel):
     """Why a host is avoided (`blocklist/{host}`), and until when. Delete the key (`antdt
     blocklist allow HOST`) to allow it again sooner."""
 
-    host: Token
-    job: Token
+    host: Token = Field(description="The host avoided")
+    job: Token = Field(description="The job whose rank was moved off it")
     rank: Rank
-    action_id: str = Field(min_length=1, max_length=128)
-    reason: str = Field(default="", max_length=512)
+    action_id: str = Field(
+        min_length=1, max_length=128, description="The restart that moved the rank"
+    )
+    reason: str = Field(default="", max_length=512, description="Why, for people")
     at: Timestamp
     until: Timestamp | None = Field(
         default=None,

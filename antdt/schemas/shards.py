@@ -13,7 +13,7 @@ from antdt.schemas.base import Count, Rank, Token, WireModel, trusted, unset
 class ShardRef(WireModel):
     """Names one grant of one shard in one epoch."""
 
-    epoch: Count
+    epoch: Count = Field(description="The epoch the shard was granted in")
     shard: Count = Field(description="Shard index in [0, ceil(dataset_size / shard_size))")
     attempt: Count = Field(description="Grant attempt; bumps when a shard is re-granted")
 
@@ -21,9 +21,9 @@ class ShardRef(WireModel):
 class ShardGrant(WireModel):
     """A shard handed to a rank: sample ids [start, end), to be consumed from `position`."""
 
-    epoch: Count
-    shard: Count
-    attempt: Count
+    epoch: Count = Field(description="The epoch the shard is granted in")
+    shard: Count = Field(description="Shard index in [0, ceil(dataset_size / shard_size))")
+    attempt: Count = Field(description="Grant attempt; bumps when a shard is re-granted")
     start: Count = Field(description="First sample id of the shard")
     end: Count = Field(description="One past the last sample id")
     position: Count = Field(
@@ -66,10 +66,12 @@ class ShardFetch(WireModel):
     may go before the done refs are durable, listing them in `unconfirmed` to be sent
     again; without it, the reply re-sends all the rank holds once every change is durable."""
 
-    job: Token
+    job: Token = Field(description="Job id; must match the subject's")
     rank: Rank
     epoch: Count = Field(description="The epoch the rank is working on")
-    done: tuple[ShardRef, ...] = Field(default=(), max_length=64)
+    done: tuple[ShardRef, ...] = Field(
+        default=(), max_length=64, description="Grants the rank finished since it last said"
+    )
     want: int = Field(default=1, ge=0, le=8, description="New grants wanted")
     incarnation: Incarnation = 0
     held: tuple[ShardRef, ...] | None = Field(
@@ -131,11 +133,17 @@ class FetchStatus(str, Enum):
 
 
 class ShardReply(WireModel):
-    job: Token
+    """The shards service's answer to a ShardFetch."""
+
+    job: Token = Field(description="Job id")
     epoch: Count = Field(description="The ledger's current epoch")
-    status: FetchStatus
-    grants: tuple[ShardGrant, ...] = ()
-    retry_after_s: float = Field(default=0.0, ge=0, le=60)
+    status: FetchStatus = Field(description="What the reply says (see FetchStatus)")
+    grants: tuple[ShardGrant, ...] = Field(
+        default=(), description="New grants, and those re-sent (see ShardFetch.held)"
+    )
+    retry_after_s: float = Field(
+        default=0.0, ge=0, le=60, description="PENDING: ask again after this, seconds"
+    )
     unconfirmed: tuple[ShardRef, ...] = Field(
         default=(),
         max_length=64,
@@ -167,7 +175,9 @@ STATUS_LISTED_MAX = 3000
 
 
 class ShardStatusRequest(WireModel):
-    job: Token
+    """Asks for the progress of a job's ledger (`antdt shards status`)."""
+
+    job: Token = Field(description="Job id; must match the subject's")
     ranks: tuple[Rank, ...] = Field(
         default=(), max_length=1024, description="Only these ranks' in-flight shards (empty: any)"
     )
@@ -181,27 +191,29 @@ class ShardStatusRequest(WireModel):
 
 
 class InFlight(WireModel):
+    """One shard granted and not yet done."""
+
     rank: Rank
-    shard: Count
-    attempt: Count
-    position: Count
+    shard: Count = Field(description="Shard index")
+    attempt: Count = Field(description="Grant attempt")
+    position: Count = Field(description="Samples of it committed so far (the resume point)")
 
 
 class ShardStatus(WireModel):
     """Progress of the job's current epoch (for `antdt shards status`)."""
 
-    job: Token
-    epoch: Count
+    job: Token = Field(description="Job id")
+    epoch: Count = Field(description="The ledger's current epoch")
     epochs: Count = Field(default=1, description="Epochs the job runs")
-    num_shards: Count
-    done: Count
-    todo: Count
+    num_shards: Count = Field(description="Shards per epoch")
+    done: Count = Field(description="Shards of the epoch done")
+    todo: Count = Field(description="Shards of the epoch not granted yet")
     in_flight: tuple[InFlight, ...] = Field(
         description="In-flight shards of the ranks asked for, at most the request's limit"
     )
     in_flight_total: Count = Field(default=0, description="Shards in flight in all")
-    complete: bool = False
-    incarnation: Count = 0
+    complete: bool = Field(default=False, description="Every epoch is done")
+    incarnation: Count = Field(default=0, description="The ledger's incarnation (restarts)")
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a ledger snapshot")
     pending_checkpoint: Count | None = Field(
         default=None, description="Step of a checkpoint still waiting for some ranks' commits"
@@ -221,9 +233,9 @@ class ShardStatus(WireModel):
 class ShardPosition(WireModel):
     """How far a rank's model has consumed one held shard (samples of the shard's order)."""
 
-    epoch: Count
-    shard: Count
-    attempt: Count
+    epoch: Count = Field(description="The epoch the shard was granted in")
+    shard: Count = Field(description="Shard index")
+    attempt: Count = Field(description="Grant attempt")
     position: Count = Field(description="Samples of the shard that reached the model")
 
 
@@ -232,18 +244,24 @@ class ShardCommit(WireModel):
     next step takes data. `done` lists every finished shard not yet acknowledged; the
     positions cover every other shard the rank holds. Repeating it is harmless."""
 
-    job: Token
+    job: Token = Field(description="Job id; must match the subject's")
     rank: Rank
     incarnation: Incarnation = 0
     step: Count = Field(description="Global step index the model checkpoint is taken after")
-    epoch: Count
-    done: tuple[ShardRef, ...] = Field(default=(), max_length=1024)
-    positions: tuple[ShardPosition, ...] = Field(default=(), max_length=1024)
+    epoch: Count = Field(description="The epoch the rank is working on")
+    done: tuple[ShardRef, ...] = Field(
+        default=(), max_length=1024, description="Finished grants not yet acknowledged"
+    )
+    positions: tuple[ShardPosition, ...] = Field(
+        default=(), max_length=1024, description="How far the model got in every other held shard"
+    )
 
 
 class CommitReply(WireModel):
-    job: Token
-    step: Count
+    """The shards service's answer to a ShardCommit."""
+
+    job: Token = Field(description="Job id")
+    step: Count = Field(description="The checkpoint's step, as committed")
     complete: bool = Field(description="Every rank committed: the snapshot for `step` is stored")
     completed_now: bool = Field(
         default=False,
@@ -262,8 +280,8 @@ class CheckpointCompleted(WireModel):
     at once instead of at their next poll; anyone may subscribe (a checkpoint's data
     positions are safe from here on)."""
 
-    job: Token
-    step: Count
+    job: Token = Field(description="Job id")
+    step: Count = Field(description="The checkpoint's step")
     checkpoints: tuple[Count, ...] = Field(default=(), description="Steps with a snapshot")
 
 
@@ -274,7 +292,7 @@ class EpochFinished(WireModel):
     taking the job on tells the previous end again); best effort: a rank that misses it
     asks at that poll."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     epoch: Count = Field(description="The epoch just finished: every shard of it is done")
     incarnation: Count = Field(default=0, description="The ledger's incarnation")
 
@@ -286,7 +304,7 @@ class ShardsReturned(WireModel):
     (the first at once, later ones gathered); best effort: a rank that misses it asks at
     its next poll."""
 
-    job: Token
+    job: Token = Field(description="Job id")
     ranks: tuple[Rank, ...] = Field(
         max_length=1024, description="The ranks released since the last announcement"
     )
@@ -298,16 +316,18 @@ class ShardRestore(WireModel):
     start a new incarnation. Every rank of the restarted job sends it with the same
     `token`: the first one restores, the others get the same answer."""
 
-    job: Token
+    job: Token = Field(description="Job id; must match the subject's")
     rank: Rank
     token: Token = Field(description="Shared by the ranks of one restart, unique per restart")
     step: Count | None = Field(description="The model checkpoint's step; None: no checkpoint")
 
 
 class RestoreReply(WireModel):
-    job: Token
-    incarnation: Count
-    step: Count | None
+    """The shards service's answer to a ShardRestore."""
+
+    job: Token = Field(description="Job id")
+    incarnation: Count = Field(description="The job's incarnation after the restore")
+    step: Count | None = Field(description="The checkpoint restored (null: the job's start)")
     epoch: Count = Field(description="The ledger's epoch after the restore")
     restored: bool = Field(description="False: an earlier request of this incarnation did it")
 
@@ -317,15 +337,21 @@ class ShardRelease(WireModel):
     granted again. From the rank itself (a graceful leave), `positions` says how far the
     model got in each; from an operator (a dead rank) they resume at its last commit."""
 
-    job: Token
+    job: Token = Field(description="Job id; must match the subject's")
     rank: Rank
     incarnation: Incarnation = 0
-    done: tuple[ShardRef, ...] = Field(default=(), max_length=1024)
-    positions: tuple[ShardPosition, ...] = Field(default=(), max_length=1024)
-    reason: str = Field(default="", max_length=256)
+    done: tuple[ShardRef, ...] = Field(
+        default=(), max_length=1024, description="Grants the rank finished, not yet said"
+    )
+    positions: tuple[ShardPosition, ...] = Field(
+        default=(), max_length=1024, description="How far the model got in every other held shard"
+    )
+    reason: str = Field(default="", max_length=256, description="Why, for people and logs")
 
 
 class ReleaseReply(WireModel):
-    job: Token
+    """The shards service's answer to a ShardRelease."""
+
+    job: Token = Field(description="Job id")
     rank: Rank
     returned: Count = Field(description="Shards handed back to be granted again")

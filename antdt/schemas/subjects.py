@@ -1,4 +1,5 @@
-"""Builders for NATS subjects and etcd keys (docs/architecture.md lists them). No I/O."""
+"""Builders for NATS subjects and etcd keys. No I/O. Every subject builder is a channel of
+the AsyncAPI document (channels.py), which a test holds to this class."""
 
 from __future__ import annotations
 
@@ -78,6 +79,10 @@ class Subjects:
 
     def plan_get(self, job: str) -> str:
         return f"{self.prefix}.{job}.plan.get"
+
+    def spec_get(self, job: str) -> str:
+        """Anyone asks for the job's spec and the guardrails in force (SpecReply)."""
+        return f"{self.prefix}.{job}.spec.get"
 
     def register(self, job: str) -> str:
         """An agent (or `antdt job create`) registers the job spec with the controller."""

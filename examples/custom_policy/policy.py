@@ -5,8 +5,8 @@ It reads incidents from the JetStream stream ANTDT_INCIDENTS through a durable c
 rank it proposes new per-rank batches to the controller, which applies the guardrails
 every policy is held to and answers with the ActionRecord or the reason it refused.
 
-Its rule is deliberately simple (and ours): shrink the slow rank's batch by the ratio the
-monitor measured, spread the freed samples evenly over the other ranks.
+Its rule is deliberately simple (and ours): cut the slow rank's even share by the ratio
+the monitor measured, spread the freed samples evenly over the other ranks.
 
     ANTDT_NATS__URL=nats://127.0.0.1:4222 python examples/custom_policy/policy.py --job J
 
@@ -28,6 +28,7 @@ from antdt.schemas import (
     INCIDENT_STREAM,
     ActionProposal,
     ActionRecord,
+    ClientAction,
     Incident,
     IncidentKind,
     IncidentState,
@@ -37,6 +38,8 @@ from antdt.schemas import (
 )
 
 ACTIONABLE = (IncidentState.OPENED, IncidentState.ESCALATED)
+#: Refusals worth another try later (the incident is nak'ed); the rest are final for it.
+COME_BACK = (ClientAction.RETRY, ClientAction.REFRESH)
 
 
 def say(event: str, **fields: Any) -> None:
@@ -44,13 +47,16 @@ def say(event: str, **fields: Any) -> None:
 
 
 def propose_batches(plan: Plan, incident: Incident, min_batch: int = 1) -> tuple[int, ...] | None:
-    """The slow rank's batch divided by its ratio; the freed samples spread evenly over the
-    other ranks (the global batch is kept). None when there is nothing to move."""
+    """The slow rank's even share divided by its ratio; the freed samples spread evenly over
+    the other ranks (the global batch is kept). None when there is nothing to move. The
+    ratio compares per-sample speeds: it scales the even share, not the rank's batch now
+    (a rank already cut for the same slowness shows the same ratio)."""
     batches = list(plan.local_batch)
     slow = incident.rank
     if slow >= len(batches) or len(batches) < 2 or incident.ratio <= 1.0:
         return None
-    freed = batches[slow] - max(min_batch, round(batches[slow] / incident.ratio))
+    even = plan.global_batch / len(batches)
+    freed = batches[slow] - max(min_batch, round(even / incident.ratio))
     if freed <= 0:
         return None
     batches[slow] -= freed
@@ -80,7 +86,7 @@ async def handle(bus: Bus, subjects: Subjects, incident: Incident, source: str) 
         )
         return True
     try:
-        plan = await bus.request(subjects.plan_get(job), PlanRequest(job=job, rank=0), Plan)
+        plan = await bus.request(subjects.plan_get(job), PlanRequest(job=job), Plan)
     except RequestRefused as exc:
         say("skip", job=job, incident=incident.id, why=str(exc))
         return True
@@ -103,15 +109,31 @@ async def handle(bus: Bus, subjects: Subjects, incident: Incident, source: str) 
     )
     try:
         record = await bus.request(subjects.proposal(job), proposal, ActionRecord, timeout=15.0)
-    except RequestRefused as exc:  # final: the controller said why
-        say("refused", job=job, incident=incident.id, proposal=proposal.proposal_id,
-            local_batch=batches, code=exc.reply.code, reason=exc.reply.error)  # fmt: skip
-        return True
+    except RequestRefused as exc:  # the controller said why, and its code what to do
+        code = exc.reply.code
+        say(
+            "refused",
+            job=job,
+            incident=incident.id,
+            proposal=proposal.proposal_id,
+            local_batch=batches,
+            code=code,
+            reason=exc.reply.error,
+            action=code.action,
+        )
+        return code.action not in COME_BACK  # job_ended, guardrail: done with it
     except BusError as exc:  # no owner right now, or it took too long: try again
         say("retry", job=job, incident=incident.id, why=str(exc))
         return False
-    say(record.result.value, job=job, incident=incident.id, proposal=proposal.proposal_id,
-        action=record.action_id, plan_version=record.plan_version, local_batch=batches)  # fmt: skip
+    say(
+        record.result.value,
+        job=job,
+        incident=incident.id,
+        proposal=proposal.proposal_id,
+        action=record.action_id,
+        plan_version=record.plan_version,
+        local_batch=batches,
+    )
     return True
 
 

@@ -111,7 +111,9 @@ class ShardsTap:
 
     async def _on_reply(self, msg: Msg) -> None:
         try:
-            reply: ShardReply | ErrorReply = decode_reply(msg.data, ShardReply)
+            reply: ShardReply | ErrorReply = decode_reply(
+                msg.data, ShardReply, msg.headers, require_type=True
+            )
         except RequestRefused as refused:
             reply = refused.reply
         except BusError:

@@ -23,7 +23,7 @@ from antdt.schemas import (
     StepEvent,
     Subjects,
 )
-from tests.helpers import wait_for
+from tests.helpers import refusal, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -91,8 +91,8 @@ async def test_request_reply_errors_and_union(bus: Bus) -> None:
             subjects.command("j", 0), AdjustBatch(action_id="a2", job="j", plan=old), Ack
         )
     assert refused.value.reply.code == "stale"
-    raw = await bus.request_raw(subjects.command("j", 0), b'{"kind": "explode"}')
-    assert ErrorReply.model_validate_json(raw).code == "bad_request"
+    raw = await refusal(bus, subjects.command("j", 0), b'{"kind": "explode"}', Ack)
+    assert raw.code == "bad_request"
     with pytest.raises(BusError, match="no responder"):
         await bus.request(subjects.plan_get("nobody"), PlanRequest(job="j", rank=0), Plan)
 

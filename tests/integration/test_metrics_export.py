@@ -22,7 +22,6 @@ from antdt.runtime.bus import Bus, BusError, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
 from antdt.schemas import (
-    ErrorReply,
     FetchStatus,
     ShardFetch,
     ShardReply,
@@ -30,7 +29,7 @@ from antdt.schemas import (
     ShardStatusRequest,
     Subjects,
 )
-from tests.helpers import wait_for
+from tests.helpers import refusal, wait_for
 from tests.integration.test_shards_concurrency import register
 
 pytestmark = pytest.mark.integration
@@ -153,8 +152,8 @@ async def test_shards_replica_serves_its_requests_writes_and_ledgers(
         with pytest.raises(RequestRefused, match="unknown_job"):
             nobody = ShardFetch(job="nobody", rank=0, epoch=0)
             await bus.request(subjects.shards("nobody", "fetch"), nobody, ShardReply)
-        refusal = ErrorReply.model_validate_json(await bus.request_raw(fetch, b"not json"))
-        assert refusal.code == "bad_request"
+        refused = await refusal(bus, fetch, b"not json", ShardReply)
+        assert refused.code == "bad_request"
 
         replica = {"antdt_replica": settings.replica_id}
 

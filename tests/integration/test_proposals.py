@@ -17,7 +17,6 @@ from antdt.schemas import (
     ActionProposal,
     ActionRecord,
     ActionResult,
-    ErrorReply,
     JobSpec,
     Plan,
     PlanRequest,
@@ -27,7 +26,7 @@ from antdt.schemas import (
 )
 from antdt.testing import acking_ranks, signed_by_another
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import wait_for
+from tests.helpers import refusal, wait_for
 
 pytestmark = pytest.mark.integration
 WORLD, BATCH = 4, 64
@@ -137,9 +136,7 @@ async def test_bad_proposals_refused_with_reasons(controller: RunningServices, b
             json.dumps({**good, "job": "other-job"}).encode(),
         ]
         for raw in malformed:
-            answer = ErrorReply.model_validate_json(
-                await bus.request_raw(subjects.proposal(job), raw, timeout=5.0)
-            )
+            answer = await refusal(bus, subjects.proposal(job), raw, ActionRecord)
             assert answer.code == "bad_request" and answer.error, raw
         assert (await current_plan(bus, job)).version == 0 and ranks.commands == 0
         replay = await bus.jetstream.read(ACTION_STREAM, subjects.action(job), ActionRecord)

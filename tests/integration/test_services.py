@@ -13,7 +13,6 @@ from antdt.runtime.config import ServiceSettings
 from antdt.runtime.coordination.jobs import live_jobs
 from antdt.runtime.store import Store
 from antdt.schemas import (
-    ErrorReply,
     ExitReason,
     FetchStatus,
     JobHealth,
@@ -36,7 +35,7 @@ from antdt.services.monitor.lifecycle import JobPhase
 from antdt.services.monitor.service import MonitorSettings
 from antdt.services.runner import start_service
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import monitor_owner, step_event, wait_for
+from tests.helpers import monitor_owner, refusal, step_event, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +97,7 @@ async def test_shards_fetch_done_and_bad_input(running: RunningServices, bus: Bu
         subjects.shards("j3", "status"), ShardStatusRequest(job="j3"), ShardStatus
     )
     for raw in bad_inputs:
-        answer = ErrorReply.model_validate_json(await bus.request_raw(fetch, raw))
+        answer = await refusal(bus, fetch, raw, ShardReply)
         assert answer.code in {"bad_request", "fenced", "stale"}, answer
         assert answer.error
     after = await bus.request(

@@ -17,7 +17,6 @@ from antdt.runtime.store import Store
 from antdt.schemas import (
     CommitReply,
     EpochFinished,
-    ErrorReply,
     FetchStatus,
     JobSpec,
     Keys,
@@ -37,7 +36,7 @@ from antdt.schemas import (
 )
 from antdt.services.shards.state import LedgerState
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import wait_for
+from tests.helpers import refusal, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -206,6 +205,7 @@ async def test_bad_ledger_requests_are_refused_and_change_nothing(
     def position(p: int, shard: int = g.shard, attempt: int = 0) -> dict[str, int]:
         return {"epoch": 0, "shard": shard, "attempt": attempt, "position": p}
 
+    replies = {"commit": CommitReply, "restore": RestoreReply, "release": ReleaseReply}
     cases = {
         "commit": [
             b"{not json",
@@ -229,9 +229,7 @@ async def test_bad_ledger_requests_are_refused_and_change_nothing(
     }
     for verb, raws in cases.items():
         for raw in raws:
-            answer = ErrorReply.model_validate_json(
-                await bus.request_raw(subjects.shards(job, verb), raw)
-            )
+            answer = await refusal(bus, subjects.shards(job, verb), raw, replies[verb])
             assert answer.code != "ok" and answer.error, (verb, raw)
     assert await status(bus, job) == before
     with pytest.raises(RequestRefused, match="unknown_job"):

@@ -32,6 +32,7 @@ WIRE_CODES = [
     "bad_ack",
     "bad_reply",
     "slow_consumer",
+    "job_ended",
 ]
 
 
@@ -71,4 +72,6 @@ def test_the_exported_schema_lists_every_code(tmp_path: Path) -> None:
     assert alone["enum"] == WIRE_CODES and alone["type"] == "string"
     assert reply["$defs"]["ErrorCode"]["enum"] == WIRE_CODES
     assert reply["properties"]["code"]["$ref"] == "#/$defs/ErrorCode"
-    assert all(f"`{code}`: " in alone["description"] for code in WIRE_CODES)
+    for code in map(ErrorCode, WIRE_CODES):  # each with what a client should do about it
+        assert f"`{code}` ({code.action.value}): {code.description}" in alone["description"]
+        assert alone["x-client-action"][code.value] == code.action.value

@@ -34,6 +34,7 @@ from antdt.runtime.bus.messages import (
     RequestRefused,
     decode_reply,
     encode,
+    reply_headers,
     trace_headers,
 )
 from antdt.runtime.bus.subscription import Subscription, Turns, drain
@@ -211,12 +212,23 @@ class Bus:
         timeout: float | None = None,
     ) -> R:
         """Request/reply; raises RequestRefused on an ErrorReply, BusError otherwise."""
-        data = await self.request_raw(subject, encode(model), timeout=timeout)
-        return decode_reply(data, reply_type)
+        return await self.request_bytes(subject, encode(model), reply_type, timeout=timeout)
+
+    async def request_bytes(
+        self, subject: str, data: bytes, reply_type: type[R], *, timeout: float | None = None
+    ) -> R:
+        """`request` with a payload already encoded (or deliberately malformed, in tests)."""
+        msg = await self._request_msg(subject, data, timeout)
+        strict = self.settings.require_reply_type
+        return decode_reply(bytes(msg.data), reply_type, msg.headers, require_type=strict)
 
     async def request_raw(
         self, subject: str, data: bytes, *, timeout: float | None = None
     ) -> bytes:
+        """Untyped bytes in and out, for tests of bad input and for benchmarks."""
+        return bytes((await self._request_msg(subject, data, timeout)).data)
+
+    async def _request_msg(self, subject: str, data: bytes, timeout: float | None) -> Msg:
         if self._inbox is None:
             self._inbox = Inbox(self.nc)
         try:
@@ -230,7 +242,7 @@ class Bus:
             raise BusError(f"request on {subject} timed out") from None
         if msg.headers and msg.headers.get(STATUS_HEADER) == NO_RESPONDERS:
             raise BusError(f"no responder on {subject}")
-        return bytes(msg.data)
+        return msg
 
     async def gather(
         self,
@@ -245,10 +257,11 @@ class Bus:
         subject) until `done(replies)` holds or `timeout` passes. An ErrorReply is kept as
         such; a reply that is neither is counted (pattern `gather`) and skipped."""
         inbox = self.nc.new_inbox()
-        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        strict = self.settings.require_reply_type
 
         async def on_reply(msg: Msg) -> None:
-            queue.put_nowait(bytes(msg.data))
+            queue.put_nowait(msg)
 
         sub = await self.nc.subscribe(inbox, cb=on_reply)
         replies: list[R | ErrorReply] = []
@@ -259,11 +272,12 @@ class Bus:
             deadline = loop.time() + timeout
             while done is None or not done(replies):
                 try:
-                    data = await asyncio.wait_for(queue.get(), deadline - loop.time())
+                    msg = await asyncio.wait_for(queue.get(), deadline - loop.time())
                 except (TimeoutError, asyncio.TimeoutError):
                     break
                 try:
-                    replies.append(decode_reply(data, reply_type))
+                    data, headers = bytes(msg.data), msg.headers
+                    replies.append(decode_reply(data, reply_type, headers, require_type=strict))
                 except RequestRefused as exc:
                     replies.append(exc.reply)
                 except BusError as exc:
@@ -351,8 +365,12 @@ class Bus:
             if token is not None:
                 otel_context.detach(token)
         if msg.reply and reply is not None:
+            # The request's headers (trace context) echoed, as msg.respond would, and the
+            # reply's type: a requester tells an ErrorReply from its answer by it.
             with contextlib.suppress(Exception):
-                await msg.respond(encode(reply))
+                await self.nc.publish(
+                    msg.reply, encode(reply), headers=reply_headers(msg.headers, reply)
+                )
         if turns is not None and turns.due():
             await asyncio.sleep(0)
 

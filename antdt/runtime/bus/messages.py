@@ -16,7 +16,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanContext
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from antdt.schemas import MAX_MESSAGE_BYTES, ErrorCode, ErrorReply
+from antdt.schemas import MAX_MESSAGE_BYTES, REPLY_HEADER, ErrorCode, ErrorReply
 
 M = TypeVar("M")
 R = TypeVar("R", bound=BaseModel)
@@ -150,10 +150,51 @@ def sent_under(headers: Mapping[str, str] | None) -> SpanContext | None:
 
 
 _ERROR_FIELDS = set(ErrorReply.model_fields)
+_ERROR_NAME = ErrorReply.__name__
 
 
-def decode_reply(data: bytes, reply_type: type[R]) -> R:
-    """A reply is either `reply_type` or an ErrorReply (raised as RequestRefused)."""
+def reply_headers(request: Mapping[str, str] | None, reply: BaseModel) -> dict[str, str]:
+    """The headers of the reply to a request with `request` headers: those echoed (the
+    trace context), and the reply's type (`Antdt-Reply`)."""
+    headers = dict(request) if request else {}
+    headers[REPLY_HEADER] = type(reply).__name__
+    return headers
+
+
+def decode_reply(
+    data: bytes,
+    reply_type: type[R],
+    headers: Mapping[str, str] | None = None,
+    *,
+    require_type: bool = False,
+) -> R:
+    """A reply is either `reply_type` or an ErrorReply (raised as RequestRefused), as its
+    `Antdt-Reply` header says. Without the header (a service older than typed replies)
+    the payload's fields tell, unless `require_type` (BusError then)."""
+    marker = headers.get(REPLY_HEADER) if headers else None
+    if marker is not None:
+        return _decode_typed(data, reply_type, marker)
+    if require_type:
+        raise BusError(f"reply without its {REPLY_HEADER} header (expected {reply_type.__name__})")
+    return _decode_untyped(data, reply_type)
+
+
+def _decode_typed(data: bytes, reply_type: type[R], marker: str) -> R:
+    if marker == _ERROR_NAME:
+        try:
+            refusal = ErrorReply.__pydantic_validator__.validate_json(data)
+        except ValidationError as exc:  # e.g. a code this version does not know
+            raise BusError(f"bad error reply: {short_validation_error(exc)}") from None
+        raise RequestRefused(refusal)
+    if marker != reply_type.__name__:
+        raise BusError(f"reply of type {marker!r}, expected {reply_type.__name__}")
+    try:
+        return reply_type.__pydantic_validator__.validate_json(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        raise BusError(f"bad reply: {short_validation_error(exc)}") from None
+
+
+def _decode_untyped(data: bytes, reply_type: type[R]) -> R:
     try:  # the common case first, straight from bytes: half the cost of loads + validate
         return reply_type.__pydantic_validator__.validate_json(data)  # type: ignore[no-any-return]
     except ValidationError as exc:

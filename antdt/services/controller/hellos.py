@@ -43,6 +43,15 @@ class RankHellos:
         ranks[hello.rank] = hello
         return True
 
+    async def latest(self, job: str) -> list[RankHello]:
+        """The latest hello of each rank of `job`, stored or heard (nothing is stored)."""
+        newest = dict(await self._stored(job))
+        for rank, hello in (self._heard.get(job) or {}).items():
+            stored = newest.get(rank)
+            if stored is None or hello.started_at > stored.started_at:
+                newest[rank] = hello
+        return [newest[rank] for rank in sorted(newest)]
+
     async def load(self, job: str) -> list[RankHello]:
         """The latest hello of each rank of `job`, stored or heard; the heard ones that
         are newer than the stored are stored (by the owner only, written behind)."""

@@ -67,6 +67,28 @@ class OwnedJobs:
             await asyncio.shield(loading)
         return self.states.get(job)
 
+    async def for_request(self, job: str) -> JobState | None:
+        """The state to answer a request about `job` with (a proposal): ours, claimed now
+        if nobody owns it; None when another replica owns it (it answers). Raises Rejected
+        for a job with no spec (unknown_job) or one that ended (job_ended), whoever asks,
+        and unavailable when etcd cannot say."""
+        state = await self.get(job)
+        if state is not None:
+            return state
+        try:
+            if await self.store.get(self.keys.spec(job)) is None:
+                raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {job!r} is not registered")
+            end = await self.ended.read(job)  # fresh: it may have been registered again
+            if end is not None:
+                raise Rejected(
+                    ErrorCode.JOB_ENDED, f"job {job!r} ended (every rank exited at step {end.step})"
+                )
+            return await self.claim(job)
+        except (Rejected, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # etcd away: the asker retries
+            raise Rejected(ErrorCode.UNAVAILABLE, f"job {job!r}: store unavailable") from exc
+
     def forget(self, job: str) -> None:
         self.states.pop(job, None)
 

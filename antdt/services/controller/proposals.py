@@ -1,7 +1,8 @@
 """Custom policies' ActionProposals, held to every policy's guardrails. The job's owner
-answers with the ActionRecord, or refuses with an ErrorReply (also recorded); the pure
-check (`check_proposal`) is, in order: unknown_rank, bad_request, stale, guardrail,
-no_change, hold."""
+answers with the ActionRecord, or refuses with an ErrorReply (also recorded); a job with
+no owner is claimed by the replica that hears it, an unknown or ended one refused by any.
+The pure check (`check_proposal`) is, in order: unknown_rank, bad_request, stale,
+guardrail, no_change, hold."""
 
 from __future__ import annotations
 
@@ -13,14 +14,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from antdt.runtime.bus import Delivery, Rejected
-from antdt.runtime.store import Store
 from antdt.schemas import (
     ActionProposal,
     ActionRecord,
     ActionResult,
     ErrorCode,
     JobSpec,
-    Keys,
     Subjects,
 )
 from antdt.services.controller.actions import AdjustBatchAction
@@ -77,14 +76,22 @@ def check_proposal(view: JobView, proposal: ActionProposal, rails: Guardrails) -
     return None
 
 
+def change_limits(old: Sequence[int], max_change: float) -> tuple[int, ...]:
+    """Per rank, how far its batch may move from `old` in one change, as
+    `plans.bounded_change` lets it: max(1, floor(max_change x max(old batch, mean batch)));
+    the global batch when unbounded (max_change inf)."""
+    if math.isinf(max_change):
+        return (sum(old),) * len(old)
+    mean = sum(old) / len(old)
+    return tuple(max(1, math.floor(max_change * max(a, mean))) for a in old)
+
+
 def change_violation(old: Sequence[int], new: Sequence[int], max_change: float) -> str:
-    """The first rank moving further than `plans.bounded_change` would let it ('' if none):
-    max(1, floor(max_change x max(old batch, mean batch)))."""
+    """The first rank moving further than `change_limits` lets it ('' if none)."""
     if math.isinf(max_change):
         return ""
-    mean = sum(old) / len(old)
-    for rank, (a, b) in enumerate(zip(old, new, strict=True)):
-        limit = max(1, math.floor(max_change * max(a, mean)))
+    limits = change_limits(old, max_change)
+    for rank, (a, b, limit) in enumerate(zip(old, new, limits, strict=True)):
         if abs(b - a) > limit:
             return (
                 f"rank {rank}: batch {a} -> {b} moves by {abs(b - a)}, more than "
@@ -121,10 +128,16 @@ def hold_reason(view: JobView, rails: Guardrails) -> str | None:
 
 def rails_for(spec: JobSpec) -> Guardrails:
     """The job's guardrail parameters; the common defaults when they do not parse."""
+    return rails_in_force(spec)[0]
+
+
+def rails_in_force(spec: JobSpec) -> tuple[Guardrails, str | None]:
+    """The job's guardrails, and why its parameters did not parse (None: they did; the
+    common defaults are in force otherwise)."""
     try:
-        return Guardrails.from_params(spec.policy_params)
-    except ValueError:
-        return Guardrails()
+        return Guardrails.from_params(spec.policy_params), None
+    except ValueError as exc:
+        return Guardrails(), str(exc)
 
 
 def proposal_action_id(job: str, proposal_id: str) -> str:
@@ -147,6 +160,8 @@ def _running(
     )
 
 
+#: The state of the job to answer for: ours (claimed if nobody owned it), None when another
+#: replica owns it; raises Rejected for a job that is unknown or has ended.
 StateOf = Callable[[str], Awaitable[JobState | None]]
 
 
@@ -154,20 +169,11 @@ class ProposalDesk:
     """The I/O shell: one handler for `{p}.*.proposal`, executing through the executor."""
 
     def __init__(
-        self,
-        executor: Executor,
-        store: Store,
-        keys: Keys,
-        subjects: Subjects,
-        state_of: StateOf,
-        *,
-        remember: int = 1024,
+        self, executor: Executor, subjects: Subjects, state_of: StateOf, *, remember: int = 1024
     ) -> None:
         self.executor = executor
-        self.store = store
-        self.keys = keys
         self.subjects = subjects
-        self.state_of = state_of  # the owned job's state, None when not owned
+        self.state_of = state_of
         self.remember = remember
         self.executed: OrderedDict[tuple[str, str], ActionRecord] = OrderedDict()
 
@@ -177,10 +183,8 @@ class ProposalDesk:
             raise Rejected(
                 ErrorCode.BAD_REQUEST, f"proposal for job {proposal.job!r} sent on {job!r}"
             )
-        state = await self.state_of(job)
+        state = await self.state_of(job)  # unknown_job, job_ended: refused by any replica
         if state is None:
-            if await self.store.get(self.keys.spec(job)) is None:
-                raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {job!r} is not registered")
             return None  # another replica owns the job and answers
         async with state.busy:  # one decision at a time per job, policies included
             outcome = await self._decide(state, proposal)

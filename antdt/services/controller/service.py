@@ -1,7 +1,7 @@
-"""The controller's service shell: job registration and plan reads (any replica, queue
-group), and for the jobs this replica owns, their events turned into decisions that the
-executor carries out. Decisions are the policies' and the pure modules'; side effects
-are the executor's."""
+"""The controller's service shell: job registration, plan and spec reads (any replica,
+queue group), proposals (the owner; any replica for a job with no owner), and for the
+jobs this replica owns, their events turned into decisions that the executor carries
+out. Decisions are the policies' and the pure modules'; side effects are the executor's."""
 
 from __future__ import annotations
 
@@ -26,11 +26,11 @@ from antdt.schemas import (
     JobHealth,
     JobSpec,
     Keys,
-    Plan,
     PlanRequest,
     RankHello,
     RankState,
     RegisterReply,
+    SpecRequest,
     Subjects,
 )
 from antdt.services.controller.blocklist import Blocklist
@@ -40,11 +40,12 @@ from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
 from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
+from antdt.services.controller.reads import Reads
 from antdt.services.controller.state import JobState
 
 log = structlog.get_logger("antdt.controller")
 SERVICE = "controller"
-QUEUE_GROUP = "antdt-controller"
+QUEUE_GROUP = "antdt-controller"  # the contract's CONTROLLER_QUEUE (schemas.channels)
 
 
 class ControllerSettings(ServiceSettings):
@@ -116,14 +117,16 @@ class ControllerService:
             max_age_s=self.settings.action_retention_s,
         )
         self.ownership.on_lost(self._forget)
-        s, q = self.subjects, QUEUE_GROUP
-        await self.bus.subscribe(s.any_job("register"), JobSpec, self._on_register, queue=q)
-        await self.bus.subscribe(s.any_job("plan.get"), PlanRequest, self._on_plan_get, queue=q)
-        await self.bus.subscribe(s.any_job("health"), JobHealth, self._on_health)
-        await self.bus.subscribe(s.any_job("incident"), Incident, self._on_incident)
-        await self.bus.subscribe(s.any_job("hello.*"), RankHello, self._on_hello)
-        desk = ProposalDesk(self.executor, self.store, self.keys, s, self._state)
-        await self.bus.subscribe(s.any_job("proposal"), ActionProposal, desk.handle)
+        s, q, every = self.subjects, QUEUE_GROUP, "*"
+        reads = Reads(self.store, self.keys, s, self.owned, self.hellos)
+        await self.bus.subscribe(s.register(every), JobSpec, self._on_register, queue=q)
+        await self.bus.subscribe(s.plan_get(every), PlanRequest, reads.on_plan_get, queue=q)
+        await self.bus.subscribe(s.spec_get(every), SpecRequest, reads.on_spec_get, queue=q)
+        await self.bus.subscribe(s.health(every), JobHealth, self._on_health)
+        await self.bus.subscribe(s.incident(every), Incident, self._on_incident)
+        await self.bus.subscribe(s.hello(every, every), RankHello, self._on_hello)
+        desk = ProposalDesk(self.executor, s, self.owned.for_request)
+        await self.bus.subscribe(s.proposal(every), ActionProposal, desk.handle)
         runtime.spawn("lease", self.ownership.watch_lease())
         runtime.spawn("hellos", self.hellos.write_loop())
         runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
@@ -152,14 +155,6 @@ class ControllerService:
         # A rank says hello first, then registers: the claim loads the hellos heard.
         await self.owned.claim(spec.job)
         return reply
-
-    async def _on_plan_get(self, req: PlanRequest, delivery: Delivery) -> Plan:
-        if self.subjects.job_of(delivery.subject) != req.job:
-            raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
-        stored = await self.store.get_model(self.keys.plan(req.job), Plan)
-        if stored is None:
-            raise Rejected(ErrorCode.UNKNOWN_JOB, f"job {req.job!r} is not registered")
-        return stored[0]
 
     # -- ownership ----------------------------------------------------------------------
 
