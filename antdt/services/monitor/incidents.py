@@ -78,6 +78,8 @@ class IncidentPublisher:
 
     async def _publish(self, incident: Incident) -> None:
         msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
+        if incident.host_ranks:  # a host named in it: a transition of its own
+            msg_id += f"-h{len(incident.host_ranks)}"
         subject = self._subjects.incident(incident.job)
         with self._traces.transition(incident, subject, msg_id):  # its headers carry the trace
             try:
