@@ -26,6 +26,7 @@ class DetectorConfig:
     leaders: bool = True  # open LEADER incidents too
     warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
     data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
+    open_base: float = 12.5  # a rank's evidence that opens its incident, + ln(ranks)
     speed: SpeedConfig = field(default_factory=SpeedConfig)  # fitting step-time models
 
     def __post_init__(self) -> None:
@@ -41,10 +42,14 @@ class DetectorConfig:
             raise ValueError("warmup_windows must be >= 0")
         if self.stall_factor <= 0 or self.min_stall_s < 0 or self.restart_grace_s < 0:
             raise ValueError("stall_factor must be > 0, min_stall_s and restart_grace_s >= 0")
+        self.reference  # noqa: B018  # built (and checked) once, here
 
     @functools.cached_property
     def reference(self) -> ReferenceConfig:
-        """The evidence model's tunables, its thresholds from δ and the instant one."""
+        """The evidence model's tunables, its thresholds from δ and the instant one
+        (ValueError when they do not make one)."""
         return ReferenceConfig(
-            slow_at=1.0 + self.slow_threshold, instant_ratio=1.0 + self.instant_threshold
+            slow_at=1.0 + self.slow_threshold,
+            instant_ratio=1.0 + self.instant_threshold,
+            open_base=self.open_base,
         )
