@@ -269,8 +269,9 @@ class JobDetector:
 
     def _replanned(self, rank: RankMemory, plan: int, local_batch: int) -> None:
         """Never mix plans in one window: decisions must rest on post-switch figures. A
-        new batch also restarts the rank's level, and its evidence waits until its
-        model can have the new batch (the job's fixed part fitted through both)."""
+        new batch also restarts the rank's level, and its evidence waits until the job's
+        fixed part can be fitted through both batches: line_steps at the new one, and
+        up to a window more for the next round of windows to refit it."""
         if rank.window:
             rank.window.clear()
             rank.slow_steps = 0
@@ -278,7 +279,7 @@ class JobDetector:
         rank.window_plan = plan
         if local_batch != rank.local_batch:
             rank.previous = ()
-            rank.settle_left = self.config.speed.line_steps
+            rank.settle_left = self.config.speed.line_steps + self.config.window
 
     def _turned(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """The rank's evidence turned it slow at this step: its SLOW incident opens now
