@@ -1,7 +1,8 @@
 """Straggler detection and classification for one job: the monitor's pure core (no I/O,
 time passed in as `now`). The shell feeds it steps, exits and hellos, calls
 `check_stalls` and `health` about once a second and publishes the transitions returned.
-The rules are in docs/architecture.md (the monitor)."""
+The rules are in docs/architecture.md (the monitor), the detection models and why in
+docs/detection.md."""
 
 from __future__ import annotations
 
@@ -133,12 +134,12 @@ class JobDetector:
                 fixed = pace.fixed_samples
                 slow = compute_s >= pace.slow_cost * (samples + fixed)
                 before = rank.evidence
-                if slow or before[0]:  # a slow step, or evidence to wear off
+                if slow or before[0]:  # a slow step, or evidence (its score) to wear off
                     rank.slow_steps += slow
                     cost = compute_s / (samples + fixed)
                     after = before.after(cost, pace.reference, pace.open_at, pace.config)
                     rank.evidence = after
-                    if after[1] is not before[1]:
+                    if after[1] is not before[1]:  # turned slow, or back
                         transitions.extend(self._turned(rank, step, now))
         if len(window) >= self._window_steps:
             transitions.extend(self._close_window(rank, step, now))

@@ -94,7 +94,7 @@ class Pace:
         if not shares:
             return
         wanted = min(MAX_HEALTHY_SHARE, max(self._floor, shares[(len(shares) - 1) // 2]))
-        wanted = math.ceil(wanted / SHARE_STEP) * SHARE_STEP  # a new config seldom
+        wanted = round(math.ceil(wanted / SHARE_STEP - 1e-9) * SHARE_STEP, 6)  # seldom new
         if abs(wanted - self.config.healthy_slow_share) > 1e-9:
             self.config = dataclasses.replace(self.config, healthy_slow_share=wanted)
 

@@ -47,7 +47,7 @@ class RankMemory:
     slow_share: float | None = None  # share of its recent steps that were slow (smoothed)
     # (samples, compute_s) of its recent steps at one speed: its speed model's
     history: deque[tuple[int, float]] = field(default_factory=_history)
-    had_normal: bool = False  # some evaluated window was normal
+    had_normal: bool = False  # some evaluated window was normal, and looked it
     streak: int = 0  # consecutive deviating windows of `streak_kind`
     streak_kind: IncidentKind | None = None
     normal_streak: int = 0  # consecutive normal windows while an incident is open
