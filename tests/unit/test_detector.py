@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from antdt.schemas import (
     Cause,
@@ -22,7 +19,6 @@ from antdt.schemas import (
     StragglerClass,
 )
 from antdt.services.monitor import DetectorConfig, JobDetector
-from antdt.services.monitor.windows import SortedValues
 
 JOB = "job1"
 W = DetectorConfig().window
@@ -206,13 +202,16 @@ def test_slow_from_the_start_is_deterministic_and_not_escalated() -> None:
 def test_mild_straggler_needs_confirmation() -> None:
     config = DetectorConfig()
     _, transitions = run(Job(4, cost=slow_rank(0, 1.3, start=40)), range(120))
-    # 1.3x is above 1+delta but below the instant threshold: it must last open_windows
-    # windows, which (open_windows >= K) makes it persistent at once.
+    # 1.3x is above 1+delta but below the instant threshold: its evidence must build up
+    # over a dozen slow steps (not one slow window), which takes under two windows; it
+    # turns persistent once it has been slow for K windows.
     assert [i.state for i in transitions] == [IncidentState.OPENED, IncidentState.ESCALATED]
     first = transitions[0]
-    assert 40 + (config.open_windows - 1) * W <= first.step < 40 + (config.open_windows + 1) * W
+    assert 40 + 12 <= first.step < 40 + 2 * W
+    assert first.evidence["slow_for_steps"] == first.step - 40 + 1
     assert transitions[1].straggler_class == StragglerClass.PERSISTENT
-    assert transitions[1].step == first.step
+    assert transitions[1].windows == config.persistent_windows
+    assert first.step < transitions[1].step <= first.step + config.persistent_windows * W
 
 
 def test_leader_is_reported() -> None:
@@ -347,120 +346,6 @@ def test_stall_limit_scales_with_step_time() -> None:
     assert detector.stall_limit_s() == pytest.approx(5.0 * (3.2 + 0.002))
 
 
-# ------------------------------------------------------------------- bad input
-
-
-def test_bad_events_are_counted_and_change_nothing() -> None:
-    detector = JobDetector(JOB, 4)
-    for step in range(W):
-        for rank in range(4):
-            detector.ingest(event(rank, step + 10, t=100.0 + step), 100.0 + step)
-    slow = {"compute_s": 3.0, "step_s": 3.1}
-    bad = [
-        event(0, 17, t=200.0, **slow),  # duplicate of step 17
-        event(0, 3, t=200.0, **slow),  # step going backwards
-        event(1, 30, t=50.0, **slow),  # time going backwards
-        event(7, 30, t=300.0, **slow),  # rank outside the job
-    ]
-    for ev in bad * 5:
-        assert detector.ingest(ev, 300.0) == []
-    assert detector.ingest(event(0, 40).model_copy(update={"job": "other"}), 300.0) == []
-    assert detector.rejected == {
-        "duplicate_step": 5,
-        "step_backwards": 5,
-        "time_backwards": 5,
-        "rank_out_of_range": 5,
-        "wrong_job": 1,
-    }
-    assert detector.open_incidents == ()
-    assert detector.health(300.0).step == 17
-
-
-def test_events_that_bypassed_validation_are_rejected_not_trusted() -> None:
-    """NaN, infinite or negative durations and times, negative ranks: counted, ignored."""
-    detector, _ = run(Job(4), range(2 * W))
-    nan, inf = float("nan"), float("inf")
-    poisoned = [
-        {"compute_s": nan},
-        {"compute_s": -0.5},
-        {"step_s": inf},
-        {"data_wait_s": -1.0},
-        {"comm_s": nan},
-        {"ended_at": nan},
-        {"started_at": -5.0},
-        {"ended_at": 1.0, "started_at": 2.0},
-        {"ended_at": inf},
-        {"rank": -1},
-    ]
-    for n, update in enumerate(poisoned):
-        ev = event(0, 2 * W + n, t=5000.0).model_copy(update=update)
-        assert detector.ingest(ev, 5000.0) == []
-    assert detector.rejected == {"bad_duration": 5, "bad_time": 4, "rank_out_of_range": 1}
-    # Nothing was remembered: the next real steps are accepted and the job stays healthy.
-    _, transitions = run(Job(4), range(2 * W, 6 * W), detector)
-    assert transitions == [] and detector.open_incidents == ()
-    assert detector.health(6000.0).ranks[0].last_step == 6 * W - 1
-
-
-def test_late_duplicate_and_time_travelling_events_never_alarm_a_slow_rank_free_job() -> None:
-    """Out-of-order delivery of a healthy job with a huge outlier in every bad event."""
-    detector = JobDetector(JOB, 3)
-    rng = random.Random(3)
-    for now, ev in Job(3, jitter=0.1).events(range(12 * W)):
-        assert detector.ingest(ev, now) == []
-        if rng.random() < 0.3 and ev.step > 2:
-            slow = {"compute_s": 9.0, "step_s": 9.1, "samples": 1}
-            late = ev.model_copy(update={"step": ev.step - rng.randint(1, 2), **slow})
-            dup = ev.model_copy(update=slow)
-            back = ev.model_copy(
-                update={
-                    "step": ev.step + 1,
-                    "started_at": ev.started_at - 50.0,
-                    "ended_at": ev.ended_at - 50.0,
-                    **slow,
-                }
-            )
-            for bad in (late, dup, back):
-                assert detector.ingest(bad, now) == []
-    assert set(detector.rejected) <= {"step_backwards", "duplicate_step", "time_backwards"}
-    assert sum(detector.rejected.values()) > 50
-    assert detector.open_incidents == ()
-
-
-def test_clock_going_backwards_is_clamped() -> None:
-    detector = JobDetector(JOB, 2)
-    detector.ingest(event(0, 0), 50.0)
-    assert detector.health(10.0).at == 50.0
-
-
-def test_config_is_validated() -> None:
-    with pytest.raises(ValueError):
-        DetectorConfig(window=0)
-    with pytest.raises(ValueError):
-        DetectorConfig(slow_threshold=1.5)
-    with pytest.raises(ValueError):
-        DetectorConfig(instant_threshold=0.1)
-    with pytest.raises(ValueError):
-        JobDetector(JOB, 0)
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.randoms(use_true_random=False), st.floats(0.0, 0.1))
-def test_reordered_duplicated_delivery_of_a_healthy_job_never_alarms(
-    rnd: random.Random, jitter: float
-) -> None:
-    events = list(Job(4, jitter=jitter, seed=rnd.randint(0, 99)).events(range(60)))
-    delivered = events + rnd.sample(events, len(events) // 3)  # duplicates
-    # Local reordering, as a bus with several connections may deliver.
-    for i in range(0, len(delivered) - 5, 5):
-        chunk = delivered[i : i + 5]
-        rnd.shuffle(chunk)
-        delivered[i : i + 5] = chunk
-    detector = JobDetector(JOB, 4)
-    for now, ev in delivered:
-        assert detector.ingest(ev, now) == []
-
-
 # ------------------------------------------------------------------- efficiency
 
 
@@ -498,23 +383,3 @@ def test_health_figures() -> None:
 def test_efficiency_ignores_shared_data_wait() -> None:
     detector, _ = run(Job(4, data=const(0.01)), range(4 * W))
     assert detector.health(5000.0).balance_efficiency == pytest.approx(1.0)
-
-
-# --------------------------------------------------------------- sorted values
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=30), st.data())
-def test_sorted_values_median_without(values: list[float], data: st.DataObject) -> None:
-    sorted_values = SortedValues()
-    for v in values:
-        sorted_values.replace(None, v)
-    removed = data.draw(st.sampled_from(values))
-    rest = list(values)
-    rest.remove(removed)
-    expected = statistics.median(rest) if rest else None
-    assert sorted_values.median_without(removed) == expected
-    assert sorted_values.median() == statistics.median(values)
-    new = data.draw(st.floats(0.0, 100.0))
-    sorted_values.replace(removed, new)
-    assert sorted_values.median() == statistics.median([*rest, new])

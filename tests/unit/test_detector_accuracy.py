@@ -1,4 +1,5 @@
-"""Detector accuracy on seeded, labelled traces (antdt.sim.traces), pure core only.
+"""Detector accuracy on seeded, labelled traces (antdt.sim.traces) and on the scenarios of
+what real jobs show (antdt.sim.scenarios), pure core only.
 
 Scoring, per rank (one rank = one sample):
 
@@ -27,6 +28,7 @@ import pytest
 
 from antdt.schemas import Cause, Incident, IncidentKind, StragglerClass
 from antdt.services.monitor import DetectorConfig, JobDetector
+from antdt.sim.scenarios import Scenario, Truth, fixed_cost, half_job, two_ranks, whole_host
 from antdt.sim.traces import RankClass, Trace, generate, healthy, mixed
 
 W = DetectorConfig().window
@@ -64,10 +66,12 @@ def predicted(transitions: list[Incident]) -> str:
     return last.straggler_class.value
 
 
-def score(confusion: Counter[tuple[str, str]]) -> dict[str, tuple[float, float, int]]:
-    """class -> (precision, recall, support)."""
+def score(
+    confusion: Counter[tuple[str, str]], classes: list[str] = CLASSES
+) -> dict[str, tuple[float, float, int]]:
+    """class -> (precision, recall, support), for the classes true or predicted."""
     out = {}
-    for c in CLASSES:
+    for c in classes:
         true_c = sum(n for (t, _), n in confusion.items() if t == c)
         pred_c = sum(n for (_, p), n in confusion.items() if p == c)
         if true_c == 0 and pred_c == 0:
@@ -133,3 +137,40 @@ def test_trace_generator_is_deterministic_and_labelled() -> None:
         assert max(steps) == (label.onset_step or 0) - 1
     times = [t for t, _ in a.events]
     assert times == sorted(times)
+
+
+# ---------------------------------------------------------------- the scenarios (#42)
+
+
+def truth_predicted(scenario: Scenario, by_rank: dict[int, list[Incident]]) -> list[Truth]:
+    """Per rank: host when its incidents name its host's ranks, slow when it had a SLOW
+    incident, else healthy."""
+    return [
+        Truth.HOST
+        if any(i.host_ranks for i in by_rank[rank])
+        else Truth.SLOW
+        if any(i.kind is IncidentKind.SLOW for i in by_rank[rank])
+        else Truth.HEALTHY
+        for rank in range(scenario.spec.world)
+    ]
+
+
+def test_precision_and_recall_per_class_on_the_scenarios() -> None:
+    """2-rank jobs, half the job slow, a whole host slow (8 and 16 ranks), a fixed
+    per-step cost with a healthy rank's batch halved (and that rank slow, or not)."""
+    scenarios = [
+        *(two_ranks(seed) for seed in range(6)),
+        *(half_job(8, seed) for seed in range(4)),
+        *(whole_host(8, 4, seed) for seed in range(4)),
+        *(whole_host(16, 4, seed, factor=1.5) for seed in range(2)),
+        *(fixed_cost(4, seed, slow=seed % 2 == 1) for seed in range(6)),
+    ]
+    confusion: Counter[tuple[str, str]] = Counter()
+    for scenario in scenarios:
+        found = truth_predicted(scenario, replay(scenario.trace()))
+        confusion.update((t.value, p.value) for t, p in zip(scenario.truths, found, strict=True))
+    print(f"\n(truth, predicted): {dict(confusion)}")
+    scores = score(confusion, [c.value for c in Truth])
+    assert set(scores) == {c.value for c in Truth}
+    for klass, (precision, recall, _) in scores.items():
+        assert precision >= 0.95 and recall >= 0.95, (klass, precision, recall)

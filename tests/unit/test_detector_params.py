@@ -77,7 +77,7 @@ def test_job_params_override_the_replica_defaults_field_by_field() -> None:
 
 
 def test_a_mix_the_detector_refuses_falls_back_to_the_replica_defaults() -> None:
-    replica = DetectorConfig()  # instant_threshold 0.5
+    replica = DetectorConfig(instant_threshold=0.5)
     config, problem = job_config(replica, MonitorParams(window=4, slow_threshold=0.6))
     assert config == replica  # not half applied: the window stays the replica's too
     assert problem is not None and "instant_threshold" in problem

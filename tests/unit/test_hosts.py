@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from antdt.schemas import Incident, IncidentKind, IncidentState
 from antdt.services.monitor.hosts import HostRule, HostSlowdown, slow_hosts
+from antdt.services.monitor.incidents import transition_id
 
 TWO_HOSTS_OF_FOUR = ("a",) * 4 + ("b",) * 4
 
@@ -69,3 +71,26 @@ def test_rule(rule: HostRule, named: list[HostSlowdown]) -> None:
 def test_rule_refuses_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         HostRule(**kwargs)
+
+
+def test_a_host_named_in_an_incident_is_a_transition_of_its_own() -> None:
+    """JetStream drops a message whose id it saw lately: naming the host (or one more
+    rank of it) in an incident whose state and windows stayed must not be dropped."""
+    opened = Incident(
+        id="j-r4-slow-e1-1",
+        job="j",
+        rank=4,
+        host="b",
+        kind=IncidentKind.SLOW,
+        state=IncidentState.OPENED,
+        step=120,
+        opened_at=1.0,
+        updated_at=1.0,
+        ratio=1.3,
+        windows=1,
+    )
+    named = opened.model_copy(update={"host_ranks": (4, 5, 6)})
+    grown = opened.model_copy(update={"host_ranks": (4, 5, 6, 7)})
+    ids = [transition_id(i) for i in (opened, named, grown, grown)]
+    assert ids[0] == "j-r4-slow-e1-1-opened-1"  # as before hosts were named
+    assert len(set(ids)) == 3  # a retry of the same transition has the same id

@@ -1,10 +1,14 @@
-"""The job's healthy reference and per-rank evidence (antdt.services.monitor.reference)."""
+"""The job's healthy reference and per-rank evidence (antdt.services.monitor.reference),
+and the sorted multiset the Judge keeps the ranks' levels in (windows.SortedValues)."""
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from antdt.services.monitor.reference import (
     Evidence,
@@ -13,6 +17,7 @@ from antdt.services.monitor.reference import (
     healthy_reference_sorted,
     rank_level,
 )
+from antdt.services.monitor.windows import SortedValues
 
 CONFIG = ReferenceConfig()
 SLOW = CONFIG.slow_step_weight
@@ -41,6 +46,21 @@ def test_healthy_reference_is_where_the_faster_half_is(
 ) -> None:
     assert healthy_reference(levels) == pytest.approx(reference)
     assert healthy_reference_sorted(sorted(levels)) == pytest.approx(reference)
+
+
+@pytest.mark.parametrize(
+    ("levels", "reference"),
+    [
+        ([0.5, 1.0, 1.0, 1.02], 1.0),  # four ranks, one leader: not the healthy pace
+        ([0.5, 0.52, 1.0, 1.0, 1.02, 1.04], 1.0),  # two leaders of six
+        ([0.5, 1.0], 0.5),  # two ranks: the faster one is the pace (the other is slow)
+        ([0.9, 1.0, 1.0, 1.3], 0.95),  # 0.9 is no leader at 0.8: the faster half's median
+    ],
+)
+def test_leaders_are_left_out_of_the_reference(levels: list[float], reference: float) -> None:
+    """A leader would pull the reference down and make every other rank look slow."""
+    assert healthy_reference(levels, leader_at=0.8) == pytest.approx(reference)
+    assert healthy_reference(levels) <= reference  # type: ignore[operator]
 
 
 def test_a_slow_half_cannot_move_the_reference_but_a_whole_job_does() -> None:
@@ -137,3 +157,20 @@ def test_steps_to_open_grow_with_ln_ranks() -> None:
 def test_config_refuses_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         ReferenceConfig(**kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=30), st.data())
+def test_sorted_values_median_without(values: list[float], data: st.DataObject) -> None:
+    sorted_values = SortedValues()
+    for v in values:
+        sorted_values.replace(None, v)
+    removed = data.draw(st.sampled_from(values))
+    rest = list(values)
+    rest.remove(removed)
+    expected = statistics.median(rest) if rest else None
+    assert sorted_values.median_without(removed) == expected
+    assert sorted_values.median() == statistics.median(values)
+    new = data.draw(st.floats(0.0, 100.0))
+    sorted_values.replace(removed, new)
+    assert sorted_values.median() == statistics.median([*rest, new])

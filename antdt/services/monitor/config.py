@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
+
+from antdt.services.monitor.reference import ReferenceConfig
+from antdt.services.monitor.speed import SpeedConfig
 
 
 @dataclass(frozen=True)
 class DetectorConfig:
-    """Tunables of the detector; defaults suit steps of 10 ms to 10 s."""
+    """Tunables of the detector; defaults suit steps of 10 ms to 10 s. A step costing
+    1+δ times the job's healthy reference is a slow step (docs/detection.md)."""
 
     window: int = 8  # W: events per window, per rank (disjoint windows)
-    slow_threshold: float = 0.25  # delta: slow when r >= 1+delta, leader when r <= 1-delta
-    instant_threshold: float = 0.5  # r >= 1+this opens a slow rank's incident in one window
-    open_windows: int = 3  # consecutive deviating windows before a mild incident opens
+    slow_threshold: float = 0.2  # δ: slow step at 1+δ x the reference; leader at r <= 1-δ
+    instant_threshold: float = 1.0  # a window's median at 1+this x the reference: slow at once
+    open_windows: int = 3  # deviating windows in a row that open a data/comm/leader incident
     resolve_windows: int = 2  # consecutive normal windows before it resolves (hysteresis)
     persistent_windows: int = 3  # K: deviating K+ windows after a normal period: persistent
     stall_factor: float = 5.0  # stalled when silent for stall_factor * median step time ...
@@ -21,6 +26,8 @@ class DetectorConfig:
     leaders: bool = True  # open LEADER incidents too
     warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
     data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
+    open_base: float = 12.5  # a rank's evidence that opens its incident, + ln(ranks)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)  # fitting step-time models
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -35,3 +42,14 @@ class DetectorConfig:
             raise ValueError("warmup_windows must be >= 0")
         if self.stall_factor <= 0 or self.min_stall_s < 0 or self.restart_grace_s < 0:
             raise ValueError("stall_factor must be > 0, min_stall_s and restart_grace_s >= 0")
+        self.reference  # noqa: B018  # built (and checked) once, here
+
+    @functools.cached_property
+    def reference(self) -> ReferenceConfig:
+        """The evidence model's tunables, its thresholds from δ and the instant one
+        (ValueError when they do not make one)."""
+        return ReferenceConfig(
+            slow_at=1.0 + self.slow_threshold,
+            instant_ratio=1.0 + self.instant_threshold,
+            open_base=self.open_base,
+        )

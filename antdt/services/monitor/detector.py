@@ -1,7 +1,8 @@
 """Straggler detection and classification for one job: the monitor's pure core (no I/O,
 time passed in as `now`). The shell feeds it steps, exits and hellos, calls
 `check_stalls` and `health` about once a second and publishes the transitions returned.
-The rules are in docs/architecture.md (the monitor)."""
+The rules are in docs/architecture.md (the monitor), the detection models and why in
+docs/detection.md."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from antdt.schemas import (
     Incident,
@@ -20,23 +21,40 @@ from antdt.schemas import (
 )
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.deviations import advance
-from antdt.services.monitor.judge import Judge
+from antdt.services.monitor.deviations import advance, open_slow
+from antdt.services.monitor.hosts import name_hosts
+from antdt.services.monitor.judge import Judge, slow_run
 from antdt.services.monitor.openincidents import OpenIncidents
+from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
 from antdt.services.monitor.windows import summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
-#: Every field ingest reads, in this order, read with one C call per event: attribute
-#: reads on a pydantic model go through its __getattr__ hook. The last five are a Row.
-_Fields = tuple[str, int, str, int, int, int, float, float, int, float, float, float, float]
-_FIELD_NAMES = (
-    *("job", "rank", "host", "step", "plan_version", "local_batch"),
-    *("started_at", "ended_at", "samples", "compute_s", "data_wait_s", "comm_s", "step_s"),
-)
-_fields_of: Callable[[dict[str, Any]], _Fields] = operator.itemgetter(*_FIELD_NAMES)
+
+class StepFields(NamedTuple):
+    """Every field of a StepEvent ingest reads, in this order (the last five are a Row).
+    `ingest` reads them with one C call per event (attribute reads on a pydantic model go
+    through its __getattr__ hook); a caller with rows of figures, not events (a replay of
+    a million steps), passes them to `ingest_fields` as they are: a plain tuple will do."""
+
+    job: str
+    rank: int
+    host: str
+    step: int
+    plan_version: int
+    local_batch: int
+    started_at: float
+    ended_at: float
+    samples: int
+    compute_s: float
+    data_wait_s: float
+    comm_s: float
+    step_s: float
+
+
+_fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
 _ROW = slice(8, 13)
 
 
@@ -71,19 +89,25 @@ class JobDetector:
         self._rewind = False
         self._plan_version = 0
         self._open = OpenIncidents(job, epoch)
+        self._pace = Pace(self.config, world_size)
+        self._closed = 0  # windows closed since the fixed part was last refitted
 
     @property
     def open_incidents(self) -> tuple[Incident, ...]:
         return tuple(self._find_open(incident_id) for incident_id in self._open.ids)
 
     def ingest(self, event: StepEvent, now: float) -> list[Incident]:
-        """Account one step event; returns the incident transitions it caused. Runs for
-        every event a replica receives: each field is read once and `_tick` inlined."""
+        """Account one step event; returns the incident transitions it caused."""
+        return self.ingest_fields(_fields_of(vars(event)), now)
+
+    def ingest_fields(self, fields: StepFields, now: float) -> list[Incident]:
+        """`ingest` of one event's fields. Runs for every event a replica receives: each
+        field is read once, `_tick` inlined, and a normal step of a rank with no evidence
+        of being slow costs two comparisons beyond its window's append."""
         if now > self._clock:
             self._clock = now
         else:
             now = self._clock  # time never runs backwards in here
-        fields = _fields_of(vars(event))
         reason = self._rejection(fields)
         if reason is not None:
             self.rejected[reason] += 1
@@ -95,15 +119,28 @@ class JobDetector:
             transitions.append(resolve_stall(rank, step, now, first_seen, self._open))
         if rank.exited is not None and step > rank.exit_step:
             rank.exited = None  # back (restarted); a late event of the old process is not
+        if rank.window_plan != plan:
+            self._replanned(rank, plan, fields[5])
         self._remember(rank, fields, now)
         window = rank.window
-        if window and rank.window_plan != plan:
-            # Never mix plans in one window: decisions must rest on post-switch figures.
-            window.clear()
-            self.discarded_windows += 1
-        if not window:
-            rank.window_plan = plan
         window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
+        samples, compute_s = fields[8], fields[9]
+        if samples > 0 and compute_s > 0:
+            rank.history.append((samples, compute_s))
+            if rank.settle_left:
+                rank.settle_left -= 1
+            else:
+                pace = self._pace
+                fixed = pace.fixed_samples
+                slow = compute_s >= pace.slow_cost * (samples + fixed)
+                before = rank.evidence
+                if slow or before[0]:  # a slow step, or evidence (its score) to wear off
+                    rank.slow_steps += slow
+                    cost = compute_s / (samples + fixed)
+                    after = before.after(cost, pace.reference, pace.open_at, pace.config)
+                    rank.evidence = after
+                    if after[1] is not before[1]:  # turned slow, or back
+                        transitions.extend(self._turned(rank, step, now))
         if len(window) >= self._window_steps:
             transitions.extend(self._close_window(rank, step, now))
         return transitions
@@ -182,13 +219,14 @@ class JobDetector:
             plan_version=self._plan_version,
             open_incidents=self._open.ids,
         )
-        return job_health(self._ranks, progress)
+        models = [self._pace.model(r) for r in self._ranks]
+        return job_health(self._ranks, progress, models)
 
     def _tick(self, now: float) -> float:
         self._clock = max(self._clock, now)
         return self._clock
 
-    def _rejection(self, fields: _Fields) -> str | None:
+    def _rejection(self, fields: StepFields) -> str | None:
         """Why the event must be ignored, or None. Ignored events change nothing."""
         job, rank, _, step, _, _, started_at, ended_at, samples, c, d, m, s = fields
         if job != self.job:
@@ -214,7 +252,7 @@ class JobDetector:
             return "time_backwards"
         return None
 
-    def _remember(self, rank: RankMemory, fields: _Fields, now: float) -> None:
+    def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:
         _, _, host, step, plan, local_batch, _, ended_at = fields[:8]
         rank.host = host
         rank.last_step = step
@@ -230,20 +268,68 @@ class JobDetector:
         if plan > self._plan_version:
             self._plan_version = plan
 
+    def _replanned(self, rank: RankMemory, plan: int, local_batch: int) -> None:
+        """Never mix plans in one window: decisions must rest on post-switch figures. A
+        new batch also restarts the rank's level, and its evidence waits until the job's
+        fixed part can be fitted through both batches: line_steps at the new one, and
+        up to a window more for the next round of windows to refit it."""
+        if rank.window:
+            rank.window.clear()
+            rank.slow_steps = 0
+            self.discarded_windows += 1
+        rank.window_plan = plan
+        if local_batch != rank.local_batch:
+            rank.previous = ()
+            rank.settle_left = self.config.speed.line_steps + self.config.window
+
+    def _turned(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
+        """The rank's evidence turned it slow at this step: its SLOW incident opens now
+        (turned back, it resolves after normal windows)."""
+        pace = self._pace
+        pace.restart_history(rank)
+        if not rank.evidence.slow:
+            return []
+        run = rank.evidence.run
+        judged = slow_run(rank.judgement, pace.run_level(rank), pace.reference, run)
+        judged = judged._replace(fixed_samples=pace.fixed_samples)
+        opened = open_slow(rank, judged, step, now, self.config, self._open)
+        return self._named(opened, now)
+
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
-        stats = summarize(rank.window)
+        pace = self._pace
+        stats = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
         rank.window.clear()
+        slow_steps, rank.slow_steps = rank.slow_steps, 0
         if stats is None:
             return []  # nothing measurable (no samples): keep the previous window
         if rank.warmup_left > 0:
             # Warm-up (first iterations, prefetch filling up) is judged by nobody and
-            # stays out of the other ranks' medians.
+            # stays out of the other ranks' figures.
             rank.warmup_left -= 1
             return []
-        self._judge.update(rank.stats, stats)
-        rank.stats = stats
-        rank.judgement = self._judge.judge(stats)
-        return advance(rank, rank.judgement, step, now, self.config, self._open)
+        rank.previous, rank.stats = stats.costs, stats
+        rank.judged = self._judge.update(rank.judged, stats)
+        reference = self._judge.reference()
+        opening = rank.deviation is None
+        pace.window_closed(rank, stats, slow_steps, reference)
+        self._closed += 1
+        if self._closed >= self.world_size:  # a round: every rank closed one, on average
+            self._closed = 0
+            pace.round(self._ranks)
+        rank.judgement = self._judge.judge(stats, reference, rank.evidence, pace.fixed_samples)
+        transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
+        if opening and rank.deviation is not None:
+            return self._named(transitions, now)
+        return transitions
+
+    def _named(self, transitions: list[Incident], now: float) -> list[Incident]:
+        """`transitions` with the hosts whose ranks slowed together named (a SLOW
+        incident just opened): an incident updated here replaces its transition."""
+        updated = {i.id: i for i in name_hosts(self._ranks, now)}
+        if not updated:
+            return transitions
+        kept = [updated.pop(i.id, i) for i in transitions]
+        return kept + list(updated.values())
 
     def _find_open(self, incident_id: str) -> Incident:
         rank = self._ranks[self._open.rank_of(incident_id)]
@@ -253,4 +339,4 @@ class JobDetector:
         raise KeyError(incident_id)
 
 
-__all__ = ["DetectorConfig", "JobDetector"]
+__all__ = ["DetectorConfig", "JobDetector", "StepFields"]

@@ -1,8 +1,10 @@
 """A rank's deviation incident (slow or leader), moved on by each judged window (pure).
 
-Opens after `open_windows` deviating windows in a row, or at once on a strong one;
-escalates to persistent after `persistent_windows`; resolves after `resolve_windows`
-normal windows in a row. docs/architecture.md (the monitor) gives the rules and why."""
+Opens after `open_windows` deviating windows in a row, or at once on a strong one (a
+compute straggler's: its evidence is enough, and may open one between windows too,
+`open_slow`); escalates to persistent after `persistent_windows`; resolves after
+`resolve_windows` normal windows in a row. docs/architecture.md (the monitor) gives the
+rules and why."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def advance(
     book: OpenIncidents,
 ) -> list[Incident]:
     """Move the rank's incident state machine by one closed window: its transitions."""
-    if judged.verdict is Verdict.UNEVALUATED:
+    if judged.verdict is Verdict.UNEVALUATED or judged.verdict is Verdict.FADING:
         return []
     if judged.verdict is Verdict.NORMAL:
         return _normal_window(rank, judged, step, now, config, book)
@@ -44,6 +46,28 @@ def advance(
     return transitions + ([escalation] if escalation else [])
 
 
+def open_slow(
+    rank: RankMemory,
+    judged: Judgement,
+    step: int,
+    now: float,
+    config: DetectorConfig,
+    book: OpenIncidents,
+) -> list[Incident]:
+    """The rank's evidence turned slow between windows: its SLOW incident opens now (a
+    LEADER one resolves first), counting the windows its slow run spans."""
+    transitions = []
+    if rank.deviation is not None:
+        if rank.deviation.kind is IncidentKind.SLOW:
+            return []
+        transitions.append(_resolve(rank, judged, step, now, config, book))
+    rank.streak_kind = IncidentKind.SLOW
+    rank.streak = max(1, judged.slow_for_steps // config.window)
+    rank.normal_streak = 0
+    transitions.append(_open(rank, IncidentKind.SLOW, judged, step, now, book))
+    return transitions
+
+
 def _normal_window(
     rank: RankMemory,
     judged: Judgement,
@@ -52,7 +76,9 @@ def _normal_window(
     config: DetectorConfig,
     book: OpenIncidents,
 ) -> list[Incident]:
-    rank.had_normal = True
+    # A window counts as normal for the class only when it looked normal itself: a
+    # mild straggler from the start is normal to its evidence until the evidence is in.
+    rank.had_normal = rank.had_normal or judged.ratio < 1.0 + config.slow_threshold
     rank.streak_kind, rank.streak = None, 0
     if rank.deviation is None:
         return []
@@ -74,6 +100,7 @@ def _open(
     # (hardware), not suffering contention: the streak started with no normal window.
     rank.deterministic = not rank.had_normal
     rank.deviation_windows = rank.streak
+    rank.deviation_step = step
     rank.deviation = Incident(
         id=book.new_id(rank.rank, kind),
         job=book.job,

@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from antdt.schemas import Incident, IncidentKind
+from antdt.services.monitor.ranks import RankMemory
+
 
 class HostSlowdown(NamedTuple):
     """Ranks of one host flagged together, from `since_step` (the first one's flag)."""
@@ -67,4 +70,36 @@ def _largest_cluster(steps: list[tuple[int, int]], rule: HostRule) -> list[tuple
     return best
 
 
-__all__ = ["HostRule", "HostSlowdown", "slow_hosts"]
+def name_hosts(ranks: Sequence[RankMemory], now: float) -> list[Incident]:
+    """Name the hosts whose ranks slowed together in their open SLOW incidents
+    (`host_ranks`): the incidents updated, to be published again. A named group only
+    grows while its incidents are open (each update is a new transition)."""
+    flagged = {
+        r.rank: r.deviation_step
+        for r in ranks
+        if r.deviation is not None and r.deviation.kind is IncidentKind.SLOW
+    }
+    if len(flagged) < 2:
+        return []
+    updated = []
+    for named in slow_hosts(flagged, [r.host for r in ranks]):
+        # Those named before stay named (and a rank of theirs slow again joins them).
+        together = set(named.ranks)
+        for member in named.ranks:
+            together.update(_host_ranks(ranks[member]))
+        value = tuple(sorted(together))
+        for member in value:
+            incident = ranks[member].deviation
+            if member in flagged and incident is not None and incident.host_ranks != value:
+                named_now = incident.model_copy(update={"host_ranks": value, "updated_at": now})
+                ranks[member].deviation = named_now
+                updated.append(named_now)
+    return updated
+
+
+def _host_ranks(rank: RankMemory) -> tuple[int, ...]:
+    incident = rank.deviation
+    return incident.host_ranks or () if incident is not None else ()
+
+
+__all__ = ["HostRule", "HostSlowdown", "name_hosts", "slow_hosts"]

@@ -77,7 +77,7 @@ class IncidentPublisher:
             log.warning("incident not published", incident=incident.id, error=str(exc))
 
     async def _publish(self, incident: Incident) -> None:
-        msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
+        msg_id = transition_id(incident)
         subject = self._subjects.incident(incident.job)
         with self._traces.transition(incident, subject, msg_id):  # its headers carry the trace
             try:
@@ -95,6 +95,14 @@ class IncidentPublisher:
                 state=incident.state.value,
                 ratio=round(incident.ratio, 3),
             )
+
+
+def transition_id(incident: Incident) -> str:
+    """The JetStream de-duplication id of one transition: a retry of it is dropped, the
+    next one is not. A host named in the incident (its `host_ranks`, which only grow) is
+    a transition of its own: its state and windows may not have moved."""
+    msg_id = f"{incident.id}-{incident.state.value}-{incident.windows}"
+    return f"{msg_id}-h{len(incident.host_ranks)}" if incident.host_ranks else msg_id
 
 
 class Outbox:

@@ -1,7 +1,9 @@
-"""Judging one closed window of one rank against the other ranks' latest windows.
+"""Judging one closed window of one rank against the job's latest windows.
 
-Pure: the Judge keeps each rank's latest window figures in sorted multisets so that
-"the median of the other ranks" costs O(log n) per window close.
+Pure: the Judge keeps each rank's latest figures in sorted multisets, so that the job's
+healthy reference (the median of the faster half of the ranks' levels) and "the median
+of the other ranks" cost O(log n) per window close. Compute slowness is the rank's
+evidence (reference.py); data, communication and leaders are judged per window here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from typing import NamedTuple
 
 from antdt.schemas import Cause
 from antdt.services.monitor.config import DetectorConfig
+from antdt.services.monitor.reference import Evidence, healthy_reference_sorted
 from antdt.services.monitor.windows import SortedValues, WindowStats
+
+#: What the Judge keeps of a rank's latest window: level, busy per sample, data share,
+#: comm share, in the order of its multisets.
+Figures = tuple[float, float, float, float]
 
 
 class Verdict(enum.Enum):
@@ -19,23 +26,27 @@ class Verdict(enum.Enum):
     NORMAL = "normal"
     SLOW = "slow"
     FAST = "fast"
+    FADING = "fading"  # its evidence still says slow, this window looked normal: neither
 
 
 class Judgement(NamedTuple):
     """The verdict on one window and the figures behind it (a NamedTuple: immutable and
-    cheap to build, one per window close; see WindowStats)."""
+    cheap to build, one per window close; see WindowStats). Costs are per sample plus
+    the job's fixed part (`fixed_samples`)."""
 
     verdict: Verdict
-    ratio: float = 1.0  # compute per sample over the other ranks' median
-    strong: bool = False  # deviation large enough to open an incident in one window
+    ratio: float = 1.0  # the window's level over the job's healthy reference
+    strong: bool = False  # opens an incident at once (compute: the evidence is enough)
     cause: Cause = Cause.UNKNOWN
-    compute_per_sample: float = 0.0
-    others_per_sample: float = 0.0
+    compute_per_sample: float = 0.0  # the window's level (a cost)
+    others_per_sample: float = 0.0  # the job's healthy reference (a cost)
     busy_ratio: float = 1.0  # (compute + data wait) per sample over the others' median
     data_share: float = 0.0  # data wait over the step's wall time
     others_data_share: float = 0.0
     comm_share: float = 0.0
     others_comm_share: float = 0.0
+    slow_for_steps: int = 0  # steps the rank's evidence of being slow has run
+    fixed_samples: float = 0.0  # the job's fixed part per step, in samples
 
     def evidence(self, windows: int) -> dict[str, float]:
         return {
@@ -47,6 +58,8 @@ class Judgement(NamedTuple):
             "others_data_wait_share": self.others_data_share,
             "comm_share": self.comm_share,
             "others_comm_share": self.others_comm_share,
+            "slow_for_steps": float(self.slow_for_steps),
+            "fixed_samples": self.fixed_samples,
             "windows": float(windows),
         }
 
@@ -56,49 +69,65 @@ class Judge:
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
-        self._compute = SortedValues()
+        self._levels = SortedValues()
         self._busy = SortedValues()
         self._data_share = SortedValues()
         self._comm_share = SortedValues()
 
-    def update(self, old: WindowStats | None, new: WindowStats) -> None:
-        """Replace a rank's previous window (None: its first) with its new one."""
-        sets = (self._compute, self._busy, self._data_share, self._comm_share)
-        before_figures: tuple[float | None, ...] = _figures(old) if old else (None,) * len(sets)
-        for values, before, after in zip(sets, before_figures, _figures(new), strict=True):
-            values.replace(before, after)
+    def update(self, old: Figures | None, new: WindowStats) -> Figures:
+        """Replace a rank's figures (None: it has none yet) with its new window's."""
+        figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share)
+        sets = (self._levels, self._busy, self._data_share, self._comm_share)
+        before: tuple[float | None, ...] = old if old is not None else (None,) * len(sets)
+        for values, was, now in zip(sets, before, figures, strict=True):
+            values.replace(was, now)
+        return figures
 
-    def judge(self, stats: WindowStats) -> Judgement:
-        """Verdict on `stats`, which must already be in the multisets (see update)."""
-        others = self._compute.median_without(stats.compute_per_sample)
-        if others is None or others <= 0:
-            return Judgement(Verdict.UNEVALUATED, compute_per_sample=stats.compute_per_sample)
-        others_busy = self._busy.median_without(stats.busy_per_sample) or others
+    def reference(self) -> float | None:
+        """The job's healthy reference cost; None under two measured ranks."""
+        return healthy_reference_sorted(self._levels.values, 1.0 - self.config.slow_threshold)
+
+    def judge(
+        self,
+        stats: WindowStats,
+        reference: float | None,
+        evidence: Evidence,
+        fixed_samples: float,
+    ) -> Judgement:
+        """Verdict on `stats`, which must already be in the multisets (see update),
+        against the job's `reference`; compute-slow when the rank's `evidence` says so."""
+        if reference is None or reference <= 0:
+            return Judgement(Verdict.UNEVALUATED, compute_per_sample=stats.window_level)
+        others_busy = self._busy.median_without(stats.busy_per_sample) or stats.busy_per_sample
         figures = Judgement(
             Verdict.NORMAL,
-            ratio=stats.compute_per_sample / others,
-            compute_per_sample=stats.compute_per_sample,
-            others_per_sample=others,
+            ratio=stats.window_level / reference,
+            compute_per_sample=stats.window_level,
+            others_per_sample=reference,
             busy_ratio=stats.busy_per_sample / others_busy,
             data_share=stats.data_share,
             others_data_share=self._data_share.median_without(stats.data_share) or 0.0,
             comm_share=stats.comm_share,
             others_comm_share=self._comm_share.median_without(stats.comm_share) or 0.0,
+            slow_for_steps=evidence.run,
+            fixed_samples=fixed_samples,
         )
-        return self._slow(figures, others_busy) or self._fast(figures) or figures
+        return self._slow(figures, evidence.slow) or self._fast(figures, stats.level) or figures
 
-    def _slow(self, f: Judgement, others_busy: float) -> Judgement | None:
+    def _slow(self, f: Judgement, compute_slow: bool) -> Judgement | None:
         slow_at = 1.0 + self.config.slow_threshold
         instant_at = 1.0 + self.config.instant_threshold
-        compute_slow = f.ratio >= slow_at
         data_floor = max(self.config.data_share_floor, f.others_data_share + (slow_at - 1.0))
         data_slow = f.data_share >= data_floor and f.busy_ratio >= slow_at
+        if compute_slow and not data_slow and f.ratio < slow_at:
+            return f._replace(verdict=Verdict.FADING)
         if compute_slow or data_slow:
-            # The larger excess per sample names the cause: compute unless data dominates.
-            compute_excess = f.compute_per_sample - f.others_per_sample
-            data_excess = (f.busy_ratio - 1.0) * others_busy - compute_excess
+            # The larger excess names the cause: compute unless data dominates (both over
+            # the healthy time before the barrier: busy = compute excess + data excess).
+            compute_excess = max(0.0, f.ratio - 1.0)
+            data_excess = f.busy_ratio - 1.0 - compute_excess
             cause = Cause.DATA if data_slow and data_excess > compute_excess else Cause.COMPUTE
-            strong = f.ratio >= instant_at or (data_slow and f.busy_ratio >= instant_at)
+            strong = compute_slow or f.busy_ratio >= instant_at
             return _with(f, Verdict.SLOW, cause, strong)
         if self._communication_slow(f):
             return _with(f, Verdict.SLOW, Cause.COMMUNICATION, strong=False)
@@ -109,40 +138,50 @@ class Judge:
 
         Barrier waits are what every rank shows when some other rank is slow before the
         barrier, so this rule stays silent while any rank's compute+data per sample is
-        abnormal: the share then says who waited, not who is slow.
+        abnormal (against the faster half's, which a slow half cannot move): the share
+        then says who waited, not who is slow.
         """
         delta = self.config.slow_threshold
         if not 1.0 - delta < f.ratio < 1.0 + delta:
             return False
         if f.comm_share < f.others_comm_share + delta:
             return False
-        busiest, typical = self._busy.max(), self._busy.median()
+        busiest, typical = self._busy.max(), healthy_reference_sorted(self._busy.values)
         return busiest is not None and typical is not None and busiest < (1 + delta) * typical
 
-    def _fast(self, f: Judgement) -> Judgement | None:
-        delta = self.config.slow_threshold
-        # Cheapest test first: most windows are nowhere near a leader's ratio.
-        if f.ratio > 1.0 - delta or not self.config.leaders or len(self._compute) < 3:
+    def _fast(self, f: Judgement, level: float) -> Judgement | None:
+        """A leader: its level well under the other ranks' median (not the reference,
+        which a leader itself pulls down in a small job) and under the job's median (in
+        a small job one straggler drags "the others'" median up)."""
+        fast_at = 1.0 - self.config.slow_threshold
+        # Cheapest test first: most windows are nowhere near a leader's (the reference
+        # leaves leaders out, so theirs is under fast_at).
+        if f.ratio > fast_at or not self.config.leaders or len(self._levels) < 3:
             return None
-        # Against all ranks too: in a small job one straggler drags "the others'" median
-        # up, which would make every healthy rank look like a leader.
-        job_median = self._compute.median()
-        if job_median is None or f.compute_per_sample > (1.0 - delta) * job_median:
+        others = self._levels.median_without(level)
+        if not others or level > fast_at * others:
+            return None
+        job_median = self._levels.median()
+        if job_median is None or level > fast_at * job_median:
             return None
         # Never opened in one window: nobody waits for a leader, so a fast window or two
         # of a jittery rank must not open one; `open_windows` fast windows in a row do.
-        return _with(f, Verdict.FAST, Cause.COMPUTE, strong=False)
-
-
-def _figures(stats: WindowStats) -> tuple[float, ...]:
-    """The figures the Judge keeps per rank, in the order of its multisets."""
-    return (
-        stats.compute_per_sample,
-        stats.busy_per_sample,
-        stats.data_share,
-        stats.comm_share,
-    )
+        return _with(f._replace(ratio=level / others), Verdict.FAST, Cause.COMPUTE, False)
 
 
 def _with(f: Judgement, verdict: Verdict, cause: Cause, strong: bool) -> Judgement:
     return f._replace(verdict=verdict, cause=cause, strong=strong)
+
+
+def slow_run(base: Judgement | None, level: float, reference: float, run: int) -> Judgement:
+    """The judgement behind an incident its evidence opens between windows: the rank's
+    level over its slow run against the reference, the rest of its latest window's."""
+    return (base or Judgement(Verdict.NORMAL))._replace(
+        verdict=Verdict.SLOW,
+        cause=Cause.COMPUTE,
+        strong=True,
+        ratio=level / reference,
+        compute_per_sample=level,
+        others_per_sample=reference,
+        slow_for_steps=run,
+    )

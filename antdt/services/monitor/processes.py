@@ -16,6 +16,7 @@ from antdt.schemas import (
 from antdt.services.monitor.deviations import forget_deviation
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.ranks import RankMemory
+from antdt.services.monitor.reference import Evidence
 
 
 def all_exited(ranks: list[RankMemory]) -> bool:
@@ -74,8 +75,11 @@ def started(rank: RankMemory, hello: RankHello, now: float, warmup_windows: int)
     rank.started_at, rank.host = hello.started_at, hello.host
     rank.last_step, rank.last_ended_at, rank.last_seen_at = -1, 0.0, now
     rank.window.clear()
+    rank.previous, rank.settle_left = (), 0
+    rank.evidence = Evidence()
+    rank.history.clear()
     rank.warmup_left = warmup_windows
-    rank.stats = rank.judgement = None
+    rank.stats = rank.judgement = None  # the Judge keeps its figures until its next window
     rank.streak, rank.streak_kind = 0, None
     rank.exited, rank.exit_step = ExitReason.RESTART, -1  # back at its first step
 
@@ -99,7 +103,7 @@ def adopt(
         if rank.last_seen_at is None:
             rank.last_seen_at = incident.opened_at - incident.evidence.get("silent_s", 0.0)
         return None
-    rank.deviation = incident
+    rank.deviation, rank.deviation_step = incident, incident.step
     rank.deviation_windows = rank.streak = incident.windows
     rank.streak_kind = incident.kind
     rank.deterministic = incident.straggler_class is StragglerClass.DETERMINISTIC

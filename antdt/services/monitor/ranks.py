@@ -1,16 +1,27 @@
 """What the detector remembers about each rank, and the health figures built from it.
 
 Pure, no I/O: detector.py owns one RankMemory per rank and moves its incident state
-machine; `job_health` reads the ranks' latest closed windows."""
+machine; `job_health` reads the ranks' latest closed windows and speed models."""
 
 from __future__ import annotations
 
 import statistics
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from antdt.schemas import ExitReason, Incident, IncidentKind, JobHealth, RankHealth, RankState
-from antdt.services.monitor.judge import Judgement
+from antdt.services.monitor.judge import Figures, Judgement
+from antdt.services.monitor.reference import Evidence
+from antdt.services.monitor.speed import SpeedModel
 from antdt.services.monitor.windows import Row, WindowStats
+
+#: Steps of a rank's history its speed model is fitted on.
+HISTORY_STEPS = 96
+
+
+def _history() -> deque[tuple[int, float]]:
+    return deque(maxlen=HISTORY_STEPS)
 
 
 @dataclass(slots=True)
@@ -25,14 +36,23 @@ class RankMemory:
     local_batch: int = 0
     window: list[Row] = field(default_factory=list)  # the open window's figures
     window_plan: int = 0  # plan version of the open window's steps
+    previous: tuple[float, ...] = ()  # costs of the window before, at the same batch
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
-    had_normal: bool = False  # some evaluated window was normal
+    judged: Figures | None = None  # its figures the Judge holds (its latest judged window)
+    evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
+    settle_left: int = 0  # steps at a new batch before its evidence counts again
+    slow_steps: int = 0  # slow steps in its open window
+    slow_share: float | None = None  # share of its recent steps that were slow (smoothed)
+    # (samples, compute_s) of its recent steps at one speed: its speed model's
+    history: deque[tuple[int, float]] = field(default_factory=_history)
+    had_normal: bool = False  # some evaluated window was normal, and looked it
     streak: int = 0  # consecutive deviating windows of `streak_kind`
     streak_kind: IncidentKind | None = None
     normal_streak: int = 0  # consecutive normal windows while an incident is open
     deviation: Incident | None = None  # open SLOW or LEADER incident
+    deviation_step: int = 0  # the step it opened at
     deviation_windows: int = 0  # deviating windows of the open incident
     deterministic: bool = False  # the open incident deviated from the start
     stall: Incident | None = None  # open STALLED incident
@@ -58,11 +78,14 @@ def median_step_s(ranks: list[RankMemory]) -> float:
     return statistics.median(steps) if steps else 0.0
 
 
-def job_health(ranks: list[RankMemory], progress: JobProgress) -> JobHealth:
-    """The job's health from each rank's latest closed window: step_s the median of the
-    ranks' step times; samples_per_s one step's samples over step_s; balance_efficiency
-    T_ideal / step_s, T_ideal = B / sum(speeds) + min overhead + min comm (rebalancing
-    removes neither the data wait nor the communication of the rank waited for)."""
+def job_health(
+    ranks: list[RankMemory], progress: JobProgress, models: Sequence[SpeedModel | None]
+) -> JobHealth:
+    """The job's health from each rank's latest closed window and speed model (`models`,
+    by rank; None: not fitted): step_s the median of the ranks' step times; samples_per_s
+    one step's samples over step_s; balance_efficiency T_ideal / step_s, T_ideal =
+    B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
+    nor the communication of the rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
     step_s = statistics.median(s.step_s for s in measured) if measured else 0.0
     batch = sum(s.samples for s in measured)
@@ -80,7 +103,7 @@ def job_health(ranks: list[RankMemory], progress: JobProgress) -> JobHealth:
         samples_per_s=batch / step_s if step_s > 0 else 0.0,
         balance_efficiency=efficiency,
         plan_version=progress.plan_version,
-        ranks=tuple(rank_health(r) for r in ranks),
+        ranks=tuple(rank_health(r, m) for r, m in zip(ranks, models, strict=True)),
         open_incidents=progress.open_incidents,
     )
 
@@ -95,7 +118,7 @@ def rank_state(rank: RankMemory) -> RankState:
     return RankState.OK if rank.stats is not None else RankState.UNKNOWN
 
 
-def rank_health(rank: RankMemory) -> RankHealth:
+def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth:
     stats = rank.stats
     return RankHealth(
         rank=rank.rank,
@@ -108,4 +131,6 @@ def rank_health(rank: RankMemory) -> RankHealth:
         ratio=rank.judgement.ratio if rank.judgement else 1.0,
         data_wait_share=stats.data_share if stats else 0.0,
         comm_share=stats.comm_share if stats else 0.0,
+        fixed_s=model.fixed_s if model else None,
+        per_sample_s=model.per_sample_s if model else None,
     )

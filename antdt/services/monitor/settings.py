@@ -13,7 +13,7 @@ class MonitorSettings(ServiceSettings):
     them and the other detector tunables (`JobSpec.monitor`)."""
 
     window: int = Field(default=8, ge=2, description="Steps per detection window (W)")
-    slow_threshold: float = Field(default=0.25, gt=0, lt=1, description="δ: slow at ratio >= 1+δ")
+    slow_threshold: float = Field(default=0.2, gt=0, lt=1, description="δ: slow at ratio >= 1+δ")
     persistent_windows: int = Field(default=3, ge=1, description="K: windows to persistent")
     health_interval_s: float = Field(default=1.0, gt=0, description="JobHealth period, seconds")
     incident_retention_s: float = Field(

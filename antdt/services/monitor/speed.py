@@ -136,10 +136,14 @@ def unit_cost(samples: int, compute_s: float, fixed_samples: float) -> float:
 
 def quantile(values: Sequence[float], q: float) -> float:
     """The q-quantile of `values` (non-empty), linear between order statistics."""
-    ordered = sorted(values)
+    return quantile_sorted(sorted(values), q)
+
+
+def quantile_sorted(ordered: Sequence[float], q: float) -> float:
+    """`quantile` of values sorted ascending, in O(1)."""
     position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
+    low = int(position)
+    high = low + 1 if low + 1 < len(ordered) else low
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
@@ -151,5 +155,6 @@ __all__ = [
     "fit_speed",
     "pooled_fixed_samples",
     "quantile",
+    "quantile_sorted",
     "unit_cost",
 ]

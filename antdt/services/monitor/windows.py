@@ -1,8 +1,9 @@
 """Window statistics for the detector: robust per-rank summaries and a sorted multiset.
 
-Pure helpers, no I/O. A rank's window is W consecutive step events; its statistic is the
-median of each per-step figure, so a single slow step (GC pause, page fault) cannot make
-a rank look slow, while a rank slow in most of its steps does.
+Pure helpers, no I/O. A rank's window is W consecutive step events. Its health figures
+are medians of each per-step figure, so a single slow step (GC pause, page fault) cannot
+make a rank look slow; its level, the figure the rank is judged by, is a low quantile of
+its step costs (docs/detection.md).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import bisect
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from antdt.services.monitor.reference import ReferenceConfig
+from antdt.services.monitor.speed import quantile_sorted
+
 #: What a window keeps of each step event: (samples, compute_s, data_wait_s, comm_s,
 #: step_s). Not the event itself: a fraction of the memory per tracked rank, and cheaper
 #: to read back when the window closes.
@@ -18,14 +22,20 @@ Row = tuple[int, float, float, float, float]
 
 
 class WindowStats(NamedTuple):
-    """Medians over one closed window of one rank (seconds, shares in [0, 1]). What the
-    Judge compares is computed at the close; what only JobHealth and the stall limit
-    read, when read. A NamedTuple: immutable, and cheaper to build than a dataclass."""
+    """One closed window of one rank (seconds, shares in [0, 1]). What the Judge compares
+    is computed at the close; what only JobHealth and the stall limit read, when read. A
+    NamedTuple: immutable, and cheaper to build than a dataclass. A step's cost is its
+    compute time per sample plus the job's fixed part: compute_s / (samples + fixed)."""
 
-    compute_per_sample: float  # compute_s / samples: the straggler signal
+    compute_per_sample: float  # median compute_s / samples: the health figures' speed
     busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
     data_share: float  # data_wait_s / step_s
     comm_share: float  # comm_s / step_s (gradient exchange incl. barrier wait)
+    level: float  # the rank's recent best: a low quantile of its costs, this window and
+    # the one before (the Judge's figure: the job's reference is made of them)
+    window_level: float  # the same over this window alone: over the reference, its ratio
+    cost: float  # the median cost of this window: a rank this much slower is slow at once
+    costs: tuple[float, ...]  # its steps' costs, ascending (the next window's level)
     rows: tuple[Row, ...]  # the window's steps
 
     @property
@@ -60,10 +70,17 @@ class WindowStats(NamedTuple):
         return _median([d / n for n, c, d, _, _ in self.rows if n > 0 and c > 0])
 
 
-def summarize(rows: Sequence[Row]) -> WindowStats | None:
+def summarize(
+    rows: Sequence[Row],
+    previous: Sequence[float],
+    fixed_samples: float,
+    config: ReferenceConfig,
+) -> WindowStats | None:
     """The window's statistics, or None when no step carried a measurable compute time.
-    Steps without samples (or compute time) count for step and comm figures only. One
-    pass, one sort per figure, no calls in the loop: it runs on the ingest path."""
+    Steps without samples (or compute time) count for step and comm figures only.
+    `previous`: the costs of the rank's window before (at the same batch), ascending,
+    for its level. One pass, one sort per figure, no calls in the loop: it runs on the
+    ingest path."""
     compute, busy, data_share, comm_share = [], [], [], []
     for n, c, d, m, s in rows:
         if n > 0 and c > 0:
@@ -76,11 +93,20 @@ def summarize(rows: Sequence[Row]) -> WindowStats | None:
         comm_share.append(m_share if m_share < 1.0 else 1.0)
     if not compute:
         return None
+    q = config.level_quantile
+    compute_per_sample = _median(compute)  # sorted now: the costs, with no fixed part
+    costs = compute
+    if fixed_samples:
+        costs = sorted(c / (n + fixed_samples) for n, c, _, _, _ in rows if n > 0 and c > 0)
     return WindowStats(
-        compute_per_sample=_median(compute),
+        compute_per_sample=compute_per_sample,
         busy_per_sample=_median(busy),
         data_share=_median(data_share),
         comm_share=_median(comm_share),
+        level=quantile_sorted(sorted([*previous, *costs]) if previous else costs, q),
+        window_level=quantile_sorted(costs, q),
+        cost=compute_per_sample if costs is compute else _median(costs),
+        costs=tuple(costs),
         rows=tuple(rows),
     )
 
@@ -137,6 +163,11 @@ class SortedValues:
 
     def max(self) -> float | None:
         return self._values[-1] if self._values else None
+
+    @property
+    def values(self) -> Sequence[float]:
+        """The values, ascending (read only: a view, not a copy)."""
+        return self._values
 
 
 def _median_of_sorted(n: int, at: Callable[[int], float]) -> float | None:

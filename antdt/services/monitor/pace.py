@@ -1,0 +1,131 @@
+"""The job's pace: its healthy reference, its fixed part per step, and each rank's
+evidence of being slower than that (pure, no clock).
+
+Per step a rank's cost (compute over samples plus the job's fixed part) adds to its
+evidence against the reference; per window the reference is renewed from the ranks'
+levels; per round of windows the share of slow steps a healthy rank shows is renewed,
+and, while some rank ran two batch sizes lately, the job's fixed part is refitted.
+docs/detection.md gives the rules and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+
+from antdt.services.monitor.config import DetectorConfig
+from antdt.services.monitor.ranks import RankMemory
+from antdt.services.monitor.reference import rank_level
+from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
+from antdt.services.monitor.windows import WindowStats
+
+SHARE_WEIGHT = 0.25  # a window's weight in a rank's smoothed share of slow steps
+SHARE_STEP = 0.05  # the healthy share is rounded up to a multiple of this
+MAX_HEALTHY_SHARE = 0.6  # ... and kept under this: a straggler's steps are slow >= 90%
+
+
+class Pace:
+    """The job-wide figures a rank's steps are weighed against."""
+
+    __slots__ = (
+        *("_floor", "_speed", "config", "fixed_samples", "open_at", "reference"),
+        "slow_cost",
+    )
+
+    def __init__(self, config: DetectorConfig, world_size: int) -> None:
+        self.config = config.reference  # its healthy_slow_share follows the job's noise
+        self._floor = self.config.healthy_slow_share
+        self._speed = config.speed
+        self.open_at = self.config.open_at(world_size)
+        self.reference = 0.0  # the job's healthy cost; 0: not known yet
+        self.slow_cost = math.inf  # a step costing this much or more is slow
+        self.fixed_samples = 0.0  # the job's fixed part per step, in samples
+
+    def window_closed(
+        self, rank: RankMemory, stats: WindowStats, slow_steps: int, reference: float | None
+    ) -> None:
+        """The rank's window (`stats`, `slow_steps` of its steps slow) closed and the
+        job's `reference` was renewed (None while under two ranks are measured): its
+        share of slow steps, smoothed; its evidence, slow at once when the window's
+        median cost is `instant_ratio` x the reference."""
+        if reference is not None and reference > 0:
+            self.reference = reference
+            self.slow_cost = self.config.slow_at * reference
+        share = slow_steps / len(stats.rows)
+        last = rank.slow_share
+        rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
+        before = rank.evidence
+        if not self.reference or rank.settle_left or before.slow:
+            return
+        after = before.after_window(stats.cost / self.reference, self.open_at, self.config)
+        if after is not before:
+            rank.evidence = after
+            self.restart_history(rank)
+
+    @staticmethod
+    def restart_history(rank: RankMemory) -> None:
+        """Its evidence turned it slow or back: its speed changed, and its model is
+        fitted afresh, from the steps since its evidence started (or from none)."""
+        history = rank.history
+        keep = rank.evidence.run if rank.evidence.slow else 0
+        while len(history) > keep:
+            history.popleft()
+
+    def run_level(self, rank: RankMemory) -> float:
+        """The rank's level over its history (its slow run, once it turned slow)."""
+        f = self.fixed_samples
+        return rank_level([c / (n + f) for n, c in rank.history], self.config)
+
+    def round(self, ranks: Sequence[RankMemory]) -> None:
+        """Once per round of windows (every rank closed one, on average): O(ranks)."""
+        self._healthy_share(ranks)
+        self._refit(ranks)
+
+    def _healthy_share(self, ranks: Sequence[RankMemory]) -> None:
+        """The share of slow steps a healthy rank shows (the evidence's p0): the lower
+        median of the ranks' shares (stragglers, up to half of them, are the upper
+        half), never under the configured one. Jitter that is not one-sided (a step as
+        often faster as slower) puts more of a healthy rank's steps past slow_at x its
+        recent best than a neighbour's hits do; weighed as if it were not, every rank's
+        evidence would drift up."""
+        shares = sorted(r.slow_share for r in ranks if r.slow_share is not None)
+        if not shares:
+            return
+        wanted = min(MAX_HEALTHY_SHARE, max(self._floor, shares[(len(shares) - 1) // 2]))
+        wanted = round(math.ceil(wanted / SHARE_STEP - 1e-9) * SHARE_STEP, 6)  # seldom new
+        if abs(wanted - self.config.healthy_slow_share) > 1e-9:
+            self.config = dataclasses.replace(self.config, healthy_slow_share=wanted)
+
+    def _refit(self, ranks: Sequence[RankMemory]) -> None:
+        """The job's fixed part, from the ranks whose history spans two batch sizes. A
+        rank's history holds steps at one speed, and contention scales both parts of a
+        model, so a straggler's fit counts as much as any."""
+        if not any(r.history and r.history[0][0] != r.history[-1][0] for r in ranks):
+            return
+        spans = [_around_last_change(r.history, 2 * self._speed.line_steps) for r in ranks]
+        models = [fit_speed(span, self.fixed_samples, self._speed) for span in spans]
+        self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
+
+    def model(self, rank: RankMemory) -> SpeedModel | None:
+        """The rank's step-time model (None: too few steps at one speed yet)."""
+        return fit_speed(rank.history, self.fixed_samples, self._speed)
+
+
+def _around_last_change(
+    history: Sequence[tuple[int, float]], steps: int
+) -> Sequence[tuple[int, float]]:
+    """Up to `steps` steps on either side of the history's latest change of batch size
+    (all of it when there is none): the two sizes' levels measured as close in time as
+    they can be, so that the job's own drift (a slower phase, the machine's load) does
+    not pass for the batch's effect. A window apart, 3% of drift moved the fixed part of
+    a batch halved from 32 to 17 from 32 samples to 26 or 39."""
+    last = len(history) - 1
+    change = next((i for i in range(last, 0, -1) if history[i][0] != history[i - 1][0]), 0)
+    if change == 0:
+        return history
+    return list(itertools.islice(history, max(0, change - steps), change + steps))
+
+
+__all__ = ["Pace"]
