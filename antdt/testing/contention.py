@@ -64,6 +64,10 @@ def noisy_neighbour(
                 [sys.executable, "-c", _BUSY_LOOP, str(core), str(os.getpid()), str(max_s)],
                 stdout=subprocess.PIPE,
                 text=True,
+                # A session of its own: where the kernel shares CPU between sessions
+                # (autogroup), a neighbour in the caller's session would only split the
+                # caller's share, however many busy loops it ran, and slow its other work.
+                start_new_session=True,
             )
             started.append(neighbour)
             assert neighbour.stdout is not None
