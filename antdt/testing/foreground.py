@@ -2,7 +2,7 @@
 starts run at a higher scheduling priority, so the machine's other work only fills the
 gaps, as if the scenario had the node to itself. Where the kernel shares CPU between
 sessions (autogroup), that priority is the session's, and each new session starts at 0:
-a thread re-applies it to every descendant. Needs CAP_SYS_NICE; without it, nothing
+a thread applies it to every process started in the block. Needs CAP_SYS_NICE; without it, nothing
 changes (`foreground` yields False). Linux only."""
 
 from __future__ import annotations
@@ -73,9 +73,11 @@ def _threads(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def foreground(nice: int = NICE, every_s: float = 0.1) -> Iterator[bool]:
-    """Run the block with this process and its descendants at `nice` (new ones within
-    `every_s`); yields whether permitted. This process's priorities are restored after."""
+    """Run the block with this process and the processes it starts (and theirs) at
+    `nice`, new ones within `every_s`; yields whether permitted. Processes started before
+    are left alone; this process's priorities are restored after."""
     me = os.getpid()
+    earlier = set(descendants(me))
     before = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in _threads(me)}
     session = session_nice(me)
     permitted = prioritise(me, nice)
@@ -84,7 +86,8 @@ def foreground(nice: int = NICE, every_s: float = 0.1) -> Iterator[bool]:
     def keep() -> None:
         while not stop.wait(every_s):
             for pid in descendants(me):
-                prioritise(pid, nice)
+                if pid not in earlier:
+                    prioritise(pid, nice)
 
     keeper = threading.Thread(target=keep, name="foreground", daemon=True)
     if permitted:
