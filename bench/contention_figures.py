@@ -13,7 +13,7 @@ from antdt.demo.stats import throughput
 from antdt.schemas import ActionRecord, ActionResult, StepEvent
 
 #: The least the neighbour must slow its rank against the other for a run to count (per
-#: sample, after onset over before): sharing a quiet core halves a rank's speed, x2.
+#: sample, after onset over before): 1.4-1.8x here, in the foreground of the machine.
 MIN_SLOWDOWN = 1.3
 #: The issue's target: lb-bsp's throughput after onset over that of policy none.
 TARGET_RATIO = 1.2
@@ -92,7 +92,8 @@ def check_contention(figures: RunFigures, straggler: int) -> None:
             f"{figures.policy} run: the noisy neighbour slowed rank {straggler} by "
             f"x{figures.slowdown:.2f} only against the other rank (per-sample compute, after "
             f"onset over before; x{MIN_SLOWDOWN} needed): these figures would measure no "
-            "contention (a loaded machine moves its other work off the neighbour's core)"
+            "contention (outside the foreground, without CAP_SYS_NICE, a busy machine moves "
+            "its other work onto the other rank's core)"
         )
 
 
@@ -171,7 +172,8 @@ def run_figures(
 def ceiling_samples_per_s(speeds: tuple[float, ...], overhead: float, global_batch: int) -> float:
     """The best throughput any split of the global batch gives ranks of these speeds
     (samples per compute second), each step also paying `overhead` seconds: every rank
-    done at once. A per-sample model (no fixed part), so an upper bound."""
+    done at once. A per-sample model (no fixed part): an upper bound where a rank's speed
+    does not depend on whether the other computes at the same time."""
     return global_batch / (global_batch / sum(speeds) + overhead)
 
 
