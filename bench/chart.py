@@ -1,7 +1,7 @@
 """The bench as a picture (runs/bench/bench.png), next to its table: shards fetch+done
 cycles/s by client count against the raw NATS request/reply ceiling and an in-memory
 master (no durability) of the same run, and the targets; and every row that has a
-same-run baseline as its ratio to it."""
+same-run baseline as its ratio to it (and the scenario's ceiling where a row has one)."""
 
 from __future__ import annotations
 
@@ -113,13 +113,26 @@ def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
         f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}" for r in with_baseline
     ]
     ax.barh(range(len(pairs)), [ratio for _, ratio in pairs], color="tab:blue")
+    # A row that knows the best ratio its scenario allows (its ceiling) marks it.
+    ceilings = [(i, r["ceiling"]) for i, r in enumerate(with_baseline) if r.get("ceiling")]
+    if ceilings:
+        ax.scatter(
+            [c for _, c in ceilings],
+            [i for i, _ in ceilings],
+            marker="|",
+            s=150,
+            color="red",
+            zorder=3,
+            label="the scenario's ceiling",
+        )
+        ax.legend(fontsize=7, frameon=False, loc="lower right")
     ax.set_yticks(range(len(pairs)), labels=labels, fontsize=6.5)
     ax.invert_yaxis()
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
     # Labelled round ratios only: the log axis's own minor labels overlap once the
     # ratios span two decades (a write budget row sits at 0.15, a latency row at 7).
-    ratios = [ratio for _, ratio in pairs] or [1.0]
+    ratios = [ratio for _, ratio in pairs] + [c for _, c in ceilings] or [1.0]
     low, high = min(ratios) / 1.5, max(ratios) * 1.5
     ticks = [t for t in RATIO_TICKS if low <= t <= high] or [1.0]
     ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])

@@ -112,10 +112,15 @@ def _stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         proc.wait()
 
 
-def _spawn(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        list(command), env=env, start_new_session=True, preexec_fn=die_with_parent
-    )
+def _spawn(
+    command: Sequence[str], env: dict[str, str], core: int | None = None
+) -> subprocess.Popen[bytes]:
+    def before_exec() -> None:
+        die_with_parent()
+        if core is not None:  # its threads, and whatever it starts, stay on that core
+            os.sched_setaffinity(0, {core})
+
+    return subprocess.Popen(list(command), env=env, start_new_session=True, preexec_fn=before_exec)
 
 
 def launch(
@@ -127,18 +132,24 @@ def launch(
     max_restarts: int = 0,
     spare_slots: int = 0,
     max_requested_restarts: int = 3,
+    cores: Sequence[int] = (),
 ) -> int:
     """Run `command` as `nproc` ranks (`env` adds to os.environ); returns 0 when all
     succeed, else the first non-zero exit code. Restarts the whole group after a failure
     (up to `max_restarts`) and when the ranks exit with RESTART_EXIT_CODE (up to
     `max_requested_restarts`, moving ranks to `spare_slots`). SIGINT/SIGTERM are
-    forwarded to every rank."""
+    forwarded to every rank. With `cores`, rank r runs on core cores[r % len(cores)] only."""
     if nproc < 1:
         raise ValueError("nproc must be >= 1")
     if not command:
         raise ValueError("no command to launch")
     if max_restarts < 0 or max_requested_restarts < 0 or spare_slots < 0:
         raise ValueError("restart and slot counts must be >= 0")
+    if set(cores) - os.sched_getaffinity(0):
+        raise ValueError(
+            f"cores {sorted(cores)}: this process may run on {sorted(os.sched_getaffinity(0))}"
+        )
+    pinning = [cores[rank % len(cores)] if cores else None for rank in range(nproc)]
     base = {**os.environ, **(env or {})}
     stop_requested = threading.Event()  # the launcher was signalled: no restart then
     slots = Slots(nproc, spare_slots, host_prefix)
@@ -148,7 +159,7 @@ def launch(
         while True:
             count = str(failures + requested)
             base.update(ANTDT_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
-            code = _run_group(nproc, command, base, slots.hosts, stop_requested)
+            code = _run_group(command, base, slots.hosts, pinning, stop_requested)
             if code == 0 or stop_requested.is_set():
                 return code
             if code == RESTART_EXIT_CODE and requested < max_requested_restarts:
@@ -168,19 +179,21 @@ def _say(message: str) -> None:
 
 
 def _run_group(
-    nproc: int,
     command: list[str],
     base: dict[str, str],
     hosts: list[str],
+    pinning: list[int | None],
     stop_requested: threading.Event,
 ) -> int:
+    nproc = len(pinning)
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
     restore = _forward_signals(procs, stop_requested)
     try:
         for rank in range(nproc):
-            procs.append(_spawn(command, rank_env(base, rank, nproc, port, hosts[rank])))
+            env = rank_env(base, rank, nproc, port, hosts[rank])
+            procs.append(_spawn(command, env, pinning[rank]))
         for rank, proc in enumerate(procs):
             threading.Thread(
                 target=lambda r=rank, p=proc: exits.put((r, p.wait())), daemon=True

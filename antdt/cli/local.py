@@ -21,6 +21,9 @@ def launch(
     spare_slots: Annotated[
         int, typer.Option("--spare-slots", min=0, help="Spare host slots for KILL_RESTART")
     ] = 0,
+    cores: Annotated[
+        str, typer.Option("--cores", help="Pin rank r to the r-th of these cores, e.g. 0,1")
+    ] = "",
 ) -> None:
     """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
     With --max-restarts, a failed group is started again (ANTDT_RESTART_COUNT=k) to
@@ -30,8 +33,14 @@ def launch(
     command = [a for a in ctx.args if a != "--"]
     if not command:
         raise typer.BadParameter("give the command after --, e.g. -- python train.py")
+    pinned = [int(core) for core in cores.split(",") if core.strip()]
     code = run_ranks(
-        nproc, command, env=dict(os.environ), max_restarts=max_restarts, spare_slots=spare_slots
+        nproc,
+        command,
+        env=dict(os.environ),
+        max_restarts=max_restarts,
+        spare_slots=spare_slots,
+        cores=pinned,
     )
     raise typer.Exit(code)
 

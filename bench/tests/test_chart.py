@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.chart import draw, save_chart, series_of
@@ -96,3 +97,18 @@ def test_without_dlrover_the_issue_targets_are_judged_as_set_only() -> None:
     assert "DLRover was not run here, so they are judged as set only" in said
     assert "1,100/s against 1,000 (met); 8 client(s) 4,100/s against 4,000 (met)" in said
     assert "scaled" not in said
+
+
+def test_a_row_with_a_ceiling_marks_it_beside_its_ratio() -> None:
+    contended = {
+        "what": "2 gloo ranks pinned one per core, a busy loop: samples/s after onset, lb-bsp",
+        "value": 11_000.0,
+        "baseline": 9_000.0,
+        "ratio": 1.22,
+        "ceiling": 1.29,
+        "target": "lb-bsp replans, ratio >= 1.2 (ceiling x1.29): met",
+    }
+    [_, ratios] = draw([*rows(), contended]).axes
+    [marks] = [c for c in ratios.collections if c.get_label() == "the scenario's ceiling"]
+    assert np.asarray(marks.get_offsets()).tolist() == [[1.29, 3.0]]  # by the 4th bar
+    assert ratios.get_xlim()[1] > 1.29

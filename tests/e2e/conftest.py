@@ -1,7 +1,9 @@
 """Services for end-to-end tests: the real three services, in this test process, against
 the session's real nats-server and etcd, each test under its own prefixes; and one real
-4-rank lb-bsp job with a straggler, run once per session and shared by the tests that
-check what came of it (the control loop, the report, the status view, the traces).
+2-rank lb-bsp job, each rank pinned to its own core, with a noisy neighbour (a busy loop
+pinned to the straggler's core) from step ONSET: run once per session and shared by the
+tests that check what came of it (the control loop, the report, the status view, the
+traces).
 
 Telemetry of that run goes to a real OTLP receiver in this process (`telemetry`): the
 services here through the global tracer and meter providers, the ranks through
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import uuid
 from collections import defaultdict
@@ -29,9 +32,15 @@ from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.telemetry import MetricsExport, flush_tracing, setup_metrics, setup_tracing
 from antdt.schemas import ActionRecord, Incident, JobHealth, StepEvent, Subjects
 from antdt.services.runner import settings_class, start_service
+from antdt.testing import cores, foreground, neighbour_from_step
 from tests.otlp_receiver import OtlpReceiver
 
-WORLD, DATASET, BATCH, EPOCHS, ONSET = 4, 24000, 1024, 4, 15
+WORLD, DATASET, BATCH, EPOCHS, ONSET = 2, 24000, 1024, 4, 15
+#: The rank whose core the noisy neighbour shares from step ONSET.
+STRAGGLER = WORLD - 1
+#: Busy loops on the straggler's core, each a session of its own: the rank keeps about a
+#: third of its core, about 3x slower (as the sleep injection this replaced).
+NEIGHBOURS = 2
 
 
 @dataclass
@@ -93,7 +102,7 @@ def telemetry() -> Iterator[Telemetry]:
 def straggler_env(
     settings: ServiceSettings, job: str, out: Path, otlp_endpoint: str | None = None
 ) -> dict[str, str]:
-    """Rank 3 turns 3x slower at step ONSET under policy lb-bsp."""
+    """The job under policy lb-bsp (the noisy neighbour is the fixture's, not the env's)."""
     env = dict(os.environ)
     if otlp_endpoint:  # the ranks' spans go there; exported within 0.5 s and at close
         env.update(ANTDT_TELEMETRY__OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
@@ -107,7 +116,6 @@ def straggler_env(
         ANTDT_GLOBAL_BATCH=str(BATCH),
         ANTDT_EPOCHS=str(EPOCHS),
         ANTDT_SEED="3",
-        ANTDT_INJECT=f"rank=3,factor=3,from={ONSET}",
         ANTDT_SAMPLE_LOG=str(out / "samples"),
         ANTDT_DEMO_OUT=str(out),
         ANTDT_DEMO_WIDTH="1024",
@@ -131,6 +139,27 @@ class StragglerRun:
     actions: list[ActionRecord] = field(default_factory=list)
 
 
+def per_sample_s(run: StragglerRun, rank: int, first: int, last: int) -> float:
+    """Median compute seconds per sample of `rank` over steps [first, last)."""
+    events = [e for e in run.steps[rank] if first <= e.step < last and e.samples > 0]
+    costs = [e.compute_s / e.samples for e in events]
+    assert costs, f"rank {rank} has no step in [{first}, {last})"
+    return statistics.median(costs)
+
+
+def neighbour_slowdown(run: StragglerRun, last: int) -> float:
+    """What the neighbour did: the straggler's per-sample compute time over the other
+    ranks' in steps [ONSET + 1, last), over the same before ONSET. Load on every core
+    alike moves neither; the kernel moving a busy machine's other work onto the other
+    ranks' cores lowers it."""
+
+    def relative(first: int, end: int) -> float:
+        others = [per_sample_s(run, r, first, end) for r in range(WORLD) if r != STRAGGLER]
+        return per_sample_s(run, STRAGGLER, first, end) / statistics.median(others)
+
+    return relative(ONSET + 1, last) / relative(2, ONSET)
+
+
 async def collect(bus: Bus, run: StragglerRun) -> None:
     """Subscribe `run`'s lists to what its job publishes, from now on."""
     subjects, job = Subjects(run.settings.nats.subject_prefix), run.job
@@ -152,10 +181,14 @@ async def collect(bus: Bus, run: StragglerRun) -> None:
 async def straggler_run(
     cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory, telemetry: Telemetry
 ) -> AsyncIterator[StragglerRun]:
-    """The straggler job, run once per session. The services stay up (and the recording
+    """The straggler job, run once per session, its ranks pinned one per core, in the
+    foreground of the machine (with the services here) where permitted. The neighbour is
+    gone when the job ends, also when it fails; the services stay up (and the recording
     streams hold the run) until the session ends."""
     from antdt.agent.launch import launch
 
+    if len(cores()) < WORLD:
+        pytest.skip(f"pins {WORLD} ranks one per core: this process may use {len(cores())}")
     unique = "t" + uuid.uuid4().hex[:10]
     settings = ServiceSettings(
         nats=NatsSettings(url=cluster.nats.url, subject_prefix=f"antdt.{unique}"),
@@ -172,7 +205,17 @@ async def straggler_run(
         await collect(bus, run)
         command = [sys.executable, "-m", "antdt.demo.train"]
         env = straggler_env(settings, run.job, run.out, telemetry.receiver.endpoint)
-        run.rc = await asyncio.to_thread(launch, WORLD, command, env=env)
+        pinned = cores()[:WORLD]
+        with foreground():
+            job = asyncio.ensure_future(
+                asyncio.to_thread(launch, WORLD, command, env=env, cores=pinned)
+            )
+            try:
+                progress, core = run.out / "progress.jsonl", pinned[STRAGGLER]
+                async with neighbour_from_step(core, progress, ONSET, job, processes=NEIGHBOURS):
+                    run.rc = await job
+            finally:
+                await asyncio.wait([job])  # its ranks end with the job: none left behind
         yield run
     finally:
         await bus.close()

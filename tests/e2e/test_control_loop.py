@@ -1,8 +1,10 @@
-"""The whole control loop: real nats-server, etcd, the three services, 4 torch gloo ranks.
+"""The whole control loop: real nats-server, etcd, the three services, 2 torch gloo ranks
+pinned one per core.
 
-Rank 3 turns 3x slower at step 15 under policy lb-bsp. The monitor must flag it, the
-controller must write a plan that every rank applies at the same step, balance efficiency
-must recover, and every sample of every epoch must reach the model exactly once."""
+From step 15 a noisy neighbour (busy loops pinned to rank 1's core) really slows rank 1,
+under policy lb-bsp; nothing sleeps. The monitor must flag it, the controller must write
+a plan that every rank applies at the same step, balance efficiency must recover, and
+every sample of every epoch must reach the model exactly once."""
 
 from __future__ import annotations
 
@@ -13,9 +15,22 @@ from collections import Counter, defaultdict
 import pytest
 
 from antdt.schemas import ActionResult, JobHealth
-from tests.e2e.conftest import BATCH, DATASET, EPOCHS, ONSET, WORLD, StragglerRun
+from tests.e2e.conftest import (
+    BATCH,
+    DATASET,
+    EPOCHS,
+    ONSET,
+    STRAGGLER,
+    WORLD,
+    StragglerRun,
+    neighbour_slowdown,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
+
+#: The least the neighbour must slow its rank against the other for the test to mean
+#: anything (the issue's detector must see 1.4x; it was 2.1-2.3x here, load average 3-7).
+SLOWED = 1.5
 
 
 async def test_straggler_detected_plan_applied_and_samples_exactly_once(
@@ -24,33 +39,39 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     run = straggler_run  # the job runs once per session (tests/e2e/conftest.py)
     assert run.rc == 0
     steps, health, incidents, actions = run.steps, run.health, run.incidents, run.actions
+    applied = [a for a in actions if a.result == ActionResult.APPLIED]
+
+    # 0. the neighbour made a straggler: measured up to the first plan after the onset
+    replanned = [a.effective_step or 0 for a in applied if (a.effective_step or 0) > ONSET + 3]
+    slowdown = neighbour_slowdown(run, min([*replanned, ONSET + 12]))
+    assert slowdown >= SLOWED, (
+        f"the neighbour slowed rank {STRAGGLER} x{slowdown:.2f} only against the other rank: "
+        "no straggler to detect (outside the foreground, without CAP_SYS_NICE, a busy machine "
+        "moves its other work onto the other rank's core)"
+    )
 
     # 1. the slowed rank was detected
-    slow = [i for i in incidents if i.rank == 3 and i.kind.value == "slow"]
-    assert slow, f"no slow incident for rank 3: {incidents}"
+    slow = [i for i in incidents if i.rank == STRAGGLER and i.kind.value == "slow"]
+    assert slow, f"no slow incident for rank {STRAGGLER}: {incidents}"
     assert min(i.step for i in slow) >= ONSET
 
     # 2. new plans were applied by every rank, each at the same step on every rank
-    applied = [a for a in actions if a.result == ActionResult.APPLIED]
     assert applied, f"no applied action: {actions}"
     for action in applied:
         assert action.local_batch is not None and sum(action.local_batch) == BATCH
-        assert action.acked_ranks == (0, 1, 2, 3)
+        assert action.acked_ranks == tuple(range(WORLD))
         for rank in range(WORLD):
             if max(e.step for e in steps[rank]) < action.effective_step:
                 continue  # a late re-plan whose step the run never reached: nothing to switch
             switch = [e.step for e in steps[rank] if e.plan_version == action.plan_version]
             assert switch and min(switch) == action.effective_step, (rank, switch[:3])
-    # the answer to the detected straggler (on 2 shared cores a measured leader may have
-    # been rebalanced before the onset already)
-    # the straggler is the rank relieved (other ranks share 2 cores with this test's
-    # servers, so their batches differ somewhat too)
+    # the answer to the detected straggler: the rank relieved
     answers = [
         a
         for a in applied
         if (a.effective_step or 0) > ONSET
         and a.local_batch is not None
-        and a.local_batch[3] < 0.6 * min(a.local_batch[:3])
+        and a.local_batch[STRAGGLER] < 0.6 * min(a.local_batch[:STRAGGLER])
     ]
     assert answers, actions
     plan = answers[0]
@@ -64,17 +85,16 @@ async def test_straggler_detected_plan_applied_and_samples_exactly_once(
     dip = [e for s, e in series if ONSET <= s <= plan.effective_step + 8]
     after = [e for s, e in series if s >= plan.effective_step + 8]
     assert before and dip and after, series
-    # The slowdown shows against this run's healthy windows. Not an absolute 0.7: while
-    # the slowed rank sleeps, the others get its share of the 2 cores, so the dip is
-    # shallower the busier the machine (CI saw 0.72, from 0.94 before the onset).
+    # The slowdown shows against this run's healthy windows (0.65-0.68 from 0.96-1.0 here
+    # at load averages 3-7: the ranks and the services run in the foreground).
     assert min(dip) <= statistics.median(before) - 0.1, series
-    # The recovery is judged against what no mitigation gives: about 0.45 in the demo's
-    # `none` run, 0.40 by the step-time model for one rank 3x slower among four; with a
-    # plan the median after it was 0.63 to 0.84 here and in CI. Not against the dip:
-    # the faster the plan, the fewer slowed windows there are to measure one in (CI once
-    # saw a dip of 0.77, in one window, and 0.77 after the plan), nor against the
-    # healthy level, which the same spread of the 2 shared cores moves by as much.
-    assert statistics.median(after) >= 0.55, series
+    # The recovery is judged against what no mitigation gives: with one rank of two s
+    # times slower per sample (the measured slowdown), about 2 / (s + 1), as the dip
+    # shows; the plan must win back at least half of what the straggler cost (0.89-0.95
+    # after it here). Not against the dip alone: the faster the plan, the fewer slowed
+    # windows there are to measure one in.
+    unmitigated = 2 / (slowdown + 1)
+    assert statistics.median(after) >= (1 + unmitigated) / 2, (slowdown, series)
 
     # 4. every sample of every epoch reached the model exactly once
     per_epoch: dict[int, Counter[int]] = defaultdict(Counter)

@@ -1,4 +1,4 @@
-"""One straggler incident is one trace, across processes: the session's real 4-rank job
+"""One straggler incident is one trace, across processes: the session's real 2-rank job
 (tests/e2e/conftest.py) exports its spans to a real OTLP/gRPC receiver in this process;
 the services run here, the ranks are separate processes.
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from antdt.agent.launch import Slots, exit_code, launch, rank_env
 from tests.helpers import wait_for_sync
 
@@ -136,3 +138,22 @@ def test_slots_move_only_avoided_hosts_and_never_back() -> None:
     assert slots.avoid(["slot4"]) == ["rank 3: slot4 -> slot5"]
     assert slots.avoid(["slot5"]) == []  # no spare left: the rank stays
     assert slots.hosts == ["slot0", "slot1", "slot2", "slot5"]
+
+
+def test_ranks_are_pinned_to_the_cores_given(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    script = (
+        f"import os; open({str(tmp_path)!r} + '/' + os.environ['RANK'], 'w')"
+        ".write(repr(sorted(os.sched_getaffinity(0))))"
+    )
+    assert launch(3, [sys.executable, "-c", script], cores=cores[:2]) == 0
+    pinned = [(tmp_path / str(rank)).read_text() for rank in range(3)]
+    # rank r on the (r mod n)-th core given
+    assert pinned == [repr([cores[0]]), repr([cores[1 % len(cores)]]), repr([cores[0]])]
+    assert launch(1, [sys.executable, "-c", script]) == 0
+    assert (tmp_path / "0").read_text() == repr(cores)  # unpinned: every core
+
+
+def test_a_core_this_process_may_not_use_is_refused() -> None:
+    with pytest.raises(ValueError, match="cores"):
+        launch(1, [sys.executable, "-c", "pass"], cores=[max(os.sched_getaffinity(0)) + 1])

@@ -1,13 +1,17 @@
-"""The noisy-neighbour helper (tests/contention.py) makes real contention, and cleans up."""
+"""The noisy-neighbour helper (antdt.testing.contention): real contention, cleaned up."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.contention import cores, noisy_neighbour, pinned
+from antdt.testing import cores, neighbour_from_step, noisy_neighbour, pinned
+from antdt.testing.contention import last_step
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity"
@@ -75,3 +79,48 @@ def test_pinned_gives_the_cores_back() -> None:
     with pinned(cores()[0]):
         assert os.sched_getaffinity(0) == {cores()[0]}
     assert os.sched_getaffinity(0) == before
+
+
+async def test_the_neighbour_starts_once_the_progress_file_reaches_the_step(tmp_path: Path) -> None:
+    progress = tmp_path / "progress.jsonl"
+    job: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def train() -> None:
+        for step in range(8):
+            with progress.open("a") as f:
+                f.write(json.dumps({"step": step}) + "\n")
+            await asyncio.sleep(0.1)
+
+    trainer = asyncio.create_task(train())
+    async with neighbour_from_step(cores()[0], progress, 5, job) as first:
+        done = last_step(progress)
+        assert done is not None and done >= 4 and first == done + 1  # from step 5 on
+        assert first <= 7  # not long after it
+        assert _neighbours(), "no neighbour running"
+    await trainer
+    assert not _neighbours()  # gone with the block
+
+
+async def test_a_job_that_ends_before_the_step_gets_no_neighbour(tmp_path: Path) -> None:
+    progress = tmp_path / "progress.jsonl"
+    progress.write_text(json.dumps({"step": 0}) + "\n")
+    job: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    job.set_result(0)
+    with pytest.raises(RuntimeError, match="ended before step 5"):
+        async with neighbour_from_step(cores()[0], progress, 5, job):
+            pytest.fail("the neighbour started")
+    assert not _neighbours()
+
+
+def _neighbours() -> list[int]:
+    """This process's running busy-loop children (Linux /proc)."""
+    me, found = str(os.getpid()), []
+    for entry in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z" and b"sched_setaffinity" in command:
+            found.append(int(entry))
+    return found

@@ -8,11 +8,15 @@ dies (it watches its parent) or after `max_s`. Linux only (os.sched_setaffinity)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 #: The neighbour: pins itself, says so, then spins until its parent is gone or time is up.
 _BUSY_LOOP = """
@@ -60,6 +64,10 @@ def noisy_neighbour(
                 [sys.executable, "-c", _BUSY_LOOP, str(core), str(os.getpid()), str(max_s)],
                 stdout=subprocess.PIPE,
                 text=True,
+                # A session of its own: where the kernel shares CPU between sessions
+                # (autogroup), a neighbour in the caller's session would only split the
+                # caller's share, however many busy loops it ran, and slow its other work.
+                start_new_session=True,
             )
             started.append(neighbour)
             assert neighbour.stdout is not None
@@ -73,3 +81,26 @@ def noisy_neighbour(
             neighbour.wait(timeout=10)
             if neighbour.stdout is not None:
                 neighbour.stdout.close()
+
+
+def last_step(progress: Path) -> int | None:
+    """The last step in a progress file (one JSON object a line, with "step"), if any."""
+    try:
+        lines = [line for line in progress.read_text().splitlines() if line.endswith("}")]
+    except OSError:
+        return None
+    return int(json.loads(lines[-1])["step"]) if lines else None
+
+
+@contextlib.asynccontextmanager
+async def neighbour_from_step(
+    core: int, progress: Path, step: int, job: asyncio.Future[Any], *, processes: int = 1
+) -> AsyncIterator[int]:
+    """A noisy neighbour on `core` from the moment `progress` shows step `step` - 1 done
+    until the block ends; yields the first step it slowed. Raises if `job` ends first."""
+    while (done := last_step(progress)) is None or done < step - 1:
+        if job.done():
+            raise RuntimeError(f"the job ended before step {step} ({progress})")
+        await asyncio.sleep(0.02)
+    with noisy_neighbour(core, processes=processes):
+        yield (last_step(progress) or done) + 1
