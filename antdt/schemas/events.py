@@ -98,8 +98,9 @@ class RankHealth(WireModel):
     compute_s_per_sample: float = Field(ge=0, description="Median over the window, seconds")
     ratio: float = Field(
         ge=0,
-        description="Per-sample compute time over the median of ranks, measured at the "
-        "batches of the plan in force (plan_version); see Incident.ratio",
+        description="The rank's level (its recent best compute cost per sample, fixed "
+        "per-step part included) over the job's healthy reference (the median of the faster "
+        "half of the ranks' levels), at the plan in force (plan_version); see Incident.ratio",
     )
     data_wait_share: float = Field(ge=0, le=1, description="Share of step time waiting for data")
     comm_share: float = Field(ge=0, le=1, description="Share of step time in gradient exchange")
@@ -200,10 +201,10 @@ class Incident(WireModel):
     updated_at: Timestamp
     ratio: float = Field(
         ge=0,
-        description="Per-sample compute time over the other ranks' median, measured at the "
-        "batches of the plan in force: a speed ratio, not how far that plan is from balance "
-        "(a 3x rank still shows about 3 once a plan has balanced it; small batches inflate "
-        "it by fixed per-step costs). Divide the rank's even share by it, not its current batch",
+        description="The rank's level over the job's healthy reference (RankHealth.ratio), "
+        "measured at the batches of the plan in force: a speed ratio, not how far that plan "
+        "is from balance (a 3x rank still shows about 3 once a plan has balanced it). Divide "
+        "the rank's even share by it, not its current batch",
     )
     windows: Count = Field(description="Consecutive windows the condition held")
     evidence: dict[str, float] = Field(default_factory=dict, description="Measured figures")

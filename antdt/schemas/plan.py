@@ -12,7 +12,7 @@ PolicyParam = float | int | str | bool
 class MonitorParams(WireModel):
     """The monitor's detection tunables for one job; one left None takes the replica's
     default (`ANTDT_WINDOW`, `ANTDT_SLOW_THRESHOLD`, ..., else the detector's own). Ratios
-    compare a rank's median compute time per sample with the other ranks' median. A
+    compare a rank's compute cost per sample with the job's healthy reference. A
     combination the monitor cannot use (slow_threshold above the replica's
     instant_threshold) makes it use the replica's defaults for the whole job, logged."""
 
@@ -26,13 +26,15 @@ class MonitorParams(WireModel):
         default=None,
         gt=0.0,
         lt=1.0,
-        description="δ: slow window at ratio >= 1+δ, leader's at <= 1-δ (fraction)",
+        description="δ: a step is slow at a cost >= 1+δ times the job's healthy reference, "
+        "a leader's window at <= 1-δ (fraction)",
     )
     instant_threshold: float | None = Field(
         default=None,
         gt=0.0,
         le=100.0,
-        description="Opens an incident in one window at ratio >= 1+this (fraction, >= δ)",
+        description="Opens an incident in one window whose level is >= 1+this times the "
+        "reference (fraction, >= δ)",
     )
     open_windows: int | None = Field(
         default=None, ge=1, le=1000, description="Deviating windows in a row to open (windows)"
