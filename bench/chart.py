@@ -113,15 +113,16 @@ def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
         f"{_short(r['what'])}\ntarget: {_short(str(r.get('target', '')))}" for r in with_baseline
     ]
     ax.barh(range(len(pairs)), [ratio for _, ratio in pairs], color="tab:blue")
-    # A row that knows the best ratio its scenario allows (its ceiling) marks it.
-    ceilings = [(i, r["ceiling"]) for i, r in enumerate(with_baseline) if r.get("ceiling")]
+    # A row that knows the best ratio its scenario allows (its ceiling) marks it across
+    # its bar, and says it beside its ratio.
+    ceilings = {i: r["ceiling"] for i, r in enumerate(with_baseline) if r.get("ceiling")}
     if ceilings:
-        ax.scatter(
-            [c for _, c in ceilings],
-            [i for i, _ in ceilings],
-            marker="|",
-            s=150,
+        ax.vlines(
+            list(ceilings.values()),
+            [i - 0.45 for i in ceilings],
+            [i + 0.45 for i in ceilings],
             color="red",
+            lw=1.5,
             zorder=3,
             label="the scenario's ceiling",
         )
@@ -132,7 +133,7 @@ def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xscale("log")
     # Labelled round ratios only: the log axis's own minor labels overlap once the
     # ratios span two decades (a write budget row sits at 0.15, a latency row at 7).
-    ratios = [ratio for _, ratio in pairs] + [c for _, c in ceilings] or [1.0]
+    ratios = [ratio for _, ratio in pairs] + list(ceilings.values()) or [1.0]
     low, high = min(ratios) / 1.5, max(ratios) * 1.5
     ticks = [t for t in RATIO_TICKS if low <= t <= high] or [1.0]
     ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
@@ -140,9 +141,10 @@ def _ratios(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xlabel("value / same-run baseline (log)")
     ax.set_title("every row with a baseline", fontsize=10)
     for i, (_, ratio) in enumerate(pairs):
+        said = f"{ratio:.2f} (ceiling {ceilings[i]:.2f})" if i in ceilings else f"{ratio:.2f}"
         ax.annotate(
-            f"{ratio:.2f}",
-            (ratio, i),
+            said,
+            (max(ratio, ceilings.get(i, 0.0)), i),
             fontsize=7,
             va="center",
             textcoords="offset points",

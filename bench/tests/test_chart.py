@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.collections import LineCollection
 
 from bench.chart import draw, save_chart, series_of
 from bench.shards_table import scaled_targets
@@ -110,5 +111,8 @@ def test_a_row_with_a_ceiling_marks_it_beside_its_ratio() -> None:
     }
     [_, ratios] = draw([*rows(), contended]).axes
     [marks] = [c for c in ratios.collections if c.get_label() == "the scenario's ceiling"]
-    assert np.asarray(marks.get_offsets()).tolist() == [[1.29, 3.0]]  # by the 4th bar
+    assert isinstance(marks, LineCollection)
+    [across] = marks.get_segments()  # across the 4th bar
+    assert np.asarray(across).tolist() == [[1.29, 2.55], [1.29, 3.45]]
+    assert "1.22 (ceiling 1.29)" in [t.get_text() for t in ratios.texts]
     assert ratios.get_xlim()[1] > 1.29
