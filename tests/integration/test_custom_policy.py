@@ -6,16 +6,11 @@ incident it acknowledged (durable consumer)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,96 +21,27 @@ from antdt.schemas import (
     INCIDENT_STREAM,
     ActionRecord,
     ActionResult,
-    Cause,
-    Incident,
-    IncidentKind,
     IncidentState,
     JobSpec,
     Plan,
     PlanRequest,
     RankHello,
     RegisterReply,
-    StragglerClass,
     Subjects,
 )
 from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
+from tests.policyproc import PolicyProcess, incident, start_policy_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_policy" / "policy.py"
 WORLD, BATCH = 4, 64
 
 
-@dataclass
-class Example:
-    """The example policy process and the JSON lines it printed."""
-
-    proc: asyncio.subprocess.Process
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    reader: asyncio.Task[None] | None = None
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line.get("event") == event]
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), 10)
-            except (TimeoutError, asyncio.TimeoutError):
-                self.proc.kill()
-                await self.proc.wait()
-        if self.reader is not None:
-            await self.reader
-
-
-async def start_example(settings: ServiceSettings, job: str, durable: str) -> Example:
-    env = dict(os.environ)
-    env.update(
-        ANTDT_NATS__URL=settings.nats.url, ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix
-    )
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(EXAMPLE),
-        "--job",
-        job,
-        "--durable",
-        durable,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    example = Example(proc)
-
-    async def read() -> None:
-        assert proc.stdout is not None
-        async for raw in proc.stdout:
-            with contextlib.suppress(ValueError):
-                example.lines.append(json.loads(raw))
-
-    example.reader = asyncio.create_task(read())
-    await wait_for(lambda: example.events("ready"), timeout=30, what="example ready")
-    return example
-
-
-def incident(job: str, n: int, rank: int, ratio: float, **kw: Any) -> Incident:
-    fields: dict[str, Any] = dict(
-        id=f"{job}-i{n}",
-        job=job,
-        rank=rank,
-        host=f"h{rank}",
-        kind=IncidentKind.SLOW,
-        straggler_class=StragglerClass.PERSISTENT,
-        cause=Cause.COMPUTE,
-        state=IncidentState.OPENED,
-        step=40,
-        opened_at=time.time(),
-        updated_at=time.time(),
-        ratio=ratio,
-        windows=3,
-    )
-    fields.update(kw)
-    return Incident(**fields)
+async def start_example(settings: ServiceSettings, job: str, durable: str) -> PolicyProcess:
+    argv = [sys.executable, str(EXAMPLE), "--job", job, "--durable", durable]
+    return await start_policy_process(settings, argv)
 
 
 @pytest.fixture

@@ -6,10 +6,7 @@ refused with the reason, and a proposal for an ended job is answered job_ended."
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,8 +32,8 @@ from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.test_contract import ended_health
-from tests.integration.test_custom_policy import Example, incident
 from tests.nodejs import ROOT, node
+from tests.policyproc import PolicyProcess, incident, start_policy_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 POLICY = ROOT / "examples" / "custom_policy_js" / "policy.mjs"
@@ -50,33 +47,9 @@ async def services(settings: ServiceSettings) -> AsyncIterator[RunningServices]:
     await running.runtime.shutdown()
 
 
-async def start_policy(settings: ServiceSettings, schemas: Path, durable: str) -> Example:
-    env = dict(os.environ)
-    env.update(
-        ANTDT_NATS__URL=settings.nats.url, ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix
-    )
-    proc = await asyncio.create_subprocess_exec(
-        node(),
-        str(POLICY),
-        "--schemas",
-        str(schemas),
-        "--durable",
-        durable,
-        env=env,
-        cwd=str(POLICY.parent),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    policy = Example(proc)
-
-    async def read() -> None:
-        assert proc.stdout is not None
-        async for raw in proc.stdout:
-            with contextlib.suppress(ValueError):
-                policy.lines.append(json.loads(raw))
-
-    policy.reader = asyncio.create_task(read())
-    await wait_for(lambda: policy.events("ready"), timeout=30, what="the JS policy ready")
-    return policy
+async def start_policy(settings: ServiceSettings, schemas: Path, durable: str) -> PolicyProcess:
+    argv = [node(), str(POLICY), "--schemas", str(schemas), "--durable", durable]
+    return await start_policy_process(settings, argv, cwd=POLICY.parent)
 
 
 async def test_js_policy_applied_refused_and_told_the_job_ended(
