@@ -30,6 +30,7 @@ class Publisher:
         bus: Bus,
         incarnation: Callable[[], int],
         on_records: Callable[[list[Any]], None],
+        link_rtt: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self._subject = subject
@@ -37,6 +38,7 @@ class Publisher:
         self._bus = bus
         self._incarnation = incarnation  # the shard stream's: labels sample-log lines
         self._on_records = on_records  # tracing: the span of a plan's first step
+        self._link_rtt = link_rtt  # the latest measure of the rank's link (LinkProbe)
         self.events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
         self._lines: deque[SampleLine | RestoreMark] = deque()
         self._scheduled = False
@@ -112,6 +114,7 @@ class Publisher:
         s = self.settings
         compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
         return StepEvent(
+            link_rtt_s=self._link_rtt(),
             job=s.job,
             rank=s.rank,
             host=s.host,

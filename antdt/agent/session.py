@@ -21,6 +21,7 @@ from antdt.agent.commands import CommandHandler
 from antdt.agent.errors import AgentError
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.ledger import LedgerClient
+from antdt.agent.linkprobe import LinkProbe
 from antdt.agent.loopthread import LoopThread
 from antdt.agent.publisher import Publisher
 from antdt.agent.register import register, spec_differences
@@ -58,6 +59,7 @@ class Session:
     ledger: LedgerClient
     publisher: Publisher
     driver: StepDriver  # the training thread's side
+    probe: LinkProbe  # the rank's link to nats-server, measured on the loop
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run `coro` on the loop; the calling thread waits for its result."""
@@ -80,6 +82,7 @@ class Session:
 
     async def _teardown(self, reason: ExitReason, step: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
+        await self.probe.stop()
         await self.publisher.finish()
         await _say_exit(self.bus, self.settings, reason, step)
         if not await self.stream.flush(max(0.0, deadline - time.monotonic())):
@@ -134,6 +137,7 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
         await bus.subscribe(
             subjects.shards_returned(s.job), ShardsReturned, stream.on_shards_returned
         )
+        probe = LinkProbe(bus)
         publisher = Publisher(
             s,
             subjects.step(s.job, s.rank),
@@ -141,6 +145,7 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
             bus=bus,
             incarnation=lambda: stream.incarnation,
             on_records=parts.traces.stepped,
+            link_rtt=lambda: probe.rtt_s,
         )
         driver = StepDriver(
             rank=s.rank,
@@ -153,7 +158,8 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
             log_ids=publisher.log_ids if s.sample_log else None,
         )
         undo.pop_all()
-    return Session(s, thread, bus, reply.spec, stream, ledger, publisher, driver)
+    probe.start()
+    return Session(s, thread, bus, reply.spec, stream, ledger, publisher, driver, probe)
 
 
 async def _connect_bus(s: AgentSettings) -> Bus:

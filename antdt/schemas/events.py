@@ -26,6 +26,15 @@ class StepEvent(WireModel):
     step_s: Seconds = Field(description="Wall time of the whole step, seconds")
     started_at: Timestamp
     ended_at: Timestamp
+    link_rtt_s: float | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=0.0,
+        le=1e7,
+        description="The rank's round trip to the NATS server, the median of its latest "
+        "probes (taken every few seconds off the training thread, not per step): its "
+        "host's link to the control plane, seconds (null: not measured yet)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StepEvent:

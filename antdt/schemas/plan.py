@@ -66,6 +66,21 @@ class MonitorParams(WireModel):
     leaders: bool | None = Field(
         default=None, description="Open incidents for leaders (ranks faster than the rest) too"
     )
+    link_rtt_factor: float | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=1.0,
+        le=1000.0,
+        description="A rank's link is slow when its round trip to nats-server exceeds this "
+        "many times the other ranks' median ... (multiple)",
+    )
+    link_rtt_floor_s: float | None = Field(
+        default=None,
+        exclude_if=unset,
+        ge=0.0,
+        le=60.0,
+        description="... and their median plus this much (seconds)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> MonitorParams:

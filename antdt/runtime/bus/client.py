@@ -190,6 +190,17 @@ class Bus:
             raise BusError("not connected to nats-server: nothing confirmed")
         await nc.flush(timeout=timeout)  # type: ignore[arg-type]
 
+    async def rtt(self, timeout: float = 2.0) -> float:
+        """Seconds of one PING/PONG with nats-server: the round trip over this
+        connection's link, behind whatever it is still sending. BusError when away."""
+        nc = self.nc
+        if not nc.is_connected:
+            raise BusError("not connected to nats-server: no round trip")
+        try:
+            return await nc.rtt(timeout=timeout)  # type: ignore[arg-type]
+        except NatsTimeoutError:
+            raise BusError(f"no PONG from nats-server within {timeout}s") from None
+
     # -- publish / request -------------------------------------------------------
 
     trace_headers = staticmethod(trace_headers)

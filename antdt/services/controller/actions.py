@@ -45,13 +45,33 @@ class KillRestartAction:
     restart_cost_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class RestartDeclined:
+    """A KILL_RESTART the policy weighed for an incident and did not decide, and why: the
+    executor records it (result refused) and does nothing else. Its id names the incident
+    and its state, so the record is written once per transition."""
+
+    kind: ClassVar[str] = "kill_restart"
+
+    action_id: str
+    rank: int
+    host: str
+    reason: str
+    incident_id: str | None = None
+
+
 #: Every action a policy may return (the executor has one handler per member).
-Action = AdjustBatchAction | KillRestartAction
+Action = AdjustBatchAction | KillRestartAction | RestartDeclined
 
 
 def plan_action_id(view: JobView) -> str:
     """The id of the plan that would follow the view's current one."""
     return f"{view.spec.job}-plan-{view.plan.version + 1}"
+
+
+def declined_action_id(incident_id: str, state: str) -> str:
+    """The id of a restart declined for an incident in `state`."""
+    return f"{incident_id[:100]}-declined-{state}"
 
 
 def restart_action_id(view: JobView) -> str:

@@ -28,7 +28,12 @@ from antdt.schemas import (
 )
 from antdt.services.controller import records, restarts
 from antdt.services.controller.actionlog import ActionLog
-from antdt.services.controller.actions import Action, AdjustBatchAction, KillRestartAction
+from antdt.services.controller.actions import (
+    Action,
+    AdjustBatchAction,
+    KillRestartAction,
+    RestartDeclined,
+)
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import estimate_current_step, next_plan, plan_violations
 from antdt.services.controller.sender import CommandSender
@@ -76,6 +81,10 @@ class Executor:
                 return await self._adjust_batch(state, action)
             case KillRestartAction():
                 return await self._kill_restart(state, action, view)
+            case RestartDeclined():  # the policy's reason, recorded; nothing else happens
+                return await self._unsent(
+                    state, action, time.time(), ActionResult.REFUSED, action.reason
+                )
             case _:
                 assert_never(action)
 
@@ -198,7 +207,7 @@ class Executor:
     async def _unsent(
         self,
         state: JobState,
-        action: KillRestartAction,
+        action: KillRestartAction | RestartDeclined,
         decided_at: float,
         result: ActionResult,
         error: str,

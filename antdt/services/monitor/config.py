@@ -27,6 +27,10 @@ class DetectorConfig:
     warmup_windows: int = 0  # first measurable windows of each rank ignored (warm-up)
     data_share_floor: float = 0.3  # a data straggler waits for data >= 30% of its step
     open_base: float = 12.5  # a rank's evidence that opens its incident, + ln(ranks)
+    # A rank's link is slow at a round trip to nats-server (StepEvent.link_rtt_s) above
+    # max(factor x the other ranks' median, their median + floor): a multiple, seconds.
+    link_rtt_factor: float = 3.0
+    link_rtt_floor_s: float = 0.02
     speed: SpeedConfig = field(default_factory=SpeedConfig)  # fitting step-time models
 
     def __post_init__(self) -> None:
@@ -42,6 +46,8 @@ class DetectorConfig:
             raise ValueError("warmup_windows must be >= 0")
         if self.stall_factor <= 0 or self.min_stall_s < 0 or self.restart_grace_s < 0:
             raise ValueError("stall_factor must be > 0, min_stall_s and restart_grace_s >= 0")
+        if self.link_rtt_factor < 1.0 or self.link_rtt_floor_s < 0:
+            raise ValueError("link_rtt_factor must be >= 1 and link_rtt_floor_s >= 0")
         self.reference  # noqa: B018  # built (and checked) once, here
 
     @functools.cached_property

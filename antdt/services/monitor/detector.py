@@ -10,9 +10,10 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from antdt.schemas import (
+    Cause,
     Incident,
     JobHealth,
     RankExit,
@@ -23,21 +24,22 @@ from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow
 from antdt.services.monitor.hosts import name_hosts
-from antdt.services.monitor.judge import Judge, slow_run
+from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
-from antdt.services.monitor.windows import summarize
+from antdt.services.monitor.windows import WindowStats, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
 
 class StepFields(NamedTuple):
-    """Every field of a StepEvent ingest reads, in this order (the last five are a Row).
-    `ingest` reads them with one C call per event (attribute reads on a pydantic model go
-    through its __getattr__ hook); a caller with rows of figures, not events (a replay of
-    a million steps), passes them to `ingest_fields` as they are: a plain tuple will do."""
+    """Every field of a StepEvent ingest reads, in this order (samples to step_s are a
+    Row). `ingest` reads them with one C call per event (attribute reads on a pydantic
+    model go through its __getattr__ hook); a caller with rows of figures, not events (a
+    replay of a million steps), passes them to `ingest_fields` as they are: a plain tuple
+    will do, without the link's round trip when it has none."""
 
     job: str
     rank: int
@@ -52,10 +54,12 @@ class StepFields(NamedTuple):
     data_wait_s: float
     comm_s: float
     step_s: float
+    link_rtt_s: float | None = None
 
 
 _fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
 _ROW = slice(8, 13)
+_LINK_RTT: Final = 13
 
 
 class JobDetector:
@@ -122,6 +126,8 @@ class JobDetector:
         if rank.window_plan != plan:
             self._replanned(rank, plan, fields[5])
         self._remember(rank, fields, now)
+        if len(fields) > _LINK_RTT and fields[_LINK_RTT] is not None:
+            rank.link_rtt_s = fields[_LINK_RTT]
         window = rank.window
         window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
         samples, compute_s = fields[8], fields[9]
@@ -228,7 +234,7 @@ class JobDetector:
 
     def _rejection(self, fields: StepFields) -> str | None:
         """Why the event must be ignored, or None. Ignored events change nothing."""
-        job, rank, _, step, _, _, started_at, ended_at, samples, c, d, m, s = fields
+        job, rank, _, step, _, _, started_at, ended_at, samples, c, d, m, s = fields[:13]
         if job != self.job:
             return "wrong_job"
         if not 0 <= rank < self.world_size:
@@ -308,7 +314,7 @@ class JobDetector:
             rank.warmup_left -= 1
             return []
         rank.previous, rank.stats = stats.costs, stats
-        rank.judged = self._judge.update(rank.judged, stats)
+        rank.judged = self._judge.update(rank.judged, stats, rank.link_rtt_s)
         reference = self._judge.reference()
         opening = rank.deviation is None
         pace.window_closed(rank, stats, slow_steps, reference)
@@ -316,7 +322,10 @@ class JobDetector:
         if self._closed >= self.world_size:  # a round: every rank closed one, on average
             self._closed = 0
             pace.round(self._ranks)
-        rank.judgement = self._judge.judge(stats, reference, rank.evidence, pace.fixed_samples)
+        judged = self._judge.judge(
+            stats, reference, rank.evidence, pace.fixed_samples, rank.link_rtt_s
+        )
+        rank.judgement = _with_step_times(judged, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:
             return self._named(transitions, now)
@@ -337,6 +346,18 @@ class JobDetector:
             if incident is not None and incident.id == incident_id:
                 return incident
         raise KeyError(incident_id)
+
+
+def _with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) -> Judgement:
+    """A normal window is kept (the job's pace before an onset); a communication
+    straggler's judgement gets the step times now and before: moving its node saves
+    the difference, which no batch plan would."""
+    if judged.verdict is Verdict.NORMAL:
+        rank.normal_windows.append(stats)
+    elif judged.verdict is Verdict.SLOW and judged.cause is Cause.COMMUNICATION:
+        before = min((w.step_s for w in rank.normal_windows), default=None)
+        return judged._replace(step_s=stats.step_s, step_s_before=before)
+    return judged
 
 
 __all__ = ["DetectorConfig", "JobDetector", "StepFields"]

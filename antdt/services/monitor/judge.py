@@ -3,7 +3,8 @@
 Pure: the Judge keeps each rank's latest figures in sorted multisets, so that the job's
 healthy reference (the median of the faster half of the ranks' levels) and "the median
 of the other ranks" cost O(log n) per window close. Compute slowness is the rank's
-evidence (reference.py); data, communication and leaders are judged per window here.
+evidence (reference.py); data, communication (its comm share, or its link's round trip
+to nats-server) and leaders are judged per window here.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from antdt.services.monitor.reference import Evidence, healthy_reference_sorted
 from antdt.services.monitor.windows import SortedValues, WindowStats
 
 #: What the Judge keeps of a rank's latest window: level, busy per sample, data share,
-#: comm share, in the order of its multisets.
-Figures = tuple[float, float, float, float]
+#: comm share, link round trip (None: not measured), in the order of its multisets.
+Figures = tuple[float, float, float, float, float | None]
 
 
 class Verdict(enum.Enum):
@@ -47,9 +48,13 @@ class Judgement(NamedTuple):
     others_comm_share: float = 0.0
     slow_for_steps: int = 0  # steps the rank's evidence of being slow has run
     fixed_samples: float = 0.0  # the job's fixed part per step, in samples
+    link_rtt_s: float | None = None  # the rank's round trip to nats-server (None: unknown)
+    others_link_rtt_s: float | None = None  # the other ranks' median of theirs
+    step_s: float | None = None  # a communication straggler's: the step time of this window
+    step_s_before: float | None = None  # ... and of its normal windows before the onset
 
     def evidence(self, windows: int) -> dict[str, float]:
-        return {
+        figures = {
             "ratio": self.ratio,
             "compute_s_per_sample": self.compute_per_sample,
             "others_compute_s_per_sample": self.others_per_sample,
@@ -62,6 +67,14 @@ class Judgement(NamedTuple):
             "fixed_samples": self.fixed_samples,
             "windows": float(windows),
         }
+        optional = {
+            "link_rtt_s": self.link_rtt_s,
+            "others_link_rtt_s": self.others_link_rtt_s,
+            "step_s": self.step_s,
+            "step_s_before": self.step_s_before,
+        }
+        figures.update((k, v) for k, v in optional.items() if v is not None)
+        return figures
 
 
 class Judge:
@@ -73,11 +86,15 @@ class Judge:
         self._busy = SortedValues()
         self._data_share = SortedValues()
         self._comm_share = SortedValues()
+        self._link_rtt = SortedValues()  # of the ranks that measured theirs
 
-    def update(self, old: Figures | None, new: WindowStats) -> Figures:
-        """Replace a rank's figures (None: it has none yet) with its new window's."""
-        figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share)
-        sets = (self._levels, self._busy, self._data_share, self._comm_share)
+    def update(
+        self, old: Figures | None, new: WindowStats, link_rtt_s: float | None = None
+    ) -> Figures:
+        """Replace a rank's figures (None: it has none yet) with its new window's and its
+        latest link round trip."""
+        figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)
+        sets = (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
         before: tuple[float | None, ...] = old if old is not None else (None,) * len(sets)
         for values, was, now in zip(sets, before, figures, strict=True):
             values.replace(was, now)
@@ -93,9 +110,11 @@ class Judge:
         reference: float | None,
         evidence: Evidence,
         fixed_samples: float,
+        link_rtt_s: float | None = None,
     ) -> Judgement:
-        """Verdict on `stats`, which must already be in the multisets (see update),
-        against the job's `reference`; compute-slow when the rank's `evidence` says so."""
+        """Verdict on `stats` and `link_rtt_s`, which must already be in the multisets
+        (see update), against the job's `reference`; compute-slow when the rank's
+        `evidence` says so."""
         if reference is None or reference <= 0:
             return Judgement(Verdict.UNEVALUATED, compute_per_sample=stats.window_level)
         others_busy = self._busy.median_without(stats.busy_per_sample) or stats.busy_per_sample
@@ -111,6 +130,10 @@ class Judge:
             others_comm_share=self._comm_share.median_without(stats.comm_share) or 0.0,
             slow_for_steps=evidence.run,
             fixed_samples=fixed_samples,
+            link_rtt_s=link_rtt_s,
+            others_link_rtt_s=(
+                None if link_rtt_s is None else self._link_rtt.median_without(link_rtt_s)
+            ),
         )
         return self._slow(figures, evidence.slow) or self._fast(figures, stats.level) or figures
 
@@ -129,7 +152,7 @@ class Judge:
             cause = Cause.DATA if data_slow and data_excess > compute_excess else Cause.COMPUTE
             strong = compute_slow or f.busy_ratio >= instant_at
             return _with(f, Verdict.SLOW, cause, strong)
-        if self._communication_slow(f):
+        if self._communication_slow(f) or self._link_slow(f):
             return _with(f, Verdict.SLOW, Cause.COMMUNICATION, strong=False)
         return None
 
@@ -148,6 +171,19 @@ class Judge:
             return False
         busiest, typical = self._busy.max(), healthy_reference_sorted(self._busy.values)
         return busiest is not None and typical is not None and busiest < (1 + delta) * typical
+
+    def _link_slow(self, f: Judgement) -> bool:
+        """Compute normal, and its round trip to nats-server well above the other ranks'
+        median: its host's link. In a ring all-reduce a slow link slows every rank's
+        exchange alike, so the comm shares cannot say whose link it is; this can."""
+        rtt, others = f.link_rtt_s, f.others_link_rtt_s
+        if rtt is None or others is None:
+            return False
+        delta = self.config.slow_threshold
+        if not 1.0 - delta < f.ratio < 1.0 + delta:
+            return False
+        c = self.config
+        return rtt > max(c.link_rtt_factor * others, others + c.link_rtt_floor_s)
 
     def _fast(self, f: Judgement, level: float) -> Judgement | None:
         """A leader: its level well under the other ranks' median (not the reference,

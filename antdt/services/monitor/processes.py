@@ -78,6 +78,7 @@ def started(rank: RankMemory, hello: RankHello, now: float, warmup_windows: int)
     rank.previous, rank.settle_left = (), 0
     rank.evidence = Evidence()
     rank.history.clear()
+    rank.link_rtt_s = None  # its process, perhaps on another host: its link afresh
     rank.warmup_left = warmup_windows
     rank.stats = rank.judgement = None  # the Judge keeps its figures until its next window
     rank.streak, rank.streak_kind = 0, None

@@ -18,10 +18,16 @@ from antdt.services.monitor.windows import Row, WindowStats
 
 #: Steps of a rank's history its speed model is fitted on.
 HISTORY_STEPS = 96
+#: Normal windows a rank keeps (their step times: the job's pace before an onset).
+NORMAL_WINDOWS = 3
 
 
 def _history() -> deque[tuple[int, float]]:
     return deque(maxlen=HISTORY_STEPS)
+
+
+def _normal_windows() -> deque[WindowStats]:
+    return deque(maxlen=NORMAL_WINDOWS)
 
 
 @dataclass(slots=True)
@@ -59,6 +65,9 @@ class RankMemory:
     exited: ExitReason | None = None  # its process stopped on purpose (RankExit) ...
     exit_step: int = -1  # ... after this step: only a later step means it is back
     started_at: float = 0.0  # when its current process started (RankHello), Unix seconds
+    link_rtt_s: float | None = None  # its latest round trip to nats-server (StepEvent)
+    # its latest windows judged normal: a communication straggler's step time before onset
+    normal_windows: deque[WindowStats] = field(default_factory=_normal_windows)
 
 
 @dataclass(frozen=True)

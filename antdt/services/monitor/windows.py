@@ -133,11 +133,12 @@ class SortedValues:
     def __len__(self) -> int:
         return len(self._values)
 
-    def replace(self, old: float | None, new: float) -> None:
-        """Swap one copy of `old` (None: nothing to remove) for `new`."""
+    def replace(self, old: float | None, new: float | None) -> None:
+        """Swap one copy of `old` (None: nothing to remove) for `new` (None: nothing)."""
         if old is not None:
             del self._values[bisect.bisect_left(self._values, old)]
-        bisect.insort(self._values, new)
+        if new is not None:
+            bisect.insort(self._values, new)
 
     def median(self) -> float | None:
         return _median_of_sorted(len(self._values), self._values.__getitem__)

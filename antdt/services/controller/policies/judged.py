@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from antdt.schemas import IncidentKind, IncidentState, RankHealth, RankState
+from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
 from antdt.services.controller.balance import StepModel, median_model
 from antdt.services.controller.view import JobView
 
@@ -46,6 +46,26 @@ def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
             held.add(incident.rank)
             held.update(incident.host_ranks or ())
     return held
+
+
+def link_bound(incident: Incident) -> bool:
+    """An open SLOW incident whose cause is the rank's communication (its link): no
+    batch plan helps it, and its long steps say nothing of its compute speed."""
+    return (
+        incident.kind == IncidentKind.SLOW
+        and incident.cause == Cause.COMMUNICATION
+        and incident.state != IncidentState.RESOLVED
+    )
+
+
+def without_link_bound(
+    view: JobView, speeds: Sequence[float | None], event: object = None
+) -> tuple[float | None, ...]:
+    """`speeds` with the ranks of link-bound incidents (the view's, and `event` when it
+    is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
+    incidents = [*view.open_incidents, *([event] if isinstance(event, Incident) else [])]
+    bound = {r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ()))}
+    return tuple(None if r in bound else s for r, s in enumerate(speeds))
 
 
 def judged_speeds(
@@ -96,4 +116,12 @@ def _usable_rows(view: JobView) -> list[RankHealth]:
     return [r for r in view.health.ranks if r.state in _USABLE and r.rank < world]
 
 
-__all__ = ["held_ranks", "judged_models", "judged_speeds", "measured_models", "measured_speeds"]
+__all__ = [
+    "held_ranks",
+    "judged_models",
+    "judged_speeds",
+    "link_bound",
+    "measured_models",
+    "measured_speeds",
+    "without_link_bound",
+]

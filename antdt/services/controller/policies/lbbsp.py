@@ -3,6 +3,7 @@ barriers, the global batch kept. Variant `cpu`: the plan that equalises the rank
 predicted step times under the monitor's step-time models (per-sample speeds while it
 reports none), in one bounded move; `gpu`: move a step of samples from the slowest rank to
 the fastest with spare memory, halving the step when the direction reverses.
+A rank whose link is slow keeps its batch: no plan helps a link.
 Rules and parameters: docs/architecture.md, "The lb-bsp policy"."""
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from antdt.services.controller.plans import bounded_change
 from antdt.services.controller.policies.judged import (
     judged_models,
     judged_speeds,
+    link_bound,
     measured_speeds,
+    without_link_bound,
 )
 from antdt.services.controller.policies.targets import balanced_target, proportional_target
 from antdt.services.controller.view import JobView
@@ -88,7 +91,7 @@ class LbBspPolicy:
             return []
         if isinstance(event, JobHealth) and not _mitigation_wanted(view):
             return []
-        speeds = measured_speeds(view)
+        speeds = without_link_bound(view, measured_speeds(view), event)
         if sum(1 for s in speeds if s is not None) < 2:
             return []  # nothing to balance against
         if params.variant == "gpu":
@@ -224,7 +227,12 @@ def _mitigation_wanted(view: JobView) -> bool:
 
 
 def _actionable(incident: Incident) -> bool:
-    return incident.kind in _ACTIONABLE and incident.state != IncidentState.RESOLVED
+    """A straggler or leader a plan can help: not one whose link is slow."""
+    return (
+        incident.kind in _ACTIONABLE
+        and incident.state != IncidentState.RESOLVED
+        and not link_bound(incident)
+    )
 
 
 def _incident_id(view: JobView, event: JobHealth | Incident) -> str | None:
@@ -233,6 +241,6 @@ def _incident_id(view: JobView, event: JobHealth | Incident) -> str | None:
         return event.id
     for kind in _ACTIONABLE:
         for incident in view.open_incidents:
-            if incident.kind == kind:
+            if incident.kind == kind and _actionable(incident):
                 return incident.id
     return None

@@ -1,8 +1,9 @@
 """The `antdt-nd` policy (AntDT for non-dedicated clusters): ADJUST_BS at once, as
-`lb-bsp` decides it, for any slow rank; KILL_RESTART for a persistent straggler when the
-saving over the remaining run is at least `min_saving_ratio` x the restart cost and a
-replacement host exists. One action per decision, the worst straggler first.
-Rules and parameters: docs/architecture.md, "The controller"."""
+`lb-bsp` decides it, for a rank slow in compute or data; KILL_RESTART for a persistent
+straggler when the saving over the remaining run is at least `min_saving_ratio` x the
+restart cost and a replacement host exists; a rank whose link is slow is never given a
+smaller batch and is moved when that pays (links.py). One action per decision, the worst
+straggler first. Rules and parameters: docs/architecture.md, "The controller"."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
+from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, KillRestartAction, restart_action_id
 from antdt.services.controller.balance import StepModel, median_model
@@ -22,6 +23,7 @@ from antdt.services.controller.policies.judged import (
     measured_speeds,
 )
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
+from antdt.services.controller.policies.links import RestartCost, decide_link_move
 from antdt.services.controller.policies.targets import (
     Target,
     balanced_target,
@@ -78,10 +80,27 @@ class AntDtNdPolicy:
         restart = decide_restart(view, event, params)
         if restart is not None:
             return [restart]
-        return [
+        move = decide_link_move(
+            view,
+            event,
+            params.rails,
+            restart_cost(view, params),
+            lambda host: replacement_available(view, params, host),
+        )
+        if isinstance(move, KillRestartAction):
+            return [move]
+        adjust = [
             replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
             for action in self._adjust.decide(view, event)
         ]
+        return adjust if move is None else [move, *adjust]
+
+
+def restart_cost(view: JobView, params: NdParams) -> RestartCost:
+    """The measured restart cost, else the configured one."""
+    measured = view.restarts.measured_cost_s
+    seconds = params.restart_cost_s if measured is None else measured
+    return RestartCost(seconds, measured is not None, params.min_saving_ratio)
 
 
 def decide_restart(
@@ -92,8 +111,8 @@ def decide_restart(
     if rails.hold_reason(view) is not None or rails.restart_hold_reason(view) is not None:
         return None
     speeds = measured_speeds(view)
-    cost = view.restarts.measured_cost_s
-    cost_s, measured = (params.restart_cost_s, False) if cost is None else (cost, True)
+    cost = restart_cost(view, params)
+    cost_s, measured = cost.seconds, cost.measured
     stragglers = persistent_stragglers(view, event)
     worse_unclassified = unclassified_ratio(view, event, {i.rank for i in stragglers})
     for incident in stragglers:
@@ -121,8 +140,9 @@ def decide_restart(
 
 
 def persistent_stragglers(view: JobView, event: JobHealth | Incident) -> list[Incident]:
-    """Open persistent SLOW incidents about the host each rank runs on now, worst first.
-    An incident about a host the rank has left (an earlier restart) does not count."""
+    """Open persistent SLOW incidents about the host each rank runs on now, worst first,
+    but those of a slow link (links.py). An incident about a host the rank has left (an
+    earlier restart) does not count."""
     found = _open_slow(view, event, (StragglerClass.PERSISTENT,))
     return sorted(found, key=lambda i: (-i.ratio, i.rank))
 
@@ -150,6 +170,7 @@ def _open_slow(
         if i.kind == IncidentKind.SLOW
         and i.straggler_class in classes
         and i.state != IncidentState.RESOLVED
+        and i.cause != Cause.COMMUNICATION
         and 0 <= i.rank < view.spec.world_size
         and view.hosts.get(i.rank, i.host) == i.host
     ]

@@ -1,0 +1,138 @@
+"""A slow link measured for real: one stand-in rank reaches nats-server through a TCP
+proxy that holds every byte for a while (a real socket relay in the test, as netem would
+on a host's link); the agent's LinkProbe measures its round trip over that connection,
+its step events carry it, and the monitor opens a SLOW incident with cause communication
+for that rank only, with the round trips in its evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from antdt.agent.linkprobe import LinkProbe
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.store import Store
+from antdt.schemas import Cause, Incident, IncidentKind, JobSpec, Keys, StepEvent, Subjects
+from antdt.services.monitor.service import MonitorService, MonitorSettings
+from antdt.services.runner import start_service
+from tests.helpers import step_event, wait_for
+
+pytestmark = pytest.mark.integration
+
+ONE_WAY_S = 0.040  # the proxy's delay each way: a round trip of 80 ms and more
+WORLD, SLOW_LINK, STEPS = 4, 2, 48
+
+
+class DelayingProxy:
+    """Relays TCP connections to `target`, each chunk held `delay_s` in each direction
+    (in order: a chunk leaves `delay_s` after it arrived, never before the one before)."""
+
+    def __init__(self, target: tuple[str, int], delay_s: float) -> None:
+        self.target, self.delay_s = target, delay_s
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"nats://127.0.0.1:{port}"
+
+    async def close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        for source, sink in ((reader, up_writer), (up_reader, writer)):
+            task = asyncio.create_task(self._pump(source, sink))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        loop = asyncio.get_running_loop()
+        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def forward() -> None:
+            while True:
+                due, chunk = await held.get()
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                sink.write(chunk)
+                await sink.drain()
+
+        forwarding = asyncio.create_task(forward())
+        try:
+            while chunk := await source.read(65536):
+                held.put_nowait((loop.time() + self.delay_s, chunk))
+            while not held.empty():
+                await asyncio.sleep(self.delay_s)
+        finally:
+            forwarding.cancel()
+            with contextlib.suppress(Exception):
+                sink.close()
+
+
+@pytest.fixture
+async def monitor(settings: ServiceSettings) -> AsyncIterator[MonitorService]:
+    runtime = ServiceRuntime("test-monitor")
+    service = await start_service("monitor", MonitorSettings(**settings.model_dump()), runtime)
+    yield service
+    await runtime.shutdown()
+
+
+def with_link(event: StepEvent, rtt: float | None) -> StepEvent:
+    return event.model_copy(update={"link_rtt_s": rtt})
+
+
+async def test_a_rank_behind_a_slow_link_is_a_communication_straggler(
+    monitor: MonitorService, bus: Bus, store: Store, settings: ServiceSettings
+) -> None:
+    job = "linkjob"
+    keys, subjects = Keys(settings.etcd.key_prefix), Subjects(settings.nats.subject_prefix)
+    spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10, global_batch=16)
+    await store.put(keys.spec(job), spec.model_dump_json().encode())
+    host, port = settings.nats.url.split("://", 1)[1].rsplit(":", 1)
+    proxy = DelayingProxy((host, int(port)), ONE_WAY_S)
+    proxied = settings.nats.model_copy(update={"url": await proxy.start()})
+    slow_bus = await Bus(proxied, name="rank-behind-the-proxy").connect()
+    probes = {r: LinkProbe(slow_bus if r == SLOW_LINK else bus) for r in range(WORLD)}
+    incidents: list[Incident] = []
+
+    async def on_incident(incident: Incident, _: object) -> None:
+        incidents.append(incident)
+
+    try:
+        await bus.subscribe(subjects.incident(job), Incident, on_incident)
+        await wait_for(lambda: monitor.ownership.owns(job), what="job claimed")
+        for _ in range(3):  # the probes the agent takes every 2 s, here back to back
+            for probe in probes.values():
+                await probe.probe()
+        rtt = {r: p.rtt_s for r, p in probes.items()}
+        assert rtt[SLOW_LINK] is not None and rtt[SLOW_LINK] >= 2 * ONE_WAY_S
+        assert all(v is not None and v < ONE_WAY_S for r, v in rtt.items() if r != SLOW_LINK)
+        for n in range(STEPS):  # every rank's exchange slowed alike (a ring), compute equal
+            for rank in range(WORLD):
+                event = with_link(step_event(job, rank, n, comm_s=0.09), rtt[rank])
+                sender = slow_bus if rank == SLOW_LINK else bus
+                await sender.publish(subjects.step(job, rank), event)
+        await wait_for(lambda: incidents, timeout=20, what="an incident")
+    finally:
+        await slow_bus.close()
+        await proxy.close()
+    opened = incidents[0]
+    assert (opened.rank, opened.kind, opened.cause) == (
+        SLOW_LINK,
+        IncidentKind.SLOW,
+        Cause.COMMUNICATION,
+    )
+    assert {i.rank for i in incidents} == {SLOW_LINK}
+    assert opened.evidence["link_rtt_s"] == pytest.approx(rtt[SLOW_LINK])
+    assert opened.evidence["others_link_rtt_s"] < ONE_WAY_S
+    assert monitor.bus.rejections.total() == 0
