@@ -7,7 +7,6 @@ between its veth end and a tap on the bridge, each direction delayed and paced."
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import shutil
 import subprocess
@@ -103,9 +102,8 @@ class Shaping:
         return [str(self.delay_ms), str(self.jitter_ms), str(self.rate_mbit or 0)]
 
 
-@functools.cache
 def has_netem(probe_netns: str) -> bool:
-    """Whether this kernel has the netem qdisc (probed once on the bridge's namespace)."""
+    """Whether this kernel has the netem qdisc (probed on a veth in `probe_netns`)."""
     probe = "netemprobe"
     ip("link", "add", probe, "type", "veth", "peer", "name", probe + "b", netns=probe_netns)
     try:
