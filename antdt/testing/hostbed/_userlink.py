@@ -23,6 +23,8 @@ IFF_TAP, IFF_NO_PI, IFF_VNET_HDR = 0x0002, 0x1000, 0x4000
 TUN_F_CSUM, TUN_F_TSO4, TUN_F_TSO6 = 0x01, 0x02, 0x04
 SOL_PACKET, PACKET_VNET_HDR, ETH_P_ALL = 263, 15, 0x0003
 VNET_HDR_LEN = 10
+#: Read buffer: a whole offloaded TCP segment (64 KiB) with its headers.
+MAX_FRAME = 1 << 17
 
 
 def open_tap(name: str) -> int:
@@ -53,7 +55,7 @@ class Direction:
         self.last_due = 0.0
         threading.Thread(target=self.drain, daemon=True).start()
 
-    def put(self, frame: bytes) -> None:
+    def carry(self, frame: bytes) -> None:
         jitter = random.uniform(-self.jitter_s, self.jitter_s) if self.jitter_s else 0.0
         with self.ready:
             self.last_due = max(time.monotonic() + self.delay_s + jitter, self.last_due)
@@ -87,14 +89,14 @@ def main(port: str, tap: str, delay_ms: str, jitter_ms: str, rate_mbit: str) -> 
 
     def from_bridge() -> None:
         while True:
-            to_host.put(os.read(tap_fd, 1 << 17))
+            to_host.carry(os.read(tap_fd, MAX_FRAME))
 
     threading.Thread(target=from_bridge, daemon=True).start()
     print("ready", flush=True)
     while True:
-        frame, address = sock.recvfrom(1 << 17)
+        frame, address = sock.recvfrom(MAX_FRAME)
         if address[2] != socket.PACKET_OUTGOING:
-            to_bridge.put(frame)
+            to_bridge.carry(frame)
 
 
 if __name__ == "__main__":
