@@ -21,7 +21,12 @@ DLROVER       ?= 'dlrover[k8s]==0.6.1' 'protobuf==7.36.2'
 NPM        ?= npm
 NODE_STAMP := node_modules/.installed
 
-.PHONY: all install node demo test test-fast lint up bench bench-test schemas clean
+# The multi-host test bed (antdt.testing.hostbed) needs iproute2's `ip` and `tc`, Debian's
+# package; installed here only where they are missing (and only as root: elsewhere the
+# bed's tests skip, saying why).
+APT_GET    ?= apt-get
+
+.PHONY: all install node hosttools demo test test-fast lint up bench bench-test schemas clean
 
 all: test
 
@@ -43,6 +48,14 @@ $(NODE_STAMP): package.json package-lock.json examples/custom_policy_js/package.
 
 install: $(STAMP)
 
+hosttools:
+	@if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v $(APT_GET) >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive $(APT_GET) update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends iproute2; \
+	  else echo "iproute2 (ip, tc) missing and not installable here: the host bed's tests skip"; fi; \
+	fi
+
 node: $(NODE_STAMP)
 
 lint: $(STAMP)
@@ -51,10 +64,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint $(NODE_STAMP)
+test: lint $(NODE_STAMP) hosttools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(STAMP) $(NODE_STAMP)
+test-fast: $(STAMP) $(NODE_STAMP) hosttools
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -63,11 +76,11 @@ demo: $(STAMP)
 up: $(STAMP)
 	$(BIN)/antdt up
 
-bench: $(STAMP) $(DLROVER_STAMP)
+bench: $(STAMP) $(DLROVER_STAMP) hosttools
 	$(BIN)/python -m bench
 
 # The bench's own tests (bench/tests), against DLRover too; .ci/run runs them after `test`.
-bench-test: $(STAMP) $(DLROVER_STAMP)
+bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 	$(BIN)/python -m pytest -q bench/tests $(PYTEST_ARGS)
 
 schemas: $(STAMP)

