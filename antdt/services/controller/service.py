@@ -41,6 +41,7 @@ from antdt.services.controller.executor import Executor, Timing
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
 from antdt.services.controller.nodedesk import NodeDesk
+from antdt.services.controller.nodes import NODE_TTL_S
 from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
 from antdt.services.controller.reads import Reads
@@ -66,6 +67,12 @@ class ControllerSettings(ServiceSettings):
         ge=0,
         description="Seconds a host stays on the blocklist after a KILL_RESTART moved a rank "
         "off it; 0: until an operator allows it again (antdt blocklist allow)",
+    )
+    node_ttl_s: float = Field(
+        default=NODE_TTL_S,
+        gt=0,
+        description="Seconds a registered node (torchrun's rendezvous gate) stays in the "
+        "registry after its latest join or heartbeat; then another process may take its name",
     )
     job_retention_s: float = Field(
         default=7 * 86400,
@@ -107,7 +114,9 @@ class ControllerService:
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
         self.counts = JobCounts()  # (job, "hello" | "health" | "incident" | "decision")
-        self.nodes = NodeDesk(store, self.keys, self.subjects, self.owned)
+        self.nodes = NodeDesk(
+            store, self.keys, self.subjects, self.owned, ttl_s=settings.node_ttl_s
+        )
 
     @property
     def jobs(self) -> dict[str, JobState]:
