@@ -7,6 +7,7 @@ torchrun waiting in the redundancy list as a spare."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 
 import structlog
 from torch.distributed.elastic.rendezvous import (
+    RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -24,6 +26,7 @@ from antdt.agent.restart import BLOCKED_EXIT_CODE
 from antdt.schemas import ErrorReply, NodeState
 
 log = structlog.get_logger("antdt.agent.rendezvous")
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 class GatedRendezvousHandler(RendezvousHandler):
@@ -40,7 +43,14 @@ class GatedRendezvousHandler(RendezvousHandler):
             self.refusal = self.gate.join()
         if self.refusal is not None:
             self._refuse(self.refusal)
-        info = self.inner.next_rendezvous()
+        try:
+            info = self.inner.next_rendezvous()
+        except RendezvousGracefulExitError:
+            # The job closed its rendezvous while this node waited as a spare: done, not
+            # failed (torch's agent would return no result, and its launcher trip on it).
+            self.gate.close()
+            print(f"antdt: {self.gate.settings.job} finished; spare node leaves", file=sys.stderr)
+            raise SystemExit(0) from None
         self.gate.state = NodeState.PARTICIPANT
         return info
 
@@ -111,6 +121,10 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     )
 
     settings = GateSettings()  # ANTDT_JOB missing: a clear error before any rendezvous
+    # torch shares rank 0's rendezvous TCP store with the workers, and publishes its
+    # address only when rank 0 changes: a spare joining a later round waits forever for
+    # it. Unshared, every round publishes a fresh address (torch's own opt-out).
+    os.environ[UNSHARED_STORE] = "1"
     backend, store = create_backend(params)
     inner = create_dynamic_handler(store, backend, params)
     return GatedRendezvousHandler(inner, NodeGate(settings, params.run_id), params.backend)
