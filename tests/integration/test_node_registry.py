@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from antdt.agent.nodegate import GateSettings, NodeGate
-from antdt.runtime.bus import Bus, RequestRefused
+from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
 from antdt.schemas import (
+    ActionRecord,
+    ActionResult,
     BlocklistEntry,
     ErrorCode,
     JobSpec,
@@ -28,6 +30,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.services.controller.actions import KillRestartAction
 from antdt.services.controller.service import ControllerService
 from antdt.services.runner import settings_class, start_service
 from tests.helpers import wait_for
@@ -169,3 +172,37 @@ def test_a_gate_admits_when_no_controller_answers(settings: ServiceSettings, uni
     finally:
         node.close()
     assert time.monotonic() - started < 5
+
+
+async def test_no_free_spare_holds_a_restart_and_records_why_once(
+    controller: ControllerService, settings: ServiceSettings, bus: Bus, unique: str
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    records: list[ActionRecord] = []
+
+    async def on_action(record: ActionRecord, _: Delivery) -> None:
+        records.append(record)
+
+    await bus.subscribe(subjects.action(unique), ActionRecord, on_action)
+    spec = JobSpec(job=unique, world_size=2, dataset_size=64, shard_size=8, global_batch=8)
+    await bus.request(subjects.register(unique), spec, RegisterReply)
+    busy = join(unique, "node-a", "p").model_copy(update={"state": NodeState.PARTICIPANT})
+    await bus.request(subjects.node_join(unique), busy, NodeAdmission)
+    state = await wait_for(
+        lambda: (s := controller.jobs.get(unique)) and "node-a" in s.nodes and s,
+        what="the owner's registry read",
+    )
+    action = KillRestartAction(
+        action_id=f"{unique}-restart-1", rank=1, host="node-a", reason="antdt-nd kill_restart"
+    )
+    for _ in range(2):  # the policy asks again at every health tick
+        view = state.view(time.time())
+        record = await controller.executor.apply(state, action, view)
+        assert record.result == ActionResult.REFUSED
+        assert record.error and record.error.startswith("no free spare node"), record.error
+    await wait_for(lambda: records, what="the refusal on ANTDT_ACTIONS")
+    await asyncio.sleep(0.3)
+    assert [(r.kind, r.result, r.reason) for r in records] == [
+        ("kill_restart", ActionResult.REFUSED, "antdt-nd kill_restart")
+    ]
+    assert state.restarts.count == 0  # no budget used, nothing blocklisted
