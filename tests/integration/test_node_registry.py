@@ -6,12 +6,18 @@ owner's view counts a registered waiting node as a free spare."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from antdt.agent.nodegate import GateSettings, NodeGate
+from antdt.agent.restart import BLOCKED_EXIT_CODE
 from antdt.runtime.bus import Bus, Delivery, RequestRefused
 from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
@@ -37,6 +43,7 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 TTL_S = 1.5
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -206,3 +213,40 @@ async def test_no_free_spare_holds_a_restart_and_records_why_once(
         ("kill_restart", ActionResult.REFUSED, "antdt-nd kill_restart")
     ]
     assert state.restarts.count == 0  # no budget used, nothing blocklisted
+
+
+async def test_torchrun_on_a_blocklisted_host_exits_76_with_its_message(
+    controller: ControllerService, settings: ServiceSettings, store: Store, unique: str
+) -> None:
+    keys = Keys(settings.etcd.key_prefix)
+    entry = BlocklistEntry(
+        host="node-x", job=unique, rank=0, action_id=f"{unique}-restart-1", at=time.time()
+    )
+    await store.put(keys.blocklist("node-x"), entry.model_dump_json().encode())
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        ANTDT_JOB=unique,
+        ANTDT_HOST="node-x",
+        ANTDT_NATS__URL=settings.nats.url,
+        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2:2",
+        "--rdzv-backend=antdt",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={unique}",
+        "-m",
+        "antdt.demo.train",  # never started: the node is refused first
+    ]
+    done = await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == BLOCKED_EXIT_CODE, done.stderr[-3000:]
+    assert f"antdt: node node-x may not join job {unique} (blocklisted)" in done.stderr
