@@ -14,6 +14,10 @@ from antdt.schemas import KillRestart
 #: The exit code of a rank that checkpointed for a requested restart (EX_TEMPFAIL);
 #: `antdt launch` restarts the group on it (torchrun restarts on any failure).
 RESTART_EXIT_CODE = 75
+#: The exit code of a torchrun (`--rdzv-backend=antdt`) whose node may not join the job:
+#: its host is blocklisted (a KILL_RESTART moved a rank off it) or another live torchrun
+#: holds its host name. The launcher must not start it again on this host.
+BLOCKED_EXIT_CODE = 76
 
 
 @dataclass(frozen=True)

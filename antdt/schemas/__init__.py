@@ -33,6 +33,14 @@ from antdt.schemas.events import (
     StepEvent,
     StragglerClass,
 )
+from antdt.schemas.nodes import (
+    NodeAdmission,
+    NodeHeartbeat,
+    NodeJoin,
+    NodeRecord,
+    NodeReport,
+    NodeState,
+)
 from antdt.schemas.plan import (
     GuardrailSettings,
     JobSpec,
@@ -109,6 +117,12 @@ __all__ = [
     "Keys",
     "KillRestart",
     "MonitorParams",
+    "NodeAdmission",
+    "NodeHeartbeat",
+    "NodeJoin",
+    "NodeRecord",
+    "NodeReport",
+    "NodeState",
     "PendingRestart",
     "Plan",
     "PlanRequest",

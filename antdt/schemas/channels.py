@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from antdt.schemas import commands, errors, events, plan, restarts, shards
+from antdt.schemas import commands, errors, events, nodes, plan, restarts, shards
 from antdt.schemas.subjects import ACTION_STREAM, INCIDENT_STREAM, Subjects
 
 #: JetStream streams beside the two of the control loop: what `antdt observe` records.
@@ -61,6 +61,9 @@ MESSAGES: dict[str, Any] = {
     "CheckpointCompleted": shards.CheckpointCompleted,
     "EpochFinished": shards.EpochFinished,
     "ShardsReturned": shards.ShardsReturned,
+    "NodeJoin": nodes.NodeJoin,
+    "NodeHeartbeat": nodes.NodeHeartbeat,
+    "NodeAdmission": nodes.NodeAdmission,
     "ErrorReply": errors.ErrorReply,
 }
 
@@ -68,6 +71,7 @@ MESSAGES: dict[str, Any] = {
 STORED: dict[str, Any] = {
     "RestartLedger": restarts.RestartLedger,
     "BlocklistEntry": restarts.BlocklistEntry,
+    "NodeRecord": nodes.NodeRecord,
     "ErrorCode": TypeAdapter(errors.ErrorCode),
 }
 
@@ -111,6 +115,7 @@ class Channel:
 JOB, RANK, ROUTE = "{job}", "{rank}", "{route}"
 _P, _R, _G, _J = Transport.PUBLISH, Transport.REQUEST, Transport.GATHER, Transport.JETSTREAM
 AGENT, MONITOR, CONTROLLER, SHARDS = "agent", "monitor", "controller", "shards"
+GATE = "rendezvous gate (torchrun --rdzv-backend=antdt)"
 POLICY, ANYONE = "custom policy", "anyone"
 
 
@@ -271,6 +276,32 @@ CHANNELS: tuple[Channel, ...] = (
         (CONTROLLER,),
         "The job's spec and the guardrails in force",
         replies=("SpecReply",),
+        queue=CONTROLLER_QUEUE,
+    ),
+    Channel(
+        "node_join",
+        "node_join",
+        (JOB,),
+        _R,
+        "NodeJoin",
+        (GATE,),
+        (CONTROLLER,),
+        "May this node join the job's next rendezvous round? Refused for a blocklisted "
+        "host or a name another live process holds",
+        replies=("NodeAdmission",),
+        queue=CONTROLLER_QUEUE,
+    ),
+    Channel(
+        "node_heartbeat",
+        "node_heartbeat",
+        (JOB,),
+        _R,
+        "NodeHeartbeat",
+        (GATE,),
+        (CONTROLLER,),
+        "A node's torchrun is alive (a spare waiting, or hosting ranks): its registry "
+        "record lives on",
+        replies=("NodeAdmission",),
         queue=CONTROLLER_QUEUE,
     ),
     *_shards_verbs(),

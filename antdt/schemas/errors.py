@@ -156,6 +156,18 @@ class ErrorCode(str, Enum):
         "the job has ended (every rank exited); registering it again runs it anew",
         ClientAction.GIVE_UP,
     )
+    BLOCKLISTED = (
+        "blocklisted",
+        "the node's host is on the blocklist (`antdt blocklist list`): it may not join the "
+        "job's rendezvous until the entry expires or is allowed",
+        ClientAction.GIVE_UP,
+    )
+    NODE_TAKEN = (
+        "node_taken",
+        "another live torchrun process holds the host's name in the job's node registry; "
+        "it frees when that process stops heartbeating (its record expires)",
+        ClientAction.RETRY,
+    )
 
     @classmethod
     def __get_pydantic_json_schema__(

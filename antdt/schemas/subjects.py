@@ -88,6 +88,14 @@ class Subjects:
         """An agent (or `antdt job create`) registers the job spec with the controller."""
         return f"{self.prefix}.{job}.register"
 
+    def node_join(self, job: str) -> str:
+        """The rendezvous gate asks whether its node may join (NodeJoin)."""
+        return f"{self.prefix}.{job}.node.join"
+
+    def node_heartbeat(self, job: str) -> str:
+        """A node's torchrun says it is alive, waiting or hosting ranks (NodeHeartbeat)."""
+        return f"{self.prefix}.{job}.node.heartbeat"
+
     def any_job(self, tail: str) -> str:
         """Wildcard over all jobs: `{prefix}.*.{tail}`."""
         return f"{self.prefix}.*.{tail}"
@@ -160,6 +168,13 @@ class Keys:
         such a job may only have been silent, so every monitor replica still receives its
         steps (dormant). Deleted with `ended` when the job steps on or registers again."""
         return f"{self.prefix}jobs/{job}/abandoned"
+
+    def node(self, job: str, host: str) -> str:
+        """A registered node of the job (NodeRecord), with its expiry time."""
+        return f"{self.prefix}jobs/{job}/nodes/{host}"
+
+    def nodes(self, job: str) -> str:
+        return f"{self.prefix}jobs/{job}/nodes/"
 
     def blocklist(self, host: str) -> str:
         return f"{self.prefix}blocklist/{host}"

@@ -33,6 +33,8 @@ WIRE_CODES = [
     "bad_reply",
     "slow_consumer",
     "job_ended",
+    "blocklisted",
+    "node_taken",
 ]
 
 

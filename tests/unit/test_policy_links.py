@@ -91,7 +91,7 @@ def test_a_slow_link_that_pays_moves_the_node_and_keeps_the_batches() -> None:
     ("case", "kwargs", "why"),
     [
         ("short run", {"remaining": 128 * 500}, "it does not pay: saving 33.0s over 500 steps"),
-        ("no spare", {"params": {"host_pool": "h0,h1,h2,h3"}}, "no free host to move it to"),
+        ("no spare", {"params": {"host_pool": "h0,h1,h2,h3"}}, "no free spare node to move it to"),
         (
             "budget used",
             {"restarts": RestartLedger(count=2, last_decided_at=0.0)},

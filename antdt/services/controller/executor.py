@@ -170,7 +170,12 @@ class Executor:
         decided_at = time.time()
         violation = self._restart_violation(state, action, view)
         if violation:
-            return await self._unsent(state, action, decided_at, ActionResult.REFUSED, violation)
+            # A hold (no free spare) repeats at every health tick: recorded once.
+            repeat = state.refused_restart == (action.action_id, violation)
+            state.refused_restart = (action.action_id, violation)
+            return await self._unsent(
+                state, action, decided_at, ActionResult.REFUSED, violation, publish=not repeat
+            )
         health = state.health
         step = estimate_current_step(health, decided_at) + self.timing.restart_lead_steps
         ledger = restarts.begin(
@@ -211,21 +216,22 @@ class Executor:
         decided_at: float,
         result: ActionResult,
         error: str,
+        *,
+        publish: bool = True,
     ) -> ActionRecord:
-        return await self.actions.record(
-            records.restart_record(
-                state.spec,
-                action.action_id,
-                action.reason,
-                result,
-                rank=action.rank,
-                host=action.host,
-                incident_id=action.incident_id,
-                decided_at=decided_at,
-                completed_at=time.time(),
-                error=error,
-            )
+        record = records.restart_record(
+            state.spec,
+            action.action_id,
+            action.reason,
+            result,
+            rank=action.rank,
+            host=action.host,
+            incident_id=action.incident_id,
+            decided_at=decided_at,
+            completed_at=time.time(),
+            error=error,
         )
+        return await self.actions.record(record) if publish else record
 
     async def _finish(
         self, state: JobState, pending: PendingRestart, blocklist: Collection[str]

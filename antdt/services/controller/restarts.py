@@ -22,7 +22,19 @@ def restart_violation(view: JobView, action: KillRestartAction, rails: Guardrail
     current = view.hosts.get(action.rank)
     if current is not None and current != action.host:
         return f"rank {action.rank} runs on {current}, not on {action.host}"
-    return ""
+    return no_spare(view, action.host)
+
+
+def no_spare(view: JobView, host: str) -> str:
+    """Why the rank cannot leave `host` ('' when it can): nodes are registered (torchrun's
+    rendezvous gate) and none of them is a free spare."""
+    if not view.nodes or any(spare != host for spare in view.free_spares):
+        return ""
+    busy = ", ".join(sorted(view.nodes)) or "none"
+    return (
+        f"no free spare node: every registered live node ({busy}) hosts a rank or is "
+        "blocklisted; start torchrun on a spare host to allow the restart"
+    )
 
 
 def begin(

@@ -26,6 +26,8 @@ from antdt.schemas import (
     JobHealth,
     JobSpec,
     Keys,
+    NodeHeartbeat,
+    NodeJoin,
     PlanRequest,
     RankHello,
     RankState,
@@ -38,6 +40,8 @@ from antdt.services.controller.counts import JobCounts
 from antdt.services.controller.executor import Executor, Timing
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
+from antdt.services.controller.nodedesk import NodeDesk
+from antdt.services.controller.nodes import NODE_TTL_S
 from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
 from antdt.services.controller.reads import Reads
@@ -63,6 +67,12 @@ class ControllerSettings(ServiceSettings):
         ge=0,
         description="Seconds a host stays on the blocklist after a KILL_RESTART moved a rank "
         "off it; 0: until an operator allows it again (antdt blocklist allow)",
+    )
+    node_ttl_s: float = Field(
+        default=NODE_TTL_S,
+        gt=0,
+        description="Seconds a registered node (torchrun's rendezvous gate) stays in the "
+        "registry after its latest join or heartbeat; then another process may take its name",
     )
     job_retention_s: float = Field(
         default=7 * 86400,
@@ -104,6 +114,9 @@ class ControllerService:
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
         self.counts = JobCounts()  # (job, "hello" | "health" | "incident" | "decision")
+        self.nodes = NodeDesk(
+            store, self.keys, self.subjects, self.owned, ttl_s=settings.node_ttl_s
+        )
 
     @property
     def jobs(self) -> dict[str, JobState]:
@@ -122,6 +135,9 @@ class ControllerService:
         await self.bus.subscribe(s.register(every), JobSpec, self._on_register, queue=q)
         await self.bus.subscribe(s.plan_get(every), PlanRequest, reads.on_plan_get, queue=q)
         await self.bus.subscribe(s.spec_get(every), SpecRequest, reads.on_spec_get, queue=q)
+        await self.bus.subscribe(s.node_join(every), NodeJoin, self.nodes.on_join, queue=q)
+        beat = self.nodes.on_heartbeat
+        await self.bus.subscribe(s.node_heartbeat(every), NodeHeartbeat, beat, queue=q)
         await self.bus.subscribe(s.health(every), JobHealth, self._on_health)
         await self.bus.subscribe(s.incident(every), Incident, self._on_incident)
         await self.bus.subscribe(s.hello(every, every), RankHello, self._on_hello)
@@ -131,6 +147,7 @@ class ControllerService:
         runtime.spawn("hellos", self.hellos.write_loop())
         runtime.spawn("blocklist", self.blocklist.follow(self.store, self.keys))
         runtime.spawn("blocklist-sweep", self.blocklist.sweep_expired(self.store, self.keys))
+        runtime.spawn("nodes", self.nodes.refresh_loop())
         if self.settings.job_retention_s > 0:
             retention = remove_old_jobs(self.store, self.keys, self.settings.job_retention_s)
             runtime.spawn("job-retention", retention)

@@ -11,6 +11,7 @@ from antdt.schemas import (
     IncidentState,
     JobHealth,
     JobSpec,
+    NodeRecord,
     Plan,
     RankHello,
     RestartLedger,
@@ -40,6 +41,8 @@ class JobState:
     resume_pending: bool = False
     started: dict[int, float] = field(default_factory=dict)  # rank -> its process's start
     progress: Progress | None = None  # where the job stands during a restart in flight
+    refused_restart: tuple[str, str] | None = None  # (action id, why) last recorded refused
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)  # live registered nodes
 
     def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
         """The read-only view a policy decides on."""
@@ -57,6 +60,7 @@ class JobState:
             blocklist=blocklist,
             restarts=self.restarts,
             remaining_samples=remaining_samples(self.spec, self.health),
+            nodes={h: r for h, r in self.nodes.items() if r.live(now)},
         )
 
     def learn_hello(self, hello: RankHello) -> None:

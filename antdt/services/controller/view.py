@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from antdt.schemas import Incident, JobHealth, JobSpec, Plan, RestartLedger
+from antdt.schemas import Incident, JobHealth, JobSpec, NodeRecord, Plan, RestartLedger
+from antdt.services.controller.nodes import free_spares
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,14 @@ class JobView:
     restarts: RestartLedger = field(default_factory=RestartLedger)
     #: samples left to train (spec: dataset_size x epochs, minus steps done x global batch)
     remaining_samples: int | None = None
+    #: host -> live record of every node registered for the job (etcd
+    #: `jobs/{job}/nodes/{host}`, torchrun's rendezvous gate); empty: none registered
+    nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+
+    @property
+    def free_spares(self) -> tuple[str, ...]:
+        """Registered live nodes hosting no rank now and not blocklisted, sorted."""
+        return free_spares(self.nodes, set(self.hosts.values()), self.blocklist)
 
     @property
     def remaining_steps(self) -> int | None:

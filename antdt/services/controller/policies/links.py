@@ -123,7 +123,7 @@ def _why_not(
     if view.restarts.count >= rails.restart_budget:
         return f"restart budget used ({view.restarts.count} of {rails.restart_budget})"
     if not replacement:
-        return "no free host to move it to"
+        return "no free spare node to move it to"
     if move is None:
         return "its step time before the onset or the steps left are unknown"
     if move.saving_s <= 0 or move.saving_s < cost.min_saving_ratio * cost.seconds:

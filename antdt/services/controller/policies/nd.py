@@ -93,7 +93,8 @@ class AntDtNdPolicy:
             replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
             for action in self._adjust.decide(view, event)
         ]
-        return adjust if move is None else [move, *adjust]
+        declined = [] if move is None else [move]
+        return [*held_for_spare(view, event, params), *declined, *adjust]
 
 
 def restart_cost(view: JobView, params: NdParams) -> RestartCost:
@@ -176,9 +177,26 @@ def _open_slow(
     ]
 
 
+def held_for_spare(
+    view: JobView, event: JobHealth | Incident, params: NdParams
+) -> list[KillRestartAction]:
+    """The KILL_RESTART that would pay but has no free spare node to go to, as a one-item
+    list (else empty): the executor refuses it and records why (`restarts.no_spare`), so
+    that the hold shows in the action log; batches are still adjusted."""
+    if not view.nodes or view.free_spares:
+        return []
+    anywhere = replace(view, nodes={})  # as if a replacement were found
+    restart = decide_restart(anywhere, event, replace(params, host_pool=()))
+    return [restart] if restart is not None else []
+
+
 def replacement_available(view: JobView, params: NdParams, host: str) -> bool:
-    """A host to move the rank to: one of the pool that no rank uses and nobody
-    blocklisted; without a pool the launcher or scheduler is trusted to find one."""
+    """A host to move the rank to. Nodes registered by torchrun's rendezvous gate: a free
+    spare among them (`JobView.free_spares`). Else one of the pool that no rank uses and
+    nobody blocklisted; without a pool the launcher or scheduler is trusted to find one
+    (`antdt launch` keeps spare slots)."""
+    if view.nodes:
+        return any(spare != host for spare in view.free_spares)
     if not params.host_pool:
         return True
     in_use = set(view.hosts.values()) | {host}
