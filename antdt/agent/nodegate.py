@@ -97,7 +97,7 @@ class NodeGate:
                     if code == ErrorCode.NODE_TAKEN and time.monotonic() < waited_until:
                         time.sleep(min(1.0, self.settings.heartbeat_s))  # its record may lapse
                         continue
-                    if code in (ErrorCode.BLOCKLISTED, ErrorCode.NODE_TAKEN):
+                    if code in (ErrorCode.BLOCKLISTED, ErrorCode.NODE_TAKEN, ErrorCode.JOB_ENDED):
                         return refused.reply
                     raise
         except Exception as exc:
@@ -113,6 +113,22 @@ class NodeGate:
         if self._beating is None:
             self._beating = self._thread.submit(self._beat_forever())  # type: ignore[assignment]
         return None
+
+    def job_ended(self, within_s: float) -> bool:
+        """Whether the controller says the job ended, asking for up to `within_s` (its
+        ranks' last steps may still be on the way when the rendezvous store goes)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                self._thread.run(self._join(), timeout=self.settings.join_timeout_s + 1)
+            except RequestRefused as refused:
+                if refused.reply.code == ErrorCode.JOB_ENDED:
+                    return True
+            except Exception as exc:
+                log.info("controller not asked whether the job ended", error=repr(exc))
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1.0)
 
     def close(self) -> None:
         """Stop heartbeating (the record then expires) and the connection."""

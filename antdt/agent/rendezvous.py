@@ -11,10 +11,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
@@ -23,10 +24,12 @@ from torch.distributed.elastic.rendezvous import (
 
 from antdt.agent.nodegate import GateSettings, NodeGate
 from antdt.agent.restart import BLOCKED_EXIT_CODE
-from antdt.schemas import ErrorReply, NodeState
+from antdt.schemas import ErrorCode, ErrorReply, NodeState
 
 log = structlog.get_logger("antdt.agent.rendezvous")
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+#: How long a spare whose rendezvous store went away asks whether the job ended, seconds.
+ENDED_WAIT_S = 30.0
 
 
 class GatedRendezvousHandler(RendezvousHandler):
@@ -48,13 +51,24 @@ class GatedRendezvousHandler(RendezvousHandler):
         except RendezvousGracefulExitError:
             # The job closed its rendezvous while this node waited as a spare: done, not
             # failed (torch's agent would return no result, and its launcher trip on it).
-            self.gate.close()
-            print(f"antdt: {self.gate.settings.job} finished; spare node leaves", file=sys.stderr)
-            raise SystemExit(0) from None
+            self._finished()
+        except RendezvousConnectionError:
+            # The store's host left: a finished job (its first node exits while a spare
+            # waits), or a broken one. Ask the controller which before calling it a failure.
+            if not self.gate.job_ended(ENDED_WAIT_S):
+                raise
+            self._finished()
         self.gate.state = NodeState.PARTICIPANT
         return info
 
+    def _finished(self) -> NoReturn:
+        self.gate.close()
+        print(f"antdt: {self.gate.settings.job} finished; spare node leaves", file=sys.stderr)
+        raise SystemExit(0) from None
+
     def _refuse(self, refusal: ErrorReply) -> None:
+        if refusal.code == ErrorCode.JOB_ENDED:
+            self._finished()
         self._leave()
         self.gate.close()
         print(

@@ -60,6 +60,9 @@ class NodeDesk:
     async def _report(self, report: NodeReport, delivery: Delivery, *, join: bool) -> NodeAdmission:
         if self.subjects.job_of(delivery.subject) != report.job:
             raise Rejected(ErrorCode.BAD_REQUEST, "job does not match the subject")
+        if join and await self.store.get(self.keys.ended(report.job)) is not None:
+            self.counts.add(report.job, ErrorCode.JOB_ENDED.value)
+            raise Rejected(ErrorCode.JOB_ENDED, f"job {report.job} has ended")
         key = self.keys.node(report.job, report.host)
         for _ in range(CAS_ATTEMPTS):
             now = time.time()
