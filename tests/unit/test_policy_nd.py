@@ -412,3 +412,21 @@ def test_actions_keep_global_batch_bounds_caps_and_budget(v: JobView) -> None:
         assert action.expected_saving_s >= ratio * action.restart_cost_s
         if action.local_batch_after is not None:
             _within(v, action.local_batch_after)
+
+
+def test_restart_saving_measured_when_the_straggler_slows_everyones_exchange() -> None:
+    # The models see compute only (39 ms -> 32 ms a step); the job measures 200 ms a step
+    # now against 50 ms before the onset (a starved rank holds up every allreduce).
+    v = nd_view(speeds=STRAGGLER)
+    v = replace(v, health=v.health.model_copy(update={"step_s": 0.2}))  # type: ignore[union-attr]
+    by_model = estimate_restart(v, 3, STRAGGLER)
+    slowed = persistent().model_copy(update={"evidence": {"step_s_before": 0.05}})
+    measured = estimate_restart(v, 3, STRAGGLER, slowed)
+    assert by_model is not None and measured is not None
+    assert (measured.step_now_s, measured.step_after_s) == (0.2, 0.05)
+    assert measured.saving_s == pytest.approx(0.15 * measured.steps_left)
+    assert measured.plan_after == by_model.plan_after
+    # Measured slower than the model says (noise after the batches were re-sized): the
+    # model's figures stand.
+    calm = persistent().model_copy(update={"evidence": {"step_s_before": 0.199}})
+    assert estimate_restart(v, 3, STRAGGLER, calm) == by_model

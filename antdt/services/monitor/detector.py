@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any, Final, NamedTuple
 
 from antdt.schemas import (
-    Cause,
     Incident,
     JobHealth,
     RankExit,
@@ -349,12 +348,12 @@ class JobDetector:
 
 
 def _with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) -> Judgement:
-    """A normal window is kept (the job's pace before an onset); a communication
-    straggler's judgement gets the step times now and before: moving its node saves
-    the difference, which no batch plan would."""
+    """A normal window is kept (the job's pace before an onset); a straggler's judgement
+    gets the step times now and before: moving its node wins back the difference, also
+    what its slowness costs everyone's communication, which no model of compute sees."""
     if judged.verdict is Verdict.NORMAL:
         rank.normal_windows.append(stats)
-    elif judged.verdict is Verdict.SLOW and judged.cause is Cause.COMMUNICATION:
+    elif judged.verdict is Verdict.SLOW:
         before = min((w.step_s for w in rank.normal_windows), default=None)
         return judged._replace(step_s=stats.step_s, step_s_before=before)
     return judged

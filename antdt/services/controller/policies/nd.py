@@ -122,7 +122,7 @@ def decide_restart(
         host = view.hosts.get(incident.rank, incident.host)
         if not replacement_available(view, params, host):
             continue
-        estimate = estimate_restart(view, incident.rank, speeds)
+        estimate = estimate_restart(view, incident.rank, speeds, incident)
         if estimate is None or estimate.saving_s <= 0:
             continue
         if estimate.saving_s < params.min_saving_ratio * cost_s:
@@ -204,6 +204,20 @@ def replacement_available(view: JobView, params: NdParams, host: str) -> bool:
 
 
 def estimate_restart(
+    view: JobView, rank: int, speeds: Sequence[float | None], incident: Incident | None = None
+) -> RestartEstimate | None:
+    """The model's estimate (`estimate_by_model`), or the measured one when it saves more:
+    the job's step time now against the incident's before the onset (`step_s_before`).
+    Models see compute only; a starved rank also slows everyone's exchange."""
+    estimate = estimate_by_model(view, rank, speeds)
+    before = None if incident is None else incident.evidence.get("step_s_before")
+    if estimate is None or before is None or view.health is None:
+        return estimate
+    measured = replace(estimate, step_now_s=view.health.step_s, step_after_s=before)
+    return measured if measured.saving_s > estimate.saving_s else estimate
+
+
+def estimate_by_model(
     view: JobView, rank: int, speeds: Sequence[float | None]
 ) -> RestartEstimate | None:
     """Step times now and with `rank` as fast as the typical other rank, both under the
