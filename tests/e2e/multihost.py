@@ -21,7 +21,18 @@ from typing import Any, TypeVar
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
-from antdt.schemas import ActionRecord, ActionResult, Incident, RankHello, StepEvent, Subjects
+from antdt.runtime.store import Store
+from antdt.schemas import (
+    ActionRecord,
+    ActionResult,
+    Incident,
+    Keys,
+    NodeRecord,
+    NodeState,
+    RankHello,
+    StepEvent,
+    Subjects,
+)
 from antdt.testing.hostbed import Host, HostBed, Servers
 from tests.e2e.conftest import RunningServices, start_services
 
@@ -194,6 +205,30 @@ def throughput(rows: list[dict[str, Any]], first: int, last: int) -> float:
     pairs = itertools.pairwise(window)
     rates = [b["samples"] / (b["t"] - a["t"]) for a, b in pairs if b["t"] > a["t"]]
     return statistics.quantiles(rates, n=4)[2]
+
+
+async def wait_for_spare(cluster: Cluster, host: str, timeout: float) -> None:
+    """Until `host` is registered as a node waiting for the next round (a free spare)."""
+    store = await Store(cluster.settings.etcd).connect()
+    key = Keys(cluster.settings.etcd.key_prefix).node(cluster.job, host)
+    waiting = False
+
+    async def check() -> None:
+        nonlocal waiting
+        got = await store.get(key)
+        waiting = got is not None and NodeRecord.model_validate_json(got.value).state == (
+            NodeState.WAITING
+        )
+
+    try:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not waiting:
+            await check()
+            if not waiting and asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"{host} never waited as a spare\n{cluster.log_tail(host)}")
+            await asyncio.sleep(0.5)
+    finally:
+        await store.close()
 
 
 async def wait_until(

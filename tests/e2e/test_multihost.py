@@ -7,14 +7,16 @@ spare is free (the reason recorded), and its node is moved once one is."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 from antdt.agent.restart import BLOCKED_EXIT_CODE
 from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
-from antdt.schemas import ActionResult, Cause
+from antdt.schemas import ActionResult, Cause, StepEvent
 from antdt.testing.hostbed import HostBed, unavailable_reason
 from tests.e2e.multihost import (
     Cluster,
@@ -24,6 +26,7 @@ from tests.e2e.multihost import (
     progress,
     run_in_control,
     throughput,
+    wait_for_spare,
     wait_until,
 )
 
@@ -37,9 +40,20 @@ pytestmark = [
 ]
 
 HOSTS, WORLD, SLOW, SPARE = ["w0", "w1", "w2", "w3", "w4"], 4, "w3", "w4"
-DATASET, BATCH, EPOCHS, ONSET, WINDOW = 24000, 512, 4, 30, 8
+DATASET, BATCH, EPOCHS, WINDOW = 48000, 2048, 12, 8
+#: Steps between the spare waiting in the rendezvous and the fault (the onset).
+ONSET_AFTER = 15
 #: Each worker host's CPU budget, CPUs: 5 hosts and the control plane fit 2 cores.
 CPUS = 0.3
+
+
+def compute_speed(steps: list[StepEvent], first: int, last: int) -> float:
+    """Median samples per compute-second over steps [first, last] of the hosts never
+    contended: the machine's speed then."""
+    window = [e for e in steps if e.host not in (SLOW, SPARE) and first <= e.step <= last]
+    rates = [e.samples / e.compute_s for e in window if e.samples and e.compute_s > 0]
+    assert len(rates) >= 5, (first, last, len(rates))
+    return statistics.median(rates)
 
 
 def demo_env(cluster: Cluster, **params: float) -> dict[str, str]:
@@ -74,21 +88,28 @@ def test_contended_host_relieved_then_moved_onto_the_spare(tmp_path: Path, uniqu
     with HostBed(prefix="mhcpu") as bed:
         cluster = open_cluster(bed, HOSTS, world=WORLD, cpus=CPUS, out=tmp_path, job=job)
 
-        async def scenario() -> dict[str, int]:
+        async def scenario() -> tuple[dict[str, int], int]:
             bus, running = await control_plane(cluster, window=WINDOW, slow_threshold=0.5)
             try:
                 await start_training(cluster, demo_env(cluster))
                 cluster.torchrun(SPARE, demo_env(cluster))  # waits for the next round
+                await wait_for_spare(cluster, SPARE, 120)
+                onset = cluster.seen.max_step() + ONSET_AFTER
                 await wait_until(
-                    lambda: cluster.seen.max_step() >= ONSET, 120, "the onset", cluster
+                    lambda: cluster.seen.max_step() >= onset, 120, "the onset", cluster
                 )
-                bed.contend(cluster.workers[SLOW], share=2.0)  # a noisy neighbour, for good
-                return await cluster.exit_codes(timeout=420)
+                loops = bed.contend(cluster.workers[SLOW], share=2.0)  # a noisy neighbour
+                # Until its node leaves the job: on one machine its loops would go on taking
+                # CPU that the other hosts' budgets count on, which a real node's would not.
+                await asyncio.to_thread(cluster.procs[SLOW].wait, 420)
+                for loop in loops:
+                    bed.stop(loop)
+                return await cluster.exit_codes(timeout=420), onset
             finally:
                 await running.runtime.shutdown()
                 await bus.close()
 
-        codes = run_in_control(cluster, scenario)
+        codes, onset = run_in_control(cluster, scenario)
     seen = cluster.seen
     applied = [a for a in seen.actions if a.result == ActionResult.APPLIED]
     print("\n" + "\n".join(f"{a.kind} step={a.effective_step} {a.reason}" for a in applied))
@@ -115,11 +136,19 @@ def test_contended_host_relieved_then_moved_onto_the_spare(tmp_path: Path, uniqu
 
     # 3. throughput after the restart, against before the onset
     rows = progress(tmp_path)
-    before = throughput(rows, 5, ONSET - 1)
+    before = throughput(rows, 5, onset - 1)
     last = max(r["step"] for r in rows)
     after_restart = throughput(rows, restart.effective_step + 6, last)
-    print(f"throughput: {before:.0f}/s before the onset, {after_restart:.0f}/s after the move")
-    assert after_restart >= 0.9 * before
+    # The machine's own speed moves during a run (its 2 cores also run the control plane):
+    # the compute speed of ranks never on the contended host says by how much.
+    machine = compute_speed(seen.steps, restart.effective_step + 6, last) / compute_speed(
+        seen.steps, 5, onset - 1
+    )
+    print(
+        f"throughput: {before:.0f}/s before the onset, {after_restart:.0f}/s after the move "
+        f"({after_restart / before:.2f}; the machine at {machine:.2f} of its speed before)"
+    )
+    assert after_restart >= 0.9 * before * min(machine, 1.0)
 
     # 4. every sample of every epoch reached the model exactly once
     lines = read_sample_logs(tmp_path / "samples", WORLD)
@@ -141,9 +170,7 @@ def test_slow_link_moved_only_once_a_spare_is_free(tmp_path: Path, unique: str) 
             bus, running = await control_plane(cluster, window=WINDOW, slow_threshold=0.5)
             try:
                 await start_training(cluster, demo_env(cluster))
-                await wait_until(
-                    lambda: cluster.seen.max_step() >= ONSET, 120, "the onset", cluster
-                )
+                await wait_until(lambda: cluster.seen.max_step() >= 30, 120, "the onset", cluster)
                 bed.slow_link(cluster.workers[SLOW], delay_ms=40)
                 await wait_until(declined, 180, "a restart declined: no spare", cluster)
                 cluster.torchrun(SPARE, demo_env(cluster))
