@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from antdt.agent.launch import Slots, exit_code, launch, rank_env
+from antdt.agent.launch import Run, Slots, exit_code, launch, rank_env
 from tests.helpers import wait_for_sync
 
 KEYS = [
@@ -96,9 +96,14 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path) -> None:
 
 
 def test_rank_env_and_exit_codes() -> None:
-    env = rank_env({"ANTDT_WORLD_SIZE": "9", "PATH": "/bin"}, 1, 2, 1234, "slot1")
+    base = {"ANTDT_WORLD_SIZE": "9", "ANTDT_RESTART_COUNT": "5", "PATH": "/bin"}
+    env = rank_env(base, 1, 2, Run("r1", 2, 3, 1234), "slot1")
     assert env["ANTDT_HOST"] == "slot1" and env["MASTER_PORT"] == "1234"
-    assert "ANTDT_WORLD_SIZE" not in env and env["PATH"] == "/bin"
+    assert "ANTDT_WORLD_SIZE" not in env and "ANTDT_RESTART_COUNT" not in env
+    assert env["PATH"] == "/bin"
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+    assert (env["TORCHELASTIC_RUN_ID"], env["GROUP_RANK"], env["ROLE_RANK"]) == ("r1", "0", "1")
+    assert env["LOCAL_WORLD_SIZE"] == env["WORLD_SIZE"] == "2"
     assert exit_code(-9) == 137 and exit_code(2) == 2
 
 
@@ -108,7 +113,7 @@ RESTART_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 out, rank = Path(sys.argv[1]), os.environ["RANK"]
-run = os.environ["ANTDT_RESTART_COUNT"]
+run = os.environ["TORCHELASTIC_RESTART_COUNT"]
 (out / f"run{run}-rank{rank}").write_text(os.environ["ANTDT_HOST"])
 if run == "0":
     if rank == "1":
@@ -127,7 +132,7 @@ def test_a_requested_restart_moves_the_rank_off_the_avoided_host(tmp_path: Path)
 
 
 def test_failures_are_restarted_up_to_the_limit(tmp_path: Path) -> None:
-    script = "import os, sys; sys.exit(0 if os.environ['ANTDT_RESTART_COUNT'] == '2' else 4)"
+    script = "import os, sys; sys.exit(0 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '2' else 4)"
     assert launch(2, [sys.executable, "-c", script], max_restarts=2) == 0
     assert launch(2, [sys.executable, "-c", script], max_restarts=1) == 4
 
