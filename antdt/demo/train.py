@@ -145,7 +145,7 @@ class Checkpoints:
             state = torch.load(self.path, weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        if state is not None or agent.settings.restart_count > 0:
+        if agent.restarted() or state is not None:
             agent.restore(int(state["step"]) if state is not None else None)
         return int(state["seen"]) if state is not None else 0
 
