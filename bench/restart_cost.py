@@ -136,7 +136,11 @@ async def run_case(
         await _until(lambda: seen.back_after(at, stepping) is not None, 120, proc, running)
         back = seen.back_after(at, stepping)
         assert back is not None
-        rc = await asyncio.to_thread(proc.wait, 120) if proc is not None else await running
+        if proc is not None:
+            rc = await asyncio.to_thread(proc.wait, 120)
+        else:
+            assert running is not None
+            rc = await running
         if rc != 0:
             raise RuntimeError(f"{launcher} ({trigger}) ended with {rc}: see {out}")
         return back
