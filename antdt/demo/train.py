@@ -67,7 +67,7 @@ def main() -> None:
     agent.restartable = checkpoints.path is not None
     fault = Fault.from_env(settings.rank, settings.restart_count)
     shrink = Shrink.from_env(settings.rank, settings.world_size)
-    mode = "a" if settings.restart_count else "w"
+    mode = "a" if agent.restarted() else "w"  # cached: resume() agreed it
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
     min_step_s = float(os.environ.get("ANTDT_DEMO_MIN_STEP_S", "0"))
     started = time.perf_counter()
