@@ -26,6 +26,9 @@ from antdt.testing.torchrun import kill_rank, start_torchrun, stop
 WORLD = 2
 #: (launcher, trigger) of each run, in the order they run.
 CASES = (("antdt launch", "KILL_RESTART"), ("torchrun", "KILL_RESTART"), ("torchrun", "kill -9"))
+#: Steps past the last step event seen at which a KILL_RESTART asks for its checkpoint
+#: (ranks run a step or two ahead of their events; the controller also asks ahead).
+CHECKPOINT_AHEAD = 5
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ async def run_case(
             def stepping(e: StepEvent) -> bool:
                 return e.step <= last  # only a restored process steps back
         else:
-            checkpoint = last + 3
+            checkpoint = last + CHECKPOINT_AHEAD
             await kill_restart(bus, subjects, job, checkpoint)
 
             def stepping(e: StepEvent) -> bool:
