@@ -295,10 +295,13 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 1800.0) -> None
 
 
 def _agent_store(timeout: Any) -> Any:
-    """Under torchrun, whose agent keeps one store for every restart of the group: that
-    store, under a prefix per restart. Unprefixed, a restarted rank may read a dead
-    one's address and fail to connect (pytorch/pytorch#135712). None: not torchrun."""
+    """Under single-node torchrun, whose agent keeps one store for every restart of the
+    group: that store, under a prefix per restart. Unprefixed, a restarted rank may read
+    a dead one's address and fail to connect (pytorch/pytorch#135712). None otherwise:
+    restart counts are per node, so across nodes they would split the group."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
         return None
     import torch.distributed as dist
 
@@ -306,7 +309,7 @@ def _agent_store(timeout: Any) -> Any:
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
     )
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"antdt/restart{restart}/", client)
+    return dist.PrefixStore(f"antdt/restart{restart}", client)
 
 
 def destroy_process_group() -> None:

@@ -162,3 +162,31 @@ def test_ranks_are_pinned_to_the_cores_given(tmp_path: Path) -> None:
 def test_a_core_this_process_may_not_use_is_refused() -> None:
     with pytest.raises(ValueError, match="cores"):
         launch(1, [sys.executable, "-c", "pass"], cores=[max(os.sched_getaffinity(0)) + 1])
+
+
+def test_under_single_node_torchrun_each_restart_meets_under_its_own_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun's agent store outlives restarts: keys a dead group left must not be read."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from antdt.agent.launch import _agent_store
+    from antdt.runtime.servers import free_port
+
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert _agent_store(timedelta(seconds=5)) is None  # not torchrun: env:// as before
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert _agent_store(timedelta(seconds=5)) is None  # nodes count restarts apart
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    store = _agent_store(timedelta(seconds=5))
+    store.set("k", "v")
+    assert dist.PrefixStore("antdt/restart2", master).get("k") == b"v"
+    assert not master.check(["k"])  # not where an unprefixed group would look
