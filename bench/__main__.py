@@ -21,6 +21,7 @@ from bench.ingest import bench_monitor_ingest, bench_raw_pubsub
 from bench.ingest_replicas import bench_ingest_replicas
 from bench.latency import bench_incident_to_plan, bench_raw_request
 from bench.ledger_writes import bench_ledger_writes
+from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
 from bench.shards_rows import RUNS, shards_rows
 
 
@@ -87,7 +88,21 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     rows += await checkpoint_rows_of(cluster)
     rows += await incident_to_plan_rows(cluster)
     rows += await contention_or_failure(cluster)
+    rows += await restart_cost_rows(cluster)
     return rows
+
+
+async def restart_cost_rows(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
+    """AntDT's KILL_RESTART (antdt launch, torchrun) against torchrun's own restart of
+    the same job after a kill -9, in this run; the bars go to runs/bench/restart.png."""
+    with console.status("restart cost: KILL_RESTART and torchrun's own restart, 2 ranks"):
+        got = await bench_restart_cost(cluster, FULL, RUNS / "restart")
+    console.print(
+        "restart cost, trigger to every rank stepping again: "
+        + "; ".join(f"{case} {seconds:.2f} s" for case, seconds in got.items())
+        + f" ({save_restart_chart(got, RUNS / 'restart.png')})"
+    )
+    return restart_rows(got)
 
 
 async def contention_or_failure(cluster: EmbeddedCluster) -> list[dict[str, Any]]:

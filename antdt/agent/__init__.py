@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from antdt.agent.agent import Agent
-from antdt.agent.errors import AgentClosed, AgentError
+from antdt.agent.errors import AgentClosed, AgentError, RestartMismatch
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
 from antdt.agent.launch import destroy_process_group, init_process_group, launch
@@ -57,6 +57,7 @@ __all__ = [
     "AgentSettings",
     "Injection",
     "InjectionSchedule",
+    "RestartMismatch",
     "Step",
     "WeightedHookState",
     "allreduce_weighted",

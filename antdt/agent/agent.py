@@ -12,10 +12,10 @@ from typing import Any, NoReturn
 import structlog
 from opentelemetry.sdk.trace import TracerProvider
 
-from antdt.agent import restart
+from antdt.agent import incarnation, restart
 from antdt.agent.collectives import Collectives, TorchCollectives
 from antdt.agent.commands import CommandHandler
-from antdt.agent.errors import AgentClosed
+from antdt.agent.errors import AgentClosed, RestartMismatch
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.outbox import RestoreMark
 from antdt.agent.session import Parts, Session, open_session
@@ -67,13 +67,19 @@ class Agent:
         traces = AgentTraces(s.job, s.rank, tracer_provider)
         self._parts = Parts(
             plans=plans,
-            commands=CommandHandler(s.job, s.rank, s.world_size, plans, traces),
+            commands=CommandHandler(
+                s.job, s.rank, s.world_size, plans, traces, restarts_left=s.restarts_left
+            ),
             traces=traces,
             schedule=InjectionSchedule.parse(s.inject).for_rank(s.rank, s.host),
             collectives=self._get_collectives,
         )
         self._phase = Phase.NEW
         self._session: Session | None = None  # set by a start() that succeeded, whole
+        self._restored = False
+        self._group_restarts: int | None = None  # agreed by the ranks (restarted())
+        #: Restores whose ledger incarnation was behind the launcher's restart count.
+        self.incarnation_corrections = 0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -91,7 +97,15 @@ class Agent:
         self._phase = Phase.RUNNING
         atexit.register(self.close)
         s = self.settings
-        log.info("agent started", job=s.job, rank=s.rank, host=s.host, plan=self.plan.version)
+        log.info(
+            "agent started",
+            job=s.job,
+            rank=s.rank,
+            local_rank=s.local_rank,
+            host=s.host,
+            restart_count=s.restart_count,
+            plan=self.plan.version,
+        )
         return self
 
     def close(self) -> None:
@@ -129,8 +143,12 @@ class Agent:
     # -- training-thread API -------------------------------------------------------
 
     def epochs(self) -> Iterator[int]:
-        """Epoch numbers, until the shards service reports the job done."""
+        """Epoch numbers, until the shards service reports the job done. A restarted
+        group must restore() first (RestartMismatch otherwise: nothing is fetched)."""
         session = self._live()
+        problem = incarnation.before_training(self.settings.restart_count, self._restored)
+        if problem is not None and not session.stream.started:
+            raise RestartMismatch(problem)
         session.start_fetching()
         return session.driver.epochs()
 
@@ -164,6 +182,12 @@ class Agent:
         timeout = s.ledger_timeout_s
         reply = session.run(session.ledger.restore(req, timeout), timeout=timeout + 5)
         session.stream.set_incarnation(reply.incarnation)
+        self._restored = True
+        count = self._group_restarts if self._group_restarts is not None else s.restart_count
+        correction = incarnation.after_restore(count, reply.incarnation)
+        if correction is not None:
+            self.incarnation_corrections += 1
+            log.warning("restart count corrected", job=s.job, reason=correction)
         if s.sample_log:
             session.publisher.log_ids(RestoreMark(step))
         self._parts.plans.rewind(0 if step is None else step + 1)
@@ -177,6 +201,15 @@ class Agent:
         )
         session.start_fetching()
         return reply
+
+    def restarted(self) -> bool:
+        """Whether any rank's launcher restarted its group (collective: on every rank).
+        torchrun counts restarts per node: a node restarted only because another failed
+        keeps its count, so a script decides to restore() on this, not on its own count."""
+        if self._group_restarts is None:
+            own = self.settings.restart_count
+            self._group_restarts = self._get_collectives().agree_max(own)
+        return self._group_restarts > 0
 
     def _agree_token(self) -> str:
         mine = int.from_bytes(os.urandom(7), "big")

@@ -23,9 +23,17 @@ log = structlog.get_logger("antdt.agent")
 
 class CommandHandler:
     def __init__(
-        self, job: str, rank: int, world_size: int, plans: StepPlans, traces: AgentTraces
+        self,
+        job: str,
+        rank: int,
+        world_size: int,
+        plans: StepPlans,
+        traces: AgentTraces,
+        *,
+        restarts_left: int | None = None,  # the launcher's (None: it did not say)
     ) -> None:
         self._job, self._rank, self._world_size = job, rank, world_size
+        self._restarts_left = restarts_left
         self._plans = plans
         self._traces = traces
         self.received = 0
@@ -75,6 +83,11 @@ class CommandHandler:
         problem = restart.judge(cmd, self._plans.first_open, self._world_size)
         if not self.restartable:
             problem = "this job's script does not checkpoint on request (agent.restartable)"
+        if self._restarts_left == 0:
+            problem = (
+                "the launcher has no restart left (torchrun --max-restarts): exiting "
+                f"with {restart.RESTART_EXIT_CODE} would end the job"
+            )
         if problem is None and known is not None:
             problem = f"a restart at step {known.step} is already pending"
         if problem is not None:

@@ -10,3 +10,8 @@ class AgentError(RuntimeError):
 class AgentClosed(AgentError):
     """The agent is closed: raised by its training API, also to a thread that was
     waiting for data when close() ran."""
+
+
+class RestartMismatch(AgentError):
+    """The launcher's restart count and the job's data ledger disagree in a way that
+    would lose or repeat samples: e.g. a restarted process trains without restore()."""

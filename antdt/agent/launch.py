@@ -1,4 +1,5 @@
 """Local launch of N ranks (what `antdt launch` runs), and the process-group helpers.
+Each rank sees what torchrun would give it (antdt.agent.elastic), so one code path serves.
 
 Each rank runs in its own process group and dies with the launcher, even a killed -9
 one: its death signal is tied to the forking thread, so call launch() from a thread that
@@ -15,12 +16,14 @@ import subprocess
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from antdt.agent.elastic import WorkerEnv, worker_environ
 from antdt.agent.restart import RESTART_EXIT_CODE
 from antdt.runtime.servers import die_with_parent, free_port
 
@@ -31,23 +34,34 @@ RESTART_GRACE_S = 120.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
 
-def rank_env(
-    base: Mapping[str, str], rank: int, nproc: int, port: int, host: str
-) -> dict[str, str]:
-    env = dict(base)
-    # The launcher's ranks are authoritative: a stray ANTDT_RANK would outrank RANK.
-    env.pop("ANTDT_RANK", None)
-    env.pop("ANTDT_WORLD_SIZE", None)
-    env.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(nproc),
-        LOCAL_WORLD_SIZE=str(nproc),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        ANTDT_HOST=host,  # one machine poses as N hosts for host-based injection
+@dataclass(frozen=True)
+class Run:
+    """What every rank of one group start shares: the run id, the restarts so far and
+    the budget, and where the process group meets."""
+
+    run_id: str
+    restart_count: int
+    max_restarts: int
+    port: int
+
+
+def rank_env(base: Mapping[str, str], rank: int, nproc: int, run: Run, host: str) -> dict[str, str]:
+    """Rank `rank`'s environment: torchrun's worker contract (one node, one role), and
+    the slot it poses as (ANTDT_HOST: one machine poses as N hosts for injection)."""
+    worker = WorkerEnv(
+        rank=rank,
+        local_rank=rank,
+        world_size=nproc,
+        local_world_size=nproc,
+        group_rank=0,
+        group_world_size=1,
+        restart_count=run.restart_count,
+        max_restarts=run.max_restarts,
+        run_id=run.run_id,
+        master_addr="127.0.0.1",
+        master_port=run.port,
     )
-    return env
+    return {**worker_environ(base, worker), "ANTDT_HOST": host}
 
 
 @dataclass
@@ -138,7 +152,9 @@ def launch(
     succeed, else the first non-zero exit code. Restarts the whole group after a failure
     (up to `max_restarts`) and when the ranks exit with RESTART_EXIT_CODE (up to
     `max_requested_restarts`, moving ranks to `spare_slots`). SIGINT/SIGTERM are
-    forwarded to every rank. With `cores`, rank r runs on core cores[r % len(cores)] only."""
+    forwarded to every rank. With `cores`, rank r runs on core cores[r % len(cores)] only.
+    Each rank gets torchrun's worker environment (antdt.agent.elastic); its
+    TORCHELASTIC_MAX_RESTARTS is both budgets together."""
     if nproc < 1:
         raise ValueError("nproc must be >= 1")
     if not command:
@@ -154,12 +170,13 @@ def launch(
     stop_requested = threading.Event()  # the launcher was signalled: no restart then
     slots = Slots(nproc, spare_slots, host_prefix)
     failures = requested = 0
+    run_id = uuid.uuid4().hex  # as torchrun --standalone: one id for the launch
+    budget = max_restarts + max_requested_restarts
     with tempfile.TemporaryDirectory(prefix="antdt-launch-") as folder:
         base["ANTDT_LAUNCH_DIR"] = folder
         while True:
-            count = str(failures + requested)
-            base.update(ANTDT_RESTART_COUNT=count, TORCHELASTIC_RESTART_COUNT=count)
-            code = _run_group(command, base, slots.hosts, pinning, stop_requested)
+            run = Run(run_id, failures + requested, budget, free_port())
+            code = _run_group(command, base, run, slots.hosts, pinning, stop_requested)
             if code == 0 or stop_requested.is_set():
                 return code
             if code == RESTART_EXIT_CODE and requested < max_requested_restarts:
@@ -181,18 +198,18 @@ def _say(message: str) -> None:
 def _run_group(
     command: list[str],
     base: dict[str, str],
+    run: Run,
     hosts: list[str],
     pinning: list[int | None],
     stop_requested: threading.Event,
 ) -> int:
     nproc = len(pinning)
-    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     exits: queue.Queue[tuple[int, int]] = queue.Queue()
     restore = _forward_signals(procs, stop_requested)
     try:
         for rank in range(nproc):
-            env = rank_env(base, rank, nproc, port, hosts[rank])
+            env = rank_env(base, rank, nproc, run, hosts[rank])
             procs.append(_spawn(command, env, pinning[rank]))
         for rank, proc in enumerate(procs):
             threading.Thread(
@@ -265,13 +282,34 @@ def init_process_group(backend: str = "gloo", timeout_s: float = 1800.0) -> None
     if rank is None or world is None or "MASTER_PORT" not in os.environ:
         raise RuntimeError("RANK, WORLD_SIZE and MASTER_ADDR/MASTER_PORT must be set")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    timeout = timedelta(seconds=timeout_s)
+    store = _agent_store(timeout)
     dist.init_process_group(
         backend=backend,
-        init_method="env://",
+        init_method=None if store is not None else "env://",
+        store=store,
         rank=int(rank),
         world_size=int(world),
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
+
+
+def _agent_store(timeout: Any) -> Any:
+    """Under single-node torchrun, whose agent keeps one store for every restart of the
+    group: that store, under a prefix per restart. Unprefixed, a restarted rank may read
+    a dead one's address and fail to connect (pytorch/pytorch#135712). None otherwise:
+    restart counts are per node, so across nodes they would split the group."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
+        return None
+    import torch.distributed as dist
+
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"antdt/restart{restart}", client)
 
 
 def destroy_process_group() -> None:

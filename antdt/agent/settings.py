@@ -1,22 +1,28 @@
 """The agent's settings: one root per training process, read from the environment.
 
-Every field comes from `ANTDT_<FIELD>` (nested with `__`, e.g. `ANTDT_NATS__URL`);
-rank and world size also from the launcher's plain `RANK` / `WORLD_SIZE`."""
+Every field comes from `ANTDT_<FIELD>` (nested with `__`, e.g. `ANTDT_NATS__URL`); the
+rank's place in the run also from torchrun's worker contract (antdt.agent.elastic:
+RANK, LOCAL_RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, ...), which `antdt launch`
+sets too. The job id defaults to a named rendezvous id (TORCHELASTIC_RUN_ID)."""
 
 from __future__ import annotations
 
 import re
 import socket
+from typing import Any
 
 from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from antdt.agent.elastic import run_id_as_job
 from antdt.runtime.config import NatsSettings, TelemetrySettings
 from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
 from antdt.schemas import JobSpec, MonitorParams
 from antdt.schemas.plan import PolicyParam
 
 TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
+#: The keys the rendezvous id may arrive under (the env's, or a keyword's).
+RUN_ID_KEYS = ("TORCHELASTIC_RUN_ID", "torchelastic_run_id", "run_id")
 
 
 def default_host() -> str:
@@ -34,7 +40,17 @@ class AgentSettings(BaseSettings):
 
     nats: NatsSettings = Field(default_factory=NatsSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
-    job: str = Field(min_length=1, max_length=128, pattern=TOKEN.pattern, description="Job id")
+    job: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=TOKEN.pattern,
+        description="Job id (default: torchrun's --rdzv-id, or the uuid --standalone makes)",
+    )
+    run_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("TORCHELASTIC_RUN_ID", "run_id"),
+        description="The launcher's rendezvous id (TORCHELASTIC_RUN_ID)",
+    )
     rank: int = Field(
         ge=0,
         validation_alias=AliasChoices("ANTDT_RANK", "RANK", "rank"),
@@ -44,6 +60,12 @@ class AgentSettings(BaseSettings):
         ge=1,
         validation_alias=AliasChoices("ANTDT_WORLD_SIZE", "WORLD_SIZE", "world_size"),
         description="Ranks in the job",
+    )
+    local_rank: int | None = Field(
+        default=None,
+        ge=0,
+        validation_alias=AliasChoices("ANTDT_LOCAL_RANK", "LOCAL_RANK", "local_rank"),
+        description="This process's rank on its node (LOCAL_RANK), e.g. its GPU",
     )
     host: str = Field(
         default_factory=default_host,
@@ -100,7 +122,13 @@ class AgentSettings(BaseSettings):
         validation_alias=AliasChoices(
             "ANTDT_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "restart_count"
         ),
-        description="Restarts of this job's group so far (set by the launcher), restarts",
+        description="Restarts of this node's group so far (set by the launcher), restarts",
+    )
+    max_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        validation_alias=AliasChoices("TORCHELASTIC_MAX_RESTARTS", "max_restarts"),
+        description="The launcher's restart budget (torchrun --max-restarts), restarts",
     )
     restore_token: str | None = Field(
         default=None,
@@ -112,6 +140,29 @@ class AgentSettings(BaseSettings):
         default=None,
         description="The job's detection tunables, e.g. ANTDT_MONITOR__WINDOW=16 (registered)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _job_from_run_id(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("job"):
+            return data
+        run_id = next((data[k] for k in RUN_ID_KEYS if data.get(k)), None)
+        job = run_id_as_job(run_id)
+        if job is None:
+            raise ValueError(
+                "no job id: set ANTDT_JOB (or run under torchrun with --standalone or a "
+                f"named --rdzv-id; its default {run_id!r} would join every unnamed run)"
+                if run_id
+                else "no job id: set ANTDT_JOB (or run under torchrun, whose run id serves)"
+            )
+        return {**data, "job": job}
+
+    @property
+    def restarts_left(self) -> int | None:
+        """Group restarts the launcher has left (None: it did not say)."""
+        if self.max_restarts is None:
+            return None
+        return max(0, self.max_restarts - self.restart_count)
 
     @model_validator(mode="after")
     def _rank_in_job(self) -> AgentSettings:

@@ -26,8 +26,8 @@ def launch(
     ] = "",
 ) -> None:
     """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
-    With --max-restarts, a failed group is started again (ANTDT_RESTART_COUNT=k) to
-    resume from its checkpoint."""
+    With --max-restarts, a failed group is started again (TORCHELASTIC_RESTART_COUNT=k) to
+    resume from its checkpoint. Each rank gets the environment torchrun would give it."""
     from antdt.agent.launch import launch as run_ranks
 
     command = [a for a in ctx.args if a != "--"]

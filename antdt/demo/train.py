@@ -67,7 +67,7 @@ def main() -> None:
     agent.restartable = checkpoints.path is not None
     fault = Fault.from_env(settings.rank, settings.restart_count)
     shrink = Shrink.from_env(settings.rank, settings.world_size)
-    mode = "a" if settings.restart_count else "w"
+    mode = "a" if agent.restarted() else "w"  # cached: resume() agreed it
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
     min_step_s = float(os.environ.get("ANTDT_DEMO_MIN_STEP_S", "0"))
     started = time.perf_counter()
@@ -145,7 +145,7 @@ class Checkpoints:
             state = torch.load(self.path, weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-        if state is not None or agent.settings.restart_count > 0:
+        if agent.restarted() or state is not None:
             agent.restore(int(state["step"]) if state is not None else None)
         return int(state["seen"]) if state is not None else 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from antdt.agent.launch import Slots, exit_code, launch, rank_env
+from antdt.agent.launch import Run, Slots, exit_code, launch, rank_env
 from tests.helpers import wait_for_sync
 
 KEYS = [
@@ -96,9 +96,14 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path) -> None:
 
 
 def test_rank_env_and_exit_codes() -> None:
-    env = rank_env({"ANTDT_WORLD_SIZE": "9", "PATH": "/bin"}, 1, 2, 1234, "slot1")
+    base = {"ANTDT_WORLD_SIZE": "9", "ANTDT_RESTART_COUNT": "5", "PATH": "/bin"}
+    env = rank_env(base, 1, 2, Run("r1", 2, 3, 1234), "slot1")
     assert env["ANTDT_HOST"] == "slot1" and env["MASTER_PORT"] == "1234"
-    assert "ANTDT_WORLD_SIZE" not in env and env["PATH"] == "/bin"
+    assert "ANTDT_WORLD_SIZE" not in env and "ANTDT_RESTART_COUNT" not in env
+    assert env["PATH"] == "/bin"
+    assert (env["TORCHELASTIC_RESTART_COUNT"], env["TORCHELASTIC_MAX_RESTARTS"]) == ("2", "3")
+    assert (env["TORCHELASTIC_RUN_ID"], env["GROUP_RANK"], env["ROLE_RANK"]) == ("r1", "0", "1")
+    assert env["LOCAL_WORLD_SIZE"] == env["WORLD_SIZE"] == "2"
     assert exit_code(-9) == 137 and exit_code(2) == 2
 
 
@@ -108,7 +113,7 @@ RESTART_SCRIPT = """
 import json, os, sys
 from pathlib import Path
 out, rank = Path(sys.argv[1]), os.environ["RANK"]
-run = os.environ["ANTDT_RESTART_COUNT"]
+run = os.environ["TORCHELASTIC_RESTART_COUNT"]
 (out / f"run{run}-rank{rank}").write_text(os.environ["ANTDT_HOST"])
 if run == "0":
     if rank == "1":
@@ -127,7 +132,7 @@ def test_a_requested_restart_moves_the_rank_off_the_avoided_host(tmp_path: Path)
 
 
 def test_failures_are_restarted_up_to_the_limit(tmp_path: Path) -> None:
-    script = "import os, sys; sys.exit(0 if os.environ['ANTDT_RESTART_COUNT'] == '2' else 4)"
+    script = "import os, sys; sys.exit(0 if os.environ['TORCHELASTIC_RESTART_COUNT'] == '2' else 4)"
     assert launch(2, [sys.executable, "-c", script], max_restarts=2) == 0
     assert launch(2, [sys.executable, "-c", script], max_restarts=1) == 4
 
@@ -157,3 +162,31 @@ def test_ranks_are_pinned_to_the_cores_given(tmp_path: Path) -> None:
 def test_a_core_this_process_may_not_use_is_refused() -> None:
     with pytest.raises(ValueError, match="cores"):
         launch(1, [sys.executable, "-c", "pass"], cores=[max(os.sched_getaffinity(0)) + 1])
+
+
+def test_under_single_node_torchrun_each_restart_meets_under_its_own_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun's agent store outlives restarts: keys a dead group left must not be read."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from antdt.agent.launch import _agent_store
+    from antdt.runtime.servers import free_port
+
+    port = free_port()
+    master = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=10))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert _agent_store(timedelta(seconds=5)) is None  # not torchrun: env:// as before
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert _agent_store(timedelta(seconds=5)) is None  # nodes count restarts apart
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    store = _agent_store(timedelta(seconds=5))
+    store.set("k", "v")
+    assert dist.PrefixStore("antdt/restart2", master).get("k") == b"v"
+    assert not master.check(["k"])  # not where an unprefixed group would look

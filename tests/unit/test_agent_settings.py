@@ -57,3 +57,44 @@ def test_a_malformed_inject_schedule_fails_at_construction(env: pytest.MonkeyPat
 
     with pytest.raises(ValueError, match="factor= is required"):
         Agent(AgentSettings(rank=0, world_size=1, inject="rank=0"))
+
+
+def test_torchruns_worker_env_gives_the_place_in_the_run(env: pytest.MonkeyPatch) -> None:
+    env.delenv("ANTDT_JOB")
+    for key, value in {
+        "RANK": "3",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "3",
+        "TORCHELASTIC_RUN_ID": "5c3a-e1",
+    }.items():
+        env.setenv(key, value)
+    s = AgentSettings()
+    assert (s.rank, s.local_rank, s.world_size, s.restart_count) == (3, 1, 4, 2)
+    assert (s.job, s.run_id, s.restarts_left) == ("5c3a-e1", "5c3a-e1", 1)
+    env.setenv("ANTDT_JOB", "named")
+    assert AgentSettings().job == "named"  # ANTDT_JOB wins over the run id
+
+
+@pytest.mark.parametrize(
+    ("run_id", "says"),
+    [
+        (None, "set ANTDT_JOB"),
+        ("none", "its default 'none'"),
+        ("a.b", "(?i)string should match pattern"),
+    ],
+    ids=["no-run-id", "torchruns-unnamed-default", "run-id-unfit-for-subjects"],
+)
+def test_a_job_id_is_required_where_the_run_id_cannot_serve(
+    env: pytest.MonkeyPatch, run_id: str | None, says: str
+) -> None:
+    env.delenv("ANTDT_JOB")
+    env.setenv("RANK", "0")
+    env.setenv("WORLD_SIZE", "1")
+    if run_id is None:
+        env.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    else:
+        env.setenv("TORCHELASTIC_RUN_ID", run_id)
+    with pytest.raises(ValidationError, match=says):
+        AgentSettings()
