@@ -111,7 +111,11 @@ def services(
     nats_url: NatsOpt = None, etcd_endpoint: EtcdOpt = None, metrics_port: MetricsOpt = None
 ) -> None:
     """Run all three services in one process against the given NATS and etcd."""
-    run_services(ALL_SERVICES, nats_url, etcd_endpoint, metrics_port)
+
+    async def announce(_: list[Any]) -> None:
+        Console(stderr=True).print(f"AntDT services ready: {', '.join(ALL_SERVICES)}")
+
+    run_services(ALL_SERVICES, nats_url, etcd_endpoint, metrics_port, ready=announce)
 
 
 def up(

@@ -7,9 +7,11 @@ client and the services reach every host by address."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -21,20 +23,18 @@ from typing import Any, TypeVar
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
-from antdt.runtime.store import Store
 from antdt.schemas import (
     ActionRecord,
     ActionResult,
     Incident,
-    Keys,
-    NodeRecord,
+    NodeHeartbeat,
+    NodeJoin,
     NodeState,
     RankHello,
     StepEvent,
     Subjects,
 )
 from antdt.testing.hostbed import Host, HostBed, Servers
-from tests.e2e.conftest import RunningServices, start_services
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +49,8 @@ class Seen:
     hellos: list[RankHello] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
+    #: Each node's state, as its last join or heartbeat to the controller said.
+    nodes: dict[str, NodeState] = field(default_factory=dict)
     #: When the test heard each action record, by action id (wall clock, seconds).
     heard_at: dict[str, float] = field(default_factory=dict)
 
@@ -79,6 +81,7 @@ class Cluster:
     seen: Seen = field(default_factory=Seen)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
+    services: subprocess.Popen[bytes] | None = None
 
     def torchrun(self, host: str, env: dict[str, str], max_restarts: int = 3) -> None:
         """Start torchrun with the demo's training script on `host` (rank 0's host of the
@@ -105,7 +108,7 @@ class Cluster:
             **env,
             "ANTDT_HOST": host,
             "GLOO_SOCKET_IFNAME": "eth0",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": _pythonpath(),
         }
         log = self.out / f"torchrun-{host}.log"
         self.logs[host] = log
@@ -152,6 +155,9 @@ def run_in_control(cluster: Cluster, body: Callable[[], Awaitable[T]]) -> T:
 async def listen(cluster: Cluster, bus: Bus) -> None:
     subjects, seen, job = Subjects(cluster.settings.nats.subject_prefix), cluster.seen, cluster.job
 
+    async def node(report: NodeJoin | NodeHeartbeat, _: Delivery) -> None:
+        seen.nodes[report.host] = report.state
+
     async def keep(item: Any, _: Delivery) -> None:
         kind = type(item)
         target = {
@@ -168,13 +174,53 @@ async def listen(cluster: Cluster, bus: Bus) -> None:
     await bus.subscribe(subjects.hello(job, "*"), RankHello, keep)
     await bus.subscribe(subjects.step(job, "*"), StepEvent, keep)
     await bus.subscribe(subjects.incident(job), Incident, keep)
+    await bus.subscribe(subjects.node_join(job), NodeJoin, node)
+    await bus.subscribe(subjects.node_heartbeat(job), NodeHeartbeat, node)
     await bus.flush()
 
 
-async def control_plane(cluster: Cluster, **overrides: Any) -> tuple[Bus, RunningServices]:
+async def control_plane(cluster: Cluster, **settings: str) -> Bus:
+    """The three services as one `antdt services` process in the control host (gRPC's
+    own threads make etcd's sockets, so an etcd client cannot live in a thread that
+    entered a namespace), and the test's bus client listening; `settings`: ANTDT_*
+    variables of the services."""
+    env = {
+        "ANTDT_NATS__SUBJECT_PREFIX": cluster.settings.nats.subject_prefix,
+        "ANTDT_ETCD__KEY_PREFIX": cluster.settings.etcd.key_prefix,
+        "ANTDT_ETCD__LEASE_TTL_S": str(cluster.settings.etcd.lease_ttl_s),
+        "ANTDT_REPLICA_ID": cluster.settings.replica_id,
+        "ANTDT_TELEMETRY__LOG_FORMAT": "json",
+        "PYTHONPATH": _pythonpath(),
+        **settings,
+    }
+    argv = [sys.executable, "-m", "antdt.cli", "services"]
+    argv += ["--nats-url", cluster.settings.nats.url]
+    argv += ["--etcd-endpoint", cluster.settings.etcd.endpoint]
+    log = cluster.out / "services.log"
+    cluster.logs["services"] = log
+    with log.open("wb") as sink:
+        cluster.services = cluster.bed.popen(
+            cluster.control, argv, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+    await wait_until(
+        lambda: "services ready" in log.read_text(errors="replace"), 90, "services", cluster
+    )
     bus = await Bus(cluster.settings.nats, name="test").connect()
     await listen(cluster, bus)
-    return bus, await start_services(cluster.settings, **overrides)
+    return bus
+
+
+def stop_control_plane(cluster: Cluster) -> None:
+    """SIGTERM, so that the services shut down in stages; the bed kills what is left."""
+    proc = cluster.services
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(30)
+
+
+def _pythonpath() -> str:
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 
 
 def job_env(cluster: Cluster, **extra: str) -> dict[str, str]:
@@ -208,27 +254,13 @@ def throughput(rows: list[dict[str, Any]], first: int, last: int) -> float:
 
 
 async def wait_for_spare(cluster: Cluster, host: str, timeout: float) -> None:
-    """Until `host` is registered as a node waiting for the next round (a free spare)."""
-    store = await Store(cluster.settings.etcd).connect()
-    key = Keys(cluster.settings.etcd.key_prefix).node(cluster.job, host)
-    waiting = False
-
-    async def check() -> None:
-        nonlocal waiting
-        got = await store.get(key)
-        waiting = got is not None and NodeRecord.model_validate_json(got.value).state == (
-            NodeState.WAITING
-        )
-
-    try:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not waiting:
-            await check()
-            if not waiting and asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"{host} never waited as a spare\n{cluster.log_tail(host)}")
-            await asyncio.sleep(0.5)
-    finally:
-        await store.close()
+    """Until `host` reports itself waiting for the next round (a free spare)."""
+    await wait_until(
+        lambda: cluster.seen.nodes.get(host) == NodeState.WAITING,
+        timeout,
+        f"{host} waiting as a spare",
+        cluster,
+    )
 
 
 async def wait_until(

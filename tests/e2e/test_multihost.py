@@ -25,6 +25,7 @@ from tests.e2e.multihost import (
     open_cluster,
     progress,
     run_in_control,
+    stop_control_plane,
     throughput,
     wait_for_spare,
     wait_until,
@@ -43,6 +44,8 @@ HOSTS, WORLD, SLOW, SPARE = ["w0", "w1", "w2", "w3", "w4"], 4, "w3", "w4"
 DATASET, BATCH, EPOCHS, WINDOW = 48000, 2048, 12, 8
 #: Steps between the spare waiting in the rendezvous and the fault (the onset).
 ONSET_AFTER = 15
+#: The services' settings: δ = 0.5 (slow at 1.5x; the contended rank runs at 3x or more).
+SERVICES = {"ANTDT_WINDOW": str(WINDOW), "ANTDT_SLOW_THRESHOLD": "0.5"}
 #: Each worker host's CPU budget, CPUs: 5 hosts and the control plane fit 2 cores.
 CPUS = 0.3
 
@@ -89,7 +92,7 @@ def test_contended_host_relieved_then_moved_onto_the_spare(tmp_path: Path, uniqu
         cluster = open_cluster(bed, HOSTS, world=WORLD, cpus=CPUS, out=tmp_path, job=job)
 
         async def scenario() -> tuple[dict[str, int], int]:
-            bus, running = await control_plane(cluster, window=WINDOW, slow_threshold=0.5)
+            bus = await control_plane(cluster, **SERVICES)
             try:
                 await start_training(cluster, demo_env(cluster))
                 cluster.torchrun(SPARE, demo_env(cluster))  # waits for the next round
@@ -106,8 +109,8 @@ def test_contended_host_relieved_then_moved_onto_the_spare(tmp_path: Path, uniqu
                     bed.stop(loop)
                 return await cluster.exit_codes(timeout=420), onset
             finally:
-                await running.runtime.shutdown()
                 await bus.close()
+                stop_control_plane(cluster)
 
         codes, onset = run_in_control(cluster, scenario)
     seen = cluster.seen
@@ -167,7 +170,7 @@ def test_slow_link_moved_only_once_a_spare_is_free(tmp_path: Path, unique: str) 
             )
 
         async def scenario() -> dict[str, int]:
-            bus, running = await control_plane(cluster, window=WINDOW, slow_threshold=0.5)
+            bus = await control_plane(cluster, **SERVICES)
             try:
                 await start_training(cluster, demo_env(cluster))
                 await wait_until(lambda: cluster.seen.max_step() >= 30, 120, "the onset", cluster)
@@ -176,8 +179,8 @@ def test_slow_link_moved_only_once_a_spare_is_free(tmp_path: Path, unique: str) 
                 cluster.torchrun(SPARE, demo_env(cluster))
                 return await cluster.exit_codes(timeout=420)
             finally:
-                await running.runtime.shutdown()
                 await bus.close()
+                stop_control_plane(cluster)
 
         codes = run_in_control(cluster, scenario)
     seen = cluster.seen
