@@ -29,6 +29,7 @@ from antdt.services.controller.policies import (
     KillRestartAction,
     load_policy,
 )
+from antdt.services.controller.policies.lbbsp import LbBspPolicy
 from antdt.services.controller.policies.nd import NdParams, estimate_restart
 from antdt.services.controller.view import remaining_samples
 from tests.unit.test_policies import JOB, STRAGGLER, health, spec, view
@@ -84,6 +85,19 @@ def nd_view(
         restarts=restarts or RestartLedger(),
         remaining_samples=remaining,
     )
+
+
+def adjusted(**kwargs: Any) -> JobView:
+    """The view once lb-bsp's plans for it took effect: batches first, so a restart is
+    decided on a job whose batches no plan improves."""
+    v = nd_view(**kwargs)
+    for version in range(1, 6):  # a move changes a batch by at most max_change
+        assert v.health is not None
+        planned = LbBspPolicy().decide(v, v.health)
+        if not planned:
+            return v
+        v = nd_view(**{**kwargs, "batch": planned[0].local_batch, "version": version})
+    raise AssertionError(f"lb-bsp still moving after 5 plans: {v.plan.local_batch}")
 
 
 def decide(v: JobView, event: JobHealth | Incident | None = None) -> list[Any]:
@@ -199,11 +213,21 @@ def test_restart_when_the_saving_beats_the_cost() -> None:
     ],
 )
 def test_decision_table(case: str, kwargs: dict[str, Any], expected: list[str]) -> None:
-    assert kinds(decide(nd_view(**kwargs))) == expected, case
+    # Batches first: each case is decided on the job as lb-bsp's plan left it.
+    assert kinds(decide(adjusted(**kwargs))) == [k for k in expected if k != "adjust"], case
+    # Before it, that plan goes out first wherever the case acts at all.
+    assert kinds(decide(nd_view(**kwargs))) == (["adjust"] if expected else []), case
+
+
+def test_batches_first_then_the_restart_that_pays() -> None:
+    [first] = decide(nd_view())
+    assert isinstance(first, AdjustBatchAction) and first.local_batch == (39, 38, 38, 13)
+    [then] = decide(adjusted())
+    assert isinstance(then, KillRestartAction) and then.rank == 3
 
 
 def test_restart_id_follows_the_history() -> None:
-    [action] = decide(nd_view(restarts=RestartLedger(count=1, costs=(12.0,))))
+    [action] = decide(adjusted(restarts=RestartLedger(count=1, costs=(12.0,))))
     assert action.action_id == f"{JOB}-restart-2"
     assert "measured restart cost 12.0s" in action.reason
 
@@ -230,7 +254,7 @@ def test_resolved_event_does_not_restart() -> None:
 def test_worst_straggler_first() -> None:
     worse = persistent(rank=2, host="h2").model_copy(update={"ratio": 4.0, "id": "other"})
     speeds = (1000.0, 1000.0, 250.0, 1000.0 / 3)
-    [action] = decide(nd_view(speeds=speeds, incidents=(persistent(), worse)))
+    [action] = decide(adjusted(speeds=speeds, incidents=(persistent(), worse)))
     assert isinstance(action, KillRestartAction) and action.rank == 2
 
 
@@ -249,7 +273,7 @@ def test_a_restart_waits_while_a_worse_straggler_is_still_being_classified() -> 
     escalated = worse.model_copy(
         update={"straggler_class": StragglerClass.PERSISTENT, "state": IncidentState.ESCALATED}
     )
-    [action] = decide(nd_view(params=cheap, speeds=speeds, incidents=(mild,)), escalated)
+    [action] = decide(adjusted(params=cheap, speeds=speeds, incidents=(mild,)), escalated)
     assert isinstance(action, KillRestartAction) and action.rank == 3
     # A milder unclassified one, a resolved one, one about a host its rank left, or one
     # of the rank to be restarted itself does not hold the restart.
@@ -259,7 +283,7 @@ def test_a_restart_waits_while_a_worse_straggler_is_still_being_classified() -> 
         worse.model_copy(update={"state": IncidentState.RESOLVED}),
         worse.model_copy(update={"host": "h9"}),
     ):
-        [action] = decide(nd_view(params=cheap, speeds=speeds, incidents=(other,)), mild)
+        [action] = decide(adjusted(params=cheap, speeds=speeds, incidents=(other,)), mild)
         assert isinstance(action, KillRestartAction) and action.rank == 0, other
 
 
@@ -294,9 +318,7 @@ def test_plan_after_restart_keeps_a_leader_the_detector_reported() -> None:
         windows=4,
     )
     speeds = (2000.0, 1000.0, 1000.0, 330.0)
-    [action] = decide(
-        nd_view(speeds=speeds, batch=(60, 26, 26, 16), version=1, incidents=(persistent(), leader))
-    )
+    [action] = decide(adjusted(speeds=speeds, incidents=(persistent(), leader)))
     assert isinstance(action, KillRestartAction)
     assert action.local_batch_after == (51, 26, 26, 25)
 

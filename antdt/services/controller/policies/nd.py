@@ -78,8 +78,14 @@ class AntDtNdPolicy:
     def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
         params = NdParams.from_params(view.spec.policy_params)
         restart = decide_restart(view, event, params)
+        adjust = [
+            replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
+            for action in self._adjust.decide(view, event)
+        ]
         if restart is not None:
-            return [restart]
+            # Batches first: while a plan still gains, it goes out and the restart is
+            # decided again once it took effect (the rails hold both until it settled).
+            return adjust or [restart]
         move = decide_link_move(
             view,
             event,
@@ -89,10 +95,6 @@ class AntDtNdPolicy:
         )
         if isinstance(move, KillRestartAction):
             return [move]
-        adjust = [
-            replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
-            for action in self._adjust.decide(view, event)
-        ]
         declined = [] if move is None else [move]
         return [*held_for_spare(view, event, params), *declined, *adjust]
 
