@@ -60,3 +60,22 @@ async def store(settings: ServiceSettings) -> AsyncIterator[Store]:
     connected = await Store(settings.etcd).connect()
     yield connected
     await connected.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device (CI)."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    reason = _no_cuda_reason() if gpu_tests else None
+    for item in gpu_tests if reason else []:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _no_cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "needs a CUDA device: torch is not installed"
+    if torch.cuda.is_available():
+        return None
+    build = torch.version.cuda or "none (a CPU build)"
+    return f"needs a CUDA device: torch {torch.__version__} sees none (its CUDA: {build})"
