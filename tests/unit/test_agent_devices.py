@@ -113,3 +113,14 @@ def test_a_gloo_group_keeps_the_agents_collectives_on_the_cpu(
     finally:
         destroy_process_group()
     assert not dist.is_initialized()
+
+
+def test_waiting_for_the_device_is_free_where_cuda_was_never_used() -> None:
+    import torch
+
+    from antdt.agent.devices import wait_for_device
+
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is in use in this process: the wait would be a real one")
+    wait_for_device()
+    assert not torch.cuda.is_initialized()  # it did not start CUDA to find out
