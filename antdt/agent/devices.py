@@ -50,7 +50,7 @@ def rank_cuda_index(backend: str, local_rank: int, cuda_devices: int) -> int | N
 
 
 def collective_device_type(backend: str) -> str:
-    """ "cuda" or "cpu": where small tensors of a group on `backend` must live. `backend`
+    """Where small tensors of a group on `backend` must live: "cuda" or "cpu". `backend`
     as torch names it, "nccl" or a per-device mapping such as "cpu:gloo,cuda:nccl" (a
     group with a CPU backend keeps its counts on the CPU)."""
     if ":" in backend:
