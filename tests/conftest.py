@@ -11,6 +11,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # Every reply must say its type (Antdt-Reply), in this process and the ones it starts: so
 # every request/reply the suite makes checks the marker (the bus's reply decoding).
 os.environ.setdefault("ANTDT_NATS__REQUIRE_REPLY_TYPE", "true")
+# The suite's ranks train on the CPU (their scripts keep models there) even on a machine
+# with GPUs, where init_process_group would pick nccl; tests/gpu clear this for theirs.
+os.environ.setdefault("ANTDT_BACKEND", "gloo")
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
