@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 # declares a range (extra "agent") so GPU users keep their own torch.
 TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
+# e.g. GPU_CHECK_ARGS='--nproc 2 --skip-tests' (python -m bench.gpu_check --help)
+GPU_CHECK_ARGS ?=
 # DLRover's own shard master, the shards bench's baseline (issue #3), in an environment of
 # its own: its Kubernetes client and the rest stay out of the project's. Only the bench
 # (bench/, not installed) and its tests need it.
@@ -26,7 +28,7 @@ NODE_STAMP := node_modules/.installed
 # bed's tests skip, saying why).
 APT_GET    ?= apt-get
 
-.PHONY: all install node hosttools demo test test-fast lint up bench bench-test schemas clean
+.PHONY: all install node hosttools demo test test-fast lint up bench bench-test gpu-check schemas clean
 
 all: test
 
@@ -82,6 +84,13 @@ bench: $(STAMP) $(DLROVER_STAMP) hosttools
 # The bench's own tests (bench/tests), against DLRover too; .ci/run runs them after `test`.
 bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 	$(BIN)/python -m pytest -q bench/tests $(PYTEST_ARGS)
+
+# On a machine with CUDA: the gpu-marked tests (tests/gpu), then the demo on the GPUs
+# (nccl, one rank per GPU) under antdt launch against embedded servers, and its figures
+# (bench/gpu_check.py). Fails, in one line, where torch sees no CUDA device. On Linux
+# x86-64 the PyPI wheel of $(TORCH) is a CUDA build. About 2-3 minutes on one H100.
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 schemas: $(STAMP)
 	$(BIN)/antdt schemas export docs/schemas

@@ -11,6 +11,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # Every reply must say its type (Antdt-Reply), in this process and the ones it starts: so
 # every request/reply the suite makes checks the marker (the bus's reply decoding).
 os.environ.setdefault("ANTDT_NATS__REQUIRE_REPLY_TYPE", "true")
+# The suite's ranks train on the CPU (their scripts keep models there) even on a machine
+# with GPUs, where init_process_group would pick nccl; tests/gpu clear this for theirs.
+os.environ.setdefault("ANTDT_BACKEND", "gloo")
 
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -60,3 +63,22 @@ async def store(settings: ServiceSettings) -> AsyncIterator[Store]:
     connected = await Store(settings.etcd).connect()
     yield connected
     await connected.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` skip, saying why, where torch sees no CUDA device (CI)."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    reason = _no_cuda_reason() if gpu_tests else None
+    for item in gpu_tests if reason else []:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _no_cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "needs a CUDA device: torch is not installed"
+    if torch.cuda.is_available():
+        return None
+    build = torch.version.cuda or "none (a CPU build)"
+    return f"needs a CUDA device: torch {torch.__version__} sees none (its CUDA: {build})"

@@ -9,10 +9,12 @@ from typing import Any
 import structlog
 
 from antdt.agent.agent import Agent
+from antdt.agent.devices import choose_backend, collective_device, model_device
 from antdt.agent.errors import AgentClosed, AgentError, RestartMismatch
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
+from antdt.agent.group import destroy_process_group, init_process_group
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
-from antdt.agent.launch import destroy_process_group, init_process_group, launch
+from antdt.agent.launch import launch
 from antdt.agent.restart import RESTART_EXIT_CODE
 from antdt.agent.settings import AgentSettings
 from antdt.agent.steps import Step
@@ -61,10 +63,13 @@ __all__ = [
     "Step",
     "WeightedHookState",
     "allreduce_weighted",
+    "choose_backend",
+    "collective_device",
     "destroy_process_group",
     "init",
     "init_process_group",
     "launch",
+    "model_device",
     "parse_inject",
     "weighted_allreduce_hook",
 ]

@@ -24,11 +24,14 @@ class Collectives(Protocol):
 
 
 class TorchCollectives:
-    """torch.distributed on the default (or given) process group."""
+    """torch.distributed on the default (or given) process group. Its tensors live on
+    the group's collective device (antdt.agent.devices): the rank's GPU under nccl."""
 
     def __init__(self, world_size: int, group: Any = None) -> None:
         import torch
         import torch.distributed as dist
+
+        from antdt.agent.devices import collective_device
 
         self._dist = dist
         self._group = group
@@ -39,11 +42,9 @@ class TorchCollectives:
                 "the first step: call antdt.agent.init_process_group() (or your own "
                 "torch.distributed.init_process_group)"
             )
-        device = "cpu"
-        if self._initialized and dist.get_backend(group) == "nccl":
-            device = f"cuda:{torch.cuda.current_device()}"
+        self.device = collective_device(group)
         # Reused every step: one small tensor, no allocation on the training thread.
-        self._count = torch.zeros(1, dtype=torch.int64, device=device)
+        self._count = torch.zeros(1, dtype=torch.int64, device=self.device)
 
     def count(self, local_samples: int) -> int:
         if not self._initialized:
@@ -57,7 +58,7 @@ class TorchCollectives:
             return value
         import torch
 
-        tensor = torch.tensor([value], dtype=torch.int64, device=self._count.device)
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
         self._dist.all_reduce(tensor, op=self._dist.ReduceOp.MAX, group=self._group)
         return int(tensor.item())
 

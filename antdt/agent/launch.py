@@ -1,5 +1,6 @@
-"""Local launch of N ranks (what `antdt launch` runs), and the process-group helpers.
-Each rank sees what torchrun would give it (antdt.agent.elastic), so one code path serves.
+"""Local launch of N ranks (what `antdt launch` runs; the process-group helpers are in
+antdt.agent.group). Each rank sees what torchrun would give it (antdt.agent.elastic), so
+one code path serves.
 
 Each rank runs in its own process group and dies with the launcher, even a killed -9
 one: its death signal is tied to the forking thread, so call launch() from a thread that
@@ -266,62 +267,3 @@ def _forward_signals(procs: list[subprocess.Popen[bytes]], stop_requested: threa
             signal.signal(sig, handler)
 
     return restore
-
-
-def init_process_group(backend: str = "gloo", timeout_s: float = 1800.0) -> None:
-    """torch.distributed from the launcher's env (RANK, WORLD_SIZE, MASTER_ADDR/PORT);
-    gloo on CPU by default. A no-op when already initialised."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    rank = os.environ.get("RANK") or os.environ.get("ANTDT_RANK")
-    world = os.environ.get("WORLD_SIZE") or os.environ.get("ANTDT_WORLD_SIZE")
-    if rank is None or world is None or "MASTER_PORT" not in os.environ:
-        raise RuntimeError("RANK, WORLD_SIZE and MASTER_ADDR/MASTER_PORT must be set")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    timeout = timedelta(seconds=timeout_s)
-    store = _agent_store(timeout)
-    dist.init_process_group(
-        backend=backend,
-        init_method=None if store is not None else "env://",
-        store=store,
-        rank=int(rank),
-        world_size=int(world),
-        timeout=timeout,
-    )
-
-
-def _agent_store(timeout: Any) -> Any:
-    """Under single-node torchrun, whose agent keeps one store for every restart of the
-    group: that store, under a prefix per restart. Unprefixed, a restarted rank may read
-    a dead one's address and fail to connect (pytorch/pytorch#135712). None otherwise:
-    restart counts are per node, so across nodes they would split the group."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    if os.environ.get("GROUP_WORLD_SIZE", "1") != "1":
-        return None
-    import torch.distributed as dist
-
-    client = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
-    )
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"antdt/restart{restart}", client)
-
-
-def destroy_process_group() -> None:
-    """Leave torch.distributed cleanly: a barrier, then destroy (a no-op when not
-    initialised). After the barrier every rank is past its last collective, so no gloo
-    rank tears its pairs down under a peer still in one (which aborts that peer)."""
-    import gc
-
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return
-    gc.collect()  # a DDP reducer caught in a cycle still holds work on the group
-    dist.barrier()
-    dist.destroy_process_group()

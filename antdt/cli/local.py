@@ -25,7 +25,8 @@ def launch(
         str, typer.Option("--cores", help="Pin rank r to the r-th of these cores, e.g. 0,1")
     ] = "",
 ) -> None:
-    """Start N local ranks (gloo on CPU): `antdt launch --nproc 4 -- python train.py`.
+    """Start N local ranks: `antdt launch --nproc 4 -- python train.py` (their
+    init_process_group: gloo on CPU, nccl where each rank has a GPU, or ANTDT_BACKEND).
     With --max-restarts, a failed group is started again (TORCHELASTIC_RESTART_COUNT=k) to
     resume from its checkpoint. Each rank gets the environment torchrun would give it."""
     from antdt.agent.launch import launch as run_ranks

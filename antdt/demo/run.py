@@ -37,7 +37,7 @@ POLICIES = ("none", "lb-bsp")
 console = Console(width=None if Console().is_terminal else 120)
 
 
-def _wait_services(log_path: Path, proc: ManagedProcess, timeout: float = 60) -> None:
+def wait_services(log_path: Path, proc: ManagedProcess, timeout: float = 60) -> None:
     needles = ("monitor started", "controller started", "shards service started")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -160,7 +160,7 @@ def run_demo(out: Path, *, steps: int = 150) -> int:
         log_path.unlink(missing_ok=True)
         services = ManagedProcess("antdt services", argv, log_path, env=env).spawn()
         try:
-            _wait_services(log_path, services)
+            wait_services(log_path, services)
             console.print(f"nats {cluster.nats.url}, etcd {cluster.etcd.endpoint}, services up")
             runs = [_run_job(cluster, p, epochs, total_steps, out / p) for p in POLICIES]
             reports = [_report(cluster, run, out / run.policy) for run in runs]

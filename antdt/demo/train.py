@@ -1,8 +1,11 @@
-"""The demo's training script: a real data-parallel job (gloo on CPU) that imports only
-`antdt.agent`. Run by `antdt launch --nproc 4 -- python -m antdt.demo.train`.
+"""The demo's training script: a real data-parallel job that imports only `antdt.agent`:
+gloo on CPU, or nccl with one GPU per rank. Run by `antdt launch --nproc 4 -- python -m
+antdt.demo.train`.
 
 Settings come from the environment like any AntDT job (ANTDT_JOB, ANTDT_POLICY, ...);
-ANTDT_DEMO_OUT names the folder where rank 0 writes per-step progress and the result."""
+ANTDT_DEMO_OUT names the folder where rank 0 writes per-step progress and the result;
+ANTDT_DEMO_DEVICE (auto, cpu, cuda, cuda:N) where the model trains: auto follows the
+process group (the rank's GPU under nccl)."""
 
 from __future__ import annotations
 
@@ -46,8 +49,8 @@ def learning_rate(seen: int, total: int, step_samples: int, settings: Any) -> fl
     return BASE_LR * 0.5 * (1.0 + math.cos(math.pi * progress)) * share
 
 
-def accuracy(model: torch.nn.Module) -> float:
-    x, y = test_set()
+def accuracy(model: torch.nn.Module, device: torch.device) -> float:
+    x, y = (t.to(device) for t in test_set())
     with torch.no_grad():
         return float((model(x).argmax(dim=1) == y).float().mean())
 
@@ -57,12 +60,15 @@ def main() -> None:
     antdt_agent.init_process_group()
     agent = antdt_agent.init()
     settings = agent.settings
-    x_train, y_train = augmented_train_set(settings.dataset_size, settings.seed)
-    model = build_model(settings.seed)
+    device = train_device(settings.local_rank or 0)
+    x_train, y_train = (
+        t.to(device) for t in augmented_train_set(settings.dataset_size, settings.seed)
+    )
+    model = build_model(settings.seed).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=BASE_LR)
     total_samples = settings.epochs * settings.dataset_size
     out = Path(os.environ.get("ANTDT_DEMO_OUT", "."))
-    checkpoints = Checkpoints.from_env(settings.rank)
+    checkpoints = Checkpoints.from_env(settings.rank, device)
     seen = checkpoints.resume(agent, model, optimizer)
     agent.restartable = checkpoints.path is not None
     fault = Fault.from_env(settings.rank, settings.restart_count)
@@ -75,7 +81,7 @@ def main() -> None:
         for step in agent.steps():
             ids = step.sample_ids
             for chunk in step.micro_batches:  # one chunk unless the plan sets micro-batches
-                index = torch.tensor(chunk)
+                index = torch.tensor(chunk, device=device)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
                 (loss * (len(chunk) / len(ids))).backward()
             step.sync(model)
@@ -113,9 +119,28 @@ def main() -> None:
         return
     if progress is not None:
         progress.close()
-        result = {"accuracy": accuracy(model), "dropped_events": agent.dropped_events}
+        result = {
+            "accuracy": accuracy(model, device),
+            "dropped_events": agent.dropped_events,
+            "device": str(device),
+            "backend": _backend(),
+        }
         (out / "result.json").write_text(json.dumps(result))
     antdt_agent.destroy_process_group()
+
+
+def _backend() -> str | None:
+    dist = torch.distributed
+    return str(dist.get_backend()) if dist.is_initialized() else None
+
+
+def train_device(local_rank: int) -> torch.device:
+    """ANTDT_DEMO_DEVICE's choice (antdt.agent.model_device), made current if a GPU."""
+    requested = os.environ.get("ANTDT_DEMO_DEVICE", "auto")
+    device = torch.device(antdt_agent.model_device(requested, _backend(), local_rank))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 class Checkpoints:
@@ -124,14 +149,17 @@ class Checkpoints:
     waits for all), then rank 0 writes the model. A restarted job loads the last one
     and puts the data ledger back to it (agent.restore)."""
 
-    def __init__(self, folder: Path | None, every: int, rank: int) -> None:
+    def __init__(
+        self, folder: Path | None, every: int, rank: int, device: torch.device | None = None
+    ) -> None:
         self.folder, self.every, self.rank = folder, every, rank
+        self.device = device or torch.device("cpu")
 
     @classmethod
-    def from_env(cls, rank: int) -> Checkpoints:
+    def from_env(cls, rank: int, device: torch.device | None = None) -> Checkpoints:
         folder = os.environ.get("ANTDT_DEMO_CKPT_DIR")
         every = int(os.environ.get("ANTDT_DEMO_CKPT_EVERY", "0"))
-        return cls(Path(folder) if folder and every > 0 else None, every, rank)
+        return cls(Path(folder) if folder and every > 0 else None, every, rank, device)
 
     @property
     def path(self) -> Path | None:
@@ -142,7 +170,7 @@ class Checkpoints:
         samples seen so far (for the learning-rate schedule)."""
         state = None
         if self.path is not None and self.path.exists():
-            state = torch.load(self.path, weights_only=True)
+            state = torch.load(self.path, map_location=self.device, weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
         if agent.restarted() or state is not None:
@@ -226,7 +254,9 @@ class Shrink:
     def apply(self, agent: Any) -> bool:
         """True when this process left. Collective: every rank calls it at the step."""
         dist = torch.distributed
-        port = torch.tensor([_free_port() if self.rank == 0 else 0])
+        device = antdt_agent.collective_device()
+        backend = str(dist.get_backend())
+        port = torch.tensor([_free_port() if self.rank == 0 else 0], device=device)
         dist.broadcast(port, 0)  # where the smaller group meets
         antdt_agent.destroy_process_group()
         if self.rank == self.world - 1:
@@ -235,10 +265,11 @@ class Shrink:
             self.left = True
             return True
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"tcp://127.0.0.1:{int(port.item())}",
             rank=self.rank,
             world_size=self.world - 1,
+            device_id=device if device.type == "cuda" else None,
         )
         self.step = None
         return False

@@ -172,7 +172,7 @@ def test_under_single_node_torchrun_each_restart_meets_under_its_own_prefix(
 
     import torch.distributed as dist
 
-    from antdt.agent.launch import _agent_store
+    from antdt.agent.group import _agent_store
     from antdt.runtime.servers import free_port
 
     port = free_port()
