@@ -1,5 +1,6 @@
 """antdt.agent: the library a training script imports (README, "Using it in a training
-script"): `init()`, then `epochs()`, `steps()` and `step.sync(model)`, then `close()`.
+script"): `init()`, then `epochs()`, `steps()` (or `batches(loader)` over a DataLoader
+built with `batch_sampler()`) and `step.sync(model)`, then `close()`.
 Importing it does not import torch; the parts that need it import it lazily."""
 
 from __future__ import annotations
@@ -9,7 +10,14 @@ from typing import Any
 import structlog
 
 from antdt.agent.agent import Agent
-from antdt.agent.errors import AgentClosed, AgentError, RestartMismatch
+from antdt.agent.errors import (
+    AgentClosed,
+    AgentError,
+    DatasetTooSmall,
+    LoaderError,
+    PlanUnfillable,
+    RestartMismatch,
+)
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
 from antdt.agent.launch import destroy_process_group, init_process_group, launch
@@ -55,8 +63,11 @@ __all__ = [
     "AgentClosed",
     "AgentError",
     "AgentSettings",
+    "DatasetTooSmall",
     "Injection",
     "InjectionSchedule",
+    "LoaderError",
+    "PlanUnfillable",
     "RestartMismatch",
     "Step",
     "WeightedHookState",
