@@ -338,5 +338,10 @@ class Agent:
         return self._session.publisher.events.dropped if self._session else 0
 
     @property
+    def loader_recuts(self) -> int:
+        """DataLoader iterations restarted because a new plan changed a step read ahead."""
+        return self._feed.recuts if self._feed is not None else 0
+
+    @property
     def fetch_errors(self) -> int:
         return sum(self._session.stream.errors.values()) if self._session else 0

@@ -35,6 +35,7 @@ class BatchFeed:
     generation: int = 0
     driving: bool = False  # inside agent.batches(): only then may the loader iterate
     exhausted: bool = False  # this generation found no more data in the epoch
+    recuts: int = 0  # iterations restarted because a plan changed a step read ahead
     _next_step: int = 0  # the step the next lot is sampled for
 
     # -- the sampler's side (called by the DataLoader, in this process) -----------------
@@ -136,6 +137,7 @@ class _Run:
                     self.feed.driving = False
             head = stream.next_lot()
             if head is not None and (head.step, head.want) != (step, want):
+                self.feed.recuts += 1
                 self.restart()  # read ahead under another plan: re-cut from this step
                 continue
             try:
