@@ -171,11 +171,12 @@ class Agent:
             feed.cap = max_local_batch
         return LedgerBatchSampler(feed)
 
-    def batches(self, loader: Any) -> Iterator[tuple[Step, Any]]:
+    def batches(self, loader: Any, empty: Any = None) -> Iterator[tuple[Step, Any]]:
         """The current epoch's steps with their batches from `loader` (built with
-        batch_sampler()); the batch is None on a step where this rank has no samples.
-        Data wait is the time blocked on the loader; call step.sync() every step."""
-        return self._batch_feed().batches(loader)
+        batch_sampler()); `empty` stands in for the batch on a step where this rank has no
+        samples (an epoch's tail, a plan giving it 0). Data wait is the time blocked on
+        the loader; call step.sync() every step."""
+        return self._batch_feed().batches(loader, empty)
 
     def _batch_feed(self) -> Any:
         from antdt.agent.loader import BatchFeed

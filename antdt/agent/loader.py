@@ -84,7 +84,7 @@ class BatchFeed:
             raise LoaderError("the DataLoader must deliver in order (in_order=True)")
         check_dataset(loader.dataset, self.dataset_size)
 
-    def batches(self, loader: Any) -> Iterator[tuple[Step, Any]]:
+    def batches(self, loader: Any, empty: Any = None) -> Iterator[tuple[Step, Any]]:
         self.check(loader)
         driver = self.driver
         epoch = driver.epoch
@@ -109,7 +109,7 @@ class BatchFeed:
                 taken = Taken(ids=lot.ids if lot else [])
                 step = Step(driver, index, epoch, plan, taken, total)
                 step._lot = lot
-                yield driver.open_step(step, t0, wall0, t1, t2), batch
+                yield driver.open_step(step, t0, wall0, t1, t2), empty if lot is None else batch
         finally:
             driver.finish(time.perf_counter(), abandoned=True)
             run.restart()
