@@ -15,6 +15,7 @@ from bench.cases import bench_agent_tracing, bench_detector_memory
 from bench.checkpoints import bench_checkpoint, checkpoint_rows
 from bench.contention import contention_rows
 from bench.contention_figures import NeighbourTooWeak
+from bench.dataloader import bench_dataloader, dataloader_row
 from bench.display import console, print_table
 from bench.epoch_turn import epoch_turn_row
 from bench.ingest import bench_monitor_ingest, bench_raw_pubsub
@@ -82,6 +83,14 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
             "target": "ratio <= 1.05 (median of paired rounds); < 50 µs",
         }
     )
+    with console.status("DataLoader through the agent vs a plain DataLoader"):
+        loader = await bench_dataloader(cluster)
+    console.print(
+        f"DataLoader step: {loader['agent_ms']:.2f} ms through the agent, "
+        f"{loader['plain_ms']:.2f} ms plain; paired ratio {loader['ratio']:.3f} "
+        f"(ceiling 1.02; rounds from {min(loader['ratios']):.3f} to {max(loader['ratios']):.3f})"
+    )
+    rows.append(dataloader_row(loader))
     rows += await shards_rows(cluster)
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)

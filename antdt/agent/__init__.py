@@ -1,5 +1,6 @@
 """antdt.agent: the library a training script imports (README, "Using it in a training
-script"): `init()`, then `epochs()`, `steps()` and `step.sync(model)`, then `close()`.
+script"): `init()`, then `epochs()`, `steps()` (or `batches(loader)` over a DataLoader
+built with `batch_sampler()`) and `step.sync(model)`, then `close()`.
 Importing it does not import torch; the parts that need it import it lazily."""
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import structlog
 
 from antdt.agent.agent import Agent
 from antdt.agent.devices import choose_backend, collective_device, model_device
-from antdt.agent.errors import AgentClosed, AgentError, RestartMismatch
+from antdt.agent.errors import (
+    AgentClosed,
+    AgentError,
+    DatasetTooSmall,
+    LoaderError,
+    PlanUnfillable,
+    RestartMismatch,
+)
 from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
 from antdt.agent.group import destroy_process_group, init_process_group
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
@@ -57,8 +65,11 @@ __all__ = [
     "AgentClosed",
     "AgentError",
     "AgentSettings",
+    "DatasetTooSmall",
     "Injection",
     "InjectionSchedule",
+    "LoaderError",
+    "PlanUnfillable",
     "RestartMismatch",
     "Step",
     "WeightedHookState",

@@ -77,6 +77,7 @@ class Agent:
         self._phase = Phase.NEW
         self._session: Session | None = None  # set by a start() that succeeded, whole
         self._restored = False
+        self._feed: Any = None  # the DataLoader's BatchFeed, made by batch_sampler()
         self._group_restarts: int | None = None  # agreed by the ranks (restarted())
         #: Restores whose ledger incarnation was behind the launcher's restart count.
         self.incarnation_corrections = 0
@@ -155,6 +156,37 @@ class Agent:
     def steps(self) -> Iterator[Step]:
         """The steps of the current epoch, until no rank has data left in it."""
         return self._live().driver.steps()
+
+    def batch_sampler(self, dataset: Any = None, max_local_batch: int | None = None) -> Any:
+        """A batch sampler for `DataLoader(dataset, batch_sampler=...)`, fed by the ledger
+        and sized by the plan; iterate the loader through `batches()`. `dataset` is
+        checked against the job's size (DatasetTooSmall); a plan over `max_local_batch`
+        (default: the settings') raises PlanUnfillable."""
+        from antdt.agent.loader import LedgerBatchSampler, check_dataset
+
+        feed = self._batch_feed()
+        if dataset is not None:
+            check_dataset(dataset, feed.dataset_size)
+        if max_local_batch is not None:
+            feed.cap = max_local_batch
+        return LedgerBatchSampler(feed)
+
+    def batches(self, loader: Any, empty: Any = None) -> Iterator[tuple[Step, Any]]:
+        """The current epoch's steps with their batches from `loader` (built with
+        batch_sampler()); `empty` stands in for the batch on a step where this rank has no
+        samples (an epoch's tail, a plan giving it 0). Data wait is the time blocked on
+        the loader; call step.sync() every step."""
+        return self._batch_feed().batches(loader, empty)
+
+    def _batch_feed(self) -> Any:
+        from antdt.agent.loader import BatchFeed
+
+        session = self._live()
+        if self._feed is None:
+            size = session.spec.dataset_size if session.spec else self.settings.dataset_size
+            cap = self.settings.max_local_batch
+            self._feed = BatchFeed(session.driver, self.settings.rank, size, cap, self._live)
+        return self._feed
 
     def register_ddp(self, ddp_model: Any, process_group: Any = None) -> None:
         """Keep DDP's overlapped all-reduce, weighted by batch: registers
@@ -305,6 +337,11 @@ class Agent:
     @property
     def dropped_events(self) -> int:
         return self._session.publisher.events.dropped if self._session else 0
+
+    @property
+    def loader_recuts(self) -> int:
+        """DataLoader iterations restarted because a new plan changed a step read ahead."""
+        return self._feed.recuts if self._feed is not None else 0
 
     @property
     def fetch_errors(self) -> int:

@@ -49,12 +49,23 @@ class Cursor:
 
 
 @dataclass
+class Segment:
+    """Ids taken in a row from one grant; `finishes`: the grant's last id is among them."""
+
+    grant: ShardGrant
+    ids: list[int]
+    finishes: bool
+
+
+@dataclass
 class Taken:
-    """What one take handed out: the ids, and the shards whose last sample is among them."""
+    """What one take handed out: the ids, and the shards whose last sample is among them
+    (`segments`, when not None, also gets the ids grant by grant)."""
 
     ids: list[int] = field(default_factory=list)
     finished: list[ShardRef] = field(default_factory=list)
     rechecked: bool = False  # asked the service again before calling the epoch over
+    segments: list[Segment] | None = None
 
 
 @dataclass
@@ -86,6 +97,8 @@ class LocalShards:
             ids = head.take(n - moved)
             into.ids.extend(ids)
             moved += len(ids)
+            if into.segments is not None and ids:
+                into.segments.append(Segment(head.grant, ids, head.remaining == 0))
             if head.remaining == 0:
                 into.finished.append(head.grant.ref())
                 self.cursors.popleft()

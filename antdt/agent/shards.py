@@ -16,6 +16,7 @@ from typing import TypeVar
 import structlog
 
 from antdt.agent.errors import AgentClosed, AgentError
+from antdt.agent.readahead import Lot
 from antdt.agent.route import ShardRoute
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import Settled, StreamState, open_cursors
@@ -218,6 +219,44 @@ class ShardStream:
         if kick:
             self._kick()
         return taken
+
+    def take_lot(self, n: int, step: int, epoch: int) -> Lot | None:
+        """Like `take`, for a DataLoader reading ahead: ids handed back by a rewind come
+        first; the lot stays read ahead (not counted by commits) until `reached`. None:
+        this rank has no more data in `epoch`."""
+        with self._cond:
+            segments = self._state.ahead.take_returned(n)
+            taken = Taken(segments=segments)
+            taken.ids = [i for segment in segments for i in segment.ids]
+            if len(taken.ids) < n:
+                while not self._state.take(n, epoch, taken):
+                    self._wait()
+            kick = self._kick_due(self._state.needs_fetch())
+            lot = Lot(step, n, segments) if taken.ids else None
+            if lot is not None:
+                self._state.ahead.add(lot)
+        if kick:
+            self._kick()
+        return lot
+
+    def next_lot(self) -> Lot | None:
+        with self._cond:
+            return self._state.ahead.head()
+
+    def deliver_lot(self) -> Lot:
+        with self._cond:
+            return self._state.ahead.deliver()
+
+    def reached(self, lot: Lot) -> None:
+        """The step of `lot` updated the model: its ids count, its finished shards are done."""
+        with self._cond:
+            self._state.ahead.reached(lot)
+        self.synced(lot.finished)
+
+    def rewind_ahead(self) -> None:
+        """Hand every id read ahead out again, first (a DataLoader iteration restarts)."""
+        with self._cond:
+            self._state.ahead.rewind()
 
     def _kick_due(self, wanted: bool) -> bool:
         """Under _cond: should the training thread wake the fetcher? Not if a wake is on

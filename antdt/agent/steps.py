@@ -19,6 +19,7 @@ from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
 if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
     from antdt.agent.gradients import WeightedHookState
+    from antdt.agent.readahead import Lot
     from antdt.agent.shards import ShardStream
     from antdt.agent.timeline import StepPlans
     from antdt.schemas import Plan
@@ -33,6 +34,7 @@ class Step:
         "_data_s",
         "_driver",
         "_finished",
+        "_lot",
         "_t0",
         "_t_yield",
         "_wall0",
@@ -60,6 +62,7 @@ class Step:
         self.total_samples = total
         self.synced = False
         self._finished = taken.finished
+        self._lot: Lot | None = None  # its ids' read-ahead record (a DataLoader's step)
         self._t0 = self._t_yield = self._wall0 = 0.0
         self._data_s = self._count_s = self._comm_s = 0.0
 
@@ -147,11 +150,14 @@ class StepDriver:
                 break
             if not self._taken_up_again(epoch):
                 return None  # no rank has data left, nor will: over everywhere at once
-        step = Step(self, index, epoch, plan, taken, total)
+        return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+
+    def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
+        """Begin `step` (its data came between t0 and t1, its count until t2)."""
         step._t0, step._wall0, step._t_yield = t0, wall0, t2
         step._data_s, step._count_s = t1 - t0, t2 - t1
         if self.hook_state is not None:
-            self.hook_state.update(len(taken.ids), total)
+            self.hook_state.update(len(step.sample_ids), step.total_samples)
         self._open = step
         self.plans.began()
         return step
@@ -189,7 +195,10 @@ class StepDriver:
         step.synced = True
         if self.log_ids is not None:
             self.log_ids(SampleLine(step.epoch, step.index, step.sample_ids))
-        self.stream.synced(step._finished)
+        if step._lot is not None:
+            self.stream.reached(step._lot)
+        else:
+            self.stream.synced(step._finished)
         return step.total_samples
 
     def finish(self, t_end: float, *, abandoned: bool = False) -> None:

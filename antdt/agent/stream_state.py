@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from antdt.agent.readahead import ReadAhead, shard_key
 from antdt.agent.sampling import Cursor, LocalShards, Taken
 from antdt.agent.unconfirmed import Unconfirmed
 from antdt.schemas import (
@@ -86,6 +87,7 @@ class StreamState:
     settling: int | None = None  # the epoch this rank's group ran out of data in
     settled: Settled | None = None  # the ledger's answer to `settling`, once it is final
     settle_waits: int = 0  # answers to `settling` that said "wait" (none final yet)
+    ahead: ReadAhead = field(default_factory=ReadAhead)  # taken by a DataLoader, not trained
 
     def __post_init__(self) -> None:
         self.local = LocalShards(seed=self.seed)
@@ -342,17 +344,19 @@ class StreamState:
         return tuple(dict.fromkeys(self.sending + self.unconfirmed.refs() + self.pending_done))
 
     def positions(self) -> tuple[ShardPosition, ...]:
-        """How far the model got in every shard held; call between steps, when what was
-        taken is exactly what reached the model."""
+        """How far the model got in every shard held; call between steps. Ids read ahead
+        (a DataLoader's, not yet trained on) do not count: a restore hands them out again."""
+        behind = self.ahead.behind()
+        at = {shard_key(c.grant): (c.grant, c.position) for c in self.local.cursors}
+        for key, (grant, count) in behind.items():  # a grant read ahead to its end included
+            end = at[key][1] if key in at else grant.size
+            at[key] = (grant, end - count)
         return tuple(
             ShardPosition(
-                epoch=c.grant.epoch,
-                shard=c.grant.shard,
-                attempt=c.grant.attempt,
-                position=c.position,
+                epoch=grant.epoch, shard=grant.shard, attempt=grant.attempt, position=position
             )
-            for c in self.local.cursors
-            if c.grant.epoch == self.epoch
+            for grant, position in at.values()
+            if grant.epoch == self.epoch
         )
 
     def commit_request(self, step: int) -> ShardCommit:

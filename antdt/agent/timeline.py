@@ -42,6 +42,14 @@ class StepPlans:
         with self._lock:
             return select_plan(self._book.plans, self._first_open())
 
+    def plan_at(self, step: int) -> Plan:
+        """The plan step `step` (>= the next) runs under as things stand; not fixed: a plan
+        commanded meanwhile may still change it (a DataLoader reading ahead re-cuts)."""
+        with self._lock:
+            if step == self._next and self._fixed is not None:
+                return self._fixed
+            return select_plan(self._book.plans, step)
+
     # -- the training thread ------------------------------------------------------------
 
     def fix(self) -> tuple[int, Plan]:
