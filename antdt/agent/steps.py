@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from antdt.agent.devices import wait_for_device
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
@@ -181,6 +182,7 @@ class StepDriver:
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
+        wait_for_device()  # on a GPU the backward is queued: time its end, not its launch
         t_sync = time.perf_counter()
         if self.schedule:
             extra = self.schedule.extra_sleep(
