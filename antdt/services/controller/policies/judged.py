@@ -18,23 +18,48 @@ _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
 
 
 def measured_speeds(view: JobView) -> tuple[float | None, ...]:
-    """Per-rank compute speed (samples/s) from health; None where unknown or stalled."""
+    """Per-rank speed (samples/s) before the barrier: compute, plus the data wait of a
+    data-bound rank (`data_per_sample`); None where unknown or stalled."""
     speeds: list[float | None] = [None] * view.spec.world_size
+    data = data_per_sample(view)
     for row in _usable_rows(view):
         if row.samples_per_s > 0:
-            speeds[row.rank] = row.samples_per_s
+            speeds[row.rank] = 1.0 / (1.0 / row.samples_per_s + data.get(row.rank, 0.0))
     return tuple(speeds)
 
 
 def measured_models(view: JobView) -> tuple[StepModel | None, ...]:
-    """Per-rank step-time model from health (`fixed_s`, `per_sample_s`); None where the
-    monitor has not fitted one, the rank is unusable (as for speeds), or it has no speed."""
+    """Per-rank step-time model from health (`fixed_s`, `per_sample_s`), a data-bound
+    rank's data wait per sample added; None where the monitor has not fitted one, the
+    rank is unusable (as for speeds), or it has no speed."""
     models: list[StepModel | None] = [None] * view.spec.world_size
+    data = data_per_sample(view)
     for row in _usable_rows(view):
         fixed, per_sample = row.fixed_s, row.per_sample_s  # finite: the wire contract
         if fixed is not None and per_sample is not None and per_sample > 0 < row.samples_per_s:
-            models[row.rank] = StepModel(fixed, per_sample)
+            models[row.rank] = StepModel(fixed, per_sample + data.get(row.rank, 0.0))
     return tuple(models)
+
+
+def data_per_sample(view: JobView) -> dict[int, float]:
+    """Seconds of data wait per sample of each rank held slow for its data (an open SLOW
+    incident, cause data): its loader's work grows with its batch, so a plan counts it
+    as that rank's own time before the barrier. The models fit compute only."""
+    if view.health is None:
+        return {}
+    bound = {
+        i.rank
+        for i in view.open_incidents
+        if i.kind == IncidentKind.SLOW
+        and i.cause == Cause.DATA
+        and i.state != IncidentState.RESOLVED
+    }
+    step_s = view.health.step_s
+    return {
+        row.rank: row.data_wait_share * step_s / row.local_batch
+        for row in view.health.ranks
+        if row.rank in bound and row.local_batch > 0
+    }
 
 
 def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
@@ -117,6 +142,7 @@ def _usable_rows(view: JobView) -> list[RankHealth]:
 
 
 __all__ = [
+    "data_per_sample",
     "held_ranks",
     "judged_models",
     "judged_speeds",
