@@ -8,9 +8,16 @@ from typing import Any
 
 import structlog
 
+from antdt.agent.accumulate import accumulate
 from antdt.agent.agent import Agent
 from antdt.agent.errors import AgentClosed, AgentError, RestartMismatch
-from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
+from antdt.agent.gradients import (
+    WeightedHookState,
+    WeightedReduceScatter,
+    allreduce_weighted,
+    weighted,
+    weighted_allreduce_hook,
+)
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
 from antdt.agent.launch import destroy_process_group, init_process_group, launch
 from antdt.agent.restart import RESTART_EXIT_CODE
@@ -60,11 +67,14 @@ __all__ = [
     "RestartMismatch",
     "Step",
     "WeightedHookState",
+    "WeightedReduceScatter",
+    "accumulate",
     "allreduce_weighted",
     "destroy_process_group",
     "init",
     "init_process_group",
     "launch",
     "parse_inject",
+    "weighted",
     "weighted_allreduce_hook",
 ]
