@@ -1,7 +1,8 @@
 """Gradient accumulation over a step's micro-batches for a model that reduces its own
 gradients (DDP, FSDP2): the reduction waits for the last micro-batch, and every rank runs
 as many forward/backward passes as the rank with the most micro-batches, because FSDP2's
-forward all-gathers (and DDP's broadcasts buffers): unequal counts would hang."""
+forward all-gathers (and DDP's broadcasts buffers): unequal counts would hang. A plain
+module passes through (its chunks padded the same way)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,15 @@ def _device(model: Any) -> Any:
 
 
 def _held_back(model: Any) -> AbstractContextManager[None]:
-    from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
         return model.no_sync()
+    from torch.distributed.fsdp import FSDPModule  # torch >= 2.6: imported only for FSDP2
+
     if isinstance(model, FSDPModule):
         return _fsdp_no_sync(model)
-    raise TypeError(f"accumulate() takes a DDP or FSDP2 model, not {type(model).__name__}")
+    return nullcontext()  # a plain module: step.sync(model) reduces after the last chunk
 
 
 @contextmanager

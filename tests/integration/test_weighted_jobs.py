@@ -1,14 +1,16 @@
-"""examples/fsdp2/train.py as a real job: two gloo ranks started by antdt.agent.launch,
-the real services, a commanded plan switch to uneven batches and uneven micro-batches.
+"""`agent.weighted(model)` in real jobs: examples/fsdp2/train.py (FSDP2) and the same
+script with DDP, each on two gloo ranks started by antdt.agent.launch against the real
+services, with a commanded plan switch to uneven batches and uneven micro-batch counts.
 The trained parameters equal one process replaying, step by step, the union of the ids
-both ranks logged, with the plain mean (float64, 1e-6): `agent.weighted(model)` weighs
-FSDP2's reduce-scatter by each step's own plan."""
+both ranks logged, with the plain mean (float64, 1e-6): the weights follow each step's
+own plan."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -63,8 +65,66 @@ def _replay(steps: list[list[int]]) -> dict[str, Any]:
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
+#: The example's training loop with DDP instead of FSDP2 (same data, model and loss).
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import importlib.util, sys, torch
+    from torch.nn.parallel import DistributedDataParallel
+    import antdt.agent
+
+    spec = importlib.util.spec_from_file_location("example", sys.argv[1])
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    torch.set_num_threads(1)
+    agent = antdt.agent.init()
+    antdt.agent.init_process_group("gloo")
+    dataset = example.make_dataset(agent.spec.dataset_size, torch.float64)
+    model = DistributedDataParallel(example.make_model(torch.device("cpu"), torch.float64))
+    agent.weighted(model)
+    opt = torch.optim.SGD(model.parameters(), lr=float(sys.argv[3]))
+    for epoch in agent.epochs():
+        for step in agent.steps():
+            n = len(step.sample_ids)
+            for chunk in antdt.agent.accumulate(model, step.micro_batches):
+                x, y = dataset[chunk]
+                loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum") / max(n, 1)
+                loss.backward()
+            step.sync(model)
+            opt.step()
+            opt.zero_grad()
+    params = {k: p.detach() for k, p in model.module.named_parameters()}
+    if agent.settings.rank == 0:
+        torch.save(params, sys.argv[2])
+    agent.close()
+    antdt.agent.destroy_process_group()
+    """
+)
+
+
 async def test_fsdp2_example_trains_like_one_process_on_the_union(
     services: RunningServices, settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+) -> None:
+    out = tmp_path / "params.pt"
+    command = [sys.executable, str(EXAMPLE), "--out", str(out), "--dtype", "float64"]
+    await _run_and_replay(settings, unique, bus, tmp_path, [*command, "--lr", str(LR)], out)
+
+
+async def test_ddp_job_trains_like_one_process_on_the_union(
+    services: RunningServices, settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+) -> None:
+    script, out = tmp_path / "train_ddp.py", tmp_path / "params.pt"
+    script.write_text(DDP_SCRIPT)
+    command = [sys.executable, str(script), str(EXAMPLE), str(out), str(LR)]
+    await _run_and_replay(settings, unique, bus, tmp_path, command, out)
+
+
+async def _run_and_replay(
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    tmp_path: Path,
+    command: list[str],
+    out: Path,
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     events: list[StepEvent] = []
@@ -74,7 +134,7 @@ async def test_fsdp2_example_trains_like_one_process_on_the_union(
 
     await bus.subscribe(subjects.step(unique, "*"), StepEvent, on_step)
     await bus.flush()
-    log, out = tmp_path / "ids", tmp_path / "params.pt"
+    log = tmp_path / "ids"
     env = {
         "ANTDT_NATS__URL": settings.nats.url,
         "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
@@ -87,8 +147,6 @@ async def test_fsdp2_example_trains_like_one_process_on_the_union(
         "ANTDT_TELEMETRY__LOG_LEVEL": "warning",
         "OMP_NUM_THREADS": "1",
     }
-    command = [sys.executable, str(EXAMPLE), "--out", str(out), "--dtype", "float64"]
-    command += ["--lr", str(LR)]
     run = asyncio.ensure_future(asyncio.to_thread(launch, 2, command, env=env))
     await wait_for(lambda: events or run.done(), timeout=90, what="first step event")
     new = Plan(job=unique, version=1, effective_step=10, created_at=time.time(), **SWITCH)
