@@ -54,25 +54,27 @@ def main() -> None:
     dataset = make_dataset(agent.spec.dataset_size, dtype)
     model = make_model(device, dtype)
     for layer in model:
-        if any(True for _ in layer.parameters()):
+        if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     agent.weighted(model)  # the AntDT change to FSDP2: batch-weighted reduce-scatter
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 
     for epoch in agent.epochs():
+        steps, loss_sum = 0, torch.zeros((), device=device, dtype=dtype)
         for step in agent.steps():  # this rank's sample ids, under the step's plan
-            n = len(step.sample_ids)
+            n, steps = len(step.sample_ids), steps + 1
             for chunk in antdt.agent.accumulate(model, step.micro_batches):
                 x, y = (t.to(device) for t in dataset[chunk])
                 # Summed over the chunk, divided by the rank's batch: 0 for an empty chunk.
                 loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum") / max(n, 1)
                 loss.backward()
+                loss_sum += loss.detach()  # no host sync per step
             step.sync(model)  # times the step and records its ids; no second reduction
             opt.step()
             opt.zero_grad()
-        if agent.settings.rank == 0:
-            print(f"epoch {epoch} done at step {agent.step}, last loss {float(loss):.4f}")
+        mean = float(loss_sum) / max(steps, 1)
+        print(f"rank {agent.settings.rank} epoch {epoch}: {steps} steps, loss {mean:.4f}")
 
     full = {name: p.full_tensor().detach().cpu() for name, p in model.named_parameters()}
     if args.out and agent.settings.rank == 0:

@@ -20,14 +20,22 @@ pytestmark = pytest.mark.integration
 
 TOLERANCE = 1e-6
 LR = 0.1
+Schedule = list[list[tuple[int, int]]]
 #: Per step: each rank's (local batch, micro-batch; 0: the whole batch). Step 2 switches
 #: the plan (new batches and micro-batches); rank 1 has no samples at step 3.
-SCHEDULE = [
+THREE_RANKS: Schedule = [
     [(5, 0), (7, 0), (1, 0)],
     [(5, 2), (7, 3), (1, 0)],
     [(2, 2), (9, 4), (2, 0)],
     [(3, 0), (0, 0), (8, 3)],
     [(3, 1), (0, 0), (8, 0)],
+]
+#: For HSDP on a 2 x 2 mesh (replicate x shard): the same kinds of steps over four ranks.
+FOUR_RANKS: Schedule = [
+    [(5, 0), (7, 0), (1, 0), (4, 0)],
+    [(5, 2), (7, 3), (1, 0), (4, 4)],
+    [(2, 2), (9, 4), (2, 0), (0, 0)],
+    [(6, 5), (1, 0), (0, 0), (3, 1)],
 ]
 
 
@@ -45,11 +53,11 @@ def _model() -> Any:
     ).double()
 
 
-def _rows() -> list[list[list[list[int]]]]:
+def _rows(schedule: Schedule) -> list[list[list[list[int]]]]:
     """Per step, per rank: the sample indices of each micro-batch (consecutive, like a
     shard), as `step.micro_batches` gives them: none for a rank with no samples."""
     out, cursor = [], 0
-    for plan in SCHEDULE:
+    for plan in schedule:
         row = []
         for n, micro in plan:
             ids = list(range(cursor, cursor + n))
@@ -60,12 +68,12 @@ def _rows() -> list[list[list[list[int]]]]:
     return out
 
 
-def _reference() -> list[list[Any]]:
+def _reference(schedule: Schedule) -> list[list[Any]]:
     """Parameters after each step of one process training on the union, plain mean."""
     x, y = _data()
     model, after = _model(), []
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for row in _rows():
+    for row in _rows(schedule):
         idx = [i for chunks in row for chunk in chunks for i in chunk]
         ((model(x[idx]) - y[idx]) ** 2).sum().div(len(idx)).backward()
         opt.step()
@@ -74,7 +82,7 @@ def _reference() -> list[list[Any]]:
     return after
 
 
-def _train(rank: int, model: Any, full: Any, what: str) -> None:
+def _train(rank: int, schedule: Schedule, model: Any, full: Any, what: str) -> None:
     """The documented loop: the agent's count all-reduce sets the state before compute;
     each micro-batch's loss is its share of the rank's mean; `accumulate` pads the
     micro-batches to the most any rank has and reduces in the last one only."""
@@ -86,7 +94,7 @@ def _train(rank: int, model: Any, full: Any, what: str) -> None:
     weighted(model, state)
     collectives = TorchCollectives(torch.distributed.get_world_size())
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for k, (row, want) in enumerate(zip(_rows(), _reference(), strict=True)):
+    for k, (row, want) in enumerate(zip(_rows(schedule), _reference(schedule), strict=True)):
         chunks = row[rank]
         local = sum(len(c) for c in chunks)
         state.update(local, collectives.count(local))
@@ -99,26 +107,28 @@ def _train(rank: int, model: Any, full: Any, what: str) -> None:
             assert diff < TOLERANCE, f"{what} step {k}: parameters differ by {diff}"
 
 
-def _train_ddp(rank: int) -> None:
+def _train_ddp(rank: int, schedule: Schedule) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     model = DistributedDataParallel(_model())
-    _train(rank, model, lambda p: p.detach(), "ddp")
+    _train(rank, schedule, model, lambda p: p.detach(), "ddp")
 
 
-def _train_fsdp(rank: int, world: int) -> None:
+def _train_fsdp(rank: int, schedule: Schedule, shape: tuple[int, ...]) -> None:
+    """FSDP2 on a 1-D mesh; HSDP on a 2-D one (replicate x shard)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (world,))
+    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
     model = _model()
-    fully_shard(model[0], mesh=mesh)
-    fully_shard(model[2], mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    _train(rank, model, lambda p: p.full_tensor().detach(), "fsdp2")
+    for module in (model[0], model[2], model):
+        fully_shard(module, mesh=mesh)
+    what = "fsdp2" if len(shape) == 1 else "hsdp"
+    _train(rank, schedule, model, lambda p: p.full_tensor().detach(), what)
 
 
-def _worker(rank: int, world: int, port: int) -> None:
+def _worker(rank: int, world: int, port: int, schedule: Schedule, shape: tuple[int, ...]) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -127,16 +137,24 @@ def _worker(rank: int, world: int, port: int) -> None:
     )
     from antdt.agent import destroy_process_group
 
-    _train_ddp(rank)
-    _train_fsdp(rank, world)
+    _train_ddp(rank, schedule)
+    _train_fsdp(rank, schedule, shape)
     destroy_process_group()  # only on success: a failed rank's peers would wait
 
 
-def test_weighted_ddp_and_fsdp2_train_like_one_process_on_the_union() -> None:
+def _spawn(schedule: Schedule, shape: tuple[int, ...]) -> None:
     import torch.multiprocessing as mp
 
-    world = len(SCHEDULE[0])
-    mp.spawn(_worker, args=(world, free_port()), nprocs=world, join=True)
+    world = len(schedule[0])
+    mp.spawn(_worker, args=(world, free_port(), schedule, shape), nprocs=world, join=True)
+
+
+def test_weighted_ddp_and_fsdp2_train_like_one_process_on_the_union() -> None:
+    _spawn(THREE_RANKS, (3,))
+
+
+def test_weighted_ddp_and_hsdp_train_like_one_process_on_the_union() -> None:
+    _spawn(FOUR_RANKS, (2, 2))
 
 
 def test_weighted_refuses_a_model_without_its_own_reduction() -> None:
