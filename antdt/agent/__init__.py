@@ -1,5 +1,6 @@
 """antdt.agent: the library a training script imports (README, "Using it in a training
-script"): `init()`, then `epochs()`, `steps()` and `step.sync(model)`, then `close()`.
+script"): `init()`, then `epochs()`, `steps()` and `step.sync(model)`, then `close()`;
+`agent.weighted(model)` and `accumulate` for DDP and FSDP2 models.
 Importing it does not import torch; the parts that need it import it lazily."""
 
 from __future__ import annotations
