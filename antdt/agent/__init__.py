@@ -1,6 +1,7 @@
 """antdt.agent: the library a training script imports (README, "Using it in a training
 script"): `init()`, then `epochs()`, `steps()` (or `batches(loader)` over a DataLoader
-built with `batch_sampler()`) and `step.sync(model)`, then `close()`.
+built with `batch_sampler()`) and `step.sync(model)`, then `close()`;
+`agent.weighted(model)` and `accumulate` for DDP and FSDP2 models.
 Importing it does not import torch; the parts that need it import it lazily."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 import structlog
 
+from antdt.agent.accumulate import accumulate
 from antdt.agent.agent import Agent
 from antdt.agent.devices import choose_backend, collective_device, model_device
 from antdt.agent.errors import (
@@ -19,7 +21,13 @@ from antdt.agent.errors import (
     PlanUnfillable,
     RestartMismatch,
 )
-from antdt.agent.gradients import WeightedHookState, allreduce_weighted, weighted_allreduce_hook
+from antdt.agent.gradients import (
+    WeightedHookState,
+    WeightedReduceScatter,
+    allreduce_weighted,
+    weighted,
+    weighted_allreduce_hook,
+)
 from antdt.agent.group import destroy_process_group, init_process_group
 from antdt.agent.inject import Injection, InjectionSchedule, parse_inject
 from antdt.agent.launch import launch
@@ -73,6 +81,8 @@ __all__ = [
     "RestartMismatch",
     "Step",
     "WeightedHookState",
+    "WeightedReduceScatter",
+    "accumulate",
     "allreduce_weighted",
     "choose_backend",
     "collective_device",
@@ -82,5 +92,6 @@ __all__ = [
     "launch",
     "model_device",
     "parse_inject",
+    "weighted",
     "weighted_allreduce_hook",
 ]

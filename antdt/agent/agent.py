@@ -188,15 +188,22 @@ class Agent:
             self._feed = BatchFeed(session.driver, self.settings.rank, size, cap, self._live)
         return self._feed
 
-    def register_ddp(self, ddp_model: Any, process_group: Any = None) -> None:
-        """Keep DDP's overlapped all-reduce, weighted by batch: registers
-        `weighted_allreduce_hook` on `ddp_model`; `step.sync(ddp_model)` then only times."""
-        from antdt.agent.gradients import WeightedHookState, weighted_allreduce_hook
+    def weighted(self, model: Any, process_group: Any = None) -> Any:
+        """Make a DDP model's all-reduce, or an FSDP2 (`fully_shard`) model's reduce-scatter,
+        give every step the mean gradient over all its samples; returns `model`. Once,
+        before training; `step.sync(model)` then only times (every rank must still run
+        backward every step). `process_group`: DDP's, if not the default."""
+        from antdt.agent import gradients
 
         driver = self._live().driver
-        state = WeightedHookState(process_group=process_group)
-        ddp_model.register_comm_hook(state, weighted_allreduce_hook)
-        driver.hook_state, driver.ddp_model = state, ddp_model
+        state = gradients.WeightedHookState(process_group=process_group)
+        gradients.weighted(model, state)
+        driver.hook_state, driver.ddp_model = state, model
+        return model
+
+    def register_ddp(self, ddp_model: Any, process_group: Any = None) -> None:
+        """The former name of `weighted` for a DDP model."""
+        self.weighted(ddp_model, process_group)
 
     # -- checkpoints, restarts, removal ------------------------------------------------
 

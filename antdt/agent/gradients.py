@@ -1,12 +1,13 @@
 """Batch-weighted gradient averaging: every step's update is the mean gradient over all
 samples of the step, whatever the per-rank batch sizes, so moving samples between ranks
-needs no learning-rate change. Two ways: `allreduce_weighted` after backward, or DDP's
-own all-reduce with `weighted_allreduce_hook` (docs/architecture.md, gradient weighting).
+needs no learning-rate change. Two ways: `allreduce_weighted` after backward, or the
+model's own reduction made weighted by `weighted(model, state)`: DDP's all-reduce or
+FSDP2's reduce-scatter (docs/architecture.md, gradient weighting).
 torch is imported inside the functions: importing this module does not need torch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -109,23 +110,88 @@ class WeightedHookState:
         self.local_samples, self.total_samples = local_samples, total_samples
 
 
+def _weigh(tensor: torch.Tensor, state: WeightedHookState) -> None:
+    """Scale this rank's summed-to-be gradients by n_i / B, in place (zeros for n_i = 0,
+    even over NaN: the mean over no samples)."""
+    if state.total_samples <= 0:
+        raise RuntimeError("WeightedHookState.total_samples is not set for this step")
+    if state.local_samples == 0:
+        tensor.zero_()
+    else:
+        tensor.mul_(state.local_samples / state.total_samples)
+
+
 # `bucket` and the return (torch.futures.Future[torch.Tensor]) are left unannotated on
 # purpose: DDP compares the annotations with the real classes, and under
 # `from __future__ import annotations` they would be strings and fail that check.
 def weighted_allreduce_hook(state: WeightedHookState, bucket):  # type: ignore[no-untyped-def]
     """DDP communication hook: scales each rank's bucket by n_i / B before the SUM, so
     the result is sum_i n_i g_i / B, the mean over the step's B samples. Register with
-    `ddp.register_comm_hook(state, weighted_allreduce_hook)`."""
+    `ddp.register_comm_hook(state, weighted_allreduce_hook)` (or `weighted(ddp, state)`)."""
     import torch.distributed as dist
 
     bucket = cast("GradBucket", bucket)
-    if state.total_samples <= 0:
-        raise RuntimeError("WeightedHookState.total_samples is not set for this step")
     tensor = bucket.buffer()
-    if state.local_samples == 0:
-        tensor.zero_()
-    else:
-        tensor.mul_(state.local_samples / state.total_samples)
+    _weigh(tensor, state)
     work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
     assert work is not None
     return work.get_future().then(lambda fut: fut.value()[0])
+
+
+class WeightedReduceScatter:
+    """FSDP2 reduce-scatter that scales this rank's gradients by n_i / B, then SUMs. It
+    implements FSDP's `ReduceScatter` comm (allocate, call) by duck typing: that base
+    class lives in a private torch module. `weighted` sets it with FSDP's own division
+    off, so the shard's gradient is sum_i n_i g_i / B."""
+
+    def __init__(self, state: WeightedHookState) -> None:
+        self.state = state
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> Any:
+        import torch
+
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: Any,
+        op: Any,
+        async_op: bool = False,
+    ) -> Any:
+        import torch.distributed as dist
+
+        _weigh(input_tensor, self.state)
+        # reduce_scatter_single: the newer name of reduce_scatter_tensor (deprecated).
+        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        return reduce_scatter(
+            output_tensor, input_tensor, op=dist.ReduceOp.SUM, group=group, async_op=async_op
+        )
+
+
+def weighted(model: Any, state: WeightedHookState) -> Any:
+    """Make `model`'s own gradient reduction batch-weighted by `state` (updated every step
+    before backward) and return it: a DistributedDataParallel gets
+    `weighted_allreduce_hook`; a module sharded by FSDP2's `fully_shard` gets
+    `WeightedReduceScatter` on each of its FSDP modules, with FSDP's division off."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        model.register_comm_hook(state, weighted_allreduce_hook)
+        return model
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not sharded:
+        raise TypeError(
+            f"weighted() takes a DistributedDataParallel or a module sharded with "
+            f"fully_shard, not {type(model).__name__}: reduce a plain module's gradients "
+            "with step.sync(model)"
+        )
+    if not hasattr(sharded[0], "set_force_sum_reduction_for_comms"):
+        raise RuntimeError("FSDP2 weighting needs a newer torch (tested with 2.13)")
+    for module in sharded:
+        module.set_gradient_divide_factor(1.0)  # no division by the world size ...
+        module.set_force_sum_reduction_for_comms(True)  # ... nor an AVG or PREMUL_SUM op
+        module.set_custom_reduce_scatter(WeightedReduceScatter(state))  # type: ignore[arg-type]
+    return model
