@@ -91,8 +91,12 @@ def _count_only(n: int, group: Any) -> int:
     import torch
     import torch.distributed as dist
 
-    count = torch.tensor([n], dtype=torch.int64)
-    if dist.is_available() and dist.is_initialized():
+    from antdt.agent.devices import collective_device
+
+    initialized = dist.is_available() and dist.is_initialized()
+    device = collective_device(group) if initialized else "cpu"
+    count = torch.tensor([n], dtype=torch.int64, device=device)  # under nccl: on the GPU
+    if initialized:
         dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
     return int(count.item())
 

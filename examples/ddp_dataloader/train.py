@@ -28,7 +28,7 @@ def main() -> None:
     agent = antdt.agent.init(dataset_size=SIZE, global_batch=BATCH * dist.get_world_size(), epochs=EPOCHS)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2)))
-    agent.register_ddp(model)  # batch-weighted gradients under uneven per-rank batches
+    agent.weighted(model)  # batch-weighted gradients under uneven per-rank batches
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = Points(SIZE)
     loader = DataLoader(data, batch_sampler=agent.batch_sampler(data), num_workers=2)

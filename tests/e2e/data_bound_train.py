@@ -48,7 +48,7 @@ def main() -> None:
     torch.manual_seed(0)
     layers = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     model = DDP(layers)
-    agent.register_ddp(model)
+    agent.weighted(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loader = DataLoader(data, batch_sampler=agent.batch_sampler(data), num_workers=0)
     empty = (torch.empty(0, 16), torch.empty(0, dtype=torch.long))

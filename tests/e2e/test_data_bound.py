@@ -72,11 +72,10 @@ async def test_a_data_bound_rank_is_named_by_cause_and_its_batch_cut(
         await running.runtime.shutdown()
     assert rc == 0
 
-    # 1. the monitor named the cause: data, on the slowed rank only
+    # 1. the monitor named the cause: data, on the slowed rank
     data = [i for i in incidents if i.kind == IncidentKind.SLOW and i.cause == Cause.DATA]
-    assert data and {i.rank for i in data} == {SLOW_RANK}, [
-        (i.rank, i.cause, i.state) for i in incidents
-    ]
+    seen = [(i.rank, i.cause.value, i.state.value, i.step) for i in incidents]
+    assert any(i.rank == SLOW_RANK for i in data), seen
 
     # 2. its batch was cut below an even share
     cut = [
@@ -88,7 +87,11 @@ async def test_a_data_bound_rank_is_named_by_cause_and_its_batch_cut(
         and a.local_batch[SLOW_RANK] < BATCH // WORLD
     ]
     assert cut, actions
-    print(f"rank {SLOW_RANK} cut to {cut[0].local_batch} from step {cut[0].effective_step}")
+    first = cut[0].effective_step or 0
+    print(f"rank {SLOW_RANK} cut to {cut[0].local_batch} from step {first}; incidents {seen}")
+    # Until then no other rank was taken for data-bound (once the cut moved the samples,
+    # the other rank loads nearly all of them: its own wait may then stand out).
+    assert not [i for i in data if i.rank != SLOW_RANK and i.step < first], seen
 
     # 3. and every sample of every epoch reached the model exactly once
     lines = read_sample_logs(tmp_path / "samples", WORLD)

@@ -176,10 +176,5 @@ def test_ddp_with_the_weighted_hook_gives_the_union_mean_gradient_on_cuda() -> N
     _spawn(_ddp_worker, _world())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gradients._count_only builds its count on the CPU (no trainable parameters); "
-    "drop this mark with the gradients.py device change",
-)
 def test_a_model_without_trainable_parameters_still_counts_under_nccl() -> None:
     _spawn(_count_only_worker, _world())
