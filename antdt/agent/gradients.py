@@ -87,6 +87,13 @@ def allreduce_weighted(params: Iterable[Any] | Any, local_samples: int, group: A
     return round(totals[0])
 
 
+def scale_gradients(params: Iterable[Any] | Any, factor: float) -> None:
+    """Multiply every gradient of `params` by `factor` (None grads stay None)."""
+    for p in trainable(params):
+        if p.grad is not None:
+            p.grad.mul_(factor)
+
+
 def _count_only(n: int, group: Any) -> int:
     import torch
     import torch.distributed as dist

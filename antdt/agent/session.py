@@ -28,6 +28,7 @@ from antdt.agent.register import register, spec_differences
 from antdt.agent.route import ShardRoute
 from antdt.agent.settings import AgentSettings
 from antdt.agent.shards import ShardStream
+from antdt.agent.shared_work import sharing_for
 from antdt.agent.steps import StepDriver
 from antdt.agent.stream_state import StreamState
 from antdt.agent.timeline import StepPlans
@@ -156,6 +157,7 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
             schedule=parts.schedule,
             emit=publisher.emit,
             log_ids=publisher.log_ids if s.sample_log else None,
+            sharing=sharing_for(reply.spec, s.rank),
         )
         undo.pop_all()
     probe.start()

@@ -15,6 +15,7 @@ from antdt.agent.devices import wait_for_device
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
+from antdt.agent.shared_work import MicroBatch, WorkSharing, own_micro_batches
 from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class Step:
 
     __slots__ = (
         "_comm_s",
+        "_computed",
         "_count_s",
         "_data_s",
         "_driver",
@@ -66,6 +68,7 @@ class Step:
         self._lot: Lot | None = None  # its ids' read-ahead record (a DataLoader's step)
         self._t0 = self._t_yield = self._wall0 = 0.0
         self._data_s = self._count_s = self._comm_s = 0.0
+        self._computed: list[int] | None = None  # under work sharing, once claims() ended
 
     @property
     def micro_batches(self) -> list[list[int]]:
@@ -74,6 +77,13 @@ class Step:
         len(chunk) / len(sample_ids), so the step's gradient is the mean over all ids."""
         ids, size = self.sample_ids, self.micro_batch
         return [ids[i : i + size] for i in range(0, len(ids), size)]
+
+    def claims(self) -> Iterator[MicroBatch]:
+        """The micro-batches to compute, each mean loss scaled by its `weight` before
+        backward. The same as `micro_batches` unless the job shares work (policy param
+        `work_sharing`): then iterate it to its end, also when the own ids ran out, since
+        it hands out other ranks' micro-batches too."""
+        return self._driver.claims(self)
 
     def sync(self, model: Any = None) -> int:
         """End the step's compute: apply any injected slowdown, exchange batch-weighted
@@ -102,6 +112,7 @@ class StepDriver:
     log_ids: Callable[[SampleLine], None] | None = None
     hook_state: WeightedHookState | None = None
     ddp_model: Any = None
+    sharing: WorkSharing | None = None
     epoch: int | None = None
     _open: Step | None = None
 
@@ -144,6 +155,8 @@ class StepDriver:
         index, plan = self.plans.fix()
         while True:
             taken = self.stream.take(plan.local_batch[self.rank], epoch)
+            if self.sharing is not None:  # before the count: every claim comes after it
+                self.sharing.publish(index, plan, self.rank, taken.ids)
             t1 = time.perf_counter()
             total = self.collectives().count(len(taken.ids))
             t2 = time.perf_counter()
@@ -177,7 +190,32 @@ class StepDriver:
     def open_step_unsynced(self) -> bool:
         return self._open is not None and not self._open.synced
 
-    # -- sync and bookkeeping ---------------------------------------------------------
+    # -- compute, sync and bookkeeping ------------------------------------------------
+
+    def claims(self, step: Step) -> Iterator[MicroBatch]:
+        if step is not self._open or step.synced:
+            raise RuntimeError(f"step {step.index} is not open")
+        if self.sharing is None or step._lot is not None:  # a DataLoader's batch: its own
+            yield from own_micro_batches(step.micro_batches, self.rank)
+            return
+        if self.hook_state is not None:
+            raise RuntimeError("work sharing weights gradients in step.sync(model), not DDP's hook")
+        computed: list[int] = []
+        yield from self.sharing.claims(step.total_samples, computed)
+        step._computed = computed
+
+    def _computed_ids(self, step: Step, model: Any) -> list[int]:
+        """The ids whose gradients this rank holds; under work sharing they are scaled
+        to the mean over them, so the weighted all-reduce weighs them by their count."""
+        if self.sharing is None or step._lot is not None:
+            return step.sample_ids
+        if step._computed is None:
+            raise RuntimeError("under work sharing, iterate step.claims() to its end before sync")
+        if model is not None and step._computed:
+            from antdt.agent.gradients import scale_gradients
+
+            scale_gradients(model, step.total_samples / len(step._computed))
+        return step._computed
 
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
@@ -191,12 +229,13 @@ class StepDriver:
             if extra > 0:
                 time.sleep(extra)  # the injected straggler: compute takes factor x as long
         t_a = time.perf_counter()
+        ids = self._computed_ids(step, model)
         if model is not None and model is not self.ddp_model:
-            self.collectives().reduce_gradients(model, len(step.sample_ids))
+            self.collectives().reduce_gradients(model, len(ids))
         step._comm_s = step._count_s + (time.perf_counter() - t_a)
         step.synced = True
         if self.log_ids is not None:
-            self.log_ids(SampleLine(step.epoch, step.index, step.sample_ids))
+            self.log_ids(SampleLine(step.epoch, step.index, ids))
         if step._lot is not None:
             self.stream.reached(step._lot)
         else:
