@@ -54,6 +54,7 @@ class StoreClaims:
         self._batches: dict[int, list[list[int]]] = {}
         self._own_done = True
         self._exhausted: set[int] = set()
+        self._published: dict[int, int] = {}  # step -> this rank's micro-batches then
 
     def _key(self, step: int, *parts: object) -> str:
         return "/".join((self._prefix, str(step), *map(str, parts)))
@@ -68,9 +69,22 @@ class StoreClaims:
         publish before the step's count all-reduce, which every claim comes after."""
         keys = [self._key(step, k, self.rank) for k in ("ids", "front", "back")]
         self._store.multi_set(keys, [json.dumps(own), "0", "0"])
+        self._published[step] = len(own)
+        self._forget(step - 2)
         self._step, self._own, self._batches = step, own, {self.rank: own}
         self._own_done = not own
         self._exhausted = set()
+
+    def _forget(self, step: int) -> None:
+        """Delete what this rank wrote for `step` and the records of its micro-batches:
+        every rank has passed that step's all-reduce, so nobody reads them again."""
+        count = self._published.pop(step, None)
+        if count is None:
+            return
+        keys = [self._key(step, k, self.rank) for k in ("ids", "front", "back")]
+        keys += [self._key(step, "mb", self.rank, index) for index in range(count)]
+        for key in keys:
+            self._store.delete_key(key)
 
     def claim_next(self) -> Claimed | None:
         """The next micro-batch for this rank to compute: its own next, else one from the rank

@@ -175,3 +175,18 @@ def test_a_claim_costs_well_under_a_millisecond_on_loopback() -> None:
     assert owner.claim_next() is None and helper.claim_next() is None
     print(f"claim on loopback: own {own_s * 1e6:.0f} us, helping {steal_s * 1e6:.0f} us")
     assert own_s < 1e-3 and steal_s < 1e-3
+
+
+def test_the_store_keeps_only_the_last_two_steps_keys() -> None:
+    from antdt.agent.claimstore import StoreClaims
+
+    server, (s0,) = _stores(1)
+    claims = StoreClaims(s0, 0, 1)
+    counts = []
+    for step in range(8):
+        claims.publish(step, [[step * 2], [step * 2 + 1]])
+        while (held := claims.claim_next()) is not None:
+            claims.done(held)
+        counts.append(server.num_keys())  # type: ignore[attr-defined]
+    # Steps older than the one before are deleted: the count stops growing at step 2.
+    assert counts[2] == counts[7], counts
