@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from antdt.runtime.bus import Bus
@@ -66,12 +66,12 @@ def _timed(batches: Iterator[Any], steps: int, train: Any, sync: bool) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def _forever(loader: Any) -> Iterator[Any]:
+def _forever(loader: Any) -> Generator[Any, None, None]:
     while True:
         yield from loader
 
 
-def _agent_batches(agent: Any, loader: Any) -> Iterator[Any]:
+def _agent_batches(agent: Any, loader: Any) -> Generator[Any, None, None]:
     for _ in agent.epochs():
         yield from agent.batches(loader)
 
@@ -126,8 +126,11 @@ async def bench_dataloader(
     plain: Any = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, **common)
     ours: Any = torch.utils.data.DataLoader(data, batch_sampler=agent.batch_sampler(data), **common)
     train = _model_step()
+    paths: dict[str, Generator[Any, None, None]] = {
+        "plain": _forever(plain),
+        "agent": _agent_batches(agent, ours),
+    }
     try:
-        paths = {"plain": _forever(plain), "agent": _agent_batches(agent, ours)}
         for name, it in paths.items():  # warm up: workers started, first grants in
             await asyncio.to_thread(_timed, it, steps // 2, train, name == "agent")
         times: dict[str, list[float]] = {"plain": [], "agent": []}
@@ -137,6 +140,8 @@ async def bench_dataloader(
                 took = await asyncio.to_thread(_timed, paths[name], steps, train, name == "agent")
                 times[name].append(took)
     finally:
+        for it in paths.values():  # the loaders' workers shut down now, not at exit
+            it.close()
         await asyncio.to_thread(agent.close)
         await runtime.shutdown()
         for store in closing:
