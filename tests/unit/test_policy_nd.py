@@ -97,6 +97,7 @@ def adjusted(**kwargs: Any) -> JobView:
         if not planned:
             return v
         v = nd_view(**{**kwargs, "batch": planned[0].local_batch, "version": version})
+        v = replace(v, plan=v.plan.model_copy(update={"created_at": 990.0}))  # after opening
     raise AssertionError(f"lb-bsp still moving after 5 plans: {v.plan.local_batch}")
 
 
@@ -224,6 +225,14 @@ def test_batches_first_then_the_restart_that_pays() -> None:
     assert isinstance(first, AdjustBatchAction) and first.local_batch == (39, 38, 38, 13)
     [then] = decide(adjusted())
     assert isinstance(then, KillRestartAction) and then.rank == 3
+    # A plan made for this straggler was tried: a further refinement does not hold the
+    # restart; a plan older than the incident does.
+    v = nd_view(speeds=(1000.0, 1000.0, 1000.0, 250.0), batch=(39, 38, 38, 13), version=1)
+    tried = replace(v, plan=v.plan.model_copy(update={"created_at": 950.0}))
+    assert kinds(decide(tried)) == ["restart"]
+    assert kinds(decide(replace(v, plan=v.plan.model_copy(update={"created_at": 800.0})))) == [
+        "adjust"
+    ]
 
 
 def test_restart_id_follows_the_history() -> None:

@@ -83,9 +83,10 @@ class AntDtNdPolicy:
             for action in self._adjust.decide(view, event)
         ]
         if restart is not None:
-            # Batches first: while a plan still gains, it goes out and the restart is
-            # decided again once it took effect (the rails hold both until it settled).
-            return adjust or [restart]
+            # Batches first: until one plan was made for this straggler, a plan that gains
+            # goes out instead, and the restart is decided again once it settled (the rails
+            # hold both). Later refinements do not hold a restart that still pays.
+            return [restart] if batches_tried(view, event, restart) or not adjust else adjust
         move = decide_link_move(
             view,
             event,
@@ -104,6 +105,14 @@ def restart_cost(view: JobView, params: NdParams) -> RestartCost:
     measured = view.restarts.measured_cost_s
     seconds = params.restart_cost_s if measured is None else measured
     return RestartCost(seconds, measured is not None, params.min_saving_ratio)
+
+
+def batches_tried(view: JobView, event: JobHealth | Incident, restart: KillRestartAction) -> bool:
+    """Whether the plan in force was made since the restart's incident opened (the
+    controller's and the monitor's clocks, which NTP keeps within well under a second)."""
+    incidents = [*view.open_incidents, *([event] if isinstance(event, Incident) else [])]
+    opened = [i.opened_at for i in incidents if i.id == restart.incident_id]
+    return bool(opened) and view.plan.version > 0 and view.plan.created_at >= min(opened)
 
 
 def decide_restart(
