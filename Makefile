@@ -28,7 +28,7 @@ NODE_STAMP := node_modules/.installed
 # bed's tests skip, saying why).
 APT_GET    ?= apt-get
 
-.PHONY: all install node hosttools demo test test-fast lint up bench bench-test gpu-check test-quarantined schemas clean
+.PHONY: all install node hosttools demo test test-fast lint up bench bench-test gpu-check schemas clean
 
 all: test
 
@@ -71,11 +71,6 @@ test: lint $(NODE_STAMP) hosttools
 
 test-fast: $(STAMP) $(NODE_STAMP) hosttools
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
-
-# Tests known to fail under the full suite's conditions, each saying why in its skip
-# reason; run on their own.
-test-quarantined: $(STAMP) $(NODE_STAMP)
-	ANTDT_RUN_QUARANTINED=1 $(BIN)/python -m pytest -q -rs tests/e2e/test_data_bound.py $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/antdt demo

@@ -23,13 +23,6 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.slow,
     pytest.mark.integration,
-    # In a full suite run a noise compute incident can still be open on the rank when its
-    # data slows; the monitor keeps an open incident's cause, so the run names compute.
-    # Until the cause follows the judgement, this runs under `make test-quarantined`.
-    pytest.mark.skipif(
-        os.environ.get("ANTDT_RUN_QUARANTINED") != "1",
-        reason="quarantined: an open incident keeps its first cause (make test-quarantined)",
-    ),
 ]
 
 WORLD, DATASET, BATCH, EPOCHS, SLOW_RANK, ONSET = 2, 16384, 128, 3, 1, 120

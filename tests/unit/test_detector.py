@@ -236,6 +236,22 @@ def test_data_loading_slowdown_has_cause_data() -> None:
     assert {i.rank for i in transitions} == {3}
 
 
+def test_an_open_compute_incident_gives_way_when_the_ranks_data_slows() -> None:
+    # Rank 3 runs 1.6x slow at compute from step 20 (an incident opens), is back from 64,
+    # and from 64 waits 80 ms a step for data: the compute incident resolves and one with
+    # cause data opens; its remedy (a cut batch counted with its data wait) differs.
+    def data(rank: int, step: int) -> float:
+        return 0.08 if rank == 3 and step >= 64 else 0.001
+
+    job = Job(4, cost=slow_rank(3, 1.6, start=20, stop=64), data=data)
+    _, transitions = run(job, range(140))
+    rank3 = [(i.cause, i.state) for i in transitions if i.rank == 3]
+    assert rank3[0] == (Cause.COMPUTE, IncidentState.OPENED), rank3
+    assert (Cause.DATA, IncidentState.OPENED) in rank3, rank3
+    switch = rank3.index((Cause.DATA, IncidentState.OPENED))
+    assert (Cause.COMPUTE, IncidentState.RESOLVED) in rank3[:switch], rank3
+
+
 def test_abnormal_communication_with_normal_compute_has_cause_communication() -> None:
     # Not bulk-synchronous: rank 2 alone spends most of its step in gradient exchange.
     detector = JobDetector(JOB, 4)

@@ -30,7 +30,7 @@ def advance(
         return _normal_window(rank, judged, step, now, config, book)
     kind = IncidentKind.SLOW if judged.verdict is Verdict.SLOW else IncidentKind.LEADER
     transitions = []
-    if rank.deviation is not None and rank.deviation.kind != kind:
+    if rank.deviation is not None and _turned(rank.deviation, kind, judged):
         transitions.append(_resolve(rank, judged, step, now, config, book))
     if rank.streak_kind != kind:
         rank.streak_kind, rank.streak = kind, 0
@@ -44,6 +44,15 @@ def advance(
         rank.deviation_windows += 1
     escalation = _maybe_escalate(rank, judged, step, now, config)
     return transitions + ([escalation] if escalation else [])
+
+
+def _turned(incident: Incident, kind: IncidentKind, judged: Judgement) -> bool:
+    """The open incident no longer says what the rank suffers: another kind, or a strong
+    window of another cause (a rank whose data slowed while a compute incident was open
+    needs the data remedy; only a strong window moves it, so a mixed rank does not flap)."""
+    if incident.kind != kind:
+        return True
+    return judged.strong and judged.cause != incident.cause
 
 
 def open_slow(
