@@ -47,13 +47,7 @@ def data_per_sample(view: JobView) -> dict[int, float]:
     as that rank's own time before the barrier. The models fit compute only."""
     if view.health is None:
         return {}
-    bound = {
-        i.rank
-        for i in view.open_incidents
-        if i.kind == IncidentKind.SLOW
-        and i.cause == Cause.DATA
-        and i.state != IncidentState.RESOLVED
-    }
+    bound = {i.rank for i in view.open_incidents if _open_slow(i, Cause.DATA)}
     step_s = view.health.step_s
     return {
         row.rank: row.data_wait_share * step_s / row.local_batch
@@ -76,9 +70,13 @@ def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
 def link_bound(incident: Incident) -> bool:
     """An open SLOW incident whose cause is the rank's communication (its link): no
     batch plan helps it, and its long steps say nothing of its compute speed."""
+    return _open_slow(incident, Cause.COMMUNICATION)
+
+
+def _open_slow(incident: Incident, cause: Cause) -> bool:
     return (
         incident.kind == IncidentKind.SLOW
-        and incident.cause == Cause.COMMUNICATION
+        and incident.cause == cause
         and incident.state != IncidentState.RESOLVED
     )
 

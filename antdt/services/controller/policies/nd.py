@@ -78,15 +78,17 @@ class AntDtNdPolicy:
     def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
         params = NdParams.from_params(view.spec.policy_params)
         restart = decide_restart(view, event, params)
+        # Batches first: until one plan was made for this straggler, a plan that gains
+        # goes out instead, and the restart is decided again once it settled (the rails
+        # hold both). Later refinements do not hold a restart that still pays.
+        if restart is not None and batches_tried(view, event, restart):
+            return [restart]
         adjust = [
             replace(action, reason=f"antdt-nd adjust_bs ({action.reason})")
             for action in self._adjust.decide(view, event)
         ]
         if restart is not None:
-            # Batches first: until one plan was made for this straggler, a plan that gains
-            # goes out instead, and the restart is decided again once it settled (the rails
-            # hold both). Later refinements do not hold a restart that still pays.
-            return [restart] if batches_tried(view, event, restart) or not adjust else adjust
+            return adjust or [restart]
         move = decide_link_move(
             view,
             event,
