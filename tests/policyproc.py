@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import (
     Cause,
     Incident,
     IncidentKind,
     IncidentState,
+    RankHello,
     StragglerClass,
+    Subjects,
 )
 from tests.helpers import wait_for
 
@@ -74,6 +77,24 @@ async def start_policy_process(
         await policy.stop()
         raise
     return policy
+
+
+async def announce_cap(bus: Bus, jobs: Any, job: str, world: int, rank: int, cap: int) -> None:
+    """Rank `rank` says hello with a memory cap of `cap` samples; returns once the
+    controller's job state (`jobs`, its owned jobs by name) holds it."""
+    hello = RankHello(
+        job=job,
+        rank=rank,
+        world_size=world,
+        host=f"h{rank}",
+        pid=1,
+        max_local_batch=cap,
+        started_at=time.time(),
+    )
+    await bus.publish(Subjects(bus.settings.subject_prefix).hello(job, rank), hello)
+    await wait_for(
+        lambda: job in jobs and jobs[job].memory_caps.get(rank) == cap, what=f"rank {rank} cap"
+    )
 
 
 def incident(job: str, n: int, rank: int, ratio: float, **kw: Any) -> Incident:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,14 +24,13 @@ from antdt.schemas import (
     JobSpec,
     Plan,
     PlanRequest,
-    RankHello,
     RegisterReply,
     Subjects,
 )
 from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
-from tests.policyproc import PolicyProcess, incident, start_policy_process
+from tests.policyproc import PolicyProcess, announce_cap, incident, start_policy_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_policy" / "policy.py"
@@ -72,18 +70,8 @@ async def test_example_policy_proposes_and_controller_applies_or_refuses(
 
         # 2. Rank 0 reports a memory cap of 20; rank 1 turns 2x slower: the example moves
         # 10 samples off rank 1, 4 of them to rank 0 (24 > 20): refused with the reason.
-        hello = RankHello(
-            job=job,
-            rank=0,
-            world_size=WORLD,
-            host="h0",
-            pid=1,
-            max_local_batch=20,
-            started_at=time.time(),
-        )
-        await bus.publish(subjects.hello(job, 0), hello)
         jobs = services.by_name["controller"].jobs
-        await wait_for(lambda: jobs[job].memory_caps.get(0) == 20, what="rank 0 cap")
+        await announce_cap(bus, jobs, job, WORLD, rank=0, cap=20)
         await bus.jetstream.publish(subjects.incident(job), incident(job, 2, rank=1, ratio=2.0))
         refused = await wait_for(lambda: example.events("refused"), timeout=20, what="refused")
         assert refused[0]["code"] == "guardrail"

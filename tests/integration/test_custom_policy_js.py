@@ -7,7 +7,6 @@ refused with the reason, and a proposal for an ended job is answered job_ended."
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from antdt.schemas import (
     ActionResult,
     JobSpec,
     Keys,
-    RankHello,
     RegisterReply,
     Subjects,
 )
@@ -33,7 +31,7 @@ from tests.e2e.conftest import RunningServices, start_services
 from tests.helpers import wait_for
 from tests.integration.test_contract import ended_health
 from tests.nodejs import ROOT, node
-from tests.policyproc import PolicyProcess, incident, start_policy_process
+from tests.policyproc import PolicyProcess, announce_cap, incident, start_policy_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 POLICY = ROOT / "examples" / "custom_policy_js" / "policy.mjs"
@@ -81,18 +79,8 @@ async def test_js_policy_applied_refused_and_told_the_job_ended(
 
         # 2. Rank 0 holds at most 20; rank 1 turns 2x slower: 12 samples off it, 4 of them
         # to rank 0 (24 > 20): refused with the reason, the plan untouched.
-        hello = RankHello(
-            job=job,
-            rank=0,
-            world_size=WORLD,
-            host="h0",
-            pid=1,
-            max_local_batch=20,
-            started_at=time.time(),
-        )
-        await bus.publish(subjects.hello(job, 0), hello)
         jobs = services.by_name["controller"].jobs
-        await wait_for(lambda: jobs[job].memory_caps.get(0) == 20, what="rank 0 cap")
+        await announce_cap(bus, jobs, job, WORLD, rank=0, cap=20)
         await bus.jetstream.publish(subjects.incident(job), incident(job, 2, rank=1, ratio=2.0))
         refused = await wait_for(lambda: policy.events("refused"), timeout=20, what="refused")
         assert refused[0]["code"] == "guardrail" and refused[0]["action"] == "fix"

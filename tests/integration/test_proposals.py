@@ -5,7 +5,6 @@ their reason and nothing applied, an ack signed by the wrong rank not counted.""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,13 +19,13 @@ from antdt.schemas import (
     JobSpec,
     Plan,
     PlanRequest,
-    RankHello,
     RegisterReply,
     Subjects,
 )
 from antdt.testing import acking_ranks, signed_by_another
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import refusal, wait_for
+from tests.helpers import refusal
+from tests.policyproc import announce_cap
 
 pytestmark = pytest.mark.integration
 WORLD, BATCH = 4, 64
@@ -100,18 +99,7 @@ async def test_bad_proposals_refused_with_reasons(controller: RunningServices, b
     subjects = Subjects(bus.settings.subject_prefix)
     await register(bus, job)
     ranks = await acking_ranks(bus.settings, job, WORLD).start()
-    hello = RankHello(
-        job=job,
-        rank=0,
-        world_size=WORLD,
-        host="h0",
-        pid=1,
-        max_local_batch=18,
-        started_at=time.time(),
-    )
-    await bus.publish(subjects.hello(job, 0), hello)
-    jobs = controller.by_name["controller"].jobs
-    await wait_for(lambda: job in jobs and jobs[job].memory_caps.get(0) == 18, what="rank 0 cap")
+    await announce_cap(bus, controller.by_name["controller"].jobs, job, WORLD, rank=0, cap=18)
     refused: list[tuple[ActionProposal, str, str]] = [
         (proposal("nope", (16, 16, 16, 16)), "unknown_job", "job 'nope' is not registered"),
         (proposal(job, (16, 16, 16, 8, 8)), "unknown_rank", "job prop-bad has ranks 0..3"),
