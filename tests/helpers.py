@@ -158,3 +158,14 @@ async def refusal(
     except RequestRefused as refused:
         return refused.reply
     raise AssertionError(f"{raw!r} on {subject} was accepted: {accepted!r}")
+
+
+def job_env(settings: ServiceSettings, job: str, **fields: str) -> dict[str, str]:
+    """The ANTDT_* environment of a rank of `job` on the test's bus: its NATS server and
+    subject prefix, plus `fields` (e.g. ANTDT_DATASET_SIZE="240")."""
+    return {
+        "ANTDT_NATS__URL": settings.nats.url,
+        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
+        "ANTDT_JOB": job,
+        **fields,
+    }

@@ -18,6 +18,7 @@ from antdt.runtime.config import ServiceSettings
 from antdt.schemas import ActionRecord, ActionResult, Cause, Incident, IncidentKind, Subjects
 from antdt.testing import cores, foreground
 from tests.e2e.conftest import start_services
+from tests.helpers import job_env
 
 pytestmark = [
     pytest.mark.e2e,
@@ -52,16 +53,17 @@ async def test_a_data_bound_rank_is_named_by_cause_and_its_batch_cut(
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "ANTDT_NATS__URL": settings.nats.url,
-        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-        "ANTDT_JOB": job,
-        "ANTDT_POLICY": "lb-bsp",
-        "ANTDT_DATASET_SIZE": str(DATASET),
-        "ANTDT_SHARD_SIZE": "256",
-        "ANTDT_GLOBAL_BATCH": str(BATCH),
-        "ANTDT_EPOCHS": str(EPOCHS),
-        "ANTDT_SAMPLE_LOG": str(tmp_path / "samples"),
-        "ANTDT_TEST_SLOW_DATA": f"rank={SLOW_RANK},after={ONSET * BATCH // WORLD},loops=20000",
+        **job_env(
+            settings,
+            job,
+            ANTDT_POLICY="lb-bsp",
+            ANTDT_DATASET_SIZE=str(DATASET),
+            ANTDT_SHARD_SIZE="256",
+            ANTDT_GLOBAL_BATCH=str(BATCH),
+            ANTDT_EPOCHS=str(EPOCHS),
+            ANTDT_SAMPLE_LOG=str(tmp_path / "samples"),
+            ANTDT_TEST_SLOW_DATA=f"rank={SLOW_RANK},after={ONSET * BATCH // WORLD},loops=20000",
+        ),
     }
     pinned = ",".join(str(c) for c in cores()[:WORLD])
     argv = [sys.executable, "-m", "antdt.cli", "launch", "--nproc", str(WORLD), "--cores", pinned]

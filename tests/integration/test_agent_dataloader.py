@@ -19,7 +19,7 @@ from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import Ack, AdjustBatch, Plan, StepEvent, Subjects
-from tests.helpers import wait_for
+from tests.helpers import job_env, wait_for
 from tests.integration.agent_fixtures import real_services
 
 pytest.importorskip("torch")
@@ -102,17 +102,16 @@ async def test_dataloader_workers_plan_switch_and_kill_restore_exactly_once(
         script = tmp_path / "train.py"
         script.write_text(SCRIPT)
         out = tmp_path / "run"
-        env = {
-            "ANTDT_NATS__URL": settings.nats.url,
-            "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-            "ANTDT_JOB": unique,
-            "ANTDT_DATASET_SIZE": "240",
-            "ANTDT_SHARD_SIZE": "10",
-            "ANTDT_GLOBAL_BATCH": "8",
-            "ANTDT_EPOCHS": "2",
-            "ANTDT_SAMPLE_LOG": str(out),
-            "ANTDT_TELEMETRY__LOG_LEVEL": "warning",
-        }
+        env = job_env(
+            settings,
+            unique,
+            ANTDT_DATASET_SIZE="240",
+            ANTDT_SHARD_SIZE="10",
+            ANTDT_GLOBAL_BATCH="8",
+            ANTDT_EPOCHS="2",
+            ANTDT_SAMPLE_LOG=str(out),
+            ANTDT_TELEMETRY__LOG_LEVEL="warning",
+        )
         command = [sys.executable, str(script), str(out)]
         run = asyncio.ensure_future(asyncio.to_thread(launch, 2, command, env=env, max_restarts=1))
         await wait_for(
