@@ -82,8 +82,9 @@ class NodeGate:
         self._beating: asyncio.Future[None] | None = None
 
     def join(self) -> ErrorReply | None:
-        """Ask to join the next round: the refusal (`blocklisted`, or `node_taken` still
-        after `taken_wait_s`), or None: admitted, or no answer (fail-open)."""
+        """Ask to join the next round: the refusal (`blocklisted`, `job_ended`, or
+        `node_taken` still after `taken_wait_s`), or None: admitted, or no answer
+        (fail-open)."""
         self.state = NodeState.JOINING
         timeout = self.settings.join_timeout_s
         waited_until = time.monotonic() + self.settings.taken_wait_s

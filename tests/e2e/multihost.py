@@ -60,11 +60,6 @@ class Seen:
     def max_step(self) -> int:
         return max((e.step for e in self.steps), default=-1)
 
-    def rank_on(self, host: str) -> int | None:
-        """The rank the latest hello from `host` named."""
-        ranks = [h.rank for h in self.hellos if h.host == host]
-        return ranks[-1] if ranks else None
-
 
 @dataclass
 class Cluster:
