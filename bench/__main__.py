@@ -88,7 +88,8 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     console.print(
         f"DataLoader step: {loader['agent_ms']:.2f} ms through the agent, "
         f"{loader['plain_ms']:.2f} ms plain; paired ratio {loader['ratio']:.3f} "
-        f"(ceiling 1.02; rounds from {min(loader['ratios']):.3f} to {max(loader['ratios']):.3f})"
+        f"(ceiling 1.02; rounds from {min(loader['ratios']):.3f} to {max(loader['ratios']):.3f}); "
+        f"training thread's CPU {loader['agent_cpu_ms']:.2f} vs {loader['plain_cpu_ms']:.2f} ms"
     )
     rows.append(dataloader_row(loader))
     rows += await shards_rows(cluster)

@@ -1,20 +1,26 @@
 """The DataLoader path's cost per step: the same small model step over the same dataset,
 workers and batch, fed by a plain DataLoader (a shuffled BatchSampler) and by the agent
-(`batch_sampler()` + `batches()`, real shards service), in paired rounds of one run."""
+(`batch_sampler()` + `batches()`, real shards service), in paired rounds of one run.
+
+The shards and controller services run in their own process (`python -m
+bench.dataloader NATS ETCD PREFIX`), as in a deployment: the training process holds only
+the agent, so its cost is what the comparison measures, not the services' share of the GIL."""
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import statistics
+import sys
 import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from antdt.runtime.bus import Bus
-from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.runtime.store import Store
 from bench.cases import _AloneCollectives, _settings
+from bench.children import start_module
+
+_READY = b"dataloader services ready"
 
 
 class _Rows:
@@ -33,14 +39,19 @@ class _Rows:
         return self.x[i], self.y[i]
 
 
-def _model_step() -> Any:
+def _model_step(width: int) -> Any:
     import torch
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU()
+        torch.nn.Linear(64, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
     )
-    head = torch.nn.Linear(512, 10)
+    head = torch.nn.Linear(width, 10)
     params = [*model.parameters(), *head.parameters()]
     opt = torch.optim.SGD(params, lr=0.01)
 
@@ -53,8 +64,9 @@ def _model_step() -> Any:
     return step
 
 
-def _timed(batches: Iterator[Any], steps: int, train: Any, sync: bool) -> float:
-    started = time.perf_counter()
+def _timed(batches: Iterator[Any], steps: int, train: Any, sync: bool) -> tuple[float, float]:
+    """Wall seconds per step, and the training thread's own CPU seconds per step."""
+    started, cpu = time.perf_counter(), time.thread_time()
     for _ in range(steps):
         item = next(batches)
         if sync:
@@ -63,7 +75,7 @@ def _timed(batches: Iterator[Any], steps: int, train: Any, sync: bool) -> float:
             step.sync(None)
         else:
             train(item)
-    return (time.perf_counter() - started) / steps
+    return (time.perf_counter() - started) / steps, (time.thread_time() - cpu) / steps
 
 
 def _forever(loader: Any) -> Generator[Any, None, None]:
@@ -77,29 +89,23 @@ def _agent_batches(agent: Any, loader: Any) -> Generator[Any, None, None]:
 
 
 async def bench_dataloader(
-    cluster: EmbeddedCluster, *, batch: int = 64, workers: int = 2, steps: int = 60, rounds: int = 8
+    cluster: EmbeddedCluster,
+    *,
+    width: int = 1024,
+    batch: int = 64,
+    workers: int = 2,
+    steps: int = 60,
+    rounds: int = 8,
 ) -> dict[str, Any]:
     """Seconds per step of both paths, each the median of its rounds, and the median of
     paired rounds' agent/plain ratios (adjacent rounds see the same machine load)."""
     import torch
 
     from antdt.agent import Agent, AgentSettings
-    from antdt.services.controller.service import ControllerService, ControllerSettings
-    from antdt.services.shards.service import ShardsService, ShardsSettings
 
     torch.set_num_threads(1)
     base = _settings(cluster, "dataloader")
-    runtime = ServiceRuntime("bench-dataloader")
-    closing: list[Any] = []
-    for cls, service_cls in (
-        (ShardsSettings, ShardsService),
-        (ControllerSettings, ControllerService),
-    ):
-        settings = cls(**base.model_dump())
-        store = await Store(settings.etcd).connect()
-        bus = await Bus(settings.nats, name=f"bench-loader-{cls.__name__}").connect()
-        await service_cls(settings, bus, store).start(runtime)  # type: ignore[arg-type]
-        closing.append(store)
+    services = await _start_services(base.nats.subject_prefix, base.etcd.key_prefix, cluster)
     size = batch * steps * (rounds + 1) * 2
     cfg = AgentSettings(
         nats=base.nats,
@@ -125,7 +131,7 @@ async def bench_dataloader(
     }
     plain: Any = torch.utils.data.DataLoader(data, batch_size=batch, shuffle=True, **common)
     ours: Any = torch.utils.data.DataLoader(data, batch_sampler=agent.batch_sampler(data), **common)
-    train = _model_step()
+    train = _model_step(width)
     paths: dict[str, Generator[Any, None, None]] = {
         "plain": _forever(plain),
         "agent": _agent_batches(agent, ours),
@@ -134,25 +140,30 @@ async def bench_dataloader(
         for name, it in paths.items():  # warm up: workers started, first grants in
             await asyncio.to_thread(_timed, it, steps // 2, train, name == "agent")
         times: dict[str, list[float]] = {"plain": [], "agent": []}
+        cpu: dict[str, list[float]] = {"plain": [], "agent": []}
         for r in range(rounds):
             order = ("plain", "agent") if r % 2 == 0 else ("agent", "plain")
             for name in order:
-                took = await asyncio.to_thread(_timed, paths[name], steps, train, name == "agent")
+                took, used = await asyncio.to_thread(
+                    _timed, paths[name], steps, train, name == "agent"
+                )
                 times[name].append(took)
+                cpu[name].append(used)
     finally:
         for it in paths.values():  # the loaders' workers shut down now, not at exit
             it.close()
         await asyncio.to_thread(agent.close)
-        await runtime.shutdown()
-        for store in closing:
-            await store.close()
+        await _stop_services(services)
     ratios = [a / p for a, p in zip(times["agent"], times["plain"], strict=True)]
     return {
         "plain_ms": statistics.median(times["plain"]) * 1000,
         "agent_ms": statistics.median(times["agent"]) * 1000,
         "ratio": statistics.median(ratios),
         "ratios": ratios,
+        "plain_cpu_ms": statistics.median(cpu["plain"]) * 1000,
+        "agent_cpu_ms": statistics.median(cpu["agent"]) * 1000,
         "batch": batch,
+        "width": width,
         "workers": workers,
     }
 
@@ -160,10 +171,74 @@ async def bench_dataloader(
 def dataloader_row(got: dict[str, Any]) -> dict[str, Any]:
     return {
         "what": f"DataLoader step through the agent, ms (batch {got['batch']}, "
-        f"{got['workers']} workers, small MLP step)",
+        f"{got['workers']} workers, MLP of width {got['width']})",
         "value": got["agent_ms"],
         "baseline": got["plain_ms"],
         "baseline_what": "plain DataLoader, same dataset, workers, batch and step",
         "ratio": got["ratio"],
         "target": "ratio <= 1.02 (median of paired rounds)",
     }
+
+
+async def _start_services(prefix: str, key_prefix: str, cluster: EmbeddedCluster) -> Any:
+    proc = await start_module(
+        "dataloader",
+        cluster.nats.url,
+        cluster.etcd.endpoint,
+        prefix,
+        key_prefix,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    seen: list[bytes] = []
+    try:
+        async with asyncio.timeout(60):
+            while _READY not in (line := await proc.stdout.readline()):
+                if not line:
+                    raise RuntimeError(f"the bench's services exited: {b''.join(seen)!r}")
+                seen.append(line)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, asyncio.create_task(_discard(proc.stdout))  # its logs must not fill the pipe
+
+
+async def _discard(stream: asyncio.StreamReader) -> None:
+    while await stream.read(65536):
+        pass
+
+
+async def _stop_services(services: Any) -> None:
+    proc, drain = services
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    await drain
+
+
+async def _serve(nats_url: str, etcd_endpoint: str, prefix: str, key_prefix: str) -> None:
+    """The shards and controller services until SIGTERM (the monitor is left out: on this
+    machine its work would run only in the agent's rounds, beside the training)."""
+    from antdt.runtime.config import EtcdSettings, NatsSettings
+    from antdt.services.runner import run_services, settings_class
+
+    def settings_for(name: str) -> Any:
+        return settings_class(name)(
+            nats=NatsSettings(url=nats_url, subject_prefix=prefix),
+            etcd=EtcdSettings(endpoint=etcd_endpoint, key_prefix=key_prefix),
+            replica_id="bench-dataloader",
+        )
+
+    async def ready(_: list[Any]) -> None:
+        sys.stdout.buffer.write(_READY + b"\n")
+        sys.stdout.flush()
+
+    await run_services(["shards", "controller"], settings_for, ready=ready)
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve(*sys.argv[1:5]))

@@ -1,6 +1,10 @@
 """The loop's side of the outbox: step events to the bus, sample-log lines to the file.
 The training thread only appends and schedules one drain; step events are dropped and
-counted when the bus is down, sample-log lines never (they are the accounting)."""
+counted when the bus is down, sample-log lines never (they are the accounting).
+
+Step events go out in batches, `event_flush_s` after the first of a batch (or at once
+when the queue is half full): a wake of the loop per step costs the training thread more
+than the step's own bookkeeping. Sample-log lines are written at once."""
 
 from __future__ import annotations
 
@@ -41,7 +45,9 @@ class Publisher:
         self._link_rtt = link_rtt  # the latest measure of the rank's link (LinkProbe)
         self.events: BoundedQueue[StepRecord] = BoundedQueue(settings.event_queue_max)
         self._lines: deque[SampleLine | RestoreMark] = deque()
-        self._scheduled = False
+        self._scheduled = False  # a drain at once is on its way to the loop
+        self._later = False  # a drain after event_flush_s is armed or on its way
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._file: IO[str] | None = None
 
@@ -49,7 +55,12 @@ class Publisher:
 
     def emit(self, record: StepRecord) -> None:
         if self.events.put(record):
-            self._schedule()
+            flush_s = self.settings.event_flush_s
+            if flush_s == 0 or len(self.events) * 2 >= self.events.maxlen:
+                self._schedule()
+            elif not self._later:
+                self._later = True
+                self._thread.call_soon(self._arm, flush_s)
 
     def log_ids(self, line: SampleLine | RestoreMark) -> None:  # never dropped
         self._lines.append(line)
@@ -62,14 +73,29 @@ class Publisher:
 
     # -- loop ------------------------------------------------------------------------------
 
+    def _arm(self, delay_s: float) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._start_timed)
+
+    def _start_timed(self) -> None:
+        self._timer = None
+        self._later = False  # before the drain pops: an event put after it wakes again
+        self._drain_soon()
+
     def _start(self) -> None:
         self._scheduled = False
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
         # A running drain pops again after each await, so it will see the new items.
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.drain())
 
     async def finish(self) -> None:
         """Wait for a running drain, then drain what is left."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._later = False
         if self._task is not None:
             await asyncio.gather(self._task, return_exceptions=True)
         await self.drain()

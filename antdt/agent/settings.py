@@ -94,6 +94,13 @@ class AgentSettings(BaseSettings):
     event_queue_max: int = Field(
         default=10_000, ge=1, description="Step events buffered for the bus, events"
     )
+    event_flush_s: float = Field(
+        default=0.05,
+        ge=0,
+        le=5,
+        description="Step events wait up to this long to go out together (one wake of the "
+        "agent's loop per batch, not per step); 0 sends each at once, seconds",
+    )
     register_timeout_s: float = Field(
         default=60.0, gt=0, description="How long start() retries connect+register, seconds"
     )
