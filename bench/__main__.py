@@ -24,6 +24,7 @@ from bench.latency import bench_incident_to_plan, bench_raw_request
 from bench.ledger_writes import bench_ledger_writes
 from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
 from bench.shards_rows import RUNS, shards_rows
+from bench.sharing import sharing_rows
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -98,6 +99,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     rows += await checkpoint_rows_of(cluster)
     rows += await incident_to_plan_rows(cluster)
     rows += await contention_or_failure(cluster)
+    rows += await sharing_rows(cluster)
     rows += await restart_cost_rows(cluster)
     return rows
 

@@ -168,11 +168,12 @@ async def run_once(
 
 
 @contextlib.contextmanager
-def services(cluster: EmbeddedCluster, scenario: Scenario, out: Path) -> Iterator[ManagedProcess]:
-    """The three services in their own process (not pinned: they float), until the end."""
+def services(cluster: EmbeddedCluster, window: int, out: Path) -> Iterator[ManagedProcess]:
+    """The three services in their own process (not pinned: they float), until the end;
+    `window`: the monitor's detector window, steps."""
     env = dict(
         os.environ,
-        ANTDT_WINDOW=str(scenario.detector_window),
+        ANTDT_WINDOW=str(window),
         ANTDT_TELEMETRY__LOG_FORMAT="json",
     )
     argv = [sys.executable, "-m", "antdt.cli", "services", "--nats-url", cluster.nats.url]
@@ -202,7 +203,7 @@ async def bench_contention(
         raise RuntimeError(f"needs {WORLD} cores to pin {WORLD} ranks, has {len(cores())}")
     out.mkdir(parents=True, exist_ok=True)
     turns = []
-    with foreground() as isolated, services(cluster, scenario, out):
+    with foreground() as isolated, services(cluster, scenario.detector_window, out):
         for turn in range(scenario.turns):
             order = POLICIES if turn % 2 == 0 else POLICIES[::-1]
             runs = {}

@@ -79,11 +79,12 @@ def main() -> None:
     started = time.perf_counter()
     for epoch in agent.epochs():
         for step in agent.steps():
-            ids = step.sample_ids
-            for chunk in step.micro_batches:  # one chunk unless the plan sets micro-batches
-                index = torch.tensor(chunk, device=device)
+            # The step's micro-batches (one unless the plan sets several), and, when the
+            # job shares work, micro-batches other ranks have not started yet.
+            for micro in step.claims():
+                index = torch.tensor(micro.ids, device=device)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
-                (loss * (len(chunk) / len(ids))).backward()
+                (loss * micro.weight).backward()
             step.sync(model)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(seen, total_samples, step.total_samples, settings)

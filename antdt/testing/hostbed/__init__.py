@@ -4,7 +4,8 @@ on any of them, and real faults (a competing process, a slow or cut link). Needs
 iproute2 (`ip`, `tc`); `unavailable_reason()` says why not where it cannot run."""
 
 from antdt.testing.hostbed._bed import BedState, Host, HostBed, Servers
-from antdt.testing.hostbed._cgroup import CpuLimit
+from antdt.testing.hostbed._cgroup import CpuBudget, CpuLimit
+from antdt.testing.hostbed._cgroup import detect as detect_cpu_limit
 from antdt.testing.hostbed._names import BedError
 from antdt.testing.hostbed._net import Shaping
 from antdt.testing.hostbed._probe import unavailable_reason
@@ -13,11 +14,13 @@ from antdt.testing.hostbed._sweep import sweep_stale
 __all__ = [
     "BedError",
     "BedState",
+    "CpuBudget",
     "CpuLimit",
     "Host",
     "HostBed",
     "Servers",
     "Shaping",
+    "detect_cpu_limit",
     "sweep_stale",
     "unavailable_reason",
 ]

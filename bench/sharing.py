@@ -1,0 +1,282 @@
+"""Work sharing, end to end: the demo's MLP trained by 4 gloo ranks, each in its own CPU
+budget (a cgroup quota), against the real services (their own process). A slowed rank
+is a rank whose budget it shares with `factor - 1` busy loops (a noisy neighbour inside
+its share of the machine: the others' budgets are neither freed nor taken), started and
+stopped at step boundaries from a seeded schedule. Per scenario, the policies run in
+turn on the same machine; throughput is over the steps after the warm-up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.testing.contention import busy_argv, last_step
+from antdt.testing.hostbed import CpuBudget, CpuLimit, detect_cpu_limit
+from antdt.testing.torchrun import start_torchrun, stop
+from bench.children import ROOT
+from bench.contention import read_progress, services
+from bench.display import console
+from bench.shards_rows import RUNS
+from bench.sharing_figures import (
+    Burst,
+    Comparison,
+    RunFigures,
+    bursts,
+    persistent,
+    rows,
+    run_figures,
+    slowed,
+)
+
+WORLD = 4
+SHARING = {"work_sharing": "on"}
+RUN_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Scenario:
+    steps_per_epoch: int = 30
+    epochs: int = 3
+    warmup: int = 10
+    global_batch: int = 2048
+    cpus_per_rank: float = 0.4
+    factor: int = 3  # a slowed rank shares its budget with factor - 1 busy loops
+    seed: int = 1
+    detector_window: int = 5
+
+    @property
+    def steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+
+#: The bench-test's: fewer steps.
+SHORT = Scenario(steps_per_epoch=12, epochs=2, warmup=4, global_batch=1024)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run's policy: its name in the table, the policy and its params."""
+
+    label: str
+    policy: str
+    params: dict[str, Any]
+
+
+class Budgets:
+    """One cgroup per rank, `cpus` each, with `hogs` stopped busy loops in it; `slow`
+    sets which ranks' loops run. Removed, loops and all, on close."""
+
+    def __init__(self, tag: str, cpus: float, hogs: int) -> None:
+        limit, parent = detect_cpu_limit()
+        if limit is CpuLimit.AFFINITY or parent is None:
+            raise RuntimeError("the work-sharing bench needs a writable cgroup (CPU quota)")
+        self.prefix = str(parent / f"antdt-bench-{tag}")
+        self.budgets = [
+            CpuBudget(f"antdt-bench-{tag}-r{r}", cpus, limit, parent).create() for r in range(WORLD)
+        ]
+        self.hogs: list[list[subprocess.Popen[str]]] = []
+        self.running: set[int] = set()
+        try:
+            for budget in self.budgets:
+                self.hogs.append([self._hog(budget) for _ in range(hogs)])
+        except BaseException:
+            self.close()
+            raise
+
+    def _hog(self, budget: CpuBudget) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            busy_argv(None, max_s=1800), stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        budget.add(proc.pid)
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("a busy loop did not start")
+        proc.send_signal(signal.SIGSTOP)
+        return proc
+
+    def slow(self, ranks: set[int]) -> None:
+        for rank in ranks ^ self.running:
+            sig = signal.SIGCONT if rank in ranks else signal.SIGSTOP
+            for proc in self.hogs[rank]:
+                proc.send_signal(sig)
+        self.running = set(ranks)
+
+    def close(self) -> None:
+        for procs in self.hogs:
+            for proc in procs:
+                proc.kill()
+                proc.wait(10)
+                if proc.stdout is not None:
+                    proc.stdout.close()
+        for budget in self.budgets:
+            budget.remove()
+
+
+@contextlib.asynccontextmanager
+async def driven(budgets: Budgets, schedule: list[Burst], progress: Path) -> AsyncIterator[None]:
+    """Follow rank 0's progress: before each step, slow the ranks the schedule names."""
+
+    async def follow() -> None:
+        seen: int | None = -2
+        while True:
+            done = last_step(progress)
+            if done != seen:
+                seen = done
+                budgets.slow(slowed(schedule, (done if done is not None else -1) + 1))
+            await asyncio.sleep(0.005)
+
+    task = asyncio.create_task(follow())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        budgets.slow(set())
+
+
+def job_env(
+    cluster: EmbeddedCluster, s: Scenario, job: str, cfg: Config, out: Path
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+        ANTDT_NATS__URL=cluster.nats.url,
+        ANTDT_JOB=job,
+        ANTDT_POLICY=cfg.policy,
+        ANTDT_POLICY_PARAMS=json.dumps(cfg.params),
+        ANTDT_DATASET_SIZE=str(s.steps_per_epoch * s.global_batch),
+        ANTDT_SHARD_SIZE="128",
+        ANTDT_GLOBAL_BATCH=str(s.global_batch),
+        ANTDT_EPOCHS=str(s.epochs),
+        ANTDT_SEED="7",
+        ANTDT_DEMO_OUT=str(out),
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+        ANTDT_TELEMETRY__LOG_LEVEL="warning",
+    )
+    return env
+
+
+async def run_once(
+    cluster: EmbeddedCluster, s: Scenario, cfg: Config, schedule: list[Burst], out: Path
+) -> RunFigures:
+    job = f"share-{cfg.label.replace('+', '-')}-{time.time_ns() % 10**12}"
+    out.mkdir(parents=True, exist_ok=True)
+    progress = out / "progress.jsonl"
+    progress.unlink(missing_ok=True)
+    budgets = await asyncio.to_thread(Budgets, job, s.cpus_per_rank, s.factor - 1)
+    try:
+        # torchrun, as users start jobs: the c10d store (the claims') is in its agent,
+        # outside every rank's budget.
+        script = ["--no-python", sys.executable, "-m", "bench.budget_exec", budgets.prefix]
+        script += [sys.executable, "-m", "antdt.demo.train"]
+        env = job_env(cluster, s, job, cfg, out)
+        async with driven(budgets, schedule, progress):
+            proc = start_torchrun(WORLD, 0, script, env, out / "torchrun.log")
+            try:
+                rc = await asyncio.to_thread(proc.wait, RUN_TIMEOUT_S)
+            finally:
+                stop(proc)
+    finally:
+        await asyncio.to_thread(budgets.close)
+    if rc != 0:
+        raise RuntimeError(f"the {cfg.label} run failed (exit {rc}): see {out}")
+    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A scenario: its schedule and the configurations it compares."""
+
+    name: str
+    schedule: list[Burst]
+    configs: tuple[Config, ...]
+
+
+def cases(s: Scenario) -> list[Case]:
+    none = Config("none", "none", {})
+    lbbsp = Config("lb-bsp", "lb-bsp", {})
+    return [
+        Case(
+            "transient",
+            bursts(s.seed, world=WORLD, first=s.warmup, last=s.steps),
+            (none, lbbsp, Config("lb-bsp+sharing", "lb-bsp", SHARING)),
+        ),
+        Case(
+            "persistent",
+            persistent(WORLD - 1, s.warmup, s.steps),
+            (lbbsp, Config("antdt-nd+sharing", "antdt-nd", SHARING)),
+        ),
+        Case("healthy", [], (none, Config("none+sharing", "none", SHARING))),
+    ]
+
+
+async def bench_sharing(
+    cluster: EmbeddedCluster, s: Scenario, out: Path, only: tuple[str, ...] = ()
+) -> dict[str, Comparison]:
+    """Every case's configurations (or only the cases named), one after another (each
+    case's order reversed on every other case), with a progress bar; figures by case."""
+    out.mkdir(parents=True, exist_ok=True)
+    got: dict[str, Comparison] = {}
+    todo = [c for c in cases(s) if not only or c.name in only]
+    with services(cluster, s.detector_window, out), Progress(console=console) as bar:
+        task = bar.add_task("work sharing runs", total=sum(len(c.configs) for c in todo))
+        for n, case in enumerate(todo):
+            runs: dict[str, RunFigures] = {}
+            for cfg in case.configs if n % 2 == 0 else case.configs[::-1]:
+                bar.update(task, description=f"work sharing: {case.name}, {cfg.label}")
+                where = out / case.name / cfg.label
+                runs[cfg.label] = await run_once(cluster, s, cfg, case.schedule, where)
+                bar.advance(task)
+            got[case.name] = Comparison(case.name, runs)
+    return got
+
+
+def slowed_steps(s: Scenario) -> int:
+    return sum(b.steps for b in cases(s)[0].schedule)
+
+
+async def sharing_rows(
+    cluster: EmbeddedCluster, s: Scenario = Scenario(), out: Path = RUNS / "sharing"
+) -> list[dict[str, Any]]:
+    """The rows of `make bench`, and the picture of the runs (out/sharing.png)."""
+    got = await bench_sharing(cluster, s, out)
+    made = rows(got, world=WORLD, factor=s.factor, slowed=slowed_steps(s))
+    console.print(f"work sharing: picture in {save_sharing_chart(got, out / 'sharing.png')}")
+    return made
+
+
+def save_sharing_chart(got: dict[str, Comparison], path: Path) -> Path:
+    """Each case's configurations as bars of samples/s."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11.0, 3.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(got), squeeze=False)[0]
+    for ax, (name, comparison) in zip(axes, got.items(), strict=True):
+        labels = list(comparison.runs)
+        values = [comparison.runs[k].throughput for k in labels]
+        colors = ["C0" if "sharing" in k else "grey" for k in labels]
+        bars = ax.bar(labels, values, color=colors)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" for v in values], padding=2)
+        ax.set_title(name)
+        ax.tick_params(axis="x", labelrotation=15)
+    axes[0].set_ylabel("samples/s after warm-up")
+    fig.suptitle(f"Work sharing, {WORLD} gloo ranks in CPU budgets (blue: sharing on)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=110)
+    return path

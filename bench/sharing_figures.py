@@ -1,0 +1,144 @@
+"""Work sharing's bench, the pure half: the seeded schedule of contention bursts, and the
+figures of a run from rank 0's progress (one record per step: step, t, samples).
+
+A burst slows one rank `factor` x for 3-6 steps; bursts cover about `fraction` of the
+measured steps, one rank at a time, none in the warm-up."""
+
+from __future__ import annotations
+
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Burst:
+    rank: int
+    start: int  # the first step it slows
+    steps: int
+
+    def covers(self, step: int) -> bool:
+        return self.start <= step < self.start + self.steps
+
+
+def bursts(
+    seed: int,
+    *,
+    world: int,
+    first: int,
+    last: int,
+    fraction: float = 0.2,
+    lengths: tuple[int, int] = (3, 6),
+) -> list[Burst]:
+    """Bursts on random ranks over steps [first, last), about `fraction` of them slowed,
+    with at least 2 calm steps between two bursts."""
+    rng = random.Random(seed)
+    span = last - first
+    target = round(span * fraction)
+    count = max(1, round(target / (sum(lengths) / 2)))
+    gap = (span - target) / (count + 1)  # the mean calm stretch between bursts
+
+    def calm() -> int:
+        return max(2, round(rng.uniform(0.5, 1.5) * gap))
+
+    out: list[Burst] = []
+    covered, step = 0, first + calm()
+    while covered < target:
+        length = min(rng.randint(*lengths), target - covered)
+        if step + length > last:
+            break
+        out.append(Burst(rng.randrange(world), step, length))
+        covered += length
+        step += length + calm()
+    return out
+
+
+def slowed(schedule: list[Burst], step: int) -> set[int]:
+    """The ranks the schedule slows at `step`."""
+    return {b.rank for b in schedule if b.covers(step)}
+
+
+def persistent(rank: int, first: int, last: int) -> list[Burst]:
+    """One burst over the whole measured span: a straggler that stays."""
+    return [Burst(rank, first, last - first)]
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One run: samples per second over the measured steps, and the mean step time."""
+
+    label: str
+    throughput: float
+    step_s: float
+    steps: int
+
+
+def run_figures(label: str, progress: list[dict[str, Any]], first: int, last: int) -> RunFigures:
+    """Throughput over steps [first, last): from the end of step first-1 to the end of
+    step last-1, the samples of steps first..last-1."""
+    by_step = {int(r["step"]): r for r in progress}
+    missing = [s for s in range(first - 1, last) if s not in by_step]
+    if missing:
+        raise RuntimeError(f"{label}: progress lacks steps {missing[:5]}")
+    t0, t1 = float(by_step[first - 1]["t"]), float(by_step[last - 1]["t"])
+    samples = sum(int(by_step[s]["samples"]) for s in range(first, last))
+    gaps = [float(by_step[s]["t"]) - float(by_step[s - 1]["t"]) for s in range(first, last)]
+    return RunFigures(label, samples / (t1 - t0), statistics.mean(gaps), last - first)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One scenario's runs, by label, and the ratios its acceptance names."""
+
+    scenario: str
+    runs: dict[str, RunFigures]
+
+    def ratio(self, a: str, b: str) -> float:
+        return self.runs[a].throughput / self.runs[b].throughput
+
+
+def median_runs(label: str, runs: list[RunFigures]) -> RunFigures:
+    """The run of median throughput among repeats of one configuration."""
+    ordered = sorted(runs, key=lambda r: r.throughput)
+    mid = ordered[len(ordered) // 2]
+    return RunFigures(label, mid.throughput, mid.step_s, mid.steps)
+
+
+def transient_ceiling(schedule_steps: int, steps: int, world: int, factor: float) -> float:
+    """The best throughput ratio to `none` when a fraction of the steps has one rank
+    `factor` x slower: under `none` such a step takes `factor`, with the work spread
+    over the capacity that is left it takes world / (world - 1 + 1 / factor)."""
+    slow = schedule_steps / steps
+    shared = world / (world - 1 + 1 / factor)
+    return ((1 - slow) + slow * factor) / ((1 - slow) + slow * shared)
+
+
+def rows(
+    got: dict[str, Comparison], *, world: int, factor: float, slowed: int
+) -> list[dict[str, Any]]:
+    """The table's rows: each case's acceptance ratios, next to target and ceiling."""
+    out = []
+    t = got["transient"]
+    ceiling = transient_ceiling(slowed, t.runs["none"].steps, world, factor)
+    for base, target in (("none", 1.25), ("lb-bsp", 1.2)):
+        out.append(_row(t, "lb-bsp+sharing", base, f">= {target}", ceiling, "transient 3x bursts"))
+    p = got["persistent"]
+    out.append(_row(p, "antdt-nd+sharing", "lb-bsp", ">= 1.0", None, "persistent 3x straggler"))
+    h = got["healthy"]
+    out.append(_row(h, "none+sharing", "none", ">= 0.98 (cost <= 2%)", 1.0, "healthy job"))
+    return out
+
+
+def _row(
+    c: Comparison, label: str, base: str, target: str, ceiling: float | None, what: str
+) -> dict[str, Any]:
+    return {
+        "what": f"work sharing, {what}: {label} throughput, samples/s",
+        "value": c.runs[label].throughput,
+        "baseline": c.runs[base].throughput,
+        "baseline_what": f"{base}, same scenario and run",
+        "ratio": c.ratio(label, base),
+        "target": f"ratio {target}",
+        "ceiling": ceiling,
+    }

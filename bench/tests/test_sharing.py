@@ -1,0 +1,91 @@
+"""The work-sharing bench: its burst schedule and figures from made-up runs, and one
+case for real (4 gloo ranks under torchrun in CPU budgets, a busy-loop neighbour)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from antdt.runtime.servers import EmbeddedCluster
+from antdt.testing.hostbed import CpuLimit, detect_cpu_limit
+from bench.sharing import SHORT, bench_sharing, save_sharing_chart
+from bench.sharing_figures import (
+    Comparison,
+    RunFigures,
+    bursts,
+    persistent,
+    rows,
+    run_figures,
+    slowed,
+    transient_ceiling,
+)
+
+
+def test_bursts_are_seeded_cover_about_the_fraction_and_leave_calm_between() -> None:
+    first = bursts(3, world=4, first=10, last=90)
+    assert first == bursts(3, world=4, first=10, last=90)
+    assert first != bursts(4, world=4, first=10, last=90)
+    covered = sum(b.steps for b in first)
+    assert 12 <= covered <= 16  # 20% of 80 steps, the last burst maybe cut short
+    assert all(b.start >= 10 and b.start + b.steps <= 90 and 0 <= b.rank < 4 for b in first)
+    for a, b in itertools.pairwise(first):
+        assert b.start - (a.start + a.steps) >= 2
+    assert all(len(slowed(first, step)) <= 1 for step in range(100))
+
+
+def test_persistent_slows_one_rank_over_the_whole_span() -> None:
+    schedule = persistent(3, 10, 40)
+    assert slowed(schedule, 9) == set() and slowed(schedule, 10) == {3}
+    assert slowed(schedule, 39) == {3} and slowed(schedule, 40) == set()
+
+
+def test_run_figures_count_samples_after_the_warmup() -> None:
+    progress = [{"step": s, "t": 100.0 + 0.5 * s, "samples": 64} for s in range(20)]
+    got = run_figures("x", progress, 5, 20)
+    assert got.throughput == pytest.approx(64 * 15 / 7.5)
+    assert got.step_s == pytest.approx(0.5) and got.steps == 15
+    with pytest.raises(RuntimeError, match="lacks steps"):
+        run_figures("x", progress[:10], 5, 20)
+
+
+def test_the_ceiling_of_a_slowed_fraction() -> None:
+    assert transient_ceiling(0, 80, 4, 3) == pytest.approx(1.0)
+    # every step slowed: `none` runs at 1/3, sharing at 3.33/4 of the healthy speed
+    assert transient_ceiling(80, 80, 4, 3) == pytest.approx(3 / (4 / (3 + 1 / 3)))
+
+
+def _runs(**throughput: float) -> dict[str, RunFigures]:
+    return {
+        k.replace("_", "-").replace("-sharing", "+sharing"): RunFigures(k, v, 0.1, 50)
+        for k, v in throughput.items()
+    }
+
+
+def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
+    got = {
+        "transient": Comparison("transient", _runs(none=100.0, lb_bsp=105.0, lb_bsp_sharing=130.0)),
+        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
+        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=297.0)),
+    }
+    made = rows(got, world=4, factor=3, slowed=10)
+    assert [round(r["ratio"], 3) for r in made] == [1.3, 1.238, 1.05, 0.99]
+    assert [r["target"] for r in made] == [
+        "ratio >= 1.25",
+        "ratio >= 1.2",
+        "ratio >= 1.0",
+        "ratio >= 0.98 (cost <= 2%)",
+    ]
+    assert made[0]["ceiling"] == pytest.approx(transient_ceiling(10, 50, 4, 3))
+
+
+@pytest.mark.integration
+async def test_the_persistent_case_runs_for_real(cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    if detect_cpu_limit()[0] is CpuLimit.AFFINITY:
+        pytest.skip("no writable cgroup for the ranks' CPU budgets")
+    got = await bench_sharing(cluster, SHORT, tmp_path, only=("persistent",))
+    runs = got["persistent"].runs
+    assert set(runs) == {"lb-bsp", "antdt-nd+sharing"}
+    assert all(r.throughput > 0 and r.steps == SHORT.steps - SHORT.warmup for r in runs.values())
+    assert save_sharing_chart(got, tmp_path / "sharing.png").stat().st_size > 0
