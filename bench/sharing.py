@@ -209,16 +209,17 @@ class Case:
 def cases(s: Scenario) -> list[Case]:
     none = Config("none", "none", {})
     lbbsp = Config("lb-bsp", "lb-bsp", {})
+    nd_sharing = Config("antdt-nd+sharing", "antdt-nd", SHARING)
     return [
         Case(
             "transient",
             bursts(s.seed, world=WORLD, first=s.warmup, last=s.steps),
-            (none, lbbsp, Config("lb-bsp+sharing", "lb-bsp", SHARING)),
+            (none, lbbsp, nd_sharing),
         ),
         Case(
             "persistent",
             persistent(WORLD - 1, s.warmup, s.steps),
-            (lbbsp, Config("antdt-nd+sharing", "antdt-nd", SHARING)),
+            (lbbsp, nd_sharing),
         ),
         Case("healthy", [], (none, Config("none+sharing", "none", SHARING))),
     ]

@@ -122,7 +122,9 @@ def rows(
     t = got["transient"]
     ceiling = transient_ceiling(slowed, t.runs["none"].steps, world, factor)
     for base, target in (("none", 1.25), ("lb-bsp", 1.2)):
-        out.append(_row(t, "lb-bsp+sharing", base, f">= {target}", ceiling, "transient 3x bursts"))
+        out.append(
+            _row(t, "antdt-nd+sharing", base, f">= {target}", ceiling, "transient 3x bursts")
+        )
     p = got["persistent"]
     out.append(_row(p, "antdt-nd+sharing", "lb-bsp", ">= 1.0", None, "persistent 3x straggler"))
     h = got["healthy"]

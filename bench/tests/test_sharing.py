@@ -65,7 +65,9 @@ def _runs(**throughput: float) -> dict[str, RunFigures]:
 
 def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
     got = {
-        "transient": Comparison("transient", _runs(none=100.0, lb_bsp=105.0, lb_bsp_sharing=130.0)),
+        "transient": Comparison(
+            "transient", _runs(none=100.0, lb_bsp=105.0, antdt_nd_sharing=130.0)
+        ),
         "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
         "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=297.0)),
     }
