@@ -11,8 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -22,9 +20,9 @@ from typing import Any
 
 from rich.progress import Progress
 
+from antdt.runtime.cpubudget import RankBudgets
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.testing.contention import busy_argv, last_step
-from antdt.testing.hostbed import CpuBudget, CpuLimit, detect_cpu_limit
+from antdt.testing.contention import last_step
 from antdt.testing.torchrun import start_torchrun, stop
 from bench.children import ROOT
 from bench.contention import read_progress, services
@@ -75,58 +73,10 @@ class Config:
     params: dict[str, Any]
 
 
-class Budgets:
-    """One cgroup per rank, `cpus` each, with `hogs` stopped busy loops in it; `slow`
-    sets which ranks' loops run. Removed, loops and all, on close."""
-
-    def __init__(self, tag: str, cpus: float, hogs: int) -> None:
-        limit, parent = detect_cpu_limit()
-        if limit is CpuLimit.AFFINITY or parent is None:
-            raise RuntimeError("the work-sharing bench needs a writable cgroup (CPU quota)")
-        self.prefix = str(parent / f"antdt-bench-{tag}")
-        self.budgets = [
-            CpuBudget(f"antdt-bench-{tag}-r{r}", cpus, limit, parent).create() for r in range(WORLD)
-        ]
-        self.hogs: list[list[subprocess.Popen[str]]] = []
-        self.running: set[int] = set()
-        try:
-            for budget in self.budgets:
-                self.hogs.append([self._hog(budget) for _ in range(hogs)])
-        except BaseException:
-            self.close()
-            raise
-
-    def _hog(self, budget: CpuBudget) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            busy_argv(None, max_s=1800), stdout=subprocess.PIPE, text=True, start_new_session=True
-        )
-        budget.add(proc.pid)
-        assert proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("a busy loop did not start")
-        proc.send_signal(signal.SIGSTOP)
-        return proc
-
-    def slow(self, ranks: set[int]) -> None:
-        for rank in ranks ^ self.running:
-            sig = signal.SIGCONT if rank in ranks else signal.SIGSTOP
-            for proc in self.hogs[rank]:
-                proc.send_signal(sig)
-        self.running = set(ranks)
-
-    def close(self) -> None:
-        for procs in self.hogs:
-            for proc in procs:
-                proc.kill()
-                proc.wait(10)
-                if proc.stdout is not None:
-                    proc.stdout.close()
-        for budget in self.budgets:
-            budget.remove()
-
-
 @contextlib.asynccontextmanager
-async def driven(budgets: Budgets, schedule: list[Burst], progress: Path) -> AsyncIterator[None]:
+async def driven(
+    budgets: RankBudgets, schedule: list[Burst], progress: Path
+) -> AsyncIterator[None]:
     """Follow rank 0's progress: before each step, slow the ranks the schedule names."""
 
     async def follow() -> None:
@@ -177,12 +127,11 @@ async def run_once(
     out.mkdir(parents=True, exist_ok=True)
     progress = out / "progress.jsonl"
     progress.unlink(missing_ok=True)
-    budgets = await asyncio.to_thread(Budgets, job, s.cpus_per_rank, s.factor - 1)
+    budgets = await asyncio.to_thread(RankBudgets, job, WORLD, s.cpus_per_rank, s.factor - 1)
     try:
         # torchrun, as users start jobs: the c10d store (the claims') is in its agent,
         # outside every rank's budget.
-        script = ["--no-python", sys.executable, "-m", "bench.budget_exec", budgets.prefix]
-        script += [sys.executable, "-m", "antdt.demo.train"]
+        script = ["--no-python", *budgets.command([sys.executable, "-m", "antdt.demo.train"])]
         env = job_env(cluster, s, job, cfg, out)
         async with driven(budgets, schedule, progress):
             proc = start_torchrun(WORLD, 0, script, env, out / "torchrun.log")

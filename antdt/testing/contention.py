@@ -13,37 +13,11 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-#: The neighbour: pins itself (core -1: not), says so, then spins until its parent is gone
-#: or time is up, busy for `duty` of every 10 ms (spinning, never sleeping, when 1).
-_BUSY_LOOP = """
-import os, sys, time
-core, parent, deadline = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
-duty = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
-if core >= 0:
-    os.sched_setaffinity(0, {core})
-print("ready", flush=True)
-while os.getppid() == parent and time.monotonic() < deadline:
-    if duty >= 1.0:
-        for _ in range(200_000):
-            pass
-        continue
-    start = time.monotonic()
-    while time.monotonic() - start < 0.01 * duty:
-        pass
-    time.sleep(0.01 * (1.0 - duty))
-"""
-
-
-def busy_argv(core: int | None, *, max_s: float = 600.0, duty: float = 1.0) -> list[str]:
-    """The command of one CPU-bound process (pinned to `core` unless None) that prints
-    "ready" once running, and stops when this process is gone or after `max_s`."""
-    pin_to = -1 if core is None else core
-    return [sys.executable, "-c", _BUSY_LOOP, str(pin_to), str(os.getpid()), str(max_s), str(duty)]
+from antdt.runtime.cpubudget import busy_argv
 
 
 def cores() -> list[int]:

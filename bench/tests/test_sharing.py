@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from antdt.runtime.cpubudget import CpuLimit, detect
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.testing.hostbed import CpuLimit, detect_cpu_limit
 from bench.sharing import SHORT, bench_sharing, save_sharing_chart
 from bench.sharing_figures import (
     Comparison,
@@ -84,7 +84,7 @@ def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
 
 @pytest.mark.integration
 async def test_the_persistent_case_runs_for_real(cluster: EmbeddedCluster, tmp_path: Path) -> None:
-    if detect_cpu_limit()[0] is CpuLimit.AFFINITY:
+    if detect()[0] is CpuLimit.AFFINITY:
         pytest.skip("no writable cgroup for the ranks' CPU budgets")
     got = await bench_sharing(cluster, SHORT, tmp_path, only=("persistent",))
     runs = got["persistent"].runs

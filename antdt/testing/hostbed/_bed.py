@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 import structlog
 
+from antdt.runtime import cpubudget as _cgroup
+from antdt.runtime.cpubudget import busy_argv
 from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats, die_with_parent, in_netns
 from antdt.runtime.servers import netns_argv as _netns_argv
-from antdt.testing.contention import busy_argv
-from antdt.testing.hostbed import _cgroup, _net
+from antdt.testing.hostbed import _net
 from antdt.testing.hostbed._names import BedError, BedNames
 from antdt.testing.hostbed._sweep import kill_netns, sweep_stale
 

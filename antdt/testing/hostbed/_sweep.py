@@ -8,7 +8,8 @@ import os
 import signal
 import time
 
-from antdt.testing.hostbed import _cgroup, _net
+from antdt.runtime import cpubudget as _cgroup
+from antdt.testing.hostbed import _net
 from antdt.testing.hostbed._names import creator_of
 
 
