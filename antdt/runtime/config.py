@@ -11,12 +11,12 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import BaseModel, Field, PositiveInt, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
 from antdt.runtime.process import SERVICE_GC_THRESHOLDS
-from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX
+from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX, route_token
 
 
 def default_replica_id() -> str:
@@ -48,6 +48,21 @@ class NatsSettings(BaseModel):
         description="Refuse a reply without its Antdt-Reply header (a service older than "
         "typed replies answers without one); the test suite turns it on",
     )
+    user: str | None = Field(
+        default=None, description="NATS user name (its role's permissions); None: no auth"
+    )
+    password: SecretStr | None = Field(default=None, description="Password of `user`")
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Where replies to this connection's requests arrive: the user's own inboxes."""
+        return inbox_prefix(self.user)
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The reply-subject prefix of a connection as `user` (the one nats-server's
+    permissions let it subscribe to); `_INBOX` without a user."""
+    return f"_INBOX.{route_token(user)}" if user else "_INBOX"
 
 
 class EtcdSettings(BaseModel):

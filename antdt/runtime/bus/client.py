@@ -5,6 +5,7 @@ is expected), trace context in headers, endless reconnects. JetStream is `bus.je
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -62,6 +63,9 @@ class Bus:
         self._subs: list[NatsSubscription] = []
         self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
         self._inbox: Inbox | None = None  # replies to this connection's requests
+        #: nats-server's refusals of this connection's publishes and subscriptions, newest
+        #: last (its role's permissions: runtime/servers/roles.py).
+        self.refused: collections.deque[str] = collections.deque(maxlen=100)
 
     # -- connection ---------------------------------------------------------------
 
@@ -107,9 +111,13 @@ class Bus:
         return False
 
     async def _nats_connect(self) -> NatsClient:
+        password = self.settings.password
         return await nats.connect(
             servers=self._servers(),
             name=self.name,
+            user=self.settings.user,
+            password=password.get_secret_value() if password is not None else None,
+            inbox_prefix=self.settings.inbox_prefix,
             connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
             reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
             max_reconnect_attempts=-1,
@@ -127,6 +135,12 @@ class Bus:
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
             self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
+            return
+        if PERMISSIONS_VIOLATION in str(exc).lower():
+            self.refused.append(str(exc))
+            log.error(
+                "nats-server refused", error=str(exc), client=self.name, user=self.settings.user
+            )
             return
         log.debug("nats error", error=str(exc), client=self.name)
 
@@ -385,6 +399,9 @@ class Bus:
         if turns is not None and turns.due():
             await asyncio.sleep(0)
 
+
+#: How nats-server words a refusal of a publish or subscription outside the permissions.
+PERMISSIONS_VIOLATION = "permissions violation"
 
 #: The reason a message nats-py dropped behind a full subscription queue is counted with.
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"

@@ -209,6 +209,8 @@ class EmbeddedNats(_EmbeddedServer):
     host: str = "127.0.0.1"
     netns: str | None = None
     max_pending_bytes: int = MAX_PENDING_BYTES
+    #: More of nats-server's configuration: an authorization block (natsconf.py), TLS.
+    extra_config: str = ""
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
@@ -220,7 +222,8 @@ class EmbeddedNats(_EmbeddedServer):
         self.monitor_port = self.monitor_port or free_port(self.host, self.netns)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "nats.conf"  # for what has no command-line flag
-        config.write_text(f"max_pending: {self.max_pending_bytes}\n")
+        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
+        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
         argv = [
             find_nats_server(),
             "-c",
