@@ -9,9 +9,10 @@ import socket
 import types
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, PositiveInt, SecretStr
+from pydantic import BaseModel, Field, PositiveInt, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
@@ -21,6 +22,27 @@ from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX, route_toke
 
 def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class TlsSettings(BaseModel):
+    """A client's TLS: the CA that signed the server's certificate (None: plaintext), and
+    this client's own certificate and key where the server asks for one."""
+
+    ca: Path | None = Field(default=None, description="CA bundle (PEM) to verify the server")
+    cert: Path | None = Field(default=None, description="Client certificate (PEM)")
+    key: Path | None = Field(default=None, description="Client private key (PEM)")
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsSettings:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls: a client certificate needs its key, and a key its certificate")
+        if self.cert is not None and self.ca is None:
+            raise ValueError("tls: a client certificate needs the server's CA (tls.ca)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca is not None
 
 
 class NatsSettings(BaseModel):
@@ -52,6 +74,7 @@ class NatsSettings(BaseModel):
         default=None, description="NATS user name (its role's permissions); None: no auth"
     )
     password: SecretStr | None = Field(default=None, description="Password of `user`")
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS to nats-server")
 
     @property
     def inbox_prefix(self) -> str:
@@ -70,6 +93,15 @@ class EtcdSettings(BaseModel):
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every key")
     timeout_s: float = Field(default=5.0, gt=0, description="Per-call timeout, seconds")
     lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
+    user: str | None = Field(default=None, description="etcd user; None: etcd without auth")
+    password: SecretStr | None = Field(default=None, description="Password of `user`")
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS to etcd")
+
+    @model_validator(mode="after")
+    def _credentials_in_pairs(self) -> EtcdSettings:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("etcd: a user needs its password, and a password its user")
+        return self
 
 
 def _truthy(value: str | None) -> bool:

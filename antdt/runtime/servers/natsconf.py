@@ -93,6 +93,13 @@ def authorization_block(spec: PermissionsFile) -> str:
     return "authorization {\n  users = [\n" + ",\n".join(entries) + "\n  ]\n}\n"
 
 
+def tls_block(cert: Path, key: Path, ca: Path) -> str:
+    """nats-server's `tls` block: its certificate and key, and the CA whose client
+    certificates it requires of every client."""
+    fields = {"cert_file": str(cert), "key_file": str(key), "ca_file": str(ca), "verify": True}
+    return "tls " + json.dumps(fields) + "\n"
+
+
 def write_config(permissions_file: Path, out: Path) -> None:
     """Write the authorization block for `permissions_file` to `out`, readable by its
     owner only (it holds passwords)."""

@@ -15,6 +15,7 @@ import structlog
 from pydantic import BaseModel
 
 from antdt.runtime.config import EtcdSettings
+from antdt.runtime.store.client import EtcdClient, etcd_refusal
 from antdt.runtime.store.lease import Lease
 from antdt.runtime.store.values import (
     Compare,
@@ -81,16 +82,23 @@ class Store:
         self.client = self._new_client()
 
     def _new_client(self) -> aetcd.Client:
-        return aetcd.Client(host=self.host, port=self.port, timeout=int(self.settings.timeout_s))
+        return EtcdClient(self.settings, self.host, self.port)
 
     async def connect(self, *, retry_for_s: float = 30.0) -> Store:
+        """Connect and read one key of the prefix, retrying for up to `retry_for_s`
+        seconds; credentials or certificates etcd refuses fail at once."""
         deadline = asyncio.get_running_loop().time() + retry_for_s
         while True:
             try:
                 await self.client.connect()
-                await self.client.get(b"/antdt-ping")
+                await self.client.get(self.key("ping").encode())
                 return self
             except Exception as exc:
+                refusal = etcd_refusal(exc)
+                if refusal is not None:
+                    await self.close()
+                    self.client = self._new_client()
+                    raise StoreError(f"etcd at {self.settings.endpoint}: {refusal}") from exc
                 if asyncio.get_running_loop().time() >= deadline:
                     raise StoreError(
                         f"cannot reach etcd at {self.settings.endpoint}: {exc}"
