@@ -67,7 +67,7 @@ def _versioned(kv: Any) -> Versioned:
     )
 
 
-def _host_port(endpoint: str) -> tuple[str, int]:
+def host_port(endpoint: str) -> tuple[str, int]:
     endpoint = endpoint.split("://", 1)[-1].rstrip("/")
     host, _, port = endpoint.rpartition(":")
     return host or "127.0.0.1", int(port or 2379)
@@ -78,7 +78,7 @@ class Store:
 
     def __init__(self, settings: EtcdSettings) -> None:
         self.settings = settings
-        self.host, self.port = _host_port(settings.endpoint)
+        self.host, self.port = host_port(settings.endpoint)
         self.client = self._new_client()
 
     def _new_client(self) -> aetcd.Client:
@@ -221,7 +221,7 @@ class Store:
 
     @_etcd_call
     async def current_revision(self) -> int:
-        status = await self.client.get_prefix(b"/antdt-revision-probe", keys_only=True)
+        status = await self.client.get_prefix(self.key("revision-probe").encode(), keys_only=True)
         return int(status.header.revision)
 
     async def follow_prefix(
