@@ -47,7 +47,8 @@ class TlsSettings(BaseModel):
 
 class NatsSettings(BaseModel):
     url: str = Field(
-        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+        default="nats://127.0.0.1:4222",
+        description="NATS server URLs, comma-separated (a cluster's: any of them will do)",
     )
     subject_prefix: str = Field(
         default=DEFAULT_SUBJECT_PREFIX, description="Prefix of every subject"
@@ -60,6 +61,12 @@ class NatsSettings(BaseModel):
     )
     request_timeout_s: float = Field(
         default=2.0, gt=0, description="Default request/reply timeout, seconds"
+    )
+    backoff_max_s: float = Field(
+        default=2.0, gt=0, description="Longest pause between tries at a first connection, s"
+    )
+    stream_replicas: int = Field(
+        default=1, ge=1, le=5, description="Replicas of each JetStream stream (3 on a cluster)"
     )
     max_pending_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Outgoing buffer kept while disconnected, bytes"
@@ -89,10 +96,16 @@ def inbox_prefix(user: str | None) -> str:
 
 
 class EtcdSettings(BaseModel):
-    endpoint: str = Field(default="127.0.0.1:2379", description="etcd client endpoint host:port")
+    endpoint: str = Field(
+        default="127.0.0.1:2379",
+        description="etcd client endpoints host:port, comma-separated (a cluster's members)",
+    )
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every key")
     timeout_s: float = Field(default=5.0, gt=0, description="Per-call timeout, seconds")
     lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
+    backoff_max_s: float = Field(
+        default=2.0, gt=0, description="Longest pause between tries at a first connection, s"
+    )
     user: str | None = Field(default=None, description="etcd user; None: etcd without auth")
     password: SecretStr | None = Field(default=None, description="Password of `user`")
     tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS to etcd")
@@ -174,6 +187,12 @@ class ServiceSettings(BaseSettings):
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     replica_id: str = Field(
         default_factory=default_replica_id, description="Unique name of this service replica"
+    )
+    wait_for_servers_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long to wait for NATS and etcd at start, seconds (with backoff; "
+        "null: as long as it takes, so that services may start before their servers)",
     )
     event_loop: LoopKind = Field(default="auto", description=LOOP_KIND_HELP)
     gc_thresholds: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(

@@ -49,8 +49,10 @@ def _service(name: str, settings: Any, bus: Bus, store: Store) -> Any:
 
 async def start_service(name: str, settings: ServiceSettings, runtime: ServiceRuntime) -> Any:
     """Connect and start one service on `runtime`; returns the service object."""
-    bus = await Bus(settings.nats, name=f"antdt-{name}-{settings.replica_id}").connect()
-    store = await Store(settings.etcd).connect()
+    wait_s = settings.wait_for_servers_s
+    bus = Bus(settings.nats, name=f"antdt-{name}-{settings.replica_id}")
+    await bus.connect(retry_for_s=wait_s)
+    store = await Store(settings.etcd).connect(retry_for_s=wait_s)
     service = _service(name, settings, bus, store)
     await service.start(runtime)
     runtime.on_shutdown("flush", bus.close)

@@ -8,7 +8,6 @@ import asyncio
 import collections
 import contextlib
 import functools
-import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -23,14 +22,7 @@ from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus import delivery
-from antdt.runtime.bus.connecting import (
-    any_server_reachable,
-    client_tls,
-    connect_options,
-    connect_refusal,
-    permissions_violation,
-    servers,
-)
+from antdt.runtime.bus.connecting import first_connection, permissions_violation
 from antdt.runtime.bus.inbox import NO_RESPONDERS, STATUS_HEADER, Inbox
 from antdt.runtime.bus.jetstream import JetStream
 from antdt.runtime.bus.messages import (
@@ -65,7 +57,7 @@ class Bus:
         self.settings = settings
         self.name = name
         self.rejections = rejections if rejections is not None else Rejections()
-        self.jetstream = JetStream(lambda: self.nc, self.rejections)
+        self.jetstream = JetStream(lambda: self.nc, self.rejections, settings.stream_replicas)
         self.handler_errors = 0
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
@@ -73,52 +65,23 @@ class Bus:
         self._inbox: Inbox | None = None  # replies to this connection's requests
         #: nats-server's refusals of publishes and subscriptions (its role's permissions)
         self.refused: collections.deque[str] = collections.deque(maxlen=100)
-        self._refusal: asyncio.Future[str] | None = None  # why the server refused us
 
     # -- connection ---------------------------------------------------------------
 
-    async def connect(self, *, retry_for_s: float = 30.0) -> Bus:
-        """Connect, retrying the first connection for up to `retry_for_s` seconds; after
-        that the connection reconnects forever on its own. A server that refuses this
-        client (credentials, certificates) fails it at once: retrying would not help."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + retry_for_s
-        tls = client_tls(self.settings.tls)
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise BusError(f"cannot connect to NATS at {self.settings.url} in {retry_for_s}s")
-            # nats-py retries an unreachable first server forever (reconnects are on) and
-            # may swallow a cancel while doing so: only call it once a server answers TCP,
-            # and bound it with asyncio.wait, which returns even if the task lingers.
-            if not await any_server_reachable(servers(self.settings.url), min(remaining, 1.0)):
-                await asyncio.sleep(min(self.settings.reconnect_wait_s, max(remaining, 0)))
-                continue
-            nc, self._refusal = NatsClient(), loop.create_future()
-            task = asyncio.ensure_future(self._nats_connect(nc, tls))
-            waits: set[asyncio.Future[Any]] = {task, self._refusal}
-            done, _ = await asyncio.wait(waits, timeout=remaining, return_when="FIRST_COMPLETED")
-            if task in done and task.exception() is None:
-                self._nc = nc
-                return self
-            if self._refusal in done:
-                task.cancel()
-                with contextlib.suppress(Exception):
-                    await nc.close()
-                where = f"{self.settings.url} as {self.name!r}"
-                raise BusError(f"cannot connect to NATS at {where}: {self._refusal.result()}")
-            if task not in done:
-                task.cancel()
-            else:
-                log.debug("nats connect failed; retrying", error=str(task.exception()))
-
-    async def _nats_connect(self, nc: NatsClient, tls: ssl.SSLContext | None) -> None:
-        await nc.connect(
-            **connect_options(self.settings, self.name, tls),
+    async def connect(self, *, retry_for_s: float | None = 30.0) -> Bus:
+        """Connect, retrying the first connection with backoff for up to `retry_for_s`
+        seconds (None: as long as it takes, saying so now and then); after that the
+        connection reconnects forever on its own. A server that refuses this client
+        (credentials, certificates) fails it at once: retrying would not help."""
+        self._nc = await first_connection(
+            self.settings,
+            self.name,
+            retry_for_s,
             error_cb=self._on_error,
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
         )
+        return self
 
     async def _on_error(self, exc: Exception) -> None:
         if isinstance(exc, SlowConsumerError):
@@ -127,10 +90,6 @@ class Bus:
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
             self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
-            return
-        refusal = connect_refusal(exc)
-        if refusal is not None and self._refusal is not None and not self._refusal.done():
-            self._refusal.set_result(refusal)
             return
         if permissions_violation(exc):
             self.refused.append(str(exc))

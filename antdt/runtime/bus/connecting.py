@@ -1,15 +1,90 @@
-"""What a first connection to nats-server needs: its servers, which of them answer, the
-client's TLS, and the refusals that retrying will not cure (credentials, certificates),
-in words that name the setting."""
+"""A Bus's first connection to nats-server: tries with backoff until a server answers
+(for as long as it takes, if asked), the client's user and TLS, and the refusals that
+retrying will not cure (credentials, certificates), in words that name the setting."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
+from nats.aio.client import Client as NatsClient
+
+from antdt.runtime.backoff import Backoff
 from antdt.runtime.bus.messages import BusError
 from antdt.runtime.config import NatsSettings, TlsSettings
+
+log = structlog.get_logger("antdt.bus")
+
+#: How long one try at a first connection may take when trying for as long as it takes.
+ATTEMPT_S = 10.0
+ErrorCallback = Callable[[Exception], Awaitable[None]]
+
+
+async def first_connection(
+    settings: NatsSettings,
+    name: str,
+    retry_for_s: float | None,
+    *,
+    error_cb: ErrorCallback,
+    **callbacks: Callable[[], Awaitable[None]],
+) -> NatsClient:
+    """A connected nats-py client (see `Bus.connect`); BusError when it gives up or the
+    server refuses. `error_cb` gets every error but the refusals of a first try."""
+    loop, url = asyncio.get_running_loop(), settings.url
+    started, attempt = loop.time(), 0
+    backoff = Backoff(settings.reconnect_wait_s, settings.backoff_max_s, retry_for_s)
+    tls = client_tls(settings.tls)
+    while not backoff.gives_up(waited := loop.time() - started):
+        attempt += 1
+        budget = ATTEMPT_S if retry_for_s is None else retry_for_s - waited
+        # nats-py retries an unreachable first server forever (reconnects are on) and
+        # may swallow a cancel while doing so: only call it once a server answers TCP.
+        if await any_server_reachable(servers(url), min(budget, 1.0)):
+            options = {**connect_options(settings, name, tls), **callbacks}
+            nc = await _try(options, budget, error_cb)
+            if nc is not None:
+                if attempt > 1:
+                    log.info("nats ready", url=url, client=name, waited_s=round(waited, 1))
+                return nc
+        delay = backoff.delay(attempt)
+        if retry_for_s is None and backoff.worth_reporting(attempt):
+            log.info("waiting for nats", url=url, client=name, attempt=attempt, next_in_s=delay)
+        await asyncio.sleep(min(delay, max(budget, 0)))
+    raise BusError(f"cannot connect to NATS at {url} in {retry_for_s}s")
+
+
+async def _try(
+    options: dict[str, Any],
+    timeout: float,
+    error_cb: ErrorCallback,
+) -> NatsClient | None:
+    """One try, bounded with asyncio.wait (which returns even if nats-py lingers)."""
+    nc, refusal = NatsClient(), asyncio.get_running_loop().create_future()
+
+    async def on_error(exc: Exception) -> None:
+        reason = connect_refusal(exc) if not nc.is_connected else None
+        if reason is not None and not refusal.done():
+            refusal.set_result(reason)
+        elif reason is None:
+            await error_cb(exc)
+
+    task = asyncio.ensure_future(nc.connect(**options, error_cb=on_error))
+    waits: set[asyncio.Future[Any]] = {task, refusal}
+    done, _ = await asyncio.wait(waits, timeout=timeout, return_when="FIRST_COMPLETED")
+    if task in done and task.exception() is None:
+        return nc
+    if task not in done:
+        task.cancel()
+    if refusal in done:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        where = f"{','.join(options['servers'])} as {options['name']!r}"
+        raise BusError(f"cannot connect to NATS at {where}: {refusal.result()}")
+    return None
 
 
 def servers(url: str) -> list[str]:

@@ -13,7 +13,6 @@ from aetcd import rpc
 
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.store.client import EtcdClient
-from antdt.runtime.store.etcd import host_port
 from antdt.runtime.store.values import StoreError
 
 ROOT = "root"
@@ -70,8 +69,7 @@ async def enable_auth(
 ) -> None:
     """Create the users and their roles, then turn etcd's auth on. `settings`: where
     etcd is (its TLS too), without a user: etcd's auth is still off."""
-    host, port = host_port(settings.endpoint)
-    client = EtcdClient(settings.model_copy(update={"user": None, "password": None}), host, port)
+    client = EtcdClient(settings.model_copy(update={"user": None, "password": None}))
     try:
         await client.connect()
         stub = rpc.AuthStub(client.channel)

@@ -1,9 +1,11 @@
-"""The etcd client of `Store`: aetcd's, logging in as the settings' user, over TLS where
-the settings name a CA (aetcd itself opens plaintext channels only)."""
+"""The etcd client of `Store`: aetcd's, on a list of endpoints, logging in as the
+settings' user, over TLS where the settings name a CA (aetcd itself opens a plaintext
+channel to one endpoint only)."""
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from typing import Any, cast
 
 import aetcd
 import grpc
@@ -37,38 +39,53 @@ def etcd_refusal(exc: BaseException) -> str | None:
         return "authentication failed: wrong user or password (ANTDT_ETCD__USER/PASSWORD)"
     if "permission denied" in text:
         return "permission denied: the user's role does not cover the key prefix"
-    if "certificate" in text or "ssl" in text or "handshake" in text:
+    if "certificate" in text or "ssl_error" in text or "tls handshake" in text:
         return f"TLS failed ({exc}): check ANTDT_ETCD__TLS__CA, __CERT and __KEY"
     return None
 
 
+def grpc_target(endpoints: str) -> str:
+    """The gRPC target of comma-separated `host:port` endpoints: one as it is; several
+    as one `ipv4:` target of their addresses, which gRPC tries in turn (pick_first) and
+    moves off when the member it uses goes away."""
+    parts = [e.strip().split("://", 1)[-1].rstrip("/") for e in endpoints.split(",")]
+    parts = [p for p in parts if p]
+    if len(parts) == 1:
+        return parts[0]
+    addresses = []
+    for part in parts:
+        host, _, port = part.rpartition(":")
+        infos = socket.getaddrinfo(host or "127.0.0.1", None, socket.AF_INET)
+        addresses.append(f"{cast(str, infos[0][4][0])}:{port or 2379}")
+    return "ipv4:" + ",".join(addresses)
+
+
 class EtcdClient(aetcd.Client):
-    """`aetcd.Client` with TLS: `connect` does what aetcd's does, on a secure channel."""
+    """`aetcd.Client` on a list of endpoints, over TLS where the settings name a CA: its
+    `connect` does what aetcd's does, on the channel to that target."""
 
     _is_connecting: bool
     metadata: tuple[tuple[str, str], ...] | None
 
-    def __init__(self, settings: EtcdSettings, host: str, port: int) -> None:
+    def __init__(self, settings: EtcdSettings) -> None:
         password = settings.password.get_secret_value() if settings.password else None
-        super().__init__(
-            host=host,
-            port=port,
-            username=settings.user,
-            password=password,
-            timeout=int(settings.timeout_s),
-        )
+        super().__init__(username=settings.user, password=password, timeout=int(settings.timeout_s))
+        self._endpoints = settings.endpoint
         self._credentials = grpc_credentials(settings.tls)
+
+    def _channel(self) -> Any:
+        target, options = grpc_target(self._endpoints), list(self._options.items())
+        if self._credentials is None:
+            return rpc.insecure_channel(target, options=options)
+        return rpc.secure_channel(target, self._credentials, options=options)
 
     @_handle_errors
     async def connect(self) -> None:
-        if self._credentials is None:
-            return await super().connect()  # type: ignore[no-any-return]
         if self._connected.is_set() or self._is_connecting:
             return await super().connect()  # type: ignore[no-any-return]
         self._is_connecting = True
         try:
-            target = f"{self._host}:{self._port}"
-            self.channel = rpc.secure_channel(target, self._credentials, self._options.items())
+            self.channel = self._channel()
             await self._authenticate()
             self.kvstub = rpc.KVStub(self.channel)
             self.clusterstub = rpc.ClusterStub(self.channel)
