@@ -43,7 +43,9 @@ def free_port(host: str = "127.0.0.1", netns: str | None = None) -> int:
 
 
 def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (call between fork and exec)."""
+    """Have the kernel kill this process when its parent dies (call between fork and exec).
+    The parent is the thread that forked: a server started from a thread that then ends
+    is killed with it."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -276,11 +278,18 @@ class EmbeddedEtcd(_EmbeddedServer):
     host: str = "127.0.0.1"
     netns: str | None = None
     tls: ServerTls | None = None  # clients must then show a certificate of its CA
+    name: str = "antdt"
+    #: `name=peer-url,...` of every member of a cluster (None: this member alone).
+    initial_cluster: str | None = None
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
 
     def _tls_args(self) -> list[str]:
         if self.tls is None:
@@ -300,7 +309,7 @@ class EmbeddedEtcd(_EmbeddedServer):
         argv = [
             find_etcd(),
             "--name",
-            "antdt",
+            self.name,
             "--data-dir",
             str(self.data_dir / "etcd"),
             "--listen-client-urls",
@@ -312,7 +321,7 @@ class EmbeddedEtcd(_EmbeddedServer):
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",
-            f"antdt={peer}",
+            self.initial_cluster or f"{self.name}={peer}",
             "--log-level",
             "warn",
             "--quota-backend-bytes",
