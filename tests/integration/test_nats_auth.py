@@ -14,13 +14,23 @@ from nats.aio.msg import Msg
 
 from antdt.runtime.bus import Bus, BusError
 from antdt.runtime.config import NatsSettings
+from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedNats
 from antdt.runtime.servers.natsconf import authorization_block, load_permissions
 from antdt.runtime.servers.roles import Role
-from antdt.schemas import ACTION_STREAM, INCIDENT_STREAM, Subjects
+from antdt.schemas import (
+    ACTION_STREAM,
+    INCIDENT_STREAM,
+    JobSpec,
+    RegisterReply,
+    ShardStatus,
+    ShardStatusRequest,
+    Subjects,
+)
 from antdt.schemas.channels import CHANNELS, Transport
 from antdt.schemas.events import Incident
-from tests.helpers import wait_for
+from antdt.services.runner import settings_class, start_service
+from tests.helpers import step_event, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -233,3 +243,35 @@ async def test_streams_are_fed_by_services_and_read_by_policy_and_observer(conne
     with pytest.raises(Exception):  # noqa: B017 (nats-py's JetStream permission error)
         await asyncio.wait_for(policy.jetstream.publish(S.incident(JOB), incident, timeout=1), 3)
     assert await _refused(policy, S.incident(JOB))
+
+
+async def test_the_services_run_with_their_roles_and_serve_an_agent(
+    secured: EmbeddedNats, connect, settings
+) -> None:
+    """The three services started with their own users: nothing they do is refused, and
+    an agent's registration and an operator's status request are answered."""
+    runtime = ServiceRuntime("auth")
+    services = []
+    try:
+        for name in ("monitor", "controller", "shards"):
+            nats = NatsSettings(
+                url=secured.url, subject_prefix=PREFIX, user=name, password=_password(name)
+            )
+            base = settings.model_dump()
+            service_settings = settings_class(name)(**{**base, "nats": nats, "replica_id": name})
+            services.append(await start_service(name, service_settings, runtime))
+        agent, operator = await connect("agent-a"), await connect("operator")
+        spec = JobSpec(job=JOB, world_size=2, dataset_size=60, shard_size=3, global_batch=4)
+        reply = await agent.request(S.register(JOB), spec, RegisterReply, timeout=5)
+        assert reply.spec.job == JOB
+        await agent.publish(S.step(JOB, 0), step_event(JOB, 0, 1))
+        status = await operator.request(
+            S.shards(JOB, "status"), ShardStatusRequest(job=JOB), ShardStatus, timeout=5
+        )
+        assert status.job == JOB
+        buses = [b for s in services for b in (s.bus, getattr(s, "ranks_bus", None)) if b]
+        await asyncio.sleep(0.5)
+        assert not [r for b in buses for r in b.refused]
+        assert not agent.refused and not operator.refused
+    finally:
+        await runtime.shutdown()
