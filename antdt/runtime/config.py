@@ -9,23 +9,46 @@ import socket
 import types
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, PositiveInt
+from pydantic import BaseModel, Field, PositiveInt, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.runtime.loops import LOOP_KIND_HELP, LoopKind
 from antdt.runtime.process import SERVICE_GC_THRESHOLDS
-from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX
+from antdt.schemas import DEFAULT_KEY_PREFIX, DEFAULT_SUBJECT_PREFIX, route_token
 
 
 def default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+class TlsSettings(BaseModel):
+    """A client's TLS: the CA that signed the server's certificate (None: plaintext), and
+    this client's own certificate and key where the server asks for one."""
+
+    ca: Path | None = Field(default=None, description="CA bundle (PEM) to verify the server")
+    cert: Path | None = Field(default=None, description="Client certificate (PEM)")
+    key: Path | None = Field(default=None, description="Client private key (PEM)")
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsSettings:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("tls: a client certificate needs its key, and a key its certificate")
+        if self.cert is not None and self.ca is None:
+            raise ValueError("tls: a client certificate needs the server's CA (tls.ca)")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.ca is not None
+
+
 class NatsSettings(BaseModel):
     url: str = Field(
-        default="nats://127.0.0.1:4222", description="NATS server URL(s), comma-separated"
+        default="nats://127.0.0.1:4222",
+        description="NATS server URLs, comma-separated (a cluster's: any of them will do)",
     )
     subject_prefix: str = Field(
         default=DEFAULT_SUBJECT_PREFIX, description="Prefix of every subject"
@@ -39,6 +62,12 @@ class NatsSettings(BaseModel):
     request_timeout_s: float = Field(
         default=2.0, gt=0, description="Default request/reply timeout, seconds"
     )
+    backoff_max_s: float = Field(
+        default=2.0, gt=0, description="Longest pause between tries at a first connection, s"
+    )
+    stream_replicas: int = Field(
+        default=1, ge=1, le=5, description="Replicas of each JetStream stream (3 on a cluster)"
+    )
     max_pending_bytes: int = Field(
         default=64 * 1024 * 1024, gt=0, description="Outgoing buffer kept while disconnected, bytes"
     )
@@ -48,13 +77,44 @@ class NatsSettings(BaseModel):
         description="Refuse a reply without its Antdt-Reply header (a service older than "
         "typed replies answers without one); the test suite turns it on",
     )
+    user: str | None = Field(
+        default=None, description="NATS user name (its role's permissions); None: no auth"
+    )
+    password: SecretStr | None = Field(default=None, description="Password of `user`")
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS to nats-server")
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Where replies to this connection's requests arrive: the user's own inboxes."""
+        return inbox_prefix(self.user)
+
+
+def inbox_prefix(user: str | None) -> str:
+    """The reply-subject prefix of a connection as `user` (the one nats-server's
+    permissions let it subscribe to); `_INBOX` without a user."""
+    return f"_INBOX.{route_token(user)}" if user else "_INBOX"
 
 
 class EtcdSettings(BaseModel):
-    endpoint: str = Field(default="127.0.0.1:2379", description="etcd client endpoint host:port")
+    endpoint: str = Field(
+        default="127.0.0.1:2379",
+        description="etcd client endpoints host:port, comma-separated (a cluster's members)",
+    )
     key_prefix: str = Field(default=DEFAULT_KEY_PREFIX, description="Prefix of every key")
     timeout_s: float = Field(default=5.0, gt=0, description="Per-call timeout, seconds")
     lease_ttl_s: int = Field(default=5, ge=2, description="TTL of ownership leases, seconds")
+    backoff_max_s: float = Field(
+        default=2.0, gt=0, description="Longest pause between tries at a first connection, s"
+    )
+    user: str | None = Field(default=None, description="etcd user; None: etcd without auth")
+    password: SecretStr | None = Field(default=None, description="Password of `user`")
+    tls: TlsSettings = Field(default_factory=TlsSettings, description="TLS to etcd")
+
+    @model_validator(mode="after")
+    def _credentials_in_pairs(self) -> EtcdSettings:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("etcd: a user needs its password, and a password its user")
+        return self
 
 
 def _truthy(value: str | None) -> bool:
@@ -127,6 +187,12 @@ class ServiceSettings(BaseSettings):
     recording: RecordingSettings = Field(default_factory=RecordingSettings)
     replica_id: str = Field(
         default_factory=default_replica_id, description="Unique name of this service replica"
+    )
+    wait_for_servers_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="How long to wait for NATS and etcd at start, seconds (with backoff; "
+        "null: as long as it takes, so that services may start before their servers)",
     )
     event_loop: LoopKind = Field(default="auto", description=LOOP_KIND_HELP)
     gc_thresholds: tuple[PositiveInt, PositiveInt, PositiveInt] | None = Field(

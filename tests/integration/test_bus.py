@@ -539,3 +539,23 @@ async def test_first_connect_is_bounded() -> None:
     url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
     with pytest.raises(BusError, match="cannot connect"):
         await Bus(NatsSettings(url=url, connect_timeout_s=0.2), name="x").connect(retry_for_s=1)
+
+
+async def test_streams_are_made_with_the_replicas_setting(settings, unique: str) -> None:
+    """One replica on the session's single server; more are asked for on a cluster, and
+    a single server refuses them in its own words."""
+    subject = f"{settings.nats.subject_prefix}.replicas"
+    for replicas, stream in ((1, f"R1_{unique}"), (3, f"R3_{unique}")):
+        nats = settings.nats.model_copy(update={"stream_replicas": replicas})
+        bus = await Bus(nats, name="replicas").connect()
+        try:
+            if replicas == 1:
+                await bus.jetstream.ensure_stream(stream, [subject + ".one"])
+                info = await bus.nc.jetstream().stream_info(stream)
+                assert info.config.num_replicas == 1
+                await bus.nc.jetstream().delete_stream(stream)
+            else:
+                with pytest.raises(Exception, match="replicas > 1 not supported"):
+                    await bus.jetstream.ensure_stream(stream, [subject + ".three"])
+        finally:
+            await bus.close()

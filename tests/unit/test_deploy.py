@@ -5,8 +5,11 @@ a deployment would be dropped without a word: this keeps the files true to the c
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -121,3 +124,44 @@ def test_a_service_process_names_the_variables_it_ignores(monkeypatch: pytest.Mo
     assert warning["log_level"] == "warning"
     assert "ANTDT_ETCD__ENDPIONT" in warning["variables"]
     assert "ANTDT_WINDOW" not in warning["variables"]
+
+
+def compose() -> dict[str, Any]:
+    """deploy/compose.yaml read by a real YAML parser (js-yaml, under Node.js), anchors
+    and aliases resolved."""
+    from tests.nodejs import NODE_MODULES, ROOT, node
+
+    executable = node()
+    if not (NODE_MODULES / "js-yaml" / "package.json").exists():
+        pytest.skip("node_modules lacks js-yaml: run `make node` (npm ci) first")
+    script = (
+        "const y = require('js-yaml'); const fs = require('fs');"
+        "process.stdout.write(JSON.stringify(y.load(fs.readFileSync(process.argv[1], 'utf8'))))"
+    )
+    out = subprocess.run(
+        [executable, "-e", script, str(DEPLOY / "compose.yaml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    parsed: dict[str, Any] = json.loads(out.stdout)
+    return parsed
+
+
+def test_compose_runs_two_ready_checked_replicas_of_each_service_restarted() -> None:
+    services = compose()["services"]
+    for name in SERVICES:
+        service = services[name]
+        assert service["command"] == [name]
+        assert service["deploy"]["replicas"] >= 2, name
+        assert service["restart"] == "unless-stopped", name
+        port = service["environment"]["ANTDT_TELEMETRY__METRICS_PORT"]
+        probe = " ".join(service["healthcheck"]["test"])
+        assert f"http://127.0.0.1:{port}/readyz" in probe, name
+        low, high = service["ports"][0].split(":")[0].split("-")
+        assert int(high) - int(low) + 1 == service["deploy"]["replicas"], name
+    for server in ("nats", "etcd"):
+        assert services[server]["healthcheck"]["test"][0] == "CMD", server
+        assert services[server]["restart"] == "unless-stopped", server
+    assert "-m" in services["nats"]["command"]  # the monitor port its check reads

@@ -5,12 +5,12 @@ is expected), trace context in headers, endless reconnects. JetStream is `bus.je
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-import nats
 import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -22,6 +22,7 @@ from opentelemetry import propagate
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus import delivery
+from antdt.runtime.bus.connecting import first_connection, permissions_violation
 from antdt.runtime.bus.inbox import NO_RESPONDERS, STATUS_HEADER, Inbox
 from antdt.runtime.bus.jetstream import JetStream
 from antdt.runtime.bus.messages import (
@@ -56,69 +57,31 @@ class Bus:
         self.settings = settings
         self.name = name
         self.rejections = rejections if rejections is not None else Rejections()
-        self.jetstream = JetStream(lambda: self.nc, self.rejections)
+        self.jetstream = JetStream(lambda: self.nc, self.rejections, settings.stream_replicas)
         self.handler_errors = 0
         self._nc: NatsClient | None = None
         self._subs: list[NatsSubscription] = []
         self._handling: set[asyncio.Task[None]] = set()  # of subscriptions with concurrency
         self._inbox: Inbox | None = None  # replies to this connection's requests
+        #: nats-server's refusals of publishes and subscriptions (its role's permissions)
+        self.refused: collections.deque[str] = collections.deque(maxlen=100)
 
     # -- connection ---------------------------------------------------------------
 
-    async def connect(self, *, retry_for_s: float = 30.0) -> Bus:
-        """Connect, retrying the first connection for up to `retry_for_s` seconds; after
-        that the connection reconnects forever on its own."""
-        deadline = asyncio.get_running_loop().time() + retry_for_s
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise BusError(f"cannot connect to NATS at {self.settings.url} in {retry_for_s}s")
-            # nats-py retries an unreachable first server forever (reconnects are on) and
-            # may swallow a cancel while doing so: only call it once a server answers TCP,
-            # and bound it with asyncio.wait, which returns even if the task lingers.
-            if not await self._any_server_reachable(min(remaining, 1.0)):
-                await asyncio.sleep(min(self.settings.reconnect_wait_s, max(remaining, 0)))
-                continue
-            task = asyncio.ensure_future(self._nats_connect())
-            done, _ = await asyncio.wait({task}, timeout=remaining)
-            if task in done and task.exception() is None:
-                self._nc = task.result()
-                return self
-            if task not in done:
-                task.cancel()
-            else:
-                log.debug("nats connect failed; retrying", error=str(task.exception()))
-
-    def _servers(self) -> list[str]:
-        return [u.strip() for u in self.settings.url.split(",") if u.strip()]
-
-    async def _any_server_reachable(self, timeout: float) -> bool:
-        for url in self._servers():
-            host_port = url.split("://", 1)[-1].rsplit("@", 1)[-1]
-            host, _, port = host_port.rpartition(":")
-            try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host or "127.0.0.1", int(port or 4222)), timeout
-                )
-            except (OSError, TimeoutError, asyncio.TimeoutError, ValueError):
-                continue
-            writer.close()
-            return True
-        return False
-
-    async def _nats_connect(self) -> NatsClient:
-        return await nats.connect(
-            servers=self._servers(),
-            name=self.name,
-            connect_timeout=self.settings.connect_timeout_s,  # type: ignore[arg-type]
-            reconnect_time_wait=self.settings.reconnect_wait_s,  # type: ignore[arg-type]
-            max_reconnect_attempts=-1,
-            allow_reconnect=True,
-            pending_size=self.settings.max_pending_bytes,
+    async def connect(self, *, retry_for_s: float | None = 30.0) -> Bus:
+        """Connect, retrying the first connection with backoff for up to `retry_for_s`
+        seconds (None: as long as it takes, saying so now and then); after that the
+        connection reconnects forever on its own. A server that refuses this client
+        (credentials, certificates) fails it at once: retrying would not help."""
+        self._nc = await first_connection(
+            self.settings,
+            self.name,
+            retry_for_s,
             error_cb=self._on_error,
             disconnected_cb=self._on_disconnected,
             reconnected_cb=self._on_reconnected,
         )
+        return self
 
     async def _on_error(self, exc: Exception) -> None:
         if isinstance(exc, SlowConsumerError):
@@ -127,6 +90,12 @@ class Bus:
             # rejection (and exported with them), never formatted per message.
             pattern = exc.sub.subject if exc.sub is not None else exc.subject
             self.rejections.record(pattern, ErrorCode.SLOW_CONSUMER, SLOW_CONSUMER, exc.subject)
+            return
+        if permissions_violation(exc):
+            self.refused.append(str(exc))
+            log.error(
+                "nats-server refused", error=str(exc), client=self.name, user=self.settings.user
+            )
             return
         log.debug("nats error", error=str(exc), client=self.name)
 

@@ -41,11 +41,15 @@ FETCH_ATTEMPTS = 3  # a bounded read ends after this many fetches in a row time 
 
 class JetStream:
     """JetStream on a Bus's connection (`connection()` returns it, or raises while the Bus
-    is not connected); rejected messages are counted in the Bus's `rejections`."""
+    is not connected); rejected messages are counted in the Bus's `rejections`. Streams
+    are kept on `replicas` servers of a cluster."""
 
-    def __init__(self, connection: Callable[[], NatsClient], rejections: Rejections) -> None:
+    def __init__(
+        self, connection: Callable[[], NatsClient], rejections: Rejections, replicas: int = 1
+    ) -> None:
         self._connection = connection
         self.rejections = rejections
+        self.replicas = replicas
 
     @property
     def nc(self) -> NatsClient:
@@ -70,6 +74,7 @@ class JetStream:
             storage=StorageType.FILE,
             max_age=max_age_s,
             max_msgs=max_msgs,
+            num_replicas=self.replicas,
         )
         if max_bytes is not None:
             config.max_bytes = max_bytes

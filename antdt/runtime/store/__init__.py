@@ -1,6 +1,7 @@
 """The etcd seam: the only package that imports the etcd client. `Store` and its
 typed operations, errors and leases."""
 
+from antdt.runtime.store.auth import EtcdUser, enable_auth
 from antdt.runtime.store.etcd import Store, retrying
 from antdt.runtime.store.lease import Lease
 from antdt.runtime.store.values import (
@@ -19,6 +20,7 @@ from antdt.runtime.store.values import (
 __all__ = [
     "Compare",
     "Delete",
+    "EtcdUser",
     "Get",
     "HistoryCompacted",
     "Lease",
@@ -29,5 +31,6 @@ __all__ = [
     "StoreUnavailable",
     "Versioned",
     "WatchEvent",
+    "enable_auth",
     "retrying",
 ]

@@ -14,7 +14,9 @@ import aetcd
 import structlog
 from pydantic import BaseModel
 
+from antdt.runtime.backoff import Backoff
 from antdt.runtime.config import EtcdSettings
+from antdt.runtime.store.client import EtcdClient, etcd_refusal
 from antdt.runtime.store.lease import Lease
 from antdt.runtime.store.values import (
     Compare,
@@ -35,6 +37,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 S = TypeVar("S")
 
+
+#: The first pause between tries at etcd, seconds (then doubling, up to backoff_max_s).
+RETRY_FIRST_S = 0.2
 
 _UNAVAILABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd.InternalError)
 
@@ -66,36 +71,46 @@ def _versioned(kv: Any) -> Versioned:
     )
 
 
-def _host_port(endpoint: str) -> tuple[str, int]:
-    endpoint = endpoint.split("://", 1)[-1].rstrip("/")
-    host, _, port = endpoint.rpartition(":")
-    return host or "127.0.0.1", int(port or 2379)
-
-
 class Store:
     """An etcd v3 client with typed helpers."""
 
     def __init__(self, settings: EtcdSettings) -> None:
         self.settings = settings
-        self.host, self.port = _host_port(settings.endpoint)
         self.client = self._new_client()
 
     def _new_client(self) -> aetcd.Client:
-        return aetcd.Client(host=self.host, port=self.port, timeout=int(self.settings.timeout_s))
+        return EtcdClient(self.settings)
 
-    async def connect(self, *, retry_for_s: float = 30.0) -> Store:
-        deadline = asyncio.get_running_loop().time() + retry_for_s
+    async def connect(self, *, retry_for_s: float | None = 30.0) -> Store:
+        """Connect and read one key of the prefix, retrying with backoff for up to
+        `retry_for_s` seconds (None: as long as it takes, saying so now and then);
+        credentials or certificates etcd refuses fail at once."""
+        loop, where = asyncio.get_running_loop(), self.settings.endpoint
+        started, attempt = loop.time(), 0
+        backoff = Backoff(RETRY_FIRST_S, self.settings.backoff_max_s, retry_for_s)
         while True:
+            attempt += 1
             try:
                 await self.client.connect()
-                await self.client.get(b"/antdt-ping")
-                return self
+                await self.client.get(self.key("ping").encode())
             except Exception as exc:
-                if asyncio.get_running_loop().time() >= deadline:
-                    raise StoreError(
-                        f"cannot reach etcd at {self.settings.endpoint}: {exc}"
-                    ) from exc
-                await asyncio.sleep(0.2)
+                await self._after_failed_connect(exc)
+                if backoff.gives_up(loop.time() - started):
+                    raise StoreError(f"cannot reach etcd at {where}: {exc}") from exc
+                if retry_for_s is None and backoff.worth_reporting(attempt):
+                    log.info("waiting for etcd", endpoint=where, attempt=attempt, error=str(exc))
+                await asyncio.sleep(backoff.delay(attempt))
+                continue
+            if attempt > 1:
+                log.info("etcd ready", endpoint=where, waited_s=round(loop.time() - started, 1))
+            return self
+
+    async def _after_failed_connect(self, exc: Exception) -> None:
+        refusal = etcd_refusal(exc)
+        if refusal is not None:
+            await self.close()
+            self.client = self._new_client()
+            raise StoreError(f"etcd at {self.settings.endpoint}: {refusal}") from exc
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -213,7 +228,7 @@ class Store:
 
     @_etcd_call
     async def current_revision(self) -> int:
-        status = await self.client.get_prefix(b"/antdt-revision-probe", keys_only=True)
+        status = await self.client.get_prefix(self.key("revision-probe").encode(), keys_only=True)
         return int(status.header.revision)
 
     async def follow_prefix(

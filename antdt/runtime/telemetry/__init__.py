@@ -1,6 +1,7 @@
 """Telemetry: OpenTelemetry tracing set-up and the incident trace, metrics, and
 structlog logging."""
 
+from antdt.runtime.telemetry.health import Health, Readiness
 from antdt.runtime.telemetry.setup import (
     MetricsExport,
     flush_tracing,
@@ -9,7 +10,9 @@ from antdt.runtime.telemetry.setup import (
 )
 
 __all__ = [
+    "Health",
     "MetricsExport",
+    "Readiness",
     "flush_tracing",
     "setup_metrics",
     "setup_tracing",

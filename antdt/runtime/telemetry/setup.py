@@ -15,6 +15,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
+from antdt.runtime.telemetry.health import Health, health_app, serve
+
 log = structlog.get_logger("antdt.telemetry")
 
 
@@ -121,10 +123,12 @@ def setup_metrics(
     otlp_endpoint: str | None = None,
     interval_s: float = 15.0,
     install: bool = True,
+    health: Health | None = None,
 ) -> MetricsExport | None:
     """A meter provider exporting to Prometheus (an HTTP /metrics server on `port`; 0
-    picks a free one) and/or by OTLP to `otlp_endpoint`; None when neither is asked for
-    (the instruments stay no-ops). Installed as the global one unless `install` is False."""
+    picks a free one; with `health`, /livez and /readyz beside it) and/or by OTLP to
+    `otlp_endpoint`; None when neither is asked for (the instruments stay no-ops).
+    Installed as the global one unless `install` is False."""
     from opentelemetry import metrics
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -133,10 +137,11 @@ def setup_metrics(
     server = None
     if port is not None:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import start_http_server
+        from prometheus_client import make_wsgi_app
 
         readers.append(PrometheusMetricReader())
-        server, _ = start_http_server(port, addr=host)
+        app = make_wsgi_app()
+        server = serve(health_app(health, app) if health is not None else app, port, host)
     if otlp_endpoint:
         readers.append(
             PeriodicExportingMetricReader(

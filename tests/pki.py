@@ -1,0 +1,94 @@
+"""Certificates for TLS tests, made by the openssl command: a CA, a server certificate
+for 127.0.0.1 and localhost, and a client certificate, all signed by that CA."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _ca(root: Path, name: str) -> None:
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-subj",
+        f"/CN={name}",
+        cwd=root,
+    )
+
+
+def _signed(root: Path, ca: str, name: str, san: str) -> None:
+    _openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=root,
+    )
+    (root / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-out",
+        f"{name}.pem",
+        "-extfile",
+        f"{name}.ext",
+        cwd=root,
+    )
+
+
+def make_pki(root: Path, ca: str = "ca") -> Pki:
+    """A fresh CA named `ca` under `root` and the server and client certificates it signs."""
+    root.mkdir(parents=True, exist_ok=True)
+    _ca(root, ca)
+    _signed(root, ca, f"{ca}-server", "IP:127.0.0.1,DNS:localhost")
+    _signed(root, ca, f"{ca}-client", "DNS:antdt-client")
+    return Pki(
+        ca=root / f"{ca}.pem",
+        server_cert=root / f"{ca}-server.pem",
+        server_key=root / f"{ca}-server.key",
+        client_cert=root / f"{ca}-client.pem",
+        client_key=root / f"{ca}-client.key",
+    )
