@@ -1,7 +1,12 @@
 """Orchestrates `make demo`: embedded nats-server + etcd, the three services in their own
 process, then the same 4-rank job twice (policy `none`, then `lb-bsp`) with rank 3 made
 3x slower from step 30; live progress while it trains; at the end a table, a JSON and a
-report per run (PNG + HTML, drawn from what JetStream recorded)."""
+report per run (PNG + HTML, drawn from what JetStream recorded).
+
+The slowdown is real work: each rank runs in a CPU budget of its own, and from the onset
+rank 3 shares its budget with two busy loops. Where no cgroup quota can be written, the
+demo says so and falls back to the agent's injected sleep, which frees the CPU for the
+other ranks and so flatters every policy."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from rich.table import Column
 
 from antdt.demo.stats import RunStats, summarize, write_table
 from antdt.demo.watch import JobWatcher
+from antdt.runtime.cpubudget import BudgetsUnavailable, RankBudgets
 from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
 
 if TYPE_CHECKING:
@@ -32,6 +38,7 @@ SHARD_SIZE = 128
 DATASET = 24_000
 ONSET = 30
 FACTOR = 3.0
+STRAGGLER = 3
 POLICIES = ("none", "lb-bsp")
 
 console = Console(width=None if Console().is_terminal else 120)
@@ -50,8 +57,14 @@ def wait_services(log_path: Path, proc: ManagedProcess, timeout: float = 60) -> 
     raise RuntimeError(f"services not ready after {timeout}s:\n{proc.log_tail()}")
 
 
+def rank_cpus() -> float:
+    """Each rank's budget: the machine's cores shared by the ranks, half a core spared
+    for the services and servers."""
+    return min(1.0, max(0.2, (len(os.sched_getaffinity(0)) - 0.5) / WORLD))
+
+
 def _job_env(
-    cluster: EmbeddedCluster, job: str, policy: str, epochs: int, out: Path
+    cluster: EmbeddedCluster, job: str, policy: str, epochs: int, out: Path, sleep: bool
 ) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -63,7 +76,7 @@ def _job_env(
         ANTDT_GLOBAL_BATCH=str(GLOBAL_BATCH),
         ANTDT_EPOCHS=str(epochs),
         ANTDT_SEED="7",
-        ANTDT_INJECT=f"rank=3,factor={FACTOR:g},from={ONSET}",
+        ANTDT_INJECT=f"rank={STRAGGLER},factor={FACTOR:g},from={ONSET}" if sleep else "",
         ANTDT_DEMO_OUT=str(out),
         ANTDT_TELEMETRY__LOG_FORMAT="json",
         ANTDT_TELEMETRY__LOG_LEVEL="warning",
@@ -83,10 +96,56 @@ def _run_job(
     watcher = JobWatcher(cluster.nats.url, job).start()
     rc: list[int] = []
     command = [sys.executable, "-m", "antdt.demo.train"]
-    env = _job_env(cluster, job, policy, epochs, out)
+    budgets = _budgets(job)
+    env = _job_env(cluster, job, policy, epochs, out, sleep=budgets is None)
+    if budgets is not None:
+        command = budgets.command(command)
     runner = threading.Thread(target=lambda: rc.append(launch(WORLD, command, env=env)))
     started = time.time()
     runner.start()
+    try:
+        _train(runner, budgets, progress_file, policy, total_steps, watcher)
+    finally:
+        runner.join()
+        if budgets is not None:
+            budgets.close()
+    watcher.stop()
+    if not rc or rc[0] != 0:
+        raise RuntimeError(f"training with policy {policy} failed (exit {rc}); see {out}")
+    return summarize(
+        injection="a sleep" if budgets is None else f"busy loops in rank {STRAGGLER}'s CPU budget",
+        ceiling_share=(WORLD - 1 + 1 / FACTOR) / WORLD,
+        policy=policy,
+        job=job,
+        progress=[json.loads(line) for line in progress_file.read_text().splitlines()],
+        result=json.loads((out / "result.json").read_text()),
+        health=watcher.health,
+        actions=watcher.actions,
+        onset=ONSET,
+        wall_s=time.time() - started,
+    )
+
+
+def _budgets(job: str) -> RankBudgets | None:
+    try:
+        return RankBudgets(job, WORLD, rank_cpus(), round(FACTOR) - 1)
+    except BudgetsUnavailable as exc:
+        console.print(
+            f"[yellow]no CPU budgets ({exc}): rank {STRAGGLER} sleeps instead, which frees the "
+            "CPU for the others and flatters every policy"
+        )
+        return None
+
+
+def _train(
+    runner: threading.Thread,
+    budgets: RankBudgets | None,
+    progress_file: Path,
+    policy: str,
+    total_steps: int,
+    watcher: JobWatcher,
+) -> None:
+    """Show progress until the ranks end; start the contention at the onset."""
     # The summary wraps under the bar rather than squeezing it (a narrow terminal).
     columns = (
         TextColumn("{task.description}"),
@@ -98,27 +157,16 @@ def _run_job(
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(f"policy {policy:7}", total=total_steps, info="")
         while runner.is_alive():
-            runner.join(0.25)
+            runner.join(0.02)
             steps = _count_lines(progress_file)
+            if budgets is not None and steps >= ONSET:  # steps 0..ONSET-1 are done
+                budgets.slow({STRAGGLER})
             # Epoch tails (uneven batches) may add steps to the estimate.
             bar.update(
                 task, completed=steps, total=max(steps, total_steps), info=watcher.summary_line()
             )
         steps = _count_lines(progress_file)
         bar.update(task, completed=steps, total=steps, info=watcher.summary_line())
-    watcher.stop()
-    if not rc or rc[0] != 0:
-        raise RuntimeError(f"training with policy {policy} failed (exit {rc}); see {out}")
-    return summarize(
-        policy=policy,
-        job=job,
-        progress=[json.loads(line) for line in progress_file.read_text().splitlines()],
-        result=json.loads((out / "result.json").read_text()),
-        health=watcher.health,
-        actions=watcher.actions,
-        onset=ONSET,
-        wall_s=time.time() - started,
-    )
 
 
 def _count_lines(path: Path) -> int:
@@ -142,7 +190,8 @@ def run_demo(out: Path, *, steps: int = 150) -> int:
     console.print(
         f"{WORLD} ranks (gloo on CPU), MLP 64-1024-1024-10 on augmented sklearn digits "
         f"({DATASET} samples), global batch {GLOBAL_BATCH}, {epochs} epochs (~{total_steps} "
-        f"steps); rank 3 becomes {FACTOR:g}x slower from step {ONSET}."
+        f"steps); rank {STRAGGLER} becomes {FACTOR:g}x slower from step {ONSET}; each rank in a "
+        f"budget of {rank_cpus():.2f} CPU."
     )
     with EmbeddedCluster(root=out / "cluster") as cluster:
         env = dict(os.environ, ANTDT_WINDOW="5", ANTDT_TELEMETRY__LOG_FORMAT="json")

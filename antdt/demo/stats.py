@@ -25,6 +25,10 @@ class RunStats:
     after_onset_all_samples_per_s: float
     efficiency_pre: float
     efficiency_after: float
+    #: How the straggler was slowed: real work in its CPU budget, or (fallback) a sleep.
+    injection: str = ""
+    #: The share of pre-onset throughput the best policy can keep for the same compute.
+    ceiling_share: float = 0.0
     actions: list[dict[str, Any]] = field(default_factory=list)
     accuracy: float = 0.0
     wall_s: float = 0.0
@@ -57,6 +61,8 @@ def summarize(
     actions: list[ActionRecord],
     onset: int,
     wall_s: float,
+    injection: str = "",
+    ceiling_share: float = 0.0,
 ) -> RunStats:
     end = progress[-1]["step"]
     pre = throughput(progress, WARMUP_STEPS, onset - 1)
@@ -71,6 +77,8 @@ def summarize(
         after_onset_all_samples_per_s=round(throughput(progress, onset, end), 1),
         efficiency_pre=round(mean_efficiency(health, WARMUP_STEPS, onset - 1), 3),
         efficiency_after=round(mean_efficiency(health, onset + SETTLE_STEPS, end), 3),
+        injection=injection,
+        ceiling_share=round(ceiling_share, 3),
         actions=[
             {
                 "action_id": a.action_id,
@@ -112,6 +120,8 @@ def write_table(console: Console, runs: list[RunStats]) -> None:
         console.print(
             f"after onset, [bold]{runs[1].policy}[/] runs {gain:.2f}x the throughput of "
             f"[bold]{runs[0].policy}[/] and keeps {runs[1].kept_share:.0%} of pre-onset throughput"
+            f" (ceiling {runs[1].ceiling_share:.0%} for the same compute; slowed by "
+            f"{runs[1].injection})"
         )
     for run in runs:
         for action in run.actions:
