@@ -1,7 +1,9 @@
 """The claim protocol (antdt.agent.sharing) on torch's c10d store, the one every job
 already has (TCPStore behind init_process_group / torchrun). Per step and owner: its
 micro-batches' ids, two ticket counters (`store.add`: the owner's from the front, the
-helpers' from the back) and one record per micro-batch, claimed by compare-and-set."""
+helpers' from the back) and one record per micro-batch, claimed by compare-and-set.
+A step's keys are those of the step two before it (`SLOTS`), written over when the step
+is published: nothing to delete, and the store holds two steps' keys at most."""
 
 from __future__ import annotations
 
@@ -21,6 +23,10 @@ from antdt.agent.sharing import (
     stolen_index,
     transition,
 )
+
+#: Key slots, reused in turn: when a rank publishes step s, every rank has passed step
+#: s - 1's gradient all-reduce, so nobody reads step s - 2's keys again.
+SLOTS = 2
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,9 @@ class StoreClaims:
         self._batches: dict[int, list[list[int]]] = {}
         self._own_done = True
         self._exhausted: set[int] = set()
-        self._published: dict[int, int] = {}  # step -> this rank's micro-batches then
 
     def _key(self, step: int, *parts: object) -> str:
-        return "/".join((self._prefix, str(step), *map(str, parts)))
+        return "/".join((self._prefix, str(step % SLOTS), *map(str, parts)))
 
     @property
     def share(self) -> StepShare:
@@ -65,26 +70,15 @@ class StoreClaims:
         return StepShare(self._step, self.world, counts)
 
     def publish(self, step: int, own: list[list[int]]) -> None:
-        """Open `step` with this rank's micro-batches; one round trip. Every rank must
-        publish before the step's count all-reduce, which every claim comes after."""
+        """Open `step` with this rank's micro-batches, their records UNCLAIMED, in one
+        round trip. Every rank must publish before the step's count all-reduce, which
+        every claim comes after."""
         keys = [self._key(step, k, self.rank) for k in ("ids", "front", "back")]
-        self._store.multi_set(keys, [json.dumps(own), "0", "0"])
-        self._published[step] = len(own)
-        self._forget(step - 2)
+        keys += [self._key(step, "mb", self.rank, index) for index in range(len(own))]
+        self._store.multi_set(keys, [json.dumps(own), "0", "0", *([""] * len(own))])
         self._step, self._own, self._batches = step, own, {self.rank: own}
         self._own_done = not own
         self._exhausted = set()
-
-    def _forget(self, step: int) -> None:
-        """Delete what this rank wrote for `step` and the records of its micro-batches:
-        every rank has passed that step's all-reduce, so nobody reads them again."""
-        count = self._published.pop(step, None)
-        if count is None:
-            return
-        keys = [self._key(step, k, self.rank) for k in ("ids", "front", "back")]
-        keys += [self._key(step, "mb", self.rank, index) for index in range(count)]
-        for key in keys:
-            self._store.delete_key(key)
 
     def claim_next(self) -> Claimed | None:
         """The next micro-batch for this rank to compute: its own next, else one from the rank

@@ -188,5 +188,5 @@ def test_the_store_keeps_only_the_last_two_steps_keys() -> None:
         while (held := claims.claim_next()) is not None:
             claims.done(held)
         counts.append(server.num_keys())  # type: ignore[attr-defined]
-    # Steps older than the one before are deleted: the count stops growing at step 2.
+    # A step writes over the keys of the step two before: the count stops growing at step 2.
     assert counts[2] == counts[7], counts
