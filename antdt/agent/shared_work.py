@@ -63,11 +63,23 @@ class WorkSharing:
             client.done(held)
             computed.extend(held.ids)
 
+    def keep_own(self, step_index: int) -> None:
+        """The script computed its own ids without `claims()`: claim them all now; an
+        error if a helper holds one (it computed it too)."""
+        taken = self.client.keep_own()
+        if taken:
+            held = [(c.index, c.claim.rank) for c in taken]
+            raise AgentError(
+                f"step {step_index}: helpers hold micro-batches (index, rank) {held} that "
+                "this rank computed itself: under work sharing, every rank iterates "
+                "step.claims()"
+            )
+
 
 def sharing_for(spec: JobSpec, rank: int) -> WorkSharing | None:
     """The job's WorkSharing when its policy params turn it on and it has several ranks."""
     try:
-        params = ShareParams.from_params(spec.policy_params)
+        params = ShareParams.from_params(spec.policy_params, spec.policy)
     except ValueError as exc:
         raise AgentError(f"job {spec.job}: {exc}") from None
     if not params.enabled or spec.world_size < 2:
