@@ -7,6 +7,7 @@ total; `sync` then weights the rank by the samples it computed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,10 @@ class WorkSharing:
     chunks: int
     make_client: Callable[[], StoreClaims]
     _client: StoreClaims | None = None
+    #: Seconds the open step spent in claim store round trips, publish apart: the
+    #: driver reports them as communication, so compute_s stays the rank's own compute.
+    publish_s: float = 0.0
+    claim_s: float = 0.0
 
     @property
     def client(self) -> StoreClaims:
@@ -52,15 +57,25 @@ class WorkSharing:
 
     def publish(self, step_index: int, plan: Plan, rank: int, ids: list[int]) -> None:
         micro = plan.micro_batch[rank] if plan.micro_batch else 0
-        self.client.publish(step_index, cut(ids, micro, self.chunks))
+        chunks = cut(ids, micro, self.chunks)
+        client, t0 = self.client, time.perf_counter()
+        client.publish(step_index, chunks)
+        self.publish_s, self.claim_s = time.perf_counter() - t0, 0.0
 
     def claims(self, total_samples: int, computed: list[int]) -> Iterator[MicroBatch]:
         """Claim, yield, mark done, until every micro-batch of the step is claimed; the
         ids of each one computed are appended to `computed`."""
         client = self.client
-        while (held := client.claim_next()) is not None:
+        while True:
+            t0 = time.perf_counter()
+            held = client.claim_next()
+            self.claim_s += time.perf_counter() - t0
+            if held is None:
+                return
             yield MicroBatch(held.owner, held.index, held.ids, len(held.ids) / total_samples)
+            t0 = time.perf_counter()
             client.done(held)
+            self.claim_s += time.perf_counter() - t0
             computed.extend(held.ids)
 
     def keep_own(self, step_index: int) -> None:

@@ -166,7 +166,11 @@ class StepDriver:
                 break
             if not self._taken_up_again(epoch):
                 return None  # no rank has data left, nor will: over everywhere at once
-        return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+        step = self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+        if self.sharing is not None:  # the publish is claim store traffic, not data wait
+            step._data_s -= self.sharing.publish_s
+            step._count_s += self.sharing.publish_s
+        return step
 
     def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
         """Begin `step` (its data came between t0 and t1, its count until t2)."""
@@ -226,6 +230,13 @@ class StepDriver:
             scale_gradients(model, step.total_samples / len(step._computed))
         return step._computed
 
+    def _claim_s(self, step: Step) -> float:
+        """The step's claim store round trips: communication, not the rank's compute (a
+        rank behind a slow link would look slow in compute)."""
+        if self.sharing is None or step._lot is not None:
+            return 0.0
+        return self.sharing.claim_s
+
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
@@ -242,7 +253,7 @@ class StepDriver:
         step._computed = ids
         if model is not None and model is not self.ddp_model:
             self.collectives().reduce_gradients(model, len(ids))
-        step._comm_s = step._count_s + (time.perf_counter() - t_a)
+        step._comm_s = step._count_s + self._claim_s(step) + (time.perf_counter() - t_a)
         step.synced = True
         if self.log_ids is not None:
             self.log_ids(SampleLine(step.epoch, step.index, ids))

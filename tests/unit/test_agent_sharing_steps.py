@@ -34,7 +34,24 @@ class _Pair:
         return local_samples + sum(len(ids) for ids in OTHERS)
 
 
-def _job() -> tuple[Any, Any, Any, list[Any]]:
+class _SlowLink:
+    """A real store behind a slow link: every call waits `delay_s` first."""
+
+    def __init__(self, store: Any, delay_s: float) -> None:
+        self._store, self._delay_s, self.calls = store, delay_s, 0
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._store, name)
+
+        def slowly(*args: Any) -> Any:
+            self.calls += 1
+            time.sleep(self._delay_s)
+            return call(*args)
+
+        return slowly
+
+
+def _job(delay_s: float = 0.0) -> tuple[Any, Any, Any, list[Any]]:
     """Rank 0's first step, its driver and rank 1's claim client; the ids rank 0 logs
     as computed and the step records it emits go to one list (then what to keep alive)."""
     from antdt.agent.claimstore import StoreClaims
@@ -46,6 +63,7 @@ def _job() -> tuple[Any, Any, Any, list[Any]]:
 
     server = dist.TCPStore("127.0.0.1", 0, 3, True, wait_for_workers=False)
     stores = [dist.TCPStore("127.0.0.1", server.port, 3, False) for _ in range(2)]
+    link = _SlowLink(stores[0], delay_s)
     plans = StepPlans("j", 2)
     plans.adopt(Plan(job="j", version=1, local_batch=(8, 4), effective_step=0, created_at=0.0))
     out: list[Any] = []
@@ -58,13 +76,13 @@ def _job() -> tuple[Any, Any, Any, list[Any]]:
         schedule=InjectionSchedule(),
         emit=out.append,
         log_ids=out.append,
-        sharing=WorkSharing(4, lambda: StoreClaims(stores[0], 0, 2)),
+        sharing=WorkSharing(4, lambda: StoreClaims(link, 0, 2)),
     )
     driver.epoch = 0
     other = StoreClaims(stores[1], 1, 2)
     other.publish(0, OTHERS)  # before rank 0's count, as the real all-reduce orders it
     steps = driver.steps()
-    return next(steps), driver, other, [out, server, steps]
+    return next(steps), driver, other, [out, server, steps, link]
 
 
 def test_claims_twice_in_a_step_is_refused_and_nothing_is_computed_twice() -> None:
@@ -119,3 +137,18 @@ def test_a_claim_for_a_micro_batch_already_claimed_or_done_by_another_is_refused
     stolen_done = mine.done(held)  # rank 0 marking rank 1's claim done: not its claim
     assert isinstance(stolen_done, Refused) and stolen_done.refusal is Refusal.NOT_CLAIMER
     assert other.record(1, 0).state is ClaimState.CLAIMED and other.record(1, 0).rank == 1
+
+
+def test_claim_store_round_trips_count_as_communication_not_compute() -> None:
+    """A rank behind a slow link spends its claims waiting on the store: reported as
+    compute, the monitor would class the link as a slow compute."""
+    step, driver, _other, (out, *_alive, link) = _job(delay_s=0.02)
+    for _micro in step.claims():
+        pass  # computing takes no time here: all of it is the store's
+    step.sync()
+    driver.finish(time.perf_counter())
+    _line, record = out
+    waited = link.calls * 0.02
+    assert waited >= 0.3  # publish, a claim and a done per micro-batch, the steals' reads
+    assert record.comm_s >= waited and record.data_wait_s < 0.01
+    assert record.step_s - record.data_wait_s - record.comm_s < 0.01  # compute_s
