@@ -155,4 +155,5 @@ def step_event(
         step_s=r.step_s,
         started_at=r.started_at,
         ended_at=r.started_at + r.step_s,
+        helped=dict(r.helped) if r.helped else None,
     )

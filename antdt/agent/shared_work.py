@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from antdt.agent.errors import AgentError
@@ -48,6 +48,8 @@ class WorkSharing:
     #: driver reports them as communication, so compute_s stays the rank's own compute.
     publish_s: float = 0.0
     claim_s: float = 0.0
+    #: Samples of other ranks' shares computed in the open step, by owner.
+    helped: dict[int, int] = field(default_factory=dict)
 
     @property
     def client(self) -> StoreClaims:
@@ -61,6 +63,7 @@ class WorkSharing:
         client, t0 = self.client, time.perf_counter()
         client.publish(step_index, chunks)
         self.publish_s, self.claim_s = time.perf_counter() - t0, 0.0
+        self.helped = {}
 
     def claims(self, total_samples: int, computed: list[int]) -> Iterator[MicroBatch]:
         """Claim, yield, mark done, until every micro-batch of the step is claimed; the
@@ -77,6 +80,8 @@ class WorkSharing:
             client.done(held)
             self.claim_s += time.perf_counter() - t0
             computed.extend(held.ids)
+            if held.owner != client.rank:
+                self.helped[held.owner] = self.helped.get(held.owner, 0) + len(held.ids)
 
     def keep_own(self, step_index: int) -> None:
         """The script computed its own ids without `claims()`: claim them all now; an

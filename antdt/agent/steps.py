@@ -237,6 +237,11 @@ class StepDriver:
             return 0.0
         return self.sharing.claim_s
 
+    def _helped(self, step: Step) -> tuple[tuple[int, int], ...]:
+        if self.sharing is None or step._lot is not None:
+            return ()
+        return tuple(sorted(self.sharing.helped.items()))
+
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
@@ -286,5 +291,6 @@ class StepDriver:
                 comm_s=step._comm_s,
                 step_s=t_end - step._t0,
                 started_at=step._wall0,
+                helped=self._helped(step),
             )
         )

@@ -217,8 +217,16 @@ def _assert_persistent(events: list[Any]) -> None:
     by_fast = sum(e.samples for e in events if e.step >= ONSET and e.rank != SLOW_RANK)
     own = 12 * (WORLD - 1) * (DETECT_STEPS - ONSET)
     assert by_fast > own, "nobody took over the slow rank's micro-batches"
+    for k in range(DETECT_STEPS):  # each owner's 12: its own part plus what others took
+        step = {e.rank: e for e in events if e.step == k}
+        helped = {r: e.helped or {} for r, e in step.items()}
+        kept = {r: e.samples - sum(helped[r].values()) for r, e in step.items()}
+        taken = {o: sum(h.get(o, 0) for h in helped.values()) for o in range(WORLD)}
+        assert all(kept[o] + taken[o] == 12 for o in range(WORLD)), (k, kept, taken)
     detector = JobDetector("j", WORLD)
     transitions = [i for e in events for i in detector.ingest(e, e.ended_at)]
+    shown = {r.rank: r.helped or {} for r in detector.health(events[-1].ended_at).ranks}
+    assert sum(h.get(SLOW_RANK, 0) for h in shown.values()) >= by_fast - own
     opened = [i for i in transitions if i.state is IncidentState.OPENED]
     assert [(i.rank, i.kind) for i in opened if i.kind is IncidentKind.SLOW] == [
         (SLOW_RANK, IncidentKind.SLOW)
