@@ -91,6 +91,23 @@ class StoreClaims:
             self._own_done = True  # past the end, or a helper has it: so the rest too
         return self._steal()
 
+    def keep_own(self) -> list[Claimed]:
+        """Claim what is left of this rank's own micro-batches (a script that computed
+        them all without claiming); the ones a helper holds are returned."""
+        taken: list[Claimed] = []
+        while not self._own_done:
+            index = self._store.add(self._key(self._step, "front", self.rank), 1) - 1
+            if index >= len(self._own):
+                break
+            got = self.claim(self._step, self.rank, index)
+            if isinstance(got, Claimed):
+                self.done(got)
+            else:
+                held = Claim.decode(self._record_text(self.rank, index))
+                taken.append(Claimed(self.rank, index, self._own[index], held))
+        self._own_done = True
+        return taken
+
     def _steal(self) -> Claimed | None:
         self._load_batches()
         while True:
@@ -148,7 +165,8 @@ class StoreClaims:
 
     def record(self, owner: int, index: int) -> Claim:
         """The store's record of a micro-batch of the open step (tests, audits)."""
+        return Claim.decode(self._record_text(owner, index))
+
+    def _record_text(self, owner: int, index: int) -> str:
         key = self._key(self._step, "mb", owner, index)
-        if not self._store.check([key]):
-            return Claim()
-        return Claim.decode(self._store.get(key).decode())
+        return self._store.get(key).decode() if self._store.check([key]) else ""

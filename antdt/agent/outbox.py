@@ -24,6 +24,7 @@ class StepRecord:
     comm_s: float
     step_s: float
     started_at: float
+    helped: tuple[tuple[int, int], ...] = ()  # (owner, samples) of others' shares computed
 
 
 @dataclass(frozen=True)

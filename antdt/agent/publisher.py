@@ -138,24 +138,7 @@ class Publisher:
 
     def _step_event(self, r: StepRecord) -> StepEvent:
         s = self.settings
-        compute_s = max(0.0, r.step_s - r.data_wait_s - r.comm_s)
-        return StepEvent(
-            link_rtt_s=self._link_rtt(),
-            job=s.job,
-            rank=s.rank,
-            host=s.host,
-            step=r.step,
-            epoch=r.epoch,
-            plan_version=r.plan_version,
-            local_batch=r.local_batch,
-            samples=r.samples,
-            compute_s=compute_s,
-            data_wait_s=r.data_wait_s,
-            comm_s=r.comm_s,
-            step_s=r.step_s,
-            started_at=r.started_at,
-            ended_at=r.started_at + r.step_s,
-        )
+        return step_event(r, s.job, s.rank, s.host, self._link_rtt())
 
     def _write_lines(self, lines: list[SampleLine | RestoreMark]) -> None:
         if not lines or not self.settings.sample_log:
@@ -174,3 +157,29 @@ class Publisher:
                 f'{{"incarnation":{k},"epoch":{line.epoch},"step":{line.step},"ids":[{ids}]}}\n'
             )
         self._file.flush()  # a rank killed later must not lose lines of synced steps
+
+
+def step_event(
+    r: StepRecord, job: str, rank: int, host: str, link_rtt_s: float | None = None
+) -> StepEvent:
+    """A finished step's event: compute is the wall time less data wait and exchange,
+    spent on the `samples` this rank computed (others' too, under work sharing), so
+    compute_s / samples is the rank's own speed."""
+    return StepEvent(
+        link_rtt_s=link_rtt_s,
+        job=job,
+        rank=rank,
+        host=host,
+        step=r.step,
+        epoch=r.epoch,
+        plan_version=r.plan_version,
+        local_batch=r.local_batch,
+        samples=r.samples,
+        compute_s=max(0.0, r.step_s - r.data_wait_s - r.comm_s),
+        data_wait_s=r.data_wait_s,
+        comm_s=r.comm_s,
+        step_s=r.step_s,
+        started_at=r.started_at,
+        ended_at=r.started_at + r.step_s,
+        helped=dict(r.helped) if r.helped else None,
+    )

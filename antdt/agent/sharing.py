@@ -142,16 +142,23 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
+#: Policies under which `work_sharing` is on unless the job's params turn it off.
+SHARING_BY_DEFAULT = frozenset({"antdt-nd"})
+
+
 @dataclass(frozen=True)
 class ShareParams:
-    """The job's `work_sharing` (on/off, default off) and `share_chunks` policy params."""
+    """The job's `work_sharing` (on/off; default on under the policies in
+    SHARING_BY_DEFAULT, else off) and `share_chunks` policy params."""
 
     enabled: bool = False
     chunks: int = DEFAULT_CHUNKS
 
     @classmethod
-    def from_params(cls, params: Mapping[str, float | int | str | bool]) -> ShareParams:
-        raw = params.get("work_sharing", False)
+    def from_params(
+        cls, params: Mapping[str, float | int | str | bool], policy: str = "none"
+    ) -> ShareParams:
+        raw = params.get("work_sharing", policy in SHARING_BY_DEFAULT)
         if isinstance(raw, str):
             if raw.lower() not in ("on", "off", "true", "false"):
                 raise ValueError(f"policy param work_sharing={raw!r}: expected on or off")

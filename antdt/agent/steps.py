@@ -31,6 +31,7 @@ class Step:
     """One step of this rank: its sample ids, and `sync` to end it."""
 
     __slots__ = (
+        "_claiming",
         "_comm_s",
         "_computed",
         "_count_s",
@@ -68,7 +69,8 @@ class Step:
         self._lot: Lot | None = None  # its ids' read-ahead record (a DataLoader's step)
         self._t0 = self._t_yield = self._wall0 = 0.0
         self._data_s = self._count_s = self._comm_s = 0.0
-        self._computed: list[int] | None = None  # under work sharing, once claims() ended
+        self._computed: list[int] | None = None  # under work sharing, once claims() began
+        self._claiming = False  # claims() began and has not reached its end
 
     @property
     def micro_batches(self) -> list[list[int]]:
@@ -164,7 +166,11 @@ class StepDriver:
                 break
             if not self._taken_up_again(epoch):
                 return None  # no rank has data left, nor will: over everywhere at once
-        return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+        step = self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+        if self.sharing is not None:  # the publish is claim store traffic, not data wait
+            step._data_s -= self.sharing.publish_s
+            step._count_s += self.sharing.publish_s
+        return step
 
     def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
         """Begin `step` (its data came between t0 and t1, its count until t2)."""
@@ -200,22 +206,41 @@ class StepDriver:
             return
         if self.hook_state is not None:
             raise RuntimeError("work sharing weights gradients in step.sync(model), not DDP's hook")
-        computed: list[int] = []
-        yield from self.sharing.claims(step.total_samples, computed)
-        step._computed = computed
+        if step._computed is not None:  # a second pass would hand out nothing it may redo
+            raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
+        step._computed, step._claiming = [], True
+        yield from self.sharing.claims(step.total_samples, step._computed)
+        step._claiming = False
 
     def _computed_ids(self, step: Step, model: Any) -> list[int]:
         """The ids whose gradients this rank holds; under work sharing they are scaled
-        to the mean over them, so the weighted all-reduce weighs them by their count."""
+        to the mean over them, so the weighted all-reduce weighs them by their count. A
+        script that never iterated `claims()` computed its own ids: they are claimed now
+        (so no helper takes one), and it is an error if a helper already has one."""
         if self.sharing is None or step._lot is not None:
             return step.sample_ids
         if step._computed is None:
+            self.sharing.keep_own(step.index)
+            return step.sample_ids
+        if step._claiming:
             raise RuntimeError("under work sharing, iterate step.claims() to its end before sync")
         if model is not None and step._computed:
             from antdt.agent.gradients import scale_gradients
 
             scale_gradients(model, step.total_samples / len(step._computed))
         return step._computed
+
+    def _claim_s(self, step: Step) -> float:
+        """The step's claim store round trips: communication, not the rank's compute (a
+        rank behind a slow link would look slow in compute)."""
+        if self.sharing is None or step._lot is not None:
+            return 0.0
+        return self.sharing.claim_s
+
+    def _helped(self, step: Step) -> tuple[tuple[int, int], ...]:
+        if self.sharing is None or step._lot is not None:
+            return ()
+        return tuple(sorted(self.sharing.helped.items()))
 
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
@@ -230,9 +255,10 @@ class StepDriver:
                 time.sleep(extra)  # the injected straggler: compute takes factor x as long
         t_a = time.perf_counter()
         ids = self._computed_ids(step, model)
+        step._computed = ids
         if model is not None and model is not self.ddp_model:
             self.collectives().reduce_gradients(model, len(ids))
-        step._comm_s = step._count_s + (time.perf_counter() - t_a)
+        step._comm_s = step._count_s + self._claim_s(step) + (time.perf_counter() - t_a)
         step.synced = True
         if self.log_ids is not None:
             self.log_ids(SampleLine(step.epoch, step.index, ids))
@@ -260,10 +286,11 @@ class StepDriver:
                 epoch=step.epoch,
                 plan_version=step.plan_version,
                 local_batch=step.local_batch,
-                samples=len(step.sample_ids),
+                samples=len(step._computed or ()),  # computed: others' too, under sharing
                 data_wait_s=step._data_s,
                 comm_s=step._comm_s,
                 step_s=t_end - step._t0,
                 started_at=step._wall0,
+                helped=self._helped(step),
             )
         )

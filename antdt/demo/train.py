@@ -79,9 +79,8 @@ def main() -> None:
     started = time.perf_counter()
     for epoch in agent.epochs():
         for step in agent.steps():
-            # The step's micro-batches (one unless the plan sets several), and, when the
-            # job shares work, micro-batches other ranks have not started yet.
-            for micro in step.claims():
+            for held, micro in enumerate(step.claims()):  # own, or others' under sharing
+                fault.maybe_fail(step.index, holding=held)
                 index = torch.tensor(micro.ids, device=device)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
                 (loss * micro.weight).backward()
@@ -205,10 +204,11 @@ class Checkpoints:
 class Fault:
     """A rank failure for tests and demos (ANTDT_DEMO_FAIL="rank=2,step=40,how=kill"):
     the rank dies after that step, in the first run only. how=kill: SIGKILL (no
-    clean-up at all); how=exit: the process exits with code 1 mid-epoch."""
+    clean-up at all); how=exit: the process exits with code 1 mid-epoch. With
+    `holding=k` it dies inside the step instead, holding its (k+1)-th micro-batch's claim."""
 
-    def __init__(self, step: int | None, how: str) -> None:
-        self.step, self.how = step, how
+    def __init__(self, step: int | None, how: str, holding: int | None = None) -> None:
+        self.step, self.how, self.holding = step, how, holding
 
     @classmethod
     def from_env(cls, rank: int, restart_count: int) -> Fault:
@@ -217,10 +217,11 @@ class Fault:
         )
         if restart_count > 0 or int(spec.get("rank", -1)) != rank:
             return cls(None, "")
-        return cls(int(spec["step"]), spec.get("how", "kill"))
+        holding = int(spec["holding"]) if "holding" in spec else None
+        return cls(int(spec["step"]), spec.get("how", "kill"), holding)
 
-    def maybe_fail(self, step: int) -> None:
-        if self.step is None or step != self.step:
+    def maybe_fail(self, step: int, holding: int | None = None) -> None:
+        if self.step is None or step != self.step or holding != self.holding:
             return
         if self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -132,6 +132,7 @@ def _ranks(state: StatusState) -> RenderableType:
         table.add_column(col, no_wrap=True)
     for col in ("smp/s", "ms/smp", "ratio", "batch", "data", "comm"):
         table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("helped", no_wrap=True)  # work sharing: samples of whose it computed
     batches = state.plan.local_batch if state.plan else ()
     for r in state.health.ranks if state.health else ():
         planned = str(batches[r.rank]) if r.rank < len(batches) else "?"
@@ -146,6 +147,7 @@ def _ranks(state: StatusState) -> RenderableType:
             planned,
             f"{r.data_wait_share:.0%}",
             f"{r.comm_share:.0%}",
+            " ".join(f"r{o}:{n}" for o, n in sorted((r.helped or {}).items())) or "-",
         )
     return table
 

@@ -35,6 +35,13 @@ class StepEvent(WireModel):
         "probes (taken every few seconds off the training thread, not per step): its "
         "host's link to the control plane, seconds (null: not measured yet)",
     )
+    helped: dict[Rank, Count] | None = Field(
+        default=None,
+        exclude_if=unset,
+        max_length=4096,
+        description="Under work sharing: samples of other ranks' shares this rank computed "
+        "in the step, by owner rank (counted in `samples`; null: none)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StepEvent:
@@ -125,6 +132,13 @@ class RankHealth(WireModel):
         exclude_if=unset,
         ge=0,
         description="The rank's speed model: compute seconds per sample (null: not fitted)",
+    )
+    helped: dict[Rank, Count] | None = Field(
+        default=None,
+        exclude_if=unset,
+        max_length=4096,
+        description="Under work sharing: samples of other ranks' shares this rank computed "
+        "since the monitor took the job, by owner rank (null: none)",
     )
 
 

@@ -84,24 +84,9 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
     rank's process fails (exit 1) in the second epoch, the group is restarted in place.
     Either way the launcher restarts the group, every rank loads the last model
     checkpoint and restores the ledger to it (DLRover loses the in-flight samples here)."""
-    running = await start_services(settings)
-    job = f"ckpt-{unique}"
-    watcher = await HealthWatch.start(settings, job, running.by_name["monitor"])
-    try:
-        env = job_env(
-            settings,
-            job,
-            tmp_path,
-            ANTDT_DEMO_CKPT_DIR=str(tmp_path),
-            ANTDT_DEMO_CKPT_EVERY="10",
-            ANTDT_DEMO_FAIL=f"rank=1,step={fail_step},how={how}",
-        )
-        assert await run_job(env, max_restarts=1) == 0
-        await wait_for(lambda: watcher.ended, timeout=15, what="the job's end, seen by the monitor")
-    finally:
-        await running.runtime.shutdown()
-        await watcher.bus.close()
-    lines = audit(tmp_path)
+    lines, watcher = await fail_and_restart(
+        settings, tmp_path, f"ckpt-{unique}", f"rank=1,step={fail_step},how={how}"
+    )
     last_checkpoint = fail_step // 10 * 10 - 1  # checkpoints after steps 9, 19, 29, ...
     assert restores(lines) == {(1, last_checkpoint)}
     undone = [
@@ -110,6 +95,56 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
     assert undone, "the failed run trained past its checkpoint: those steps are redone"
     # The run's last step: 2 epochs of 25 steps, and a step more when an epoch has a tail.
     watcher.assert_followed_the_restart(max(ln["step"] for ln in lines if "step" in ln))
+
+
+async def test_a_rank_killed_9_holding_claims_under_work_sharing_loses_and_repeats_nothing(
+    settings: ServiceSettings, tmp_path: Path, unique: str
+) -> None:
+    """Work sharing on; rank 1 is killed -9 in step 27 while it holds the claim of its
+    second micro-batch (its first computed, the rest of the step claimable by helpers).
+    Nothing is lost or computed twice: a micro-batch's ids reach the model (and the
+    sample log) only through the step's gradient all-reduce, which needs every rank, so
+    no part of step 27 did; a claim is one compare-and-set, so within a completed step
+    each micro-batch was computed by one rank; the restarted group reloads checkpoint 19
+    with the ledger restored to it, on a new store (claims of the dead run are gone),
+    and redoes steps 20-27 from their shards, as without sharing."""
+    lines, watcher = await fail_and_restart(
+        settings,
+        tmp_path,
+        f"share-{unique}",
+        "rank=1,step=27,how=kill,holding=1",
+        ANTDT_POLICY_PARAMS='{"work_sharing": "on"}',
+    )
+    assert restores(lines) == {(1, 19)}
+    assert [ln for ln in lines if ln.get("incarnation") == 0 and ln.get("step", 0) >= 27] == []
+    helped = [ln["step"] for ln in lines if "ids" in ln and len(ln["ids"]) > BATCH // WORLD]
+    assert helped, "no rank ever computed another's micro-batch: sharing was off"
+    watcher.assert_followed_the_restart(max(ln["step"] for ln in lines if "step" in ln))
+
+
+async def fail_and_restart(
+    settings: ServiceSettings, tmp_path: Path, job: str, fail: str, **extra: str
+) -> tuple[list[dict[str, Any]], HealthWatch]:
+    """The demo job with checkpoints every 10 steps and the fault `fail`, restarted once;
+    its audited sample log and the monitor's view."""
+    running = await start_services(settings)
+    watcher = await HealthWatch.start(settings, job, running.by_name["monitor"])
+    try:
+        env = job_env(
+            settings,
+            job,
+            tmp_path,
+            ANTDT_DEMO_CKPT_DIR=str(tmp_path),
+            ANTDT_DEMO_CKPT_EVERY="10",
+            ANTDT_DEMO_FAIL=fail,
+            **extra,
+        )
+        assert await run_job(env, max_restarts=1) == 0
+        await wait_for(lambda: watcher.ended, timeout=15, what="the job's end, seen by the monitor")
+    finally:
+        await running.runtime.shutdown()
+        await watcher.bus.close()
+    return audit(tmp_path), watcher
 
 
 @dataclass

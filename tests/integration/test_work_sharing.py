@@ -90,7 +90,9 @@ def _burn() -> None:
         a = torch.tanh(a @ a.T / 160)
 
 
-def _driver(rank: int, lines: list[Any]) -> Any:
+def _driver(
+    rank: int, lines: list[Any], plans_at: list[Any] = PLANS, emit: Any = lambda record: None
+) -> Any:
     from antdt.agent.collectives import TorchCollectives
     from antdt.agent.inject import InjectionSchedule
     from antdt.agent.shared_work import sharing_for
@@ -99,7 +101,7 @@ def _driver(rank: int, lines: list[Any]) -> Any:
     from antdt.schemas import JobSpec, Plan
 
     plans = StepPlans("j", WORLD)
-    for version, (batches, at) in enumerate(PLANS, start=1):
+    for version, (batches, at) in enumerate(plans_at, start=1):
         plans.adopt(
             Plan(job="j", version=version, local_batch=batches, effective_step=at, created_at=0.0)
         )
@@ -119,7 +121,7 @@ def _driver(rank: int, lines: list[Any]) -> Any:
         plans=plans,
         collectives=lambda: collectives,
         schedule=InjectionSchedule(),
-        emit=lambda record: None,
+        emit=emit,
         log_ids=lines.append,
         sharing=sharing_for(spec, rank),
     )
@@ -172,3 +174,73 @@ def test_work_sharing_keeps_gradients_exact_and_samples_once() -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(_worker, args=(free_port(),), nprocs=WORLD, join=True)
+
+
+ONSET, DETECT_STEPS = 24, 72  # three healthy windows of 8 steps, then a 3x slow rank 0
+
+
+def _detecting_worker(rank: int, port: int) -> None:
+    """Sleep-timed compute, 1 ms per sample (3 ms on rank 0 from ONSET on): what the
+    monitor judges is what the step events report, whatever burns the time."""
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    from antdt.agent import destroy_process_group
+    from antdt.agent.publisher import step_event
+
+    records: list[Any] = []
+    driver = _driver(rank, [], [((12, 12, 12), 0)], records.append)
+    for step in driver.steps():
+        slow = rank == SLOW_RANK and step.index >= ONSET
+        for mb in step.claims():
+            time.sleep(len(mb.ids) * (0.003 if slow else 0.001))
+        step.sync()
+        if step.index == DETECT_STEPS - 1:
+            break
+    driver.finish(time.perf_counter())
+    events = [step_event(r, "j", rank, f"slot{rank}") for r in records]
+    gathered: list[Any] = [None] * WORLD
+    dist.all_gather_object(gathered, events)
+    if rank == 0:
+        _assert_persistent(sorted((e for es in gathered for e in es), key=lambda e: e.step))
+    destroy_process_group()
+
+
+def _assert_persistent(events: list[Any]) -> None:
+    from antdt.schemas import IncidentKind, IncidentState, StragglerClass
+    from antdt.services.monitor import JobDetector
+
+    by_fast = sum(e.samples for e in events if e.step >= ONSET and e.rank != SLOW_RANK)
+    own = 12 * (WORLD - 1) * (DETECT_STEPS - ONSET)
+    assert by_fast > own, "nobody took over the slow rank's micro-batches"
+    for k in range(DETECT_STEPS):  # each owner's 12: its own part plus what others took
+        step = {e.rank: e for e in events if e.step == k}
+        helped = {r: e.helped or {} for r, e in step.items()}
+        kept = {r: e.samples - sum(helped[r].values()) for r, e in step.items()}
+        taken = {o: sum(h.get(o, 0) for h in helped.values()) for o in range(WORLD)}
+        assert all(kept[o] + taken[o] == 12 for o in range(WORLD)), (k, kept, taken)
+    detector = JobDetector("j", WORLD)
+    transitions = [i for e in events for i in detector.ingest(e, e.ended_at)]
+    shown = {r.rank: r.helped or {} for r in detector.health(events[-1].ended_at).ranks}
+    assert sum(h.get(SLOW_RANK, 0) for h in shown.values()) >= by_fast - own
+    opened = [i for i in transitions if i.state is IncidentState.OPENED]
+    assert [(i.rank, i.kind) for i in opened if i.kind is IncidentKind.SLOW] == [
+        (SLOW_RANK, IncidentKind.SLOW)
+    ], transitions
+    assert opened[0].step >= ONSET
+    escalated = [i for i in transitions if i.state is IncidentState.ESCALATED]
+    assert [(i.rank, i.straggler_class) for i in escalated] == [
+        (SLOW_RANK, StragglerClass.PERSISTENT)
+    ], transitions
+
+
+def test_a_persistent_straggler_helped_by_the_others_is_still_classed_persistent() -> None:
+    """With sharing, every rank's compute ends at about the same time; step events count
+    the samples each rank computed, so its compute per sample is still its own speed."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_detecting_worker, args=(free_port(),), nprocs=WORLD, join=True)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from antdt.schemas import StepEvent
 from antdt.services.monitor import DetectorConfig, JobDetector
 from tests.unit.test_detector import JOB, Job, W, event, run, slow_rank
 
@@ -139,3 +140,19 @@ def test_bad_events_never_reach_the_speed_models_or_the_evidence() -> None:
     assert [(i.id, i.state) for i in transitions] == [(i.id, i.state) for i in clean_transitions]
     assert poisoned.health(1e9).ranks == clean.health(1e9).ranks
     assert poisoned.health(1e9).ranks[3].per_sample_s is not None
+
+
+def test_work_sharing_help_is_summed_per_owner_and_bad_owners_are_refused() -> None:
+    def helping(rank: int, step: int, samples: int, helped: dict[int, int]) -> StepEvent:
+        return event(rank, step, samples=samples).model_copy(update={"helped": helped})
+
+    detector = JobDetector(JOB, 3)
+    for step in range(3):
+        detector.ingest(helping(0, step, 40, {2: 8}), 100.0 + step)
+        detector.ingest(helping(1, step, 36, {2: 4}), 100.0 + step)
+        detector.ingest(event(2, step, samples=20), 100.0 + step)
+    for owner in (0, 3):  # itself, a rank outside the job
+        assert detector.ingest(helping(0, 9, 36, {owner: 4}), 110.0) == []
+    assert detector.rejected == {"helped_out_of_range": 2}
+    shown = {r.rank: r.helped for r in detector.health(110.0).ranks}
+    assert shown == {0: {2: 24}, 1: {2: 12}, 2: None}

@@ -79,6 +79,7 @@ def test_render_shows_the_straggler_its_class_and_the_action() -> None:
         "40",
         "0%",
         "10%",
+        "-",  # helped nobody
     ]
     assert _row(text, "0")[:4] == ["0", "h0", "ok", "1,000"]  # no class
     assert "plan v1 (lb-bsp) from step 35: local batch [72, 72, 72, 40] = 256" in text
@@ -86,6 +87,14 @@ def test_render_shows_the_straggler_its_class_and_the_action() -> None:
     assert "act-1" in text and "applied" in text and "[72, 72, 72, 40]" in text
     assert "act-0" in text and "refused" in text
     assert "efficiency 0.90" in text and "step 55" in text
+
+
+def test_render_shows_whose_samples_a_rank_computed_under_work_sharing() -> None:
+    state = _state()
+    assert state.health is not None
+    helper = state.health.ranks[0].model_copy(update={"helped": {3: 240, 1: 8}})
+    state.apply_health(state.health.model_copy(update={"ranks": (helper, state.health.ranks[1])}))
+    assert _row(_text(state), "0")[-2:] == ["10%", "r1:8 r3:240"]
 
 
 def test_resolved_incidents_leave_the_open_list_and_the_class_column() -> None:

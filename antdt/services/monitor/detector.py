@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import operator
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, NamedTuple
 
 from antdt.schemas import (
@@ -54,11 +54,13 @@ class StepFields(NamedTuple):
     comm_s: float
     step_s: float
     link_rtt_s: float | None = None
+    helped: Mapping[int, int] | None = None
 
 
 _fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
 _ROW = slice(8, 13)
 _LINK_RTT: Final = 13
+_HELPED: Final = 14
 
 
 class JobDetector:
@@ -127,6 +129,8 @@ class JobDetector:
         self._remember(rank, fields, now)
         if len(fields) > _LINK_RTT and fields[_LINK_RTT] is not None:
             rank.link_rtt_s = fields[_LINK_RTT]
+        if len(fields) > _HELPED and fields[_HELPED]:
+            rank.helped.update(fields[_HELPED])  # a Counter: adds
         window = rank.window
         window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
         samples, compute_s = fields[8], fields[9]
@@ -255,6 +259,9 @@ class JobDetector:
             return "duplicate_step" if step == last.last_step else "step_backwards"
         if ended_at < last.last_ended_at and last.last_step >= 0:
             return "time_backwards"
+        helped = fields[_HELPED] if len(fields) > _HELPED else None
+        if helped and any(not 0 <= o < self.world_size or o == rank for o in helped):
+            return "helped_out_of_range"
         return None
 
     def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:

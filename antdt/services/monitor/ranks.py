@@ -6,7 +6,7 @@ machine; `job_health` reads the ranks' latest closed windows and speed models.""
 from __future__ import annotations
 
 import statistics
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -66,6 +66,8 @@ class RankMemory:
     exit_step: int = -1  # ... after this step: only a later step means it is back
     started_at: float = 0.0  # when its current process started (RankHello), Unix seconds
     link_rtt_s: float | None = None  # its latest round trip to nats-server (StepEvent)
+    # samples of other ranks' shares it computed under work sharing, by owner, in total
+    helped: Counter[int] = field(default_factory=Counter)
     # its latest windows judged normal: a communication straggler's step time before onset
     normal_windows: deque[WindowStats] = field(default_factory=_normal_windows)
 
@@ -142,4 +144,5 @@ def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth
         comm_share=stats.comm_share if stats else 0.0,
         fixed_s=model.fixed_s if model else None,
         per_sample_s=model.per_sample_s if model else None,
+        helped=dict(rank.helped) if rank.helped else None,
     )
