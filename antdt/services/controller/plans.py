@@ -20,7 +20,8 @@ def upper_bounds(
 ) -> tuple[int, ...]:
     """Per-rank largest batch: min(max_b, memory cap), never above the global batch."""
     top = global_batch if max_b is None else min(max_b, global_batch)
-    caps = caps or {}
+    if not caps:
+        return (top,) * n
     return tuple(min(top, caps.get(rank, top)) for rank in range(n))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
-from antdt.services.controller.balance import StepModel, median_model
+from antdt.services.controller.balance import StepModel
 from antdt.services.controller.view import JobView
 
 _HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
@@ -114,18 +114,46 @@ def judged_models(
     A held rank keeps its own model, a rank not held gets the median model of those (as
     `judged_speeds`); a rank without a model counts at its per-sample speed (no fixed
     part), and so does the typical rank when no rank not held has a model."""
-    models = measured_models(view)
-    if all(m is None for m in models):
+    held = held_ranks(view, deviating)
+    own, normal = _fitted(view, held)
+    if not own and not normal[0]:
         return None
     judged = judged_speeds(view, speeds, deviating)
-    held = held_ranks(view, deviating)
-    normal = [m for r, m in enumerate(models) if m is not None and r not in held]
-    typical = median_model(normal) if normal else None
+    fixed, per_sample = normal
+    typical = StepModel(statistics.median(fixed), statistics.median(per_sample)) if fixed else None
+    flat: dict[float, StepModel] = {}  # one object per speed: balanced_batches' classes
     plan: list[StepModel | None] = []
-    for rank, (speed, own) in enumerate(zip(judged, models, strict=True)):
-        chosen = own if rank in held else typical
-        plan.append(None if speed is None else chosen or _flat(speed))
+    for rank, speed in enumerate(judged):
+        chosen = own.get(rank) if rank in held else typical
+        if speed is None:
+            plan.append(None)
+        elif chosen is not None:
+            plan.append(chosen)
+        else:
+            plan.append(flat.get(speed) or flat.setdefault(speed, _flat(speed)))
     return plan
+
+
+def _fitted(
+    view: JobView, held: AbstractSet[int]
+) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
+    """`measured_models` split: the held ranks' models by rank, the others' parts (only
+    their median is used, so no model object per rank is built)."""
+    data = data_per_sample(view)
+    own: dict[int, StepModel] = {}
+    normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
+    for row in _usable_rows(view):
+        fixed, per_sample = row.fixed_s, row.per_sample_s
+        if fixed is None or per_sample is None or not per_sample > 0 < row.samples_per_s:
+            continue
+        if data:
+            per_sample += data.get(row.rank, 0.0)
+        if row.rank in held:
+            own[row.rank] = StepModel(fixed, per_sample)
+        else:
+            normal[0].append(fixed)
+            normal[1].append(per_sample)
+    return own, normal
 
 
 def _flat(samples_per_s: float) -> StepModel:

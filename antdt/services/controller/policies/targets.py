@@ -77,7 +77,8 @@ def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target
 
 def _kept(current: Sequence[int], known: Sequence[int]) -> int:
     """Samples that ranks outside `known` keep."""
-    return sum(b for r, b in enumerate(current) if r not in known)
+    inside = set(known)
+    return sum(b for r, b in enumerate(current) if r not in inside)
 
 
 def _fill(current: Sequence[int], ranks: Sequence[int], shares: Sequence[int]) -> tuple[int, ...]:
