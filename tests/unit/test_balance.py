@@ -143,9 +143,9 @@ def _random_case(rng: random.Random, ranks: int) -> tuple[list[Model], int, list
 
 @pytest.mark.parametrize("seed", range(60))
 def test_class_planning_gives_the_per_rank_plans(seed: int) -> None:
-    """Same plans as the per-rank algorithm it replaced (tests/unit/balance_reference.py),
+    """Same plans as the per-rank algorithm it replaced (tests.unit.planning_reference.py),
     with models shared by object and by value, ties and bounds pinning ranks."""
-    from tests.unit.balance_reference import reference_balanced_batches
+    from tests.unit.planning_reference import reference_balanced_batches
 
     rng = random.Random(seed)
     models, total, lower, upper = _random_case(rng, rng.choice([3, 17, 200]))

@@ -12,6 +12,8 @@ import heapq
 import math
 import statistics
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import eq
 from typing import NamedTuple, Protocol
 
 
@@ -89,13 +91,28 @@ class _Class:
 def _classes(
     models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
 ) -> list[_Class]:
-    found: dict[tuple[int, int, int], _Class] = {}
-    for rank, key in enumerate(zip(map(id, models), lower, upper, strict=True)):
-        c = found.get(key)
-        if c is None:
-            c = found[key] = _Class(models[rank], key[1], key[2])
-        c.ranks.append(rank)
-    return list(found.values())
+    """The classes in order of their first rank."""
+    keys = list(zip(map(id, models), lower, upper, strict=True))
+    distinct = set(keys)
+    if len(distinct) <= _FEW:  # one pass per class, each at C speed
+        everyone = range(len(keys))
+        found: dict[int, _Class] = {}
+        for key in distinct:
+            c = _Class(models[keys.index(key)], key[1], key[2])
+            c.ranks = list(compress(everyone, map(eq, keys, repeat(key))))
+            found[c.ranks[0]] = c
+        return [found[first] for first in sorted(found)]
+    by_key: dict[tuple[int, int, int], _Class] = {}
+    for rank, key in enumerate(keys):
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = _Class(models[rank], key[1], key[2])
+        group.ranks.append(rank)
+    return list(by_key.values())
+
+
+#: Up to this many classes are gathered one pass each (else one pass over the ranks).
+_FEW = 16
 
 
 def _check(classes: Sequence[_Class], total: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
 
 from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
@@ -121,14 +120,17 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     mean = sum(old) / len(old)
     limits = [max(1, math.floor(max_fraction * max(b, mean))) for b in old]
     deltas = [b - a for a, b in zip(old, new, strict=True)]
-    scale = min(
-        [Fraction(1)] + [Fraction(lim, abs(d)) for d, lim in zip(deltas, limits, strict=True) if d]
-    )
-    if scale == 1:
+    # The scale, num / den: the smallest limit / |delta|, in integers (exact, as Fraction).
+    num, den = 1, 1
+    for d, lim in zip(deltas, limits, strict=True):
+        if d and lim * den < num * abs(d):
+            num, den = lim, abs(d)
+    if num >= den:
         return tuple(new)
-    moved = [d * scale for d in deltas]  # exact: sums to zero
-    steps = [int(m) for m in moved]  # truncated towards old
-    leftover = [m - s for m, s in zip(moved, steps, strict=True)]
+    # Each rank moves d x num / den: `steps` truncated towards old, `leftover` the rest
+    # (x den, so that integers order them as the fractions).
+    steps = [d * num // den if d >= 0 else -(-d * num // den) for d in deltas]
+    leftover = [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
     missing = -sum(steps)
     # Hand the rounding units to the ranks that were cut the most, in their direction.
     if missing > 0:

@@ -23,8 +23,9 @@ def measured_speeds(view: JobView) -> tuple[float | None, ...]:
     speeds: list[float | None] = [None] * view.spec.world_size
     data = data_per_sample(view)
     for row in _usable_rows(view):
-        if row.samples_per_s > 0:
-            speeds[row.rank] = 1.0 / (1.0 / row.samples_per_s + data.get(row.rank, 0.0))
+        rate = row.samples_per_s
+        if rate > 0:
+            speeds[row.rank] = 1.0 / (1.0 / rate + (data.get(row.rank, 0.0) if data else 0.0))
     return tuple(speeds)
 
 
@@ -48,6 +49,8 @@ def data_per_sample(view: JobView) -> dict[int, float]:
     if view.health is None:
         return {}
     bound = {i.rank for i in view.open_incidents if _open_slow(i, Cause.DATA)}
+    if not bound:
+        return {}
     step_s = view.health.step_s
     return {
         row.rank: row.data_wait_share * step_s / row.local_batch

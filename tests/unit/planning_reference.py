@@ -1,11 +1,12 @@
-"""The per-rank balanced_batches as it was before it planned rank classes: the reference
-that tests hold the faster one to (same plans, ties included)."""
+"""The planners as they were before they were made to scale (balanced_batches per rank,
+bounded_change in Fractions): the references tests hold the faster ones to."""
 
 from __future__ import annotations
 
 import heapq
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from antdt.services.controller.balance import StepTimeModel
 
@@ -93,3 +94,38 @@ def _settle(
             after = m.fixed_s + m.per_sample_s * (b + max(sign, 0))
             heapq.heappush(heap, (sign * after, rank))
     return tuple(batches)
+
+
+def reference_bounded_change(
+    old: Sequence[int], new: Sequence[int], max_fraction: float
+) -> tuple[int, ...]:
+    """Move from `old` towards `new`, every rank by the same fraction of its way, so that
+    none moves more than max(1, floor(max_fraction x max(old_i, mean batch))). The sum
+    stays, and each value lies between old_i and new_i (within any bounds both respect);
+    the mean term lets a rank starved to a tiny batch grow back in a few moves."""
+    if len(old) != len(new) or sum(old) != sum(new):
+        raise ValueError("old and new plans must have the same ranks and the same sum")
+    if not max_fraction > 0:
+        raise ValueError("max_fraction must be > 0")
+    if math.isinf(max_fraction):
+        return tuple(new)
+    mean = sum(old) / len(old)
+    limits = [max(1, math.floor(max_fraction * max(b, mean))) for b in old]
+    deltas = [b - a for a, b in zip(old, new, strict=True)]
+    scale = min(
+        [Fraction(1)] + [Fraction(lim, abs(d)) for d, lim in zip(deltas, limits, strict=True) if d]
+    )
+    if scale == 1:
+        return tuple(new)
+    moved = [d * scale for d in deltas]  # exact: sums to zero
+    steps = [int(m) for m in moved]  # truncated towards old
+    leftover = [m - s for m, s in zip(moved, steps, strict=True)]
+    missing = -sum(steps)
+    # Hand the rounding units to the ranks that were cut the most, in their direction.
+    if missing > 0:
+        order = sorted(range(len(old)), key=lambda r: (-leftover[r], r))[:missing]
+    else:
+        order = sorted(range(len(old)), key=lambda r: (leftover[r], r))[:-missing]
+    for r in order:
+        steps[r] += 1 if missing > 0 else -1
+    return tuple(a + s for a, s in zip(old, steps, strict=True))
