@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from antdt.schemas import (
@@ -113,14 +114,15 @@ def decision_view(ranks: int, *, link: bool = False) -> tuple[JobView, JobHealth
 
 
 def decider(policy: str, ranks: int) -> Callable[[], Any]:
-    """One decision of `policy` on a fresh view of `ranks` ranks, as a call."""
+    """One decision of `policy` on a view of `ranks` ranks, as a call: each call gets its
+    own copy of the view (a view remembers what a decision derived from it)."""
     if policy == "links":
         view, health = decision_view(ranks, link=True)
         cost = RestartCost(30.0, False, 2.0)
-        return lambda: decide_link_move(view, health, Guardrails(), cost, lambda _: True)
+        return lambda: decide_link_move(replace(view), health, Guardrails(), cost, lambda _: True)
     view, health = decision_view(ranks)
     chosen = load_policy(policy)
-    return lambda: chosen.decide(view, health)
+    return lambda: chosen.decide(replace(view), health)
 
 
 def decision_ms(policy: str, ranks: int, *, repeats: int = 5) -> float:

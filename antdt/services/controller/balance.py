@@ -92,21 +92,26 @@ def _classes(
     models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
 ) -> list[_Class]:
     """The classes in order of their first rank."""
-    keys = list(zip(map(id, models), lower, upper, strict=True))
+    n = len(models)
+    if lower.count(lower[0]) == n and upper.count(upper[0]) == n:
+        keys: list[object] = list(map(id, models))  # one bound for all: the model decides
+    else:
+        keys = list(zip(map(id, models), lower, upper, strict=True))
     distinct = set(keys)
     if len(distinct) <= _FEW:  # one pass per class, each at C speed
-        everyone = range(len(keys))
+        everyone = range(n)
         found: dict[int, _Class] = {}
         for key in distinct:
-            c = _Class(models[keys.index(key)], key[1], key[2])
+            first = keys.index(key)
+            c = _Class(models[first], lower[first], upper[first])
             c.ranks = list(compress(everyone, map(eq, keys, repeat(key))))
-            found[c.ranks[0]] = c
+            found[first] = c
         return [found[first] for first in sorted(found)]
-    by_key: dict[tuple[int, int, int], _Class] = {}
+    by_key: dict[object, _Class] = {}
     for rank, key in enumerate(keys):
         group = by_key.get(key)
         if group is None:
-            group = by_key[key] = _Class(models[rank], key[1], key[2])
+            group = by_key[key] = _Class(models[rank], lower[rank], upper[rank])
         group.ranks.append(rank)
     return list(by_key.values())
 

@@ -7,6 +7,7 @@ cap), whenever such a plan exists; otherwise it says so with ValueError."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 
 from antdt.schemas import JobHealth, JobSpec, Plan
@@ -28,7 +29,10 @@ def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]
     """Raise ValueError, saying why, when no plan within the bounds sums to global_batch."""
     if not lower:
         raise ValueError("a plan needs at least one rank")
-    for rank, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+    if len(lower) != len(upper):
+        raise ValueError("lower and upper bounds must name the same ranks")
+    ordered = all(map(operator.le, lower, upper))
+    for rank, (lo, hi) in enumerate(() if ordered else zip(lower, upper, strict=True)):
         if hi < lo:
             raise ValueError(f"rank {rank}: largest batch {hi} is below the smallest {lo}")
     if sum(lower) > global_batch:
@@ -51,7 +55,7 @@ def proportional_shares(
     bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
     rest re-split (water-filling), then rounded by largest remainder so that the sum is
     exact. Ties go to the lower rank: the result is deterministic."""
-    if any(not math.isfinite(s) or s <= 0 for s in speeds):
+    if not (all(map(math.isfinite, speeds)) and min(speeds, default=1.0) > 0):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
     lower = (min_b,) * len(speeds)
     upper = upper_bounds(len(speeds), global_batch, max_b, caps)
@@ -64,18 +68,25 @@ def _water_fill(
     total: int, speeds: Sequence[float], lower: Sequence[int], upper: Sequence[int]
 ) -> list[float]:
     """Real-valued proportional shares with ranks pinned at their bounds where needed."""
+    n = len(speeds)
     pinned: dict[int, float] = {}
     while True:
-        free = [r for r in range(len(speeds)) if r not in pinned]
-        if not free:
-            return [pinned[r] for r in range(len(speeds))]
+        if pinned:
+            free: Sequence[int] = [r for r in range(n) if r not in pinned]
+            if not free:
+                return [pinned[r] for r in range(n)]
+            weight = sum(speeds[r] for r in free)
+        else:
+            free, weight = range(n), sum(speeds)  # the same sum, in the same order
         remaining = total - sum(pinned.values())
-        weight = sum(speeds[r] for r in free)
-        share = {r: remaining * speeds[r] / weight for r in free}
-        over = [r for r in free if share[r] > upper[r]]
-        under = [r for r in free if share[r] < lower[r]]
+        shares = [remaining * speeds[r] / weight for r in free]
+        share = dict(zip(free, shares, strict=True)) if pinned else shares  # by rank
+        over = [r for r, x in zip(free, shares, strict=True) if x > upper[r]]
+        under = [r for r, x in zip(free, shares, strict=True) if x < lower[r]]
         if not over and not under:
-            return [pinned[r] if r in pinned else share[r] for r in range(len(speeds))]
+            if not pinned:
+                return shares
+            return [pinned[r] if r in pinned else share[r] for r in range(n)]
         # Pin the side that is further out: pinning it can only push the others back
         # towards their bounds, so the loop ends within len(speeds) rounds.
         excess = sum(share[r] - upper[r] for r in over)
@@ -90,8 +101,11 @@ def _round_keeping_sum(
     real: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]
 ) -> tuple[int, ...]:
     """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
-    shares = [min(max(math.floor(x), lo), hi) for x, lo, hi in zip(real, lower, upper, strict=True)]
-    by_remainder = sorted(range(len(real)), key=lambda r: (shares[r] - real[r], r))
+    if not len(real) == len(lower) == len(upper):
+        raise ValueError("shares and bounds must name the same ranks")
+    shares = list(map(min, map(max, map(math.floor, real), lower), upper))
+    remainders = zip(map(operator.sub, shares, real), range(len(real)), strict=True)
+    by_remainder = [r for _, r in sorted(remainders)]
     missing = total - sum(shares)
     while missing:
         # One unit per rank per pass, largest remainder first (smallest when taking).
@@ -118,7 +132,8 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     if math.isinf(max_fraction):
         return tuple(new)
     mean = sum(old) / len(old)
-    limits = [max(1, math.floor(max_fraction * max(b, mean))) for b in old]
+    limit_of = {b: max(1, math.floor(max_fraction * max(b, mean))) for b in set(old)}
+    limits = list(map(limit_of.__getitem__, old))
     deltas = [b - a for a, b in zip(old, new, strict=True)]
     # The scale, num / den: the smallest limit / |delta|, in integers (exact, as Fraction).
     num, den = 1, 1
@@ -134,10 +149,10 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     missing = -sum(steps)
     # Hand the rounding units to the ranks that were cut the most, in their direction.
     if missing > 0:
-        order = sorted(range(len(old)), key=lambda r: (-leftover[r], r))[:missing]
+        order = sorted(zip(map(operator.neg, leftover), range(len(old)), strict=True))[:missing]
     else:
-        order = sorted(range(len(old)), key=lambda r: (leftover[r], r))[:-missing]
-    for r in order:
+        order = sorted(zip(leftover, range(len(old)), strict=True))[:-missing]
+    for _, r in order:
         steps[r] += 1 if missing > 0 else -1
     return tuple(a + s for a, s in zip(old, steps, strict=True))
 
@@ -212,6 +227,8 @@ def plan_violations(
     except ValueError as exc:
         return str(exc)
     upper = spec.max_local_batch or spec.global_batch
+    if not caps and spec.min_local_batch <= min(local_batch) and max(local_batch) <= upper:
+        return ""  # every batch within bounds, and no cap to hold
     for rank, b in enumerate(local_batch):
         if not spec.min_local_batch <= b <= upper:
             return f"rank {rank}: batch {b} outside [{spec.min_local_batch}, {upper}]"
@@ -246,6 +263,8 @@ def micro_batching(
     """(micro_batch, accumulation) per rank: the fewest micro-steps that fit the memory
     cap, a = ceil(b / cap) (1 without a cap or for an empty batch), and m = ceil(b / a).
     ValueError when a rank would need more than `max_accumulation` micro-steps."""
+    if not caps and max_accumulation >= 1:
+        return tuple(local_batch), (1,) * len(local_batch)  # one micro-step of the batch
     micro: list[int] = []
     accumulation: list[int] = []
     for rank, b in enumerate(local_batch):

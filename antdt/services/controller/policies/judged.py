@@ -8,6 +8,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import cast
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
 from antdt.services.controller.balance import StepModel
@@ -20,8 +23,15 @@ _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
 def measured_speeds(view: JobView) -> tuple[float | None, ...]:
     """Per-rank speed (samples/s) before the barrier: compute, plus the data wait of a
     data-bound rank (`data_per_sample`); None where unknown or stalled."""
-    speeds: list[float | None] = [None] * view.spec.world_size
+    return view.remembered("measured_speeds", None, lambda: _measured_speeds(view))
+
+
+def _measured_speeds(view: JobView) -> tuple[float | None, ...]:
     data = data_per_sample(view)
+    columns = _in_rank_order(view)
+    if columns is not None and not data:  # the usual job: one row per rank, in order
+        return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in columns.rates)
+    speeds: list[float | None] = [None] * view.spec.world_size
     for row in _usable_rows(view):
         rate = row.samples_per_s
         if rate > 0:
@@ -91,6 +101,8 @@ def without_link_bound(
     is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
     incidents = [*view.open_incidents, *([event] if isinstance(event, Incident) else [])]
     bound = {r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ()))}
+    if not bound:
+        return tuple(speeds)
     return tuple(None if r in bound else s for r, s in enumerate(speeds))
 
 
@@ -100,12 +112,18 @@ def judged_speeds(
     """Measured speeds, except that a rank not held deviating (`held_ranks`) counts as
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
-    held = held_ranks(view, deviating)
-    normal = [s for r, s in enumerate(speeds) if s is not None and r not in held]
+    held = [r for r in held_ranks(view, deviating) if 0 <= r < len(speeds)]
+    others = list(speeds)
+    for rank in held:
+        others[rank] = None
+    normal = [s for s in others if s is not None]
     if not normal:
         return list(speeds)
     typical = statistics.median(normal)
-    return [s if s is None or r in held else typical for r, s in enumerate(speeds)]
+    judged: list[float | None] = [None if s is None else typical for s in speeds]
+    for rank in held:
+        judged[rank] = speeds[rank]
+    return judged
 
 
 def judged_models(
@@ -118,22 +136,33 @@ def judged_models(
     `judged_speeds`); a rank without a model counts at its per-sample speed (no fixed
     part), and so does the typical rank when no rank not held has a model."""
     held = held_ranks(view, deviating)
+    key = (frozenset(held), tuple(speeds))
+    plan = view.remembered("judged_models", key, lambda: _judged_models(view, speeds, held))
+    return None if plan is None else list(plan)
+
+
+def _judged_models(
+    view: JobView, speeds: Sequence[float | None], held: AbstractSet[int]
+) -> list[StepModel | None] | None:
     own, normal = _fitted(view, held)
     if not own and not normal[0]:
         return None
-    judged = judged_speeds(view, speeds, deviating)
+    judged = judged_speeds(view, speeds, held)
     fixed, per_sample = normal
     typical = StepModel(statistics.median(fixed), statistics.median(per_sample)) if fixed else None
     flat: dict[float, StepModel] = {}  # one object per speed: balanced_batches' classes
-    plan: list[StepModel | None] = []
-    for rank, speed in enumerate(judged):
-        chosen = own.get(rank) if rank in held else typical
-        if speed is None:
-            plan.append(None)
-        elif chosen is not None:
-            plan.append(chosen)
-        else:
-            plan.append(flat.get(speed) or flat.setdefault(speed, _flat(speed)))
+
+    def flat_at(speed: float) -> StepModel:
+        return flat.get(speed) or flat.setdefault(speed, _flat(speed))
+
+    if typical is None:
+        plan = [None if s is None else flat_at(s) for s in judged]
+    else:
+        plan = [None if s is None else typical for s in judged]
+    for rank in held:
+        speed = judged[rank] if 0 <= rank < len(judged) else None
+        if speed is not None:
+            plan[rank] = own.get(rank) or flat_at(speed)
     return plan
 
 
@@ -143,6 +172,9 @@ def _fitted(
     """`measured_models` split: the held ranks' models by rank, the others' parts (only
     their median is used, so no model object per rank is built)."""
     data = data_per_sample(view)
+    columns = _in_rank_order(view)
+    if columns is not None and not data and columns.all_fitted:
+        return _fitted_columns(columns, held)
     own: dict[int, StepModel] = {}
     normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
     for row in _usable_rows(view):
@@ -159,12 +191,63 @@ def _fitted(
     return own, normal
 
 
+def _fitted_columns(
+    columns: _Columns, held: AbstractSet[int]
+) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
+    """`_fitted` of a job whose ranks all have a model, from its columns."""
+    fixed = cast(list[float], list(columns.fixed))
+    per_sample = cast(list[float], list(columns.per_sample))
+    mine = sorted(r for r in held if 0 <= r < len(fixed))
+    own = {r: StepModel(fixed[r], per_sample[r]) for r in mine}
+    for r in reversed(mine):
+        del fixed[r], per_sample[r]
+    return own, (fixed, per_sample)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The usable rows' figures, when they are one per rank in rank order."""
+
+    rates: list[float]
+    fixed: list[float | None]
+    per_sample: list[float | None]
+
+    @property
+    def all_fitted(self) -> bool:
+        """Every rank has a model and a speed (as `_fitted` asks, row by row)."""
+        if None in self.fixed or None in self.per_sample:
+            return False
+        per_sample = cast(list[float], self.per_sample)
+        return min(per_sample, default=1.0) > 0 and min(self.rates, default=1.0) > 0
+
+
+def _in_rank_order(view: JobView) -> _Columns | None:
+    return view.remembered("columns", None, lambda: _columns(view))
+
+
+def _columns(view: JobView) -> _Columns | None:
+    """Columns read at C speed; None unless the usable rows are the job's every rank, in
+    order."""
+    rows = _usable_rows(view)
+    if list(map(attrgetter("rank"), rows)) != list(range(view.spec.world_size)):
+        return None
+    return _Columns(
+        list(map(attrgetter("samples_per_s"), rows)),
+        list(map(attrgetter("fixed_s"), rows)),
+        list(map(attrgetter("per_sample_s"), rows)),
+    )
+
+
 def _flat(samples_per_s: float) -> StepModel:
     """A rank's per-sample speed as a model without a fixed part (today's assumption)."""
     return StepModel(0.0, 1.0 / samples_per_s)
 
 
 def _usable_rows(view: JobView) -> list[RankHealth]:
+    return view.remembered("usable_rows", None, lambda: _rows_usable(view))
+
+
+def _rows_usable(view: JobView) -> list[RankHealth]:
     assert view.health is not None
     world = view.spec.world_size
     return [r for r in view.health.ranks if r.state in _USABLE and r.rank < world]

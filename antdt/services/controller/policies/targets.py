@@ -28,8 +28,9 @@ class Target:
     def step_s(self, plan: Sequence[int]) -> float:
         """The predicted step time of `plan` over the known ranks, as this target sees it."""
         batches = list(map(plan.__getitem__, self.known))
-        if self.models is not None:
-            return predicted_step_s(self.models, batches)
+        if self.models is not None:  # few distinct (model, batch) pairs: one time each
+            pairs = set(zip(self.models, batches, strict=True))
+            return predicted_step_s([m for m, _ in pairs], [b for _, b in pairs])
         assert self.speeds is not None
         return predicted_step_time(batches, self.speeds)
 
@@ -61,6 +62,11 @@ def proportional_target(view: JobView, speeds: Sequence[float | None]) -> Target
 def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     """The plan whose slowest predicted rank is fastest (`balanced_batches`); None when
     no plan fits the bounds."""
+    key = list(models)
+    return view.remembered("balanced_target", key, lambda: _balanced_target(view, key))
+
+
+def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
     present = [m is not None for m in models]
