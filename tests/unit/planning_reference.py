@@ -1,11 +1,12 @@
 """The planners as they were before they were made to scale (balanced_batches per rank,
-bounded_change in Fractions): the references tests hold the faster ones to."""
+bounded_change in Fractions, proportional_shares rank by rank): the references tests
+hold the faster ones to."""
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 from antdt.services.controller.balance import StepTimeModel
@@ -129,3 +130,94 @@ def reference_bounded_change(
     for r in order:
         steps[r] += 1 if missing > 0 else -1
     return tuple(a + s for a, s in zip(old, steps, strict=True))
+
+
+def reference_upper_bounds(
+    n: int, global_batch: int, max_b: int | None, caps: Mapping[int, int] | None
+) -> tuple[int, ...]:
+    """Per-rank largest batch: min(max_b, memory cap), never above the global batch."""
+    top = global_batch if max_b is None else min(max_b, global_batch)
+    caps = caps or {}
+    return tuple(min(top, caps.get(rank, top)) for rank in range(n))
+
+
+def reference_check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]) -> None:
+    """Raise ValueError, saying why, when no plan within the bounds sums to global_batch."""
+    if not lower:
+        raise ValueError("a plan needs at least one rank")
+    for rank, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+        if hi < lo:
+            raise ValueError(f"rank {rank}: largest batch {hi} is below the smallest {lo}")
+    if sum(lower) > global_batch:
+        raise ValueError(f"minimum batches sum to {sum(lower)} > global batch {global_batch}")
+    if sum(upper) < global_batch:
+        raise ValueError(
+            f"ranks hold at most {sum(upper)} samples (max batch, memory caps) "
+            f"< global batch {global_batch}"
+        )
+
+
+def reference_proportional_shares(
+    global_batch: int,
+    speeds: Sequence[float],
+    min_b: int = 0,
+    max_b: int | None = None,
+    caps: Mapping[int, int] | None = None,
+) -> tuple[int, ...]:
+    """Split `global_batch` in proportion to `speeds` (samples/s) within the per-rank
+    bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
+    rest re-split (water-filling), then rounded by largest remainder so that the sum is
+    exact. Ties go to the lower rank: the result is deterministic."""
+    if any(not math.isfinite(s) or s <= 0 for s in speeds):
+        raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
+    lower = (min_b,) * len(speeds)
+    upper = reference_upper_bounds(len(speeds), global_batch, max_b, caps)
+    reference_check_feasible(global_batch, lower, upper)
+    real = reference_water_fill(global_batch, speeds, lower, upper)
+    return reference_round_keeping_sum(real, global_batch, lower, upper)
+
+
+def reference_water_fill(
+    total: int, speeds: Sequence[float], lower: Sequence[int], upper: Sequence[int]
+) -> list[float]:
+    """Real-valued proportional shares with ranks pinned at their bounds where needed."""
+    pinned: dict[int, float] = {}
+    while True:
+        free = [r for r in range(len(speeds)) if r not in pinned]
+        if not free:
+            return [pinned[r] for r in range(len(speeds))]
+        remaining = total - sum(pinned.values())
+        weight = sum(speeds[r] for r in free)
+        share = {r: remaining * speeds[r] / weight for r in free}
+        over = [r for r in free if share[r] > upper[r]]
+        under = [r for r in free if share[r] < lower[r]]
+        if not over and not under:
+            return [pinned[r] if r in pinned else share[r] for r in range(len(speeds))]
+        # Pin the side that is further out: pinning it can only push the others back
+        # towards their bounds, so the loop ends within len(speeds) rounds.
+        excess = sum(share[r] - upper[r] for r in over)
+        deficit = sum(lower[r] - share[r] for r in under)
+        if excess >= deficit:
+            pinned.update((r, float(upper[r])) for r in over)
+        else:
+            pinned.update((r, float(lower[r])) for r in under)
+
+
+def reference_round_keeping_sum(
+    real: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]
+) -> tuple[int, ...]:
+    """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
+    shares = [min(max(math.floor(x), lo), hi) for x, lo, hi in zip(real, lower, upper, strict=True)]
+    by_remainder = sorted(range(len(real)), key=lambda r: (shares[r] - real[r], r))
+    missing = total - sum(shares)
+    while missing:
+        # One unit per rank per pass, largest remainder first (smallest when taking).
+        order = by_remainder if missing > 0 else by_remainder[::-1]
+        step = 1 if missing > 0 else -1
+        movable = [r for r in order if lower[r] <= shares[r] + step <= upper[r]]
+        if not movable:
+            raise ValueError("no plan within the bounds sums to the global batch")
+        for r in movable[: abs(missing)]:
+            shares[r] += step
+            missing -= step
+    return tuple(shares)

@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import eq
+from operator import attrgetter, eq
 from typing import NamedTuple, Protocol
 
 
@@ -41,8 +41,8 @@ class StepModel(NamedTuple):
 def median_model(models: Sequence[StepTimeModel]) -> StepModel:
     """The typical rank of `models` (non-empty): the median of each part."""
     return StepModel(
-        statistics.median(m.fixed_s for m in models),
-        statistics.median(m.per_sample_s for m in models),
+        statistics.median(map(attrgetter("fixed_s"), models)),
+        statistics.median(map(attrgetter("per_sample_s"), models)),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping, Sequence
+from itertools import compress, islice, repeat
 
 from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
@@ -22,7 +23,7 @@ def upper_bounds(
     top = global_batch if max_b is None else min(max_b, global_batch)
     if not caps:
         return (top,) * n
-    return tuple(min(top, caps.get(rank, top)) for rank in range(n))
+    return tuple(map(min, repeat(top, n), map(caps.get, range(n), repeat(top, n))))
 
 
 def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]) -> None:
@@ -79,10 +80,14 @@ def _water_fill(
         else:
             free, weight = range(n), sum(speeds)  # the same sum, in the same order
         remaining = total - sum(pinned.values())
-        shares = [remaining * speeds[r] / weight for r in free]
+        rates = map(speeds.__getitem__, free) if pinned else speeds
+        shares = list(
+            map(operator.truediv, map(operator.mul, repeat(remaining), rates), repeat(weight))
+        )
         share = dict(zip(free, shares, strict=True)) if pinned else shares  # by rank
-        over = [r for r, x in zip(free, shares, strict=True) if x > upper[r]]
-        under = [r for r, x in zip(free, shares, strict=True) if x < lower[r]]
+        tops, bottoms = (map(upper.__getitem__, free), map(lower.__getitem__, free))
+        over = list(compress(free, map(operator.gt, shares, tops)))
+        under = list(compress(free, map(operator.lt, shares, bottoms)))
         if not over and not under:
             if not pinned:
                 return shares
@@ -104,17 +109,18 @@ def _round_keeping_sum(
     if not len(real) == len(lower) == len(upper):
         raise ValueError("shares and bounds must name the same ranks")
     shares = list(map(min, map(max, map(math.floor, real), lower), upper))
-    remainders = zip(map(operator.sub, shares, real), range(len(real)), strict=True)
-    by_remainder = [r for _, r in sorted(remainders)]
+    remainders = list(map(operator.sub, shares, real))
+    by_remainder = sorted(range(len(real)), key=remainders.__getitem__)  # stable: ties by rank
     missing = total - sum(shares)
     while missing:
         # One unit per rank per pass, largest remainder first (smallest when taking).
         order = by_remainder if missing > 0 else by_remainder[::-1]
         step = 1 if missing > 0 else -1
-        movable = [r for r in order if lower[r] <= shares[r] + step <= upper[r]]
+        can_move = (r for r in order if lower[r] <= shares[r] + step <= upper[r])
+        movable = list(islice(can_move, abs(missing)))
         if not movable:
             raise ValueError("no plan within the bounds sums to the global batch")
-        for r in movable[: abs(missing)]:
+        for r in movable:
             shares[r] += step
             missing -= step
     return tuple(shares)
@@ -148,17 +154,22 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     leftover = [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
     missing = -sum(steps)
     # Hand the rounding units to the ranks that were cut the most, in their direction.
-    if missing > 0:
-        order = sorted(zip(map(operator.neg, leftover), range(len(old)), strict=True))[:missing]
+    if missing > 0:  # stable sorts: ties by rank
+        negated = list(map(operator.neg, leftover))
+        order = sorted(range(len(old)), key=negated.__getitem__)[:missing]
     else:
-        order = sorted(zip(leftover, range(len(old)), strict=True))[:-missing]
-    for _, r in order:
+        order = sorted(range(len(old)), key=leftover.__getitem__)[:-missing]
+    for r in order:
         steps[r] += 1 if missing > 0 else -1
     return tuple(a + s for a, s in zip(old, steps, strict=True))
 
 
 def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
     """Under BSP a step lasts as long as the slowest rank: max_i b_i / speed_i."""
+    if len(local_batch) != len(speeds):
+        raise ValueError("a plan and its speeds must name the same ranks")
+    if 0 not in local_batch and min(speeds, default=1.0) > 0:  # the same, at C speed
+        return max(map(operator.truediv, local_batch, speeds), default=0.0)
     times = [b / s if s > 0 else math.inf for b, s in zip(local_batch, speeds, strict=True) if b]
     return max(times, default=0.0)
 

@@ -9,7 +9,8 @@ import statistics
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, truediv
 from typing import cast
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
@@ -18,6 +19,7 @@ from antdt.services.controller.view import JobView
 
 _HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
 _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
+_USABLE_SET = frozenset(_USABLE)
 
 
 def measured_speeds(view: JobView) -> tuple[float | None, ...]:
@@ -30,7 +32,10 @@ def _measured_speeds(view: JobView) -> tuple[float | None, ...]:
     data = data_per_sample(view)
     columns = _in_rank_order(view)
     if columns is not None and not data:  # the usual job: one row per rank, in order
-        return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in columns.rates)
+        rates = columns.rates
+        if min(rates, default=1.0) > 0:  # the same figures, at C speed
+            return tuple(map(truediv, repeat(1.0), map(truediv, repeat(1.0), rates)))
+        return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates)
     speeds: list[float | None] = [None] * view.spec.world_size
     for row in _usable_rows(view):
         rate = row.samples_per_s
@@ -116,11 +121,15 @@ def judged_speeds(
     others = list(speeds)
     for rank in held:
         others[rank] = None
-    normal = [s for s in others if s is not None]
+    normal = [s for s in others if s is not None] if None in others else cast(list[float], others)
     if not normal:
         return list(speeds)
     typical = statistics.median(normal)
-    judged: list[float | None] = [None if s is None else typical for s in speeds]
+    judged: list[float | None]
+    if None in speeds:
+        judged = [None if s is None else typical for s in speeds]
+    else:
+        judged = [typical] * len(speeds)
     for rank in held:
         judged[rank] = speeds[rank]
     return judged
@@ -157,8 +166,10 @@ def _judged_models(
 
     if typical is None:
         plan = [None if s is None else flat_at(s) for s in judged]
-    else:
+    elif None in judged:
         plan = [None if s is None else typical for s in judged]
+    else:
+        plan = [typical] * len(judged)
     for rank in held:
         speed = judged[rank] if 0 <= rank < len(judged) else None
         if speed is not None:
@@ -249,8 +260,14 @@ def _usable_rows(view: JobView) -> list[RankHealth]:
 
 def _rows_usable(view: JobView) -> list[RankHealth]:
     assert view.health is not None
-    world = view.spec.world_size
-    return [r for r in view.health.ranks if r.state in _USABLE and r.rank < world]
+    world, rows = view.spec.world_size, view.health.ranks
+    if set(map(attrgetter("state"), rows)) <= _USABLE_SET and _ranks_below(rows, world):
+        return list(rows)
+    return [r for r in rows if r.state in _USABLE and r.rank < world]
+
+
+def _ranks_below(rows: Sequence[RankHealth], world: int) -> bool:
+    return max(map(attrgetter("rank"), rows), default=-1) < world
 
 
 __all__ = [
