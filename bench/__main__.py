@@ -16,6 +16,7 @@ from bench.checkpoints import bench_checkpoint, checkpoint_rows
 from bench.contention import contention_rows
 from bench.contention_figures import NeighbourTooWeak
 from bench.dataloader import bench_dataloader, dataloader_row
+from bench.decisions import bench_rows, decision_rows, print_decisions
 from bench.display import console, print_table
 from bench.epoch_turn import epoch_turn_row
 from bench.ingest import bench_monitor_ingest, bench_raw_pubsub
@@ -91,6 +92,10 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         f"(ceiling 1.02; rounds from {min(loader['ratios']):.3f} to {max(loader['ratios']):.3f})"
     )
     rows.append(dataloader_row(loader))
+    with console.status("one policy decision at 100, 1,000 and 10,000 ranks"):
+        decisions = decision_rows()
+    print_decisions(decisions)
+    rows += bench_rows(decisions)
     rows += await shards_rows(cluster)
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)

@@ -150,6 +150,28 @@ def decision_rows(repeats: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bench table's rows: each policy at the largest rank count, in µs, against the
+    same decision at the smallest; a row over the target says so (`failed`)."""
+    base = {r["policy"]: r["ms"] for r in rows if r["ranks"] == RANK_COUNTS[0]}
+    out = []
+    for row in rows:
+        if row["ranks"] != RANK_COUNTS[-1]:
+            continue
+        entry: dict[str, Any] = {
+            "what": f"one {row['policy']} decision at {row['ranks']:,} ranks, CPU µs",
+            "value": row["ms"] * 1e3,
+            "baseline": base[row["policy"]] * 1e3 or None,
+            "baseline_what": f"same at {RANK_COUNTS[0]} ranks",
+            "target": f"< {TARGET_MS * 1e3:,.0f} µs",
+            "details": [r for r in rows if r["policy"] == row["policy"]],
+        }
+        if row["ms"] >= TARGET_MS:
+            entry["failed"] = f"{entry['what']}: {row['ms']:.1f} ms >= {TARGET_MS:g} ms"
+        out.append(entry)
+    return out
+
+
 def print_decisions(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
