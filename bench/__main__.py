@@ -15,6 +15,8 @@ from bench.cases import bench_agent_tracing, bench_detector_memory
 from bench.checkpoints import bench_checkpoint, checkpoint_rows
 from bench.contention import contention_rows
 from bench.contention_figures import NeighbourTooWeak
+from bench.cores import bench_rows as core_bench_rows
+from bench.cores import core_rows, print_cores
 from bench.dataloader import bench_dataloader, dataloader_row
 from bench.decisions import bench_rows, decision_rows, print_decisions
 from bench.display import console, print_table
@@ -96,6 +98,10 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         decisions = decision_rows()
     print_decisions(decisions)
     rows += bench_rows(decisions)
+    with console.status("detector per event and ledger per operation, 100 to 10,000 ranks"):
+        cores = core_rows()
+    print_cores(cores)
+    rows += core_bench_rows(cores)
     rows += await shards_rows(cluster)
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)
