@@ -5,6 +5,7 @@ A rank moved to a spare node (KILL_RESTART) leaves its node's slowdowns behind."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ from antdt.sim.files import ScenarioFile
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,7 @@ class Episodes:
     start: Ints
     end: Ints
     factor: Floats
-    link: npt.NDArray[np.bool_]
+    link: Bools
 
 
 def episodes(scenario: ScenarioFile, rng: np.random.Generator) -> Episodes:
@@ -83,14 +85,16 @@ def generation_factors(scenario: ScenarioFile, rng: np.random.Generator) -> Floa
 class Cluster:
     """Per-step factors of one run. `step(s)` must be called with s = 0, 1, 2, ..."""
 
-    def __init__(self, scenario: ScenarioFile, *, slowdowns: bool = True) -> None:
-        """`slowdowns` False: the same cluster (generations, noise) without any."""
+    def __init__(
+        self, scenario: ScenarioFile, *, keep: Callable[[Episodes], Bools] | None = None
+    ) -> None:
+        """`keep`: which episodes this cluster has (the same generations and noise)."""
         rng = np.random.default_rng(scenario.seed)
         self.scenario = scenario
         self.base = generation_factors(scenario, rng)
         self.episodes = episodes(scenario, rng)
-        if not slowdowns:
-            self.episodes = _first(self.episodes, 0)
+        if keep is not None:
+            self.episodes = _where(self.episodes, keep(self.episodes))
         self._noise_seed = int(rng.integers(0, 2**63 - 1))
         self._noise = np.random.default_rng(self._noise_seed)
         self.moved_at = np.full(scenario.ranks, -1, dtype=np.int64)  # step of last move
@@ -124,7 +128,5 @@ class Cluster:
         self.moved_at[rank] = s
 
 
-def _first(e: Episodes, count: int) -> Episodes:
-    return Episodes(
-        e.rank[:count], e.start[:count], e.end[:count], e.factor[:count], e.link[:count]
-    )
+def _where(e: Episodes, mask: Bools) -> Episodes:
+    return Episodes(e.rank[mask], e.start[mask], e.end[mask], e.factor[mask], e.link[mask])

@@ -20,7 +20,7 @@ from antdt.services.controller.plans import initial_plan, next_plan
 from antdt.services.controller.policies import JobView, load_policy
 from antdt.services.controller.view import remaining_samples
 from antdt.services.monitor.detector import JobDetector
-from antdt.sim.cluster import Cluster, Floats
+from antdt.sim.cluster import Bools, Cluster, Episodes, Floats
 from antdt.sim.files import ScenarioFile
 
 JOB = "sim"
@@ -202,12 +202,20 @@ def run_reference(
 ) -> tuple[RunResult, RunResult]:
     """The oracle and the healthy cluster, from the same draws as every policy's run.
     Oracle: each step's batches split as the true speeds ask (continuous, no bounds), at
-    once and free: a lower bound for any batch policy. Healthy: no slowdown at all
-    (generations kept), equal batches."""
+    once and free; a slow link moved at its onset, for the restart cost, when its extra
+    exchange time would cost more. Healthy: no slowdown (generations kept), equal batches."""
     sc = scenario
-    cluster, healthy = Cluster(sc), Cluster(sc, slowdowns=False)
+
+    def worth_moving(e: Episodes) -> Bools:
+        extra = sc.comm_s * (e.factor - 1.0) * (e.end - e.start)
+        return e.link & (extra > sc.restart_cost_s)
+
+    cluster = Cluster(sc, keep=lambda e: ~worth_moving(e))
+    healthy = Cluster(sc, keep=lambda e: np.zeros(len(e.rank), dtype=bool))
+    moved = int(worth_moving(Cluster(sc).episodes).sum())
     batch = float(sc.local_batch * sc.ranks)
     oracle = RunResult("oracle", np.zeros(sc.steps), compute_s=np.zeros(sc.steps))
+    oracle.restarts, oracle.restart_s = moved, moved * sc.restart_cost_s
     ideal = RunResult("healthy", np.zeros(sc.steps), compute_s=np.zeros(sc.steps))
     for s in range(sc.steps):
         factors, link = cluster.step(s)
