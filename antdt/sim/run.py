@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from antdt.schemas import Incident, JobHealth, JobSpec, Plan, RestartLedger
+from antdt.schemas import Incident, JobSpec, Plan, RestartLedger
 from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.plans import initial_plan, next_plan
 from antdt.services.controller.policies import JobView, load_policy
@@ -78,7 +78,7 @@ class _Loop:
         self.restart_ledger = RestartLedger()
         self.last_action_at: float | None = None
         self.now = 0.0
-        self.pending: list[Incident] = []
+        self.pending: list[Incident] = []  # transitions since the last decision
         self.moved: list[int] = []  # ranks moved to a spare node, not yet told the cluster
 
     def feed(self, s: int, wall: float, compute: Floats, link: Floats) -> None:
@@ -104,28 +104,24 @@ class _Loop:
                 self.pending.extend(found)
 
     def decide(self, s: int) -> list[object]:
-        """The policy's actions on the health now and on each incident transition."""
+        """The policy's actions on the health now. The view carries every open incident,
+        so the transitions since the last health (on which the controller decides at
+        once) are decided here at the health period: bounded work at any scale."""
         health = self.detector.health(self.now)
-        actions: list[object] = []
-        events: list[JobHealth | Incident] = [*self.pending, health]
         self.pending = []
-        for event in events:
-            view = JobView(
-                spec=self.spec,
-                plan=self.plan,
-                health=health,
-                open_incidents=self.detector.open_incidents,
-                memory_caps={},
-                last_action_at=self.last_action_at,
-                now=self.now,
-                hosts=self.hosts,
-                restarts=self.restart_ledger,
-                remaining_samples=remaining_samples(self.spec, health),
-            )
-            for action in self.policy.decide(view, event):
-                if self.apply(action, s):
-                    actions.append(action)
-        return actions
+        view = JobView(
+            spec=self.spec,
+            plan=self.plan,
+            health=health,
+            open_incidents=self.detector.open_incidents,
+            memory_caps={},
+            last_action_at=self.last_action_at,
+            now=self.now,
+            hosts=self.hosts,
+            restarts=self.restart_ledger,
+            remaining_samples=remaining_samples(self.spec, health),
+        )
+        return [a for a in self.policy.decide(view, health) if self.apply(a, s)]
 
     def apply(self, action: object, s: int) -> bool:
         """Carry an action out as the executor would; False when it changes nothing."""
