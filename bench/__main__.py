@@ -27,6 +27,7 @@ from bench.latency import bench_incident_to_plan, bench_raw_request
 from bench.ledger_writes import bench_ledger_writes
 from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
 from bench.shards_rows import RUNS, shards_rows
+from bench.sim_speed import sim_rows
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -102,6 +103,8 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         cores = core_rows()
     print_cores(cores)
     rows += core_bench_rows(cores)
+    with console.status("the simulator's speed (1,000 ranks x 100 steps)"):
+        rows += sim_rows()
     rows += await shards_rows(cluster)
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)
