@@ -1,6 +1,6 @@
 """One policy decision of every built-in policy at 100, 1,000 and 10,000 ranks (the
 bench's rows, bench/decisions.py): each grows about linearly with the ranks, and stays
-within a bound at 10,000 that a loaded two-core CI machine keeps."""
+within a bound at 10,000 that a loaded two-core CI machine keeps (CI_BOUND_MS)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import pytest
 
 from bench.decisions import POLICIES, RANK_COUNTS, TARGET_MS, bench_rows, decision_rows
 
-#: The bench's target is TARGET_MS; a shared CI machine's CPU time runs up to ~2x a
-#: quiet one's, and the rows are medians of 3.
-CI_BOUND_MS = 3 * TARGET_MS
+#: The bench's target is TARGET_MS (make bench flags a row over it); here a bound that a
+#: loaded two-core CI machine keeps (14-22 ms measured on one), far below the 1-4 s a
+#: quadratic step took.
+CI_BOUND_MS = 5 * TARGET_MS
 
 
 @pytest.fixture(scope="module")
