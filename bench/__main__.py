@@ -15,7 +15,10 @@ from bench.cases import bench_agent_tracing, bench_detector_memory
 from bench.checkpoints import bench_checkpoint, checkpoint_rows
 from bench.contention import contention_rows
 from bench.contention_figures import NeighbourTooWeak
+from bench.cores import bench_rows as core_bench_rows
+from bench.cores import core_rows, print_cores
 from bench.dataloader import bench_dataloader, dataloader_row
+from bench.decisions import bench_rows, decision_rows, print_decisions
 from bench.display import console, print_table
 from bench.epoch_turn import epoch_turn_row
 from bench.ingest import bench_monitor_ingest, bench_raw_pubsub
@@ -25,6 +28,7 @@ from bench.ledger_writes import bench_ledger_writes
 from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
 from bench.shards_rows import RUNS, shards_rows
 from bench.sharing import sharing_rows
+from bench.sim_speed import sim_rows
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -93,6 +97,16 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         f"training thread's CPU {loader['agent_cpu_ms']:.2f} vs {loader['plain_cpu_ms']:.2f} ms"
     )
     rows.append(dataloader_row(loader))
+    with console.status("one policy decision at 100, 1,000 and 10,000 ranks"):
+        decisions = decision_rows()
+    print_decisions(decisions)
+    rows += bench_rows(decisions)
+    with console.status("detector per event and ledger per operation, 100 to 10,000 ranks"):
+        cores = core_rows()
+    print_cores(cores)
+    rows += core_bench_rows(cores)
+    with console.status("the simulator's speed (1,000 ranks x 100 steps)"):
+        rows += sim_rows()
     rows += await shards_rows(cluster)
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)

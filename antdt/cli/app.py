@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from antdt.cli import local, serve, views
+from antdt.cli import local, serve, sim, views
 from antdt.cli.actions import actions
 from antdt.cli.blocklist import blocklist_app
 from antdt.cli.jobs import jobs_app
@@ -21,6 +21,7 @@ app.command(context_settings=local.LAUNCH_CONTEXT)(local.launch)
 app.command()(local.demo)
 app.command()(views.status)
 app.command()(views.report)
+app.command()(sim.sim)
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(shards_app, name="shards")
 app.add_typer(blocklist_app, name="blocklist")

@@ -1,1 +1,2 @@
-"""Simulation helpers: seeded, labelled traces (pure, imports only antdt.schemas)."""
+"""The policy simulator (closed loop over the real cores: `simulate`) and the seeded
+trace generator the detector's tests use (`traces`, `scenarios`)."""

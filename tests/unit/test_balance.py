@@ -126,3 +126,35 @@ def test_refuses_what_cannot_be_planned(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         balanced_batches(models, total, lower, upper)
+
+
+def _random_case(rng: random.Random, ranks: int) -> tuple[list[Model], int, list[int], list[int]]:
+    """Few distinct models shared by many ranks (as the policies plan), ties included."""
+    kinds = [
+        Model(rng.choice([0.0, 0.002, rng.uniform(0, 0.05)]), rng.choice([0.001, 0.002, 0.003]))
+        for _ in range(rng.randint(1, 4))
+    ]
+    models = [rng.choice(kinds) for _ in range(ranks)]
+    lower = [rng.choice([0, 1, 1, 4]) for _ in range(ranks)]
+    upper = [lo + rng.choice([0, 8, 64, 10_000]) for lo in lower]
+    total = rng.randint(sum(lower), min(sum(upper), sum(lower) + 64 * ranks))
+    return models, total, lower, upper
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_class_planning_gives_the_per_rank_plans(seed: int) -> None:
+    """Same plans as the per-rank algorithm it replaced (tests.unit.planning_reference.py),
+    with models shared by object and by value, ties and bounds pinning ranks."""
+    from tests.unit.planning_reference import reference_balanced_batches
+
+    rng = random.Random(seed)
+    models, total, lower, upper = _random_case(rng, rng.choice([3, 17, 200]))
+    copies = [Model(*m) for m in models]  # equal values, distinct objects
+    expected = reference_balanced_batches(models, total, lower, upper)
+    assert balanced_batches(models, total, lower, upper) == expected
+    assert balanced_batches(copies, total, lower, upper) == expected
+
+
+def test_a_bad_model_is_named_by_its_first_rank() -> None:
+    with pytest.raises(ValueError, match="rank 2: per_sample_s"):
+        balanced_batches([HEALTHY, HEALTHY, Model(0, 0), Model(0, 0)], 8, [1] * 4, [8] * 4)

@@ -176,3 +176,46 @@ def test_next_plan_bumps_the_version() -> None:
     assert (nxt.version, nxt.local_batch, nxt.effective_step) == (5, (6, 2), 20)
     assert (nxt.created_at, nxt.policy, len(nxt.reason)) == (99.0, "none", 512)
     assert (nxt.micro_batch, nxt.accumulation) == (None, None)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_bounded_change_in_integers_moves_as_in_fractions(seed: int) -> None:
+    """Same moves as the Fraction arithmetic it replaced (tests/unit/planning_reference.py)."""
+    import random
+
+    from tests.unit.planning_reference import reference_bounded_change
+
+    rng = random.Random(seed)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        old = [rng.randint(0, 60) for _ in range(n)]
+        new = [0] * n
+        for _ in range(sum(old)):
+            new[rng.randrange(n)] += 1
+        fraction = rng.choice([0.01, 0.1, 0.25, 1 / 3, 0.5, 0.75, 1.0, 2.0])
+        assert bounded_change(old, new, fraction) == reference_bounded_change(old, new, fraction)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_proportional_shares_at_c_speed_split_as_rank_by_rank(seed: int) -> None:
+    """Same shares as the rank-by-rank water-filling and rounding they replaced
+    (tests/unit/planning_reference.py), bounds pinning ranks on either side."""
+    import random
+
+    from tests.unit.planning_reference import reference_proportional_shares
+
+    rng = random.Random(seed)
+    for _ in range(100):
+        n = rng.randint(1, 40)
+        speeds = [rng.choice([1.0, 2.0, rng.uniform(0.1, 10.0)]) for _ in range(n)]
+        min_b = rng.choice([0, 1, 4])
+        caps = {r: rng.randint(min_b, 64) for r in range(n) if rng.random() < 0.3}
+        top = sum(caps.get(r, 64) for r in range(n))
+        total = rng.randint(min_b * n, max(min_b * n, top))
+        try:
+            expected = reference_proportional_shares(total, speeds, min_b, 64, caps)
+        except ValueError:
+            with pytest.raises(ValueError):
+                proportional_shares(total, speeds, min_b, 64, caps)
+            continue
+        assert proportional_shares(total, speeds, min_b, 64, caps) == expected

@@ -12,6 +12,8 @@ import heapq
 import math
 import statistics
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq
 from typing import NamedTuple, Protocol
 
 
@@ -39,8 +41,8 @@ class StepModel(NamedTuple):
 def median_model(models: Sequence[StepTimeModel]) -> StepModel:
     """The typical rank of `models` (non-empty): the median of each part."""
     return StepModel(
-        statistics.median(m.fixed_s for m in models),
-        statistics.median(m.per_sample_s for m in models),
+        statistics.median(map(attrgetter("fixed_s"), models)),
+        statistics.median(map(attrgetter("per_sample_s"), models)),
     )
 
 
@@ -59,80 +61,146 @@ def balanced_batches(
     """The per-rank batches, summing to `global_batch` with lower[r] <= b_r <= upper[r],
     that minimise the largest predicted step time; ties go to the lower rank.
 
-    ValueError when a model is not positive and finite or no plan fits the bounds."""
-    _check(models, global_batch, lower, upper)
-    level = _water_level(models, global_batch, lower, upper)
-    batches = [
-        min(hi, max(lo, math.floor((level - m.fixed_s) / m.per_sample_s)))
-        for m, lo, hi in zip(models, lower, upper, strict=True)
-    ]
-    return _settle(models, batches, global_batch, lower, upper)
-
-
-def _check(
-    models: Sequence[StepTimeModel], total: int, lower: Sequence[int], upper: Sequence[int]
-) -> None:
+    ValueError when a model is not positive and finite or no plan fits the bounds.
+    Ranks sharing a model object and bounds are planned as one class: the work grows with
+    the classes, not the ranks (policies give every rank not held deviating one model)."""
     if not len(models) == len(lower) == len(upper) or not models:
         raise ValueError("models, lower and upper must name the same ranks, at least one")
-    for rank, m in enumerate(models):
-        if not (m.per_sample_s > 0 and m.fixed_s >= 0):
-            raise ValueError(f"rank {rank}: per_sample_s must be > 0 and fixed_s >= 0")
-        if not (math.isfinite(m.per_sample_s) and math.isfinite(m.fixed_s)):
-            raise ValueError(f"rank {rank}: the model must be finite")
-        if not 0 <= lower[rank] <= upper[rank]:
-            raise ValueError(f"rank {rank}: bounds [{lower[rank]}, {upper[rank]}] are empty")
-    if not sum(lower) <= total <= sum(upper):
+    classes = _classes(models, lower, upper)
+    _check(classes, global_batch)
+    level = _water_level(classes, global_batch)
+    for c in classes:
+        c.batch = min(c.hi, max(c.lo, math.floor((level - c.fixed_s) / c.per_sample_s)))
+    return _settle(classes, global_batch, len(models))
+
+
+class _Class:
+    """Ranks of one model object and the same bounds, in rank order, at one batch."""
+
+    __slots__ = ("batch", "fixed_s", "hi", "lo", "per_sample_s", "ranks")
+
+    def __init__(self, model: StepTimeModel, lo: int, hi: int) -> None:
+        self.fixed_s, self.per_sample_s = model.fixed_s, model.per_sample_s
+        self.lo, self.hi, self.batch = lo, hi, lo
+        self.ranks: list[int] = []
+
+    def time_at(self, batch: int) -> float:
+        return self.fixed_s + self.per_sample_s * batch
+
+
+def _classes(
+    models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
+) -> list[_Class]:
+    """The classes in order of their first rank."""
+    n = len(models)
+    if lower.count(lower[0]) == n and upper.count(upper[0]) == n:
+        keys: list[object] = list(map(id, models))  # one bound for all: the model decides
+    else:
+        keys = list(zip(map(id, models), lower, upper, strict=True))
+    distinct = set(keys)
+    if len(distinct) <= _FEW:  # one pass per class, each at C speed
+        everyone = range(n)
+        found: dict[int, _Class] = {}
+        for key in distinct:
+            first = keys.index(key)
+            c = _Class(models[first], lower[first], upper[first])
+            c.ranks = list(compress(everyone, map(eq, keys, repeat(key))))
+            found[first] = c
+        return [found[first] for first in sorted(found)]
+    by_key: dict[object, _Class] = {}
+    for rank, key in enumerate(keys):
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = _Class(models[rank], lower[rank], upper[rank])
+        group.ranks.append(rank)
+    return list(by_key.values())
+
+
+#: Up to this many classes are gathered one pass each (else one pass over the ranks).
+_FEW = 16
+
+
+def _check(classes: Sequence[_Class], total: int) -> None:
+    """The first failing rank's reason (ValueError), in rank order."""
+    failures: list[tuple[int, str]] = []
+    for c in classes:
+        rank = c.ranks[0]
+        if not (c.per_sample_s > 0 and c.fixed_s >= 0):
+            failures.append((rank, f"rank {rank}: per_sample_s must be > 0 and fixed_s >= 0"))
+        elif not (math.isfinite(c.per_sample_s) and math.isfinite(c.fixed_s)):
+            failures.append((rank, f"rank {rank}: the model must be finite"))
+        elif not 0 <= c.lo <= c.hi:
+            failures.append((rank, f"rank {rank}: bounds [{c.lo}, {c.hi}] are empty"))
+    if failures:
+        raise ValueError(min(failures)[1])
+    low_sum = sum(c.lo * len(c.ranks) for c in classes)
+    high_sum = sum(c.hi * len(c.ranks) for c in classes)
+    if not low_sum <= total <= high_sum:
         raise ValueError(f"no plan within the bounds sums to the global batch {total}")
 
 
-def _water_level(
-    models: Sequence[StepTimeModel], total: int, lower: Sequence[int], upper: Sequence[int]
-) -> float:
+def _water_level(classes: Sequence[_Class], total: int) -> float:
     """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`."""
 
     def samples_at(level: float) -> float:
         return sum(
-            min(hi, max(lo, (level - m.fixed_s) / m.per_sample_s))
-            for m, lo, hi in zip(models, lower, upper, strict=True)
+            len(c.ranks) * min(c.hi, max(c.lo, (level - c.fixed_s) / c.per_sample_s))
+            for c in classes
         )
 
-    low = min(m.fixed_s + m.per_sample_s * lo for m, lo in zip(models, lower, strict=True))
-    high = max(m.fixed_s + m.per_sample_s * hi for m, hi in zip(models, upper, strict=True))
-    for _ in range(200):  # bisection: far below one sample's time at any scale
+    low = min(c.time_at(c.lo) for c in classes)
+    high = max(c.time_at(c.hi) for c in classes)
+    for _ in range(200):  # bisection, until the interval is one float wide
         middle = (low + high) / 2.0
-        if samples_at(middle) < total:
+        below = samples_at(middle) < total
+        if middle in (low, high):
+            return middle if below else low  # no later halving moves `low` again
+        if below:
             low = middle
         else:
             high = middle
     return low
 
 
-def _settle(
-    models: Sequence[StepTimeModel],
-    batches: list[int],
-    total: int,
-    lower: Sequence[int],
-    upper: Sequence[int],
-) -> tuple[int, ...]:
+def _settle(classes: list[_Class], total: int, ranks: int) -> tuple[int, ...]:
     """Hand out the samples rounding left (or take back any extra), one at a time, each to
-    the rank whose predicted time after it is smallest (from the slowest when taking)."""
-    missing = total - sum(batches)
+    the rank whose predicted time after it is smallest (from the slowest when taking),
+    ties to the lower rank: a class's ranks tie, so they move a round at a time."""
+    missing = total - sum(c.batch * len(c.ranks) for c in classes)
     sign = 1 if missing > 0 else -1
-    heap = [
-        (sign * (m.fixed_s + m.per_sample_s * (b + max(sign, 0))), rank)
-        for rank, (m, b) in enumerate(zip(models, batches, strict=True))
-        if lower[rank] <= b + sign <= upper[rank]
-    ]
+    heap = [(_key(c, sign), i) for i, c in enumerate(classes) if _movable(c, sign)]
     heapq.heapify(heap)
+    extra: list[int] = []  # ranks of a round cut short, one more unit each
     while missing:
-        _, rank = heapq.heappop(heap)
+        key, i = heapq.heappop(heap)
+        tied = [i]
+        while heap and heap[0][0] == key:
+            tied.append(heapq.heappop(heap)[1])
+        members = sorted(r for t in tied for r in classes[t].ranks) if len(tied) > 1 else None
+        size = sum(len(classes[t].ranks) for t in tied)
+        if size > abs(missing):
+            extra = (members or classes[i].ranks)[: abs(missing)]
+            break
+        missing -= sign * size
+        for t in tied:
+            classes[t].batch += sign
+            if _movable(classes[t], sign):
+                heapq.heappush(heap, (_key(classes[t], sign), t))
+    batches = [0] * ranks
+    for c in classes:
+        for rank in c.ranks:
+            batches[rank] = c.batch
+    for rank in extra:
         batches[rank] += sign
-        missing -= sign
-        m, b = models[rank], batches[rank]
-        if lower[rank] <= b + sign <= upper[rank]:
-            after = m.fixed_s + m.per_sample_s * (b + max(sign, 0))
-            heapq.heappush(heap, (sign * after, rank))
     return tuple(batches)
+
+
+def _key(c: _Class, sign: int) -> float:
+    return sign * c.time_at(c.batch + max(sign, 0))
+
+
+def _movable(c: _Class, sign: int) -> bool:
+    return c.lo <= c.batch + sign <= c.hi
 
 
 __all__ = ["StepModel", "StepTimeModel", "balanced_batches", "median_model", "predicted_step_s"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import le
 from typing import TypeVar
 
 from antdt.schemas.plan import PolicyParam
@@ -113,4 +114,6 @@ def batch_bounds(view: JobView) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def within_bounds(local_batch: Sequence[int], lower: Sequence[int], upper: Sequence[int]) -> bool:
-    return all(lo <= b <= hi for b, lo, hi in zip(local_batch, lower, upper, strict=True))
+    if not len(local_batch) == len(lower) == len(upper):
+        raise ValueError("a plan and its bounds must name the same ranks")
+    return all(map(le, lower, local_batch)) and all(map(le, local_batch, upper))

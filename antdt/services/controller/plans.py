@@ -7,8 +7,9 @@ cap), whenever such a plan exists; otherwise it says so with ValueError."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
-from fractions import Fraction
+from itertools import compress, islice, repeat
 
 from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
@@ -20,15 +21,19 @@ def upper_bounds(
 ) -> tuple[int, ...]:
     """Per-rank largest batch: min(max_b, memory cap), never above the global batch."""
     top = global_batch if max_b is None else min(max_b, global_batch)
-    caps = caps or {}
-    return tuple(min(top, caps.get(rank, top)) for rank in range(n))
+    if not caps:
+        return (top,) * n
+    return tuple(map(min, repeat(top, n), map(caps.get, range(n), repeat(top, n))))
 
 
 def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]) -> None:
     """Raise ValueError, saying why, when no plan within the bounds sums to global_batch."""
     if not lower:
         raise ValueError("a plan needs at least one rank")
-    for rank, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+    if len(lower) != len(upper):
+        raise ValueError("lower and upper bounds must name the same ranks")
+    ordered = all(map(operator.le, lower, upper))
+    for rank, (lo, hi) in enumerate(() if ordered else zip(lower, upper, strict=True)):
         if hi < lo:
             raise ValueError(f"rank {rank}: largest batch {hi} is below the smallest {lo}")
     if sum(lower) > global_batch:
@@ -51,7 +56,7 @@ def proportional_shares(
     bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
     rest re-split (water-filling), then rounded by largest remainder so that the sum is
     exact. Ties go to the lower rank: the result is deterministic."""
-    if any(not math.isfinite(s) or s <= 0 for s in speeds):
+    if not (all(map(math.isfinite, speeds)) and min(speeds, default=1.0) > 0):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
     lower = (min_b,) * len(speeds)
     upper = upper_bounds(len(speeds), global_batch, max_b, caps)
@@ -64,18 +69,29 @@ def _water_fill(
     total: int, speeds: Sequence[float], lower: Sequence[int], upper: Sequence[int]
 ) -> list[float]:
     """Real-valued proportional shares with ranks pinned at their bounds where needed."""
+    n = len(speeds)
     pinned: dict[int, float] = {}
     while True:
-        free = [r for r in range(len(speeds)) if r not in pinned]
-        if not free:
-            return [pinned[r] for r in range(len(speeds))]
+        if pinned:
+            free: Sequence[int] = [r for r in range(n) if r not in pinned]
+            if not free:
+                return [pinned[r] for r in range(n)]
+            weight = sum(speeds[r] for r in free)
+        else:
+            free, weight = range(n), sum(speeds)  # the same sum, in the same order
         remaining = total - sum(pinned.values())
-        weight = sum(speeds[r] for r in free)
-        share = {r: remaining * speeds[r] / weight for r in free}
-        over = [r for r in free if share[r] > upper[r]]
-        under = [r for r in free if share[r] < lower[r]]
+        rates = map(speeds.__getitem__, free) if pinned else speeds
+        shares = list(
+            map(operator.truediv, map(operator.mul, repeat(remaining), rates), repeat(weight))
+        )
+        share = dict(zip(free, shares, strict=True)) if pinned else shares  # by rank
+        tops, bottoms = (map(upper.__getitem__, free), map(lower.__getitem__, free))
+        over = list(compress(free, map(operator.gt, shares, tops)))
+        under = list(compress(free, map(operator.lt, shares, bottoms)))
         if not over and not under:
-            return [pinned[r] if r in pinned else share[r] for r in range(len(speeds))]
+            if not pinned:
+                return shares
+            return [pinned[r] if r in pinned else share[r] for r in range(n)]
         # Pin the side that is further out: pinning it can only push the others back
         # towards their bounds, so the loop ends within len(speeds) rounds.
         excess = sum(share[r] - upper[r] for r in over)
@@ -90,17 +106,21 @@ def _round_keeping_sum(
     real: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]
 ) -> tuple[int, ...]:
     """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
-    shares = [min(max(math.floor(x), lo), hi) for x, lo, hi in zip(real, lower, upper, strict=True)]
-    by_remainder = sorted(range(len(real)), key=lambda r: (shares[r] - real[r], r))
+    if not len(real) == len(lower) == len(upper):
+        raise ValueError("shares and bounds must name the same ranks")
+    shares = list(map(min, map(max, map(math.floor, real), lower), upper))
+    remainders = list(map(operator.sub, shares, real))
+    by_remainder = sorted(range(len(real)), key=remainders.__getitem__)  # stable: ties by rank
     missing = total - sum(shares)
     while missing:
         # One unit per rank per pass, largest remainder first (smallest when taking).
         order = by_remainder if missing > 0 else by_remainder[::-1]
         step = 1 if missing > 0 else -1
-        movable = [r for r in order if lower[r] <= shares[r] + step <= upper[r]]
+        can_move = (r for r in order if lower[r] <= shares[r] + step <= upper[r])
+        movable = list(islice(can_move, abs(missing)))
         if not movable:
             raise ValueError("no plan within the bounds sums to the global batch")
-        for r in movable[: abs(missing)]:
+        for r in movable:
             shares[r] += step
             missing -= step
     return tuple(shares)
@@ -118,22 +138,27 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     if math.isinf(max_fraction):
         return tuple(new)
     mean = sum(old) / len(old)
-    limits = [max(1, math.floor(max_fraction * max(b, mean))) for b in old]
+    limit_of = {b: max(1, math.floor(max_fraction * max(b, mean))) for b in set(old)}
+    limits = list(map(limit_of.__getitem__, old))
     deltas = [b - a for a, b in zip(old, new, strict=True)]
-    scale = min(
-        [Fraction(1)] + [Fraction(lim, abs(d)) for d, lim in zip(deltas, limits, strict=True) if d]
-    )
-    if scale == 1:
+    # The scale, num / den: the smallest limit / |delta|, in integers (exact, as Fraction).
+    num, den = 1, 1
+    for d, lim in zip(deltas, limits, strict=True):
+        if d and lim * den < num * abs(d):
+            num, den = lim, abs(d)
+    if num >= den:
         return tuple(new)
-    moved = [d * scale for d in deltas]  # exact: sums to zero
-    steps = [int(m) for m in moved]  # truncated towards old
-    leftover = [m - s for m, s in zip(moved, steps, strict=True)]
+    # Each rank moves d x num / den: `steps` truncated towards old, `leftover` the rest
+    # (x den, so that integers order them as the fractions).
+    steps = [d * num // den if d >= 0 else -(-d * num // den) for d in deltas]
+    leftover = [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
     missing = -sum(steps)
     # Hand the rounding units to the ranks that were cut the most, in their direction.
-    if missing > 0:
-        order = sorted(range(len(old)), key=lambda r: (-leftover[r], r))[:missing]
+    if missing > 0:  # stable sorts: ties by rank
+        negated = list(map(operator.neg, leftover))
+        order = sorted(range(len(old)), key=negated.__getitem__)[:missing]
     else:
-        order = sorted(range(len(old)), key=lambda r: (leftover[r], r))[:-missing]
+        order = sorted(range(len(old)), key=leftover.__getitem__)[:-missing]
     for r in order:
         steps[r] += 1 if missing > 0 else -1
     return tuple(a + s for a, s in zip(old, steps, strict=True))
@@ -141,6 +166,10 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
 
 def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
     """Under BSP a step lasts as long as the slowest rank: max_i b_i / speed_i."""
+    if len(local_batch) != len(speeds):
+        raise ValueError("a plan and its speeds must name the same ranks")
+    if 0 not in local_batch and min(speeds, default=1.0) > 0:  # the same, at C speed
+        return max(map(operator.truediv, local_batch, speeds), default=0.0)
     times = [b / s if s > 0 else math.inf for b, s in zip(local_batch, speeds, strict=True) if b]
     return max(times, default=0.0)
 
@@ -209,6 +238,8 @@ def plan_violations(
     except ValueError as exc:
         return str(exc)
     upper = spec.max_local_batch or spec.global_batch
+    if not caps and spec.min_local_batch <= min(local_batch) and max(local_batch) <= upper:
+        return ""  # every batch within bounds, and no cap to hold
     for rank, b in enumerate(local_batch):
         if not spec.min_local_batch <= b <= upper:
             return f"rank {rank}: batch {b} outside [{spec.min_local_batch}, {upper}]"
@@ -243,6 +274,8 @@ def micro_batching(
     """(micro_batch, accumulation) per rank: the fewest micro-steps that fit the memory
     cap, a = ceil(b / cap) (1 without a cap or for an empty batch), and m = ceil(b / a).
     ValueError when a rank would need more than `max_accumulation` micro-steps."""
+    if not caps and max_accumulation >= 1:
+        return tuple(local_batch), (1,) * len(local_batch)  # one micro-step of the batch
     micro: list[int] = []
     accumulation: list[int] = []
     for rank, b in enumerate(local_batch):

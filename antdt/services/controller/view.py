@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, TypeVar
 
 from antdt.schemas import Incident, JobHealth, JobSpec, NodeRecord, Plan, RestartLedger
 from antdt.services.controller.nodes import free_spares
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,21 @@ class JobView:
     #: host -> live record of every node registered for the job (etcd
     #: `jobs/{job}/nodes/{host}`, torchrun's rendezvous gate); empty: none registered
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+
+    def remembered(self, name: str, key: object, compute: Callable[[], T]) -> T:
+        """`compute()`, once per `name` and equal `key` on this view: a decision derives
+        the same figures more than once (a view never changes, so neither do they)."""
+        entries: list[tuple[object, Any]] = self._derived.setdefault(name, [])
+        for known, value in entries:
+            if known is key or known == key:
+                return value  # type: ignore[no-any-return]
+        value = compute()
+        entries.append((key, value))
+        return value
+
+    @cached_property
+    def _derived(self) -> dict[str, list[tuple[object, Any]]]:
+        return {}
 
     @property
     def free_spares(self) -> tuple[str, ...]:

@@ -305,7 +305,7 @@ class JobDetector:
         judged = slow_run(rank.judgement, pace.run_level(rank), pace.reference, run)
         judged = judged._replace(fixed_samples=pace.fixed_samples)
         opened = open_slow(rank, judged, step, now, self.config, self._open)
-        return self._named(opened, now)
+        return self._named(opened, now, rank)
 
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         pace = self._pace
@@ -334,13 +334,13 @@ class JobDetector:
         rank.judgement = _with_step_times(judged, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:
-            return self._named(transitions, now)
+            return self._named(transitions, now, rank)
         return transitions
 
-    def _named(self, transitions: list[Incident], now: float) -> list[Incident]:
-        """`transitions` with the hosts whose ranks slowed together named (a SLOW
-        incident just opened): an incident updated here replaces its transition."""
-        updated = {i.id: i for i in name_hosts(self._ranks, now)}
+    def _named(self, transitions: list[Incident], now: float, opened: RankMemory) -> list[Incident]:
+        """`transitions` with the hosts whose ranks slowed together named (`opened`'s
+        SLOW incident just opened): an incident updated here replaces its transition."""
+        updated = {i.id: i for i in name_hosts(self._ranks, now, opened)}
         if not updated:
             return transitions
         kept = [updated.pop(i.id, i) for i in transitions]

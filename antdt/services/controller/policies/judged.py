@@ -8,23 +8,39 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, truediv
+from typing import cast
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
-from antdt.services.controller.balance import StepModel, median_model
+from antdt.services.controller.balance import StepModel
 from antdt.services.controller.view import JobView
 
 _HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
 _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
+_USABLE_SET = frozenset(_USABLE)
 
 
 def measured_speeds(view: JobView) -> tuple[float | None, ...]:
     """Per-rank speed (samples/s) before the barrier: compute, plus the data wait of a
     data-bound rank (`data_per_sample`); None where unknown or stalled."""
-    speeds: list[float | None] = [None] * view.spec.world_size
+    return view.remembered("measured_speeds", None, lambda: _measured_speeds(view))
+
+
+def _measured_speeds(view: JobView) -> tuple[float | None, ...]:
     data = data_per_sample(view)
+    columns = _in_rank_order(view)
+    if columns is not None and not data:  # the usual job: one row per rank, in order
+        rates = columns.rates
+        if min(rates, default=1.0) > 0:  # the same figures, at C speed
+            return tuple(map(truediv, repeat(1.0), map(truediv, repeat(1.0), rates)))
+        return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates)
+    speeds: list[float | None] = [None] * view.spec.world_size
     for row in _usable_rows(view):
-        if row.samples_per_s > 0:
-            speeds[row.rank] = 1.0 / (1.0 / row.samples_per_s + data.get(row.rank, 0.0))
+        rate = row.samples_per_s
+        if rate > 0:
+            speeds[row.rank] = 1.0 / (1.0 / rate + (data.get(row.rank, 0.0) if data else 0.0))
     return tuple(speeds)
 
 
@@ -48,6 +64,8 @@ def data_per_sample(view: JobView) -> dict[int, float]:
     if view.health is None:
         return {}
     bound = {i.rank for i in view.open_incidents if _open_slow(i, Cause.DATA)}
+    if not bound:
+        return {}
     step_s = view.health.step_s
     return {
         row.rank: row.data_wait_share * step_s / row.local_batch
@@ -88,6 +106,8 @@ def without_link_bound(
     is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
     incidents = [*view.open_incidents, *([event] if isinstance(event, Incident) else [])]
     bound = {r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ()))}
+    if not bound:
+        return tuple(speeds)
     return tuple(None if r in bound else s for r, s in enumerate(speeds))
 
 
@@ -97,12 +117,22 @@ def judged_speeds(
     """Measured speeds, except that a rank not held deviating (`held_ranks`) counts as
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
-    held = held_ranks(view, deviating)
-    normal = [s for r, s in enumerate(speeds) if s is not None and r not in held]
+    held = [r for r in held_ranks(view, deviating) if 0 <= r < len(speeds)]
+    others = list(speeds)
+    for rank in held:
+        others[rank] = None
+    normal = [s for s in others if s is not None] if None in others else cast(list[float], others)
     if not normal:
         return list(speeds)
     typical = statistics.median(normal)
-    return [s if s is None or r in held else typical for r, s in enumerate(speeds)]
+    judged: list[float | None]
+    if None in speeds:
+        judged = [None if s is None else typical for s in speeds]
+    else:
+        judged = [typical] * len(speeds)
+    for rank in held:
+        judged[rank] = speeds[rank]
+    return judged
 
 
 def judged_models(
@@ -114,18 +144,109 @@ def judged_models(
     A held rank keeps its own model, a rank not held gets the median model of those (as
     `judged_speeds`); a rank without a model counts at its per-sample speed (no fixed
     part), and so does the typical rank when no rank not held has a model."""
-    models = measured_models(view)
-    if all(m is None for m in models):
-        return None
-    judged = judged_speeds(view, speeds, deviating)
     held = held_ranks(view, deviating)
-    normal = [m for r, m in enumerate(models) if m is not None and r not in held]
-    typical = median_model(normal) if normal else None
-    plan: list[StepModel | None] = []
-    for rank, (speed, own) in enumerate(zip(judged, models, strict=True)):
-        chosen = own if rank in held else typical
-        plan.append(None if speed is None else chosen or _flat(speed))
+    key = (frozenset(held), tuple(speeds))
+    plan = view.remembered("judged_models", key, lambda: _judged_models(view, speeds, held))
+    return None if plan is None else list(plan)
+
+
+def _judged_models(
+    view: JobView, speeds: Sequence[float | None], held: AbstractSet[int]
+) -> list[StepModel | None] | None:
+    own, normal = _fitted(view, held)
+    if not own and not normal[0]:
+        return None
+    judged = judged_speeds(view, speeds, held)
+    fixed, per_sample = normal
+    typical = StepModel(statistics.median(fixed), statistics.median(per_sample)) if fixed else None
+    flat: dict[float, StepModel] = {}  # one object per speed: balanced_batches' classes
+
+    def flat_at(speed: float) -> StepModel:
+        return flat.get(speed) or flat.setdefault(speed, _flat(speed))
+
+    if typical is None:
+        plan = [None if s is None else flat_at(s) for s in judged]
+    elif None in judged:
+        plan = [None if s is None else typical for s in judged]
+    else:
+        plan = [typical] * len(judged)
+    for rank in held:
+        speed = judged[rank] if 0 <= rank < len(judged) else None
+        if speed is not None:
+            plan[rank] = own.get(rank) or flat_at(speed)
     return plan
+
+
+def _fitted(
+    view: JobView, held: AbstractSet[int]
+) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
+    """`measured_models` split: the held ranks' models by rank, the others' parts (only
+    their median is used, so no model object per rank is built)."""
+    data = data_per_sample(view)
+    columns = _in_rank_order(view)
+    if columns is not None and not data and columns.all_fitted:
+        return _fitted_columns(columns, held)
+    own: dict[int, StepModel] = {}
+    normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
+    for row in _usable_rows(view):
+        fixed, per_sample = row.fixed_s, row.per_sample_s
+        if fixed is None or per_sample is None or not per_sample > 0 < row.samples_per_s:
+            continue
+        if data:
+            per_sample += data.get(row.rank, 0.0)
+        if row.rank in held:
+            own[row.rank] = StepModel(fixed, per_sample)
+        else:
+            normal[0].append(fixed)
+            normal[1].append(per_sample)
+    return own, normal
+
+
+def _fitted_columns(
+    columns: _Columns, held: AbstractSet[int]
+) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
+    """`_fitted` of a job whose ranks all have a model, from its columns."""
+    fixed = cast(list[float], list(columns.fixed))
+    per_sample = cast(list[float], list(columns.per_sample))
+    mine = sorted(r for r in held if 0 <= r < len(fixed))
+    own = {r: StepModel(fixed[r], per_sample[r]) for r in mine}
+    for r in reversed(mine):
+        del fixed[r], per_sample[r]
+    return own, (fixed, per_sample)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The usable rows' figures, when they are one per rank in rank order."""
+
+    rates: list[float]
+    fixed: list[float | None]
+    per_sample: list[float | None]
+
+    @property
+    def all_fitted(self) -> bool:
+        """Every rank has a model and a speed (as `_fitted` asks, row by row)."""
+        if None in self.fixed or None in self.per_sample:
+            return False
+        per_sample = cast(list[float], self.per_sample)
+        return min(per_sample, default=1.0) > 0 and min(self.rates, default=1.0) > 0
+
+
+def _in_rank_order(view: JobView) -> _Columns | None:
+    return view.remembered("columns", None, lambda: _columns(view))
+
+
+def _columns(view: JobView) -> _Columns | None:
+    """Columns read at C speed; None unless the usable rows are the job's every rank, in
+    order."""
+    rows = _usable_rows(view)
+    if list(map(attrgetter("rank"), rows)) != list(range(view.spec.world_size)):
+        return None
+    return _Columns(
+        list(map(attrgetter("samples_per_s"), rows)),
+        list(map(attrgetter("fixed_s"), rows)),
+        list(map(attrgetter("per_sample_s"), rows)),
+    )
 
 
 def _flat(samples_per_s: float) -> StepModel:
@@ -134,9 +255,19 @@ def _flat(samples_per_s: float) -> StepModel:
 
 
 def _usable_rows(view: JobView) -> list[RankHealth]:
+    return view.remembered("usable_rows", None, lambda: _rows_usable(view))
+
+
+def _rows_usable(view: JobView) -> list[RankHealth]:
     assert view.health is not None
-    world = view.spec.world_size
-    return [r for r in view.health.ranks if r.state in _USABLE and r.rank < world]
+    world, rows = view.spec.world_size, view.health.ranks
+    if set(map(attrgetter("state"), rows)) <= _USABLE_SET and _ranks_below(rows, world):
+        return list(rows)
+    return [r for r in rows if r.state in _USABLE and r.rank < world]
+
+
+def _ranks_below(rows: Sequence[RankHealth], world: int) -> bool:
+    return max(map(attrgetter("rank"), rows), default=-1) < world
 
 
 __all__ = [

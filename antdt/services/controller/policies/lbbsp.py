@@ -92,7 +92,7 @@ class LbBspPolicy:
         if isinstance(event, JobHealth) and not _mitigation_wanted(view):
             return []
         speeds = without_link_bound(view, measured_speeds(view), event)
-        if sum(1 for s in speeds if s is not None) < 2:
+        if len(speeds) - speeds.count(None) < 2:
             return []  # nothing to balance against
         if params.variant == "gpu":
             proposal = self._gpu_move(view, params, speeds)

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from typing import cast
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
@@ -271,7 +272,9 @@ def _healed_by_model(
 ) -> tuple[Target | None, Target | None]:
     """Best plans by step-time model: now, and with `rank` given the others' median
     model (or its own, if that predicts faster at its batch)."""
-    others = [m for r, m in enumerate(models) if r != rank and m is not None]
+    rest = list(models)
+    del rest[rank]
+    others = [m for m in rest if m is not None] if None in rest else cast(list[StepModel], rest)
     own = models[rank]
     if own is None or not others:
         return None, None

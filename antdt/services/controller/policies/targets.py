@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from typing import cast
 
 from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
 from antdt.services.controller.guardrails import batch_bounds
@@ -25,9 +27,10 @@ class Target:
 
     def step_s(self, plan: Sequence[int]) -> float:
         """The predicted step time of `plan` over the known ranks, as this target sees it."""
-        batches = [plan[r] for r in self.known]
-        if self.models is not None:
-            return predicted_step_s(self.models, batches)
+        batches = list(map(plan.__getitem__, self.known))
+        if self.models is not None:  # few distinct (model, batch) pairs: one time each
+            pairs = set(zip(self.models, batches, strict=True))
+            return predicted_step_s([m for m, _ in pairs], [b for _, b in pairs])
         assert self.speeds is not None
         return predicted_step_time(batches, self.speeds)
 
@@ -59,16 +62,22 @@ def proportional_target(view: JobView, speeds: Sequence[float | None]) -> Target
 def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     """The plan whose slowest predicted rank is fastest (`balanced_batches`); None when
     no plan fits the bounds."""
+    key = list(models)
+    return view.remembered("balanced_target", key, lambda: _balanced_target(view, key))
+
+
+def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
-    known = tuple(r for r, m in enumerate(models) if m is not None)
-    fitted = tuple(m for m in models if m is not None)
+    present = [m is not None for m in models]
+    known = tuple(compress(range(len(models)), present))
+    fitted = cast(tuple[StepModel, ...], tuple(compress(models, present)))
     try:
         shares = balanced_batches(
             fitted,
             view.spec.global_batch - _kept(current, known),
-            [lower[r] for r in known],
-            [upper[r] for r in known],
+            list(compress(lower, present)),
+            list(compress(upper, present)),
         )
     except ValueError:
         return None
@@ -77,11 +86,16 @@ def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target
 
 def _kept(current: Sequence[int], known: Sequence[int]) -> int:
     """Samples that ranks outside `known` keep."""
-    return sum(b for r, b in enumerate(current) if r not in known)
+    if len(known) == len(current):
+        return 0
+    inside = set(known)
+    return sum(b for r, b in enumerate(current) if r not in inside)
 
 
 def _fill(current: Sequence[int], ranks: Sequence[int], shares: Sequence[int]) -> tuple[int, ...]:
     """`current` with `ranks` given `shares`, in order."""
+    if len(ranks) == len(current):
+        return tuple(shares)  # `ranks` (increasing, as the targets list them) are all
     plan = list(current)
     for rank, share in zip(ranks, shares, strict=True):
         plan[rank] = share

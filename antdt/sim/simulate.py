@@ -1,0 +1,38 @@
+"""One simulation: the scenario's policies, `none`, the oracle and the healthy cluster,
+each from the same draws, with a progress callback. The facade the CLI and the bench use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from antdt.sim.files import ScenarioFile
+from antdt.sim.report import Figures, figures
+from antdt.sim.run import RunResult, run_policy, run_reference
+
+#: (what runs now, steps done in it); called after each step.
+Tick = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    scenario: ScenarioFile
+    runs: tuple[RunResult, ...]  # `none` first, then the scenario's other policies
+    oracle: RunResult
+    healthy: RunResult
+
+    @property
+    def figures(self) -> list[Figures]:
+        return figures(self.runs, self.oracle, self.healthy)
+
+
+def simulate(scenario: ScenarioFile, tick: Tick | None = None) -> Simulation:
+    """Every policy of the scenario (and `none`, always) in closed loop."""
+    names = ["none", *(p for p in scenario.policies if p != "none")]
+
+    def progress(what: str) -> Callable[[int], None] | None:
+        return None if tick is None else (lambda done: tick(what, done))
+
+    oracle, healthy = run_reference(scenario, progress("oracle"))
+    runs = tuple(run_policy(scenario, name, progress(name)) for name in names)
+    return Simulation(scenario, runs, oracle, healthy)

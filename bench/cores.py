@@ -1,0 +1,120 @@
+"""The detector's cost per step event and the shard ledger's per done-and-fetch, at 100,
+1,000 and 10,000 ranks: neither may grow with the job (the pure cores, no servers)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from antdt.schemas import JobSpec, ShardFetch, ShardRef, ShardReply
+from antdt.services.monitor.detector import JobDetector
+from antdt.services.shards.ledger import new_ledger, plan_fetch
+
+RANK_COUNTS = (100, 1_000, 10_000)
+EVENTS = 200_000  # per rank count: 2,000 steps of 100 ranks, 20 of 10,000
+OPS = 300  # done-and-fetch operations timed per rank count
+
+
+def detector_us_per_event(ranks: int, events: int = EVENTS) -> float:
+    """CPU µs per step event of a job with one 3x straggler (windows close and are judged
+    as they fill; health, a 1 Hz O(ranks) call, is not counted)."""
+    detector = JobDetector("bench", ranks)
+    steps = max(3 * detector.config.window, events // ranks)
+    slow, now, spent = ranks - 1, 0.0, 0.0
+    for step in range(steps):
+        now += 0.1
+        rows = [
+            ("bench", r, f"h{r}", step, 0, 32, now - 0.1, now, 32, _compute_s(r, slow, step), 0.001)
+            for r in range(ranks)
+        ]
+        started = time.thread_time()
+        for fields in rows:
+            detector.ingest_fields((*fields, 0.005, 0.1), now)  # type: ignore[arg-type]
+        spent += time.thread_time() - started
+    return spent / (steps * ranks) * 1e6
+
+
+def _compute_s(rank: int, slow: int, step: int) -> float:
+    straggling = rank == slow and step > 20
+    return 0.032 * (3.0 if straggling else 1.0) * (1 + (rank * 7919 % 13) * 0.002)
+
+
+def ledger_us_per_op(ranks: int, ops: int = OPS) -> float:
+    """CPU µs of one done-and-fetch (a rank hands its shard back done and takes the
+    next) on a ledger where every rank holds a shard."""
+    spec = JobSpec(
+        job="bench",
+        world_size=ranks,
+        dataset_size=ranks * 32 * 1000,
+        shard_size=320,
+        global_batch=32 * ranks,
+    )
+    state = new_ledger(spec)
+    held = {}
+    for rank in range(ranks):
+        result = plan_fetch(state, ShardFetch(job="bench", rank=rank, epoch=0, want=1))
+        state, held[rank] = result.state, _grant(result.reply)
+    spent = 0.0
+    for i in range(ops):
+        rank = i % ranks
+        shard, attempt = held[rank]
+        done = (ShardRef(shard=shard, attempt=attempt, epoch=0),)
+        request = ShardFetch(job="bench", rank=rank, epoch=0, want=1, done=done)
+        started = time.thread_time()
+        result = plan_fetch(state, request)
+        spent += time.thread_time() - started
+        state, held[rank] = result.state, _grant(result.reply)
+    return spent / ops * 1e6
+
+
+def _grant(reply: object) -> tuple[int, int]:
+    assert isinstance(reply, ShardReply) and reply.grants, reply
+    return reply.grants[0].shard, reply.grants[0].attempt
+
+
+def core_rows() -> list[dict[str, Any]]:
+    """One row per core and rank count, with the ratio to 100 ranks."""
+    rows: list[dict[str, Any]] = []
+    for core, measure in (
+        ("detector, per event", detector_us_per_event),
+        ("ledger, per done+fetch", ledger_us_per_op),
+    ):
+        figures = {ranks: measure(ranks) for ranks in RANK_COUNTS}
+        for ranks, us in figures.items():
+            rows.append(
+                {"core": core, "ranks": ranks, "us": us, "ratio": us / figures[RANK_COUNTS[0]]}
+            )
+    return rows
+
+
+def print_cores(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    from bench.display import console
+
+    table = Table(title="Pure cores per operation (CPU µs; ratio to 100 ranks)")
+    for column in ("core", "ranks", "µs", "ratio to 100 ranks"):
+        table.add_column(column, justify="left" if column == "core" else "right")
+    for row in rows:
+        table.add_row(row["core"], f"{row['ranks']:,}", f"{row['us']:.1f}", f"{row['ratio']:.2f}")
+    console.print(table)
+
+
+def bench_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bench table's rows: each core at 10,000 ranks against itself at 100."""
+    base = {r["core"]: r["us"] for r in rows if r["ranks"] == RANK_COUNTS[0]}
+    return [
+        {
+            "what": f"{r['core']} at {r['ranks']:,} ranks, CPU µs x 1000",
+            "value": r["us"] * 1e3,
+            "baseline": base[r["core"]] * 1e3,
+            "baseline_what": f"same at {RANK_COUNTS[0]} ranks",
+            "target": "ratio <= 2 (independent of the ranks)",
+        }
+        for r in rows
+        if r["ranks"] == RANK_COUNTS[-1]
+    ]
+
+
+if __name__ == "__main__":
+    print_cores(core_rows())

@@ -1,0 +1,189 @@
+"""One policy decision at 100, 1,000 and 10,000 ranks: the cost a controller pays per
+health tick or incident. The view is a job with one persistent 3x compute straggler (and,
+for `links`, one persistent slow link), every rank with a fitted step-time model."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from antdt.schemas import (
+    Cause,
+    Incident,
+    IncidentKind,
+    IncidentState,
+    JobHealth,
+    JobSpec,
+    Plan,
+    RankHealth,
+    RankState,
+    StragglerClass,
+)
+from antdt.services.controller.guardrails import Guardrails
+from antdt.services.controller.policies import JobView, load_policy
+from antdt.services.controller.policies.links import RestartCost, decide_link_move
+
+JOB = "bench-decide"
+LOCAL_BATCH = 32
+RANK_COUNTS = (100, 1_000, 10_000)
+POLICIES = ("none", "lb-bsp", "antdt-nd", "antdt-dd", "links")
+TARGET_MS = 10.0
+
+
+def _incident(rank: int, cause: Cause, evidence: dict[str, float]) -> Incident:
+    return Incident(
+        id=f"{JOB}-{rank}-{cause.value}",
+        job=JOB,
+        rank=rank,
+        host=f"h{rank}",
+        kind=IncidentKind.SLOW,
+        straggler_class=StragglerClass.PERSISTENT,
+        cause=cause,
+        state=IncidentState.ESCALATED,
+        step=50,
+        opened_at=10.0,
+        updated_at=20.0,
+        ratio=3.0,
+        windows=4,
+        evidence=evidence,
+    )
+
+
+def decision_view(ranks: int, *, link: bool = False) -> tuple[JobView, JobHealth]:
+    """A job of `ranks` ranks, its last rank 3x slow in compute (and its first with a slow
+    link when `link`), at step 200 of a long run, equal shares in force."""
+    spec = JobSpec(
+        job=JOB,
+        world_size=ranks,
+        dataset_size=LOCAL_BATCH * ranks * 10_000,
+        shard_size=LOCAL_BATCH,
+        global_batch=LOCAL_BATCH * ranks,
+        policy="antdt-nd",
+    )
+    slow = ranks - 1
+    rows = tuple(
+        RankHealth(
+            rank=r,
+            host=f"h{r}",
+            state=RankState.SLOW if r == slow else RankState.OK,
+            last_step=200,
+            local_batch=LOCAL_BATCH,
+            samples_per_s=(1000.0 / 3 if r == slow else 1000.0) * (1 + (r % 7) * 1e-3),
+            compute_s_per_sample=(3e-3 if r == slow else 1e-3),
+            ratio=3.0 if r == slow else 1.0,
+            data_wait_share=0.0,
+            comm_share=0.1,
+            fixed_s=0.002,
+            per_sample_s=(3e-3 if r == slow else 1e-3) * (1 + (r % 5) * 1e-3),
+        )
+        for r in range(ranks)
+    )
+    health = JobHealth(
+        job=JOB,
+        at=999.0,
+        step=200,
+        step_s=0.1,
+        samples_per_s=LOCAL_BATCH * ranks / 0.1,
+        balance_efficiency=0.4,
+        plan_version=0,
+        ranks=rows,
+    )
+    incidents = [_incident(slow, Cause.COMPUTE, {"step_s_before": 0.04})]
+    if link:
+        incidents.append(
+            _incident(0, Cause.COMMUNICATION, {"step_s_before": 0.04, "link_rtt_s": 0.05})
+        )
+    plan = Plan(
+        job=JOB, version=0, local_batch=spec.equal_shares(), effective_step=0, created_at=0.0
+    )
+    view = JobView(
+        spec=spec,
+        plan=plan,
+        health=health,
+        open_incidents=tuple(incidents),
+        memory_caps={},
+        last_action_at=None,
+        now=1000.0,
+        hosts={r: f"h{r}" for r in range(ranks)},
+        remaining_samples=spec.dataset_size - 201 * spec.global_batch,
+    )
+    return view, health
+
+
+def decider(policy: str, ranks: int) -> Callable[[], Any]:
+    """One decision of `policy` on a view of `ranks` ranks, as a call: each call gets its
+    own copy of the view (a view remembers what a decision derived from it)."""
+    if policy == "links":
+        view, health = decision_view(ranks, link=True)
+        cost = RestartCost(30.0, False, 2.0)
+        return lambda: decide_link_move(replace(view), health, Guardrails(), cost, lambda _: True)
+    view, health = decision_view(ranks)
+    chosen = load_policy(policy)
+    return lambda: chosen.decide(replace(view), health)
+
+
+def decision_ms(policy: str, ranks: int, *, repeats: int = 5) -> float:
+    """The median CPU time of one decision on this thread, ms (after one warm-up call):
+    CPU time, as other processes on a shared machine stretch wall time."""
+    call = decider(policy, ranks)
+    call()
+    samples = []
+    for _ in range(repeats):
+        started = time.thread_time()
+        call()
+        samples.append((time.thread_time() - started) * 1e3)
+    return statistics.median(samples)
+
+
+def decision_rows(repeats: int = 5) -> list[dict[str, Any]]:
+    """One row per policy and rank count, each with its ratio to the same decision at
+    the smallest rank count."""
+    rows: list[dict[str, Any]] = []
+    for policy in POLICIES:
+        base = decision_ms(policy, RANK_COUNTS[0], repeats=repeats)
+        for ranks in RANK_COUNTS:
+            ms = base if ranks == RANK_COUNTS[0] else decision_ms(policy, ranks, repeats=repeats)
+            rows.append({"policy": policy, "ranks": ranks, "ms": ms, "ratio": ms / base})
+    return rows
+
+
+def bench_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The bench table's rows: each policy at the largest rank count, in µs, against the
+    same decision at the smallest; a row over the target says so (`failed`)."""
+    base = {r["policy"]: r["ms"] for r in rows if r["ranks"] == RANK_COUNTS[0]}
+    out = []
+    for row in rows:
+        if row["ranks"] != RANK_COUNTS[-1]:
+            continue
+        entry: dict[str, Any] = {
+            "what": f"one {row['policy']} decision at {row['ranks']:,} ranks, CPU µs",
+            "value": row["ms"] * 1e3,
+            "baseline": base[row["policy"]] * 1e3 or None,
+            "baseline_what": f"same at {RANK_COUNTS[0]} ranks",
+            "target": f"< {TARGET_MS * 1e3:,.0f} µs",
+            "details": [r for r in rows if r["policy"] == row["policy"]],
+        }
+        if row["ms"] >= TARGET_MS:
+            entry["failed"] = f"{entry['what']}: {row['ms']:.1f} ms >= {TARGET_MS:g} ms"
+        out.append(entry)
+    return out
+
+
+def print_decisions(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    from bench.display import console
+
+    table = Table(title=f"One policy decision (median CPU ms; target < {TARGET_MS:g} ms at 10,000)")
+    for column in ("policy", "ranks", "ms", "ratio to 100 ranks"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for row in rows:
+        table.add_row(row["policy"], f"{row['ranks']:,}", f"{row['ms']:.3f}", f"{row['ratio']:.1f}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    print_decisions(decision_rows())

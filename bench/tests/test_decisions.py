@@ -1,0 +1,38 @@
+"""One policy decision of every built-in policy at 100, 1,000 and 10,000 ranks (the
+bench's rows, bench/decisions.py): each grows about linearly with the ranks, and stays
+within a bound at 10,000 that a loaded two-core CI machine keeps (CI_BOUND_MS)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.decisions import POLICIES, RANK_COUNTS, TARGET_MS, bench_rows, decision_rows
+
+#: The bench's target is TARGET_MS (make bench flags a row over it); here a bound that a
+#: loaded two-core CI machine keeps (14-22 ms measured on one), far below the 1-4 s a
+#: quadratic step took.
+CI_BOUND_MS = 5 * TARGET_MS
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict[str, object]]:
+    return decision_rows(repeats=3)
+
+
+def test_every_policy_is_timed_at_every_rank_count(rows: list[dict[str, object]]) -> None:
+    assert [(r["policy"], r["ranks"]) for r in rows] == [
+        (p, n) for p in POLICIES for n in RANK_COUNTS
+    ]
+    assert [r["what"] for r in bench_rows(rows)] == [
+        f"one {p} decision at 10,000 ranks, CPU µs" for p in POLICIES
+    ]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_one_decision_at_10000_ranks_is_fast_and_about_linear(
+    rows: list[dict[str, object]], policy: str
+) -> None:
+    ms = {int(str(r["ranks"])): float(str(r["ms"])) for r in rows if r["policy"] == policy}
+    assert ms[10_000] < CI_BOUND_MS
+    # 100x the ranks: at most ~100x the time (a quadratic step took 10,000x)
+    assert ms[10_000] <= 200 * max(ms[100], 0.02)
