@@ -33,6 +33,7 @@ from bench.sharing_figures import (
     Comparison,
     RunFigures,
     bursts,
+    median_runs,
     persistent,
     rows,
     run_figures,
@@ -54,6 +55,7 @@ class Scenario:
     factor: int = 3  # a slowed rank shares its budget with factor - 1 busy loops
     seed: int = 1
     detector_window: int = 5
+    turns: int = 2  # each configuration's runs; the median one counts
 
     @property
     def steps(self) -> int:
@@ -61,7 +63,7 @@ class Scenario:
 
 
 #: The bench-test's: fewer steps.
-SHORT = Scenario(steps_per_epoch=12, epochs=2, warmup=4, global_batch=1024)
+SHORT = Scenario(steps_per_epoch=12, epochs=2, warmup=4, global_batch=1024, turns=1)
 
 
 @dataclass(frozen=True)
@@ -177,22 +179,27 @@ def cases(s: Scenario) -> list[Case]:
 async def bench_sharing(
     cluster: EmbeddedCluster, s: Scenario, out: Path, only: tuple[str, ...] = ()
 ) -> dict[str, Comparison]:
-    """Every case's configurations (or only the cases named), one after another (each
-    case's order reversed on every other case), with a progress bar; figures by case."""
+    """Every case's configurations (or only the cases named), `s.turns` times, each
+    turn's order the reverse of the last (ABBA: drift on the machine falls on all of
+    them alike); per configuration the run of median throughput, by case."""
     out.mkdir(parents=True, exist_ok=True)
-    got: dict[str, Comparison] = {}
     todo = [c for c in cases(s) if not only or c.name in only]
+    runs: dict[str, dict[str, list[RunFigures]]] = {c.name: {} for c in todo}
+    total = s.turns * sum(len(c.configs) for c in todo)
     with services(cluster, s.detector_window, out), Progress(console=console) as bar:
-        task = bar.add_task("work sharing runs", total=sum(len(c.configs) for c in todo))
-        for n, case in enumerate(todo):
-            runs: dict[str, RunFigures] = {}
-            for cfg in case.configs if n % 2 == 0 else case.configs[::-1]:
-                bar.update(task, description=f"work sharing: {case.name}, {cfg.label}")
-                where = out / case.name / cfg.label
-                runs[cfg.label] = await run_once(cluster, s, cfg, case.schedule, where)
-                bar.advance(task)
-            got[case.name] = Comparison(case.name, runs)
-    return got
+        task = bar.add_task("work sharing runs", total=total)
+        for turn in range(s.turns):
+            for case in todo:
+                for cfg in case.configs if turn % 2 == 0 else case.configs[::-1]:
+                    bar.update(task, description=f"work sharing: {case.name}, {cfg.label}")
+                    where = out / case.name / cfg.label / str(turn)
+                    got = await run_once(cluster, s, cfg, case.schedule, where)
+                    runs[case.name].setdefault(cfg.label, []).append(got)
+                    bar.advance(task)
+    return {
+        name: Comparison(name, {label: median_runs(label, r) for label, r in by.items()})
+        for name, by in runs.items()
+    }
 
 
 def slowed_steps(s: Scenario) -> int:

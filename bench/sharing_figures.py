@@ -99,10 +99,15 @@ class Comparison:
 
 
 def median_runs(label: str, runs: list[RunFigures]) -> RunFigures:
-    """The run of median throughput among repeats of one configuration."""
-    ordered = sorted(runs, key=lambda r: r.throughput)
-    mid = ordered[len(ordered) // 2]
-    return RunFigures(label, mid.throughput, mid.step_s, mid.steps)
+    """Repeats of one configuration as one: the median throughput and step time."""
+    if not runs:
+        raise ValueError(f"{label}: no runs")
+    return RunFigures(
+        label,
+        statistics.median(r.throughput for r in runs),
+        statistics.median(r.step_s for r in runs),
+        runs[0].steps,
+    )
 
 
 def transient_ceiling(schedule_steps: int, steps: int, world: int, factor: float) -> float:

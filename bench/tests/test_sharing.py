@@ -91,3 +91,14 @@ async def test_the_persistent_case_runs_for_real(cluster: EmbeddedCluster, tmp_p
     assert set(runs) == {"lb-bsp", "antdt-nd+sharing"}
     assert all(r.throughput > 0 and r.steps == SHORT.steps - SHORT.warmup for r in runs.values())
     assert save_sharing_chart(got, tmp_path / "sharing.png").stat().st_size > 0
+
+
+def test_repeats_count_by_their_median() -> None:
+    from bench.sharing_figures import median_runs
+
+    runs = [RunFigures("a", t, 0.1 * i, 50) for i, t in enumerate((100.0, 130.0, 90.0))]
+    got = median_runs("a", runs)
+    assert (got.throughput, got.step_s) == (100.0, pytest.approx(0.1))
+    assert median_runs("a", runs[:2]).throughput == 115.0
+    with pytest.raises(ValueError):
+        median_runs("a", [])
