@@ -100,8 +100,9 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
 async def test_a_rank_killed_9_holding_claims_under_work_sharing_loses_and_repeats_nothing(
     settings: ServiceSettings, tmp_path: Path, unique: str
 ) -> None:
-    """Work sharing on; rank 1 is killed -9 in step 27 while it holds the claim of its
-    second micro-batch (its first computed, the rest of the step claimable by helpers).
+    """Work sharing on; rank 1 is killed -9 in step 27 while it holds its first claim of
+    the step (its first micro-batch: a later one may already be a helper's, since they
+    take from the back, so a kill at a later claim may never come).
     Nothing is lost or computed twice: a micro-batch's ids reach the model (and the
     sample log) only through the step's gradient all-reduce, which needs every rank, so
     no part of step 27 did; a claim is one compare-and-set, so within a completed step
@@ -112,7 +113,7 @@ async def test_a_rank_killed_9_holding_claims_under_work_sharing_loses_and_repea
         settings,
         tmp_path,
         f"share-{unique}",
-        "rank=1,step=27,how=kill,holding=1",
+        "rank=1,step=27,how=kill,holding=0",
         ANTDT_POLICY_PARAMS='{"work_sharing": "on"}',
     )
     assert restores(lines) == {(1, 19)}
