@@ -20,7 +20,7 @@ from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats, ServerTls
 from antdt.runtime.servers.natsconf import authorization_block, load_permissions, tls_block
 from antdt.runtime.store import EtcdUser, enable_auth
 from antdt.schemas import Subjects
-from antdt.testing import cores
+from antdt.testing import Pki, cores, make_pki
 from tests.e2e.conftest import (
     WORLD,
     StragglerRun,
@@ -30,7 +30,6 @@ from tests.e2e.conftest import (
     straggler_env,
 )
 from tests.e2e.test_control_loop import assert_mitigated
-from tests.pki import Pki, make_pki
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
