@@ -5,6 +5,7 @@ servers (plaintext, or as its role's user over TLS)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings, TlsSettings
 from antdt.runtime.servers import EmbeddedCluster, EmbeddedEtcd, EmbeddedNats, ServerTls
 from antdt.runtime.servers.natsconf import authorization_block, load_permissions, tls_block
 from antdt.runtime.store import EtcdUser, enable_auth
-from antdt.testing import make_pki
+from antdt.testing import Pki, make_pki
 
 SUBJECT_PREFIX, KEY_PREFIX = "bench.sec", "/bench/sec/"
 #: The jobs whose ranks the bench's agents stand for (an agent user is bound to one job).
@@ -77,42 +78,45 @@ def _password(user: str) -> str:
 
 
 @asynccontextmanager
-async def secured_servers() -> AsyncIterator[Access]:
-    """A nats-server and an etcd of their own with users and TLS on, for as long as the
-    block runs; the Access of the bench's clients to them."""
-    with tempfile.TemporaryDirectory(prefix="antdt-bench-secured-") as tmp:
+async def bench_servers(*, secure: bool) -> AsyncIterator[Access]:
+    """A nats-server and an etcd of their own, started alike, with users and TLS on where
+    `secure` (else plaintext: the baseline differs in security alone), for as long as
+    the block runs; the Access of the bench's clients to them."""
+    with tempfile.TemporaryDirectory(prefix="antdt-bench-servers-") as tmp:
         root = Path(tmp)
         pki = make_pki(root / "pki")
-        users = [
-            {"user": u, "password": _password(u), "role": r, **({"job": j} if j else {})}
-            for u, (r, j) in NATS_USERS.items()
-        ]
-        permissions = root / "permissions.json"
-        permissions.write_text(json.dumps({"subject_prefix": SUBJECT_PREFIX, "users": users}))
-        config = authorization_block(load_permissions(permissions))
-        config += tls_block(pki.server_cert, pki.server_key, pki.ca)
+        config = _nats_config(root, pki) if secure else ""
+        server_tls = ServerTls(pki.server_cert, pki.server_key, pki.ca) if secure else None
         nats = EmbeddedNats(root / "nats", extra_config=config).start()
         try:
-            etcd = EmbeddedEtcd(
-                root / "etcd", tls=ServerTls(pki.server_cert, pki.server_key, pki.ca)
-            )
-            etcd.start()
+            etcd = EmbeddedEtcd(root / "etcd", tls=server_tls).start()
             try:
-                tls = {"ca": str(pki.ca), "cert": str(pki.client_cert), "key": str(pki.client_key)}
-                TlsSettings(**tls)  # checked once, here
-                root_access = EtcdSettings(endpoint=etcd.endpoint, key_prefix=KEY_PREFIX, tls=tls)
-                etcd_users = [EtcdUser(u, _password(u), KEY_PREFIX) for u in ETCD_USERS]
-                await enable_auth(root_access, etcd_users, root_password=_password("root"))
-                yield Access(
-                    nats.url,
-                    etcd.endpoint,
-                    SUBJECT_PREFIX,
-                    KEY_PREFIX,
-                    {"nats": nats.pid, "etcd": etcd.pid},
-                    {u: _password(u) for u in {*NATS_USERS, *ETCD_USERS}},
-                    tls,
-                )
+                pids = {"nats": nats.pid, "etcd": etcd.pid}
+                plain = Access(nats.url, etcd.endpoint, SUBJECT_PREFIX, KEY_PREFIX, pids)
+                yield await _secure(plain, pki) if secure else plain
             finally:
                 etcd.stop()
         finally:
             nats.stop()
+
+
+def _nats_config(root: Path, pki: Pki) -> str:
+    users = [
+        {"user": u, "password": _password(u), "role": r, **({"job": j} if j else {})}
+        for u, (r, j) in NATS_USERS.items()
+    ]
+    permissions = root / "permissions.json"
+    permissions.write_text(json.dumps({"subject_prefix": SUBJECT_PREFIX, "users": users}))
+    config = authorization_block(load_permissions(permissions))
+    return config + tls_block(pki.server_cert, pki.server_key, pki.ca)
+
+
+async def _secure(plain: Access, pki: Pki) -> Access:
+    """`plain` with etcd's users made and auth on, each client as its user over TLS."""
+    tls = {"ca": str(pki.ca), "cert": str(pki.client_cert), "key": str(pki.client_key)}
+    TlsSettings(**tls)  # checked once, here
+    root_access = EtcdSettings(endpoint=plain.etcd_endpoint, key_prefix=KEY_PREFIX, tls=tls)
+    etcd_users = [EtcdUser(u, _password(u), KEY_PREFIX) for u in ETCD_USERS]
+    await enable_auth(root_access, etcd_users, root_password=_password("root"))
+    passwords = {u: _password(u) for u in {*NATS_USERS, *ETCD_USERS}}
+    return dataclasses.replace(plain, passwords=passwords, tls=tls)
