@@ -26,6 +26,7 @@ from bench.ingest_replicas import bench_ingest_replicas
 from bench.latency import bench_incident_to_plan, bench_raw_request
 from bench.ledger_writes import bench_ledger_writes
 from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
+from bench.secured_rows import SecuredSizes, secured_rows
 from bench.shards_rows import RUNS, shards_rows
 from bench.sharing import sharing_rows
 from bench.sim_speed import sim_rows
@@ -100,6 +101,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     with console.status("the simulator's speed (1,000 ranks x 100 steps)"):
         rows += sim_rows()
     rows += await shards_rows(cluster)
+    rows += await secured_rows(cluster, SecuredSizes())
     rows.append(await epoch_turn_row(cluster))
     rows += await ledger_write_rows(cluster)
     rows += await checkpoint_rows_of(cluster)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 async def start_module(module: str, *args: str, **options: Any) -> asyncio.subprocess.Process:
     """Start `python -m bench.<module> ARGS...`; `options` as create_subprocess_exec's."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**options.pop("env", os.environ), "PYTHONPATH": path}
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", f"bench.{module}", *args, env=env, **options
     )

@@ -6,7 +6,9 @@ long the loop went without a turn."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
 import time
 from typing import Any
 
@@ -25,9 +27,9 @@ from antdt.schemas import (
     RankHello,
     Subjects,
 )
-from bench.cases import _settings
 from bench.children import start_module
-from bench.publisher import step_event
+from bench.publisher import PUBLISHER_NATS, step_event
+from bench.secured import Access
 
 #: Ranks of the load generator's job.
 RANKS = 64
@@ -46,7 +48,9 @@ async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
     await sub.nc.subscribe("raw.bench", cb=on_msg, pending_msgs_limit=messages * 2)
     await sub.flush()
     expected = messages // RANKS * RANKS  # whole steps of the ranks, as the monitor case
-    load = await _load(url, "raw", "bench", messages, "--raw", "raw.bench")
+    load = await _load(
+        {"url": url, "subject_prefix": "raw"}, "bench", messages, "--raw", "raw.bench"
+    )
     _, elapsed = await _received(lambda: count, expected)
     await load.wait()
     await sub.close()
@@ -54,16 +58,24 @@ async def bench_raw_pubsub(url: str, *, messages: int) -> dict[str, float]:
 
 
 async def bench_monitor_ingest(
-    cluster: EmbeddedCluster, *, events: int, stalled_first: bool = False
+    cluster: EmbeddedCluster,
+    *,
+    events: int,
+    stalled_first: bool = False,
+    access: Access | None = None,
 ) -> dict[str, float]:
     """Step events of 64 ranks from the load generator, ingested by one monitor replica that
     owns the job: the rate, events lost (`dropped`: behind a full queue), jobs lost with the
     lease, and the loop's longest hold (`longest_hold_s`). `stalled_first`: all ranks but
-    one stalled when the events come, so the first events also resolve 63 incidents."""
+    one stalled when the events come, so the first events also resolve 63 incidents.
+    `access`: other servers and each client's user there (default: `cluster`, plaintext)."""
     from antdt.services.monitor.service import MonitorService, MonitorSettings
 
-    base = _settings(cluster, f"ingest{time.monotonic_ns() % 10**9}")
-    settings = MonitorSettings(**base.model_dump())
+    access = access or Access.plain(cluster, f"ingest{time.monotonic_ns() % 10**9}")
+    settings = MonitorSettings(
+        nats=access.nats("monitor"), etcd=access.etcd("monitor"), replica_id="bench-monitor"
+    )
+    agent = access.nats_fields("agent-ingest")
     runtime = ServiceRuntime("bench-monitor")
     bus = await Bus(settings.nats, name="bench-monitor").connect()
     store = await Store(settings.etcd).connect()
@@ -84,14 +96,14 @@ async def bench_monitor_ingest(
 
     monitor.ownership.on_lost(on_lost)
     await monitor.start(runtime)
-    await _take_on(settings.nats, monitor)
-    async with Stalls(settings.nats) as stalls:
+    await _take_on(NatsSettings(**agent), monitor)
+    async with Stalls(access.nats("policy")) as stalls:
         if stalled_first:
             await stalls.wait_opened(RANKS - 1)
         warmup = monitor.ingested
         expected = events // RANKS * RANKS
         async with LoopHolds() as holds:
-            load = await _load(cluster.nats.url, settings.nats.subject_prefix, "bench", events)
+            load = await _load(agent, "bench", events)
             try:
                 first, elapsed = await _received(lambda: monitor.ingested - warmup, expected)
             except RuntimeError as exc:  # say what the replica was doing
@@ -202,9 +214,11 @@ class LoopHolds:
             last = now
 
 
-async def _load(url: str, prefix: str, job: str, events: int, *extra: str) -> Any:
-    """Start the load generator (bench.publisher) in its own process."""
-    return await start_module("publisher", url, prefix, job, str(RANKS), str(events), *extra)
+async def _load(nats: dict[str, Any], job: str, events: int, *extra: str) -> Any:
+    """Start the load generator (bench.publisher) in its own process, connecting with
+    the NatsSettings fields `nats` (in its environment: they may hold a password)."""
+    env = {**os.environ, PUBLISHER_NATS: json.dumps(nats)}
+    return await start_module("publisher", job, str(RANKS), str(events), *extra, env=env)
 
 
 async def _received(

@@ -69,9 +69,7 @@ async def _run(cluster: EmbeddedCluster, events: int, replicas: tuple[str, ...])
         await _claimed(bus, store, keys, subjects, jobs)
         await _warm_up(bus, subjects, jobs, children)
         owned = [await child.go() for child in children]
-        loads = [
-            await _load(cluster.nats.url, base.nats.subject_prefix, job, events) for job in jobs
-        ]
+        loads = [await _load(base.nats.model_dump(mode="json"), job, events) for job in jobs]
         results = [await child.result() for child in children]
         for load in loads:
             await load.wait()

@@ -1,16 +1,24 @@
 """A load generator in its own process: pre-serialised step events, as fast as one
 nats-py client publishes them (the receiving side then shares no thread with its load).
 
-    python -m bench.publisher URL SUBJECT_PREFIX JOB RANKS EVENTS [--raw SUBJECT]"""
+    BENCH_PUBLISHER_NATS='{"url": ..., "subject_prefix": ...}' \
+        python -m bench.publisher JOB RANKS EVENTS [--raw SUBJECT]
+
+The NatsSettings fields come in the environment: they may hold a user's password."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 from antdt.runtime import loops
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import NatsSettings
 from antdt.schemas import StepEvent, Subjects
+
+#: The environment variable holding the NatsSettings fields (JSON) to connect with.
+PUBLISHER_NATS = "BENCH_PUBLISHER_NATS"
 
 
 def step_event(rank: int, n: int, job: str) -> StepEvent:
@@ -63,8 +71,8 @@ def _template(rank: int, job: str) -> str:
     return text
 
 
-async def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
-    bus = await Bus(NatsSettings(url=url), name="bench-load").connect()
+async def publish(nats: NatsSettings, messages: list[tuple[str, bytes]]) -> None:
+    bus = await Bus(nats, name="bench-load").connect()
     for subject, data in messages:
         await bus.nc.publish(subject, data)
     await bus.flush()
@@ -73,17 +81,17 @@ async def publish(url: str, messages: list[tuple[str, bytes]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    for name in ("url", "prefix", "job"):
-        parser.add_argument(name)
+    parser.add_argument("job")
     parser.add_argument("ranks", type=int)
     parser.add_argument("events", type=int)
     parser.add_argument("--first-step", type=int, default=1)
     parser.add_argument("--raw", help="publish every payload to this one subject instead")
     args = parser.parse_args()
-    messages = payloads(args.prefix, args.job, args.ranks, args.events, args.first_step)
+    nats = NatsSettings(**json.loads(os.environ[PUBLISHER_NATS]))
+    messages = payloads(nats.subject_prefix, args.job, args.ranks, args.events, args.first_step)
     if args.raw:
         messages = [(args.raw, data) for _, data in messages]
-    loops.run(publish(args.url, messages), "auto")
+    loops.run(publish(nats, messages), "auto")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 from antdt.runtime import loops
-from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
@@ -19,6 +18,7 @@ from antdt.schemas import (
     JobSpec,
     Subjects,
 )
+from bench.secured import Access
 
 #: Numbers the cycles benches' jobs, so that no run takes up an earlier one's ledger.
 
@@ -105,26 +105,28 @@ class ShardsReplicas:
     """`count` shards replicas in child processes, against the bench cluster."""
 
     def __init__(
-        self, cluster: EmbeddedCluster, *, count: int, settings: dict[str, Any] | None = None
+        self,
+        cluster: EmbeddedCluster,
+        *,
+        count: int,
+        settings: dict[str, Any] | None = None,
+        access: Access | None = None,
     ) -> None:
-        """`settings`: ShardsSettings fields to set, beyond the connections."""
-        base = ServiceSettings(
-            nats=NatsSettings(url=cluster.nats.url, subject_prefix="bench.shards"),
-            etcd=EtcdSettings(endpoint=cluster.etcd.endpoint, key_prefix="/bench/shards/"),
+        """`settings`: ShardsSettings fields to set, beyond the connections. `access`:
+        other servers, the replicas' user and the clients' there (default: `cluster`)."""
+        pids = {"nats": cluster.nats.pid, "etcd": cluster.etcd.pid}
+        plain = Access(
+            cluster.nats.url, cluster.etcd.endpoint, "bench.shards", "/bench/shards/", pids
         )
-        self.subjects = Subjects(base.nats.subject_prefix)
-        self.key_prefix = base.etcd.key_prefix
-        self.nats = base.nats
+        access = access or plain
+        self.subjects = Subjects(access.subject_prefix)
+        self.key_prefix = access.key_prefix
+        self.nats = access.nats("agent-cycles")  # what the clients connect as
         self.count = count
-        self.server_pids = {"nats": cluster.nats.pid, "etcd": cluster.etcd.pid}
+        self.server_pids = access.server_pids
+        connections = {"nats": access.nats_fields("shards"), "etcd": access.etcd_fields("shards")}
         each = [
-            json.dumps(
-                {
-                    **base.model_dump(mode="json"),
-                    **(settings or {}),
-                    "replica_id": f"bench-shards-{index}",
-                }
-            )
+            json.dumps({**connections, **(settings or {}), "replica_id": f"bench-shards-{index}"})
             for index in range(count)
         ]
         self._children = Children("a shards replica", [(_replica_process, (one,)) for one in each])

@@ -29,6 +29,7 @@ from antdt.schemas import (
     Subjects,
 )
 from bench.replicas import Children, ShardsReplicas
+from bench.secured import CYCLES_JOB, Access
 
 #: Numbers the cycles benches' jobs, so that no run takes up an earlier one's ledger.
 _CYCLE_JOBS = itertools.count()
@@ -155,12 +156,14 @@ async def bench_shards_cycles(
     clients: int,
     seconds: float,
     split: bool = False,
+    job: str | None = None,
 ) -> dict[str, float]:
     """Each client (its own connection, like a rank) loops: report its shard done and fetch
     the next, in one request, durable in etcd before the reply; counters and CPU over the
     measured window only. Each call is a job of its own. `split`: two requests a cycle, as
-    DLRover's client makes them (the in-memory master only)."""
-    job = f"cycles{clients}x{replicas.count}r{next(_CYCLE_JOBS)}{'s' if split else ''}"
+    DLRover's client makes them (the in-memory master only). `job`: the job's name, where
+    the clients may run that one only (agent users)."""
+    job = job or f"cycles{clients}x{replicas.count}r{next(_CYCLE_JOBS)}{'s' if split else ''}"
     spec = JobSpec(
         job=job,
         world_size=clients,
@@ -276,12 +279,19 @@ async def bench_shards(
     seconds: float,
     replicas: int = 1,
     event_loop: loops.LoopKind = "auto",
+    access: Access | None = None,
 ) -> dict[int, dict[str, float]]:
     """bench_shards_cycles for each client count, against `replicas` replica processes;
     the replicas and the clients run on `event_loop` (the clients on a thread of their
-    own when the caller's loop is another kind)."""
+    own when the caller's loop is another kind). `access`: secured servers (one client
+    count: their agent user runs one job), instead of `cluster`."""
     run = _bench_shards(
-        cluster, clients=clients, seconds=seconds, replicas=replicas, event_loop=event_loop
+        cluster,
+        clients=clients,
+        seconds=seconds,
+        replicas=replicas,
+        event_loop=event_loop,
+        access=access,
     )
     if loops.running_kind() == loops.resolve(event_loop):
         return await run
@@ -295,13 +305,20 @@ async def _bench_shards(
     seconds: float,
     replicas: int,
     event_loop: loops.LoopKind,
+    access: Access | None,
 ) -> dict[int, dict[str, float]]:
-    store = await Store(EtcdSettings(endpoint=cluster.etcd.endpoint)).connect()
+    if access is not None and len(clients) != 1:
+        raise ValueError("secured servers: one client count (their agent runs one job)")
+    etcd = access.etcd("shards") if access else EtcdSettings(endpoint=cluster.etcd.endpoint)
+    job = CYCLES_JOB if access else None
+    store = await Store(etcd).connect()
     try:
         settings = {"event_loop": event_loop}
-        async with ShardsReplicas(cluster, count=replicas, settings=settings) as running:
+        async with ShardsReplicas(
+            cluster, count=replicas, settings=settings, access=access
+        ) as running:
             return {
-                n: await bench_shards_cycles(running, store, clients=n, seconds=seconds)
+                n: await bench_shards_cycles(running, store, clients=n, seconds=seconds, job=job)
                 for n in clients
             }
     finally:

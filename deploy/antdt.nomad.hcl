@@ -9,6 +9,17 @@
 # auto-compaction that deploy/compose.yaml sets: every ledger write stays in etcd's
 # history until compacted) are yours to run; this job only points at them.
 #
+# Authentication and TLS (docs/architecture.md, "Security and deployment"): each service
+# logs in to NATS and etcd as its own user, its password read from the Nomad variable
+# nomad/jobs/antdt/<service> (key `password`), and shows a client certificate from
+# nomad/jobs/antdt/tls (keys `ca`, `cert`, `key`, PEM); both rendered into the task's
+# secrets/ directory:
+#   nomad var put nomad/jobs/antdt/monitor password=...   (and controller, shards)
+#   nomad var put nomad/jobs/antdt/tls ca=@ca.pem cert=@client.pem key=@client.key
+# NATS users come from python -m antdt.runtime.servers.natsconf; etcd's users, as
+# deploy/compose.yaml's etcd-users service makes them. Streams are replicated
+# `stream_replicas` times (3: a three-node JetStream cluster).
+#
 # Replicas need nothing of each other: the monitor and controller spread jobs over their
 # live replicas (etcd `members/{service}/`), shards replicas share one NATS queue group,
 # and a replica that dies has its jobs taken over within its lease's TTL (5 s). SIGTERM
@@ -39,6 +50,12 @@ variable "otlp_endpoint" {
   type        = string
   default     = "null"
   description = "OTLP endpoint for spans (grpc host:port, e.g. Jaeger's 4317); null: none"
+}
+
+variable "stream_replicas" {
+  type        = number
+  default     = 3
+  description = "Replication factor of AntDT's JetStream streams (1 on a single server)"
 }
 
 variable "replicas" {
@@ -86,7 +103,7 @@ job "antdt" {
 
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/readyz"
         interval = "10s"
         timeout  = "2s"
       }
@@ -110,10 +127,39 @@ job "antdt" {
         ports = ["metrics"]
       }
 
+      template { # the password of its NATS and etcd users, as environment variables
+        destination = "${NOMAD_SECRETS_DIR}/users.env"
+        env         = true
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/antdt/monitor" }}
+        ANTDT_NATS__PASSWORD={{ .password }}
+        ANTDT_ETCD__PASSWORD={{ .password }}
+        {{ end }}
+        EOT
+      }
+
+      dynamic "template" { # the CA and the client certificate and key, as files
+        for_each = { "ca.pem" = "ca", "client.pem" = "cert", "client.key" = "key" }
+        content {
+          destination = "${NOMAD_SECRETS_DIR}/${template.key}"
+          perms       = "0400"
+          data        = "{{ with nomadVar \"nomad/jobs/antdt/tls\" }}{{ index . \"${template.value}\" }}{{ end }}"
+        }
+      }
+
       env {
         ANTDT_NATS__URL                = var.nats_url
         ANTDT_ETCD__ENDPOINT           = var.etcd_endpoint
         ANTDT_REPLICA_ID               = "monitor-${NOMAD_ALLOC_ID}"
+        ANTDT_NATS__STREAM_REPLICAS    = var.stream_replicas
+        ANTDT_NATS__USER               = "monitor"
+        ANTDT_ETCD__USER               = "monitor"
+        ANTDT_NATS__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_NATS__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_NATS__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
+        ANTDT_ETCD__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_ETCD__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_ETCD__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
         ANTDT_TELEMETRY__OTLP_ENDPOINT = var.otlp_endpoint
         ANTDT_TELEMETRY__METRICS_PORT  = "9464"
         ANTDT_TELEMETRY__LOG_FORMAT    = "json"
@@ -154,7 +200,7 @@ job "antdt" {
 
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/readyz"
         interval = "10s"
         timeout  = "2s"
       }
@@ -178,10 +224,39 @@ job "antdt" {
         ports = ["metrics"]
       }
 
+      template { # the password of its NATS and etcd users, as environment variables
+        destination = "${NOMAD_SECRETS_DIR}/users.env"
+        env         = true
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/antdt/controller" }}
+        ANTDT_NATS__PASSWORD={{ .password }}
+        ANTDT_ETCD__PASSWORD={{ .password }}
+        {{ end }}
+        EOT
+      }
+
+      dynamic "template" { # the CA and the client certificate and key, as files
+        for_each = { "ca.pem" = "ca", "client.pem" = "cert", "client.key" = "key" }
+        content {
+          destination = "${NOMAD_SECRETS_DIR}/${template.key}"
+          perms       = "0400"
+          data        = "{{ with nomadVar \"nomad/jobs/antdt/tls\" }}{{ index . \"${template.value}\" }}{{ end }}"
+        }
+      }
+
       env {
         ANTDT_NATS__URL                = var.nats_url
         ANTDT_ETCD__ENDPOINT           = var.etcd_endpoint
         ANTDT_REPLICA_ID               = "controller-${NOMAD_ALLOC_ID}"
+        ANTDT_NATS__STREAM_REPLICAS    = var.stream_replicas
+        ANTDT_NATS__USER               = "controller"
+        ANTDT_ETCD__USER               = "controller"
+        ANTDT_NATS__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_NATS__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_NATS__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
+        ANTDT_ETCD__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_ETCD__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_ETCD__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
         ANTDT_TELEMETRY__OTLP_ENDPOINT = var.otlp_endpoint
         ANTDT_TELEMETRY__METRICS_PORT  = "9464"
         ANTDT_TELEMETRY__LOG_FORMAT    = "json"
@@ -218,7 +293,7 @@ job "antdt" {
 
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/readyz"
         interval = "10s"
         timeout  = "2s"
       }
@@ -242,10 +317,39 @@ job "antdt" {
         ports = ["metrics"]
       }
 
+      template { # the password of its NATS and etcd users, as environment variables
+        destination = "${NOMAD_SECRETS_DIR}/users.env"
+        env         = true
+        data        = <<-EOT
+        {{ with nomadVar "nomad/jobs/antdt/shards" }}
+        ANTDT_NATS__PASSWORD={{ .password }}
+        ANTDT_ETCD__PASSWORD={{ .password }}
+        {{ end }}
+        EOT
+      }
+
+      dynamic "template" { # the CA and the client certificate and key, as files
+        for_each = { "ca.pem" = "ca", "client.pem" = "cert", "client.key" = "key" }
+        content {
+          destination = "${NOMAD_SECRETS_DIR}/${template.key}"
+          perms       = "0400"
+          data        = "{{ with nomadVar \"nomad/jobs/antdt/tls\" }}{{ index . \"${template.value}\" }}{{ end }}"
+        }
+      }
+
       env {
         ANTDT_NATS__URL                = var.nats_url
         ANTDT_ETCD__ENDPOINT           = var.etcd_endpoint
         ANTDT_REPLICA_ID               = "shards-${NOMAD_ALLOC_ID}"
+        ANTDT_NATS__STREAM_REPLICAS    = var.stream_replicas
+        ANTDT_NATS__USER               = "shards"
+        ANTDT_ETCD__USER               = "shards"
+        ANTDT_NATS__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_NATS__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_NATS__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
+        ANTDT_ETCD__TLS__CA            = "${NOMAD_SECRETS_DIR}/ca.pem"
+        ANTDT_ETCD__TLS__CERT          = "${NOMAD_SECRETS_DIR}/client.pem"
+        ANTDT_ETCD__TLS__KEY           = "${NOMAD_SECRETS_DIR}/client.key"
         ANTDT_TELEMETRY__OTLP_ENDPOINT = var.otlp_endpoint
         ANTDT_TELEMETRY__METRICS_PORT  = "9464"
         ANTDT_TELEMETRY__LOG_FORMAT    = "json"

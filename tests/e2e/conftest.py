@@ -17,7 +17,7 @@ import statistics
 import sys
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,14 +52,18 @@ class RunningServices:
 async def start_services(
     settings: ServiceSettings,
     names: tuple[str, ...] = ("monitor", "controller", "shards"),
+    settings_of: Callable[[str], ServiceSettings] | None = None,
     **overrides: Any,
 ) -> RunningServices:
+    """The services `names`, each with `settings` or, given, `settings_of(name)` (its own
+    users), and `overrides` of the fields its settings have."""
     runtime = ServiceRuntime("test-services")
     by_name = {}
     for name in names:
         cls = settings_class(name)
         fields = {k: v for k, v in overrides.items() if k in cls.model_fields}
-        service_settings = cls(**{**settings.model_dump(), **fields})
+        own = settings_of(name) if settings_of else settings
+        service_settings = cls(**{**own.model_dump(), **fields})
         by_name[name] = await start_service(name, service_settings, runtime)
     return RunningServices(runtime, by_name)
 
@@ -160,9 +164,15 @@ def neighbour_slowdown(run: StragglerRun, last: int) -> float:
     return relative(ONSET + 1, last) / relative(2, ONSET)
 
 
-async def collect(bus: Bus, run: StragglerRun) -> None:
-    """Subscribe `run`'s lists to what its job publishes, from now on."""
+async def collect(
+    bus: Bus, run: StragglerRun, *, reader: Bus | None = None, incidents: Bus | None = None
+) -> None:
+    """Subscribe `run`'s lists to what its job publishes, from now on: its steps on `bus`,
+    its health and actions on `reader`, its incidents on `incidents` (both default to
+    `bus`; under per-role permissions, an observer's and a policy's connections)."""
     subjects, job = Subjects(run.settings.nats.subject_prefix), run.job
+    reader = reader or bus
+    incidents = incidents or bus
 
     async def on_step(event: StepEvent, _: Delivery) -> None:
         run.steps[event.rank].append(event)
@@ -171,10 +181,31 @@ async def collect(bus: Bus, run: StragglerRun) -> None:
         items.append(model)
 
     await bus.subscribe(subjects.step(job, "*"), StepEvent, on_step)
-    await bus.subscribe(subjects.health(job), JobHealth, lambda m, _: sink(run.health, m))
-    await bus.subscribe(subjects.incident(job), Incident, lambda m, _: sink(run.incidents, m))
-    await bus.subscribe(subjects.action(job), ActionRecord, lambda m, _: sink(run.actions, m))
-    await bus.flush()
+    await reader.subscribe(subjects.health(job), JobHealth, lambda m, _: sink(run.health, m))
+    await incidents.subscribe(subjects.incident(job), Incident, lambda m, _: sink(run.incidents, m))
+    await reader.subscribe(subjects.action(job), ActionRecord, lambda m, _: sink(run.actions, m))
+    for each in {id(b): b for b in (bus, reader, incidents)}.values():
+        await each.flush()
+
+
+async def run_straggler_job(run: StragglerRun, env: dict[str, str]) -> None:
+    """Run `run`'s job: WORLD ranks of antdt.demo.train pinned one per core, in the
+    foreground where permitted, the noisy neighbour on the straggler's core from step
+    ONSET until the job ends (also when it fails); sets `run.rc`."""
+    from antdt.agent.launch import launch
+
+    command = [sys.executable, "-m", "antdt.demo.train"]
+    pinned = cores()[:WORLD]
+    with foreground():
+        job = asyncio.ensure_future(
+            asyncio.to_thread(launch, WORLD, command, env=env, cores=pinned)
+        )
+        try:
+            progress, core = run.out / "progress.jsonl", pinned[STRAGGLER]
+            async with neighbour_from_step(core, progress, ONSET, job, processes=NEIGHBOURS):
+                run.rc = await job
+        finally:
+            await asyncio.wait([job])  # its ranks end with the job: none left behind
 
 
 @pytest.fixture(scope="session")
@@ -185,8 +216,6 @@ async def straggler_run(
     foreground of the machine (with the services here) where permitted. The neighbour is
     gone when the job ends, also when it fails; the services stay up (and the recording
     streams hold the run) until the session ends."""
-    from antdt.agent.launch import launch
-
     if len(cores()) < WORLD:
         pytest.skip(f"pins {WORLD} ranks one per core: this process may use {len(cores())}")
     unique = "t" + uuid.uuid4().hex[:10]
@@ -203,19 +232,9 @@ async def straggler_run(
     try:
         await ensure_recording(bus, Subjects(settings.nats.subject_prefix), settings.recording)
         await collect(bus, run)
-        command = [sys.executable, "-m", "antdt.demo.train"]
-        env = straggler_env(settings, run.job, run.out, telemetry.receiver.endpoint)
-        pinned = cores()[:WORLD]
-        with foreground():
-            job = asyncio.ensure_future(
-                asyncio.to_thread(launch, WORLD, command, env=env, cores=pinned)
-            )
-            try:
-                progress, core = run.out / "progress.jsonl", pinned[STRAGGLER]
-                async with neighbour_from_step(core, progress, ONSET, job, processes=NEIGHBOURS):
-                    run.rc = await job
-            finally:
-                await asyncio.wait([job])  # its ranks end with the job: none left behind
+        await run_straggler_job(
+            run, straggler_env(settings, run.job, run.out, telemetry.receiver.endpoint)
+        )
         yield run
     finally:
         await bus.close()

@@ -14,7 +14,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings, TlsSettings
 from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats, ServerTls
 from antdt.runtime.servers.natsconf import tls_block
 from antdt.runtime.store import Store, StoreError
-from tests.pki import Pki, make_pki
+from antdt.testing.pki import Pki, make_pki
 
 pytestmark = pytest.mark.integration
 

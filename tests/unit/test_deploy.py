@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from structlog.testing import capture_logs
 
 from antdt.agent.settings import AgentSettings
@@ -26,7 +27,8 @@ SETTING = re.compile(r"^\s*(ANTDT_[A-Z0-9_]+)\s*[=:]\s*\"?([^\"\n]*)\"?\s*$", re
 
 def literal(value: str) -> bool:
     """A value written out, not filled in by the deployer (${...}, var.x, a YAML alias)."""
-    return "${" not in value and not value.startswith(("var.", "*", "&"))
+    filled = ("${", "{{")  # compose's and Nomad's substitutions, Nomad's templates
+    return not any(f in value for f in filled) and not value.startswith(("var.", "*", "&"))
 
 
 def nomad_groups() -> dict[str, str]:
@@ -48,7 +50,7 @@ def test_the_nomad_job_runs_each_service_with_its_own_settings(
         cls = settings_class(service)
         unknown = [name for name in settings if not names_setting(cls, name)]
         assert not unknown, f"{service}: no such setting {unknown}"
-        _accepted(monkeypatch, cls, {k: v for k, v in settings.items() if literal(v)})
+        _accepted(monkeypatch, cls, _stand_ins(settings))
 
 
 def test_compose_gives_every_service_settings_it_has(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,7 +62,7 @@ def test_compose_gives_every_service_settings_it_has(monkeypatch: pytest.MonkeyP
         cls = settings_class(service)
         unknown = [name for name in settings if not names_setting(cls, name)]
         assert not unknown, f"{service}: no such setting {unknown}"
-        _accepted(monkeypatch, cls, settings)
+        _accepted(monkeypatch, cls, _stand_ins(settings))
 
 
 def test_a_misspelt_setting_is_caught() -> None:
@@ -105,7 +107,17 @@ def _accepted(
         assert _same(read, value), (name, read, value)
 
 
+def _stand_ins(settings: dict[str, str]) -> dict[str, str]:
+    """The settings written out, and a password for each the deployer fills in (a user
+    comes with its password)."""
+    written = {k: v for k, v in settings.items() if literal(v)}
+    filled = {k: "filled-in-0123" for k, v in settings.items() if k.endswith("PASSWORD")}
+    return {**written, **{k: v for k, v in filled.items() if k not in written}}
+
+
 def _same(read: object, written: str) -> bool:
+    if isinstance(read, SecretStr):
+        return read.get_secret_value() == written
     if written == "null":
         return read is None
     if isinstance(read, bool) or not isinstance(read, int | float):
@@ -127,8 +139,13 @@ def test_a_service_process_names_the_variables_it_ignores(monkeypatch: pytest.Mo
 
 
 def compose() -> dict[str, Any]:
-    """deploy/compose.yaml read by a real YAML parser (js-yaml, under Node.js), anchors
-    and aliases resolved."""
+    """deploy/compose.yaml read by a real YAML parser (js-yaml, under Node.js), anchors,
+    aliases and merge keys resolved."""
+    return load_yaml(DEPLOY / "compose.yaml")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """`path` read by js-yaml under Node.js (`make node` installs it)."""
     from tests.nodejs import NODE_MODULES, ROOT, node
 
     executable = node()
@@ -139,7 +156,7 @@ def compose() -> dict[str, Any]:
         "process.stdout.write(JSON.stringify(y.load(fs.readFileSync(process.argv[1], 'utf8'))))"
     )
     out = subprocess.run(
-        [executable, "-e", script, str(DEPLOY / "compose.yaml")],
+        [executable, "-e", script, str(path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -161,7 +178,8 @@ def test_compose_runs_two_ready_checked_replicas_of_each_service_restarted() -> 
         assert f"http://127.0.0.1:{port}/readyz" in probe, name
         low, high = service["ports"][0].split(":")[0].split("-")
         assert int(high) - int(low) + 1 == service["deploy"]["replicas"], name
-    for server in ("nats", "etcd"):
+    for server in ("nats-1", "nats-2", "nats-3", "etcd"):
         assert services[server]["healthcheck"]["test"][0] == "CMD", server
         assert services[server]["restart"] == "unless-stopped", server
-    assert "-m" in services["nats"]["command"]  # the monitor port its check reads
+        if server.startswith("nats"):
+            assert "-m" in services[server]["command"]  # the monitor port its check reads
