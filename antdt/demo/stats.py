@@ -27,7 +27,8 @@ class RunStats:
     efficiency_after: float
     #: How the straggler was slowed: real work in its CPU budget, or (fallback) a sleep.
     injection: str = ""
-    #: The share of pre-onset throughput the best policy can keep for the same compute.
+    #: The share of pre-onset throughput a batch policy could keep were all of the slow
+    #: rank's step work proportional to its batch (its optimizer step is not).
     ceiling_share: float = 0.0
     actions: list[dict[str, Any]] = field(default_factory=list)
     accuracy: float = 0.0
@@ -120,8 +121,9 @@ def write_table(console: Console, runs: list[RunStats]) -> None:
         console.print(
             f"after onset, [bold]{runs[1].policy}[/] runs {gain:.2f}x the throughput of "
             f"[bold]{runs[0].policy}[/] and keeps {runs[1].kept_share:.0%} of pre-onset throughput"
-            f" (ceiling {runs[1].ceiling_share:.0%} for the same compute; slowed by "
-            f"{runs[1].injection})"
+            f" (ceiling {runs[1].ceiling_share:.0%} were every part of the slow rank's step"
+            f" to scale with its batch, which its optimizer step and its share of the "
+            f"all-reduce do not; slowed by {runs[1].injection})"
         )
     for run in runs:
         for action in run.actions:
