@@ -142,8 +142,9 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off.
-SHARING_BY_DEFAULT = frozenset({"antdt-nd"})
+#: Policies under which `work_sharing` is on unless the job's params turn it off: none
+#: while sharing costs a healthy job more than it may (bench/sharing.py's healthy case).
+SHARING_BY_DEFAULT: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
