@@ -41,6 +41,9 @@ class NdParams:
     restart_cost_s: float = 30.0
     min_saving_ratio: float = 2.0
     host_pool: tuple[str, ...] = ()
+    #: Steps that must be left for a restart: over fewer, its estimated saving is within
+    #: the noise of the estimate (two detector windows of the default 8 steps).
+    min_steps_left: int = 16
 
     @classmethod
     def from_params(cls, params: Mapping[str, PolicyParam]) -> NdParams:
@@ -50,9 +53,10 @@ class NdParams:
             restart_cost_s=read_param(params, "restart_cost_s", cls.restart_cost_s),
             min_saving_ratio=read_param(params, "min_saving_ratio", cls.min_saving_ratio),
             host_pool=tuple(h.strip() for h in pool.split(",") if h.strip()),
+            min_steps_left=read_param(params, "min_steps_left", cls.min_steps_left),
         )
-        if nd.restart_cost_s < 0 or nd.min_saving_ratio < 0:
-            raise ValueError("restart_cost_s and min_saving_ratio must be >= 0")
+        if nd.restart_cost_s < 0 or nd.min_saving_ratio < 0 or nd.min_steps_left < 0:
+            raise ValueError("restart_cost_s, min_saving_ratio and min_steps_left must be >= 0")
         return nd
 
 
@@ -140,6 +144,8 @@ def decide_restart(
             continue
         estimate = estimate_restart(view, incident.rank, speeds, incident)
         if estimate is None or estimate.saving_s <= 0:
+            continue
+        if estimate.steps_left < params.min_steps_left:
             continue
         if estimate.saving_s < params.min_saving_ratio * cost_s:
             continue
