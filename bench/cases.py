@@ -62,6 +62,9 @@ class _AloneCollectives:
     def agree_max(self, value: int) -> int:
         return value
 
+    def all_sum(self, values: list[int]) -> list[int]:
+        return list(values)
+
 
 def _steps_cost(iterator: Any, steps: int) -> tuple[float, float]:
     """Seconds per step on the training thread (steps() + sync, no collectives): wall

@@ -1,172 +1,164 @@
-"""The claim protocol (antdt.agent.sharing) on torch's c10d store, the one every job
-already has (TCPStore behind init_process_group / torchrun). Per step and owner: its
-micro-batches' ids, two ticket counters (`store.add`: the owner's from the front, the
-helpers' from the back) and one record per micro-batch, claimed by compare-and-set.
-A step's keys are those of the step two before it (`SLOTS`), written over when the step
-is published: nothing to delete, and the store holds two steps' keys at most."""
+"""The ticket protocol (antdt.agent.sharing) on torch's c10d store, the one every job
+already has (TCPStore behind init_process_group / torchrun). Per offering owner: its ids
+(in one of two slots, tagged with the step) and, per step, one counter whose `add`s draw
+front and back tickets. A step without offers touches the store not at all; an owner
+deletes its counter of the last step it offered in when it offers again, so the store
+holds at most three keys per owner."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from antdt.agent.sharing import (
-    Claim,
-    ClaimEvent,
-    Op,
+    BACK_TICKET,
+    Holder,
     Refused,
     StepShare,
+    check_claim,
+    cut,
     furthest_behind,
-    stolen_index,
-    transition,
+    helper_index,
+    owner_indices,
 )
 
-#: Key slots, reused in turn: when a rank publishes step s, every rank has passed step
-#: s - 1's gradient all-reduce, so nobody reads step s - 2's keys again.
-SLOTS = 2
+#: Seconds between reads of an owner's ids slot that still holds an older step's.
+PUBLISH_POLL_S = 0.0005
 
 
 @dataclass(frozen=True)
 class Claimed:
-    """A micro-batch this rank holds: whose, which, its ids and its claim record."""
+    """A micro-batch this rank holds: whose, which, its ids and who holds it."""
 
     owner: int
     index: int
     ids: list[int]
-    claim: Claim
+    holder: Holder
 
 
 class StoreClaims:
     """One rank's client of the claim store; the training thread's only, one step at a
-    time (`publish` opens it). `store`: a c10d Store (TCPStore, PrefixStore, ...)."""
+    time (`open`). `store`: a c10d Store (TCPStore, PrefixStore, ...)."""
 
-    def __init__(
-        self,
-        store: Any,
-        rank: int,
-        world: int,
-        clock: Callable[[], float] = time.monotonic,
-        prefix: str = "antdt/share",
-    ) -> None:
+    def __init__(self, store: Any, rank: int, world: int, prefix: str = "antdt/share") -> None:
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside a job of {world} ranks")
-        self._store, self.rank, self.world = store, rank, world
-        self._clock, self._prefix = clock, prefix
-        self._step = -1
-        self._own: list[list[int]] = []
+        self._store, self.rank, self.world, self._prefix = store, rank, world, prefix
+        self.share = StepShare(-1, world, {})
+        self._sizes: dict[int, tuple[int, int]] = {}  # owner -> (samples, micro_batch)
+        self._chunks = 1
         self._batches: dict[int, list[list[int]]] = {}
-        self._own_done = True
+        self._own_left = False
         self._exhausted: set[int] = set()
+        self._last_offer: int | None = None
 
-    def _key(self, step: int, *parts: object) -> str:
-        return "/".join((self._prefix, str(step % SLOTS), *map(str, parts)))
+    def _counter(self, step: int, owner: int) -> str:
+        return f"{self._prefix}/n/{step}/{owner}"
+
+    def _ids_key(self, step: int, owner: int) -> str:
+        return f"{self._prefix}/ids/{step % 2}/{owner}"
+
+    def open(
+        self,
+        step: int,
+        offers: Mapping[int, tuple[int, int]],
+        chunks: int,
+        own: list[int] | None = None,
+    ) -> None:
+        """Open `step` with the offers every rank learnt from its count all-reduce:
+        owner -> (its samples, its plan's micro-batch, 0 for none). An offering rank
+        passes its `own` ids: published here, its counter of the last offer deleted
+        (every rank passed that step's gradient all-reduce, after its last ticket)."""
+        self._sizes, self._chunks = dict(offers), chunks
+        counts = {o: len(cut(range(n), micro, chunks)) for o, (n, micro) in offers.items()}
+        self.share = StepShare(step, self.world, {o: c for o, c in counts.items() if c})
+        self._batches, self._exhausted = {}, set()
+        self._own_left = self.rank in self.share.counts
+        if self._own_left:
+            assert own is not None and len(own) == offers[self.rank][0]
+            self._batches[self.rank] = cut(own, offers[self.rank][1], chunks)
+            self._store.set(self._ids_key(step, self.rank), json.dumps([step, own]))
+            if self._last_offer is not None:
+                self._store.delete_key(self._counter(self._last_offer, self.rank))
+            self._last_offer = step
 
     @property
-    def share(self) -> StepShare:
-        counts = {o: len(b) for o, b in self._batches.items()}
-        return StepShare(self._step, self.world, counts)
+    def offered(self) -> bool:
+        return self.rank in self.share.counts
 
-    def publish(self, step: int, own: list[list[int]]) -> None:
-        """Open `step` with this rank's micro-batches, their records UNCLAIMED, in one
-        round trip. Every rank must publish before the step's count all-reduce, which
-        every claim comes after."""
-        keys = [self._key(step, k, self.rank) for k in ("ids", "front", "back")]
-        keys += [self._key(step, "mb", self.rank, index) for index in range(len(own))]
-        self._store.multi_set(keys, [json.dumps(own), "0", "0", *([""] * len(own))])
-        self._step, self._own, self._batches = step, own, {self.rank: own}
-        self._own_done = not own
-        self._exhausted = set()
+    def claim_own(self, step: int, drawn: int = 1) -> list[Claimed]:
+        """Draw `drawn` front tickets on this rank's share: the micro-batches they name
+        that no helper holds (fewer than drawn, or none, once the ends met)."""
+        refused = check_claim(self.share, self.rank, step, self.rank)
+        if refused is not None or not self._own_left:
+            return []
+        count = self.share.counts[self.rank]
+        value = self._store.add(self._counter(step, self.rank), drawn)
+        held = owner_indices(count, value, drawn)
+        if len(held) < drawn or held.stop == count:
+            self._own_left = False
+        own = self._batches[self.rank]
+        return [Claimed(self.rank, i, own[i], Holder.OWNER) for i in held]
+
+    def claim_help(self, step: int, owner: int) -> Claimed | Refused:
+        """Draw one back ticket on `owner`'s share: the micro-batch it names, or why not."""
+        refused = check_claim(self.share, self.rank, step, owner)
+        if refused is not None:
+            return refused
+        count = self.share.counts[owner]
+        index = helper_index(count, self._store.add(self._counter(step, owner), BACK_TICKET))
+        if isinstance(index, Refused):
+            return index
+        return Claimed(owner, index, self._ids(owner)[index], Holder.HELPER)
 
     def claim_next(self) -> Claimed | None:
-        """The next micro-batch for this rank to compute: its own next, else one from the rank
-        furthest behind; None when every micro-batch of the step is claimed."""
-        while not self._own_done:
-            index = self._store.add(self._key(self._step, "front", self.rank), 1) - 1
-            got = self.claim(self._step, self.rank, index) if index < len(self._own) else None
+        """The next micro-batch for this rank to compute under the open step's offers:
+        its own next (if it offered), else one of the owner furthest behind; None when
+        every offered micro-batch has its holder."""
+        step = self.share.step
+        if self._own_left:
+            own = self.claim_own(step)
+            if own:
+                return own[0]
+        while (owner := self._furthest_behind()) is not None:
+            got = self.claim_help(step, owner)
             if isinstance(got, Claimed):
                 return got
-            self._own_done = True  # past the end, or a helper has it: so the rest too
-        return self._steal()
+            self._exhausted.add(owner)  # the owner's front reached the helpers' back
+        return None
 
-    def keep_own(self) -> list[Claimed]:
-        """Claim what is left of this rank's own micro-batches (a script that computed
-        them all without claiming); the ones a helper holds are returned."""
-        taken: list[Claimed] = []
-        while not self._own_done:
-            index = self._store.add(self._key(self._step, "front", self.rank), 1) - 1
-            if index >= len(self._own):
-                break
-            got = self.claim(self._step, self.rank, index)
-            if isinstance(got, Claimed):
-                self.done(got)
-            else:
-                held = Claim.decode(self._record_text(self.rank, index))
-                taken.append(Claimed(self.rank, index, self._own[index], held))
-        self._own_done = True
-        return taken
+    def keep_own(self) -> list[int]:
+        """Claim every micro-batch of this rank's offer still free (a script that
+        computed them all without claiming): the indices a helper holds instead."""
+        if not self._own_left:
+            return []
+        count = self.share.counts[self.rank]
+        front = self._store.add(self._counter(self.share.step, self.rank), 0) % BACK_TICKET
+        held = self.claim_own(self.share.step, count - front) if front < count else []
+        self._own_left = False
+        kept = {c.index for c in held} | set(range(front))
+        return [i for i in range(count) if i not in kept]
 
-    def _steal(self) -> Claimed | None:
-        self._load_batches()
-        while True:
-            owner = furthest_behind(self.share, self.rank, self._taken(), self._exhausted)
-            if owner is None:
-                return None
-            ticket = self._store.add(self._key(self._step, "back", owner), 1) - 1
-            index = stolen_index(len(self._batches[owner]), ticket)
-            got = self.claim(self._step, owner, index) if index >= 0 else None
-            if isinstance(got, Claimed):
-                return got
-            self._exhausted.add(owner)  # the owner's own claims reached the helpers'
+    def _furthest_behind(self) -> int | None:
+        others = [o for o in self.share.counts if o != self.rank and o not in self._exhausted]
+        if len(others) <= 1:  # one owner to help: its ticket says whether any is left
+            return others[0] if others else None
+        keys = [self._counter(self.share.step, o) for o in others]
+        values = [int(v) if v else 0 for v in self._store.multi_get(keys)]
+        return furthest_behind(
+            self.share, self.rank, dict(zip(others, values, strict=True)), self._exhausted
+        )
 
-    def _taken(self) -> list[int]:
-        keys = [self._key(self._step, k, o) for o in range(self.world) for k in ("front", "back")]
-        values = [int(v) for v in self._store.multi_get(keys)]
-        return [values[2 * o] + values[2 * o + 1] for o in range(self.world)]
-
-    def _load_batches(self) -> None:
-        missing = [o for o in range(self.world) if o not in self._batches]
-        if missing:
-            values = self._store.multi_get([self._key(self._step, "ids", o) for o in missing])
-            for owner, text in zip(missing, values, strict=True):
-                self._batches[owner] = json.loads(text)
-
-    def claim(self, step: int, owner: int, index: int) -> Claimed | Refused:
-        """Claim micro-batch `index` of `owner` in `step`: one compare-and-set."""
-        if step == self._step and 0 <= owner < self.world and owner not in self._batches:
-            self._load_batches()
-        event = ClaimEvent(Op.CLAIM, self.rank, step, owner, index)
-        wanted = transition(self.share, Claim(), event, self._clock())
-        if isinstance(wanted, Refused):
-            return wanted
-        text = wanted.encode()
-        found = self._store.compare_set(self._key(step, "mb", owner, index), "", text)
-        if found.decode() != text:  # another rank's claim is there
-            refused = transition(self.share, Claim.decode(found.decode()), event, self._clock())
-            assert isinstance(refused, Refused)
-            return refused
-        return Claimed(owner, index, self._batches[owner][index], wanted)
-
-    def done(self, held: Claimed) -> Claim | Refused:
-        """Mark a computed micro-batch DONE: one compare-and-set from its claim."""
-        event = ClaimEvent(Op.DONE, self.rank, self._step, held.owner, held.index)
-        wanted = transition(self.share, held.claim, event, self._clock())
-        if isinstance(wanted, Refused):
-            return wanted
-        key = self._key(self._step, "mb", held.owner, held.index)
-        found = self._store.compare_set(key, held.claim.encode(), wanted.encode()).decode()
-        if found != wanted.encode():
-            refused = transition(self.share, Claim.decode(found), event, self._clock())
-            assert isinstance(refused, Refused)
-            return refused
-        return wanted
-
-    def record(self, owner: int, index: int) -> Claim:
-        """The store's record of a micro-batch of the open step (tests, audits)."""
-        return Claim.decode(self._record_text(owner, index))
-
-    def _record_text(self, owner: int, index: int) -> str:
-        key = self._key(self._step, "mb", owner, index)
-        return self._store.get(key).decode() if self._store.check([key]) else ""
+    def _ids(self, owner: int) -> list[list[int]]:
+        """`owner`'s micro-batches. Its publish follows the same all-reduce as this
+        claim: until it lands, the slot is missing (the store's get waits) or holds the
+        step two before (read again)."""
+        if owner not in self._batches:
+            key = self._ids_key(self.share.step, owner)
+            while (tagged := json.loads(self._store.get(key)))[0] != self.share.step:
+                time.sleep(PUBLISH_POLL_S)
+            self._batches[owner] = cut(tagged[1], self._sizes[owner][1], self._chunks)
+        return self._batches[owner]

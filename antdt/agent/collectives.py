@@ -22,6 +22,11 @@ class Collectives(Protocol):
         """MAX of value over all ranks: how the ranks of a restart agree on its token."""
         ...
 
+    def all_sum(self, values: list[int]) -> list[int]:
+        """Element-wise SUM of every rank's `values` (same length everywhere): work
+        sharing's count, with each rank's samples and pace in its own slots."""
+        ...
+
 
 class TorchCollectives:
     """torch.distributed on the default (or given) process group. Its tensors live on
@@ -52,6 +57,15 @@ class TorchCollectives:
         self._count.fill_(local_samples)
         self._dist.all_reduce(self._count, op=self._dist.ReduceOp.SUM, group=self._group)
         return int(self._count.item())
+
+    def all_sum(self, values: list[int]) -> list[int]:
+        if not self._initialized:
+            return list(values)
+        import torch
+
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
+        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self._group)
+        return [int(v) for v in tensor.tolist()]
 
     def agree_max(self, value: int) -> int:
         if not self._initialized:

@@ -1,9 +1,10 @@
 """A step's micro-batches as the training script computes them: `step.claims()`.
 
 Without work sharing: the rank's own micro-batches, each loss weighted by its share of
-the rank's ids (as `step.micro_batches`). With it (`work_sharing` on): whatever the claim
-store hands this rank, its own first, each loss weighted by its share of the step's
-total; `sync` then weights the rank by the samples it computed."""
+the rank's ids (as `step.micro_batches`). With it (`work_sharing` on): its own (drawn
+ticket by ticket when it offered them), then what it takes over from offering ranks,
+each loss weighted by its share of the step's total; `sync` then weights the rank by the
+samples it computed."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
-from antdt.agent.sharing import ShareParams, cut
+from antdt.agent.sharing import Holder, ShareParams, offering
+
+#: The count all-reduce: the element-wise SUM of every rank's vector.
+AllSum = Callable[[list[int]], list[int]]
 
 if TYPE_CHECKING:
-    from antdt.agent.claimstore import StoreClaims
     from antdt.schemas import JobSpec, Plan
 
 
@@ -38,18 +42,20 @@ def own_micro_batches(chunks: list[list[int]], rank: int) -> Iterator[MicroBatch
 
 @dataclass
 class WorkSharing:
-    """The job's work sharing: how a rank's ids are cut, and its claim store client
-    (made at the first step: the process group may be formed after the agent starts)."""
+    """The job's work sharing on one rank: its offers, its claim store client (made at
+    the first step: the process group may be formed after the agent starts) and its own
+    compute per sample, which the next step's count all-reduce carries to every rank."""
 
-    chunks: int
+    params: ShareParams
     make_client: Callable[[], StoreClaims]
     _client: StoreClaims | None = None
-    #: Seconds the open step spent in claim store round trips, publish apart: the
-    #: driver reports them as communication, so compute_s stays the rank's own compute.
-    publish_s: float = 0.0
+    #: Seconds the open step spent drawing tickets (its publish is part of the count):
+    #: the driver reports them as communication, so compute_s stays the rank's own.
     claim_s: float = 0.0
     #: Samples of other ranks' shares computed in the open step, by owner.
     helped: dict[int, int] = field(default_factory=dict)
+    #: This rank's compute seconds per sample in its last step (0: none yet).
+    pace: float = 0.0
 
     @property
     def client(self) -> StoreClaims:
@@ -57,42 +63,62 @@ class WorkSharing:
             self._client = self.make_client()
         return self._client
 
-    def publish(self, step_index: int, plan: Plan, rank: int, ids: list[int]) -> None:
-        micro = plan.micro_batch[rank] if plan.micro_batch else 0
-        chunks = cut(ids, micro, self.chunks)
-        client, t0 = self.client, time.perf_counter()
-        client.publish(step_index, chunks)
-        self.publish_s, self.claim_s = time.perf_counter() - t0, 0.0
-        self.helped = {}
+    def open(self, step_index: int, plan: Plan, rank: int, ids: list[int], sums: AllSum) -> int:
+        """The step's count all-reduce, carrying every rank's samples and last pace; the
+        offers it implies are opened (and this rank's published when it offers). Returns
+        the step's total samples."""
+        world = len(plan.local_batch)
+        vector = [0] * (2 * world)
+        vector[rank], vector[world + rank] = len(ids), round(self.pace * 1e9)
+        summed = sums(vector)
+        counts, paces = summed[:world], [ns / 1e9 for ns in summed[world:]]
+        micro = plan.micro_batch or (0,) * world
+        offers = {o: (counts[o], micro[o]) for o in offering(paces, self.params.ratio)}
+        self.client.open(step_index, offers, self.params.chunks, ids if rank in offers else None)
+        self.claim_s, self.helped = 0.0, {}
+        return sum(counts)
 
-    def claims(self, total_samples: int, computed: list[int]) -> Iterator[MicroBatch]:
-        """Claim, yield, mark done, until every micro-batch of the step is claimed; the
-        ids of each one computed are appended to `computed`."""
-        client = self.client
+    def claims(
+        self, own: list[list[int]], total: int, computed: list[int], slowdown: float = 1.0
+    ) -> Iterator[MicroBatch]:
+        """The rank's own micro-batches (`own`; claimed ticket by ticket when it
+        offered), then the offered ones it can help with, until each has its holder;
+        the ids of each one computed are appended to `computed`. `slowdown`: an
+        injected straggler's factor, slept after each micro-batch (tests, demos)."""
+        client, busy = self.client, 0.0
+        for mb, held in self._held(client, own):
+            t0 = time.perf_counter()
+            yield MicroBatch(mb.owner, mb.index, mb.ids, len(mb.ids) / total)
+            if slowdown > 1:
+                time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+            busy += time.perf_counter() - t0
+            computed.extend(mb.ids)
+            self.claim_s += held
+            if mb.owner != client.rank:
+                self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
+        self.pace = busy / len(computed) if computed else 0.0
+
+    def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
+        """Each micro-batch to compute, with the claim store seconds it took to get."""
+        if not client.offered:
+            for index, ids in enumerate(own):
+                yield Claimed(client.rank, index, ids, Holder.OWNER), 0.0
         while True:
             t0 = time.perf_counter()
             held = client.claim_next()
-            self.claim_s += time.perf_counter() - t0
             if held is None:
+                self.claim_s += time.perf_counter() - t0
                 return
-            yield MicroBatch(held.owner, held.index, held.ids, len(held.ids) / total_samples)
-            t0 = time.perf_counter()
-            client.done(held)
-            self.claim_s += time.perf_counter() - t0
-            computed.extend(held.ids)
-            if held.owner != client.rank:
-                self.helped[held.owner] = self.helped.get(held.owner, 0) + len(held.ids)
+            yield held, time.perf_counter() - t0
 
     def keep_own(self, step_index: int) -> None:
-        """The script computed its own ids without `claims()`: claim them all now; an
-        error if a helper holds one (it computed it too)."""
+        """The script computed its own ids without `claims()`: claim those it offered
+        now; an error if a helper holds one (it computed it too)."""
         taken = self.client.keep_own()
         if taken:
-            held = [(c.index, c.claim.rank) for c in taken]
             raise AgentError(
-                f"step {step_index}: helpers hold micro-batches (index, rank) {held} that "
-                "this rank computed itself: under work sharing, every rank iterates "
-                "step.claims()"
+                f"step {step_index}: helpers hold micro-batches {taken} that this rank "
+                "computed itself: under work sharing, every rank iterates step.claims()"
             )
 
 
@@ -113,4 +139,4 @@ def sharing_for(spec: JobSpec, rank: int) -> WorkSharing | None:
         store: Any = dist.distributed_c10d._get_default_store()
         return StoreClaims(store, rank, spec.world_size)
 
-    return WorkSharing(params.chunks, make_client)
+    return WorkSharing(params, make_client)

@@ -1,80 +1,48 @@
-"""Work sharing inside a step: the claim protocol, pure (no I/O; time is an argument).
+"""Work sharing inside a step: who offers, and the ticket protocol; pure (no I/O).
 
-Each rank's share of a step is a list of micro-batches. A rank claims a micro-batch
-before computing it: its own next one, else the last unclaimed one of the rank with the
-most left. A claim is the one transition UNCLAIMED -> CLAIMED(rank), made atomic by the
-claim store's compare-and-set (docs/architecture.md, "Work sharing")."""
+A rank whose compute per sample was well above the job's median in the last step offers
+its share as micro-batches; every rank learns the offers from the step's count
+all-reduce. An offered share has one counter in the claim store: the owner draws tickets
+from its front, helpers (ranks done with their own share) from its back
+(docs/architecture.md, "Work sharing inside a step")."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-#: Micro-batches a rank's batch is cut into when its plan has no accumulation.
-DEFAULT_CHUNKS = 4
+#: Micro-batches an offered share is cut into when its plan has no accumulation.
+DEFAULT_CHUNKS = 8
+#: A rank offers when its last compute per sample was this many times the job's median.
+DEFAULT_OFFER_RATIO = 1.3
+#: One helper's ticket on an owner's counter; one owner's ticket is 1. Both ends' counts
+#: live in one value, so one atomic `add` draws a ticket and reads the other end.
+BACK_TICKET = 1 << 32
 
 
-class ClaimState(str, Enum):
-    """One micro-batch's claim in one step, a diagram.
+class Holder(str, Enum):
+    """Who computes one offered micro-batch (a diagram).
 
-        UNCLAIMED --claim(r)--> CLAIMED(r) --done(r)--> DONE(r)
+        UNCLAIMED --front ticket (the owner)--> OWNER
+        UNCLAIMED --back ticket (a helper)----> HELPER
 
-    Only an UNCLAIMED micro-batch can be claimed, by one rank (the store's compare-and-
-    set picks it); only its claimer marks it DONE. Nothing goes back: a step ends (the
-    gradient all-reduce) once every micro-batch is DONE."""
+    Front ticket f names index f - 1, back ticket b index count - b. A ticket is valid
+    iff front + back <= count in the value its `add` returned: of two tickets naming
+    one index, the later one sees both and is refused, so exactly one holder wins."""
 
-    UNCLAIMED = "u"
-    CLAIMED = "c"
-    DONE = "d"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The record of one micro-batch's claim; `rank` and `at` are None while UNCLAIMED."""
-
-    state: ClaimState = ClaimState.UNCLAIMED
-    rank: int | None = None
-    at: float | None = None
-
-    def encode(self) -> str:
-        """The store's value: "" for UNCLAIMED (a missing key), else "c3@12.5" style."""
-        if self.state is ClaimState.UNCLAIMED:
-            return ""
-        return f"{self.state.value}{self.rank}@{self.at!r}"
-
-    @classmethod
-    def decode(cls, text: str) -> Claim:
-        if not text:
-            return cls()
-        rank, at = text[1:].split("@", 1)
-        return cls(ClaimState(text[0]), int(rank), float(at))
-
-
-class Op(str, Enum):
-    CLAIM = "claim"
-    DONE = "done"
-
-
-@dataclass(frozen=True)
-class ClaimEvent:
-    """`rank` asks to claim (or to mark done) micro-batch `index` of `owner` in `step`."""
-
-    op: Op
-    rank: int
-    step: int
-    owner: int
-    index: int
+    OWNER = "owner"
+    HELPER = "helper"
 
 
 class Refusal(str, Enum):
     STEP_OVER = "step_over"  # the step is behind the claimer's open step
     STEP_NOT_OPEN = "step_not_open"  # a step the claimer has not begun
     OUTSIDE_JOB = "outside_job"  # claimer or owner is not a rank of the job
-    NO_SUCH_MICRO_BATCH = "no_such_micro_batch"
-    ALREADY_CLAIMED = "already_claimed"
-    NOT_CLAIMER = "not_claimer"  # done by a rank that does not hold the claim
+    NOT_OFFERED = "not_offered"  # the owner did not offer its share this step
+    ALREADY_CLAIMED = "already_claimed"  # the ticket's micro-batch is the other end's
 
 
 @dataclass(frozen=True)
@@ -85,53 +53,71 @@ class Refused:
 
 @dataclass(frozen=True)
 class StepShare:
-    """What a rank knows of a step: its index, the job's size and, per rank, how many
-    micro-batches it was cut into (every rank publishes its own)."""
+    """What every rank knows of a step after its count all-reduce: its index, the job's
+    size and, per offering owner, how many micro-batches its share was cut into."""
 
     step: int
     world: int
     counts: Mapping[int, int]
 
 
-def transition(share: StepShare, claim: Claim, event: ClaimEvent, now: float) -> Claim | Refused:
-    """The claim's next record after `event` at time `now`, or why the event is refused."""
-    if not (0 <= event.rank < share.world and 0 <= event.owner < share.world):
-        return Refused(Refusal.OUTSIDE_JOB, f"rank {event.rank} or owner {event.owner}")
-    if event.step < share.step:
-        return Refused(Refusal.STEP_OVER, f"step {event.step} is over (open: {share.step})")
-    if event.step > share.step:
-        return Refused(Refusal.STEP_NOT_OPEN, f"step {event.step} (open: {share.step})")
-    count = share.counts.get(event.owner, 0)
-    if not 0 <= event.index < count:
-        return Refused(Refusal.NO_SUCH_MICRO_BATCH, f"rank {event.owner} has {count}")
-    if event.op is Op.CLAIM:
-        if claim.state is not ClaimState.UNCLAIMED:
-            return Refused(Refusal.ALREADY_CLAIMED, f"{claim.state.value} by rank {claim.rank}")
-        return Claim(ClaimState.CLAIMED, event.rank, now)
-    if claim.state is not ClaimState.CLAIMED or claim.rank != event.rank:
-        return Refused(Refusal.NOT_CLAIMER, f"{claim.state.value} by rank {claim.rank}")
-    return Claim(ClaimState.DONE, event.rank, now)
+def check_claim(share: StepShare, rank: int, step: int, owner: int) -> Refused | None:
+    """Why `rank` may not draw a ticket on `owner`'s share in `step`, or None."""
+    if not (0 <= rank < share.world and 0 <= owner < share.world):
+        return Refused(Refusal.OUTSIDE_JOB, f"rank {rank} or owner {owner}")
+    if step < share.step:
+        return Refused(Refusal.STEP_OVER, f"step {step} is over (open: {share.step})")
+    if step > share.step:
+        return Refused(Refusal.STEP_NOT_OPEN, f"step {step} (open: {share.step})")
+    if share.counts.get(owner, 0) == 0:
+        return Refused(Refusal.NOT_OFFERED, f"rank {owner} offered nothing in step {step}")
+    return None
+
+
+def split(value: int) -> tuple[int, int]:
+    """A counter's (front, back) tickets drawn."""
+    return value % BACK_TICKET, value // BACK_TICKET
+
+
+def owner_indices(count: int, value: int, drawn: int) -> range:
+    """The indices an owner holds from `drawn` front tickets whose `add` returned
+    `value`: front tickets f - drawn + 1 .. f name f - drawn .. f - 1; those at or past
+    count - back are the helpers'."""
+    front, back = split(value)
+    return range(front - drawn, max(front - drawn, min(front, count - back)))
+
+
+def helper_index(count: int, value: int) -> int | Refused:
+    """The index a helper holds from the back ticket whose `add` returned `value`."""
+    front, back = split(value)
+    if front + back > count:
+        return Refused(Refusal.ALREADY_CLAIMED, f"front {front} + back {back} > {count}")
+    return count - back
 
 
 def furthest_behind(
-    share: StepShare, rank: int, taken: Sequence[int], exhausted: set[int]
+    share: StepShare, rank: int, values: Mapping[int, int], exhausted: set[int]
 ) -> int | None:
-    """The rank to help: the most micro-batches not yet taken (`taken[o]`: tickets drawn
-    on owner o from either end), ties to the lowest rank; None when no other has any."""
+    """The owner to help: the most micro-batches without a ticket (`values`: counters
+    of the offering owners), ties to the lowest rank; None when none has any left."""
     best, most = None, 0
-    for owner in range(share.world):
+    for owner in sorted(share.counts):
         if owner == rank or owner in exhausted:
             continue
-        left = share.counts.get(owner, 0) - taken[owner]
+        left = share.counts[owner] - sum(split(values.get(owner, 0)))
         if left > most:
             best, most = owner, left
     return best
 
 
-def stolen_index(count: int, ticket: int) -> int:
-    """Helpers take an owner's micro-batches from its last one down (ticket 0 is the
-    last), so the owner's own order, from the front, is kept; < 0: none left there."""
-    return count - 1 - ticket
+def offering(paces: Sequence[float], ratio: float) -> frozenset[int]:
+    """The ranks that offer their share: compute per sample above `ratio` x the median
+    of the ranks that reported one (pace 0: none yet, e.g. the first step)."""
+    known = [p for p in paces if p > 0]
+    if len(known) < 2:
+        return frozenset()
+    median = statistics.median(known)
+    return frozenset(r for r, p in enumerate(paces) if p > ratio * median)
 
 
 def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> list[list[int]]:
@@ -142,18 +128,18 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off: none
-#: while sharing costs a healthy job more than it may (bench/sharing.py's healthy case).
+#: Policies under which `work_sharing` is on unless the job's params turn it off.
 SHARING_BY_DEFAULT: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class ShareParams:
     """The job's `work_sharing` (on/off; default on under the policies in
-    SHARING_BY_DEFAULT, else off) and `share_chunks` policy params."""
+    SHARING_BY_DEFAULT, else off), `share_chunks` and `share_ratio` policy params."""
 
     enabled: bool = False
     chunks: int = DEFAULT_CHUNKS
+    ratio: float = DEFAULT_OFFER_RATIO
 
     @classmethod
     def from_params(
@@ -167,4 +153,7 @@ class ShareParams:
         chunks = params.get("share_chunks", DEFAULT_CHUNKS)
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ValueError(f"policy param share_chunks={chunks!r}: expected an int >= 1")
-        return cls(bool(raw), chunks)
+        ratio = params.get("share_ratio", DEFAULT_OFFER_RATIO)
+        if isinstance(ratio, (bool, str)) or not ratio >= 1.0:
+            raise ValueError(f"policy param share_ratio={ratio!r}: expected a number >= 1")
+        return cls(bool(raw), chunks, float(ratio))

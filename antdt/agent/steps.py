@@ -157,20 +157,20 @@ class StepDriver:
         index, plan = self.plans.fix()
         while True:
             taken = self.stream.take(plan.local_batch[self.rank], epoch)
-            if self.sharing is not None:  # before the count: every claim comes after it
-                self.sharing.publish(index, plan, self.rank, taken.ids)
             t1 = time.perf_counter()
-            total = self.collectives().count(len(taken.ids))
+            if self.sharing is not None:  # the count carries the offers; claims follow it
+                total = self.sharing.open(index, plan, self.rank, taken.ids, self._all_sum)
+            else:
+                total = self.collectives().count(len(taken.ids))
             t2 = time.perf_counter()
             if total > 0:
                 break
             if not self._taken_up_again(epoch):
                 return None  # no rank has data left, nor will: over everywhere at once
-        step = self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
-        if self.sharing is not None:  # the publish is claim store traffic, not data wait
-            step._data_s -= self.sharing.publish_s
-            step._count_s += self.sharing.publish_s
-        return step
+        return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
+
+    def _all_sum(self, vector: list[int]) -> list[int]:
+        return self.collectives().all_sum(vector)
 
     def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
         """Begin `step` (its data came between t0 and t1, its count until t2)."""
@@ -209,7 +209,10 @@ class StepDriver:
         if step._computed is not None:  # a second pass would hand out nothing it may redo
             raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
         step._computed, step._claiming = [], True
-        yield from self.sharing.claims(step.total_samples, step._computed)
+        slowdown = self.schedule.factor(self.rank, self.host, step.index) if self.schedule else 1
+        yield from self.sharing.claims(
+            step.micro_batches, step.total_samples, step._computed, slowdown
+        )
         step._claiming = False
 
     def _computed_ids(self, step: Step, model: Any) -> list[int]:
@@ -237,6 +240,11 @@ class StepDriver:
             return 0.0
         return self.sharing.claim_s
 
+    def _slowed_in_claims(self, step: Step) -> bool:
+        """Under work sharing the injected slowdown is slept per micro-batch computed
+        (a helper computes another's at its own speed), not at sync."""
+        return self.sharing is not None and step._lot is None and step._computed is not None
+
     def _helped(self, step: Step) -> tuple[tuple[int, int], ...]:
         if self.sharing is None or step._lot is not None:
             return ()
@@ -247,7 +255,7 @@ class StepDriver:
             raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
         wait_for_device()  # on a GPU the backward is queued: time its end, not its launch
         t_sync = time.perf_counter()
-        if self.schedule:
+        if self.schedule and not self._slowed_in_claims(step):
             extra = self.schedule.extra_sleep(
                 self.rank, self.host, step.index, t_sync - step._t_yield
             )

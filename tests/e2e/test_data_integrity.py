@@ -100,12 +100,12 @@ async def test_a_failed_rank_and_a_restart_from_the_checkpoint_lose_and_repeat_n
 async def test_a_rank_killed_9_holding_claims_under_work_sharing_loses_and_repeats_nothing(
     settings: ServiceSettings, tmp_path: Path, unique: str
 ) -> None:
-    """Work sharing on; rank 1 is killed -9 in step 27 while it holds its first claim of
-    the step (its first micro-batch: a later one may already be a helper's, since they
-    take from the back, so a kill at a later claim may never come).
+    """Work sharing on, rank 1 3x slow so it offers its share; it is killed -9 in step
+    27 while it holds its first claim of the step (a later one may already be a
+    helper's, since they take from the back, so a kill at a later claim may never come).
     Nothing is lost or computed twice: a micro-batch's ids reach the model (and the
     sample log) only through the step's gradient all-reduce, which needs every rank, so
-    no part of step 27 did; a claim is one compare-and-set, so within a completed step
+    no part of step 27 did; a ticket names one micro-batch, so within a completed step
     each micro-batch was computed by one rank; the restarted group reloads checkpoint 19
     with the ledger restored to it, on a new store (claims of the dead run are gone),
     and redoes steps 20-27 from their shards, as without sharing."""
@@ -115,6 +115,7 @@ async def test_a_rank_killed_9_holding_claims_under_work_sharing_loses_and_repea
         f"share-{unique}",
         "rank=1,step=27,how=kill,holding=0",
         ANTDT_POLICY_PARAMS='{"work_sharing": "on"}',
+        ANTDT_INJECT="rank=1,factor=3",  # slow: it offers its share, the others help
     )
     assert restores(lines) == {(1, 19)}
     assert [ln for ln in lines if ln.get("incarnation") == 0 and ln.get("step", 0) >= 27] == []

@@ -181,6 +181,9 @@ class ThreadCollectives:
             def agree_max(self, value: int) -> int:
                 return outer._sum(rank, value, "agree", combine=max)
 
+            def all_sum(self, values: list[int]) -> list[int]:
+                raise NotImplementedError("work sharing runs on real gloo ranks")
+
         return _Rank()
 
     def _sum(
@@ -207,6 +210,9 @@ class NullCollectives:
 
     def agree_max(self, value: int) -> int:
         return value
+
+    def all_sum(self, values: list[int]) -> list[int]:
+        return list(values)
 
 
 def agent_settings(nats: NatsSettings, job: str, rank: int, world: int, **kw: Any) -> AgentSettings:

@@ -1,5 +1,6 @@
-"""Work sharing's claim protocol: the pure transition and choices, then the claim store
-on a real TCPStore with ranks as threads (every micro-batch claimed exactly once)."""
+"""Work sharing's ticket protocol: the pure rules (every offered micro-batch has exactly
+one holder, whatever the order of draws), the offers, then the claim store on a real
+TCPStore with ranks as threads."""
 
 from __future__ import annotations
 
@@ -8,65 +9,92 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from antdt.agent.sharing import (
-    Claim,
-    ClaimEvent,
-    ClaimState,
-    Op,
+    BACK_TICKET,
     Refusal,
     Refused,
     ShareParams,
     StepShare,
+    check_claim,
     cut,
     furthest_behind,
-    stolen_index,
-    transition,
+    helper_index,
+    offering,
+    owner_indices,
 )
 
-SHARE = StepShare(step=5, world=3, counts={0: 4, 1: 4, 2: 2})
+SHARE = StepShare(step=5, world=3, counts={1: 4, 2: 2})
 
 
-def claim(rank: int, owner: int = 1, index: int = 0, step: int = 5) -> ClaimEvent:
-    return ClaimEvent(Op.CLAIM, rank, step, owner, index)
-
-
-def refusal(result: Claim | Refused) -> Refusal:
+def refusal(result: object) -> Refusal:
     assert isinstance(result, Refused), result
     return result.refusal
 
 
-def test_claim_then_done_by_the_claimer() -> None:
-    claimed = transition(SHARE, Claim(), claim(2), now=1.5)
-    assert claimed == Claim(ClaimState.CLAIMED, 2, 1.5)
-    done = transition(SHARE, claimed, ClaimEvent(Op.DONE, 2, 5, 1, 0), now=2.0)  # type: ignore[arg-type]
-    assert done == Claim(ClaimState.DONE, 2, 2.0)
-    assert Claim.decode(done.encode()) == done  # type: ignore[union-attr]
-    assert Claim.decode("") == Claim()
+@settings(max_examples=300, deadline=None)
+@given(count=st.integers(1, 12), draws=st.lists(st.integers(0, 3), max_size=40))
+def test_tickets_from_both_ends_give_each_micro_batch_exactly_one_holder(
+    count: int, draws: list[int]
+) -> None:
+    """Draws in any order: 0 is the owner's one front ticket, k > 0 a helper's; each
+    side stops at its first refusal, as the client does. Every index is held once."""
+    value, held, owner_done, helpers_done = 0, Counter[int](), False, set()
+    for who in [*draws, *([0] * count), *range(1, 4)]:  # then everyone draws to the end
+        if (who == 0 and owner_done) or who in helpers_done:
+            continue
+        if who == 0:
+            value += 1
+            got = owner_indices(count, value, 1)
+            held.update(got)
+            owner_done = len(got) == 0 or got.stop == count
+        else:
+            value += BACK_TICKET
+            index = helper_index(count, value)
+            if isinstance(index, Refused):
+                helpers_done.add(who)
+            else:
+                held[index] += 1
+    assert sorted(held) == list(range(count)) and set(held.values()) == {1}
+
+
+def test_several_front_tickets_at_once_stop_where_the_helpers_began() -> None:
+    value = 2 * BACK_TICKET + 3  # helpers hold 5 and 4 of 0..5; the owner drew 0..2
+    assert owner_indices(6, value + 2, 2) == range(3, 4)
+    assert owner_indices(6, value, 3) == range(0, 3)
+    assert owner_indices(6, value + 3 + 3 * BACK_TICKET, 3) == range(3, 3)
+    assert helper_index(6, value + BACK_TICKET) == 3
+    assert refusal(helper_index(6, value + 1 + BACK_TICKET)) is Refusal.ALREADY_CLAIMED
 
 
 def test_bad_claims_are_refused_with_their_reason() -> None:
-    held = Claim(ClaimState.CLAIMED, 0, 1.0)
-    assert refusal(transition(SHARE, Claim(), claim(0, step=4), 2.0)) is Refusal.STEP_OVER
-    assert refusal(transition(SHARE, Claim(), claim(0, step=6), 2.0)) is Refusal.STEP_NOT_OPEN
-    assert refusal(transition(SHARE, Claim(), claim(3), 2.0)) is Refusal.OUTSIDE_JOB
-    assert refusal(transition(SHARE, Claim(), claim(-1), 2.0)) is Refusal.OUTSIDE_JOB
-    assert refusal(transition(SHARE, Claim(), claim(0, owner=7), 2.0)) is Refusal.OUTSIDE_JOB
-    assert refusal(transition(SHARE, Claim(), claim(0, owner=2, index=2), 2.0)) is (
-        Refusal.NO_SUCH_MICRO_BATCH
-    )
-    assert refusal(transition(SHARE, held, claim(1), 2.0)) is Refusal.ALREADY_CLAIMED
-    done_by_other = ClaimEvent(Op.DONE, 1, 5, 1, 0)
-    assert refusal(transition(SHARE, held, done_by_other, 2.0)) is Refusal.NOT_CLAIMER
-    assert refusal(transition(SHARE, Claim(), done_by_other, 2.0)) is Refusal.NOT_CLAIMER
+    assert refusal(check_claim(SHARE, 0, 4, 1)) is Refusal.STEP_OVER
+    assert refusal(check_claim(SHARE, 0, 6, 1)) is Refusal.STEP_NOT_OPEN
+    assert refusal(check_claim(SHARE, 3, 5, 1)) is Refusal.OUTSIDE_JOB
+    assert refusal(check_claim(SHARE, -1, 5, 1)) is Refusal.OUTSIDE_JOB
+    assert refusal(check_claim(SHARE, 0, 5, 7)) is Refusal.OUTSIDE_JOB
+    assert refusal(check_claim(SHARE, 1, 5, 0)) is Refusal.NOT_OFFERED
+    assert check_claim(SHARE, 0, 5, 1) is None
 
 
-def test_help_goes_to_the_rank_with_most_left_from_its_last_micro_batch() -> None:
-    assert furthest_behind(SHARE, 0, [4, 1, 0], set()) == 1  # 3 left against 2
-    assert furthest_behind(SHARE, 0, [4, 2, 0], set()) == 1  # tie: the lowest rank
-    assert furthest_behind(SHARE, 0, [4, 2, 0], {1}) == 2
-    assert furthest_behind(SHARE, 0, [4, 4, 2], set()) is None
-    assert [stolen_index(4, t) for t in range(5)] == [3, 2, 1, 0, -1]
+def test_help_goes_to_the_rank_with_most_left() -> None:
+    values = {1: 1, 2: 0}
+    assert furthest_behind(SHARE, 0, values, set()) == 1  # 3 left against 2
+    assert furthest_behind(SHARE, 0, {1: 1 + BACK_TICKET, 2: 0}, set()) == 1  # tie: lowest
+    assert furthest_behind(SHARE, 0, values, {1}) == 2
+    assert furthest_behind(SHARE, 1, values, set()) == 2  # never itself
+    assert furthest_behind(SHARE, 0, {1: 4, 2: BACK_TICKET * 2}, set()) is None
+
+
+def test_ranks_offer_when_slow_against_the_median_of_the_known() -> None:
+    assert offering([0.0, 0.0, 0.0], 1.3) == frozenset()  # the first step: nothing known
+    assert offering([1.0, 1.1, 0.9, 3.0], 1.3) == {3}
+    assert offering([1.0, 1.25, 1.0, 1.0], 1.3) == frozenset()
+    assert offering([1.0, 0.0, 2.0], 1.3) == {2}  # median of the known: 1.5
+    assert offering([3.0, 3.0, 1.0, 1.0], 1.3) == {0, 1}  # a half slowed: median 2.0
+    assert offering([5.0], 1.3) == frozenset()
 
 
 def test_cut_uses_the_plans_micro_batch_else_chunks() -> None:
@@ -79,12 +107,12 @@ def test_cut_uses_the_plans_micro_batch_else_chunks() -> None:
 
 def test_share_params_default_off() -> None:
     assert ShareParams.from_params({}) == ShareParams(False)
-    assert ShareParams.from_params({"work_sharing": "on", "share_chunks": 8}).enabled
+    on = ShareParams.from_params({"work_sharing": "on", "share_chunks": 6, "share_ratio": 1.5})
+    assert on == ShareParams(True, 6, 1.5)
     assert not ShareParams.from_params({"work_sharing": False}).enabled
-    with pytest.raises(ValueError):
-        ShareParams.from_params({"work_sharing": "maybe"})
-    with pytest.raises(ValueError):
-        ShareParams.from_params({"share_chunks": 0})
+    for bad in ({"work_sharing": "maybe"}, {"share_chunks": 0}, {"share_ratio": 0.9}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ShareParams.from_params(bad)  # type: ignore[arg-type]
 
 
 def test_share_params_default_off_under_every_policy_and_on_when_asked() -> None:
@@ -105,23 +133,33 @@ def _stores(world: int) -> tuple[object, list[object]]:
     return server, clients
 
 
+def _open(clients: list[object], step: int, own: dict[int, list[int]], micro: int = 1) -> None:
+    """Open `step` on every client with the offers of `own`, as their all-reduce would."""
+    from antdt.agent.claimstore import StoreClaims
+
+    offers = {o: (len(ids), micro) for o, ids in own.items()}
+    for client in clients:
+        assert isinstance(client, StoreClaims)
+        client.open(step, offers, 8, own.get(client.rank))
+
+
 def test_store_refuses_bad_claims_and_double_claims() -> None:
     from antdt.agent.claimstore import Claimed, StoreClaims
 
     _server, (s0, s1) = _stores(2)
     ranks = [StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)]
-    ranks[0].publish(7, [[1, 2], [3]])
-    ranks[1].publish(7, [[4], [5]])
-    got = ranks[1].claim(7, 0, 1)
-    assert isinstance(got, Claimed) and got.ids == [3]
-    assert refusal(ranks[0].claim(7, 0, 1)) is Refusal.ALREADY_CLAIMED  # type: ignore[arg-type]
-    assert refusal(ranks[0].claim(7, 5, 0)) is Refusal.OUTSIDE_JOB  # type: ignore[arg-type]
-    assert refusal(ranks[0].claim(7, 1, 2)) is Refusal.NO_SUCH_MICRO_BATCH  # type: ignore[arg-type]
-    assert refusal(ranks[0].claim(6, 1, 0)) is Refusal.STEP_OVER  # type: ignore[arg-type]
-    assert ranks[1].done(got) == Claim(ClaimState.DONE, 1, ranks[1].record(0, 1).at)
-    assert ranks[1].record(0, 1).state is ClaimState.DONE
-    ranks[0].publish(8, [[9]])
-    assert refusal(ranks[0].claim(7, 1, 0)) is Refusal.STEP_OVER  # type: ignore[arg-type]
+    _open(ranks, 7, {0: [1, 2, 3]}, micro=2)  # rank 0 offers [1, 2] and [3]
+    got = ranks[1].claim_help(7, 0)
+    assert isinstance(got, Claimed) and got.ids == [3] and got.index == 1
+    assert [c.ids for c in ranks[0].claim_own(7, 2)] == [[1, 2]]  # [3] is the helper's
+    assert ranks[0].claim_own(7) == []
+    assert refusal(ranks[1].claim_help(7, 0)) is Refusal.ALREADY_CLAIMED
+    assert refusal(ranks[1].claim_help(7, 5)) is Refusal.OUTSIDE_JOB
+    assert refusal(ranks[0].claim_help(7, 1)) is Refusal.NOT_OFFERED
+    assert refusal(ranks[1].claim_help(6, 0)) is Refusal.STEP_OVER
+    assert refusal(ranks[1].claim_help(8, 0)) is Refusal.STEP_NOT_OPEN
+    _open(ranks, 8, {1: [9]})
+    assert refusal(ranks[0].claim_help(7, 1)) is Refusal.STEP_OVER
     with pytest.raises(ValueError):
         StoreClaims(s0, 2, 2)
 
@@ -132,7 +170,6 @@ def _work(rank: int, claims: object, slow: float, out: list[tuple[int, int, int]
     assert isinstance(claims, StoreClaims)
     while (held := claims.claim_next()) is not None:
         time.sleep(slow)  # threads in one process: sleeping frees the GIL for the others
-        claims.done(held)
         out.append((rank, held.owner, held.index))
 
 
@@ -143,8 +180,8 @@ def test_ranks_as_threads_claim_every_micro_batch_once_and_help_the_slow_one() -
     _server, stores = _stores(world)
     ranks = [StoreClaims(s, r, world) for r, s in enumerate(stores)]
     for step in range(3):
-        for r, client in enumerate(ranks):
-            client.publish(step, [[r * 100 + step * 10 + i] for i in range(per_rank)])
+        own = {r: [r * 100 + step * 10 + i for i in range(per_rank)] for r in range(world)}
+        _open(ranks, step, own)  # every rank offers: all tickets, from both ends
         out: list[tuple[int, int, int]] = []
         slow = [0.02, 0.001, 0.001]  # rank 0 is slow
         threads = [
@@ -159,9 +196,8 @@ def test_ranks_as_threads_claim_every_micro_batch_once_and_help_the_slow_one() -
         assert max(counts.values()) == 1
         helped = [(r, i) for r, o, i in out if o == 0 and r != 0]
         assert helped, "the fast ranks took none of the slow rank's micro-batches"
-        own = sorted(i for r, o, i in out if o == 0 and r == 0)
-        assert own == list(range(len(own)))  # the owner kept its order from the front
-        assert all(ranks[0].record(o, i).state is ClaimState.DONE for o, i in counts)
+        own_order = sorted(i for r, o, i in out if o == 0 and r == 0)
+        assert own_order == list(range(len(own_order)))  # the owner kept its order
 
 
 def test_a_claim_costs_well_under_a_millisecond_on_loopback() -> None:
@@ -170,8 +206,7 @@ def test_a_claim_costs_well_under_a_millisecond_on_loopback() -> None:
     _server, (s0, s1) = _stores(2)
     owner, helper = StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)
     n = 400
-    owner.publish(0, [[i] for i in range(n)])
-    helper.publish(0, [])
+    _open([owner, helper], 0, {0: list(range(n))})
     t0 = time.perf_counter()
     for _ in range(n // 2):
         assert owner.claim_next() is not None
@@ -185,16 +220,17 @@ def test_a_claim_costs_well_under_a_millisecond_on_loopback() -> None:
     assert own_s < 1e-3 and steal_s < 1e-3
 
 
-def test_the_store_keeps_only_the_last_two_steps_keys() -> None:
+def test_the_store_holds_at_most_three_keys_per_owner() -> None:
     from antdt.agent.claimstore import StoreClaims
 
-    server, (s0,) = _stores(1)
-    claims = StoreClaims(s0, 0, 1)
+    server, (s0, s1) = _stores(2)
+    ranks = [StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)]
     counts = []
     for step in range(8):
-        claims.publish(step, [[step * 2], [step * 2 + 1]])
-        while (held := claims.claim_next()) is not None:
-            claims.done(held)
+        _open(ranks, step, {0: [step * 2, step * 2 + 1]} if step % 3 else {})
+        while ranks[0].claim_next() is not None or ranks[1].claim_next() is not None:
+            pass
         counts.append(server.num_keys())  # type: ignore[attr-defined]
-    # A step writes over the keys of the step two before: the count stops growing at step 2.
-    assert counts[2] == counts[7], counts
+    # Step 0 offered nothing (the store's own key); then ids in two slots and the counter
+    # of the last offer: the count stops growing.
+    assert counts[0] == 1 and max(counts) == counts[-1] == 1 + 3, counts

@@ -12,11 +12,22 @@ import pytest
 
 from antdt.agent.errors import AgentError
 from antdt.agent.sampling import Taken
-from antdt.agent.sharing import ClaimState, Refusal, Refused
+from antdt.agent.sharing import Refusal, Refused, ShareParams
 
 dist = pytest.importorskip("torch.distributed")
 
-OWN, OTHERS = list(range(8)), [[100, 101], [102, 103]]
+OWN, OTHERS = list(range(8)), [100, 101, 102, 103]
+FAST_S, SLOW_S = 1e-3, 1e-2  # compute seconds per sample in the step before
+
+
+class _Pair:
+    """The count all-reduce of two ranks, rank 1 contributing its samples and pace."""
+
+    def __init__(self, pace_1: float) -> None:
+        self._pace_1 = pace_1
+
+    def all_sum(self, values: list[int]) -> list[int]:
+        return [values[0], values[1] + len(OTHERS), values[2], values[3] + int(self._pace_1 * 1e9)]
 
 
 class _Stream:
@@ -25,13 +36,6 @@ class _Stream:
 
     def synced(self, finished: list[Any]) -> None:
         pass
-
-
-class _Pair:
-    """The count all-reduce of two ranks, rank 1 contributing its fixed count."""
-
-    def count(self, local_samples: int) -> int:
-        return local_samples + sum(len(ids) for ids in OTHERS)
 
 
 class _SlowLink:
@@ -51,9 +55,10 @@ class _SlowLink:
         return slowly
 
 
-def _job(delay_s: float = 0.0) -> tuple[Any, Any, Any, list[Any]]:
-    """Rank 0's first step, its driver and rank 1's claim client; the ids rank 0 logs
-    as computed and the step records it emits go to one list (then what to keep alive)."""
+def _job(slow_rank: int = 1, chunks: int = 2, delay_s: float = 0.0) -> tuple[Any, ...]:
+    """Rank 0's first step, its driver and rank 1's claim client, `slow_rank` slow in
+    the step before (it offers); the ids rank 0 logs as computed and the step records
+    it emits go to one list (then what to keep alive)."""
     from antdt.agent.claimstore import StoreClaims
     from antdt.agent.inject import InjectionSchedule
     from antdt.agent.shared_work import WorkSharing
@@ -67,28 +72,33 @@ def _job(delay_s: float = 0.0) -> tuple[Any, Any, Any, list[Any]]:
     plans = StepPlans("j", 2)
     plans.adopt(Plan(job="j", version=1, local_batch=(8, 4), effective_step=0, created_at=0.0))
     out: list[Any] = []
+    sharing = WorkSharing(ShareParams(True, chunks), lambda: StoreClaims(link, 0, 2))
+    sharing.pace = SLOW_S if slow_rank == 0 else FAST_S
+    pair = _Pair(SLOW_S if slow_rank == 1 else FAST_S)
     driver = StepDriver(
         rank=0,
         host="h0",
         stream=_Stream(),  # type: ignore[arg-type]
         plans=plans,
-        collectives=_Pair,  # type: ignore[arg-type]
+        collectives=lambda: pair,  # type: ignore[arg-type,return-value]
         schedule=InjectionSchedule(),
         emit=out.append,
         log_ids=out.append,
-        sharing=WorkSharing(4, lambda: StoreClaims(link, 0, 2)),
+        sharing=sharing,
     )
     driver.epoch = 0
     other = StoreClaims(stores[1], 1, 2)
-    other.publish(0, OTHERS)  # before rank 0's count, as the real all-reduce orders it
+    offered = {r: (len(ids), 0) for r, ids in enumerate((OWN, OTHERS)) if r == slow_rank}
+    other.open(0, offered, chunks, OTHERS if slow_rank == 1 else None)
     steps = driver.steps()
     return next(steps), driver, other, [out, server, steps, link]
 
 
 def test_claims_twice_in_a_step_is_refused_and_nothing_is_computed_twice() -> None:
     step, driver, other, (out, *_) = _job()
-    computed = [i for mb in step.claims() for i in mb.ids]
-    assert sorted(computed) == [*OWN, 100, 101, 102, 103]  # rank 1 took none: all helped
+    batches = [mb.ids for mb in step.claims()]
+    assert batches == [OWN, [102, 103], [100, 101]]  # its own in one, then rank 1's
+    computed = [i for ids in batches for i in ids]
     with pytest.raises(RuntimeError, match="already iterated"):
         next(iter(step.claims()))
     assert other.claim_next() is None
@@ -96,6 +106,7 @@ def test_claims_twice_in_a_step_is_refused_and_nothing_is_computed_twice() -> No
     driver.finish(time.perf_counter())
     line, record = out
     assert sorted(line.ids) == sorted(computed) and record.samples == 12
+    assert record.helped == ((1, 4),)
 
 
 def test_sync_before_the_claims_end_is_refused() -> None:
@@ -107,48 +118,52 @@ def test_sync_before_the_claims_end_is_refused() -> None:
 
 
 def test_a_script_without_claims_keeps_its_own_ids_from_helpers() -> None:
-    step, driver, other, (out, *_) = _job()
-    # The script computes step.micro_batches itself; meanwhile rank 1 ran out of its own.
-    assert [other.claim_next() for _ in range(2)] != [None, None]
+    step, driver, other, (out, *_) = _job(slow_rank=0)
+    # The script computes step.micro_batches itself; rank 1 helps only after its sync.
     step.sync()
     assert other.claim_next() is None  # rank 0's were claimed at its sync: none to help
-    assert {other.record(0, i).state for i in range(4)} == {ClaimState.DONE}
     driver.finish(time.perf_counter())
     line, record = out
     assert line.ids == OWN and record.samples == len(OWN)
 
 
 def test_a_helper_holding_an_own_micro_batch_fails_a_script_without_claims() -> None:
-    step, _driver, other, _keep = _job()
-    while (held := other.claim_next()) is not None and held.owner != 0:
-        pass
+    step, _driver, other, _keep = _job(slow_rank=0)
+    held = other.claim_next()
     assert held is not None and held.owner == 0  # rank 1 helps rank 0: it computes those
     with pytest.raises(AgentError, match=r"every rank iterates step\.claims"):
         step.sync()
 
 
-def test_a_claim_for_a_micro_batch_already_claimed_or_done_by_another_is_refused() -> None:
+def test_a_claim_for_a_micro_batch_already_claimed_by_another_is_refused() -> None:
     _step, driver, other, _keep = _job()
     mine = driver.sharing.client
-    held = other.claim(0, 1, 0)
-    assert not isinstance(held, Refused)
-    again = mine.claim(0, 1, 0)
+    assert [c.ids for c in other.claim_own(0, 2)] == [[100, 101], [102, 103]]
+    again = mine.claim_help(0, 1)
     assert isinstance(again, Refused) and again.refusal is Refusal.ALREADY_CLAIMED
-    stolen_done = mine.done(held)  # rank 0 marking rank 1's claim done: not its claim
-    assert isinstance(stolen_done, Refused) and stolen_done.refusal is Refusal.NOT_CLAIMER
-    assert other.record(1, 0).state is ClaimState.CLAIMED and other.record(1, 0).rank == 1
+    itself = mine.claim_help(0, 0)  # rank 0 offered nothing: no ticket to draw
+    assert isinstance(itself, Refused) and itself.refusal is Refusal.NOT_OFFERED
+    assert mine.claim_next() is None
 
 
 def test_claim_store_round_trips_count_as_communication_not_compute() -> None:
     """A rank behind a slow link spends its claims waiting on the store: reported as
     compute, the monitor would class the link as a slow compute."""
-    step, driver, _other, (out, *_alive, link) = _job(delay_s=0.02)
+    step, driver, _other, (out, *_alive, link) = _job(slow_rank=0, chunks=8, delay_s=0.02)
     for _micro in step.claims():
         pass  # computing takes no time here: all of it is the store's
     step.sync()
     driver.finish(time.perf_counter())
     _line, record = out
     waited = link.calls * 0.02
-    assert waited >= 0.3  # publish, a claim and a done per micro-batch, the steals' reads
+    assert waited >= 0.18  # the publish and a ticket per micro-batch
     assert record.comm_s >= waited and record.data_wait_s < 0.01
     assert record.step_s - record.data_wait_s - record.comm_s < 0.01  # compute_s
+
+
+def test_a_step_without_offers_touches_no_store() -> None:
+    """Nobody was slow: every rank computes its own share in one piece, no round trip."""
+    step, _driver, _other, (*_alive, link) = _job(slow_rank=-1, delay_s=0.02)
+    assert [mb.ids for mb in step.claims()] == [OWN]
+    step.sync()
+    assert link.calls == 0
