@@ -14,13 +14,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
 from antdt.schemas import ActionRecord, StepEvent, Subjects
 from antdt.testing import cores, foreground, neighbour_from_step
+from bench.children import ROOT
 from bench.contention_figures import (
     RunFigures,
     Turn,
@@ -90,19 +91,36 @@ async def record(bus: Bus, job: str) -> Recorded:
     return got
 
 
+class JobShape(Protocol):
+    @property
+    def steps_per_epoch(self) -> int: ...
+    @property
+    def global_batch(self) -> int: ...
+    @property
+    def epochs(self) -> int: ...
+
+
 def job_env(
-    cluster: EmbeddedCluster, scenario: Scenario, job: str, policy: str, out: Path
+    cluster: EmbeddedCluster,
+    shape: JobShape,
+    job: str,
+    policy: str,
+    out: Path,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """The demo's training script's settings: no injected slowdown (the neighbour is real)."""
+    """The demo's training script's settings: no injected slowdown (the neighbour is
+    real); the bench's own modules importable from the ranks."""
     env = dict(os.environ)
     env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
         ANTDT_NATS__URL=cluster.nats.url,
         ANTDT_JOB=job,
         ANTDT_POLICY=policy,
-        ANTDT_DATASET_SIZE=str(scenario.steps_per_epoch * scenario.global_batch),
+        ANTDT_POLICY_PARAMS=json.dumps(params or {}),
+        ANTDT_DATASET_SIZE=str(shape.steps_per_epoch * shape.global_batch),
         ANTDT_SHARD_SIZE="128",
-        ANTDT_GLOBAL_BATCH=str(scenario.global_batch),
-        ANTDT_EPOCHS=str(scenario.epochs),
+        ANTDT_GLOBAL_BATCH=str(shape.global_batch),
+        ANTDT_EPOCHS=str(shape.epochs),
         ANTDT_SEED="7",
         ANTDT_DEMO_OUT=str(out),
         ANTDT_TELEMETRY__LOG_FORMAT="json",

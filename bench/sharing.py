@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -24,8 +22,7 @@ from antdt.runtime.cpubudget import RankBudgets
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.testing.contention import last_step
 from antdt.testing.torchrun import start_torchrun, stop
-from bench.children import ROOT
-from bench.contention import read_progress, services
+from bench.contention import job_env, read_progress, services
 from bench.display import console
 from bench.shards_rows import RUNS
 from bench.sharing_figures import (
@@ -100,28 +97,6 @@ async def driven(
         budgets.slow(set())
 
 
-def job_env(
-    cluster: EmbeddedCluster, s: Scenario, job: str, cfg: Config, out: Path
-) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
-        ANTDT_NATS__URL=cluster.nats.url,
-        ANTDT_JOB=job,
-        ANTDT_POLICY=cfg.policy,
-        ANTDT_POLICY_PARAMS=json.dumps(cfg.params),
-        ANTDT_DATASET_SIZE=str(s.steps_per_epoch * s.global_batch),
-        ANTDT_SHARD_SIZE="128",
-        ANTDT_GLOBAL_BATCH=str(s.global_batch),
-        ANTDT_EPOCHS=str(s.epochs),
-        ANTDT_SEED="7",
-        ANTDT_DEMO_OUT=str(out),
-        ANTDT_TELEMETRY__LOG_FORMAT="json",
-        ANTDT_TELEMETRY__LOG_LEVEL="warning",
-    )
-    return env
-
-
 async def run_once(
     cluster: EmbeddedCluster, s: Scenario, cfg: Config, schedule: list[Burst], out: Path
 ) -> RunFigures:
@@ -134,7 +109,7 @@ async def run_once(
         # torchrun, as users start jobs: the c10d store (the claims') is in its agent,
         # outside every rank's budget.
         script = ["--no-python", *budgets.command([sys.executable, "-m", "antdt.demo.train"])]
-        env = job_env(cluster, s, job, cfg, out)
+        env = job_env(cluster, s, job, cfg.policy, out, cfg.params)
         async with driven(budgets, schedule, progress):
             proc = start_torchrun(WORLD, 0, script, env, out / "torchrun.log")
             try:
