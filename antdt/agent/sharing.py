@@ -129,7 +129,7 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
 
 
 #: Policies under which `work_sharing` is on unless the job's params turn it off.
-SHARING_BY_DEFAULT: frozenset[str] = frozenset()
+SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
 @dataclass(frozen=True)

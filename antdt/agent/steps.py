@@ -201,11 +201,10 @@ class StepDriver:
     def claims(self, step: Step) -> Iterator[MicroBatch]:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open")
-        if self.sharing is None or step._lot is not None:  # a DataLoader's batch: its own
+        if self.sharing is None or step._lot is not None or self.hook_state is not None:
+            # A DataLoader's batch is loaded, DDP's hook weights by the own count: their own.
             yield from own_micro_batches(step.micro_batches, self.rank)
             return
-        if self.hook_state is not None:
-            raise RuntimeError("work sharing weights gradients in step.sync(model), not DDP's hook")
         if step._computed is not None:  # a second pass would hand out nothing it may redo
             raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
         step._computed, step._claiming = [], True
