@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
-from antdt.agent.sharing import Holder, ShareParams, offering
+from antdt.agent.sharing import Holder, Pace, ShareParams, offering
 
 #: The count all-reduce: the element-wise SUM of every rank's vector.
 AllSum = Callable[[list[int]], list[int]]
@@ -54,8 +54,10 @@ class WorkSharing:
     claim_s: float = 0.0
     #: Samples of other ranks' shares computed in the open step, by owner.
     helped: dict[int, int] = field(default_factory=dict)
-    #: This rank's compute seconds per sample in its last step (0: none yet).
-    pace: float = 0.0
+    #: This rank's compute per sample in its last step, and the ranks that offered then
+    #: (every rank's `open` computes the same set).
+    pace: Pace = field(default_factory=Pace)
+    offered: frozenset[int] = frozenset()
 
     @property
     def client(self) -> StoreClaims:
@@ -64,16 +66,20 @@ class WorkSharing:
         return self._client
 
     def open(self, step_index: int, plan: Plan, rank: int, ids: list[int], sums: AllSum) -> int:
-        """The step's count all-reduce, carrying every rank's samples and last pace; the
+        """The step's count all-reduce, carrying every rank's samples and last paces; the
         offers it implies are opened (and this rank's published when it offers). Returns
         the step's total samples."""
         world = len(plan.local_batch)
-        vector = [0] * (2 * world)
-        vector[rank], vector[world + rank] = len(ids), round(self.pace * 1e9)
+        vector = [0] * (3 * world)
+        vector[rank] = len(ids)
+        vector[world + rank] = round(self.pace.own * 1e9)
+        vector[2 * world + rank] = round(self.pace.helping * 1e9)
         summed = sums(vector)
-        counts, paces = summed[:world], [ns / 1e9 for ns in summed[world:]]
+        counts = summed[:world]
+        paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
+        self.offered = offering(paces, self.offered, self.params.ratio)
         micro = plan.micro_batch or (0,) * world
-        offers = {o: (counts[o], micro[o]) for o in offering(paces, self.params.ratio)}
+        offers = {o: (counts[o], micro[o]) for o in self.offered}
         self.client.open(step_index, offers, self.params.chunks, ids if rank in offers else None)
         self.claim_s, self.helped = 0.0, {}
         return sum(counts)
@@ -85,18 +91,22 @@ class WorkSharing:
         offered), then the offered ones it can help with, until each has its holder;
         the ids of each one computed are appended to `computed`. `slowdown`: an
         injected straggler's factor, slept after each micro-batch (tests, demos)."""
-        client, busy = self.client, 0.0
+        client, busy = self.client, {True: 0.0, False: 0.0}  # by: helping?
+        samples = {True: 0, False: 0}
         for mb, held in self._held(client, own):
             t0 = time.perf_counter()
             yield MicroBatch(mb.owner, mb.index, mb.ids, len(mb.ids) / total)
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - t0))
-            busy += time.perf_counter() - t0
+            helping = mb.owner != client.rank
+            busy[helping] += time.perf_counter() - t0
+            samples[helping] += len(mb.ids)
             computed.extend(mb.ids)
             self.claim_s += held
-            if mb.owner != client.rank:
+            if helping:
                 self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
-        self.pace = busy / len(computed) if computed else 0.0
+        own_s, help_s = (busy[k] / samples[k] if samples[k] else 0.0 for k in (False, True))
+        self.pace = Pace(own_s, help_s)
 
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
         """Each micro-batch to compute, with the claim store seconds it took to get."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from enum import Enum
 
@@ -110,14 +111,29 @@ def furthest_behind(
     return best
 
 
-def offering(paces: Sequence[float], ratio: float) -> frozenset[int]:
-    """The ranks that offer their share: compute per sample above `ratio` x the median
-    of the ranks that reported one (pace 0: none yet, e.g. the first step)."""
-    known = [p for p in paces if p > 0]
-    if len(known) < 2:
-        return frozenset()
-    median = statistics.median(known)
-    return frozenset(r for r, p in enumerate(paces) if p > ratio * median)
+@dataclass(frozen=True)
+class Pace:
+    """A rank's compute seconds per sample in its last step (0: none): on its own share
+    (in one piece, or in micro-batches when it offered) and on micro-batches it took over."""
+
+    own: float = 0.0
+    helping: float = 0.0
+
+
+def offering(paces: Sequence[Pace], offered: AbstractSet[int], ratio: float) -> frozenset[int]:
+    """The ranks that offer their share: own pace above `ratio` x a median. A rank that
+    computed its share in one piece is judged against the median of those that did; one
+    that `offered` last step, against the median of helpers on micro-batches, since a
+    micro-batch costs more per sample than a whole share (against whole shares an
+    offering rank would look slow for ever). No reference (fewer than two in one piece,
+    no helper): no offer."""
+    whole = [p.own for r, p in enumerate(paces) if r not in offered and p.own > 0]
+    helping = [p.helping for p in paces if p.helping > 0]
+    reference = {
+        False: statistics.median(whole) if len(whole) >= 2 else math.inf,
+        True: statistics.median(helping) if helping else math.inf,
+    }
+    return frozenset(r for r, p in enumerate(paces) if p.own > ratio * reference[r in offered])
 
 
 def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> list[list[int]]:

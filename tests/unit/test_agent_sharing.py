@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from antdt.agent.sharing import (
     BACK_TICKET,
+    Pace,
     Refusal,
     Refused,
     ShareParams,
@@ -88,13 +89,29 @@ def test_help_goes_to_the_rank_with_most_left() -> None:
     assert furthest_behind(SHARE, 0, {1: 4, 2: BACK_TICKET * 2}, set()) is None
 
 
+def _whole(*own: float) -> list[Pace]:
+    return [Pace(p) for p in own]
+
+
 def test_ranks_offer_when_slow_against_the_median_of_the_known() -> None:
-    assert offering([0.0, 0.0, 0.0], 1.3) == frozenset()  # the first step: nothing known
-    assert offering([1.0, 1.1, 0.9, 3.0], 1.3) == {3}
-    assert offering([1.0, 1.25, 1.0, 1.0], 1.3) == frozenset()
-    assert offering([1.0, 0.0, 2.0], 1.3) == {2}  # median of the known: 1.5
-    assert offering([3.0, 3.0, 1.0, 1.0], 1.3) == {0, 1}  # a half slowed: median 2.0
-    assert offering([5.0], 1.3) == frozenset()
+    none: frozenset[int] = frozenset()
+    assert offering(_whole(0.0, 0.0, 0.0), none, 1.3) == none  # the first step: none known
+    assert offering(_whole(1.0, 1.1, 0.9, 3.0), none, 1.3) == {3}
+    assert offering(_whole(1.0, 1.25, 1.0, 1.0), none, 1.3) == none
+    assert offering(_whole(1.0, 0.0, 2.0), none, 1.3) == {2}  # median of the known: 1.5
+    assert offering(_whole(3.0, 3.0, 1.0, 1.0), none, 1.3) == {0, 1}  # a half: median 2.0
+    assert offering(_whole(5.0), none, 1.3) == none
+
+
+def test_a_rank_that_offered_is_judged_against_helpers_on_micro_batches() -> None:
+    """Micro-batches cost more per sample than a share in one piece: 1.5 on rank 3's
+    own micro-batches is its normal speed when helpers took theirs at 1.4."""
+    recovered = [Pace(1.0, 1.4), Pace(1.0, 1.4), Pace(1.0, 1.5), Pace(1.5)]
+    assert offering(recovered, frozenset({3}), 1.3) == frozenset()
+    still_slow = [Pace(1.0, 1.4), Pace(1.0, 1.4), Pace(1.0, 1.5), Pace(4.5)]
+    assert offering(still_slow, frozenset({3}), 1.3) == {3}
+    nobody_helped = [Pace(1.0), Pace(1.0), Pace(1.0), Pace(4.5)]
+    assert offering(nobody_helped, frozenset({3}), 1.3) == frozenset()
 
 
 def test_cut_uses_the_plans_micro_batch_else_chunks() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from antdt.agent.errors import AgentError
 from antdt.agent.sampling import Taken
-from antdt.agent.sharing import Refusal, Refused, ShareParams
+from antdt.agent.sharing import Pace, Refusal, Refused, ShareParams
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -27,7 +27,9 @@ class _Pair:
         self._pace_1 = pace_1
 
     def all_sum(self, values: list[int]) -> list[int]:
-        return [values[0], values[1] + len(OTHERS), values[2], values[3] + int(self._pace_1 * 1e9)]
+        """[samples, own paces, helping paces] by rank, in ns per sample."""
+        theirs = [0, len(OTHERS), 0, int(self._pace_1 * 1e9), 0, 0]
+        return [a + b for a, b in zip(values, theirs, strict=True)]
 
 
 class _Stream:
@@ -73,7 +75,7 @@ def _job(slow_rank: int = 1, chunks: int = 2, delay_s: float = 0.0) -> tuple[Any
     plans.adopt(Plan(job="j", version=1, local_batch=(8, 4), effective_step=0, created_at=0.0))
     out: list[Any] = []
     sharing = WorkSharing(ShareParams(True, chunks), lambda: StoreClaims(link, 0, 2))
-    sharing.pace = SLOW_S if slow_rank == 0 else FAST_S
+    sharing.pace = Pace(SLOW_S if slow_rank == 0 else FAST_S)
     pair = _Pair(SLOW_S if slow_rank == 1 else FAST_S)
     driver = StepDriver(
         rank=0,
