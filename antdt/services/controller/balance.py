@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_not
+from operator import attrgetter, eq, is_not, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 
@@ -194,12 +194,15 @@ def _check(classes: Sequence[_Class], total: int) -> None:
 
 def _water_level(classes: Sequence[_Class], total: int) -> float:
     """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`."""
+    sizes = [len(c.ranks) for c in classes]
+    lows, highs = [c.lo for c in classes], [c.hi for c in classes]
+    fixed, per_sample = [c.fixed_s for c in classes], [c.per_sample_s for c in classes]
 
     def samples_at(level: float) -> float:
-        return sum(
-            len(c.ranks) * min(c.hi, max(c.lo, (level - c.fixed_s) / c.per_sample_s))
-            for c in classes
-        )
+        """Sum of size x min(hi, max(lo, (level - fixed) / per_sample)), class by class
+        in order (the same floats as a loop would add), at C speed."""
+        shares = map(truediv, map(sub, repeat(level), fixed), per_sample)
+        return sum(map(mul, sizes, map(min, highs, map(max, lows, shares))))
 
     low = min(c.time_at(c.lo) for c in classes)
     high = max(c.time_at(c.hi) for c in classes)
