@@ -57,7 +57,9 @@ def proportional_shares(
     bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
     rest re-split (water-filling), then rounded by largest remainder so that the sum is
     exact. Ties go to the lower rank: the result is deterministic."""
-    if not (all(map(math.isfinite, speeds)) and min(speeds, default=1.0) > 0):
+    # A finite sum has no inf or nan among its terms: one C pass, the per-value one after.
+    finite = math.isfinite(sum(speeds)) or all(map(math.isfinite, speeds))
+    if not (finite and min(speeds, default=1.0) > 0):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
     lower = (min_b,) * len(speeds)
     upper = upper_bounds(len(speeds), global_batch, max_b, caps)
