@@ -56,6 +56,8 @@ class Target:
         few (the usual plan: one model for the ranks not held deviating); else None."""
         assert self.models is not None
         models = self.models
+        if not models:
+            return None
         rare = list(compress(range(len(models)), map(is_not, models, repeat(models[0]))))
         return rare if len(rare) <= _RARE else None
 
