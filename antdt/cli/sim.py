@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from antdt.cli.options import NatsOpt
+
 if TYPE_CHECKING:
     from antdt.sim.files import ScenarioFile
     from antdt.sim.simulate import Simulation
@@ -18,7 +20,9 @@ out = Console(width=None if Console().is_terminal else 140)  # a file has no wid
 
 
 def sim(
-    scenario: Annotated[Path, typer.Argument(help="Scenario file (TOML; examples/sim/)")],
+    scenario: Annotated[
+        Path | None, typer.Argument(help="Scenario file (TOML; examples/sim/)")
+    ] = None,
     policy: Annotated[
         list[str] | None, typer.Option("--policy", "-p", help="Policies to compare (repeat)")
     ] = None,
@@ -28,9 +32,28 @@ def sim(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for the JSON and PNG")] = Path(
         "runs/sim"
     ),
+    from_job: Annotated[
+        str | None, typer.Option("--from-job", help="Replay this job's recorded steps")
+    ] = None,
+    from_steps: Annotated[
+        Path | None, typer.Option("--from-steps", help="Replay a steps file (JSON lines)")
+    ] = None,
+    save_steps: Annotated[
+        Path | None, typer.Option("--save-steps", help="With --from-job: keep its steps here")
+    ] = None,
+    nats_url: NatsOpt = None,
 ) -> None:
     """Run every policy of SCENARIO, `none` and an oracle on the same simulated cluster;
-    print the figures, write NAME.json and NAME.png."""
+    print the figures, write NAME.json and NAME.png. With --from-job or --from-steps:
+    replay a finished run's recorded steps under each --policy instead."""
+    if from_job is not None or from_steps is not None:
+        from antdt.cli.replay import replay_run
+
+        replay_run(from_job, from_steps, save_steps, policy, out_dir, nats_url)
+        return
+    if scenario is None:
+        Console(stderr=True).print("[red]sim: give a scenario file, --from-job or --from-steps[/]")
+        raise typer.Exit(2)
     try:
         from antdt.sim.files import ScenarioError, load_scenario
         from antdt.sim.report import save_json, save_png, table

@@ -31,6 +31,7 @@ from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
 
 if TYPE_CHECKING:
     from antdt.observe import ReportFiles
+    from antdt.runtime.config import NatsSettings
 
 WORLD = 4
 GLOBAL_BATCH = 1024
@@ -225,13 +226,30 @@ def run_demo(out: Path, *, steps: int = 150) -> int:
 
 
 def _report(cluster: EmbeddedCluster, run: RunStats, folder: Path) -> ReportFiles:
-    """The run's picture, drawn from what JetStream recorded (as `antdt report` does)."""
+    """The run's picture, drawn from what JetStream recorded (as `antdt report` does),
+    and its recorded steps as `steps.jsonl` (`antdt sim --from-steps` replays them)."""
     from antdt.observe import report_job
     from antdt.runtime.config import NatsSettings
 
     nats = NatsSettings(url=cluster.nats.url)
     console.print(f"drawing the {run.policy} run's report from what JetStream recorded")
-    return asyncio.run(report_job(nats, run.job, folder, console=console))
+    files = asyncio.run(report_job(nats, run.job, folder, console=console))
+    asyncio.run(_save_steps(nats, run.job, folder / "steps.jsonl"))
+    return files
+
+
+async def _save_steps(nats: NatsSettings, job: str, path: Path) -> None:
+    from antdt.observe import fetch_run
+    from antdt.runtime.bus import Bus
+    from antdt.schemas import Subjects
+    from antdt.sim.recording import save_steps
+
+    bus = await Bus(nats, name=f"antdt-demo-steps-{job}").connect(retry_for_s=10)
+    try:
+        record = await fetch_run(bus, Subjects(nats.subject_prefix), job)
+    finally:
+        await bus.close()
+    save_steps(path, record.steps)
 
 
 def main(argv: list[str] | None = None) -> Any:

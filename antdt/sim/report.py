@@ -12,11 +12,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from antdt.sim.files import ScenarioFile
 from antdt.sim.run import RunResult
+
+if TYPE_CHECKING:
+    from antdt.sim.replay import Replay
 
 
 @dataclass(frozen=True)
@@ -133,4 +137,45 @@ def save_png(
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+    return path
+
+
+def replay_table(result: Replay) -> object:
+    """The recorded run next to each policy's replay of it."""
+    from rich.table import Table
+
+    sc = result.scenario
+    out = Table(title=f"{sc.name}: {sc.ranks:,} ranks x {sc.steps:,} recorded steps")
+    for column in ("run", "time s", "throughput kept", "vs recorded", "adjusts", "restarts"):
+        out.add_column(column, justify="left" if column == "run" else "right")
+    out.add_row("recorded", f"{result.measured_s:,.1f}", f"{result.measured_kept:.2f}", "1.00")
+    for run in result.runs:
+        out.add_row(
+            f"replay {run.policy}",
+            f"{run.job_s:,.1f}",
+            f"{result.kept(run.policy):.2f}",
+            f"{result.measured_s / run.job_s:.2f}",
+            str(run.adjusts),
+            str(run.restarts),
+        )
+    return out
+
+
+def replay_json(path: Path, result: Replay) -> Path:
+    body = {
+        "scenario": result.scenario.model_dump(mode="json"),
+        "recorded": {"time_s": result.measured_s, "throughput_kept": result.measured_kept},
+        "healthy_s": result.healthy_s,
+        "replays": [
+            {
+                "policy": r.policy,
+                "time_s": r.job_s,
+                "throughput_kept": result.kept(r.policy),
+                "adjusts": r.adjusts,
+                "restarts": r.restarts,
+            }
+            for r in result.runs
+        ],
+    }
+    path.write_text(json.dumps(body, indent=2))
     return path

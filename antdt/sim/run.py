@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -163,10 +163,24 @@ class _Loop:
         self.last_action_at = self.now
 
 
-def run_policy(scenario: ScenarioFile, policy: str, progress: Progress | None = None) -> RunResult:
-    """`policy` on the scenario's cluster, closed loop."""
+class ClusterModel(Protocol):
+    """What a run asks of its cluster (`Cluster`; a replay's recorded one)."""
+
+    def step(self, s: int) -> tuple[Floats, Floats]: ...
+
+    def move(self, rank: int, s: int) -> None: ...
+
+
+def run_policy(
+    scenario: ScenarioFile,
+    policy: str,
+    progress: Progress | None = None,
+    *,
+    cluster: ClusterModel | None = None,
+) -> RunResult:
+    """`policy` on the scenario's cluster (or `cluster`), closed loop."""
     sc = scenario
-    cluster, loop = Cluster(sc), _Loop(sc, policy)
+    cluster, loop = cluster or Cluster(sc), _Loop(sc, policy)
     step_s, slowest = np.zeros(sc.steps), np.zeros(sc.steps)
     next_health = sc.health_period_s
     result = RunResult(policy, step_s, compute_s=slowest)

@@ -47,3 +47,99 @@ def test_a_view_remembers_a_figure_per_key() -> None:
         view.remembered("figure", key, lambda k=key: calls.append(k) or k)  # type: ignore[func-returns-value]
     assert calls == [1, 2]
     assert replace(view).remembered("figure", 1, lambda: -1) == -1  # a new view derives anew
+
+
+# -- the health as columns, and the planners' class-wise paths ---------------------------------
+
+
+def test_a_job_record_reads_each_health_into_columns_once() -> None:
+    """The controller's job record builds the columns once per health message: every
+    decision on that health reads the same ones, a new health gets new ones."""
+    from antdt.services.controller.state import JobState
+
+    view, health = decision_view(6)
+    state = JobState(spec=view.spec, plan=view.plan, plan_revision=1, health=health)
+    first, again = state.view(1.0), state.view(2.0)
+    assert first.columns is not None and first.columns is again.columns
+    assert first.columns.rates == [r.samples_per_s for r in health.ranks]
+    state.health = health.model_copy()
+    assert state.view(3.0).columns is not first.columns
+    assert first.hosts == {r: f"h{r}" for r in range(6)}
+
+
+def test_columns_of_another_health_are_not_read() -> None:
+    """A view whose columns were read from another health decides on its own health."""
+    view, health = decision_view(40)
+    slower = health.model_copy(
+        update={"ranks": tuple(r.model_copy(update={"per_sample_s": 0.01}) for r in health.ranks)}
+    )
+    stale = replace(view, health=slower)  # columns still those of `health`
+    fresh = replace(view, health=slower, columns=None)
+    for policy in ("lb-bsp", "antdt-nd", "antdt-dd"):
+        assert load_policy(policy).decide(stale, slower) == load_policy(policy).decide(
+            fresh, slower
+        )
+    assert stale.health_columns.health is slower
+
+
+def test_a_stalled_rank_leaves_the_columns_incomplete() -> None:
+    from antdt.schemas import RankState
+    from antdt.services.controller.columns import HealthColumns
+
+    _, health = decision_view(5)
+    rows = list(health.ranks)
+    rows[2] = rows[2].model_copy(update={"state": RankState.STALLED})
+    stalled = health.model_copy(update={"ranks": tuple(rows)})
+    assert HealthColumns.of(health, 5).complete
+    assert not HealthColumns.of(stalled, 5).complete
+    assert not HealthColumns.of(health, 6).complete  # a rank not heard from
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_step_time_by_class_is_the_per_rank_one(seed: int) -> None:
+    """A target whose ranks mostly share one model predicts as rank by rank, the
+    largest batch in a rare rank or none at all included."""
+    import random
+
+    from antdt.services.controller.balance import StepModel, predicted_step_s
+
+    rng = random.Random(seed)
+    n = rng.choice([5, 80, 400])
+    common = StepModel(0.002, 1e-3)
+    models = [common] * n
+    for r in rng.sample(range(n), rng.randint(0, min(n - 1, 70))):
+        models[r] = StepModel(rng.choice([0.0, 0.002]), rng.uniform(5e-4, 4e-3))
+    target = targets.Target(tuple([1] * n), tuple(range(n)), None, tuple(models))
+    for _ in range(20):
+        plan = [rng.choice([0, 8, 16, 32]) for _ in range(n)]
+        if rng.random() < 0.5:
+            plan[rng.randrange(n)] = 99
+        assert target.step_s(plan) == predicted_step_s(models, plan)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_class_plans_move_and_round_as_rank_by_rank(seed: int) -> None:
+    """bounded_change of plans with few distinct batches, and proportional shares of
+    hundreds of ranks within their bounds: as the references they replaced."""
+    import random
+
+    from antdt.services.controller.plans import bounded_change, proportional_shares
+    from tests.unit.planning_reference import (
+        reference_bounded_change,
+        reference_proportional_shares,
+    )
+
+    rng = random.Random(seed)
+    n = rng.choice([50, 300])
+    old = [32] * n
+    new = list(old)
+    for _ in range(rng.randint(1, 6)):
+        a, b = rng.randrange(n), rng.randrange(n)
+        moved = rng.randint(0, new[a])
+        new[a] -= moved
+        new[b] += moved
+    for fraction in (0.05, 0.25, 0.5, 8.0):
+        assert bounded_change(old, new, fraction) == reference_bounded_change(old, new, fraction)
+    speeds = [rng.choice([1.0, 1.001, 0.33, rng.uniform(0.5, 2.0)]) for _ in range(n)]
+    expected = reference_proportional_shares(32 * n, speeds, min_b=1)
+    assert proportional_shares(32 * n, speeds, min_b=1) == expected

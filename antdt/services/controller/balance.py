@@ -12,8 +12,8 @@ import heapq
 import math
 import statistics
 from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import attrgetter, eq
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, is_not, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 
@@ -93,18 +93,21 @@ def _classes(
 ) -> list[_Class]:
     """The classes in order of their first rank."""
     n = len(models)
-    if lower.count(lower[0]) == n and upper.count(upper[0]) == n:
+    uniform = lower.count(lower[0]) == n and upper.count(upper[0]) == n
+    if uniform:
+        mostly = _mostly_one(models, lower[0], upper[0])
+        if mostly is not None:
+            return mostly
         keys: list[object] = list(map(id, models))  # one bound for all: the model decides
     else:
         keys = list(zip(map(id, models), lower, upper, strict=True))
     distinct = set(keys)
-    if len(distinct) <= _FEW:  # one pass per class, each at C speed
-        everyone = range(n)
+    if len(distinct) <= _FEW:  # a few scans per class, each at C speed
         found: dict[int, _Class] = {}
-        for key in distinct:
-            first = keys.index(key)
+        for ranks in _positions(keys, distinct).values():
+            first = ranks[0]
             c = _Class(models[first], lower[first], upper[first])
-            c.ranks = list(compress(everyone, map(eq, keys, repeat(key))))
+            c.ranks = ranks
             found[first] = c
         return [found[first] for first in sorted(found)]
     by_key: dict[object, _Class] = {}
@@ -118,6 +121,56 @@ def _classes(
 
 #: Up to this many classes are gathered one pass each (else one pass over the ranks).
 _FEW = 16
+#: A class of up to this many ranks is found by search, not by a pass over every rank.
+_SCATTERED = 64
+
+
+def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Class] | None:
+    """The classes when all ranks but a few share the first or the last rank's model
+    object (the usual job: one model for the ranks not held deviating); else None."""
+    everyone = range(len(models))
+    for common in (models[0], models[-1]):
+        rare = list(compress(everyone, map(is_not, models, repeat(common))))
+        if len(rare) <= _SCATTERED:
+            break
+    else:
+        return None
+    by_id: dict[int, _Class] = {}
+    for rank in rare:
+        model = models[rank]
+        group = by_id.get(id(model))
+        if group is None:
+            group = by_id[id(model)] = _Class(model, lo, hi)
+        group.ranks.append(rank)
+    main = _Class(common, lo, hi)
+    main.ranks = list(everyone)
+    for rank in reversed(rare):
+        del main.ranks[rank]
+    return sorted([main, *by_id.values()], key=lambda c: c.ranks[0])
+
+
+def _positions(keys: list[object], distinct: set[object]) -> dict[object, list[int]]:
+    """The positions of each distinct key, in order: the largest class as every position
+    less the others' (a job is mostly one class: the ranks not held deviating)."""
+    counts = {key: keys.count(key) for key in distinct}
+    top = max(counts.values())
+    tied = [key for key in distinct if counts[key] == top]
+    largest = tied[0] if len(tied) == 1 else min(tied, key=keys.index)
+    found: dict[object, list[int]] = {}
+    for key in distinct - {largest}:
+        if counts[key] <= _SCATTERED:
+            at, ranks = -1, []
+            for _ in range(counts[key]):
+                at = keys.index(key, at + 1)
+                ranks.append(at)
+        else:
+            ranks = list(compress(range(len(keys)), map(eq, keys, repeat(key))))
+        found[key] = ranks
+    rest = list(range(len(keys)))
+    for rank in sorted((r for ranks in found.values() for r in ranks), reverse=True):
+        del rest[rank]
+    found[largest] = rest
+    return found
 
 
 def _check(classes: Sequence[_Class], total: int) -> None:
@@ -141,12 +194,15 @@ def _check(classes: Sequence[_Class], total: int) -> None:
 
 def _water_level(classes: Sequence[_Class], total: int) -> float:
     """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`."""
+    sizes = [len(c.ranks) for c in classes]
+    lows, highs = [c.lo for c in classes], [c.hi for c in classes]
+    fixed, per_sample = [c.fixed_s for c in classes], [c.per_sample_s for c in classes]
 
     def samples_at(level: float) -> float:
-        return sum(
-            len(c.ranks) * min(c.hi, max(c.lo, (level - c.fixed_s) / c.per_sample_s))
-            for c in classes
-        )
+        """Sum of size x min(hi, max(lo, (level - fixed) / per_sample)), class by class
+        in order (the same floats as a loop would add), at C speed."""
+        shares = map(truediv, map(sub, repeat(level), fixed), per_sample)
+        return sum(map(mul, sizes, map(min, highs, map(max, lows, shares))))
 
     low = min(c.time_at(c.lo) for c in classes)
     high = max(c.time_at(c.hi) for c in classes)
@@ -176,20 +232,23 @@ def _settle(classes: list[_Class], total: int, ranks: int) -> tuple[int, ...]:
         tied = [i]
         while heap and heap[0][0] == key:
             tied.append(heapq.heappop(heap)[1])
-        members = sorted(r for t in tied for r in classes[t].ranks) if len(tied) > 1 else None
         size = sum(len(classes[t].ranks) for t in tied)
         if size > abs(missing):
-            extra = (members or classes[i].ranks)[: abs(missing)]
+            members = chain.from_iterable(classes[t].ranks for t in tied)
+            extra = sorted(members)[: abs(missing)] if len(tied) > 1 else classes[i].ranks
+            extra = extra[: abs(missing)]
             break
         missing -= sign * size
         for t in tied:
             classes[t].batch += sign
             if _movable(classes[t], sign):
                 heapq.heappush(heap, (_key(classes[t], sign), t))
-    batches = [0] * ranks
+    largest = max(classes, key=lambda c: len(c.ranks))
+    batches = [largest.batch] * ranks
     for c in classes:
-        for rank in c.ranks:
-            batches[rank] = c.batch
+        if c is not largest:
+            for rank in c.ranks:
+                batches[rank] = c.batch
     for rank in extra:
         batches[rank] += sign
     return tuple(batches)

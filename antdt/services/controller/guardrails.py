@@ -116,4 +116,8 @@ def batch_bounds(view: JobView) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def within_bounds(local_batch: Sequence[int], lower: Sequence[int], upper: Sequence[int]) -> bool:
     if not len(local_batch) == len(lower) == len(upper):
         raise ValueError("a plan and its bounds must name the same ranks")
+    if not local_batch:
+        return True
+    if lower.count(lower[0]) == len(lower) and upper.count(upper[0]) == len(upper):
+        return lower[0] <= min(local_batch) and max(local_batch) <= upper[0]  # one bound each
     return all(map(le, lower, local_batch)) and all(map(le, local_batch, upper))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import deque
 from collections.abc import Mapping, Sequence
 from itertools import compress, islice, repeat
 
@@ -56,7 +57,9 @@ def proportional_shares(
     bounds [min_b, min(max_b, caps[rank])]: shares outside are pinned to the bound and the
     rest re-split (water-filling), then rounded by largest remainder so that the sum is
     exact. Ties go to the lower rank: the result is deterministic."""
-    if not (all(map(math.isfinite, speeds)) and min(speeds, default=1.0) > 0):
+    # A finite sum has no inf or nan among its terms: one C pass, the per-value one after.
+    finite = math.isfinite(sum(speeds)) or all(map(math.isfinite, speeds))
+    if not (finite and min(speeds, default=1.0) > 0):
         raise ValueError(f"speeds must be positive and finite, got {list(speeds)}")
     lower = (min_b,) * len(speeds)
     upper = upper_bounds(len(speeds), global_batch, max_b, caps)
@@ -84,6 +87,8 @@ def _water_fill(
         shares = list(
             map(operator.truediv, map(operator.mul, repeat(remaining), rates), repeat(weight))
         )
+        if not pinned and max(lower) <= min(shares) and max(shares) <= min(upper):
+            return shares  # within every rank's bounds: nothing to pin
         share = dict(zip(free, shares, strict=True)) if pinned else shares  # by rank
         tops, bottoms = (map(upper.__getitem__, free), map(lower.__getitem__, free))
         over = list(compress(free, map(operator.gt, shares, tops)))
@@ -108,7 +113,10 @@ def _round_keeping_sum(
     """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
     if not len(real) == len(lower) == len(upper):
         raise ValueError("shares and bounds must name the same ranks")
-    shares = list(map(min, map(max, map(math.floor, real), lower), upper))
+    shares = list(map(math.floor, real))
+    low, high = max(lower, default=0), min(upper, default=0)
+    if not (low <= min(shares, default=0) and max(shares, default=0) <= high):
+        shares = list(map(min, map(max, shares, lower), upper))
     remainders = list(map(operator.sub, shares, real))
     by_remainder = sorted(range(len(real)), key=remainders.__getitem__)  # stable: ties by rank
     missing = total - sum(shares)
@@ -116,14 +124,25 @@ def _round_keeping_sum(
         # One unit per rank per pass, largest remainder first (smallest when taking).
         order = by_remainder if missing > 0 else by_remainder[::-1]
         step = 1 if missing > 0 else -1
-        can_move = (r for r in order if lower[r] <= shares[r] + step <= upper[r])
-        movable = list(islice(can_move, abs(missing)))
+        if _all_can_move(shares, step, lower, upper):
+            movable = order[: abs(missing)]
+        else:
+            can_move = (r for r in order if lower[r] <= shares[r] + step <= upper[r])
+            movable = list(islice(can_move, abs(missing)))
         if not movable:
             raise ValueError("no plan within the bounds sums to the global batch")
-        for r in movable:
-            shares[r] += step
-            missing -= step
+        moved = map(operator.add, map(shares.__getitem__, movable), repeat(step))
+        deque(map(shares.__setitem__, movable, moved), maxlen=0)  # each moves once a pass
+        missing -= step * len(movable)
     return tuple(shares)
+
+
+def _all_can_move(
+    shares: Sequence[int], step: int, lower: Sequence[int], upper: Sequence[int]
+) -> bool:
+    """Whether every rank may move by `step` within its bounds (a cheap sufficient test)."""
+    low, high = max(lower, default=0), min(upper, default=0)
+    return low <= min(shares, default=0) + step and max(shares, default=0) + step <= high
 
 
 def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) -> tuple[int, ...]:
@@ -140,18 +159,13 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     mean = sum(old) / len(old)
     limit_of = {b: max(1, math.floor(max_fraction * max(b, mean))) for b in set(old)}
     limits = list(map(limit_of.__getitem__, old))
-    deltas = [b - a for a, b in zip(old, new, strict=True)]
-    # The scale, num / den: the smallest limit / |delta|, in integers (exact, as Fraction).
-    num, den = 1, 1
-    for d, lim in zip(deltas, limits, strict=True):
-        if d and lim * den < num * abs(d):
-            num, den = lim, abs(d)
+    deltas = list(map(operator.sub, new, old))
+    num, den = _scale(deltas, limits)
     if num >= den:
         return tuple(new)
     # Each rank moves d x num / den: `steps` truncated towards old, `leftover` the rest
     # (x den, so that integers order them as the fractions).
-    steps = [d * num // den if d >= 0 else -(-d * num // den) for d in deltas]
-    leftover = [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
+    steps, leftover = _moves(deltas, num, den)
     missing = -sum(steps)
     # Hand the rounding units to the ranks that were cut the most, in their direction.
     if missing > 0:  # stable sorts: ties by rank
@@ -161,7 +175,40 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
         order = sorted(range(len(old)), key=leftover.__getitem__)[:-missing]
     for r in order:
         steps[r] += 1 if missing > 0 else -1
-    return tuple(a + s for a, s in zip(old, steps, strict=True))
+    return tuple(map(operator.add, old, steps))
+
+
+def _moves(deltas: list[int], num: int, den: int) -> tuple[list[int], list[int]]:
+    """Each delta x num / den as `steps` truncated towards 0 and `leftover` the rest (x den,
+    so that integers order them as the fractions): once per distinct delta when few."""
+
+    def step(d: int) -> int:
+        return d * num // den if d >= 0 else -(-d * num // den)
+
+    distinct = set(deltas)
+    if len(distinct) * 4 > len(deltas):
+        steps = [step(d) for d in deltas]
+        return steps, [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
+    step_of = {d: step(d) for d in distinct}
+    left_of = {d: d * num - s * den for d, s in step_of.items()}
+    return list(map(step_of.__getitem__, deltas)), list(map(left_of.__getitem__, deltas))
+
+
+def _scale(deltas: Sequence[int], limits: Sequence[int]) -> tuple[int, int]:
+    """The smallest limit / |delta| over the ranks that move, as num / den (1 / 1 when it
+    is larger), exactly: the float ratios pick the few candidates, integers decide."""
+    moving = list(map(bool, deltas))
+    sizes = list(map(abs, compress(deltas, moving)))
+    caps = list(compress(limits, moving))
+    if not sizes:
+        return 1, 1
+    ratios = list(map(operator.truediv, caps, sizes))
+    near = min(ratios) * (1.0 + 1e-9)
+    num, den = 1, 1
+    for lim, d in compress(zip(caps, sizes, strict=True), map(operator.le, ratios, repeat(near))):
+        if lim * den < num * d:
+            num, den = lim, d
+    return num, den
 
 
 def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
@@ -262,7 +309,8 @@ def accumulation_upper_bounds(
     bounds the micro-batch only, so a rank holds up to cap x max_accumulation per step
     (and never more than max_b or the global batch)."""
     top = global_batch if max_b is None else min(max_b, global_batch)
-    caps = caps or {}
+    if not caps:
+        return (top,) * n
     return tuple(
         min(top, caps[rank] * max_accumulation) if rank in caps else top for rank in range(n)
     )

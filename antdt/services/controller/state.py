@@ -16,6 +16,7 @@ from antdt.schemas import (
     RankHello,
     RestartLedger,
 )
+from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.restarts import Progress
 from antdt.services.controller.view import JobView, remaining_samples
 
@@ -43,10 +44,13 @@ class JobState:
     progress: Progress | None = None  # where the job stands during a restart in flight
     refused_restart: tuple[str, str] | None = None  # (action id, why) last recorded refused
     nodes: dict[str, NodeRecord] = field(default_factory=dict)  # live registered nodes
+    #: `health` as columns, built once per health message (`_health_columns`)
+    _columns: HealthColumns | None = field(default=None, init=False, repr=False, compare=False)
 
     def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
         """The read-only view a policy decides on."""
-        hosts = {r.rank: r.host for r in self.health.ranks} if self.health else {}
+        columns = self._health_columns()
+        hosts = dict(columns.hosts) if columns is not None else {}
         hosts.update(self.hosts)  # a RankHello is newer than the health's window
         return JobView(
             spec=self.spec,
@@ -61,7 +65,15 @@ class JobState:
             restarts=self.restarts,
             remaining_samples=remaining_samples(self.spec, self.health),
             nodes={h: r for h, r in self.nodes.items() if r.live(now)},
+            columns=columns,
         )
+
+    def _health_columns(self) -> HealthColumns | None:
+        if self.health is None:
+            return None
+        if self._columns is None or self._columns.health is not self.health:
+            self._columns = HealthColumns.of(self.health, self.spec.world_size)
+        return self._columns
 
     def learn_hello(self, hello: RankHello) -> None:
         """A rank's latest process: its host, start and memory cap (none said: none known)."""

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from antdt.schemas import Incident, JobHealth, JobSpec, NodeRecord, Plan, RestartLedger
+from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.nodes import free_spares
 
 T = TypeVar("T")
@@ -36,6 +37,8 @@ class JobView:
     #: host -> live record of every node registered for the job (etcd
     #: `jobs/{job}/nodes/{host}`, torchrun's rendezvous gate); empty: none registered
     nodes: Mapping[str, NodeRecord] = field(default_factory=dict)
+    #: `health` as columns, built once per health message (None: built here when read)
+    columns: HealthColumns | None = None
 
     def remembered(self, name: str, key: object, compute: Callable[[], T]) -> T:
         """`compute()`, once per `name` and equal `key` on this view: a decision derives
@@ -47,6 +50,15 @@ class JobView:
         value = compute()
         entries.append((key, value))
         return value
+
+    @property
+    def health_columns(self) -> HealthColumns:
+        """`columns` when they are this view's health's, else built (once per view)."""
+        assert self.health is not None
+        health, world, given = self.health, self.spec.world_size, self.columns
+        if given is not None and given.health is self.health and given.world_size == world:
+            return given
+        return self.remembered("columns", None, lambda: HealthColumns.of(health, world))
 
     @cached_property
     def _derived(self) -> dict[str, list[tuple[object, Any]]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from antdt.schemas import Incident, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
@@ -97,14 +98,18 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     must_fix = current_violation(view)
     speeds = measured_speeds(view)
     if not must_fix:
-        if any(s is None for s in speeds):
+        if None in speeds:
             return None  # plan from every rank's speed, or not at all
         ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
         if ours and view.now - current.created_at < params.replan_s:
             return None  # one plan, then quiet
     known = [s for s in speeds if s is not None]
     fallback = statistics.median(known) if known else 1.0
-    filled = [fallback if s is None else s for s in speeds]
+    filled = (
+        [fallback if s is None else s for s in speeds]
+        if None in speeds
+        else cast(list[float], list(speeds))
+    )
     upper = accumulation_upper_bounds(
         spec.world_size,
         spec.global_batch,
@@ -115,7 +120,11 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     max_change = params.rails.max_change
     try:
         target = proportional_shares(
-            spec.global_batch, filled, min_b=spec.min_local_batch, caps=dict(enumerate(upper))
+            spec.global_batch,
+            filled,
+            min_b=spec.min_local_batch,
+            max_b=spec.max_local_batch,
+            caps=dict(enumerate(upper)) if view.memory_caps else None,  # else max_b bounds all
         )
         # A broken cap is fixed in one move; otherwise the move is bounded.
         local = target if must_fix else bounded_change(current.local_batch, target, max_change)
@@ -134,7 +143,7 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     if not must_fix and not params.rails.worth_it(before, after):
         return None
     why = f"fix: {must_fix}; " if must_fix else ""
-    unknown = [str(r) for r, s in enumerate(speeds) if s is None]
+    unknown = [str(r) for r, s in enumerate(speeds) if s is None] if None in speeds else []
     head = f"{PROVISIONAL} (no speed yet: ranks {','.join(unknown)})" if unknown else "antdt-dd"
     reason = (
         f"{head}: {why}batches proportional to compute speed, micro-batches within "

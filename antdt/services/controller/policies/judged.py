@@ -6,20 +6,18 @@ Rules: docs/architecture.md, "The lb-bsp policy"."""
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter, truediv
 from typing import cast
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
 from antdt.services.controller.balance import StepModel
+from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.view import JobView
 
 _HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
 _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
-_USABLE_SET = frozenset(_USABLE)
 
 
 def measured_speeds(view: JobView) -> tuple[float | None, ...]:
@@ -30,12 +28,9 @@ def measured_speeds(view: JobView) -> tuple[float | None, ...]:
 
 def _measured_speeds(view: JobView) -> tuple[float | None, ...]:
     data = data_per_sample(view)
-    columns = _in_rank_order(view)
-    if columns is not None and not data:  # the usual job: one row per rank, in order
-        rates = columns.rates
-        if min(rates, default=1.0) > 0:  # the same figures, at C speed
-            return tuple(map(truediv, repeat(1.0), map(truediv, repeat(1.0), rates)))
-        return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates)
+    columns = view.health_columns
+    if columns.complete and not data:  # the usual job: one row per rank, in order
+        return columns.speeds
     speeds: list[float | None] = [None] * view.spec.world_size
     for row in _usable_rows(view):
         rate = row.samples_per_s
@@ -118,10 +113,7 @@ def judged_speeds(
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
     held = [r for r in held_ranks(view, deviating) if 0 <= r < len(speeds)]
-    others = list(speeds)
-    for rank in held:
-        others[rank] = None
-    normal = [s for s in others if s is not None] if None in others else cast(list[float], others)
+    normal = _others(view, speeds, held)
     if not normal:
         return list(speeds)
     typical = statistics.median(normal)
@@ -133,6 +125,18 @@ def judged_speeds(
     for rank in held:
         judged[rank] = speeds[rank]
     return judged
+
+
+def _others(view: JobView, speeds: Sequence[float | None], held: list[int]) -> list[float]:
+    """The known speeds of the ranks not `held` (in any order: only their median is read);
+    from the health's sorted column when `speeds` are its measured ones."""
+    columns = view.health_columns if view.health is not None else None
+    if columns is not None and speeds is columns.speeds and columns.sorted_speeds is not None:
+        return _without(columns.sorted_speeds, [cast(float, speeds[r]) for r in held])
+    others = list(speeds)
+    for rank in held:
+        others[rank] = None
+    return [s for s in others if s is not None] if None in others else cast(list[float], others)
 
 
 def judged_models(
@@ -183,8 +187,8 @@ def _fitted(
     """`measured_models` split: the held ranks' models by rank, the others' parts (only
     their median is used, so no model object per rank is built)."""
     data = data_per_sample(view)
-    columns = _in_rank_order(view)
-    if columns is not None and not data and columns.all_fitted:
+    columns = view.health_columns
+    if columns.complete and not data and columns.all_fitted:
         return _fitted_columns(columns, held)
     own: dict[int, StepModel] = {}
     normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
@@ -203,50 +207,26 @@ def _fitted(
 
 
 def _fitted_columns(
-    columns: _Columns, held: AbstractSet[int]
+    columns: HealthColumns, held: AbstractSet[int]
 ) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
-    """`_fitted` of a job whose ranks all have a model, from its columns."""
-    fixed = cast(list[float], list(columns.fixed))
-    per_sample = cast(list[float], list(columns.per_sample))
+    """`_fitted` of a job whose ranks all have a model, from its columns: the others'
+    parts come sorted (only their median is read), the held ranks' taken out."""
+    fixed = cast(list[float], columns.fixed)
+    per_sample = cast(list[float], columns.per_sample)
     mine = sorted(r for r in held if 0 <= r < len(fixed))
     own = {r: StepModel(fixed[r], per_sample[r]) for r in mine}
-    for r in reversed(mine):
-        del fixed[r], per_sample[r]
-    return own, (fixed, per_sample)
-
-
-@dataclass(frozen=True)
-class _Columns:
-    """The usable rows' figures, when they are one per rank in rank order."""
-
-    rates: list[float]
-    fixed: list[float | None]
-    per_sample: list[float | None]
-
-    @property
-    def all_fitted(self) -> bool:
-        """Every rank has a model and a speed (as `_fitted` asks, row by row)."""
-        if None in self.fixed or None in self.per_sample:
-            return False
-        per_sample = cast(list[float], self.per_sample)
-        return min(per_sample, default=1.0) > 0 and min(self.rates, default=1.0) > 0
-
-
-def _in_rank_order(view: JobView) -> _Columns | None:
-    return view.remembered("columns", None, lambda: _columns(view))
-
-
-def _columns(view: JobView) -> _Columns | None:
-    """Columns read at C speed; None unless the usable rows are the job's every rank, in
-    order."""
-    rows = _usable_rows(view)
-    if list(map(attrgetter("rank"), rows)) != list(range(view.spec.world_size)):
-        return None
-    return _Columns(
-        list(map(attrgetter("samples_per_s"), rows)),
-        list(map(attrgetter("fixed_s"), rows)),
-        list(map(attrgetter("per_sample_s"), rows)),
+    return own, (
+        _without(cast(list[float], columns.sorted_fixed), [fixed[r] for r in mine]),
+        _without(cast(list[float], columns.sorted_per_sample), [per_sample[r] for r in mine]),
     )
+
+
+def _without(ordered: list[float], values: Sequence[float]) -> list[float]:
+    """`ordered` (sorted) less one occurrence of each of `values`, still sorted."""
+    rest = list(ordered)
+    for value in values:
+        del rest[bisect_left(rest, value)]
+    return rest
 
 
 def _flat(samples_per_s: float) -> StepModel:
@@ -261,13 +241,9 @@ def _usable_rows(view: JobView) -> list[RankHealth]:
 def _rows_usable(view: JobView) -> list[RankHealth]:
     assert view.health is not None
     world, rows = view.spec.world_size, view.health.ranks
-    if set(map(attrgetter("state"), rows)) <= _USABLE_SET and _ranks_below(rows, world):
-        return list(rows)
+    if view.health_columns.complete:
+        return list(rows)  # every rank, in order, each usable
     return [r for r in rows if r.state in _USABLE and r.rank < world]
-
-
-def _ranks_below(rows: Sequence[RankHealth], world: int) -> bool:
-    return max(map(attrgetter("rank"), rows), default=-1) < world
 
 
 __all__ = [

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
+from functools import cached_property
+from itertools import compress, repeat
+from operator import is_not
 from typing import cast
 
 from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
 from antdt.services.controller.view import JobView
+
+#: A balanced plan whose ranks but this many share one model predicts by class.
+_RARE = 64
 
 
 @dataclass(frozen=True)
@@ -27,12 +32,34 @@ class Target:
 
     def step_s(self, plan: Sequence[int]) -> float:
         """The predicted step time of `plan` over the known ranks, as this target sees it."""
-        batches = list(map(plan.__getitem__, self.known))
-        if self.models is not None:  # few distinct (model, batch) pairs: one time each
-            pairs = set(zip(self.models, batches, strict=True))
-            return predicted_step_s([m for m, _ in pairs], [b for _, b in pairs])
-        assert self.speeds is not None
-        return predicted_step_time(batches, self.speeds)
+        batches = plan if len(plan) == len(self.known) else list(map(plan.__getitem__, self.known))
+        if self.models is None:
+            assert self.speeds is not None
+            return predicted_step_time(batches, self.speeds)
+        if self._rare is None:
+            return predicted_step_s(self.models, batches)
+        # Ranks sharing the common model: its time at their largest batch (per_sample_s
+        # > 0, as every balanced plan's model, so time grows with the batch).
+        rare, common = self._rare, self.models[0]
+        times = [self.models[r].predict(batches[r]) for r in rare if batches[r]]
+        top = max(batches, default=0)
+        if batches.count(top) == sum(1 for r in rare if batches[r] == top):
+            rest = set(range(len(batches))) - set(rare)
+            top = max((batches[r] for r in rest), default=0)
+        if top:
+            times.append(common.predict(top))
+        return max(times, default=0.0)
+
+    @cached_property
+    def _rare(self) -> list[int] | None:
+        """The known positions whose model object is not the first one's, when they are
+        few (the usual plan: one model for the ranks not held deviating); else None."""
+        assert self.models is not None
+        models = self.models
+        if not models:
+            return None
+        rare = list(compress(range(len(models)), map(is_not, models, repeat(models[0]))))
+        return rare if len(rare) <= _RARE else None
 
     @property
     def how(self) -> str:
@@ -69,16 +96,16 @@ def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target
 def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
-    present = [m is not None for m in models]
-    known = tuple(compress(range(len(models)), present))
-    fitted = cast(tuple[StepModel, ...], tuple(compress(models, present)))
+    if None in models:
+        present = [m is not None for m in models]
+        known = tuple(compress(range(len(models)), present))
+        fitted = cast(tuple[StepModel, ...], tuple(compress(models, present)))
+        low, high = list(compress(lower, present)), list(compress(upper, present))
+    else:  # every rank known
+        known, fitted = tuple(range(len(models))), cast(tuple[StepModel, ...], tuple(models))
+        low, high = list(lower), list(upper)
     try:
-        shares = balanced_batches(
-            fitted,
-            view.spec.global_batch - _kept(current, known),
-            list(compress(lower, present)),
-            list(compress(upper, present)),
-        )
+        shares = balanced_batches(fitted, view.spec.global_batch - _kept(current, known), low, high)
     except ValueError:
         return None
     return Target(_fill(current, known, shares), known, None, fitted)

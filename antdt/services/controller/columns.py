@@ -1,0 +1,79 @@
+"""A job health's per-rank rows as columns, one list per field. Pure.
+
+Built once per health message by whoever holds the health (the controller's job record,
+the simulator), then read by every decision on it: at 10,000 ranks reading the rows
+field by field costs more than a whole decision on the columns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, truediv
+from typing import cast
+
+from antdt.schemas import JobHealth, RankState
+
+_USABLE = frozenset((RankState.OK, RankState.SLOW, RankState.LEADER))
+
+
+@dataclass(frozen=True, eq=False)
+class HealthColumns:
+    """`health`'s rows as columns, when they are the job's every rank in rank order and
+    each usable (ok, slow or leader): `complete`. Otherwise only `ranks` is filled."""
+
+    health: JobHealth
+    world_size: int
+    ranks: list[int]
+    hosts: dict[int, str]  # rank -> host of its row
+    complete: bool
+    rates: list[float]  # samples/s
+    speeds: tuple[float | None, ...]  # 1 / (1 / rate): the speeds the policies read
+    sorted_speeds: list[float] | None  # when every rank has a speed: for medians
+    fixed: list[float | None]
+    per_sample: list[float | None]
+    all_fitted: bool  # every rank has a model and a speed: per_sample_s, samples_per_s > 0
+    sorted_fixed: list[float] | None  # when every rank has a model: for medians
+    sorted_per_sample: list[float] | None
+
+    @classmethod
+    def of(cls, health: JobHealth, world_size: int) -> HealthColumns:
+        rows = health.ranks
+        ranks = list(map(attrgetter("rank"), rows))
+        hosts = dict(zip(ranks, map(attrgetter("host"), rows), strict=True))
+        usable = set(map(attrgetter("state"), rows)) <= _USABLE
+        if not usable or ranks != list(range(world_size)):
+            return cls(
+                health, world_size, ranks, hosts, False, [], (), None, [], [], False, None, None
+            )
+        rates = list(map(attrgetter("samples_per_s"), rows))
+        fixed = list(map(attrgetter("fixed_s"), rows))
+        per_sample = list(map(attrgetter("per_sample_s"), rows))
+        fitted = None not in fixed and None not in per_sample
+        speeds = _speeds(rates)
+        known = cast(list[float], speeds) if None not in speeds else None
+        parts = (cast(list[float], fixed), cast(list[float], per_sample)) if fitted else None
+        return cls(
+            health,
+            world_size,
+            ranks,
+            hosts,
+            True,
+            rates,
+            speeds,
+            None if known is None else sorted(known),
+            fixed,
+            per_sample,
+            parts is not None and min(parts[1], default=1.0) > 0 and min(rates, default=1.0) > 0,
+            None if parts is None else sorted(parts[0]),
+            None if parts is None else sorted(parts[1]),
+        )
+
+
+def _speeds(rates: list[float]) -> tuple[float | None, ...]:
+    """1 / (1 / rate) per rank (None where not positive), at C speed."""
+    if min(rates, default=1.0) > 0:
+        return tuple(map(truediv, repeat(1.0), map(truediv, repeat(1.0), rates)))
+    return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates)
+
+
+__all__ = ["HealthColumns"]
