@@ -77,7 +77,7 @@ class WorkSharing:
         summed = sums(vector)
         counts = summed[:world]
         paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
-        self.offered = offering(paces, self.offered, self.params.ratio)
+        self.offered = offering(paces, self.offered, counts, self.params.ratio)
         micro = plan.micro_batch or (0,) * world
         offers = {o: (counts[o], micro[o]) for o in self.offered}
         self.client.open(step_index, offers, self.params.chunks, ids if rank in offers else None)

@@ -120,20 +120,27 @@ class Pace:
     helping: float = 0.0
 
 
-def offering(paces: Sequence[Pace], offered: AbstractSet[int], ratio: float) -> frozenset[int]:
-    """The ranks that offer their share: own pace above `ratio` x a median. A rank that
-    computed its share in one piece is judged against the median of those that did; one
-    that `offered` last step, against the median of helpers on micro-batches, since a
-    micro-batch costs more per sample than a whole share (against whole shares an
-    offering rank would look slow for ever). No reference (fewer than two in one piece,
-    no helper): no offer."""
-    whole = [p.own for r, p in enumerate(paces) if r not in offered and p.own > 0]
-    helping = [p.helping for p in paces if p.helping > 0]
-    reference = {
-        False: statistics.median(whole) if len(whole) >= 2 else math.inf,
-        True: statistics.median(helping) if helping else math.inf,
+def offering(
+    paces: Sequence[Pace], offered: AbstractSet[int], samples: Sequence[int], ratio: float
+) -> frozenset[int]:
+    """The ranks that offer their share: those whose share (`samples` this step) would
+    take above `ratio` x the median share's time at their last pace. A share cut into
+    micro-batches costs more per sample than one in one piece, so the pace of a rank
+    that `offered` last step (measured on its micro-batches) is scaled by the helpers'
+    median ratio of their pace in one piece to theirs on micro-batches; no helper, no
+    offer. A rank's pace 0 (none yet, e.g. the first step): not judged, no reference."""
+    scale = [p.own / p.helping for r, p in enumerate(paces) if r not in offered and p.helping > 0]
+    in_one_piece = statistics.median(scale) if scale else 0.0
+    times = {
+        r: p.own * (in_one_piece if r in offered else 1.0) * samples[r]
+        for r, p in enumerate(paces)
+        if p.own > 0 and samples[r] > 0
     }
-    return frozenset(r for r, p in enumerate(paces) if p.own > ratio * reference[r in offered])
+    known = [t for t in times.values() if t > 0]
+    if len(known) < 2:
+        return frozenset()
+    limit = ratio * statistics.median(known)
+    return frozenset(r for r, t in times.items() if t > limit)
 
 
 def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> list[list[int]]:

@@ -1,7 +1,8 @@
 """The closed loop: one policy on one simulated cluster, through the real detector,
 policy, guardrails (inside the policies) and plan builder. Time is the simulated clock,
 passed in; no servers. Each step: the cluster's factors (cluster.py) and the plan in
-force give every rank's compute; the slowest rank and the slowest link set the step;
+force give every rank's compute; the slowest rank (under work sharing, the water level
+of sharing.py) and the slowest link set the step;
 the detector ingests every rank's step (every `monitor_every`-th step); each health
 period the policy decides on the health and on each incident transition, and its
 actions change the plan or move a rank to a spare node (paying the restart cost)."""
@@ -14,6 +15,7 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from antdt.agent.sharing import ShareParams
 from antdt.schemas import Incident, JobSpec, Plan, RestartLedger
 from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.plans import initial_plan, next_plan
@@ -22,6 +24,7 @@ from antdt.services.controller.view import remaining_samples
 from antdt.services.monitor.detector import JobDetector
 from antdt.sim.cluster import Bools, Cluster, Episodes, Floats
 from antdt.sim.files import ScenarioFile
+from antdt.sim.sharing import SharedStep, SharingModel
 
 JOB = "sim"
 #: The detector's ingest_fields, fed plain tuples (as its docstring allows).
@@ -81,23 +84,25 @@ class _Loop:
         self.pending: list[Incident] = []  # transitions since the last decision
         self.moved: list[int] = []  # ranks moved to a spare node, not yet told the cluster
 
-    def feed(self, s: int, wall: float, compute: Floats, link: Floats) -> None:
-        """Every rank's step event into the detector, its transitions kept for later."""
+    def feed(self, s: int, wall: float, done: SharedStep, link: Floats) -> None:
+        """Every rank's step event into the detector (the samples it computed and the
+        seconds it spent on them), its transitions kept for later."""
         started = self.now - wall
         sc = self.scenario
         batches = self.batches.astype(np.int64).tolist()
-        waits = (wall - compute).tolist()
+        samples = np.rint(done.samples).astype(np.int64).tolist()
+        waits = np.maximum(0.0, wall - done.busy_s).tolist()
         rtts = (sc.link_rtt_s * link).tolist()
         version, hosts = self.plan.version, self.host_names
         ingest = cast(
             Callable[[tuple[object, ...], float], list[Incident]], self.detector.ingest_fields
         )
         now = self.now
-        for r, (c, b, w, rtt) in enumerate(
-            zip(compute.tolist(), batches, waits, rtts, strict=True)
+        for r, (c, b, n, w, rtt) in enumerate(
+            zip(done.busy_s.tolist(), batches, samples, waits, rtts, strict=True)
         ):
             found = ingest(
-                (JOB, r, hosts[r], s, version, b, started, now, b, c, 0.0, w, wall, rtt),  # type: ignore[arg-type]
+                (JOB, r, hosts[r], s, version, b, started, now, n, c, 0.0, w, wall, rtt),  # type: ignore[arg-type]
                 now,
             )
             if found:
@@ -171,6 +176,14 @@ class ClusterModel(Protocol):
     def move(self, rank: int, s: int) -> None: ...
 
 
+def sharing_model(scenario: ScenarioFile, spec: JobSpec) -> SharingModel | None:
+    """The job's work sharing when its policy params (or its policy's default) turn it on."""
+    params = ShareParams.from_params(spec.policy_params, spec.policy)
+    if not params.enabled:
+        return None
+    return SharingModel(params, scenario.fixed_s, scenario.per_sample_s)
+
+
 def run_policy(
     scenario: ScenarioFile,
     policy: str,
@@ -184,15 +197,20 @@ def run_policy(
     step_s, slowest = np.zeros(sc.steps), np.zeros(sc.steps)
     next_health = sc.health_period_s
     result = RunResult(policy, step_s, compute_s=slowest)
+    sharing = sharing_model(sc, loop.spec)
     for s in range(sc.steps):
         factors, link = cluster.step(s)
         compute = (sc.fixed_s * loop.accumulation + sc.per_sample_s * loop.batches) * factors
         compute[loop.batches == 0] = 0.0
-        wall = float(compute.max()) + sc.comm_s * float(link.max())
-        step_s[s], slowest[s] = wall, compute.max()
+        if sharing is None:
+            done = SharedStep(float(compute.max()), loop.batches, compute)
+        else:
+            done = sharing.step(compute, loop.batches, factors)
+        wall = done.compute_s + sc.comm_s * float(link.max())
+        step_s[s], slowest[s] = wall, done.compute_s
         loop.now += wall
         if s % sc.monitor_every == 0:
-            loop.feed(s, wall, compute, link)
+            loop.feed(s, wall, done, link)
         if loop.now >= next_health:
             for action in loop.decide(s):
                 result.adjusts += isinstance(action, AdjustBatchAction)

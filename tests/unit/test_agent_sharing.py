@@ -93,25 +93,37 @@ def _whole(*own: float) -> list[Pace]:
     return [Pace(p) for p in own]
 
 
-def test_ranks_offer_when_slow_against_the_median_of_the_known() -> None:
-    none: frozenset[int] = frozenset()
-    assert offering(_whole(0.0, 0.0, 0.0), none, 1.3) == none  # the first step: none known
-    assert offering(_whole(1.0, 1.1, 0.9, 3.0), none, 1.3) == {3}
-    assert offering(_whole(1.0, 1.25, 1.0, 1.0), none, 1.3) == none
-    assert offering(_whole(1.0, 0.0, 2.0), none, 1.3) == {2}  # median of the known: 1.5
-    assert offering(_whole(3.0, 3.0, 1.0, 1.0), none, 1.3) == {0, 1}  # a half: median 2.0
-    assert offering(_whole(5.0), none, 1.3) == none
+NONE: frozenset[int] = frozenset()
 
 
-def test_a_rank_that_offered_is_judged_against_helpers_on_micro_batches() -> None:
-    """Micro-batches cost more per sample than a share in one piece: 1.5 on rank 3's
-    own micro-batches is its normal speed when helpers took theirs at 1.4."""
-    recovered = [Pace(1.0, 1.4), Pace(1.0, 1.4), Pace(1.0, 1.5), Pace(1.5)]
-    assert offering(recovered, frozenset({3}), 1.3) == frozenset()
-    still_slow = [Pace(1.0, 1.4), Pace(1.0, 1.4), Pace(1.0, 1.5), Pace(4.5)]
-    assert offering(still_slow, frozenset({3}), 1.3) == {3}
+def test_ranks_offer_when_their_share_would_take_long_against_the_median() -> None:
+    same = [8] * 4
+    assert offering(_whole(0.0, 0.0, 0.0), NONE, same, 1.3) == NONE  # first step: unknown
+    assert offering(_whole(1.0, 1.1, 0.9, 3.0), NONE, same, 1.3) == {3}
+    assert offering(_whole(1.0, 1.25, 1.0, 1.0), NONE, same, 1.3) == NONE
+    assert offering(_whole(1.0, 0.0, 2.0), NONE, same, 1.3) == {2}  # median of known: 12
+    assert offering(_whole(3.0, 3.0, 1.0, 1.0), NONE, same, 1.3) == {0, 1}  # half: 16
+    assert offering(_whole(5.0), NONE, same, 1.3) == NONE
+
+
+def test_a_slow_rank_with_a_share_cut_to_its_speed_does_not_offer() -> None:
+    """A persistent straggler that ADJUST_BS gave a third of the others' batch takes as
+    long as they do: nothing to share (its micro-batches would only cost more)."""
+    assert offering(_whole(1.0, 1.0, 1.0, 3.0), NONE, [12, 12, 12, 4], 1.3) == NONE
+    assert offering(_whole(1.0, 1.0, 1.0, 3.0), NONE, [12, 12, 12, 8], 1.3) == {3}
+
+
+def test_a_rank_that_offered_is_judged_at_its_pace_in_one_piece() -> None:
+    """Micro-batches cost more per sample than a share in one piece: rank 3 at 1.5 on
+    its micro-batches is as fast as the helpers, who took theirs at 1.5 against 1.0
+    on their own shares."""
+    same = [8] * 4
+    recovered = [Pace(1.0, 1.5), Pace(1.0, 1.5), Pace(1.0, 1.4), Pace(1.5)]
+    assert offering(recovered, frozenset({3}), same, 1.3) == NONE
+    still_slow = [Pace(1.0, 1.5), Pace(1.0, 1.5), Pace(1.0, 1.4), Pace(4.5)]
+    assert offering(still_slow, frozenset({3}), same, 1.3) == {3}
     nobody_helped = [Pace(1.0), Pace(1.0), Pace(1.0), Pace(4.5)]
-    assert offering(nobody_helped, frozenset({3}), 1.3) == frozenset()
+    assert offering(nobody_helped, frozenset({3}), same, 1.3) == NONE
 
 
 def test_cut_uses_the_plans_micro_batch_else_chunks() -> None:

@@ -17,7 +17,9 @@ from antdt.agent.sharing import Pace, Refusal, Refused, ShareParams
 dist = pytest.importorskip("torch.distributed")
 
 OWN, OTHERS = list(range(8)), [100, 101, 102, 103]
-FAST_S, SLOW_S = 1e-3, 1e-2  # compute seconds per sample in the step before
+#: Compute seconds per sample in the step before: rank 0's share is twice rank 1's, so at
+#: FAST_S / 2 against FAST_S both take as long.
+FAST_S, SLOW_S = 1e-3, 1e-2
 
 
 class _Pair:
@@ -75,7 +77,7 @@ def _job(slow_rank: int = 1, chunks: int = 2, delay_s: float = 0.0) -> tuple[Any
     plans.adopt(Plan(job="j", version=1, local_batch=(8, 4), effective_step=0, created_at=0.0))
     out: list[Any] = []
     sharing = WorkSharing(ShareParams(True, chunks), lambda: StoreClaims(link, 0, 2))
-    sharing.pace = Pace(SLOW_S if slow_rank == 0 else FAST_S)
+    sharing.pace = Pace(SLOW_S if slow_rank == 0 else FAST_S / 2)
     pair = _Pair(SLOW_S if slow_rank == 1 else FAST_S)
     driver = StepDriver(
         rank=0,

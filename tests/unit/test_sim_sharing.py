@@ -1,0 +1,77 @@
+"""Work sharing in the simulator: the water level against a brute force, the agents' own
+offer rule one step late, and the figures of the non-dedicated scenario."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from antdt.agent.sharing import ShareParams
+from antdt.sim.sharing import SharingModel, finish_time
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ranks=st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.1, 10.0)), min_size=1, max_size=12),
+    pool=st.floats(0.0, 100.0),
+)
+def test_the_water_level_computes_the_pool_by_then(
+    ranks: list[tuple[float, float]], pool: float
+) -> None:
+    starts = np.array([s for s, _ in ranks])
+    rates = np.array([v for _, v in ranks])
+    level = finish_time(starts, rates, pool)
+    done = float((rates * np.maximum(0.0, level - starts)).sum())
+    assert done == pytest.approx(pool, rel=1e-9, abs=1e-9)
+    assert level >= (starts.min() if pool > 0 else 0.0)
+
+
+def _model() -> SharingModel:
+    return SharingModel(ShareParams(True, chunks=4), fixed_s=0.0, per_sample_s=0.01)
+
+
+def test_a_slow_rank_is_shared_from_the_step_after_it_was_seen_slow() -> None:
+    model = _model()
+    batches = np.full(4, 40.0)
+    factors = np.array([1.0, 1.0, 1.0, 3.0])
+    own = 0.01 * batches * factors  # 0.4 s, rank 3 1.2 s
+    first = model.step(own, batches, factors)
+    assert first.compute_s == pytest.approx(1.2) and model.offered == frozenset()
+    second = model.step(own, batches, factors)
+    assert model.offered == {3}
+    # 160 samples at 3 + 1/3 ranks' speed, 100 samples/s each: 0.48 s, plus half a
+    # micro-batch (10 samples) at the slow rank's pace.
+    assert second.compute_s == pytest.approx(0.48 + 0.5 * 0.3)
+    assert second.samples.sum() == pytest.approx(160.0)
+    assert second.samples[3] == pytest.approx(0.48 * 100 / 3)
+    assert second.busy_s[3] == pytest.approx(0.48) and second.busy_s[0] == pytest.approx(0.48)
+
+
+def test_the_rank_stops_offering_once_it_is_fast_again() -> None:
+    model = _model()
+    batches = np.full(4, 40.0)
+    slow = np.array([1.0, 1.0, 1.0, 3.0])
+    for _ in range(2):
+        model.step(0.01 * batches * slow, batches, slow)
+    assert model.offered == {3}
+    well = np.ones(4)
+    model.step(0.01 * batches * well, batches, well)
+    assert model.offered == {3}  # decided on the slow step before
+    done = model.step(0.01 * batches * well, batches, well)
+    assert model.offered == frozenset() and done.compute_s == pytest.approx(0.4)
+
+
+def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario() -> None:
+    """Figures of the example scenario, short: antdt-nd (sharing on by default) beside
+    lb-bsp, none and the oracle of the same draws."""
+    from antdt.sim.files import load_scenario
+    from antdt.sim.run import run_policy, run_reference
+    from tests.unit.test_sim import EXAMPLES
+
+    sc = load_scenario(EXAMPLES / "non_dedicated.toml").model_copy(update={"steps": 300})
+    oracle, _ = run_reference(sc)
+    none, lbbsp, nd = (run_policy(sc, p).job_s for p in ("none", "lb-bsp", "antdt-nd"))
+    assert nd < lbbsp < none
+    assert oracle.job_s / nd > 0.75, (oracle.job_s, nd)
