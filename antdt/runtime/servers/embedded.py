@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -113,6 +114,17 @@ def _http_ok(
             return resp.status == 200 and needle in body
     except OSError:
         return False
+
+
+def _json_field(url: str, name: str, netns: str | None = None) -> object:
+    """Field `name` of the JSON document at `url` (None where it cannot be read)."""
+    if netns is not None:
+        return in_netns(netns, lambda: _json_field(url, name))
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as resp:
+            return json.loads(resp.read()).get(name)
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -243,28 +255,38 @@ class EmbeddedNats(_EmbeddedServer):
         self.port = self.port or free_port(self.host, self.netns)
         self.monitor_port = self.monitor_port or free_port(self.host, self.netns)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self.data_dir / "nats.conf"  # for what has no command-line flag
-        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
-        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
         argv = [
-            find_nats_server(),
-            "-c",
-            str(config),
-            "-a",
-            self.host,
-            "-p",
-            str(self.port),
-            "-m",
-            str(self.monitor_port),
-            "-js",
-            "-sd",
-            str(self.data_dir / "jetstream"),
+            *(find_nats_server(), "-c", str(self._write_config()), "-a", self.host),
+            *("-p", str(self.port), "-m", str(self.monitor_port)),
+            *("-js", "-sd", str(self.data_dir / "jetstream")),
         ]
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         log = self.data_dir / "nats-server.log"
         ready = lambda: _http_ok(health, "ok", self.netns)  # noqa: E731
         self._run("nats-server", argv, log, ready, timeout, self.netns)
         return self
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "nats.conf"  # for what has no command-line flag
+        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
+        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
+        return config
+
+    def reload(self, extra_config: str, timeout: float = 10.0) -> None:
+        """Run on `extra_config` from now on (new users, say): rewrite the configuration,
+        SIGHUP the server and wait until its monitoring port reports the new load time.
+        Connections whose user is unchanged stay up."""
+        varz = f"http://{self.host}:{self.monitor_port}/varz"
+        before = _json_field(varz, "config_load_time", self.netns)
+        self.extra_config = extra_config
+        self._write_config()
+        assert self._process is not None, "start it first"
+        self._process.kill(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while _json_field(varz, "config_load_time", self.netns) == before:
+            if time.monotonic() > deadline:
+                raise ServerError(f"nats-server did not reload:\n{self._process.log_tail()}")
+            time.sleep(0.05)
 
 
 @dataclass
