@@ -26,6 +26,7 @@ from pathlib import Path
 from antdt.runtime.servers.netns import in_netns, netns_argv
 
 PR_SET_PDEATHSIG = 1
+_NO_CHECK_TIME = 0x200000  # OpenSSL's X509_V_FLAG_NO_CHECK_TIME
 
 
 class ServerError(RuntimeError):
@@ -88,17 +89,20 @@ def find_etcd() -> str:
 
 @dataclass(frozen=True)
 class ServerTls:
-    """A server's certificate and key, and the CA whose client certificates it requires."""
+    """A server's certificate and key, and the CA whose client certificates it requires;
+    `probe`: the certificate and key the readiness probe shows (None: the server's)."""
 
     cert: Path
     key: Path
     ca: Path
+    probe: tuple[Path, Path] | None = None
 
     def client_context(self) -> ssl.SSLContext:
-        """A context that trusts this server (for probing it); its certificate as the
-        client's, which etcd accepts since the same CA signed it."""
+        """A context that trusts this server whatever its dates (a probe asks "up?", not
+        "current?"), with the probe's certificate, which etcd accepts (the same CA)."""
         context = ssl.create_default_context(cafile=str(self.ca))
-        context.load_cert_chain(str(self.cert), str(self.key))
+        context.verify_flags |= _NO_CHECK_TIME
+        context.load_cert_chain(*map(str, self.probe or (self.cert, self.key)))
         return context
 
 
@@ -120,11 +124,9 @@ def _json_field(url: str, name: str, netns: str | None = None) -> object:
     """Field `name` of the JSON document at `url` (None where it cannot be read)."""
     if netns is not None:
         return in_netns(netns, lambda: _json_field(url, name))
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as resp:
-            return json.loads(resp.read()).get(name)
-    except (OSError, ValueError):
-        return None
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=0.5) as r:
+        return json.loads(r.read()).get(name)
+    return None
 
 
 @dataclass
@@ -274,8 +276,7 @@ class EmbeddedNats(_EmbeddedServer):
 
     def reload(self, extra_config: str, timeout: float = 10.0) -> None:
         """Run on `extra_config` from now on (new users, say): rewrite the configuration,
-        SIGHUP the server and wait until its monitoring port reports the new load time.
-        Connections whose user is unchanged stay up."""
+        SIGHUP, wait for the new load time. Connections of unchanged users stay up."""
         varz = f"http://{self.host}:{self.monitor_port}/varz"
         before = _json_field(varz, "config_load_time", self.netns)
         self.extra_config = extra_config
