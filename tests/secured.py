@@ -92,6 +92,20 @@ class SecuredServers:
         return agent_user(job)
 
     @property
+    def _log(self) -> Path:
+        return self.nats.data_dir / "nats-server.log"
+
+    def log_offset(self) -> int:
+        return self._log.stat().st_size
+
+    def violations(self, since: int) -> list[str]:
+        """The publishes and subscriptions nats-server refused (its log) since `since`."""
+        with self._log.open("rb") as log:
+            log.seek(since)
+            lines = log.read().decode(errors="replace").splitlines()
+        return [line for line in lines if "Violation" in line]
+
+    @property
     def tls(self) -> TlsSettings:
         pki = self.pki
         return TlsSettings(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)

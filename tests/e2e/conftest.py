@@ -92,6 +92,19 @@ async def secured_servers(
     servers.stop()
 
 
+@pytest.fixture(autouse=True)
+def within_their_roles(secured_servers: SecuredServers | None) -> Iterator[None]:
+    """Every connection of a test (services, ranks, CLI) stayed within its role: the
+    secured nats-server refused no publish and no subscription meanwhile."""
+    if secured_servers is None:
+        yield
+        return
+    start = secured_servers.log_offset()
+    yield
+    refused = secured_servers.violations(start)
+    assert not refused, "\n".join(refused)
+
+
 @pytest.fixture
 def plain_settings(cluster: EmbeddedCluster, unique: str) -> ServiceSettings:
     """Settings on the session's plain servers: no users, no TLS."""
