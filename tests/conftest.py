@@ -42,6 +42,11 @@ def unique() -> str:
 @pytest.fixture
 def settings(cluster: EmbeddedCluster, unique: str) -> ServiceSettings:
     """Service settings pointing at the session's servers, with per-test prefixes."""
+    return settings_on(cluster, unique)
+
+
+def settings_on(cluster: EmbeddedCluster, unique: str) -> ServiceSettings:
+    """Settings on `cluster` with the prefixes of test `unique`."""
     return ServiceSettings(
         nats=NatsSettings(url=cluster.nats.url, subject_prefix=f"antdt.{unique}"),
         etcd=EtcdSettings(

@@ -19,6 +19,7 @@ from antdt.runtime.bus import Bus, RequestRefused
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Store
 from antdt.schemas import ErrorReply, Keys, StepEvent
+from tests.secured import agent_env
 
 T = TypeVar("T")
 
@@ -162,10 +163,6 @@ async def refusal(
 
 def job_env(settings: ServiceSettings, job: str, **fields: str) -> dict[str, str]:
     """The ANTDT_* environment of a rank of `job` on the test's bus: its NATS server and
-    subject prefix, plus `fields` (e.g. ANTDT_DATASET_SIZE="240")."""
-    return {
-        "ANTDT_NATS__URL": settings.nats.url,
-        "ANTDT_NATS__SUBJECT_PREFIX": settings.nats.subject_prefix,
-        "ANTDT_JOB": job,
-        **fields,
-    }
+    subject prefix (and the job's agent user, on secured servers), plus `fields` (e.g.
+    ANTDT_DATASET_SIZE="240")."""
+    return {**agent_env(settings, job), "ANTDT_JOB": job, **fields}

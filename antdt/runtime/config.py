@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,21 @@ class TlsSettings(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.ca is not None
+
+    def expired_cert(self, now: float) -> str | None:
+        """Why the client certificate is no good at `now` (it has expired), in words;
+        None if it is current, absent or unreadable (the TLS setup then says why). A
+        server only answers a bad certificate: the client itself reads the dates."""
+        if self.cert is None:
+            return None
+        try:  # the ssl module's own PEM reader: the standard library has no public one
+            not_after = ssl._ssl._test_decode_cert(str(self.cert))["notAfter"]  # type: ignore[attr-defined]
+            expires = ssl.cert_time_to_seconds(not_after)
+        except (OSError, ValueError, KeyError, ssl.SSLError):
+            return None
+        return (
+            f"the client certificate {self.cert} expired on {not_after}" if expires < now else None
+        )
 
 
 class NatsSettings(BaseModel):

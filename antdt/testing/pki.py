@@ -1,5 +1,6 @@
 """Certificates for TLS tests, made by the openssl command: a CA, a server certificate
-for 127.0.0.1 and localhost, and a client certificate, all signed by that CA."""
+for 127.0.0.1 and localhost, and a client certificate, all signed by that CA; and
+certificates of that CA that expired a day before they were made."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ def _ca(root: Path, name: str) -> None:
     )
 
 
-def _signed(root: Path, ca: str, name: str, san: str) -> None:
+#: The SANs of the server and client certificates.
+SERVER_SAN, CLIENT_SAN = "IP:127.0.0.1,DNS:localhost", "DNS:antdt-client"
+
+
+def _signed(root: Path, ca: str, name: str, san: str, days: int = 2) -> None:
     _openssl(
         "req",
         "-newkey",
@@ -70,7 +75,7 @@ def _signed(root: Path, ca: str, name: str, san: str) -> None:
         f"{ca}.key",
         "-CAcreateserial",
         "-days",
-        "2",
+        str(days),  # negative: valid until before it was made, expired already
         "-out",
         f"{name}.pem",
         "-extfile",
@@ -83,8 +88,8 @@ def make_pki(root: Path, ca: str = "ca") -> Pki:
     """A fresh CA named `ca` under `root` and the server and client certificates it signs."""
     root.mkdir(parents=True, exist_ok=True)
     _ca(root, ca)
-    _signed(root, ca, f"{ca}-server", "IP:127.0.0.1,DNS:localhost")
-    _signed(root, ca, f"{ca}-client", "DNS:antdt-client")
+    _signed(root, ca, f"{ca}-server", SERVER_SAN)
+    _signed(root, ca, f"{ca}-client", CLIENT_SAN)
     return Pki(
         ca=root / f"{ca}.pem",
         server_cert=root / f"{ca}-server.pem",
@@ -92,3 +97,11 @@ def make_pki(root: Path, ca: str = "ca") -> Pki:
         client_cert=root / f"{ca}-client.pem",
         client_key=root / f"{ca}-client.key",
     )
+
+
+def expired_certificate(pki: Pki, name: str, san: str = CLIENT_SAN) -> tuple[Path, Path]:
+    """A certificate (and its key) named `name`, signed by `pki`'s CA, that expired a day
+    before it was made: the CA trusts it, its dates do not."""
+    root = pki.ca.parent
+    _signed(root, pki.ca.stem, name, san, days=-1)
+    return root / f"{name}.pem", root / f"{name}.key"

@@ -5,6 +5,12 @@ pinned to the straggler's core) from step ONSET: run once per session and shared
 tests that check what came of it (the control loop, the report, the status view, the
 traces).
 
+Security is on, as `antdt up` runs: the servers are tests/secured.py's (a NATS user per
+role, TLS, etcd users limited to the tests' prefix); every service, agent and CLI here
+connects as its own role, the test's probes as the harness user. ANTDT_TEST_PLAIN=1
+runs the suite on the plain servers instead; tests that need plain servers ask for
+`plain_settings`.
+
 Telemetry of that run goes to a real OTLP receiver in this process (`telemetry`): the
 services here through the global tracer and meter providers, the ranks through
 ANTDT_TELEMETRY__OTLP_ENDPOINT."""
@@ -26,14 +32,16 @@ import pytest
 
 from antdt.observe import ensure_recording
 from antdt.runtime.bus import Bus, Delivery
-from antdt.runtime.config import EtcdSettings, NatsSettings, ServiceSettings
+from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.telemetry import MetricsExport, flush_tracing, setup_metrics, setup_tracing
 from antdt.schemas import ActionRecord, Incident, JobHealth, StepEvent, Subjects
 from antdt.services.runner import settings_class, start_service
 from antdt.testing import cores, foreground, neighbour_from_step
+from tests.conftest import settings_on
 from tests.otlp_receiver import OtlpReceiver
+from tests.secured import SecuredServers, agent_env, own_role
 
 WORLD, DATASET, BATCH, EPOCHS, ONSET = 2, 24000, 1024, 4, 15
 #: The rank whose core the noisy neighbour shares from step ONSET.
@@ -55,17 +63,63 @@ async def start_services(
     settings_of: Callable[[str], ServiceSettings] | None = None,
     **overrides: Any,
 ) -> RunningServices:
-    """The services `names`, each with `settings` or, given, `settings_of(name)` (its own
-    users), and `overrides` of the fields its settings have."""
+    """The services `names`, each with `settings_of(name)` (default: `settings` as its
+    own role's users, where secured), and `overrides` of the fields its settings have."""
     runtime = ServiceRuntime("test-services")
     by_name = {}
     for name in names:
         cls = settings_class(name)
         fields = {k: v for k, v in overrides.items() if k in cls.model_fields}
-        own = settings_of(name) if settings_of else settings
+        own = settings_of(name) if settings_of else own_role(settings, name)
         service_settings = cls(**{**own.model_dump(), **fields})
         by_name[name] = await start_service(name, service_settings, runtime)
     return RunningServices(runtime, by_name)
+
+
+PLAIN = os.environ.get("ANTDT_TEST_PLAIN", "") not in ("", "0", "false")
+
+
+@pytest.fixture(scope="session")
+async def secured_servers(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[SecuredServers | None]:
+    """The session's secured servers (None under ANTDT_TEST_PLAIN=1)."""
+    if PLAIN:
+        yield None
+        return
+    servers = await SecuredServers.start(tmp_path_factory.mktemp("secured"))
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(autouse=True)
+def within_their_roles(secured_servers: SecuredServers | None) -> Iterator[None]:
+    """Every connection of a test (services, ranks, CLI) stayed within its role: the
+    secured nats-server refused no publish and no subscription meanwhile."""
+    if secured_servers is None:
+        yield
+        return
+    start = secured_servers.log_offset()
+    yield
+    refused = secured_servers.violations(start)
+    assert not refused, "\n".join(refused)
+
+
+@pytest.fixture
+def plain_settings(cluster: EmbeddedCluster, unique: str) -> ServiceSettings:
+    """Settings on the session's plain servers: no users, no TLS."""
+    return settings_on(cluster, unique)
+
+
+@pytest.fixture
+def settings(
+    secured_servers: SecuredServers | None, request: pytest.FixtureRequest, unique: str
+) -> ServiceSettings:
+    """A test's settings as the harness user on the secured servers (plain ones under
+    ANTDT_TEST_PLAIN=1), with prefixes of its own."""
+    if secured_servers is None:
+        return settings_on(request.getfixturevalue("cluster"), unique)
+    return secured_servers.harness(unique)
 
 
 @pytest.fixture
@@ -111,8 +165,7 @@ def straggler_env(
     if otlp_endpoint:  # the ranks' spans go there; exported within 0.5 s and at close
         env.update(ANTDT_TELEMETRY__OTLP_ENDPOINT=otlp_endpoint, OTEL_BSP_SCHEDULE_DELAY="500")
     env.update(
-        ANTDT_NATS__URL=settings.nats.url,
-        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        **agent_env(settings, job),
         ANTDT_JOB=job,
         ANTDT_POLICY="lb-bsp",
         ANTDT_DATASET_SIZE=str(DATASET),
@@ -210,7 +263,10 @@ async def run_straggler_job(run: StragglerRun, env: dict[str, str]) -> None:
 
 @pytest.fixture(scope="session")
 async def straggler_run(
-    cluster: EmbeddedCluster, tmp_path_factory: pytest.TempPathFactory, telemetry: Telemetry
+    secured_servers: SecuredServers | None,
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    telemetry: Telemetry,
 ) -> AsyncIterator[StragglerRun]:
     """The straggler job, run once per session, its ranks pinned one per core, in the
     foreground of the machine (with the services here) where permitted. The neighbour is
@@ -219,13 +275,10 @@ async def straggler_run(
     if len(cores()) < WORLD:
         pytest.skip(f"pins {WORLD} ranks one per core: this process may use {len(cores())}")
     unique = "t" + uuid.uuid4().hex[:10]
-    settings = ServiceSettings(
-        nats=NatsSettings(url=cluster.nats.url, subject_prefix=f"antdt.{unique}"),
-        etcd=EtcdSettings(
-            endpoint=cluster.etcd.endpoint, key_prefix=f"/antdt-test/{unique}/", lease_ttl_s=2
-        ),
-        replica_id=f"replica-{unique}",
-    )
+    if secured_servers is None:
+        settings = settings_on(request.getfixturevalue("cluster"), unique)
+    else:
+        settings = secured_servers.harness(unique)
     running = await start_services(settings, window=8)
     bus = await Bus(settings.nats, name="e2e-straggler-run").connect()
     run = StragglerRun(job=f"e2e-{unique}", settings=settings, out=tmp_path_factory.mktemp("run"))

@@ -26,6 +26,7 @@ from antdt.schemas import FetchStatus, JobHealth, Keys, RankState, StepEvent, Su
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 from tests.integration.agent_fixtures import ShardsTap
+from tests.secured import agent_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
@@ -35,8 +36,7 @@ WORLD, DATASET, SHARD, BATCH, EPOCHS = 3, 2400, 40, 96, 2
 def job_env(settings: ServiceSettings, job: str, out: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        ANTDT_NATS__URL=settings.nats.url,
-        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        **agent_env(settings, job),
         ANTDT_JOB=job,
         ANTDT_DATASET_SIZE=str(DATASET),
         ANTDT_SHARD_SIZE=str(SHARD),

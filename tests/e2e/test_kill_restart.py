@@ -20,6 +20,7 @@ from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import ActionRecord, ActionResult, RankHello, StepEvent, Subjects
 from tests.e2e.conftest import start_services
+from tests.secured import agent_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
@@ -29,8 +30,7 @@ WORLD, DATASET, BATCH, EPOCHS, ONSET, WINDOW = 4, 24000, 1024, 6, 30, 8
 def restart_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        ANTDT_NATS__URL=settings.nats.url,
-        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        **agent_env(settings, job),
         ANTDT_JOB=job,
         ANTDT_POLICY="antdt-nd",
         # A short run: a restart pays off when it saves a second over what is left.

@@ -27,6 +27,7 @@ from antdt.schemas import (
 )
 from tests.e2e.conftest import STRAGGLER, WORLD, StragglerRun
 from tests.helpers import wait_for
+from tests.secured import observer
 from tests.unit.test_observe_report import marker_columns, parse_report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
@@ -54,7 +55,7 @@ async def test_report_marks_the_applied_actions(
     await bus.close()
 
     started = time.monotonic()
-    files = await report_job(run.settings.nats, run.job, tmp_path)
+    files = await report_job(observer(run.settings.nats), run.job, tmp_path)  # its role
     elapsed = time.monotonic() - started
     timeline = files.timeline
     assert timeline.notes == (), timeline.notes
@@ -97,10 +98,12 @@ async def test_status_shows_the_straggler_class_and_the_action(
     assert last.state != IncidentState.RESOLVED
     applied = [a for a in run.actions if a.result == ActionResult.APPLIED]
     bus, subjects = await _connect(run)
+    await bus.close()
+    reader = await Bus(observer(run.settings.nats), name="e2e-status").connect()  # its role
     try:
-        state = await load_state(bus, subjects, run.job)
+        state = await load_state(reader, subjects, run.job)
     finally:
-        await bus.close()
+        await reader.close()
     console = Console(record=True, width=220, color_system=None, file=io.StringIO())
     console.print(render(state, time.time()))
     text = console.export_text()

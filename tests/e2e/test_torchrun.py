@@ -59,8 +59,19 @@ def torchrun_env(settings: ServiceSettings, out: Path) -> dict[str, str]:
 
 
 async def test_a_rank_killed_9_under_torchrun_is_restarted_and_loses_nothing(
-    settings: ServiceSettings, bus: Bus, tmp_path: Path
+    plain_settings: ServiceSettings, tmp_path: Path
 ) -> None:
+    """On the plain servers (no users, no TLS): the job is named by the run id torchrun
+    makes, unknown before it starts, so no agent user can be bound to it beforehand."""
+    settings = plain_settings
+    bus = await Bus(settings.nats, name="test").connect()
+    try:
+        await _killed_rank_restarted(settings, bus, tmp_path)
+    finally:
+        await bus.close()
+
+
+async def _killed_rank_restarted(settings: ServiceSettings, bus: Bus, tmp_path: Path) -> None:
     steps: list[tuple[float, StepEvent]] = []
 
     async def on_step(event: StepEvent, _: Delivery) -> None:

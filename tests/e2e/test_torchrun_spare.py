@@ -25,6 +25,7 @@ from antdt.services.controller.actions import KillRestartAction, restart_action_
 from antdt.services.controller.service import ControllerService
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
+from tests.secured import agent_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
 
@@ -43,8 +44,7 @@ def node_env(settings: ServiceSettings, job: str, host: str, out: Path) -> dict[
     env.update(
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         ANTDT_HOST=host,
-        ANTDT_NATS__URL=settings.nats.url,
-        ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
+        **agent_env(settings, job),
         ANTDT_JOB=job,
         ANTDT_POLICY="none",  # the test decides the restart
         ANTDT_DATASET_SIZE=str(DATASET),

@@ -1,5 +1,6 @@
 """TLS between the clients and real servers, with certificates the test makes: a client
-with the CA (and its own certificate) works; one without it is refused in clear words."""
+with the CA (and its own certificate) works; one without it, or with an expired
+certificate, or facing a server whose certificate expired, is refused in clear words."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings, TlsSettings
 from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats, ServerTls
 from antdt.runtime.servers.natsconf import tls_block
 from antdt.runtime.store import Store, StoreError
-from antdt.testing.pki import Pki, make_pki
+from antdt.testing.pki import SERVER_SAN, Pki, expired_certificate, make_pki
 
 pytestmark = pytest.mark.integration
 
@@ -68,6 +69,32 @@ async def test_a_client_without_its_certificate_is_refused(
         await Bus(_nats(tls_nats, TlsSettings(ca=pki.ca)), name="no-cert").connect(retry_for_s=5)
 
 
+async def test_an_expired_client_certificate_is_refused_saying_so(
+    tls_nats: EmbeddedNats, pki: Pki
+) -> None:
+    cert, key = expired_certificate(pki, "nats-client-expired")
+    tls = TlsSettings(ca=pki.ca, cert=cert, key=key)
+    started = time.monotonic()
+    with pytest.raises(BusError, match=r"client certificate .*expired.*ANTDT_NATS__TLS__CERT"):
+        await Bus(_nats(tls_nats, tls), name="expired").connect(retry_for_s=20)
+    assert time.monotonic() - started < 5
+
+
+async def test_a_server_certificate_that_expired_is_refused_saying_so(
+    pki: Pki, tmp_path: Path
+) -> None:
+    cert, key = expired_certificate(pki, "nats-server-expired", SERVER_SAN)
+    server = EmbeddedNats(tmp_path, extra_config=tls_block(cert, key, pki.ca)).start()
+    tls = TlsSettings(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+    started = time.monotonic()
+    try:
+        with pytest.raises(BusError, match=r"server's TLS certificate has expired"):
+            await Bus(_nats(server, tls), name="server-expired").connect(retry_for_s=20)
+    finally:
+        server.stop()
+    assert time.monotonic() - started < 5
+
+
 def test_tls_settings_name_what_is_missing(pki: Pki) -> None:
     with pytest.raises(ValueError, match="needs its key"):
         TlsSettings(ca=pki.ca, cert=pki.client_cert)
@@ -116,4 +143,32 @@ async def test_the_store_without_the_ca_is_refused_saying_so(
     started = time.monotonic()
     with pytest.raises(StoreError, match=r"TLS failed .*ANTDT_ETCD__TLS__CA"):
         await Store(_etcd(tls_etcd, tls)).connect(retry_for_s=20)
+    assert time.monotonic() - started < 10
+
+
+async def test_the_store_with_an_expired_client_certificate_is_refused_saying_so(
+    tls_etcd: EmbeddedEtcd, pki: Pki
+) -> None:
+    cert, key = expired_certificate(pki, "etcd-client-expired")
+    tls = TlsSettings(ca=pki.ca, cert=cert, key=key)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"expired.*ANTDT_ETCD__TLS__CERT"):
+        await Store(_etcd(tls_etcd, tls)).connect(retry_for_s=20)
+    assert time.monotonic() - started < 10
+
+
+async def test_the_store_facing_an_expired_server_certificate_is_refused_saying_so(
+    pki: Pki, tmp_path: Path
+) -> None:
+    cert, key = expired_certificate(pki, "etcd-server-expired", SERVER_SAN)
+    probe = (pki.client_cert, pki.client_key)  # a current one: etcd checks the probe's dates
+    server = EmbeddedEtcd(tmp_path, tls=ServerTls(cert=cert, key=key, ca=pki.ca, probe=probe))
+    server.start()
+    tls = TlsSettings(ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match=r"server's TLS certificate has expired"):
+            await Store(_etcd(server, tls)).connect(retry_for_s=20)
+    finally:
+        server.stop()
     assert time.monotonic() - started < 10

@@ -10,9 +10,12 @@ import pytest
 from antdt.runtime.config import NatsSettings
 from antdt.runtime.servers.natsconf import (
     PermissionsFileError,
+    User,
     authorization_block,
     load_permissions,
     main,
+    user_entry,
+    users_block,
 )
 from antdt.runtime.servers.roles import Role, UnknownRole, parse_role, permissions
 
@@ -84,3 +87,15 @@ def test_the_generator_writes_a_file_only_its_owner_reads(tmp_path: Path) -> Non
     assert text.startswith("authorization {") and '"allow_responses": true' in text
     bad = _write(tmp_path, [{"user": "c", "password": "password1", "role": "root"}])
     assert main([str(bad), str(out)]) == 1
+
+
+def test_users_made_in_code_take_a_role_and_a_wildcard_prefix_covers_every_deployment() -> None:
+    """A Role (not only its name) is a role; a prefix `antdt.*` grants the same subjects
+    under every second token, as one server shared by several prefixes needs."""
+    agent = User(user="a", password="password1", role=Role.AGENT, job="j1")
+    assert agent.role is Role.AGENT
+    entry = user_entry(agent, "antdt.*")
+    grants = entry["permissions"]["publish"]["allow"]  # type: ignore[index]
+    assert "antdt.*.j1.step.*" in grants
+    block = users_block([entry, {"user": "h", "password": "password2"}])
+    assert '"user": "a"' in block and block.rstrip().endswith("]\n}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -134,6 +135,9 @@ def client_tls(tls: TlsSettings) -> ssl.SSLContext | None:
     that cannot be read."""
     if not tls.enabled:
         return None
+    expired = tls.expired_cert(time.time())
+    if expired:
+        raise BusError(f"NATS TLS: {expired}: renew it (ANTDT_NATS__TLS__CERT)")
     try:
         context = ssl.create_default_context(cafile=str(tls.ca))
         if tls.cert is not None:
@@ -143,12 +147,20 @@ def client_tls(tls: TlsSettings) -> ssl.SSLContext | None:
     return context
 
 
+#: OpenSSL's X509_V_ERR_CERT_HAS_EXPIRED.
+CERT_HAS_EXPIRED = 10
+
+
 def connect_refusal(exc: BaseException) -> str | None:
     """Why the server will never take this client as it is (credentials, certificates),
     in words; None for an error that may pass (a server not up yet, a lost link)."""
     text = str(exc)
     if "authorization violation" in text.lower():
         return "authorization violation: wrong user or password (ANTDT_NATS__USER/PASSWORD)"
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_code == CERT_HAS_EXPIRED:
+        return f"the server's TLS certificate has expired ({exc.verify_message}): renew it"
+    if "alert certificate expired" in text.lower():
+        return "it found the client certificate expired: renew it (ANTDT_NATS__TLS__CERT)"
     if isinstance(exc, ssl.SSLCertVerificationError):
         return (
             f"its TLS certificate is not trusted ({exc.verify_message}): "

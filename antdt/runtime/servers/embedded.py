@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from pathlib import Path
 from antdt.runtime.servers.netns import in_netns, netns_argv
 
 PR_SET_PDEATHSIG = 1
+_NO_CHECK_TIME = 0x200000  # OpenSSL's X509_V_FLAG_NO_CHECK_TIME
 
 
 class ServerError(RuntimeError):
@@ -87,17 +89,20 @@ def find_etcd() -> str:
 
 @dataclass(frozen=True)
 class ServerTls:
-    """A server's certificate and key, and the CA whose client certificates it requires."""
+    """A server's certificate and key, and the CA whose client certificates it requires;
+    `probe`: the certificate and key the readiness probe shows (None: the server's)."""
 
     cert: Path
     key: Path
     ca: Path
+    probe: tuple[Path, Path] | None = None
 
     def client_context(self) -> ssl.SSLContext:
-        """A context that trusts this server (for probing it); its certificate as the
-        client's, which etcd accepts since the same CA signed it."""
+        """A context that trusts this server whatever its dates (a probe asks "up?", not
+        "current?"), with the probe's certificate, which etcd accepts (the same CA)."""
         context = ssl.create_default_context(cafile=str(self.ca))
-        context.load_cert_chain(str(self.cert), str(self.key))
+        context.verify_flags |= _NO_CHECK_TIME
+        context.load_cert_chain(*map(str, self.probe or (self.cert, self.key)))
         return context
 
 
@@ -113,6 +118,15 @@ def _http_ok(
             return resp.status == 200 and needle in body
     except OSError:
         return False
+
+
+def _json_field(url: str, name: str, netns: str | None = None) -> object:
+    """Field `name` of the JSON document at `url` (None where it cannot be read)."""
+    if netns is not None:
+        return in_netns(netns, lambda: _json_field(url, name))
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=0.5) as r:
+        return json.loads(r.read()).get(name)
+    return None
 
 
 @dataclass
@@ -243,28 +257,37 @@ class EmbeddedNats(_EmbeddedServer):
         self.port = self.port or free_port(self.host, self.netns)
         self.monitor_port = self.monitor_port or free_port(self.host, self.netns)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        config = self.data_dir / "nats.conf"  # for what has no command-line flag
-        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
-        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
         argv = [
-            find_nats_server(),
-            "-c",
-            str(config),
-            "-a",
-            self.host,
-            "-p",
-            str(self.port),
-            "-m",
-            str(self.monitor_port),
-            "-js",
-            "-sd",
-            str(self.data_dir / "jetstream"),
+            *(find_nats_server(), "-c", str(self._write_config()), "-a", self.host),
+            *("-p", str(self.port), "-m", str(self.monitor_port)),
+            *("-js", "-sd", str(self.data_dir / "jetstream")),
         ]
         health = f"http://{self.host}:{self.monitor_port}/healthz?js-enabled-only=true"
         log = self.data_dir / "nats-server.log"
         ready = lambda: _http_ok(health, "ok", self.netns)  # noqa: E731
         self._run("nats-server", argv, log, ready, timeout, self.netns)
         return self
+
+    def _write_config(self) -> Path:
+        config = self.data_dir / "nats.conf"  # for what has no command-line flag
+        config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
+        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
+        return config
+
+    def reload(self, extra_config: str, timeout: float = 10.0) -> None:
+        """Run on `extra_config` from now on (new users, say): rewrite the configuration,
+        SIGHUP, wait for the new load time. Connections of unchanged users stay up."""
+        varz = f"http://{self.host}:{self.monitor_port}/varz"
+        before = _json_field(varz, "config_load_time", self.netns)
+        self.extra_config = extra_config
+        self._write_config()
+        assert self._process is not None, "start it first"
+        self._process.kill(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while _json_field(varz, "config_load_time", self.netns) == before:
+            if time.monotonic() > deadline:
+                raise ServerError(f"nats-server did not reload:\n{self._process.log_tail()}")
+            time.sleep(0.05)
 
 
 @dataclass

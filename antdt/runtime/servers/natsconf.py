@@ -32,7 +32,7 @@ class User(BaseModel):
     @field_validator("role", mode="before")
     @classmethod
     def _known_role(cls, value: object) -> Role:
-        return parse_role(str(value))
+        return value if isinstance(value, Role) else parse_role(str(value))
 
 
 class PermissionsFile(BaseModel):
@@ -73,24 +73,27 @@ def user_permissions(user: User, prefix: str) -> Permissions:
     return permissions(user.role, prefix=prefix, inbox=inbox_prefix(user.user), job=user.job)
 
 
+def user_entry(user: User, prefix: str) -> dict[str, object]:
+    """One entry of the `users` list of nats-server's authorization block."""
+    perms = user_permissions(user, prefix)
+    fields: dict[str, object] = {
+        "publish": {"allow": list(perms.publish)},
+        "subscribe": {"allow": list(perms.subscribe)},
+    }
+    if perms.allow_responses:
+        fields["allow_responses"] = True
+    return {"user": user.user, "password": user.password.get_secret_value(), "permissions": fields}
+
+
+def users_block(entries: list[dict[str, object]]) -> str:
+    """The `authorization { users = [...] }` block holding `entries`."""
+    lines = ",\n".join("    " + json.dumps(entry) for entry in entries)
+    return "authorization {\n  users = [\n" + lines + "\n  ]\n}\n"
+
+
 def authorization_block(spec: PermissionsFile) -> str:
-    """The `authorization { users = [...] }` block of nats-server's configuration."""
-    entries = []
-    for user in spec.users:
-        perms = user_permissions(user, spec.subject_prefix)
-        fields = {
-            "publish": {"allow": list(perms.publish)},
-            "subscribe": {"allow": list(perms.subscribe)},
-        }
-        if perms.allow_responses:
-            fields["allow_responses"] = True  # type: ignore[assignment]
-        entry = {
-            "user": user.user,
-            "password": user.password.get_secret_value(),
-            "permissions": fields,
-        }
-        entries.append("    " + json.dumps(entry))
-    return "authorization {\n  users = [\n" + ",\n".join(entries) + "\n  ]\n}\n"
+    """The authorization block of nats-server's configuration for `spec`'s users."""
+    return users_block([user_entry(user, spec.subject_prefix) for user in spec.users])
 
 
 def tls_block(cert: Path, key: Path, ca: Path) -> str:

@@ -5,6 +5,7 @@ channel to one endpoint only)."""
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any, cast
 
 import aetcd
@@ -22,6 +23,9 @@ def grpc_credentials(tls: TlsSettings) -> grpc.ChannelCredentials | None:
     cannot be read."""
     if not tls.enabled:
         return None
+    expired = tls.expired_cert(time.time())
+    if expired:
+        raise StoreError(f"etcd TLS: {expired}: renew it (ANTDT_ETCD__TLS__CERT)")
     try:
         ca = tls.ca.read_bytes() if tls.ca else None
         cert = tls.cert.read_bytes() if tls.cert else None
@@ -39,6 +43,8 @@ def etcd_refusal(exc: BaseException) -> str | None:
         return "authentication failed: wrong user or password (ANTDT_ETCD__USER/PASSWORD)"
     if "permission denied" in text:
         return "permission denied: the user's role does not cover the key prefix"
+    if "certificate has expired" in text:
+        return f"the server's TLS certificate has expired ({exc}): renew it"
     if "certificate" in text or "ssl_error" in text or "tls handshake" in text:
         return f"TLS failed ({exc}): check ANTDT_ETCD__TLS__CA, __CERT and __KEY"
     return None
