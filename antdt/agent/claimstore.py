@@ -1,4 +1,4 @@
-"""The ticket protocol (antdt.agent.sharing) on torch's c10d store, the one every job
+"""The ticket protocol (antdt.sharing) on torch's c10d store, the one every job
 already has (TCPStore behind init_process_group / torchrun). Per offering owner: its ids
 (in one of two slots, tagged with the step) and, per step, one counter whose `add`s draw
 front and back tickets. A step without offers touches the store not at all; an owner
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from antdt.agent.sharing import (
+from antdt.sharing import (
     BACK_TICKET,
     Holder,
     Refused,

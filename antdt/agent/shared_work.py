@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
-from antdt.agent.sharing import Holder, Pace, ShareParams, offering
+from antdt.sharing import Holder, Pace, ShareParams, offering
 
 #: The count all-reduce: the element-wise SUM of every rank's vector.
 AllSum = Callable[[list[int]], list[int]]

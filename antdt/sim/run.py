@@ -15,13 +15,13 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from antdt.agent.sharing import ShareParams
 from antdt.schemas import Incident, JobSpec, Plan, RestartLedger
 from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.plans import initial_plan, next_plan
 from antdt.services.controller.policies import JobView, load_policy
 from antdt.services.controller.view import remaining_samples
 from antdt.services.monitor.detector import JobDetector
+from antdt.sharing import ShareParams
 from antdt.sim.cluster import Bools, Cluster, Episodes, Floats
 from antdt.sim.files import ScenarioFile
 from antdt.sim.sharing import SharedStep, SharingModel

@@ -1,5 +1,5 @@
 """Work sharing inside a step, simulated: the agents' own offer rule
-(`antdt.agent.sharing.offering`, one step late as in a job) decides who offers, and
+(`antdt.sharing.offering`, one step late as in a job) decides who offers, and
 a water level over the ranks' free times gives the step's compute. Pure: arrays in,
 arrays out."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from antdt.agent.sharing import Pace, ShareParams, offering
+from antdt.sharing import Pace, ShareParams, offering
 from antdt.sim.cluster import Floats
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from antdt.agent.sharing import (
+from antdt.sharing import (
     BACK_TICKET,
     Pace,
     Refusal,

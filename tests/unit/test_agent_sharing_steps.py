@@ -12,7 +12,7 @@ import pytest
 
 from antdt.agent.errors import AgentError
 from antdt.agent.sampling import Taken
-from antdt.agent.sharing import Pace, Refusal, Refused, ShareParams
+from antdt.sharing import Pace, Refusal, Refused, ShareParams
 
 dist = pytest.importorskip("torch.distributed")
 

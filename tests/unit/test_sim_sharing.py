@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from antdt.agent.sharing import ShareParams
+from antdt.sharing import ShareParams
 from antdt.sim.sharing import SharingModel, finish_time
 
 
