@@ -41,6 +41,22 @@ def own_micro_batches(chunks: list[list[int]], rank: int) -> Iterator[MicroBatch
 
 
 @dataclass
+class _Tally:
+    """Seconds spent on samples: a pace."""
+
+    seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, seconds: float, samples: int) -> None:
+        self.seconds += seconds
+        self.samples += samples
+
+    @property
+    def pace(self) -> float:
+        return self.seconds / self.samples if self.samples else 0.0
+
+
+@dataclass
 class WorkSharing:
     """The job's work sharing on one rank: its offers, its claim store client (made at
     the first step: the process group may be formed after the agent starts) and its own
@@ -74,7 +90,7 @@ class WorkSharing:
         vector[rank] = len(ids)
         vector[world + rank] = round(self.pace.own * 1e9)
         vector[2 * world + rank] = round(self.pace.helping * 1e9)
-        summed = sums(vector)
+        summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
         counts = summed[:world]
         paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
         self.offered = offering(paces, self.offered, counts, self.params.ratio)
@@ -91,22 +107,19 @@ class WorkSharing:
         offered), then the offered ones it can help with, until each has its holder;
         the ids of each one computed are appended to `computed`. `slowdown`: an
         injected straggler's factor, slept after each micro-batch (tests, demos)."""
-        client, busy = self.client, {True: 0.0, False: 0.0}  # by: helping?
-        samples = {True: 0, False: 0}
+        client, own_tally, help_tally = self.client, _Tally(), _Tally()
         for mb, held in self._held(client, own):
             t0 = time.perf_counter()
             yield MicroBatch(mb.owner, mb.index, mb.ids, len(mb.ids) / total)
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - t0))
             helping = mb.owner != client.rank
-            busy[helping] += time.perf_counter() - t0
-            samples[helping] += len(mb.ids)
+            (help_tally if helping else own_tally).add(time.perf_counter() - t0, len(mb.ids))
             computed.extend(mb.ids)
             self.claim_s += held
             if helping:
                 self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
-        own_s, help_s = (busy[k] / samples[k] if samples[k] else 0.0 for k in (False, True))
-        self.pace = Pace(own_s, help_s)
+        self.pace = Pace(own_tally.pace, help_tally.pace)
 
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
         """Each micro-batch to compute, with the claim store seconds it took to get."""

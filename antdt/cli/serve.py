@@ -8,14 +8,19 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 from antdt.cli.options import EtcdOpt, MetricsOpt, NatsOpt
 
+if TYPE_CHECKING:
+    from antdt.runtime.servers import EmbeddedCluster
+    from antdt.runtime.servers.localauth import LocalAuth
+
 ALL_SERVICES = ["monitor", "controller", "shards"]
+SERVICE_USERS = frozenset(ALL_SERVICES)
 
 
 def run_services(
@@ -24,28 +29,34 @@ def run_services(
     etcd_endpoint: str | None,
     metrics: int | None,
     ready: Callable[[list[Any]], Awaitable[None]] | None = None,
+    auth: LocalAuth | None = None,
 ) -> None:
     """Run `names` in this process until stopped: logs, the report's streams and the
-    collector set up from the first one's settings, on the event loop they name."""
+    collector set up from the first one's settings, on the event loop they name. `auth`
+    (a LocalAuth): each service connects as its own user."""
     from antdt.runtime import loops
     from antdt.runtime.process import configure_gc
     from antdt.runtime.telemetry.logs import configure_logging
     from antdt.services.runner import run_services as run
 
-    first = _service_settings(names[0], nats_url, etcd_endpoint)
+    first = _service_settings(names[0], nats_url, etcd_endpoint, auth=auth)
     configure_logging(first.telemetry.log_level, first.telemetry.log_format)
     warn_unknown_settings()
     _ensure_recording(first)
     configure_gc(first.gc_thresholds)
 
     def settings_of(name: str) -> Any:
-        return _service_settings(name, nats_url, etcd_endpoint, metrics)
+        return _service_settings(name, nats_url, etcd_endpoint, metrics, auth)
 
     loops.run(run(names, settings_of, ready=ready), first.event_loop)
 
 
 def _service_settings(
-    name: str, nats_url: str | None, etcd_endpoint: str | None, metrics_port: int | None = None
+    name: str,
+    nats_url: str | None,
+    etcd_endpoint: str | None,
+    metrics_port: int | None = None,
+    auth: LocalAuth | None = None,
 ) -> Any:
     from antdt.services.runner import settings_class
 
@@ -56,6 +67,9 @@ def _service_settings(
         settings.etcd.endpoint = etcd_endpoint
     if metrics_port is not None:
         settings.telemetry.metrics_port = metrics_port
+    if auth is not None:
+        settings.nats = auth.nats_as(settings.nats, name)
+        settings.etcd = auth.etcd_as(settings.etcd, name)
     return settings
 
 
@@ -123,24 +137,74 @@ def up(
         Path | None, typer.Option(help="Keep server data here (default: a temp dir)")
     ] = None,
     metrics_port: MetricsOpt = None,
+    auth: Annotated[
+        bool,
+        typer.Option(
+            help="NATS users per role and etcd users per service (--no-auth: open servers)"
+        ),
+    ] = True,
+    job: Annotated[
+        list[str] | None,
+        typer.Option(help="A job whose agents get a NATS user (repeat for several)"),
+    ] = None,
 ) -> None:
     """Start embedded nats-server (JetStream) and etcd plus the three services, in the
-    foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind."""
+    foreground until Ctrl-C / SIGTERM; then stop everything, leaving no process behind.
+    With auth (the default) every process connects as its role: env files to source are
+    printed, one per role and per --job."""
     from antdt.runtime.servers import EmbeddedCluster
 
-    cluster = EmbeddedCluster(root=data_dir, keep=data_dir is not None).start()
+    cluster = EmbeddedCluster(root=data_dir, keep=data_dir is not None)
+    local = _local_auth(cluster, job or []) if auth else None
+    cluster.start()
     try:
         nats_url, etcd_endpoint = cluster.nats.url, cluster.etcd.endpoint
+        files = _secure_etcd(local, nats_url, etcd_endpoint) if local else {}
 
         async def announce(_: list[Any]) -> None:
-            Console(stderr=True).print(
+            console = Console(stderr=True)
+            console.print(
                 f"[bold green]AntDT up[/]  nats={nats_url}  etcd={etcd_endpoint}\n"
-                f"  export ANTDT_NATS__URL={nats_url} ANTDT_ETCD__ENDPOINT={etcd_endpoint}\n"
-                "  Ctrl-C to stop."
+                f"  export ANTDT_NATS__URL={nats_url} ANTDT_ETCD__ENDPOINT={etcd_endpoint}"
             )
+            for user, path in files.items():
+                if user not in SERVICE_USERS:
+                    console.print(f"  as {user}: source {path}")
+            if local is not None and not local.jobs:
+                console.print("  no agent user: restart with --job NAME for a job's ranks")
+            console.print("  Ctrl-C to stop.")
             print(f"ANTDT_NATS__URL={nats_url}", flush=True)
             print(f"ANTDT_ETCD__ENDPOINT={etcd_endpoint}", flush=True)
 
-        run_services(ALL_SERVICES, nats_url, etcd_endpoint, metrics_port, ready=announce)
+        run_services(
+            ALL_SERVICES, nats_url, etcd_endpoint, metrics_port, ready=announce, auth=local
+        )
     finally:
         cluster.stop()
+
+
+def _local_auth(cluster: EmbeddedCluster, jobs: list[str]) -> LocalAuth:
+    """The credentials in the cluster's directory; nats-server's users from them."""
+    from antdt.runtime.servers.localauth import LocalAuth
+
+    assert cluster.root is not None  # made in its __post_init__
+    local = LocalAuth.open(cluster.root / "auth", jobs)
+    prefix = _service_settings("monitor", None, None).nats.subject_prefix
+    cluster.nats.extra_config = local.nats_config(prefix)
+    return local
+
+
+def _secure_etcd(local: LocalAuth, nats_url: str, etcd_endpoint: str) -> dict[str, Path]:
+    """Turn etcd's auth on, with a user per service limited to the key prefix (once per
+    data directory); the env files of every user."""
+    from antdt.runtime.servers.localauth import ETCD_ROOT, SERVICES
+    from antdt.runtime.store import EtcdUser, enable_auth
+
+    base = _service_settings("monitor", nats_url, etcd_endpoint)
+    if not local.etcd_enabled:
+        users = [EtcdUser(n, local.passwords[n], base.etcd.key_prefix) for n in SERVICES]
+        asyncio.run(enable_auth(base.etcd, users, local.passwords[ETCD_ROOT]))
+        local.etcd_enabled = True
+        local.save()
+    files: dict[str, Path] = local.env_files(base.nats, base.etcd)
+    return files

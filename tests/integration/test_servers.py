@@ -116,3 +116,58 @@ def test_nats_server_buffers_256_mib_for_a_connection_before_closing_it(
         varz = json.load(response)
     assert varz["max_pending"] == MAX_PENDING_BYTES == 256 * 2**20
     assert varz["jetstream"]["config"]["store_dir"].endswith("jetstream")  # flags still apply
+
+
+def _start_up(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "antdt.cli", "up", "--data-dir", str(data_dir), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, ANTDT_TELEMETRY__LOG_FORMAT="json"),
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip().removeprefix("ANTDT_NATS__URL=")
+    assert proc.stdout.readline().startswith("ANTDT_ETCD__ENDPOINT="), url
+    return proc, url
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    return dict(line.removeprefix("export ").split("=", 1) for line in lines)
+
+
+async def test_antdt_up_runs_a_user_per_role_and_writes_how_to_connect(tmp_path: Path) -> None:
+    """`antdt up` has authentication on by default: the services run as their users
+    (they started: the ready lines came), nobody connects without a user, each role's
+    env file connects as it, an agent's names its job, and a restart on the same
+    directory keeps every password (etcd's auth, on since the first start, too)."""
+    from antdt.runtime.bus import Bus, BusError
+    from antdt.runtime.config import NatsSettings
+
+    proc, url = _start_up(tmp_path, "--job", "j1")
+    try:
+        env = {p.stem: _env_file(p) for p in (tmp_path / "auth" / "env").glob("*.env")}
+        roles = ["monitor", "controller", "shards", "observer", "policy", "operator"]
+        assert set(env) == {*roles, "agent-j1"}
+        assert env["agent-j1"]["ANTDT_JOB"] == "j1" and "ANTDT_ETCD__USER" in env["shards"]
+        assert oct((tmp_path / "auth" / "credentials.json").stat().st_mode)[-3:] == "600"
+        with pytest.raises(BusError, match="authorization violation"):
+            await Bus(NatsSettings(url=url), name="anyone").connect(retry_for_s=2)
+        for user in ("observer", "agent-j1"):
+            mine = env[user]
+            assert mine["ANTDT_NATS__URL"] == url
+            settings = NatsSettings(
+                url=url, user=mine["ANTDT_NATS__USER"], password=mine["ANTDT_NATS__PASSWORD"]
+            )
+            bus = await Bus(settings, name=user).connect(retry_for_s=3)
+            await bus.close()
+        kept = (tmp_path / "auth" / "credentials.json").read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    again, _url = _start_up(tmp_path, "--job", "j1")
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=30) == 0
+    assert (tmp_path / "auth" / "credentials.json").read_text() == kept
