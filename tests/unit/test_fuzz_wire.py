@@ -2,7 +2,7 @@
 the same path JetStream consumers take) from arbitrary bytes and from mutations of a valid
 message: the handler gets a valid model, or the bus refuses it with a typed rejection that
 is counted and logged. Replies (`decode_reply`) give the reply, RequestRefused or BusError.
-ANTDT_FUZZ_EXAMPLES sets the inputs per decoder (`make chaos`: 100,000)."""
+ANTDT_FUZZ_INPUTS sets the inputs per decoder and strategy (`make chaos`: 100,000)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from antdt.runtime.bus import Bus, BusError, Decoder, Delivery, RequestRefused, 
 from antdt.runtime.config import NatsSettings
 from antdt.schemas import REPLY_HEADER, ErrorCode
 from antdt.schemas.channels import MESSAGES
-from tests.unit.fuzzing import FUZZ, RAW, corpus, mutations, seed
+from tests.unit.fuzzing import FUZZ, INPUTS, RAW, batches, corpus, mutations, seed
 
 #: Seeds the schema alone cannot make valid (a union's tag).
 OVERRIDES = {"Command": {"kind": "adjust_batch"}}
@@ -73,12 +73,14 @@ def fuzz(name: str, strategy: st.SearchStrategy[bytes]) -> Boundary:
     with capture_logs() as logs:
 
         @FUZZ
-        @given(strategy)
-        def feed(data: bytes) -> None:
-            boundary.feed(data)
+        @given(batches(strategy))
+        def feed(inputs: list[bytes]) -> None:
+            for data in inputs:
+                boundary.feed(data)
 
         feed()
     boundary.assert_logged(logs)
+    assert boundary.sent >= INPUTS
     return boundary
 
 
@@ -111,13 +113,14 @@ def test_replies_decode_to_their_type_or_a_typed_error(reply_type: Any) -> None:
     valid = seed(reply_type)
 
     @FUZZ
-    @given(st.one_of(RAW, mutations(valid)), HEADERS, st.booleans())
-    def decode(data: bytes, headers: dict[str, str] | None, strict: bool) -> None:
-        try:
-            reply = decode_reply(data, reply_type, headers, require_type=strict)
-        except (RequestRefused, BusError):
-            return
-        assert isinstance(reply, reply_type)
+    @given(batches(st.one_of(RAW, mutations(valid))), HEADERS, st.booleans())
+    def decode(inputs: list[bytes], headers: dict[str, str] | None, strict: bool) -> None:
+        for data in inputs:
+            try:
+                reply = decode_reply(data, reply_type, headers, require_type=strict)
+            except (RequestRefused, BusError):
+                continue
+            assert isinstance(reply, reply_type)
 
     decode()
 
