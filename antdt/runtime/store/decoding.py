@@ -10,11 +10,11 @@ from collections import Counter
 from typing import Any, TypeVar
 
 import structlog
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from antdt.runtime.telemetry import metrics
 
-T = TypeVar("T")
+T = TypeVar("T", bound=BaseModel)
 log = structlog.get_logger("antdt.store")
 
 #: Refusals of stored values in this process, by value type (what the metric exports).
@@ -31,16 +31,13 @@ class StoredValueInvalid(ValueError):
         self.reason = reason
 
 
-def decode_stored(key: str, value: bytes, target: type[T] | TypeAdapter[T]) -> T:
-    """The model of type `target` stored at `key`; StoredValueInvalid otherwise."""
-    kind = _name(target)
-    validator: Any = (
-        target.validator if isinstance(target, TypeAdapter) else target.__pydantic_validator__  # type: ignore[attr-defined]
-    )
+def decode_stored(key: str, value: bytes, model: type[T]) -> T:
+    """The `model` stored at `key`; StoredValueInvalid otherwise."""
     try:
-        return validator.validate_json(value)  # type: ignore[no-any-return]
+        found: T = model.__pydantic_validator__.validate_json(value)
     except ValidationError as exc:
-        raise _refused(key, kind, _short(exc)) from None
+        raise _refused(key, model.__name__, _short(exc)) from None
+    return found
 
 
 def decode_text(key: str, value: bytes) -> str:
@@ -69,12 +66,6 @@ def _refused(key: str, kind: str, reason: str) -> StoredValueInvalid:
     if seen & (seen - 1) == 0:  # the 1st, 2nd, 4th, 8th... of its type: bounded, never silent
         log.warning("stored value rejected", key=key, kind=kind, reason=reason, seen=seen)
     return StoredValueInvalid(key, kind, reason)
-
-
-def _name(target: Any) -> str:
-    if isinstance(target, TypeAdapter):
-        return str(getattr(target._type, "__name__", "value"))
-    return str(target.__name__)
 
 
 def _short(exc: ValidationError) -> str:
