@@ -88,7 +88,7 @@ bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 # The decoder fuzz tests of `make test` (tests/unit/test_fuzz_*.py) with FUZZ_INPUTS inputs
 # per decoder and strategy instead of 100: every message of the contract, every reply type
 # and every value read from etcd, from arbitrary bytes and from mutations of a valid one.
-# About 40 minutes on 2 cores at the default (the per-test timeout is lifted).
+# About 45 minutes on 2 cores at the default (the per-test timeout is lifted).
 FUZZ_INPUTS ?= 100000
 chaos: $(STAMP)
 	ANTDT_FUZZ_INPUTS=$(FUZZ_INPUTS) $(BIN)/python -m pytest -q -o timeout=0 \
