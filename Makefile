@@ -28,7 +28,7 @@ NODE_STAMP := node_modules/.installed
 # bed's tests skip, saying why).
 APT_GET    ?= apt-get
 
-.PHONY: all install node hosttools demo test test-fast lint up bench bench-test gpu-check schemas clean
+.PHONY: all install node hosttools demo test test-fast lint up bench bench-test chaos gpu-check schemas clean
 
 all: test
 
@@ -84,6 +84,15 @@ bench: $(STAMP) $(DLROVER_STAMP) hosttools
 # The bench's own tests (bench/tests), against DLRover too; .ci/run runs them after `test`.
 bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 	$(BIN)/python -m pytest -q bench/tests $(PYTEST_ARGS)
+
+# The decoder fuzz tests of `make test` (tests/unit/test_fuzz_*.py) with FUZZ_INPUTS inputs
+# per decoder and strategy instead of 100: every message of the contract, every reply type
+# and every value read from etcd, from arbitrary bytes and from mutations of a valid one.
+# About 45 minutes on 2 cores at the default (the per-test timeout is lifted).
+FUZZ_INPUTS ?= 100000
+chaos: $(STAMP)
+	ANTDT_FUZZ_INPUTS=$(FUZZ_INPUTS) $(BIN)/python -m pytest -q -o timeout=0 \
+	  tests/unit/test_fuzz_wire.py tests/unit/test_fuzz_store.py $(PYTEST_ARGS)
 
 # On a machine with CUDA: the gpu-marked tests (tests/gpu), then the demo on the GPUs
 # (nccl, one rank per GPU) under antdt launch against embedded servers, and its figures

@@ -25,6 +25,7 @@ from bench.ingest import bench_monitor_ingest, bench_raw_pubsub
 from bench.ingest_replicas import bench_ingest_replicas
 from bench.latency import bench_incident_to_plan, bench_raw_request
 from bench.ledger_writes import bench_ledger_writes
+from bench.overload import overload_rows
 from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_restart_chart
 from bench.secured_rows import SecuredSizes, secured_rows
 from bench.shards_rows import RUNS, shards_rows
@@ -51,6 +52,7 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     )
     rows.append(await monitor_burst_row(cluster, ingest["events_per_s"]))
     rows.append(await monitor_replicas_row(cluster))
+    rows += await overload_rows(cluster)
     for ranks in (256, 4096):
         memory = bench_detector_memory(ranks=ranks, windows=10)
         console.print(

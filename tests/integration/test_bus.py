@@ -462,6 +462,25 @@ async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     assert [e.step for e in later.items] == [3] and later.available == 1
 
 
+async def test_stored_messages_that_fail_validation_are_counted_and_logged(bus: Bus) -> None:
+    """A bounded read and a read of the last message skip what fails validation, and
+    count and log it as a subscription does."""
+    subjects = Subjects(bus.settings.subject_prefix)
+    stream = "B" + bus.settings.subject_prefix.replace(".", "_").upper()
+    await bus.jetstream.ensure_stream(stream, [subjects.any_job("incident")], max_msgs=100)
+    await bus.jetstream.publish(subjects.incident("j"), step_event(step=1))
+    js = bus.nc.jetstream()
+    for junk in (b"[" * 5000, b"\xff\xfe", b'{"step": NaN}'):
+        await js.publish(subjects.incident("j"), junk)
+    with capture_logs() as logs:
+        read = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent)
+        last = await bus.jetstream.last(stream, subjects.incident("j"), StepEvent)
+    assert [e.step for e in read.items] == [1] and read.rejected == 3 and last is None
+    assert bus.rejections.total(f"{stream}:read") == 3
+    assert bus.rejections.total(f"{stream}:last") == 1
+    assert {e["code"] for e in logs if e["event"] == "message rejected"} == {"bad_request"}
+
+
 async def test_a_bounded_read_tries_a_timed_out_fetch_again(
     bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -277,12 +277,14 @@ class Bus:
         *,
         queue: str = "",
         pending_msgs: int = 500_000,
+        pending_bytes: int = 512 * 1024 * 1024,
         concurrency: int = 1,
     ) -> Subscription:
         """Validate every message into `target`, then call `handler(model, delivery)`; its
         returned model is the reply. Bad input and handler failures are counted and
-        answered with ErrorReply; they never escape. `concurrency` > 1: up to that many
-        messages handled at once, each eagerly up to its first wait (eager.py,
+        answered with ErrorReply; they never escape. Past `pending_msgs` or `pending_bytes`
+        waiting, messages are dropped and counted (slow_consumer). `concurrency` > 1: up
+        to that many handled at once, each eagerly up to its first wait (eager.py,
         delivery.py), for handlers that wait on something shared."""
         # A partial, not a closure that awaits _dispatch: one coroutine less per message.
         # The loop's turns are given where the subscription's delivery loop waits: in
@@ -299,7 +301,7 @@ class Bus:
             queue=queue,
             cb=on_msg,
             pending_msgs_limit=pending_msgs,
-            pending_bytes_limit=512 * 1024 * 1024,
+            pending_bytes_limit=pending_bytes,
         )
         if take is not None:
             delivery.install(sub, take)

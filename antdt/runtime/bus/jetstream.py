@@ -130,7 +130,12 @@ class JetStream:
         try:
             info = await sub.consumer_info()
             consumer, replay.available = info.name or "", int(info.num_pending or 0)
-            await self._read_pending(sub, Decoder(target), replay, limit, batch, on_progress)
+            decoder = Decoder(target)
+
+            def reject(exc: Rejected, msg: Any) -> None:  # counted and logged as a bus's are
+                self.rejections.record(f"{stream}:read", exc.code, exc.reason, msg.subject)
+
+            await self._read_pending(sub, decoder, replay, limit, batch, on_progress, reject)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -147,6 +152,7 @@ class JetStream:
         limit: int,
         batch: int,
         on_progress: Callable[[int, int], None] | None,
+        reject: Callable[[Rejected, Any], None],
     ) -> None:
         wanted = min(replay.available, limit)
         read = timeouts = 0
@@ -164,8 +170,9 @@ class JetStream:
             for msg in msgs:
                 try:
                     replay.items.append(decoder.decode(msg.data))
-                except Rejected:
+                except Rejected as exc:
                     replay.rejected += 1
+                    reject(exc, msg)
                 else:
                     replay.traces.append(sent_under(msg.headers))
             read += len(msgs)
@@ -186,7 +193,8 @@ class JetStream:
             return None
         try:
             return Decoder(target).decode(raw.data or b"")
-        except Rejected:
+        except Rejected as exc:
+            self.rejections.record(f"{stream}:last", exc.code, exc.reason, subject)
             return None
 
     async def durable(

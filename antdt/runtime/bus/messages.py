@@ -201,7 +201,7 @@ def _decode_untyped(data: bytes, reply_type: type[R]) -> R:
         mismatch = exc
     try:
         raw: Any = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: arrays nested thousands deep
         raise BusError("reply is not JSON") from None
     # Models forbid extra fields, so an ErrorReply never passes as another reply type.
     if isinstance(raw, dict) and {"error", "code"} <= set(raw) <= _ERROR_FIELDS:

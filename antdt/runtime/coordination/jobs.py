@@ -5,15 +5,20 @@ ended.py answers "has this job ended" for the services."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import structlog
-from pydantic import ValidationError
 
-from antdt.runtime.store import Compare, Delete, Store
+from antdt.runtime.store import (
+    Compare,
+    Delete,
+    Store,
+    StoredValueInvalid,
+    decode_object,
+    decode_stored,
+)
 from antdt.schemas import JobHealth, Keys
 
 log = structlog.get_logger("antdt.jobs")
@@ -91,8 +96,8 @@ async def read_end(store: Store, keys: Keys, job: str) -> Ended | None:
     if stored is None:
         return None
     try:
-        health = JobHealth.model_validate_json(stored.value)
-    except ValidationError:
+        health = decode_stored(stored.key, stored.value, JobHealth)
+    except StoredValueInvalid:
         log.warning("ended record unreadable", job=job)
         return Ended(job, 0.0, 0, stored.mod_revision, None, readable=False)
     return Ended(job, health.at, health.step, stored.mod_revision, None)
@@ -105,8 +110,8 @@ async def _ledger_finished(store: Store, keys: Keys, job: str) -> bool:
     if stored is None:
         return True
     try:
-        return json.loads(stored.value).get("complete") is True
-    except (ValueError, AttributeError):
+        return decode_object(stored.key, stored.value).get("complete") is True
+    except StoredValueInvalid:
         return False
 
 

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.store import Compare, Delete, Get, Lease, Put, Store
+from antdt.runtime.store import Compare, Delete, Get, Lease, Put, Store, decode_text
 from antdt.schemas import Keys
 
 log = structlog.get_logger("antdt.ownership")
@@ -143,7 +143,7 @@ class Ownership:
 
     async def owner_of(self, job: str) -> str | None:
         got = await self.store.get(self.keys.owner(self.service, job))
-        return got.value.decode() if got else None
+        return decode_text(got.key, got.value) if got else None
 
     async def watch_lease(self) -> None:
         """Run as a task: drop every job the moment the lease lapses, then re-lease."""

@@ -2,6 +2,12 @@
 typed operations, errors and leases."""
 
 from antdt.runtime.store.auth import EtcdUser, enable_auth
+from antdt.runtime.store.decoding import (
+    StoredValueInvalid,
+    decode_object,
+    decode_stored,
+    decode_text,
+)
 from antdt.runtime.store.etcd import Store, retrying
 from antdt.runtime.store.lease import Lease
 from antdt.runtime.store.values import (
@@ -29,8 +35,12 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "StoredValueInvalid",
     "Versioned",
     "WatchEvent",
+    "decode_object",
+    "decode_stored",
+    "decode_text",
     "enable_auth",
     "retrying",
 ]

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from antdt.runtime.backoff import Backoff
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.store.client import EtcdClient, etcd_refusal
+from antdt.runtime.store.decoding import decode_stored
 from antdt.runtime.store.lease import Lease
 from antdt.runtime.store.values import (
     Compare,
@@ -132,11 +133,12 @@ class Store:
         return [_versioned(kv) for kv in got]
 
     async def get_model(self, key: str, model: type[T]) -> tuple[T, int] | None:
-        """The model stored at `key` and its mod revision, or None."""
+        """The model stored at `key` and its mod revision, or None; StoredValueInvalid
+        when the value there is not one."""
         got = await self.get(key)
         if got is None:
             return None
-        return model.model_validate_json(got.value), got.mod_revision
+        return decode_stored(key, got.value, model), got.mod_revision
 
     @_etcd_call
     async def put(self, key: str, value: bytes, *, lease: Lease | None = None) -> None:

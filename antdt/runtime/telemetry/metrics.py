@@ -110,6 +110,11 @@ class _Instruments:
         self.actions = meter.create_counter(
             "antdt.actions", unit="{action}", description="Actions recorded, by kind and result"
         )
+        self.stored_rejected = meter.create_counter(
+            "antdt.store.values.rejected",
+            unit="{value}",
+            description="Values read from etcd that were not their key's type, by type",
+        )
         self.plan_latency = meter.create_histogram(
             "antdt.plan.latency",
             unit="s",
@@ -314,6 +319,10 @@ def action(record: ActionRecord) -> None:
     attrs = {"antdt.job": record.job, "antdt.action.result": record.result.value}
     instruments.actions.add(1, {**attrs, "antdt.action.kind": record.kind})
     instruments.plan_latency.record(max(0.0, record.completed_at - record.decided_at), attrs)
+
+
+def stored_value_rejected(kind: str) -> None:
+    _get().stored_rejected.add(1, {"antdt.store.value": kind})
 
 
 def job_health(health: JobHealth) -> None:

@@ -10,9 +10,8 @@ import time
 from dataclasses import dataclass
 
 import structlog
-from pydantic import ValidationError
 
-from antdt.runtime.store import Compare, Delete, Store
+from antdt.runtime.store import Compare, Delete, Store, StoredValueInvalid, decode_stored
 from antdt.schemas import BlocklistEntry, Keys
 
 log = structlog.get_logger("antdt.controller.blocklist")
@@ -51,12 +50,12 @@ class Blocklist:
             self.entries.pop(host, None)
             return
         try:
-            until = BlocklistEntry.model_validate_json(value).until
-        except ValidationError as exc:
+            until = decode_stored(host, value, BlocklistEntry).until
+        except StoredValueInvalid as exc:
             log.warning(
                 "blocklist entry unreadable: host blocked until deleted",
                 host=host,
-                error=str(exc)[:200],
+                error=exc.reason,
             )
             until = None
         self.entries[host] = Blocked(until, revision)

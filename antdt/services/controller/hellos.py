@@ -9,11 +9,10 @@ import asyncio
 from itertools import islice
 
 import structlog
-from pydantic import ValidationError
 
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.recent import Recent
-from antdt.runtime.store import Put, Store
+from antdt.runtime.store import Put, Store, StoredValueInvalid, decode_stored
 from antdt.schemas import Keys, RankHello
 
 log = structlog.get_logger("antdt.controller.hellos")
@@ -102,8 +101,8 @@ class RankHellos:
         found: dict[int, RankHello] = {}
         for item in await self.store.get_prefix(self.keys.rank_hellos(job)):
             try:
-                hello = RankHello.model_validate_json(item.value)
-            except ValidationError:
+                hello = decode_stored(item.key, item.value, RankHello)
+            except StoredValueInvalid:
                 log.warning("stored hello unreadable; ignored", key=item.key)
                 continue
             if hello.job == job and item.key == self.keys.rank_hello(job, hello.rank):

@@ -14,7 +14,7 @@ from antdt.runtime.coordination.ended import EndedJobs
 from antdt.runtime.coordination.jobs import expired, read_ended, remove_job, scan_jobs
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.shared import SharedCalls
-from antdt.runtime.store import Compare, Delete, Get, Put, Store
+from antdt.runtime.store import Compare, Delete, Get, Put, Store, decode_stored
 from antdt.schemas import (
     ErrorCode,
     JobHealth,
@@ -146,8 +146,8 @@ async def register(store: Store, keys: Keys, spec: JobSpec, now: float) -> Regis
     if stored_spec is None or stored_plan is None:
         raise Rejected(ErrorCode.UNAVAILABLE, "job is being registered; retry")
     return RegisterReply(
-        spec=JobSpec.model_validate_json(stored_spec.value),
-        plan=Plan.model_validate_json(stored_plan.value),
+        spec=decode_stored(stored_spec.key, stored_spec.value, JobSpec),
+        plan=decode_stored(stored_plan.key, stored_plan.value, Plan),
         created=False,
     )
 

@@ -8,10 +8,9 @@ import asyncio
 import time
 
 import structlog
-from pydantic import ValidationError
 
 from antdt.runtime.bus import Delivery, Rejected
-from antdt.runtime.store import Store, Versioned
+from antdt.runtime.store import Store, StoredValueInvalid, Versioned, decode_stored
 from antdt.schemas import (
     BlocklistEntry,
     ErrorCode,
@@ -94,8 +93,8 @@ class NodeDesk:
         if got is None:
             return None, 0
         try:
-            return NodeRecord.model_validate_json(got.value), got.mod_revision
-        except ValidationError:
+            return decode_stored(key, got.value, NodeRecord), got.mod_revision
+        except StoredValueInvalid:
             log.warning("node record unreadable: replaced", key=key)
             return None, got.mod_revision
 
@@ -106,8 +105,8 @@ class NodeDesk:
         if got is None:
             return False
         try:
-            return BlocklistEntry.model_validate_json(got.value).active(now)
-        except ValidationError:
+            return decode_stored(got.key, got.value, BlocklistEntry).active(now)
+        except StoredValueInvalid:
             return True
 
     def _tell_owner(self, job: str, record: NodeRecord) -> None:
@@ -132,7 +131,7 @@ def _records(found: list[Versioned]) -> list[NodeRecord]:
     records = []
     for item in found:
         try:
-            records.append(NodeRecord.model_validate_json(item.value))
-        except ValidationError:
+            records.append(decode_stored(item.key, item.value, NodeRecord))
+        except StoredValueInvalid:
             continue
     return records

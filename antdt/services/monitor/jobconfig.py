@@ -5,30 +5,31 @@ the job gets the defaults, and the reason comes back for the log."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from pydantic import ValidationError
 
+from antdt.runtime.store import StoredValueInvalid, decode_object, decode_stored
 from antdt.schemas import JobSpec, MonitorParams
 from antdt.services.monitor.config import DetectorConfig
 
 
-def read_spec(raw: bytes) -> tuple[JobSpec | None, str | None]:
+def read_spec(raw: bytes, key: str = "spec") -> tuple[JobSpec | None, str | None]:
     """The stored spec, and why its `monitor` section was dropped (None: it was not).
 
     A spec that is invalid only in its monitor section (written by hand, or by a newer
     version with a field this one does not know) is kept without it. (None, reason) when
     the spec itself is unreadable."""
     try:
-        return JobSpec.model_validate_json(raw), None
-    except ValidationError as exc:
-        error = _short(exc)
+        return decode_stored(key, raw, JobSpec), None
+    except StoredValueInvalid as exc:
+        error = exc.reason
     try:
-        fields = json.loads(raw)
-    except ValueError:
-        return None, "spec is not JSON"
-    if not isinstance(fields, dict) or fields.get("monitor") is None:
+        fields = decode_object(key, raw)
+    except StoredValueInvalid as exc:
+        not_json = exc.reason == "not JSON"
+        return None, "spec is not JSON" if not_json else f"spec is invalid: {error}"
+    if fields.get("monitor") is None:
         return None, f"spec is invalid: {error}"
     fields.pop("monitor")
     try:
@@ -51,14 +52,6 @@ def job_config(
         return dataclasses.replace(defaults, **overrides), None
     except (TypeError, ValueError) as exc:
         return defaults, f"monitor params {overrides} rejected: {exc}"
-
-
-def _short(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:3]:
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "spec"
-        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
 
 
 __all__ = ["job_config", "read_spec"]

@@ -136,7 +136,7 @@ async def read_job_spec(
     if not lifecycle.spec_due(book, job, now):
         return None
     got = await store.get(keys.spec(job))
-    spec, problem = read_spec(got.value) if got is not None else (None, None)
+    spec, problem = read_spec(got.value, got.key) if got is not None else (None, None)
     new_problem = lifecycle.spec_read(book, job, now, found=spec is not None, problem=problem)
     if spec is not None and problem is not None:
         log.warning("job's monitor params not used; replica defaults", job=job, reason=problem)

@@ -15,7 +15,7 @@ import structlog
 
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.coordination.ownership import Ownership
-from antdt.runtime.store import Store
+from antdt.runtime.store import Store, StoredValueInvalid, decode_text
 from antdt.schemas import Keys, route_token
 
 log = structlog.get_logger("antdt.shards.routing")
@@ -92,9 +92,12 @@ class Routes:
         prefix = self.keys.owners(SERVICE)
         async for event in self.store.follow_prefix(prefix, retry_s=CLAIM_RETRY_S):
             job = event.key[len(prefix) :]
-            if event.kind == "put":
-                self._owners[job] = route_token(event.value.decode())
-            else:
+            if event.kind != "put":
+                self._owners.pop(job, None)
+                continue
+            try:
+                self._owners[job] = route_token(decode_text(event.key, event.value))
+            except StoredValueInvalid:  # not a replica's id: nobody routable owns it
                 self._owners.pop(job, None)
 
     async def keep_lease(self) -> None:

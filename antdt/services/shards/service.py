@@ -132,6 +132,10 @@ class ShardsService:
     async def start(self, runtime: ServiceRuntime) -> None:
         self._runtime = runtime
         many = self.settings.fetch_concurrency  # every rank fetches, and commits at once
+        backlog = {
+            "pending_msgs": self.settings.request_backlog,
+            "pending_bytes": self.settings.request_backlog_bytes,
+        }
         verbs: list[tuple[str, type[BaseModel], Any, int]] = [
             ("fetch", ShardFetch, self._on_fetch, many),
             ("commit", ShardCommit, self._on_commit, many),
@@ -144,13 +148,14 @@ class ShardsService:
             direct = self.subjects.shards_direct("*", verb, self.routes.token)
             for subject in (shared, direct):
                 await self.bus.subscribe(
-                    subject, model, handler, queue=QUEUE_GROUP, concurrency=count
+                    subject, model, handler, queue=QUEUE_GROUP, concurrency=count, **backlog
                 )
         await self.bus.subscribe(
             self.subjects.any_job("shards.status"),
             ShardStatusRequest,
             self._on_status,
             queue=QUEUE_GROUP,
+            **backlog,
         )
         # Draining the bus waits for handlers, which wait for their commits; then the
         # committer refuses new work and waits for whatever is still queued.

@@ -20,6 +20,17 @@ class ShardsSettings(ServiceSettings):
         description="Fetch (and, apart, commit) requests one replica handles at once, per "
         "subject: the most one ledger write can carry when every rank asks at once",
     )
+    request_backlog: int = Field(
+        default=20_000,
+        ge=1,
+        description="Requests that may wait for a handler, per subject (fetch, commit, ...: "
+        "the shared one and the replica's own): past it, or past request_backlog_bytes, a "
+        "request is dropped and counted (refused, code slow_consumer); its rank times out "
+        "and asks again. Bounds the replica's memory under a flood of requests",
+    )
+    request_backlog_bytes: int = Field(
+        default=32 * 1024 * 1024, ge=1024, description="Bytes of those requests, per subject"
+    )
     flush_interval_s: float = Field(
         default=0.015,
         ge=0,

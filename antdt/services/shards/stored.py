@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from antdt.runtime.bus import Rejected
-from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned
+from antdt.runtime.store import Compare, Delete, Get, Op, Put, Store, Versioned, decode_stored
 from antdt.schemas import ErrorCode, JobSpec, Keys
 from antdt.services.shards.change import Writes
 from antdt.services.shards.ledger import LedgerState, new_ledger
@@ -126,5 +126,5 @@ def _unchanged(key: str, revision: Revision) -> list[Compare]:
 
 
 def _snapshot(stored: Versioned) -> Snapshot:
-    state = LedgerState.model_validate_json(stored.value)
+    state = decode_stored(stored.key, stored.value, LedgerState)
     return Snapshot(state, Revision(stored.create_revision, stored.version))
