@@ -186,7 +186,8 @@ async def sharing_rows(
 ) -> list[dict[str, Any]]:
     """The rows of `make bench`, and the picture of the runs (out/sharing.png)."""
     got = await bench_sharing(cluster, s, out)
-    made = rows(got, world=WORLD, factor=s.factor, slowed=slowed_steps(s))
+    bursts = len(cases(s)[0].schedule)
+    made = rows(got, world=WORLD, factor=s.factor, slowed=slowed_steps(s), bursts=bursts)
     console.print(f"work sharing: picture in {save_sharing_chart(got, out / 'sharing.png')}")
     return made
 

@@ -119,17 +119,30 @@ def transient_ceiling(schedule_steps: int, steps: int, world: int, factor: float
     return ((1 - slow) + slow * factor) / ((1 - slow) + slow * shared)
 
 
+def one_step_late_ceiling(
+    schedule_steps: int, bursts: int, steps: int, world: int, factor: float
+) -> float:
+    """transient_ceiling for offers decided on the step before: each burst's first step
+    is paid in full (`factor`), its others shared."""
+    shared = world / (world - 1 + 1 / factor)
+    calm = steps - schedule_steps
+    paid = bursts * factor + (schedule_steps - bursts) * shared
+    return (calm + schedule_steps * factor) / (calm + paid)
+
+
 def rows(
-    got: dict[str, Comparison], *, world: int, factor: float, slowed: int
+    got: dict[str, Comparison], *, world: int, factor: float, slowed: int, bursts: int = 0
 ) -> list[dict[str, Any]]:
-    """The table's rows: each case's acceptance ratios, next to target and ceiling."""
+    """The table's rows: each case's acceptance ratios, next to target and ceiling (and,
+    given the `bursts`, the ceiling of offers decided one step late)."""
     out = []
     t = got["transient"]
-    ceiling = transient_ceiling(slowed, t.runs["none"].steps, world, factor)
+    steps = t.runs["none"].steps
+    ceiling = transient_ceiling(slowed, steps, world, factor)
+    late = one_step_late_ceiling(slowed, bursts, steps, world, factor) if bursts else None
     for base, target in (("none", 1.25), ("lb-bsp", 1.2)):
-        out.append(
-            _row(t, "antdt-nd+sharing", base, f">= {target}", ceiling, "transient 3x bursts")
-        )
+        row = _row(t, "antdt-nd+sharing", base, f">= {target}", ceiling, "transient 3x bursts")
+        out.append(row | ({"ceiling_late": late} if late else {}))
     p = got["persistent"]
     out.append(_row(p, "antdt-nd+sharing", "lb-bsp", ">= 1.0", None, "persistent 3x straggler"))
     h = got["healthy"]

@@ -56,6 +56,16 @@ def test_the_ceiling_of_a_slowed_fraction() -> None:
     assert transient_ceiling(80, 80, 4, 3) == pytest.approx(3 / (4 / (3 + 1 / 3)))
 
 
+def test_the_ceiling_of_offers_one_step_late() -> None:
+    from bench.sharing_figures import one_step_late_ceiling
+
+    # one burst of one step: nothing is shared in time, the ceiling is 1
+    assert one_step_late_ceiling(1, 1, 80, 4, 3) == pytest.approx(1.0)
+    # the bench's schedule: 16 slowed steps in 4 bursts, of 80
+    late, full = one_step_late_ceiling(16, 4, 80, 4, 3), transient_ceiling(16, 80, 4, 3)
+    assert late == pytest.approx((64 + 48) / (64 + 12 + 12 * 1.2)) and late < full
+
+
 def _runs(**throughput: float) -> dict[str, RunFigures]:
     return {
         k.replace("_", "-").replace("-sharing", "+sharing"): RunFigures(k, v, 0.1, 50)
