@@ -29,7 +29,7 @@ NODE_STAMP := node_modules/.installed
 APT_GET    ?= apt-get
 
 .PHONY: all install node hosttools demo test test-fast lint up bench bench-test gpu-check schemas clean \
-        deploy-tools deploy-base deploy-images
+        deploy-tools deploy-base deploy-images deploy-test
 
 all: test
 
@@ -112,6 +112,12 @@ deploy-images: deploy-base
 	$(BUILD) -f deploy/nats.Dockerfile -t localhost/antdt-nats:$(IMAGE_TAG) deploy
 	$(BUILD) -f deploy/etcd.Dockerfile -t localhost/antdt-etcd:$(IMAGE_TAG) deploy
 
+# deploy/compose.yaml up from those images (deploy/test/override.yaml), a real job trained
+# from this host against it, a controller and a NATS node killed during a second one;
+# torn down even on failure (python -m tests.deploy says what is checked).
+deploy-test: $(STAMP) deploy-images
+	PODMAN_COMPOSE=$(CURDIR)/$(DEPLOY_VENV)/bin/podman-compose IMAGE_TAG=$(IMAGE_TAG) \
+	  $(BIN)/python -m tests.deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check antdt tests bench

@@ -79,11 +79,13 @@ def _signed(root: Path, ca: str, name: str, san: str) -> None:
     )
 
 
-def make_pki(root: Path, ca: str = "ca") -> Pki:
-    """A fresh CA named `ca` under `root` and the server and client certificates it signs."""
+def make_pki(root: Path, ca: str = "ca", server_names: tuple[str, ...] = ()) -> Pki:
+    """A fresh CA named `ca` under `root` and the server and client certificates it signs;
+    the server's for 127.0.0.1, localhost and the DNS `server_names` (containers')."""
     root.mkdir(parents=True, exist_ok=True)
     _ca(root, ca)
-    _signed(root, ca, f"{ca}-server", "IP:127.0.0.1,DNS:localhost")
+    names = ",".join(f"DNS:{n}" for n in ("localhost", *server_names))
+    _signed(root, ca, f"{ca}-server", f"IP:127.0.0.1,{names}")
     _signed(root, ca, f"{ca}-client", "DNS:antdt-client")
     return Pki(
         ca=root / f"{ca}.pem",
