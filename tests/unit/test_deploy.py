@@ -172,6 +172,8 @@ def test_compose_runs_two_ready_checked_replicas_of_each_service_restarted() -> 
         service = services[name]
         assert service["command"] == [name]
         assert service["deploy"]["replicas"] >= 2, name
+        # the compose spec's default, but podman-compose starts one replica without it
+        assert service["deploy"]["mode"] == "replicated", name
         assert service["restart"] == "unless-stopped", name
         port = service["environment"]["ANTDT_TELEMETRY__METRICS_PORT"]
         probe = " ".join(service["healthcheck"]["test"])
