@@ -2,8 +2,9 @@
 a real 4-rank gloo job trained from the host against it (rank 3 slowed by real work in
 its CPU budget, policy lb-bsp), then a second one during which a controller replica and
 a NATS node are killed. Checked: the plan changed, every sample was trained exactly
-once, the incident's trace reached the OTLP receiver, every replica serves /metrics.
-Everything is torn down, also on failure. Exit status 0 only when every check held."""
+once, the incident's trace reached the OTLP receiver, every replica serves /metrics and
+Prometheus scrapes them all. Everything is torn down, also on failure or SIGTERM; exit
+status 0 only when every check held."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
 from antdt.demo.stats import RunStats, summarize
@@ -37,6 +39,8 @@ def main() -> int:
     jobs = (f"straggler-{stamp}", f"faults-{stamp}")
     project = prepare(work / "deploy", "antdt-deploytest", compose, jobs)
     started = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the teardown still runs
+    tear_down(project)  # what a run killed with -9 left
     try:
         project.run("up", "-d", *SERVICES)
         wait_healthy(project)
@@ -77,14 +81,19 @@ def job_env(project: Project, job: str, out: Path, **extra: str) -> dict[str, st
     }
 
 
-def train(env: dict[str, str], out: Path, at_step: dict[int, Any]) -> tuple[int, float]:
-    """Launch the job; call at_step[n]() once `n` steps are done. Its exit code and wall."""
+def train(
+    env: dict[str, str],
+    out: Path,
+    at_step: dict[int, Callable[[], object]],
+    budgets: RankBudgets | None = None,
+) -> tuple[int, float]:
+    """Launch the job, in `budgets` where given; call at_step[n]() once `n` steps are
+    done. Its exit code and wall time."""
     from antdt.agent.launch import launch
 
     out.mkdir(parents=True)
     rc: list[int] = []
     command = [sys.executable, "-m", "antdt.demo.train"]
-    budgets = at_step.pop("budgets", None)
     if budgets is not None:
         command = budgets.command(command)
     runner = threading.Thread(target=lambda: rc.append(launch(WORLD, command, env=env)))
@@ -117,11 +126,11 @@ def straggler_job(project: Project, job: str, out: Path) -> RunStats:
         budgets, injection = None, "a sleep"
         print(f"no CPU budgets ({exc}): rank {STRAGGLER} sleeps instead")
         extra = {"ANTDT_INJECT": f"rank={STRAGGLER},factor={FACTOR},from={ONSET}"}
-    hooks: dict[Any, Any] = {}
+    hooks: dict[int, Callable[[], object]] = {}
     if budgets is not None:
-        hooks = {"budgets": budgets, ONSET: lambda: budgets.slow({STRAGGLER})}
+        hooks = {ONSET: lambda: budgets.slow({STRAGGLER})}
     try:
-        rc, wall = train(job_env(project, job, out, **extra), out, hooks)
+        rc, wall = train(job_env(project, job, out, **extra), out, hooks, budgets)
     finally:
         if budgets is not None:
             budgets.close()
@@ -213,7 +222,9 @@ def check_metrics(project: Project, timeout: float = 90) -> None:
 
 def faults_job(project: Project, job: str, out: Path) -> None:
     controller, nats = project.of("controller")[0], project.of("nats-2")[0]
-    hooks = {KILL_AT: lambda: [podman("kill", c) for c in (controller, nats)]}
+    hooks: dict[int, Callable[[], object]] = {
+        KILL_AT: lambda: [podman("kill", c) for c in (controller, nats)]
+    }
     rc, wall = train(job_env(project, job, out), out, hooks)
     if hooks:
         raise AssertionError(f"job {job} ended before step {KILL_AT}: nothing was killed")
