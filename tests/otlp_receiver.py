@@ -104,16 +104,16 @@ def _number(p: Any) -> float:
 
 
 class OtlpReceiver:
-    """`endpoint` is `127.0.0.1:PORT` (OTLP/gRPC, plaintext)."""
+    """`endpoint` is `127.0.0.1:PORT` (OTLP/gRPC, plaintext); `address`, where it listens."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str = "127.0.0.1:0") -> None:
         self._sink = _Sink()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Traces(self._sink), self._server)
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _Metrics(self._sink), self._server
         )
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(address)
         self.endpoint = f"127.0.0.1:{self.port}"
 
     def start(self) -> OtlpReceiver:

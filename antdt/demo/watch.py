@@ -12,8 +12,11 @@ from antdt.schemas import ActionRecord, Incident, JobHealth, Subjects
 
 
 class JobWatcher:
-    def __init__(self, nats_url: str, job: str) -> None:
-        self.settings = NatsSettings(url=nats_url)
+    def __init__(self, nats: str | NatsSettings, job: str, *, incidents: bool = True) -> None:
+        """`nats`: a URL (no auth), or the settings of a user who may read the job (an
+        observer may read all but its incidents: `incidents=False`)."""
+        self.settings = NatsSettings(url=nats) if isinstance(nats, str) else nats
+        self.follow_incidents = incidents
         self.job = job
         self.health: list[JobHealth] = []
         self.incidents: list[Incident] = []
@@ -41,7 +44,8 @@ class JobWatcher:
             self.actions.append(action)
 
         await self._bus.subscribe(subjects.health(self.job), JobHealth, on_health)
-        await self._bus.subscribe(subjects.incident(self.job), Incident, on_incident)
+        if self.follow_incidents:
+            await self._bus.subscribe(subjects.incident(self.job), Incident, on_incident)
         await self._bus.subscribe(subjects.action(self.job), ActionRecord, on_action)
         await self._bus.flush()
 

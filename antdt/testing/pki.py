@@ -84,11 +84,13 @@ def _signed(root: Path, ca: str, name: str, san: str, days: int = 2) -> None:
     )
 
 
-def make_pki(root: Path, ca: str = "ca") -> Pki:
-    """A fresh CA named `ca` under `root` and the server and client certificates it signs."""
+def make_pki(root: Path, ca: str = "ca", server_names: tuple[str, ...] = ()) -> Pki:
+    """A fresh CA named `ca` under `root` and the server and client certificates it signs;
+    the server's for 127.0.0.1, localhost and the DNS `server_names` (containers')."""
     root.mkdir(parents=True, exist_ok=True)
     _ca(root, ca)
-    _signed(root, ca, f"{ca}-server", SERVER_SAN)
+    names = ",".join(f"DNS:{n}" for n in ("localhost", *server_names))
+    _signed(root, ca, f"{ca}-server", f"IP:127.0.0.1,{names}")
     _signed(root, ca, f"{ca}-client", CLIENT_SAN)
     return Pki(
         ca=root / f"{ca}.pem",
