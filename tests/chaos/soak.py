@@ -231,7 +231,7 @@ async def _run_faults(
     for i, record in enumerate(soak.records):
         if record.state is FaultState.PLANNED:
             soak.records[i] = advance(record, "failed", ended, "not injected: the job had ended")
-        elif record.state is not FaultState.RECOVERED:
+        elif record.state in (FaultState.INJECTED, FaultState.UNDONE):
             soak.records[i] = advance(record, "failed", ended, f"{record.note}; no step after it")
 
 
