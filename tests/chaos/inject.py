@@ -92,8 +92,8 @@ class Injector:
         return nodes[int(target[-1])]
 
     def _restart_replica(self, name: str) -> str:
-        self.replicas.start(name)
-        return f"restarted as pid {self.replicas.pid(name)}"
+        self.replicas.start_serving([name], timeout=60.0)
+        return f"restarted, serving as pid {self.replicas.pid(name)}"
 
     def _restart_node(self, target: str) -> str:
         self._node(target).start()

@@ -20,6 +20,7 @@ from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
 from antdt.observe import ensure_recording
 from antdt.runtime.bus import Bus, Delivery
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.servers import die_with_parent
 from antdt.schemas import ACTION_STREAM, ActionRecord, Incident, Subjects
 from antdt.testing import cores
 from antdt.testing.faults import FaultKind, FaultRecord, FaultState, advance, due, schedule
@@ -112,7 +113,7 @@ async def _soak(
     await bus.subscribe(subjects.action(job), ActionRecord, on_action)
     await bus.subscribe(subjects.incident(job), Incident, on_incident)
     replicas = Replicas(settings, root / "logs", unique)
-    replicas.start_all()
+    replicas.start_serving(replicas.names)
     launcher: subprocess.Popen[bytes] | None = None
     injector: Injector | None = None
     soak = Soak(seed, [], [])
@@ -127,6 +128,7 @@ async def _soak(
         start_wall = await _first_step(out / "progress.jsonl", launcher)
         await _run_faults(soak, injector, launcher, out, start_wall, 3 * last + 180.0, root)
         soak.rc = launcher.wait(30)
+        soak.problems += [f"replica exited by itself: {r}" for r in replicas.exited()]
         soak.seconds = time.time() - start_wall
         soak.steps = _steps(out / "progress.jsonl", start_wall)
         recorded = await retry(
@@ -150,7 +152,12 @@ def _launch(env: dict[str, str], root: Path, max_restarts: int) -> subprocess.Po
     argv += ["--max-restarts", str(max_restarts), "--", sys.executable, "-m", "antdt.demo.train"]
     with open(root / "logs" / "launcher.log", "ab") as log:
         return subprocess.Popen(
-            argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # the ranks die with it in turn
         )
 
 

@@ -8,12 +8,20 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from antdt.runtime.config import ServiceSettings
+from antdt.runtime.servers import die_with_parent
 
 SERVICES = ("monitor", "controller", "shards")
+#: What each service logs once it serves.
+STARTED = {
+    "monitor": "monitor started",
+    "controller": "controller started",
+    "shards": "shards service started",
+}
 #: Every process the soak starts carries this variable (its children inherit it): what
 #: the leftover check looks for.
 MARK = "CHAOS_SOAK_RUN"
@@ -43,6 +51,7 @@ class Replicas:
     logs: Path
     mark: str
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _log_from: dict[str, int] = field(default_factory=dict)  # where its last start's log begins
 
     @property
     def names(self) -> list[str]:
@@ -52,17 +61,53 @@ class Replicas:
         service = name.rsplit("-", 1)[0]
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
+            self._log_from[name] = log.tell()
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "antdt.cli", service],
                 env=service_env(self.settings, name, self.mark),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
-    def start_all(self) -> None:
-        for name in self.names:
+    def start_serving(self, names: list[str], timeout: float = 120.0, tries: int = 5) -> None:
+        """Start `names` and wait until each serves: one that exits before it serves (its
+        JetStream streams not made in time on a busy machine, a NATS node down) is
+        started again, as a supervisor would, up to `tries` times."""
+        for name in names:
             self.start(name)
+        deadline, left, waiting = (
+            time.monotonic() + timeout,
+            dict.fromkeys(names, tries),
+            set(names),
+        )
+        while waiting:
+            for name in sorted(waiting):
+                if self.serving(name):
+                    waiting.discard(name)
+                elif self.procs[name].poll() is not None:
+                    if left[name] == 0:
+                        raise RuntimeError(f"{name} never served: {self.procs[name].returncode}")
+                    left[name] -= 1
+                    self.start(name)
+            if waiting and time.monotonic() > deadline:
+                raise RuntimeError(f"replicas not serving after {timeout} s: {sorted(waiting)}")
+            time.sleep(0.2)
+
+    def serving(self, name: str) -> bool:
+        """The replica's log says it serves (since its last start)."""
+        try:
+            with open(self.logs / f"{name}.log", "rb") as log:
+                log.seek(self._log_from[name])
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return False
+        return self.procs[name].poll() is None and STARTED[name.rsplit("-", 1)[0]] in text
+
+    def exited(self) -> list[str]:
+        """Replicas not running now, with their exit codes."""
+        return [f"{n} (exit {p.returncode})" for n, p in self.procs.items() if p.poll() is not None]
 
     def pid(self, name: str) -> int | None:
         proc = self.procs.get(name)
