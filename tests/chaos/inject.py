@@ -17,6 +17,19 @@ from tests.chaos.stack import Replicas, rank_pid
 from tests.clusters import Clusters
 
 
+def targets(clusters: Clusters, replicas: Replicas, world: int, cores: list[int]) -> Targets:
+    """What the soak may break; no link cut (no namespace hosts here)."""
+    ranks = [f"rank{r}" for r in range(world)]
+    return Targets(
+        ranks=ranks,
+        replicas=replicas.names,
+        nats=[f"nats{i}" for i in range(len(clusters.nats))],
+        etcd=[f"etcd{i}" for i in range(len(clusters.etcd))],
+        hosts=[f"core{c}" for c in cores],
+        processes=ranks + replicas.names,
+    )
+
+
 @dataclass
 class Injector:
     clusters: Clusters
@@ -25,18 +38,6 @@ class Injector:
     world: int
     cores: list[int]
     _undo: dict[int, Callable[[], str]] = field(default_factory=dict)
-
-    def targets(self) -> Targets:
-        """What may be broken; no link cut (no namespace hosts here)."""
-        ranks = [f"rank{r}" for r in range(self.world)]
-        return Targets(
-            ranks=ranks,
-            replicas=self.replicas.names,
-            nats=[f"nats{i}" for i in range(len(self.clusters.nats))],
-            etcd=[f"etcd{i}" for i in range(len(self.clusters.etcd))],
-            hosts=[f"core{c}" for c in self.cores],
-            processes=ranks + self.replicas.names,
-        )
 
     def inject(self, fault: Fault) -> str:
         """Do `fault`; what was done (ValueError when its target is not there now)."""

@@ -25,7 +25,7 @@ from antdt.schemas import ACTION_STREAM, ActionRecord, Incident, Subjects
 from antdt.testing import cores
 from antdt.testing.faults import FaultKind, FaultRecord, FaultState, advance, due, schedule
 from tests.chaos.checks import actions_applied_twice, open_incidents_without_reason
-from tests.chaos.inject import Injector
+from tests.chaos.inject import Injector, targets
 from tests.chaos.stack import MARK, Replicas, leftovers
 from tests.clusters import Clusters, retry, running_clusters
 
@@ -113,13 +113,13 @@ async def _soak(
     await bus.subscribe(subjects.action(job), ActionRecord, on_action)
     await bus.subscribe(subjects.incident(job), Incident, on_incident)
     replicas = Replicas(settings, root / "logs", unique)
-    replicas.start_serving(replicas.names)
     launcher: subprocess.Popen[bytes] | None = None
     injector: Injector | None = None
     soak = Soak(seed, [], [])
     try:
-        targets = Injector(clusters, replicas, 0, WORLD, cores()[:2]).targets()
-        plan = schedule(seed, targets, count=count, every_s=every_s, leave_out=LEFT_OUT)
+        replicas.start_serving(replicas.names)
+        breakable = targets(clusters, replicas, WORLD, cores()[:2])
+        plan = schedule(seed, breakable, count=count, every_s=every_s, leave_out=LEFT_OUT)
         last = max((f.until_s for f in plan), default=0.0)
         dataset = dataset_for(last + 20.0)
         launcher = _launch(job_env(settings, job, out, dataset, unique), root, count + 3)
