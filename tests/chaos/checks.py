@@ -1,10 +1,11 @@
 """The invariants a soak must keep, as pure functions of what it recorded: each returns
-the problems found (an empty list: kept)."""
+the problems found (an empty list: kept); and what the services did during each fault."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from antdt.schemas import ActionRecord, ActionResult, Incident, IncidentState
 from antdt.testing.faults import FaultRecord
@@ -55,3 +56,36 @@ def _reason(opened: float, records: Sequence[FaultRecord], ended_at: float) -> s
         if record.injected_s <= opened <= end + AFTERMATH_S:
             return f"fault {record.fault.number}"
     return None
+
+
+def with_responses(
+    records: Sequence[FaultRecord],
+    incidents: Sequence[Incident],
+    actions: Sequence[ActionRecord],
+    start_wall: float,
+) -> list[FaultRecord]:
+    """`records` with what the services did while each fault lasted (from its injection
+    to its recovery, or its hold's end) added to its note: incidents opened (kind and
+    rank) and actions decided (kind and result)."""
+    annotated = []
+    for record in records:
+        if record.injected_s is None:
+            annotated.append(record)
+            continue
+        start = start_wall + record.injected_s
+        end = start_wall + (record.recovered_s or record.injected_s + record.fault.hold_s)
+        opened = sorted(
+            {
+                f"{i.kind.value} r{i.rank}"
+                for i in incidents
+                if i.state is IncidentState.OPENED and start <= i.opened_at <= end
+            }
+        )
+        decided = sorted(
+            {f"{a.kind} {a.result.value}" for a in actions if start <= a.decided_at <= end}
+        )
+        said = [f"incident {', '.join(opened)}"] if opened else []
+        said += [f"action {', '.join(decided)}"] if decided else []
+        note = "; ".join(part for part in [record.note, *said] if part)
+        annotated.append(replace(record, note=note))
+    return annotated

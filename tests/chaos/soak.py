@@ -24,7 +24,11 @@ from antdt.runtime.servers import die_with_parent
 from antdt.schemas import ACTION_STREAM, ActionRecord, Incident, Subjects
 from antdt.testing import cores
 from antdt.testing.faults import FaultKind, FaultRecord, FaultState, advance, due, schedule
-from tests.chaos.checks import actions_applied_twice, open_incidents_without_reason
+from tests.chaos.checks import (
+    actions_applied_twice,
+    open_incidents_without_reason,
+    with_responses,
+)
 from tests.chaos.inject import Injector, targets
 from tests.chaos.stack import MARK, Replicas, leftovers
 from tests.clusters import Clusters, retry, running_clusters
@@ -136,6 +140,7 @@ async def _soak(
         )
         soak.actions, soak.incidents = list(recorded.items), incidents
         soak.problems += _invariants(soak, live, out, dataset, start_wall)
+        soak.records = with_responses(soak.records, incidents, soak.actions, start_wall)
     finally:
         if injector is not None:
             await asyncio.to_thread(injector.undo_all)

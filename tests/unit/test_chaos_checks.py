@@ -5,20 +5,24 @@ from __future__ import annotations
 
 from antdt.schemas import ActionRecord, ActionResult, Incident, IncidentKind, IncidentState
 from antdt.testing.faults import Fault, FaultKind, FaultRecord, advance
-from tests.chaos.checks import actions_applied_twice, open_incidents_without_reason
+from tests.chaos.checks import (
+    actions_applied_twice,
+    open_incidents_without_reason,
+    with_responses,
+)
 
 START = 1000.0  # the soak's start, Unix time
 
 
-def action(action_id: str, result: ActionResult) -> ActionRecord:
+def action(action_id: str, result: ActionResult, at_s: float = 0.0) -> ActionRecord:
     return ActionRecord(
         action_id=action_id,
         job="j",
         kind="adjust_batch",
         policy="lb-bsp",
         reason="rebalance",
-        decided_at=START,
-        completed_at=START + 0.1,
+        decided_at=START + at_s,
+        completed_at=START + at_s + 0.1,
         result=result,
     )
 
@@ -68,3 +72,21 @@ def test_an_open_incident_needs_a_fault_or_the_jobs_end_near_it() -> None:
     unexplained = [incident(IncidentState.OPENED, 100.0, key="lost")]
     problems = open_incidents_without_reason(unexplained, faults, 300.0, START)
     assert len(problems) == 1 and "lost" in problems[0] and "100.0 s" in problems[0]
+
+
+def test_each_fault_is_told_the_incidents_opened_and_actions_decided_while_it_lasted() -> None:
+    pause = recovered(10.0, 16.0)
+    held = advance(FaultRecord(Fault(1, 30.0, FaultKind.KILL_NATS, "nats0", 4.0)), "injected", 30.0)
+    incidents = [
+        incident(IncidentState.OPENED, 12.0),
+        incident(IncidentState.ESCALATED, 13.0),  # the same incident, not opened again
+        incident(IncidentState.OPENED, 40.0, key="later"),  # after both faults
+    ]
+    actions = [
+        action("a1", ActionResult.APPLIED, at_s=15.0),
+        action("a2", ActionResult.APPLIED, 33.0),
+    ]
+    told = with_responses([pause, held], incidents, actions, START)
+    assert told[0].note == "incident slow r1; action adjust_batch applied"
+    assert told[1].note == "action adjust_batch applied"  # held until 30 + 4 s
+    assert with_responses([pause], [], [], START)[0].note == ""
