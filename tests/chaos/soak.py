@@ -219,9 +219,9 @@ async def _run_faults(
             n = record.fault.number
             if record.state is FaultState.INJECTED and now >= record.fault.until_s:
                 note = await asyncio.to_thread(injector.undo, record.fault)
-                if note is not None:
+                if note is not None:  # a step counts from when the undo is done
                     record = advance(record, "undone", now, f"{record.note}; {note}")
-                    back_from[n] = now
+                    back_from[n] = time.time() - start_wall
             if _group_restarted(record, n not in back_from, restarts_at.get(n), root):
                 back_from[n] = now
             if (
