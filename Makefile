@@ -92,7 +92,7 @@ bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 # Then the chaos soak (tests/chaos), one per seed of CHAOS_SEEDS: a real job on two
 # replicas of each service and 3-node NATS and etcd clusters, CHAOS_FAULTS faults about
 # CHAOS_EVERY seconds apart, the invariants checked after it; the fault tables print,
-# the timelines go to runs/chaos/. About 12 minutes a seed at the defaults.
+# the timelines go to runs/chaos/. About 12 minutes a seed at the defaults, as measured.
 FUZZ_INPUTS ?= 100000
 CHAOS_SEEDS ?= 1,2,3
 CHAOS_FAULTS ?= 40
