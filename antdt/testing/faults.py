@@ -77,12 +77,14 @@ def schedule(
     every_s: float = 15.0,
     jitter_s: float = 5.0,
     hold_s: tuple[float, float] = (2.0, 8.0),
+    leave_out: frozenset[FaultKind] = frozenset(),
 ) -> tuple[Fault, ...]:
     """`count` faults about `every_s` apart (+- `jitter_s`), each kind with targets in
     turn (every round of kinds shuffled by the seed), so that the counts of any two kinds
-    differ by one at most; a fault whose group is still held waits for it to end."""
+    differ by one at most; a fault whose group is still held waits for it to end. Kinds
+    in `leave_out` (a driver cannot inject them) never come."""
     rng = random.Random(seed)
-    kinds = [k for k in FaultKind if targets.of(k)]
+    kinds = [k for k in FaultKind if targets.of(k) and k not in leave_out]
     if not kinds:
         return ()
     free_at: dict[str, float] = {}

@@ -64,6 +64,15 @@ def test_kinds_without_targets_are_left_out() -> None:
     assert schedule(3, Targets(), count=10) == ()
 
 
+def test_kinds_left_out_never_come_and_the_others_stay_balanced() -> None:
+    # a driver without namespace hosts contends a host's CPU but cannot cut its link
+    faults = schedule(3, EVERYTHING, count=60, leave_out=frozenset({FaultKind.CUT_LINK}))
+    counts = Counter(f.kind for f in faults)
+    assert FaultKind.CUT_LINK not in counts
+    assert set(counts) == set(FaultKind) - {FaultKind.CUT_LINK}
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
 def test_due_hands_each_fault_out_once_over_consecutive_ticks() -> None:
     faults = schedule(5, EVERYTHING, count=30)
     handed = [f for t in range(0, 600) for f in due(faults, t - 1.0, float(t))]
