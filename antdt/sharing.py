@@ -151,8 +151,9 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off.
-SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
+#: Policies under which `work_sharing` is on unless the job's params turn it off: none
+#: until a clean CI run holds with it on under antdt-nd (a run had test_kill_restart fail).
+SHARING_BY_DEFAULT: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
