@@ -6,16 +6,20 @@ Before the bound a replica queued up to 500,000 requests per subject."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.servers import EmbeddedCluster
 from antdt.runtime.store import Store
 from antdt.schemas import ErrorCode, ShardFetch, Subjects
 from antdt.services.runner import start_service
 from antdt.services.shards.service import ShardsService, ShardsSettings
+from tests.conftest import settings_on
 from tests.integration.test_shards_concurrency import Fleet, register
 
 pytestmark = pytest.mark.integration
@@ -24,9 +28,23 @@ BACKLOG = 20  # requests per subject
 FLOOD = 4000
 
 
+@pytest.fixture
+async def own_servers(tmp_path: Path, unique: str) -> AsyncIterator[tuple[ServiceSettings, Store]]:
+    """Servers of its own: in the whole suite, on the session's, the flooded replica's
+    lease grants were refused ("invalid auth token"), which it never was alone."""
+    with EmbeddedCluster(root=tmp_path / "servers") as cluster:
+        settings = settings_on(cluster, unique)
+        store = await Store(settings.etcd).connect()
+        try:
+            yield settings, store
+        finally:
+            await store.close()
+
+
 async def test_a_flooded_replica_drops_counts_and_still_grants_each_shard_once(
-    settings: ServiceSettings, store: Store
+    own_servers: tuple[ServiceSettings, Store],
 ) -> None:
+    settings, store = own_servers
     world, shards, job = 4, 120, "flood"
     await register(store, settings, job, world=world, shards=shards, epochs=1)
     runtime = ServiceRuntime("flooded")
