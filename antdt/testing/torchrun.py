@@ -48,7 +48,7 @@ def worker_pids(launcher: int) -> dict[int, int]:
     """{RANK: pid} of the live workers below `launcher` (those with RANK in their env)."""
     found: dict[int, int] = {}
     for pid in descendants(launcher):
-        rank = _env(pid).get("RANK")
+        rank = environ_of(pid).get("RANK")
         if rank is not None and rank.isdigit():
             found.setdefault(int(rank), pid)  # a worker's own children come after it
     return found
@@ -74,7 +74,8 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
             continue
 
 
-def _env(pid: int) -> dict[str, str]:
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment process `pid` started with ({} when it is gone)."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:

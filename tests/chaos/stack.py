@@ -14,6 +14,7 @@ from pathlib import Path
 
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.servers import die_with_parent
+from antdt.testing.torchrun import environ_of
 
 SERVICES = ("monitor", "controller", "shards")
 #: What each service logs once it serves.
@@ -139,15 +140,6 @@ def children(pid: int) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def rank_pid(launcher: int, rank: int) -> int | None:
