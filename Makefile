@@ -128,7 +128,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 test: lint $(NODE_STAMP) hosttools
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(NODE_STAMP) hosttools
 	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)

@@ -166,3 +166,15 @@ def job_env(settings: ServiceSettings, job: str, **fields: str) -> dict[str, str
     subject prefix (and the job's agent user, on secured servers), plus `fields` (e.g.
     ANTDT_DATASET_SIZE="240")."""
     return {**agent_env(settings, job), "ANTDT_JOB": job, **fields}
+
+
+def table_row(output: str, first_cell: str) -> str:
+    """The line of a rich table printed in `output` whose first cell is `first_cell`.
+
+    Matches table rows only: services running in the test process log to the stdout that
+    click's CliRunner captures, so a log line may name the same job."""
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.split("│")]
+        if len(cells) > 2 and cells[1] == first_cell:
+            return line
+    raise AssertionError(f"no table row for {first_cell!r} in:\n{output}")

@@ -24,7 +24,7 @@ from antdt.schemas import (
 )
 from antdt.services.monitor.lifecycle import JobPhase
 from tests.e2e.conftest import start_services
-from tests.helpers import monitor_owner, wait_for
+from tests.helpers import monitor_owner, table_row, wait_for
 from tests.integration.test_services import spec, step
 
 pytestmark = pytest.mark.integration
@@ -131,7 +131,7 @@ async def test_a_dormant_job_is_watched_whichever_replica_lives_on(
             "COLUMNS": "250",
         }
         listed = await asyncio.to_thread(CliRunner().invoke, app, ["jobs", "list"], env=env)
-        row = next(line for line in listed.output.splitlines() if job in line)
+        row = table_row(listed.output, job)
         assert "abandoned" in row and "dormant" in row, listed.output
         await first.runtime.shutdown()
         later = await start_services(

@@ -18,7 +18,7 @@ from antdt.runtime.coordination.jobs import Ended, expired, read_ended, remove_j
 from antdt.runtime.store import Store
 from antdt.schemas import ExitReason, JobSpec, Keys, RankExit, RegisterReply, Subjects
 from tests.e2e.conftest import RunningServices, start_services
-from tests.helpers import step_event, wait_for
+from tests.helpers import step_event, table_row, wait_for
 
 pytestmark = pytest.mark.integration
 RETENTION_S = 1.5
@@ -133,9 +133,9 @@ async def test_the_cli_lists_live_and_ended_jobs_and_removes_only_an_ended_one(
         listed = await asyncio.to_thread(runner.invoke, app, ["jobs", "list"], env=env)
         assert listed.exit_code == 0, listed.output
         assert "jobs: 1 live, 2 ended" in listed.output and "at step 2" in listed.output
-        paused_row = next(line for line in listed.output.splitlines() if "paused" in line)
+        paused_row = table_row(listed.output, "paused")
         assert "data unfinished" in paused_row
-        busy_row = next(line for line in listed.output.splitlines() if "busy" in line)
+        busy_row = table_row(listed.output, "busy")
         assert "live" in busy_row and "controller=" in busy_row
         refused = await asyncio.to_thread(runner.invoke, app, ["jobs", "remove", "busy"], env=env)
         assert refused.exit_code == 1 and "has not ended" in refused.output
