@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import aetcd.exceptions
 import pytest
+from structlog.testing import capture_logs
 
 from antdt.runtime.config import EtcdSettings
 from antdt.runtime.servers import EmbeddedEtcd
@@ -109,3 +112,34 @@ async def test_a_service_keeps_its_login_across_an_etcd_restart(auth_etcd: Embed
         assert got is not None and got.value == b"2"
     finally:
         await store.close()
+
+
+async def test_a_service_idle_past_the_token_ttl_logs_in_again(tmp_path: Path) -> None:
+    """etcd forgets a login unused for --auth-token-ttl (5 minutes by default): a
+    service idle that long, holding only a lease, must still write, read and lease."""
+    server = EmbeddedEtcd(tmp_path, extra_args=("--auth-token-ttl", "1")).start()
+    try:
+        plain = EtcdSettings(endpoint=server.endpoint, key_prefix=PREFIX)
+        users = [EtcdUser("shards", _password("shards"), PREFIX)]
+        await enable_auth(plain, users, root_password="root-pw-0123")
+        store = await Store(_settings(server, "shards")).connect(retry_for_s=5)
+        probe = await Store(_settings(server, "shards")).connect(retry_for_s=5)
+        try:
+            lease = await store.grant_lease(3)
+            await store.put(store.key("owned"), b"1", lease=lease)
+            await asyncio.sleep(3.5)  # idle: etcd's token keeper drops both logins
+            with pytest.raises(aetcd.exceptions.UnauthenticatedError):
+                await probe.client.get(probe.key("probe").encode())
+            with capture_logs() as logs:
+                await store.put(store.key("after"), b"2")
+                got = await store.get(store.key("after"))
+                second = await store.grant_lease(3)
+                await second.revoke()
+            assert got is not None and got.value == b"2"
+            assert [e["call"] for e in logs if e["event"] == "etcd login renewed"] == ["put"]
+            assert not lease.lost.is_set() and await store.get(store.key("owned")) is not None
+        finally:
+            await probe.close()
+            await store.close()
+    finally:
+        server.stop()

@@ -304,6 +304,7 @@ class EmbeddedEtcd(_EmbeddedServer):
     name: str = "antdt"
     #: `name=peer-url,...` of every member of a cluster (None: this member alone).
     initial_cluster: str | None = None
+    extra_args: tuple[str, ...] = ()  # more etcd flags, e.g. ("--auth-token-ttl", "1")
     _process: ManagedProcess | None = field(default=None, repr=False)
 
     @property
@@ -354,6 +355,7 @@ class EmbeddedEtcd(_EmbeddedServer):
             "--auto-compaction-mode",
             "revision",
             *self._tls_args(),
+            *self.extra_args,
         ]
         ready = lambda: _http_ok(f"{client}/health", '"true"', self.netns, self.tls)  # noqa: E731
         self._run("etcd", argv, self.data_dir / "etcd.log", ready, timeout, self.netns)

@@ -111,3 +111,14 @@ class EtcdClient(aetcd.Client):
         request: Any = rpc.AuthenticateRequest(name=self._username, password=self._password)
         resp = await self.auth_stub.Authenticate(request, timeout=self._timeout)
         self.metadata = (("token", resp.token),)
+
+    @_handle_errors
+    async def log_in_again(self) -> None:
+        """A new token on the open channel, for the calls made from now on (the
+        watcher's new watches too): etcd forgets a token unused for its
+        `--auth-token-ttl` (300 s by default), and a member that did not see the login."""
+        if self.channel is None:
+            return
+        await self._authenticate()
+        if self._watcher is not None:
+            self._watcher._metadata = self.metadata

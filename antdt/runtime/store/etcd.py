@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import aetcd
+import aetcd.exceptions
 import structlog
 from pydantic import BaseModel
 
@@ -36,7 +37,6 @@ log = structlog.get_logger("antdt.store")
 T = TypeVar("T", bound=BaseModel)
 P = ParamSpec("P")
 R = TypeVar("R")
-S = TypeVar("S")
 
 
 #: The first pause between tries at etcd, seconds (then doubling, up to backoff_max_s).
@@ -46,14 +46,20 @@ _UNAVAILABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, aetcd
 
 
 def _etcd_call(
-    method: Callable[Concatenate[S, P], Awaitable[R]],
-) -> Callable[Concatenate[S, P], Awaitable[R]]:
-    """Translate the client's exceptions into StoreError at the seam."""
+    method: Callable[Concatenate[Store, P], Awaitable[R]],
+) -> Callable[Concatenate[Store, P], Awaitable[R]]:
+    """Translate the client's exceptions into StoreError at the seam; a call refused for
+    a token etcd no longer knows is made once more after logging in again."""
 
     @functools.wraps(method)
-    async def call(self: S, *args: P.args, **kwargs: P.kwargs) -> R:
+    async def call(self: Store, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await method(self, *args, **kwargs)
+            try:
+                return await method(self, *args, **kwargs)
+            except aetcd.exceptions.UnauthenticatedError as exc:
+                log.info("etcd login renewed", call=method.__name__, refused=str(exc))
+                await self.client.log_in_again()
+                return await method(self, *args, **kwargs)
         except aetcd.ClientError as exc:
             kind = StoreUnavailable if isinstance(exc, _UNAVAILABLE) else StoreError
             raise kind(f"etcd {method.__name__}: {type(exc).__name__}: {exc}") from exc
@@ -79,7 +85,7 @@ class Store:
         self.settings = settings
         self.client = self._new_client()
 
-    def _new_client(self) -> aetcd.Client:
+    def _new_client(self) -> EtcdClient:
         return EtcdClient(self.settings)
 
     async def connect(self, *, retry_for_s: float | None = 30.0) -> Store:

@@ -6,7 +6,10 @@ import asyncio
 import contextlib
 
 import aetcd
+import aetcd.exceptions
 import structlog
+
+from antdt.runtime.store.client import EtcdClient
 
 log = structlog.get_logger("antdt.store")
 
@@ -14,7 +17,7 @@ log = structlog.get_logger("antdt.store")
 class Lease:
     """An etcd lease kept alive by a background task; `lost` is set the moment it lapses."""
 
-    def __init__(self, client: aetcd.Client, lease_id: int, ttl: int) -> None:
+    def __init__(self, client: EtcdClient, lease_id: int, ttl: int) -> None:
         self.id = lease_id
         self.ttl = ttl
         self.lost = asyncio.Event()
@@ -33,6 +36,9 @@ class Lease:
                 last_ok = asyncio.get_running_loop().time()
             except Exception as exc:
                 log.debug("lease refresh failed", lease=self.id, error=str(exc))
+                if isinstance(exc, aetcd.exceptions.UnauthenticatedError):
+                    with contextlib.suppress(Exception):
+                        await self._client.log_in_again()
                 if asyncio.get_running_loop().time() - last_ok >= self.ttl:
                     break
         self.lost.set()
