@@ -22,7 +22,7 @@ from antdt.schemas import (
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow
-from antdt.services.monitor.hosts import name_hosts
+from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
@@ -96,6 +96,7 @@ class JobDetector:
         self._open = OpenIncidents(job, epoch)
         self._pace = Pace(self.config, world_size)
         self._closed = 0  # windows closed since the fixed part was last refitted
+        self._hosts = HostIndex()
 
     @property
     def open_incidents(self) -> tuple[Incident, ...]:
@@ -203,6 +204,7 @@ class JobDetector:
             self.rejected[reason] += 1
             return
         processes.started(self._ranks[hello.rank], hello, now, self.config.warmup_windows)
+        self._hosts.moved()
         self._last_heard_at = now
         self._rewind = True  # health keeps the last step until the restarted run's first
 
@@ -212,6 +214,7 @@ class JobDetector:
         now = self._tick(now)
         if incident.id in self._open or incident.job != self.job:
             return None
+        self._hosts.moved()
         return processes.adopt(self._ranks, incident, now, self._open)
 
     def stall_limit_s(self) -> float:
@@ -266,7 +269,9 @@ class JobDetector:
 
     def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:
         _, _, host, step, plan, local_batch, _, ended_at = fields[:8]
-        rank.host = host
+        if host != rank.host:
+            rank.host = host
+            self._hosts.moved()
         rank.last_step = step
         rank.last_ended_at = ended_at
         rank.last_seen_at = self._last_heard_at = now
@@ -340,7 +345,8 @@ class JobDetector:
     def _named(self, transitions: list[Incident], now: float, opened: RankMemory) -> list[Incident]:
         """`transitions` with the hosts whose ranks slowed together named (`opened`'s
         SLOW incident just opened): an incident updated here replaces its transition."""
-        updated = {i.id: i for i in name_hosts(self._ranks, now, opened)}
+        scope = self._hosts.same_host(self._ranks, opened) if opened.host else None
+        updated = {i.id: i for i in name_hosts(self._ranks, now, scope)}
         if not updated:
             return transitions
         kept = [updated.pop(i.id, i) for i in transitions]
