@@ -28,6 +28,7 @@ from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
+from antdt.services.monitor.stepcolumns import StepColumns, all_acceptable
 from antdt.services.monitor.windows import WindowStats, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
@@ -118,6 +119,25 @@ class JobDetector:
         if reason is not None:
             self.rejected[reason] += 1
             return []
+        return self._accept(fields, now)
+
+    def ingest_step(self, columns: StepColumns, now: float) -> list[Incident]:
+        """`ingest_fields` of every row of `columns` (a step of many ranks), in order, at
+        `now`: the same state and transitions, screened in bulk when no row is bad."""
+        now = self._tick(now)
+        accept, transitions = self._accept, []
+        if all_acceptable(columns, self._ranks, self.job):
+            for fields in columns.rows():
+                found = accept(fields, now)  # type: ignore[arg-type]
+                if found:
+                    transitions += found
+            return transitions
+        for fields in columns.rows():
+            transitions += self.ingest_fields(fields, now)  # type: ignore[arg-type]
+        return transitions
+
+    def _accept(self, fields: StepFields, now: float) -> list[Incident]:
+        """An event `_rejection` passed, at `now` (the clock already moved)."""
         rank, step, plan = self._ranks[fields[1]], fields[3], fields[4]
         transitions = []
         if rank.stall is not None:
@@ -372,4 +392,4 @@ def _with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) ->
     return judged
 
 
-__all__ = ["DetectorConfig", "JobDetector", "StepFields"]
+__all__ = ["DetectorConfig", "JobDetector", "StepColumns", "StepFields"]
