@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from antdt.schemas import JobHealth
 from antdt.services.monitor import JobDetector, StepColumns
 from antdt.services.monitor.stepcolumns import all_acceptable
 
@@ -70,6 +71,8 @@ def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool) -> Non
     assert batched.open_incidents == one.open_incidents != ()
     assert batched.discarded_windows == one.discarded_windows
     assert 0 < bulk < STEPS  # both paths taken: screened in bulk, and row by row
+    health = batched.health(now)  # its rows built unvalidated: they pass the wire's checks
+    assert JobHealth.model_validate_json(health.model_dump_json()) == health
 
 
 def test_steps_of_another_job_or_with_no_rows_change_nothing() -> None:
