@@ -1,7 +1,7 @@
 """`JobDetector.ingest_step` (a step of many ranks as columns) against `ingest_fields`
 (one event at a time): the same random streams, with stragglers, a slow host, a new plan,
 missing ranks, late, duplicate and poisoned rows, give the same transitions, health and
-rejections, step by step."""
+rejections, step by step; a health's per-window figures, made once per window."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 
 from antdt.schemas import JobHealth
 from antdt.services.monitor import JobDetector, StepColumns
+from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.stepcolumns import all_acceptable
+from antdt.services.monitor.windows import step_figures, summarize
 
 JOB = "columns"
 RANKS, PER_HOST, STEPS = 12, 4, 140
@@ -83,3 +85,17 @@ def test_steps_of_another_job_or_with_no_rows_change_nothing() -> None:
     assert detector.ingest_step(empty, 2.0) == []
     assert detector.rejected == {"wrong_job": 1}
     assert detector._ranks[0].last_step == -1  # nothing remembered
+
+
+def test_step_figures_are_the_window_properties_in_one_pass() -> None:
+    """What a health reads of each rank's window (memoized per window): the same floats."""
+    rng = random.Random(5)
+    for _ in range(50):
+        rows = [
+            (rng.choice((0, 16, 32)), rng.uniform(0.0, 0.05), rng.uniform(0.0, 0.01), m, s)
+            for m, s in ((rng.uniform(0.0, 0.02), rng.uniform(0.0, 0.1)) for _ in range(8))
+        ]
+        stats = summarize(rows, (), 0.0, ReferenceConfig())
+        if stats is None:
+            continue
+        assert step_figures(stats) == (stats.step_s, stats.samples, stats.comm_s, stats.overhead_s)

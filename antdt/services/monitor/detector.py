@@ -344,7 +344,7 @@ class JobDetector:
             # stays out of the other ranks' figures.
             rank.warmup_left -= 1
             return []
-        rank.previous, rank.stats = stats.costs, stats
+        rank.previous, rank.stats, rank.figures = stats.costs, stats, None
         rank.judged = self._judge.update(rank.judged, stats, rank.link_rtt_s)
         reference = self._judge.reference()
         opening = rank.deviation is None
