@@ -36,10 +36,9 @@ _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
 class StepFields(NamedTuple):
     """Every field of a StepEvent ingest reads, in this order (samples to step_s are a
-    Row). `ingest` reads them with one C call per event (attribute reads on a pydantic
-    model go through its __getattr__ hook); a caller with rows of figures, not events (a
-    replay of a million steps), passes them to `ingest_fields` as they are: a plain tuple
-    will do, without the link's round trip when it has none."""
+    Row), read with one C call per event. A caller with rows of figures, not events,
+    passes them to `ingest_fields` as plain tuples (the link's round trip optional), or
+    a step of many ranks to `ingest_step` as columns."""
 
     job: str
     rank: int
