@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import Protocol
 
 import numpy as np
 
@@ -20,15 +20,13 @@ from antdt.services.controller.actions import AdjustBatchAction, KillRestartActi
 from antdt.services.controller.plans import initial_plan, next_plan
 from antdt.services.controller.policies import JobView, load_policy
 from antdt.services.controller.view import remaining_samples
-from antdt.services.monitor.detector import JobDetector
+from antdt.services.monitor.detector import JobDetector, StepColumns
 from antdt.sharing import ShareParams
 from antdt.sim.cluster import Bools, Cluster, Episodes, Floats
 from antdt.sim.files import ScenarioFile
 from antdt.sim.sharing import SharedStep, SharingModel
 
 JOB = "sim"
-#: The detector's ingest_fields, fed plain tuples (as its docstring allows).
-_Ingest = Callable[[tuple[object, ...], float], list[Incident]]
 #: Called after each simulated step with the number of steps done in this run.
 Progress = Callable[[int], None]
 
@@ -77,6 +75,7 @@ class _Loop:
         self.detector = JobDetector(JOB, scenario.ranks)
         self.hosts = {r: f"node{r // scenario.ranks_per_node}" for r in range(scenario.ranks)}
         self.host_names = [self.hosts[r] for r in range(scenario.ranks)]
+        self.rank_ids = list(range(scenario.ranks))
         self.spares = [f"spare{i}" for i in range(scenario.spares)]
         self.restart_ledger = RestartLedger()
         self.last_action_at: float | None = None
@@ -85,28 +84,26 @@ class _Loop:
         self.moved: list[int] = []  # ranks moved to a spare node, not yet told the cluster
 
     def feed(self, s: int, wall: float, done: SharedStep, link: Floats) -> None:
-        """Every rank's step event into the detector (the samples it computed and the
-        seconds it spent on them), its transitions kept for later."""
-        started = self.now - wall
-        sc = self.scenario
-        batches = self.batches.astype(np.int64).tolist()
-        samples = np.rint(done.samples).astype(np.int64).tolist()
-        waits = np.maximum(0.0, wall - done.busy_s).tolist()
-        rtts = (sc.link_rtt_s * link).tolist()
-        version, hosts = self.plan.version, self.host_names
-        ingest = cast(
-            Callable[[tuple[object, ...], float], list[Incident]], self.detector.ingest_fields
+        """Every rank's step event into the detector, as one step's columns (the samples
+        each rank computed and the seconds it spent on them), its transitions kept."""
+        n, now = self.scenario.ranks, self.now
+        columns = StepColumns(
+            JOB,
+            self.rank_ids,
+            self.host_names,
+            [s] * n,
+            [self.plan.version] * n,
+            self.batches.astype(np.int64).tolist(),
+            [now - wall] * n,
+            [now] * n,
+            np.rint(done.samples).astype(np.int64).tolist(),
+            done.busy_s.tolist(),
+            [0.0] * n,
+            np.maximum(0.0, wall - done.busy_s).tolist(),
+            [wall] * n,
+            (self.scenario.link_rtt_s * link).tolist(),
         )
-        now = self.now
-        for r, (c, b, n, w, rtt) in enumerate(
-            zip(done.busy_s.tolist(), batches, samples, waits, rtts, strict=True)
-        ):
-            found = ingest(
-                (JOB, r, hosts[r], s, version, b, started, now, n, c, 0.0, w, wall, rtt),  # type: ignore[arg-type]
-                now,
-            )
-            if found:
-                self.pending.extend(found)
+        self.pending.extend(self.detector.ingest_step(columns, now))
 
     def decide(self, s: int) -> list[object]:
         """The policy's actions on the health now. The view carries every open incident,

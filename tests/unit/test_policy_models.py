@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from antdt.schemas import Incident, JobSpec, RankState
+from antdt.schemas import Incident, IncidentState, JobSpec, RankState
 from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
 from antdt.services.controller.policies import AdjustBatchAction, JobView, LbBspPolicy
 from antdt.services.controller.policies.judged import judged_models, measured_speeds
@@ -269,6 +269,27 @@ def test_the_models_get_fit_steps_after_a_switch_and_an_onset(
         job_spec=spec(policy_params=params),
         **overrides,
     )
+    assert (plan_of(v) is not None) is acts
+
+
+@pytest.mark.parametrize(
+    ("step", "slow_for_steps", "state", "acts"),
+    [
+        (95, 11.0, IncidentState.OPENED, True),  # its history holds 11 + 5 slow steps
+        (95, 10.0, IncidentState.OPENED, False),  # 10 + 5 < 16
+        (95, 40.0, IncidentState.ESCALATED, True),  # an escalation restarts no history
+        (95, 0.0, IncidentState.ESCALATED, False),  # no run known: from the state's step
+    ],
+)
+def test_the_models_hold_the_slow_run_the_monitor_kept(
+    step: int, slow_for_steps: float, state: IncidentState, acts: bool
+) -> None:
+    """The monitor keeps a rank's slow run (`slow_for_steps` steps) in its history when
+    it turns slow: the wait counts from the run's start, not from the incident's state."""
+    held = slow_incident(3, step=step).model_copy(
+        update={"state": state, "evidence": {"slow_for_steps": slow_for_steps}}
+    )
+    v = model_view(ONE_SLOW, incidents=(held,))
     assert (plan_of(v) is not None) is acts
 
 

@@ -196,3 +196,19 @@ def test_batch_levels_keep_sizes_with_enough_steps() -> None:
 def test_config_refuses_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SpeedConfig(**kwargs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_history_at_one_batch_fits_as_batch_levels_say(seed: int) -> None:
+    """The one-batch shortcut of fit_speed (a few C calls) gives batch_levels' level,
+    and steps at a second batch, or a step with nothing measured, take the long way."""
+    from antdt.services.monitor.speed import _one_batch
+
+    rng, config = random.Random(seed), SpeedConfig()
+    assert _one_batch([], config) is None
+    for count in (1, 7, 8, 12, 96):
+        history = [(32, 0.032 * rng.lognormvariate(0.0, 0.1)) for _ in range(count)]
+        assert _one_batch(history, config) == batch_levels(history, config)
+        for odd in ((16, 0.02), (32, 0.0), (0, 0.01), (32, float("nan")), (32, float("inf"))):
+            assert _one_batch([*history, odd], config) is None
+    assert fit_speed(steps(32, 0.04, 8), 8.0) == SpeedModel(0.008, 0.001, 1)

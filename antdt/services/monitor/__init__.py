@@ -1,5 +1,5 @@
 """Monitor: straggler detection (pure core in `detector`; the NATS shell is `service`)."""
 
-from antdt.services.monitor.detector import DetectorConfig, JobDetector, StepFields
+from antdt.services.monitor.detector import DetectorConfig, JobDetector, StepColumns, StepFields
 
-__all__ = ["DetectorConfig", "JobDetector", "StepFields"]
+__all__ = ["DetectorConfig", "JobDetector", "StepColumns", "StepFields"]

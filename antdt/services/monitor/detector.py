@@ -22,12 +22,13 @@ from antdt.schemas import (
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow
-from antdt.services.monitor.hosts import name_hosts
+from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
+from antdt.services.monitor.stepcolumns import StepColumns, all_acceptable
 from antdt.services.monitor.windows import WindowStats, summarize
 
 _MAX_S = 1e7  # the wire contract's largest duration, seconds
@@ -35,10 +36,9 @@ _MAX_S = 1e7  # the wire contract's largest duration, seconds
 
 class StepFields(NamedTuple):
     """Every field of a StepEvent ingest reads, in this order (samples to step_s are a
-    Row). `ingest` reads them with one C call per event (attribute reads on a pydantic
-    model go through its __getattr__ hook); a caller with rows of figures, not events (a
-    replay of a million steps), passes them to `ingest_fields` as they are: a plain tuple
-    will do, without the link's round trip when it has none."""
+    Row), read with one C call per event. A caller with rows of figures, not events,
+    passes them to `ingest_fields` as plain tuples (the link's round trip optional), or
+    a step of many ranks to `ingest_step` as columns."""
 
     job: str
     rank: int
@@ -96,6 +96,7 @@ class JobDetector:
         self._open = OpenIncidents(job, epoch)
         self._pace = Pace(self.config, world_size)
         self._closed = 0  # windows closed since the fixed part was last refitted
+        self._hosts = HostIndex()
 
     @property
     def open_incidents(self) -> tuple[Incident, ...]:
@@ -117,6 +118,25 @@ class JobDetector:
         if reason is not None:
             self.rejected[reason] += 1
             return []
+        return self._accept(fields, now)
+
+    def ingest_step(self, columns: StepColumns, now: float) -> list[Incident]:
+        """`ingest_fields` of every row of `columns` (a step of many ranks), in order, at
+        `now`: the same state and transitions, screened in bulk when no row is bad."""
+        now = self._tick(now)
+        accept, transitions = self._accept, []
+        if all_acceptable(columns, self._ranks, self.job):
+            for fields in columns.rows():
+                found = accept(fields, now)  # type: ignore[arg-type]
+                if found:
+                    transitions += found
+            return transitions
+        for fields in columns.rows():
+            transitions += self.ingest_fields(fields, now)  # type: ignore[arg-type]
+        return transitions
+
+    def _accept(self, fields: StepFields, now: float) -> list[Incident]:
+        """An event `_rejection` passed, at `now` (the clock already moved)."""
         rank, step, plan = self._ranks[fields[1]], fields[3], fields[4]
         transitions = []
         if rank.stall is not None:
@@ -203,6 +223,7 @@ class JobDetector:
             self.rejected[reason] += 1
             return
         processes.started(self._ranks[hello.rank], hello, now, self.config.warmup_windows)
+        self._hosts.moved()
         self._last_heard_at = now
         self._rewind = True  # health keeps the last step until the restarted run's first
 
@@ -212,6 +233,7 @@ class JobDetector:
         now = self._tick(now)
         if incident.id in self._open or incident.job != self.job:
             return None
+        self._hosts.moved()
         return processes.adopt(self._ranks, incident, now, self._open)
 
     def stall_limit_s(self) -> float:
@@ -266,7 +288,9 @@ class JobDetector:
 
     def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:
         _, _, host, step, plan, local_batch, _, ended_at = fields[:8]
-        rank.host = host
+        if host != rank.host:
+            rank.host = host
+            self._hosts.moved()
         rank.last_step = step
         rank.last_ended_at = ended_at
         rank.last_seen_at = self._last_heard_at = now
@@ -319,7 +343,7 @@ class JobDetector:
             # stays out of the other ranks' figures.
             rank.warmup_left -= 1
             return []
-        rank.previous, rank.stats = stats.costs, stats
+        rank.previous, rank.stats, rank.figures = stats.costs, stats, None
         rank.judged = self._judge.update(rank.judged, stats, rank.link_rtt_s)
         reference = self._judge.reference()
         opening = rank.deviation is None
@@ -340,7 +364,8 @@ class JobDetector:
     def _named(self, transitions: list[Incident], now: float, opened: RankMemory) -> list[Incident]:
         """`transitions` with the hosts whose ranks slowed together named (`opened`'s
         SLOW incident just opened): an incident updated here replaces its transition."""
-        updated = {i.id: i for i in name_hosts(self._ranks, now, opened)}
+        scope = self._hosts.same_host(self._ranks, opened) if opened.host else None
+        updated = {i.id: i for i in name_hosts(self._ranks, now, scope)}
         if not updated:
             return transitions
         kept = [updated.pop(i.id, i) for i in transitions]
@@ -366,4 +391,4 @@ def _with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) ->
     return judged
 
 
-__all__ = ["DetectorConfig", "JobDetector", "StepFields"]
+__all__ = ["DetectorConfig", "JobDetector", "StepColumns", "StepFields"]

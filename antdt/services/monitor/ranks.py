@@ -10,11 +10,19 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from antdt.schemas import ExitReason, Incident, IncidentKind, JobHealth, RankHealth, RankState
+from antdt.schemas import (
+    ExitReason,
+    Incident,
+    IncidentKind,
+    JobHealth,
+    RankHealth,
+    RankState,
+    trusted,
+)
 from antdt.services.monitor.judge import Figures, Judgement
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
-from antdt.services.monitor.windows import Row, WindowStats
+from antdt.services.monitor.windows import Row, StepFigures, WindowStats, step_figures
 
 #: Steps of a rank's history its speed model is fitted on.
 HISTORY_STEPS = 96
@@ -70,6 +78,9 @@ class RankMemory:
     helped: Counter[int] = field(default_factory=Counter)
     # its latest windows judged normal: a communication straggler's step time before onset
     normal_windows: deque[WindowStats] = field(default_factory=_normal_windows)
+    # step_figures of `stats`, made at the first read after each close (a memo: a health
+    # reads every rank's, about once a second, a window closes every W steps)
+    figures: tuple[WindowStats, StepFigures] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,18 @@ class JobProgress:
 
 def median_step_s(ranks: list[RankMemory]) -> float:
     """Median over ranks of their latest window's median step time; 0 before any."""
-    steps = [r.stats.step_s for r in ranks if r.stats is not None]
+    steps = [f.step_s for f in map(latest_figures, ranks) if f is not None]
     return statistics.median(steps) if steps else 0.0
+
+
+def latest_figures(rank: RankMemory) -> StepFigures | None:
+    """`step_figures` of the rank's latest closed window (None: none yet)."""
+    stats, memo = rank.stats, rank.figures
+    if stats is None:
+        return None
+    if memo is None or memo[0] is not stats:
+        memo = rank.figures = (stats, step_figures(stats))
+    return memo[1]
 
 
 def job_health(
@@ -98,13 +119,14 @@ def job_health(
     B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
     nor the communication of the rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
-    step_s = statistics.median(s.step_s for s in measured) if measured else 0.0
-    batch = sum(s.samples for s in measured)
+    figures = [f for f in map(latest_figures, ranks) if f is not None]
+    step_s = statistics.median(f.step_s for f in figures) if figures else 0.0
+    batch = sum(f.samples for f in figures)
     efficiency = 1.0
     if measured and step_s > 0:
         speed = sum(s.samples_per_s for s in measured)
-        ideal = batch / speed + min(s.overhead_s for s in measured)
-        ideal += min(s.comm_s for s in measured)
+        ideal = batch / speed + min(f.overhead_s for f in figures)
+        ideal += min(f.comm_s for f in figures)
         efficiency = min(1.0, max(0.0, ideal / step_s))
     return JobHealth(
         job=progress.job,
@@ -130,19 +152,25 @@ def rank_state(rank: RankMemory) -> RankState:
 
 
 def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth:
+    """The rank's row, built `trusted`: its figures are the detector's own (shares
+    clamped, speeds positive), and the receiver of the health validates it anyway; a
+    health of 10,000 rows spent most of its time validating them."""
     stats = rank.stats
-    return RankHealth(
-        rank=rank.rank,
-        host=rank.host,
-        state=rank_state(rank),
-        last_step=max(rank.last_step, 0),
-        local_batch=rank.local_batch,
-        samples_per_s=stats.samples_per_s if stats else 0.0,
-        compute_s_per_sample=stats.compute_per_sample if stats else 0.0,
-        ratio=rank.judgement.ratio if rank.judgement else 1.0,
-        data_wait_share=stats.data_share if stats else 0.0,
-        comm_share=stats.comm_share if stats else 0.0,
-        fixed_s=model.fixed_s if model else None,
-        per_sample_s=model.per_sample_s if model else None,
-        helped=dict(rank.helped) if rank.helped else None,
+    return trusted(
+        RankHealth,
+        {
+            "rank": rank.rank,
+            "host": rank.host,
+            "state": rank_state(rank),
+            "last_step": max(rank.last_step, 0),
+            "local_batch": rank.local_batch,
+            "samples_per_s": stats.samples_per_s if stats else 0.0,
+            "compute_s_per_sample": stats.compute_per_sample if stats else 0.0,
+            "ratio": rank.judgement.ratio if rank.judgement else 1.0,
+            "data_wait_share": stats.data_share if stats else 0.0,
+            "comm_share": stats.comm_share if stats else 0.0,
+            "fixed_s": model.fixed_s if model else None,
+            "per_sample_s": model.per_sample_s if model else None,
+            "helped": dict(rank.helped) if rank.helped else None,
+        },
     )

@@ -70,6 +70,27 @@ class WindowStats(NamedTuple):
         return _median([d / n for n, c, d, _, _ in self.rows if n > 0 and c > 0])
 
 
+class StepFigures(NamedTuple):
+    """A window's medians that only the health and the stall limit read (WindowStats'
+    properties of the same names), made in one pass."""
+
+    step_s: float
+    samples: float
+    comm_s: float
+    overhead_s: float
+
+
+def step_figures(stats: WindowStats) -> StepFigures:
+    """`stats.step_s`, `.samples`, `.comm_s` and `.overhead_s`, the same floats."""
+    steps, samples, comm, overhead = [], [], [], []
+    for n, c, _, m, s in stats.rows:
+        steps.append(s)
+        samples.append(n)
+        comm.append(m)
+        overhead.append(max(0.0, s - c - m))
+    return StepFigures(_median(steps), _median(samples), _median(comm), _median(overhead))
+
+
 def summarize(
     rows: Sequence[Row],
     previous: Sequence[float],

@@ -189,14 +189,16 @@ def _cpu_plan(
 
 def _models_behind(view: JobView, params: LbBspParams) -> bool:
     """Whether the models may lack `fit_steps` steps of a rank at its current batch and
-    speed: since the plan in force took effect, and since each open incident reached its
-    state (the monitor restarts a rank's history when it turns slow). Until then a plan
-    would come from a model without the new batch or the job's fixed part: a chase."""
+    speed: since the plan in force took effect, and since each open incident's slow run
+    began (the monitor restarts a rank's history when it turns slow, keeping the run's
+    `slow_for_steps` steps). Until then a plan would come from a model without the new
+    batch or the job's fixed part: a chase."""
     assert view.health is not None
     since = view.plan.effective_step if view.plan.version > 0 else 0
     for incident in view.open_incidents:
         if _actionable(incident):
-            since = max(since, incident.step)
+            run = int(incident.evidence.get("slow_for_steps", 0.0))
+            since = max(since, incident.step - run)
     return view.health.step < since + params.fit_steps
 
 

@@ -1,0 +1,78 @@
+"""One step of many ranks as columns, for `JobDetector.ingest_step`. Pure, no numpy:
+the columns are any sequences (lists, or numpy arrays turned to lists by the caller).
+
+A step whose rows are all acceptable is screened in bulk, with builtins that run at C
+speed over whole columns; any doubt and the detector screens row by row, exactly as
+`ingest_fields` would."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter, gt, le
+from typing import NamedTuple
+
+from antdt.services.monitor.ranks import RankMemory
+
+_MAX_S = 1e7  # the wire contract's largest duration, seconds (as the detector's)
+_last_step = attrgetter("last_step")
+_last_ended_at = attrgetter("last_ended_at")
+
+
+class StepColumns(NamedTuple):
+    """StepEvent fields of one step, one sequence per field and one row per event (the
+    job's, as the events name it); rows are ingested in order. `link_rtt_s`: None when
+    no event carries a round trip."""
+
+    job: str
+    rank: Sequence[int]
+    host: Sequence[str]
+    step: Sequence[int]
+    plan_version: Sequence[int]
+    local_batch: Sequence[int]
+    started_at: Sequence[float]
+    ended_at: Sequence[float]
+    samples: Sequence[int]
+    compute_s: Sequence[float]
+    data_wait_s: Sequence[float]
+    comm_s: Sequence[float]
+    step_s: Sequence[float]
+    link_rtt_s: Sequence[float | None] | None = None
+
+    def rows(self) -> Iterator[tuple[object, ...]]:
+        """Each row as the tuple `ingest_fields` takes (StepFields order)."""
+        columns = self[1:] if self.link_rtt_s is not None else self[1:-1]
+        return zip(repeat(self.job), *columns)  # type: ignore[call-overload, no-any-return]
+
+
+def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) -> bool:
+    """True only when `ingest_fields` would reject none of the rows (False: maybe some):
+    one job, distinct ranks of the job, finite durations in range, times in order and
+    after each rank's last step."""
+    c = columns
+    n = len(c.rank)
+    if c.job != job or n == 0:
+        return c.job == job
+    if min(c.rank) < 0 or max(c.rank) >= len(ranks) or len(set(c.rank)) != n:
+        return False
+    if min(c.samples) < 0 or min(c.started_at) < 0.0 or not math.isfinite(max(c.ended_at)):
+        return False
+    if not all(map(le, c.started_at, c.ended_at)):  # False on a NaN too
+        return False
+    for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
+        total = sum(figures)
+        if total != total or min(figures) < 0.0 or max(figures) > _MAX_S:  # NaN, range
+            return False
+    memories = [ranks[r] for r in c.rank]
+    if not all(map(gt, c.step, map(_last_step, memories))):
+        return False
+    return all(
+        ended >= last_ended or last_step < 0
+        for ended, last_ended, last_step in zip(
+            c.ended_at, map(_last_ended_at, memories), map(_last_step, memories), strict=True
+        )
+    )
+
+
+__all__ = ["StepColumns", "all_acceptable"]

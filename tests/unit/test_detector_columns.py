@@ -1,0 +1,101 @@
+"""`JobDetector.ingest_step` (a step of many ranks as columns) against `ingest_fields`
+(one event at a time): the same random streams, with stragglers, a slow host, a new plan,
+missing ranks, late, duplicate and poisoned rows, give the same transitions, health and
+rejections, step by step; a health's per-window figures, made once per window."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from antdt.schemas import JobHealth
+from antdt.services.monitor import JobDetector, StepColumns
+from antdt.services.monitor.reference import ReferenceConfig
+from antdt.services.monitor.stepcolumns import all_acceptable
+from antdt.services.monitor.windows import step_figures, summarize
+
+JOB = "columns"
+RANKS, PER_HOST, STEPS = 12, 4, 140
+
+
+def _stream(seed: int, rtt: bool) -> list[tuple[float, StepColumns]]:
+    """Steps of a job with two stragglers, a host slowing later, a plan halving one
+    rank's batch; each step's rows shuffled, some ranks missing, some rows bad."""
+    rng = random.Random(seed)
+    slow = dict.fromkeys(rng.sample(range(RANKS), 2), rng.uniform(1.8, 3.0))
+    slow_host, host_onset = rng.randrange(RANKS // PER_HOST), rng.randrange(40, 90)
+    replan_at, halved = rng.randrange(30, 100), rng.randrange(RANKS)
+    last: dict[int, tuple[int, float]] = {}
+    t, stream = 1000.0, []
+    for step in range(STEPS):
+        rows = []
+        plan = int(step >= replan_at)
+        for rank in range(RANKS):
+            if rng.random() < 0.07:
+                continue  # missing this step: its event never came
+            batch = 16 if plan and rank == halved else 32
+            factor = slow.get(rank, 1.0) if step > 20 else 1.0
+            if rank // PER_HOST == slow_host and step >= host_onset:
+                factor *= 1.6
+            compute = (0.004 + 0.001 * batch) * factor * rng.lognormvariate(0.0, 0.05)
+            step_s = compute + 0.006
+            row = [rank, f"h{rank // PER_HOST}", step, plan, batch, t, t + step_s, batch]
+            rows.append([*row, compute, 0.0005, 0.005, step_s, rng.uniform(0.004, 0.006)])
+            last[rank] = (step, t)
+        for rank, (then, at) in list(last.items())[: rng.choice((0, 0, 0, 1, 2))]:
+            # a late row (an earlier step), or a duplicate of this step's
+            rows.append([rank, f"h{rank // PER_HOST}", then - rng.randint(0, 1), 0, 32, at])
+            rows[-1] += [at + 0.04, 32, 0.04, 0.0, 0.005, 0.045, 0.005]
+        if rng.random() < 0.05 and rows:
+            rows[rng.randrange(len(rows))][rng.choice((8, 9, 11))] = rng.choice(
+                (float("nan"), -1.0, float("inf"))
+            )
+        rng.shuffle(rows)
+        t += 0.05
+        cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(13)]
+        if not rtt:
+            cols[-1] = None  # type: ignore[call-overload]
+        stream.append((t, StepColumns(JOB, *cols)))  # type: ignore[arg-type]
+    return stream
+
+
+@pytest.mark.parametrize(("seed", "rtt"), [(1, True), (2, False), (3, True), (4, False)])
+def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool) -> None:
+    one, batched = JobDetector(JOB, RANKS), JobDetector(JOB, RANKS)
+    bulk = 0
+    for now, columns in _stream(seed, rtt):
+        bulk += all_acceptable(columns, batched._ranks, JOB)
+        expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
+        assert batched.ingest_step(columns, now) == expected
+        assert batched.health(now) == one.health(now)
+    assert batched.rejected == one.rejected and sum(one.rejected.values()) > 0
+    assert batched.open_incidents == one.open_incidents != ()
+    assert batched.discarded_windows == one.discarded_windows
+    assert 0 < bulk < STEPS  # both paths taken: screened in bulk, and row by row
+    health = batched.health(now)  # its rows built unvalidated: they pass the wire's checks
+    assert JobHealth.model_validate_json(health.model_dump_json()) == health
+
+
+def test_steps_of_another_job_or_with_no_rows_change_nothing() -> None:
+    detector = JobDetector(JOB, 2)
+    row = [[0], ["h0"], [0], [0], [32], [1.0], [1.04], [32], [0.04], [0.0], [0.0], [0.04]]
+    assert detector.ingest_step(StepColumns("other", *row), 2.0) == []  # type: ignore[arg-type]
+    empty = StepColumns(JOB, *([] for _ in range(12)))  # type: ignore[arg-type]
+    assert detector.ingest_step(empty, 2.0) == []
+    assert detector.rejected == {"wrong_job": 1}
+    assert detector._ranks[0].last_step == -1  # nothing remembered
+
+
+def test_step_figures_are_the_window_properties_in_one_pass() -> None:
+    """What a health reads of each rank's window (memoized per window): the same floats."""
+    rng = random.Random(5)
+    for _ in range(50):
+        rows = [
+            (rng.choice((0, 16, 32)), rng.uniform(0.0, 0.05), rng.uniform(0.0, 0.01), m, s)
+            for m, s in ((rng.uniform(0.0, 0.02), rng.uniform(0.0, 0.1)) for _ in range(8))
+        ]
+        stats = summarize(rows, (), 0.0, ReferenceConfig())
+        if stats is None:
+            continue
+        assert step_figures(stats) == (stats.step_s, stats.samples, stats.comm_s, stats.overhead_s)
