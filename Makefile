@@ -150,19 +150,21 @@ bench-test: $(STAMP) $(DLROVER_STAMP) hosttools
 # per decoder and strategy instead of 100: every message of the contract, every reply type
 # and every value read from etcd, from arbitrary bytes and from mutations of a valid one.
 # About 45 minutes on 2 cores at the default (the per-test timeout is lifted).
-# Then the chaos soak (tests/chaos), one per seed of CHAOS_SEEDS: a real job on two
-# replicas of each service and 3-node NATS and etcd clusters, CHAOS_FAULTS faults about
-# CHAOS_EVERY seconds apart, the invariants checked after it; the fault tables print,
-# the timelines go to runs/chaos/. About 12 minutes a seed at the defaults, as measured.
+# Then the chaos soak (tests/chaos), one per seed of CHAOS_SEEDS: a real job (a rank per
+# network-namespace host under torchrun: needs root and iproute2; CHAOS_ARGS=--local runs
+# the ranks under antdt launch here, without link cuts) on two replicas of each service
+# and 3-node NATS and etcd clusters, CHAOS_FAULTS faults about CHAOS_EVERY seconds apart,
+# the invariants checked after it; the fault tables print, the timelines go to
+# runs/chaos/. About 13-15 minutes a seed at the defaults on 2 loaded cores, as measured.
 FUZZ_INPUTS ?= 100000
 CHAOS_SEEDS ?= 1,2,3
 CHAOS_FAULTS ?= 40
 CHAOS_EVERY ?= 15
-chaos: $(STAMP)
+chaos: $(STAMP) hosttools
 	ANTDT_FUZZ_INPUTS=$(FUZZ_INPUTS) $(BIN)/python -m pytest -q -o timeout=0 \
 	  tests/unit/test_fuzz_wire.py tests/unit/test_fuzz_store.py $(PYTEST_ARGS)
 	$(BIN)/python -m tests.chaos --seeds $(CHAOS_SEEDS) --faults $(CHAOS_FAULTS) \
-	  --every $(CHAOS_EVERY) --out runs/chaos
+	  --every $(CHAOS_EVERY) --out runs/chaos $(CHAOS_ARGS)
 
 # On a machine with CUDA: the gpu-marked tests (tests/gpu), then the demo on the GPUs
 # (nccl, one rank per GPU) under antdt launch against embedded servers, and its figures

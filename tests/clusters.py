@@ -17,6 +17,7 @@ from antdt.runtime.config import EtcdSettings, NatsSettings
 from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats
 
 T = TypeVar("T")
+LOOPBACK = "127.0.0.1"
 
 
 def free_ports(n: int) -> list[int]:
@@ -32,24 +33,38 @@ def free_ports(n: int) -> list[int]:
             sock.close()
 
 
-def nats_cluster(root: Path, ports: list[int]) -> list[EmbeddedNats]:
-    """Three nats-server nodes routed to each other (9 ports: routes, clients, monitors)."""
+def nats_cluster(
+    root: Path, ports: list[int], host: str = LOOPBACK, netns: str | None = None
+) -> list[EmbeddedNats]:
+    """Three nats-server nodes routed to each other (9 ports: routes, clients, monitors),
+    bound to `host` (in network namespace `netns`, None: this one)."""
     routes, clients, monitors = ports[0:3], ports[3:6], ports[6:9]
     nodes = []
     for i, route in enumerate(routes):
-        others = [f"nats-route://127.0.0.1:{p}" for p in routes if p != route]
-        cluster = {"name": "antdt", "listen": f"127.0.0.1:{route}", "routes": others}
+        others = [f"nats-route://{host}:{p}" for p in routes if p != route]
+        cluster = {"name": "antdt", "listen": f"{host}:{route}", "routes": others}
         extra = f'server_name: "n{i}"\ncluster {json.dumps(cluster)}\n'
-        node = EmbeddedNats(root / f"nats{i}", port=clients[i], monitor_port=monitors[i])
+        node = EmbeddedNats(
+            root / f"nats{i}", port=clients[i], monitor_port=monitors[i], host=host, netns=netns
+        )
         node.extra_config = extra
         nodes.append(node)
     return nodes
 
 
-def etcd_cluster(root: Path, ports: list[int]) -> list[EmbeddedEtcd]:
-    """Three etcd members of one cluster (6 ports: clients, peers)."""
+def etcd_cluster(
+    root: Path, ports: list[int], host: str = LOOPBACK, netns: str | None = None
+) -> list[EmbeddedEtcd]:
+    """Three etcd members of one cluster (6 ports: clients, peers), bound to `host`."""
     nodes = [
-        EmbeddedEtcd(root / f"etcd{i}", port=ports[i], peer_port=ports[3 + i], name=f"e{i}")
+        EmbeddedEtcd(
+            root / f"etcd{i}",
+            port=ports[i],
+            peer_port=ports[3 + i],
+            name=f"e{i}",
+            host=host,
+            netns=netns,
+        )
         for i in range(3)
     ]
     initial = ",".join(f"{n.name}={n.peer_url}" for n in nodes)
@@ -74,10 +89,16 @@ class Clusters:
 
 
 @contextmanager
-def running_clusters(root: Path) -> Iterator[Clusters]:
-    """Both clusters, up until the block ends."""
+def running_clusters(
+    root: Path, host: str = LOOPBACK, netns: str | None = None
+) -> Iterator[Clusters]:
+    """Both clusters, up until the block ends; bound to `host` in `netns` (a namespace
+    host's address: every port is free there, the ports picked here serve as well)."""
     ports = free_ports(15)
-    nats, etcd = nats_cluster(root, ports[:9]), etcd_cluster(root, ports[9:])
+    nats, etcd = (
+        nats_cluster(root, ports[:9], host, netns),
+        etcd_cluster(root, ports[9:], host, netns),
+    )
     # Started together (an etcd member is ready only with a quorum), by threads that
     # outlive them: a server dies with the thread that started it (PR_SET_PDEATHSIG).
     pool = ThreadPoolExecutor(6)

@@ -1,5 +1,7 @@
-"""`python -m tests.chaos --seeds 1,2,3 --faults 40`: one soak per seed, each one's fault
-table, invariants and timeline picture (under --out); exit 1 when any invariant broke."""
+"""`python -m tests.chaos --seeds 1,2,3 --faults 40`: one soak per seed (the ranks under
+torchrun on network-namespace hosts; `--local`: under antdt launch on this machine, no
+link cut), each one's fault table, invariants and timeline picture (under --out); exit 1
+when any invariant broke."""
 
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ def main() -> int:
     parser.add_argument("--faults", type=int, default=40, help="faults per soak")
     parser.add_argument("--every", type=float, default=15.0, help="seconds between faults")
     parser.add_argument("--out", type=Path, default=Path("runs/chaos"), help="pictures go here")
+    parser.add_argument(
+        "--local", action="store_true", help="ranks under antdt launch here, not on hosts"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     failed = False
@@ -26,7 +31,7 @@ def main() -> int:
         root = args.out / f"run-seed{seed}"  # its servers' data and every process's log
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir()
-        soak = run_soak(seed, args.faults, root, every_s=args.every)
+        soak = run_soak(seed, args.faults, root, every_s=args.every, hosts=not args.local)
         picture = draw(
             soak.steps, soak.records, args.out / f"chaos-seed{seed}.png", f"chaos soak, seed {seed}"
         )

@@ -1,6 +1,7 @@
 """The soak's one executor: does a planned fault to its target and undoes it (restarts
-what was killed, SIGCONT, stops the busy loops). It decides nothing: the schedule
-(antdt.testing.faults) says what and when; this only acts and says what it did."""
+what was killed, SIGCONT, stops the busy loops, brings a cut link up). It decides
+nothing: the schedule (antdt.testing.faults) says what and when; this only acts and says
+what it did."""
 
 from __future__ import annotations
 
@@ -11,22 +12,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from antdt.runtime.servers import EmbeddedEtcd, EmbeddedNats
-from antdt.testing import noisy_neighbour
 from antdt.testing.faults import Fault, FaultKind, Targets
-from tests.chaos.stack import Replicas, rank_pid
+from tests.chaos.jobs import Job
+from tests.chaos.stack import Replicas
 from tests.clusters import Clusters
 
 
-def targets(clusters: Clusters, replicas: Replicas, world: int, cores: list[int]) -> Targets:
-    """What the soak may break; no link cut (no namespace hosts here)."""
-    ranks = [f"rank{r}" for r in range(world)]
+def targets(clusters: Clusters, replicas: Replicas, job: Job) -> Targets:
+    """What the soak may break: the job's ranks and hosts, the replicas, the nodes."""
     return Targets(
-        ranks=ranks,
+        ranks=job.ranks,
         replicas=replicas.names,
         nats=[f"nats{i}" for i in range(len(clusters.nats))],
         etcd=[f"etcd{i}" for i in range(len(clusters.etcd))],
-        hosts=[f"core{c}" for c in cores],
-        processes=ranks + replicas.names,
+        hosts=job.hosts,
+        processes=job.ranks + replicas.names,
     )
 
 
@@ -34,9 +34,7 @@ def targets(clusters: Clusters, replicas: Replicas, world: int, cores: list[int]
 class Injector:
     clusters: Clusters
     replicas: Replicas
-    launcher: int  # the pid of the job's launcher: its children are the ranks
-    world: int
-    cores: list[int]
+    job: Job
     _undo: dict[int, Callable[[], str]] = field(default_factory=dict)
 
     def inject(self, fault: Fault) -> str:
@@ -45,7 +43,7 @@ class Injector:
         if kind is FaultKind.KILL_RANK:
             pid = self._pid(target)
             os.kill(pid, signal.SIGKILL)
-            return f"rank pid {pid} killed -9; the launcher restarts the group"
+            return f"rank pid {pid} killed -9; the group is restarted"
         if kind is FaultKind.KILL_REPLICA:
             pid = self._pid(target)
             os.killpg(pid, signal.SIGKILL)
@@ -62,10 +60,11 @@ class Injector:
             self._undo[fault.number] = lambda: self._resume(pid)
             return f"pid {pid} stopped"
         if kind is FaultKind.CONTEND_CPU:
-            stack = contextlib.ExitStack()
-            stack.enter_context(noisy_neighbour(int(target.removeprefix("core")), processes=2))
-            self._undo[fault.number] = lambda: _stop_neighbours(stack)
-            return "2 busy loops pinned"
+            self._undo[fault.number] = self.job.contend(target)
+            return f"busy loops on {target}"
+        if kind is FaultKind.CUT_LINK:
+            self._undo[fault.number] = self.job.cut(target)
+            return f"{target}'s link down"
         raise ValueError(f"{kind.value}: not injected by this driver")
 
     def undo(self, fault: Fault) -> str | None:
@@ -81,7 +80,7 @@ class Injector:
 
     def _pid(self, target: str) -> int:
         if target.startswith("rank"):
-            pid = rank_pid(self.launcher, int(target.removeprefix("rank")))
+            pid = self.job.rank_pid(int(target.removeprefix("rank")))
         else:
             pid = self.replicas.pid(target)
         if pid is None:
@@ -105,8 +104,3 @@ class Injector:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         return "SIGCONT"
-
-
-def _stop_neighbours(stack: contextlib.ExitStack[bool | None]) -> str:
-    stack.close()
-    return "busy loops stopped"

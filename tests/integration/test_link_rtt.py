@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from antdt.agent.linkprobe import LinkProbe
-from antdt.runtime.bus import Bus
+from antdt.runtime.bus import Bus, BusError
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
@@ -136,3 +136,37 @@ async def test_a_rank_behind_a_slow_link_is_a_communication_straggler(
     assert opened.evidence["link_rtt_s"] == pytest.approx(rtt[SLOW_LINK])
     assert opened.evidence["others_link_rtt_s"] < ONE_WAY_S
     assert monitor.bus.rejections.total() == 0
+
+
+async def test_a_probe_answered_after_its_timeout_leaves_the_connection_reading(
+    bus: Bus, settings: ServiceSettings
+) -> None:
+    """A link cut for longer than a probe's timeout: the PONG comes late. The connection
+    must go on reading (nats-py once died quietly on such a PONG: a rank that heard
+    nothing more, its shard fetches timing out, until its group was restarted)."""
+    host, port = settings.nats.url.split("://", 1)[1].rsplit(":", 1)
+    proxy = DelayingProxy((host, int(port)), 0.3)
+    proxied = settings.nats.model_copy(update={"url": await proxy.start()})
+    late = await Bus(proxied, name="rank-behind-a-late-link").connect()
+    heard: list[StepEvent] = []
+
+    async def on_step(event: StepEvent, _: object) -> None:
+        heard.append(event)
+
+    try:
+        subject = Subjects(settings.nats.subject_prefix).step("latejob", 0)
+        await late.subscribe(subject, StepEvent, on_step)
+        with pytest.raises(BusError, match="no PONG"):
+            await late.rtt(timeout=0.1)
+        await asyncio.sleep(1.0)  # the PONG arrives, late
+        assert await late.rtt(timeout=3.0) >= 0.6
+        with pytest.raises(BusError, match="no PONG"):
+            await late.flush(timeout=0.1)
+        await asyncio.sleep(1.0)
+        sample = step_event("latejob", 0, 1)
+        await bus.publish(subject, sample)
+        await wait_for(lambda: heard, timeout=10, what="a message after the late PONGs")
+        assert heard == [sample]
+    finally:
+        await late.close()
+        await proxy.close()

@@ -157,18 +157,28 @@ class Bus:
         await asyncio.wait_for(nc._flush_pending(force_flush=True), timeout)
         if not nc.is_connected:  # (nats-py's flush returns quietly once its writer is gone)
             raise BusError("not connected to nats-server: nothing confirmed")
-        await nc.flush(timeout=timeout)  # type: ignore[arg-type]
+        await self._ping(timeout)
 
     async def rtt(self, timeout: float = 2.0) -> float:
         """Seconds of one PING/PONG with nats-server: the round trip over this
         connection's link, behind whatever it is still sending. BusError when away."""
-        nc = self.nc
-        if not nc.is_connected:
+        if not self.nc.is_connected:
             raise BusError("not connected to nats-server: no round trip")
-        try:
-            return await nc.rtt(timeout=timeout)  # type: ignore[arg-type]
-        except NatsTimeoutError:
-            raise BusError(f"no PONG from nats-server within {timeout}s") from None
+        return await self._ping(timeout)
+
+    async def _ping(self, timeout: float) -> float:
+        """One PING, its PONG awaited up to `timeout` (else BusError); the round trip.
+        The PING's future is never cancelled: nats-py (2.16) resolves a late PONG's
+        future unchecked, and the InvalidStateError ends its read loop, leaving a
+        connection that reads nothing and never notices. A late PONG resolves it."""
+        loop = asyncio.get_running_loop()
+        pong: asyncio.Future[bool] = loop.create_future()
+        start = loop.time()
+        await self.nc._send_ping(pong)
+        done, _ = await asyncio.wait({pong}, timeout=timeout)
+        if not done:
+            raise BusError(f"no PONG from nats-server within {timeout}s")
+        return loop.time() - start
 
     # -- publish / request -------------------------------------------------------
 

@@ -137,6 +137,10 @@ class HostBed:
             if self._tmp is not None:
                 self._tmp.cleanup()
 
+    def remains(self) -> list[str]:
+        """The bed's namespaces that exist now (once closed: what it left behind)."""
+        return [n for n in _net.namespaces() if n.startswith(f"{self.names.base}-")]
+
     def __enter__(self) -> HostBed:
         return self.open()
 
