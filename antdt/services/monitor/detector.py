@@ -28,10 +28,8 @@ from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
-from antdt.services.monitor.stepcolumns import StepColumns, all_acceptable
+from antdt.services.monitor.stepcolumns import MAX_S, StepColumns, all_acceptable
 from antdt.services.monitor.windows import WindowStats, summarize
-
-_MAX_S = 1e7  # the wire contract's largest duration, seconds
 
 
 class StepFields(NamedTuple):
@@ -267,10 +265,10 @@ class JobDetector:
         # The wire schema refuses these already; checked again (cheap: NaN fails every
         # comparison) so that no caller can poison the medians or the clock.
         if not (
-            0.0 <= c <= _MAX_S
-            and 0.0 <= d <= _MAX_S
-            and 0.0 <= m <= _MAX_S
-            and 0.0 <= s <= _MAX_S
+            0.0 <= c <= MAX_S
+            and 0.0 <= d <= MAX_S
+            and 0.0 <= m <= MAX_S
+            and 0.0 <= s <= MAX_S
             and samples >= 0
         ):
             return "bad_duration"

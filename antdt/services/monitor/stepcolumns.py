@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from antdt.services.monitor.ranks import RankMemory
 
-_MAX_S = 1e7  # the wire contract's largest duration, seconds (as the detector's)
+#: The wire contract's largest duration, seconds: a row past it is refused.
+MAX_S = 1e7
 _last_step = attrgetter("last_step")
 _last_ended_at = attrgetter("last_ended_at")
 
@@ -62,7 +63,7 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
         return False
     for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
         total = sum(figures)
-        if total != total or min(figures) < 0.0 or max(figures) > _MAX_S:  # NaN, range
+        if total != total or min(figures) < 0.0 or max(figures) > MAX_S:  # NaN, range
             return False
     memories = [ranks[r] for r in c.rank]
     if not all(map(gt, c.step, map(_last_step, memories))):
