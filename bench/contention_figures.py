@@ -192,6 +192,7 @@ class Turn:
     none: RunFigures
     balanced: RunFigures
     global_batch: int
+    discarded: int = 0  # runs measured again: their neighbour did not slow its rank
 
     @property
     def ratio(self) -> float:
@@ -226,6 +227,7 @@ def turn_lines(turns: list[Turn], straggler: int) -> list[str]:
             f"x{turn.ceiling_ratio:.2f} (perfect balance at none's rank speeds after onset, "
             f"{', '.join(f'{v:,.0f}' for v in turn.none.speeds_after)} samples/s of compute, "
             f"{turn.none.overhead_s * 1000:.0f} ms a step besides)"
+            + (f"; {turn.discarded} run(s) discarded, no contention" if turn.discarded else "")
         )
     return lines
 
@@ -248,6 +250,7 @@ def contention_row(turns: list[Turn], *, onset: int, straggler: int) -> dict[str
         "ceiling": ceiling,
         "ceilings": ceilings,
         "replanned": replans,
+        "discarded_runs": sum(t.discarded for t in turns),
         "target": f"lb-bsp replans, ratio >= {TARGET_RATIO} (ceiling x{ceiling:.2f}): {met}",
         "details": [
             {"none": t.none.as_dict(), "lb-bsp": t.balanced.as_dict(), "ratio": r, "ceiling": c}

@@ -27,6 +27,7 @@ from bench.contention_figures import (
     plans_run,
     replanned,
     run_figures,
+    turn_lines,
 )
 
 WINDOW = Window(warmup=2, onset=10, settle=6)
@@ -142,7 +143,18 @@ def test_the_row_is_met_only_by_a_new_plan_and_the_ratio() -> None:
     unchanged = figures_of("lb-bsp", slow_from=WINDOW.onset, plans={})
     row = contention_row([Turn(none, unchanged, 128)], onset=WINDOW.onset, straggler=STRAGGLER)
     assert not row["replanned"] and row["target"].endswith(": short")
+    assert row["discarded_runs"] == 0
     json.dumps(row)  # results.json takes it as it is
+
+
+def test_runs_measured_again_are_counted_in_the_row_and_the_lines() -> None:
+    none = figures_of("none", slow_from=WINDOW.onset, plans={})
+    balanced = figures_of("lb-bsp", slow_from=WINDOW.onset, plans={13: (85, 43)})
+    turns = [Turn(none, balanced, 128, discarded=2), Turn(none, balanced, 128)]
+    assert contention_row(turns, onset=WINDOW.onset, straggler=STRAGGLER)["discarded_runs"] == 2
+    first, second = [line for line in turn_lines(turns, STRAGGLER) if "lb-bsp/none" in line]
+    assert first.endswith("; 2 run(s) discarded, no contention")
+    assert "discarded" not in second
 
 
 needs_two_cores = pytest.mark.skipif(len(cores()) < WORLD, reason=f"pins {WORLD} ranks")
@@ -176,7 +188,9 @@ async def test_the_short_row_has_the_figures_of_both_policies(
 async def test_a_neighbour_that_cannot_slow_the_rank_fails_the_row(
     cluster: EmbeddedCluster, tmp_path: Path
 ) -> None:
-    absent = dataclasses.replace(SHORT, neighbours=0)  # no process shares the rank's core
+    # No process shares the rank's core: every attempt is discarded, the last one fails.
+    absent = dataclasses.replace(SHORT, neighbours=0, attempts=2)
     with pytest.raises(NeighbourTooWeak, match="none run: the noisy neighbour slowed rank 1"):
         await contention_rows(cluster, absent, tmp_path)
-    assert not (tmp_path / "0-lb-bsp").exists()  # it stopped at the first run
+    assert (tmp_path / "0-none-again1" / "progress.jsonl").exists()  # measured again once
+    assert not (tmp_path / "0-none-again2").exists() and not (tmp_path / "0-lb-bsp").exists()
