@@ -8,19 +8,16 @@ granted to one rank and done exactly once (overload_shards.py)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
 from antdt.runtime.bus import Bus
-from antdt.runtime.cpubudget import CpuBudget, detect
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.runtime.store import Store
-from antdt.schemas import JobSpec, Keys, RankHello, Subjects
+from antdt.schemas import JobSpec, RankHello, Subjects
 from bench.cases import _settings
-from bench.overload_process import RawPublisher, ServiceProcess, paced, settled
+from bench.overload_process import RawPublisher, ServiceProcess, paced, replica, settled
 from bench.overload_shards import drive_shards
 from bench.publisher import _template
 
@@ -61,19 +58,15 @@ async def bench_monitor_overload(
     that rate for `seconds`, with a step backlog of `backlog_mb` MiB."""
     base = _settings(cluster, f"ovm{time.monotonic_ns() % 10**9}")
     subjects, job = Subjects(base.nats.subject_prefix), "overload"
-    store = await Store(base.etcd).connect()
     spec = JobSpec(
         job=job, world_size=RANKS, dataset_size=10**6, shard_size=1000, global_batch=RANKS
     )
-    await store.put(Keys(base.etcd.key_prefix).spec(job), spec.model_dump_json().encode())
-    await store.close()
     config = {**base.model_dump(), "step_backlog_bytes": backlog_mb * 2**20}
-    service = await ServiceProcess.start("monitor", config)
-    budget = CpuBudget(f"antdt-ovm-{os.getpid()}", MONITOR_CPUS, *detect()).create()
-    budget.add(service.process.pid)
-    bus = await Bus(base.nats, name="bench-overload").connect()
     events = step_events(base.nats.subject_prefix, job, 1)
-    try:
+    async with replica(
+        "monitor", base, spec, config=config, buses=("bench-overload",), cpus=MONITOR_CPUS
+    ) as run:
+        service, (bus,) = run.service, run.buses
         await _take_on(bus, subjects, job, service, next(events))
         publisher = await RawPublisher.connect(base.nats.url)
         before, started = await service.metric(INGESTED), time.perf_counter()
@@ -94,11 +87,6 @@ async def bench_monitor_overload(
         stop.set()
         await sampling
         final = await service.status()
-    finally:
-        alive = service.alive
-        await service.stop()
-        await bus.close()
-        budget.remove()
     dropped = final["metrics"].get("antdt.monitor.events.rejected", {}).get("slow_consumer", 0)
     return {
         "sustainable_per_s": rate,
@@ -113,7 +101,7 @@ async def bench_monitor_overload(
         "rss_peak_mb": service.peak_rss / 2**20,
         "backlog_mb": backlog_mb,
         "monitor_cpus": MONITOR_CPUS,
-        "alive": alive,
+        "alive": run.lived,
     }
 
 

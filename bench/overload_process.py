@@ -8,13 +8,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import ServiceSettings
+from antdt.runtime.cpubudget import CpuBudget, detect
+from antdt.runtime.store import Store
+from antdt.schemas import JobSpec, Keys
 from bench.children import start_module
 
 ANSWER = "@overload "
@@ -72,6 +79,55 @@ class ServiceProcess:
         if self.alive:
             self.process.terminate()
             await self.process.wait()
+
+
+@dataclass
+class Replica:
+    """A replica under load and the bench's own connections to the bus."""
+
+    service: ServiceProcess
+    buses: tuple[Bus, ...]
+    lived: bool = False  # whether the replica was alive when the run ended
+
+
+@contextlib.asynccontextmanager
+async def replica(
+    kind: str,
+    settings: ServiceSettings,
+    spec: JobSpec,
+    *,
+    config: dict[str, Any] | None = None,
+    buses: tuple[str, ...] = (),
+    cpus: float | None = None,
+) -> AsyncIterator[Replica]:
+    """The job's spec in etcd, a `kind` replica in a process of its own (`config`: its
+    settings, `settings` by default; in a CPU budget of `cpus` where given) and one bus
+    connection per name in `buses`: all taken down however the block ends, in reverse,
+    the replica's liveness recorded first."""
+    store = await Store(settings.etcd).connect()
+    try:
+        await store.put(
+            Keys(settings.etcd.key_prefix).spec(spec.job), spec.model_dump_json().encode()
+        )
+    finally:
+        await store.close()
+    async with contextlib.AsyncExitStack() as stack:
+        service = await ServiceProcess.start(kind, config or settings.model_dump())
+        stack.push_async_callback(service.stop)
+        if cpus is not None:
+            budget = CpuBudget(f"antdt-ov{kind[0]}-{os.getpid()}", cpus, *detect()).create()
+            stack.callback(budget.remove)
+            budget.add(service.process.pid)
+        connected = []
+        for name in buses:
+            bus = await Bus(settings.nats, name=name).connect()
+            stack.push_async_callback(bus.close)
+            connected.append(bus)
+        run = Replica(service, tuple(connected))
+        try:
+            yield run
+        finally:
+            run.lived = service.alive
 
 
 class RawPublisher:

@@ -13,13 +13,11 @@ from typing import Any
 
 from antdt.runtime.bus import Bus, BusError, RequestRefused
 from antdt.runtime.servers import EmbeddedCluster
-from antdt.runtime.store import Store
 from antdt.schemas import (
     REPLY_HEADER,
     ErrorReply,
     FetchStatus,
     JobSpec,
-    Keys,
     ShardFetch,
     ShardReply,
     ShardStatus,
@@ -27,7 +25,7 @@ from antdt.schemas import (
     Subjects,
 )
 from bench.cases import _settings
-from bench.overload_process import RawPublisher, ServiceProcess, paced, settled
+from bench.overload_process import RawPublisher, paced, replica, settled
 
 RANKS = 64
 
@@ -123,40 +121,35 @@ async def drive_shards(
     base = _settings(cluster, f"ovs{time.monotonic_ns() % 10**9}")
     subjects, job = Subjects(base.nats.subject_prefix), "overload"
     spec = JobSpec(job=job, world_size=RANKS, dataset_size=shards, shard_size=1, global_batch=RANKS)
-    store = await Store(base.etcd).connect()
-    await store.put(Keys(base.etcd.key_prefix).spec(job), spec.model_dump_json().encode())
-    await store.close()
-    service = await ServiceProcess.start("shards", base.model_dump())
-    bus = await Bus(base.nats, name="bench-overload-ranks").connect()
-    flood_bus = await Bus(base.nats, name="bench-overload-flood").connect()
     subject, ledger = subjects.shards(job, "fetch"), Ledger()
     ranks = [Rank(r) for r in range(RANKS)]
-    try:
+    names = ("bench-overload-ranks", "bench-overload-flood")
+    async with replica("shards", base, spec, buses=names) as run:
+        service, (bus, flood_bus) = run.service, run.buses
         await _ready(bus, subjects, job)
         working = asyncio.gather(*(work(bus, subject, job, r, ledger) for r in ranks))
-        await asyncio.sleep(1.0)  # warm
-        before, started = sum(r.replies for r in ranks), time.perf_counter()
-        await asyncio.sleep(2.0)
-        rate = (sum(r.replies for r in ranks) - before) / (time.perf_counter() - started)
-        if any(r.finished for r in ranks):
-            raise RuntimeError(f"bench: {shards} shards ran out before the flood: give more")
-        rss_base = (await service.status())["rss"]
-        stop = asyncio.Event()
-        sampling = asyncio.create_task(service.sample(stop))
-        publisher = await RawPublisher.connect(base.nats.url)
-        async with Flood(flood_bus, subject, job, ledger) as flood:
-            sent, took = await paced(flood.frames(), publisher, factor * rate, seconds)
-            await publisher.close()
-            await settled(lambda: _answered(flood), idle_s=2.0)
-        await asyncio.wait_for(working, timeout=300)
+        try:
+            await asyncio.sleep(1.0)  # warm
+            before, started = sum(r.replies for r in ranks), time.perf_counter()
+            await asyncio.sleep(2.0)
+            rate = (sum(r.replies for r in ranks) - before) / (time.perf_counter() - started)
+            if any(r.finished for r in ranks):
+                raise RuntimeError(f"bench: {shards} shards ran out before the flood: give more")
+            rss_base = (await service.status())["rss"]
+            stop = asyncio.Event()
+            sampling = asyncio.create_task(service.sample(stop))
+            publisher = await RawPublisher.connect(base.nats.url)
+            async with Flood(flood_bus, subject, job, ledger) as flood:
+                sent, took = await paced(flood.frames(), publisher, factor * rate, seconds)
+                await publisher.close()
+                await settled(lambda: _answered(flood), idle_s=2.0)
+            await asyncio.wait_for(working, timeout=300)
+        finally:
+            working.cancel()  # the ranks stop with the run, however it ends
+            await asyncio.gather(working, return_exceptions=True)
         stop.set()
         await sampling
         final = await service.status()
-    finally:
-        alive = service.alive
-        await service.stop()
-        await bus.close()
-        await flood_bus.close()
     refused = final["metrics"].get("antdt.shards.requests.refused", {})
     every = {(0, s) for s in range(shards)}
     return {
@@ -174,7 +167,7 @@ async def drive_shards(
         "lost": len(every - set(ledger.done)),
         "rss_base_mb": rss_base / 2**20,
         "rss_peak_mb": service.peak_rss / 2**20,
-        "alive": alive,
+        "alive": run.lived,
     }
 
 
