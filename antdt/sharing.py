@@ -159,28 +159,55 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
 SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
+def head_size(samples: int) -> int:
+    """The head of a share that may be offered late: its first half. A rank computes its
+    head in one piece, then knows its pace this step; 0 when there is nothing to split."""
+    return samples // 2 if samples >= 2 else 0
+
+
+def late_offer(head_s: float, head_samples: int, paces: Sequence[Pace], ratio: float) -> bool:
+    """Whether a rank offers the rest of its share (its tail) in the middle of the step:
+    its head took above `ratio` x the median pace of the ranks' last step per sample. A
+    burst's first step is thus shared too, where offers at the step's start come one step
+    late. No known pace (the first step): no offer."""
+    known = [p.own for p in paces if p.own > 0]
+    if head_samples <= 0 or len(known) < 2:
+        return False
+    return head_s / head_samples > ratio * statistics.median(known)
+
+
+def _flag(params: Mapping[str, float | int | str | bool], name: str, default: bool) -> bool:
+    raw = params.get(name, default)
+    if isinstance(raw, str):
+        if raw.lower() not in ("on", "off", "true", "false"):
+            raise ValueError(f"policy param {name}={raw!r}: expected on or off")
+        return raw.lower() in ("on", "true")
+    if not isinstance(raw, bool):
+        raise ValueError(f"policy param {name}={raw!r}: expected on or off")
+    return raw
+
+
 @dataclass(frozen=True)
 class ShareParams:
     """The job's `work_sharing` (on/off; default on under the policies in
-    SHARING_BY_DEFAULT, else off), `share_chunks` and `share_ratio` policy params."""
+    SHARING_BY_DEFAULT, else off), `share_chunks`, `share_ratio` and `share_late` (on/off,
+    default off: offers in the middle of a step too) policy params."""
 
     enabled: bool = False
     chunks: int = DEFAULT_CHUNKS
     ratio: float = DEFAULT_OFFER_RATIO
+    late: bool = False
 
     @classmethod
     def from_params(
         cls, params: Mapping[str, float | int | str | bool], policy: str = "none"
     ) -> ShareParams:
-        raw = params.get("work_sharing", policy in SHARING_BY_DEFAULT)
-        if isinstance(raw, str):
-            if raw.lower() not in ("on", "off", "true", "false"):
-                raise ValueError(f"policy param work_sharing={raw!r}: expected on or off")
-            raw = raw.lower() in ("on", "true")
+        enabled = _flag(params, "work_sharing", policy in SHARING_BY_DEFAULT)
+        late = _flag(params, "share_late", False)
         chunks = params.get("share_chunks", DEFAULT_CHUNKS)
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ValueError(f"policy param share_chunks={chunks!r}: expected an int >= 1")
         ratio = params.get("share_ratio", DEFAULT_OFFER_RATIO)
         if isinstance(ratio, (bool, str)) or not ratio >= 1.0:
             raise ValueError(f"policy param share_ratio={ratio!r}: expected a number >= 1")
-        return cls(bool(raw), chunks, float(ratio))
+        return cls(enabled, chunks, float(ratio), late)

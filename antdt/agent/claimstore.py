@@ -23,6 +23,7 @@ from antdt.sharing import (
     furthest_behind,
     helper_index,
     owner_indices,
+    split,
 )
 
 #: Seconds between reads of an owner's ids slot that still holds an older step's.
@@ -54,6 +55,10 @@ class StoreClaims:
         self._own_left = False
         self._exhausted: set[int] = set()
         self._last_offer: int | None = None
+        self._deciders: frozenset[int] = frozenset()  # may offer late in the open step
+        self._decided = False  # this rank's late decision is made (or it had none)
+        self._joined = False  # the open step's late offers were read
+        self._late_steps: set[int] = set()  # steps with deciders whose keys may be left
 
     def _counter(self, step: int, owner: int) -> str:
         return f"{self._prefix}/n/{step}/{owner}"
@@ -61,17 +66,23 @@ class StoreClaims:
     def _ids_key(self, step: int, owner: int) -> str:
         return f"{self._prefix}/ids/{step % 2}/{owner}"
 
+    def _late_key(self, step: int, what: str) -> str:
+        return f"{self._prefix}/late/{step}/{what}"
+
     def open(
         self,
         step: int,
         offers: Mapping[int, tuple[int, int]],
         chunks: int,
         own: list[int] | None = None,
+        deciders: frozenset[int] = frozenset(),
     ) -> None:
         """Open `step` with the offers every rank learnt from its count all-reduce:
         owner -> (its samples, its plan's micro-batch, 0 for none). An offering rank
         passes its `own` ids: published here, its counter of the last offer deleted
-        (every rank passed that step's gradient all-reduce, after its last ticket)."""
+        (every rank passed that step's gradient all-reduce, after its last ticket).
+        `deciders`: the ranks that decide after their head whether to offer their tail
+        (`decide_late`); the lowest rank deletes the late keys of two steps before."""
         self._sizes, self._chunks = dict(offers), chunks
         counts = {o: len(cut(range(n), micro, chunks)) for o, (n, micro) in offers.items()}
         self.share = StepShare(step, self.world, {o: c for o, c in counts.items() if c})
@@ -79,11 +90,70 @@ class StoreClaims:
         self._own_left = self.rank in self.share.counts
         if self._own_left:
             assert own is not None and len(own) == offers[self.rank][0]
-            self._batches[self.rank] = cut(own, offers[self.rank][1], chunks)
-            self._store.set(self._ids_key(step, self.rank), json.dumps([step, own]))
-            if self._last_offer is not None:
-                self._store.delete_key(self._counter(self._last_offer, self.rank))
-            self._last_offer = step
+            self._publish(step, own, offers[self.rank][1])
+        self._deciders, self._joined = deciders, not (deciders - {self.rank})
+        self._decided = self.rank not in deciders
+        if self.rank == 0:
+            self._forget_late(step)
+
+    def _publish(self, step: int, ids: list[int], micro: int) -> None:
+        self._batches[self.rank] = cut(ids, micro, self._chunks)
+        self._store.set(self._ids_key(step, self.rank), json.dumps([step, ids]))
+        if self._last_offer is not None:
+            self._store.delete_key(self._counter(self._last_offer, self.rank))
+        self._last_offer = step
+
+    def _forget_late(self, step: int) -> None:
+        """Delete the late keys of the steps with deciders before `step` - 1: every rank
+        passed their gradient all-reduce, after its last read of them."""
+        if self._deciders:
+            self._late_steps.add(step)
+        for old in [s for s in self._late_steps if s < step - 1]:
+            self._late_steps.discard(old)
+            for what in ("decided", "all", "offers"):
+                self._store.delete_key(self._late_key(old, what))
+
+    def decide_late(self, tail: list[int] | None) -> None:
+        """Decide, once in the open step, whether to offer `tail` (the rest of this
+        rank's share, published first) or nothing (None). The last decider's count says so to
+        every helper, with how many offered (one key every helper's `get` waits on)."""
+        step = self.share.step
+        if self._decided:
+            return
+        self._decided = True
+        offered = 0
+        if tail:
+            self._sizes[self.rank] = (len(tail), 0)
+            self._publish(step, tail, 0)
+            count = len(self._batches[self.rank])
+            self.share = StepShare(step, self.world, {**self.share.counts, self.rank: count})
+            self._own_left = True
+            self._store.append(self._late_key(step, "offers"), f"{self.rank}:{len(tail)};")
+            offered = BACK_TICKET
+        value = self._store.add(self._late_key(step, "decided"), 1 + offered)
+        decided, offers = split(value)
+        if decided == len(self._deciders):
+            self._store.set(self._late_key(step, "all"), str(offers))
+
+    def join_late(self) -> bool:
+        """Once a step, with this rank's own work done: wait until every decider decided,
+        then add their late offers to the open step's; whether any other rank offered."""
+        if self._joined:
+            return False
+        self._joined = True
+        self.decide_late(None)  # a decider that never reached its decision offers nothing
+        step = self.share.step
+        if int(self._store.get(self._late_key(step, "all"))) == 0:
+            return False
+        added = {}
+        for entry in self._store.get(self._late_key(step, "offers")).decode().split(";"):
+            if entry:
+                owner, samples = (int(x) for x in entry.split(":"))
+                if owner != self.rank:
+                    self._sizes[owner] = (samples, 0)
+                    added[owner] = len(cut(range(samples), 0, self._chunks))
+        self.share = StepShare(step, self.world, {**self.share.counts, **added})
+        return bool(added)
 
     @property
     def offered(self) -> bool:

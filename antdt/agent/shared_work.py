@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
-from antdt.sharing import Holder, Pace, ShareParams, offering
+from antdt.sharing import Holder, Pace, ShareParams, head_size, late_offer, offering
 
 #: The count all-reduce: the element-wise SUM of every rank's vector.
 AllSum = Callable[[list[int]], list[int]]
@@ -74,6 +74,10 @@ class WorkSharing:
     #: (every rank's `open` computes the same set).
     pace: Pace = field(default_factory=Pace)
     offered: frozenset[int] = frozenset()
+    #: Every rank's paces from the open step's count, and whether this rank decides
+    #: after its head whether to offer its tail (`share_late`).
+    paces: list[Pace] = field(default_factory=list)
+    deciding: bool = False
 
     @property
     def client(self) -> StoreClaims:
@@ -81,22 +85,38 @@ class WorkSharing:
             self._client = self.make_client()
         return self._client
 
-    def open(self, step_index: int, plan: Plan, rank: int, ids: list[int], sums: AllSum) -> int:
-        """The step's count all-reduce, carrying every rank's samples and last paces; the
-        offers it implies are opened (and this rank's published when it offers). Returns
-        the step's total samples."""
+    def open(
+        self,
+        step_index: int,
+        plan: Plan,
+        rank: int,
+        ids: list[int],
+        sums: AllSum,
+        may_decide: bool = True,
+    ) -> int:
+        """The step's count all-reduce, carrying every rank's samples, last paces and
+        whether it may offer late (`share_late`, its share in one piece, `may_decide`:
+        its script's path computes through claims()); the offers it implies are opened
+        (and this rank's published when it offers). Returns the step's total samples."""
         world = len(plan.local_batch)
-        vector = [0] * (3 * world)
+        micro = plan.micro_batch or (0,) * world
+        in_one_piece = micro[rank] == 0 or micro[rank] >= len(ids)
+        late = self.params.late and may_decide and in_one_piece and head_size(len(ids)) > 0
+        vector = [0] * (4 * world)
         vector[rank] = len(ids)
         vector[world + rank] = round(self.pace.own * 1e9)
         vector[2 * world + rank] = round(self.pace.helping * 1e9)
+        vector[3 * world + rank] = int(late)
         summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
         counts = summed[:world]
         paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
         self.offered = offering(paces, self.offered, counts, self.params.ratio)
-        micro = plan.micro_batch or (0,) * world
+        deciders = frozenset(r for r in range(world) if summed[3 * world + r])
+        deciders -= self.offered
         offers = {o: (counts[o], micro[o]) for o in self.offered}
-        self.client.open(step_index, offers, self.params.chunks, ids if rank in offers else None)
+        own = ids if rank in offers else None
+        self.client.open(step_index, offers, self.params.chunks, own, deciders)
+        self.paces, self.deciding = paces, rank in deciders
         self.claim_s, self.helped = 0.0, {}
         return sum(counts)
 
@@ -108,31 +128,57 @@ class WorkSharing:
         the ids of each one computed are appended to `computed`. `slowdown`: an
         injected straggler's factor, slept after each micro-batch (tests, demos)."""
         client, own_tally, help_tally = self.client, _Tally(), _Tally()
+        head = head_size(len(own[0])) if self.deciding and len(own) == 1 else 0
+        if head:
+            own = [own[0][:head], own[0][head:]]
         for mb, held in self._held(client, own):
             t0 = time.perf_counter()
             yield MicroBatch(mb.owner, mb.index, mb.ids, len(mb.ids) / total)
             if slowdown > 1:
                 time.sleep((slowdown - 1) * (time.perf_counter() - t0))
+            took = time.perf_counter() - t0
             helping = mb.owner != client.rank
-            (help_tally if helping else own_tally).add(time.perf_counter() - t0, len(mb.ids))
+            (help_tally if helping else own_tally).add(took, len(mb.ids))
             computed.extend(mb.ids)
             self.claim_s += held
             if helping:
                 self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
+            if head and mb.owner == client.rank and mb.index == 0 and mb.ids is own[0]:
+                self._decide(client, own[1], took, head)
         self.pace = Pace(own_tally.pace, help_tally.pace)
 
+    def _decide(self, client: StoreClaims, tail: list[int], head_s: float, head: int) -> None:
+        """After the head: offer the tail when the head was slow (its round trips count
+        as claim time)."""
+        t0 = time.perf_counter()
+        slow = late_offer(head_s, head, self.paces, self.params.ratio)
+        client.decide_late(tail if slow else None)
+        self.claim_s += time.perf_counter() - t0
+
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
-        """Each micro-batch to compute, with the claim store seconds it took to get."""
+        """Each micro-batch to compute, with the claim store seconds it took to get: the
+        own pieces (until a late offer hands the rest to tickets), then tickets, then,
+        once, the late offers of the step."""
         if not client.offered:
             for index, ids in enumerate(own):
                 yield Claimed(client.rank, index, ids, Holder.OWNER), 0.0
+                if client.offered:  # offered its tail late: drawn by tickets now
+                    break
         while True:
             t0 = time.perf_counter()
             held = client.claim_next()
+            if held is None and client.join_late():
+                held = client.claim_next()
             if held is None:
                 self.claim_s += time.perf_counter() - t0
                 return
             yield held, time.perf_counter() - t0
+
+    def settle_late(self) -> None:
+        """At sync: a rank that was to decide whether to offer late and did not (its
+        script computed without claims()) offers nothing, so no helper waits for it."""
+        if self.deciding:
+            self.client.decide_late(None)
 
     def keep_own(self, step_index: int) -> None:
         """The script computed its own ids without `claims()`: claim those it offered

@@ -159,7 +159,9 @@ class StepDriver:
             taken = self.stream.take(plan.local_batch[self.rank], epoch)
             t1 = time.perf_counter()
             if self.sharing is not None:  # the count carries the offers; claims follow it
-                total = self.sharing.open(index, plan, self.rank, taken.ids, self._all_sum)
+                total = self.sharing.open(
+                    index, plan, self.rank, taken.ids, self._all_sum, self.hook_state is None
+                )
             else:
                 total = self.collectives().count(len(taken.ids))
             t2 = time.perf_counter()
@@ -219,6 +221,8 @@ class StepDriver:
         to the mean over them, so the weighted all-reduce weighs them by their count. A
         script that never iterated `claims()` computed its own ids: they are claimed now
         (so no helper takes one), and it is an error if a helper already has one."""
+        if self.sharing is not None:
+            self.sharing.settle_late()  # its own path never decided: no helper waits on it
         if self.sharing is None or step._lot is not None:
             return step.sample_ids
         if step._computed is None:

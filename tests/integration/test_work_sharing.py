@@ -91,7 +91,11 @@ def _burn() -> None:
 
 
 def _driver(
-    rank: int, lines: list[Any], plans_at: list[Any] = PLANS, emit: Any = lambda record: None
+    rank: int,
+    lines: list[Any],
+    plans_at: list[Any] = PLANS,
+    emit: Any = lambda record: None,
+    late: bool = False,
 ) -> Any:
     from antdt.agent.collectives import TorchCollectives
     from antdt.agent.inject import InjectionSchedule
@@ -111,7 +115,7 @@ def _driver(
         dataset_size=WORLD * POOL,
         shard_size=POOL,
         global_batch=36,
-        policy_params={"work_sharing": "on", "share_chunks": 6},
+        policy_params={"work_sharing": "on", "share_chunks": 6, "share_late": late},
     )
     collectives = TorchCollectives(WORLD)
     driver = StepDriver(
@@ -129,7 +133,12 @@ def _driver(
     return driver
 
 
-def _worker(rank: int, port: int) -> None:
+#: Under late offers the slow rank burns only in these steps, each a burst's first: its
+#: head shows it slow, so it offers its tail in the middle of the step.
+BURSTS = (1, 4)
+
+
+def _worker(rank: int, port: int, late: bool) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -139,14 +148,15 @@ def _worker(rank: int, port: int) -> None:
     from antdt.agent import destroy_process_group
 
     want, (x, y) = _reference(), _data()
-    model, lines, helped = _model(), [], 0
+    model, lines, helped = _model(), [], []
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in _driver(rank, lines).steps():
+    for step in _driver(rank, lines, late=late).steps():
         assert step.sample_ids == _taken(step.index, rank)
         for mb in step.claims():
-            if rank == SLOW_RANK:
+            if rank == SLOW_RANK and (not late or step.index in BURSTS):
                 _burn()
-            helped += mb.owner != rank
+            if mb.owner != rank:
+                helped.append((step.index, mb.owner))
             (_loss(model, x[mb.ids], y[mb.ids]) * mb.weight).backward()
         step.sync(model)
         for got, w in zip([p.grad for p in model.parameters()], want[step.index], strict=True):
@@ -165,15 +175,20 @@ def _worker(rank: int, port: int) -> None:
             )
             union = {i for r in range(WORLD) for i in _taken(k, r)}
             assert set(seen) == union and max(seen.values()) == 1, f"step {k}: {seen}"
-        assert sum(h for r, (_, h) in enumerate(logged) if r != SLOW_RANK) > 0, "nobody helped"
-        assert logged[SLOW_RANK][1] == 0, "the slow rank helped"
+        took = [(k, o) for r, (_, h) in enumerate(logged) if r != SLOW_RANK for k, o in h]
+        assert took, "nobody helped"
+        if late:  # a burst's first step: only a late offer can have handed its tail out
+            assert {k for k, o in took if o == SLOW_RANK} & set(BURSTS), took
+        else:
+            assert not logged[SLOW_RANK][1], "the slow rank helped"
     destroy_process_group()
 
 
-def test_work_sharing_keeps_gradients_exact_and_samples_once() -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["offers-at-step-start", "late-offers"])
+def test_work_sharing_keeps_gradients_exact_and_samples_once(late: bool) -> None:
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(free_port(),), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), late), nprocs=WORLD, join=True)
 
 
 ONSET, DETECT_STEPS = 24, 72  # three healthy windows of 8 steps, then a 3x slow rank 0
