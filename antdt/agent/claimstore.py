@@ -82,7 +82,7 @@ class StoreClaims:
         passes its `own` ids: published here, its counter of the last offer deleted
         (every rank passed that step's gradient all-reduce, after its last ticket).
         `deciders`: the ranks that decide after their head whether to offer their tail
-        (`decide_late`); the lowest rank deletes the late keys of two steps before."""
+        (`decide_late`); rank 0 deletes the late keys of two steps before."""
         self._sizes, self._chunks = dict(offers), chunks
         counts = {o: len(cut(range(n), micro, chunks)) for o, (n, micro) in offers.items()}
         self.share = StepShare(step, self.world, {o: c for o, c in counts.items() if c})
@@ -115,8 +115,8 @@ class StoreClaims:
 
     def decide_late(self, tail: list[int] | None) -> None:
         """Decide, once in the open step, whether to offer `tail` (the rest of this
-        rank's share, published first) or nothing (None). The last decider's count says so to
-        every helper, with how many offered (one key every helper's `get` waits on)."""
+        rank's share, published first) or nothing (None). The last decider's count tells
+        every helper how many offered (one key that every helper's `get` waits on)."""
         step = self.share.step
         if self._decided:
             return
