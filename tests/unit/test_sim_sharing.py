@@ -64,15 +64,15 @@ def test_the_rank_stops_offering_once_it_is_fast_again() -> None:
 
 
 def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario() -> None:
-    """Figures of the example scenario, short: antdt-nd (work sharing on by default)
-    beside antdt-nd with it turned off and the oracle of the same draws."""
+    """Figures of the example scenario, short: antdt-nd with work sharing on beside
+    antdt-nd without it and the oracle of the same draws."""
     from antdt.sim.files import load_scenario
     from antdt.sim.run import run_policy, run_reference
     from tests.unit.test_sim import EXAMPLES
 
     sc = load_scenario(EXAMPLES / "non_dedicated.toml").model_copy(update={"steps": 300})
-    alone = sc.model_copy(update={"policy_params": {"work_sharing": "off"}})
+    shared = sc.model_copy(update={"policy_params": {"work_sharing": "on"}})
     oracle, _ = run_reference(sc)
-    alone_s, with_sharing = (run_policy(s, "antdt-nd").job_s for s in (alone, sc))
+    alone_s, with_sharing = (run_policy(s, "antdt-nd").job_s for s in (sc, shared))
     assert with_sharing < alone_s
     assert oracle.job_s / with_sharing > 0.75, (oracle.job_s, with_sharing)
