@@ -85,9 +85,11 @@ def assert_mitigated(run: StragglerRun) -> None:
     # repeats its ranks' latest closed windows until one closes, so each window counts
     # once (a stalled stretch of repeats would otherwise outvote the windows around it);
     # medians, because a window holding an uneven epoch-tail step dips on its own.
+    # A report at step ONSET counts before: its window holds one slowed step at most
+    # (a slow machine's first judged window may end there, leaving none earlier).
     series, switched = _per_window(health), plan.effective_step or 0
-    before = [e for s, e in series if s < ONSET]
-    dip = [e for s, e in series if ONSET <= s <= switched + 8]
+    before = [e for s, e in series if s <= ONSET]
+    dip = [e for s, e in series if ONSET < s <= switched + 8]
     after = [e for s, e in series if s >= switched + 8]
     assert before and dip and after, series
     # The slowdown shows against this run's healthy windows (0.65-0.68 from 0.96-1.0 here
