@@ -143,7 +143,7 @@ class WorkSharing:
             self.claim_s += held
             if helping:
                 self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
-            if head and mb.owner == client.rank and mb.index == 0 and mb.ids is own[0]:
+            if head and mb.ids is own[0]:  # the head, just computed
                 self._decide(client, own[1], took, head)
         self.pace = Pace(own_tally.pace, help_tally.pace)
 

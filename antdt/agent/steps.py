@@ -221,8 +221,6 @@ class StepDriver:
         to the mean over them, so the weighted all-reduce weighs them by their count. A
         script that never iterated `claims()` computed its own ids: they are claimed now
         (so no helper takes one), and it is an error if a helper already has one."""
-        if self.sharing is not None:
-            self.sharing.settle_late()  # its own path never decided: no helper waits on it
         if self.sharing is None or step._lot is not None:
             return step.sample_ids
         if step._computed is None:
@@ -265,6 +263,8 @@ class StepDriver:
             if extra > 0:
                 time.sleep(extra)  # the injected straggler: compute takes factor x as long
         t_a = time.perf_counter()
+        if self.sharing is not None:
+            self.sharing.settle_late()  # a path that never decided: no helper waits on it
         ids = self._computed_ids(step, model)
         step._computed = ids
         if model is not None and model is not self.ddp_model:
