@@ -318,15 +318,19 @@ class JobDetector:
 
     def _turned(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """The rank's evidence turned it slow at this step: its SLOW incident opens now
-        (turned back, it resolves after normal windows)."""
+        (turned back, it resolves after normal windows). Closed windows of its slow run
+        count towards persistence only as far back as they looked slow themselves: in
+        a noisy job the evidence can leave 0 well before the rank slows."""
         pace = self._pace
         pace.restart_history(rank)
         if not rank.evidence.slow:
             return []
         run = rank.evidence.run
+        closed_in_run = max(0, run - len(rank.window)) // self._window_steps
         judged = slow_run(rank.judgement, pace.run_level(rank), pace.reference, run)
         judged = judged._replace(fixed_samples=pace.fixed_samples)
-        opened = open_slow(rank, judged, step, now, self.config, self._open)
+        windows = min(closed_in_run, rank.slow_looking)
+        opened = open_slow(rank, judged, windows, step, now, self.config, self._open)
         return self._named(opened, now, rank)
 
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
@@ -353,6 +357,10 @@ class JobDetector:
         judged = self._judge.judge(
             stats, reference, rank.evidence, pace.fixed_samples, rank.link_rtt_s
         )
+        looked_slow = (
+            judged.verdict is not Verdict.UNEVALUATED and judged.ratio >= pace.config.slow_at
+        )
+        rank.slow_looking = rank.slow_looking + 1 if looked_slow else 0
         rank.judgement = _with_step_times(judged, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:

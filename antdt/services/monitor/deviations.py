@@ -2,7 +2,8 @@
 
 Opens after `open_windows` deviating windows in a row, or at once on a strong one (a
 compute straggler's: its evidence is enough, and may open one between windows too,
-`open_slow`); escalates to persistent after `persistent_windows`; resolves after
+`open_slow`); escalates to persistent after `persistent_windows` deviating windows in a
+row (a window that looks normal, fading or not, starts the count again); resolves after
 `resolve_windows` normal windows in a row. docs/architecture.md (the monitor) gives the
 rules and why."""
 
@@ -24,7 +25,12 @@ def advance(
     book: OpenIncidents,
 ) -> list[Incident]:
     """Move the rank's incident state machine by one closed window: its transitions."""
-    if judged.verdict is Verdict.UNEVALUATED or judged.verdict is Verdict.FADING:
+    if judged.verdict is Verdict.UNEVALUATED:
+        return []
+    if judged.verdict is Verdict.FADING:
+        # Neither way for opening or resolving (the evidence lags the rank's pace), but
+        # the slow run is broken: two bursts with a normal pace between are not one.
+        rank.deviation_windows = 0
         return []
     if judged.verdict is Verdict.NORMAL:
         return _normal_window(rank, judged, step, now, config, book)
@@ -58,20 +64,22 @@ def _turned(incident: Incident, kind: IncidentKind, judged: Judgement) -> bool:
 def open_slow(
     rank: RankMemory,
     judged: Judgement,
+    windows: int,
     step: int,
     now: float,
     config: DetectorConfig,
     book: OpenIncidents,
 ) -> list[Incident]:
     """The rank's evidence turned slow between windows: its SLOW incident opens now (a
-    LEADER one resolves first), counting the windows its slow run spans."""
+    LEADER one resolves first), counting `windows` closed windows of its slow run (the
+    open window counts when it closes)."""
     transitions = []
     if rank.deviation is not None:
         if rank.deviation.kind is IncidentKind.SLOW:
             return []
         transitions.append(_resolve(rank, judged, step, now, config, book))
     rank.streak_kind = IncidentKind.SLOW
-    rank.streak = max(1, judged.slow_for_steps // config.window)
+    rank.streak = windows
     rank.normal_streak = 0
     transitions.append(_open(rank, IncidentKind.SLOW, judged, step, now, book))
     return transitions
@@ -91,6 +99,7 @@ def _normal_window(
     rank.streak_kind, rank.streak = None, 0
     if rank.deviation is None:
         return []
+    rank.deviation_windows = 0
     rank.normal_streak += 1
     if rank.normal_streak < config.resolve_windows:
         return []
@@ -166,7 +175,10 @@ def _resolve(
     assert incident is not None
     if rank.deterministic:
         klass = StragglerClass.DETERMINISTIC
-    elif rank.deviation_windows >= config.persistent_windows:
+    elif (
+        incident.straggler_class is StragglerClass.PERSISTENT
+        or rank.deviation_windows >= config.persistent_windows
+    ):
         klass = StragglerClass.PERSISTENT
     else:
         klass = StragglerClass.TRANSIENT

@@ -67,7 +67,10 @@ class RankMemory:
     normal_streak: int = 0  # consecutive normal windows while an incident is open
     deviation: Incident | None = None  # open SLOW or LEADER incident
     deviation_step: int = 0  # the step it opened at
-    deviation_windows: int = 0  # deviating windows of the open incident
+    deviation_windows: int = 0  # deviating windows in a row of the open incident
+    # closed windows in a row whose level was slow_at x the reference or more, whatever
+    # their verdict (a slow run's windows before its evidence was in)
+    slow_looking: int = 0
     deterministic: bool = False  # the open incident deviated from the start
     stall: Incident | None = None  # open STALLED incident
     exited: ExitReason | None = None  # its process stopped on purpose (RankExit) ...
