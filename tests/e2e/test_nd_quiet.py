@@ -9,6 +9,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ async def run_nd(
     env = restart_env(settings, job, tmp_path)
     # The same eager restart settings as the KILL_RESTART test: restarts are cheap here,
     # so only the classification keeps antdt-nd from restarting.
-    env.update(ANTDT_INJECT=inject, ANTDT_EPOCHS="3", ANTDT_DATASET_SIZE="16000")
+    # 3 epochs of restart_env's 24000 samples in steps of 1024: 70 steps, so that both
+    # bursts below fall inside the job.
+    env.update(ANTDT_INJECT=inject, ANTDT_EPOCHS="3")
     running = await start_services(settings, window=WINDOW)
     try:
         command = [sys.executable, "-m", "antdt.demo.train"]
@@ -45,13 +48,25 @@ async def run_nd(
     return run
 
 
+def lower_quartile(values: list[float]) -> float:
+    return statistics.quantiles(values, n=4, method="inclusive")[0]
+
+
+def faster_half(values: list[float]) -> float:
+    """The median of the faster half of the ranks' figures (the monitor's reference)."""
+    return statistics.median(sorted(values)[: (len(values) + 1) // 2])
+
+
 def measured_deviations(
-    steps: dict[int, list[StepEvent]], delta: float
+    steps: dict[int, list[StepEvent]],
+    delta: float,
+    statistic: Callable[[list[float]], float] = statistics.median,
+    typical_of: Callable[[list[float]], float] = statistics.median,
 ) -> list[tuple[int, int, float]]:
     """(rank, first step, ratio) of every window of WINDOW steps in which a rank's median
-    compute time per sample was 1 + `delta` times the ranks' median or more (slow), or
-    1 - `delta` times it or less (a leader), measured from the step events themselves,
-    apart from the monitor."""
+    (or other `statistic`) of compute time per sample was 1 + `delta` times the ranks'
+    median (or `typical_of`) of it or more (slow), or 1 - `delta` times it or less (a
+    leader), measured from the step events themselves, apart from the monitor."""
     per_window: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for rank, events in steps.items():
         for e in events:
@@ -59,10 +74,10 @@ def measured_deviations(
                 per_window[e.step // WINDOW][rank].append(e.compute_s / e.samples)
     deviations = []
     for index, ranks in sorted(per_window.items()):
-        medians = {rank: statistics.median(times) for rank, times in ranks.items()}
+        medians = {rank: statistic(times) for rank, times in ranks.items() if len(times) > 1}
         if len(medians) < WORLD:
             continue
-        typical = statistics.median(medians.values())
+        typical = typical_of(list(medians.values()))
         for rank, value in medians.items():
             ratio = value / typical if typical > 0 else 1.0
             if not 1 - delta < ratio < 1 + delta:
@@ -98,18 +113,56 @@ async def test_a_healthy_job_gets_no_action(
     pytest.fail(f"both runs had a rank measurably off, so the premise never held: {deviations}")
 
 
+BURSTS = ((20, 32), (55, 67))  # [from, until) steps of 3x on rank 3's host
+
+
+def slow_before_acting(
+    run: StragglerRun, deviations: list[tuple[int, int, float]]
+) -> list[tuple[int, int, float]]:
+    """Rank 3's slow windows that overlap no burst and end before the first action (a
+    cut batch raises a rank's cost per sample by its fixed part): slowness the test did
+    not inject."""
+    acted = min((a.effective_step or 0 for a in run.actions), default=10**9)
+    return [
+        (rank, first, ratio)
+        for rank, first, ratio in deviations
+        if rank == 3
+        and ratio > 1
+        and first + WINDOW <= acted
+        and not any(first < until and frm < first + WINDOW for frm, until in BURSTS)
+    ]
+
+
 async def test_transient_bursts_get_batch_changes_but_no_restart(
     settings: ServiceSettings, bus: Bus, tmp_path: Path, unique: str
 ) -> None:
-    # Two bursts of 3x on rank 3's host, 12 steps each: shorter than K = 3 windows.
-    inject = "host=slot3,factor=3,from=20,until=32;host=slot3,factor=3,from=55,until=67"
-    run = await run_nd(settings, bus, tmp_path, f"burst-{unique}", inject)
-    kinds = [a.kind for a in run.actions]
-    classes = {i.straggler_class.value for i in run.incidents if i.rank == 3}
-    print(f"\nactions: {kinds}; rank 3 incident classes: {classes}")
-    # ADJUST_BS only. (The rank's incident may still be classed persistent after the
-    # bursts: with its batch cut, its per-sample time carries more fixed per-step cost;
-    # what matters is that antdt-nd does not restart for it.)
-    assert set(kinds) <= {"adjust_batch"}, json.dumps([a.reason for a in run.actions])
-    # The healthy test's own measure sees the bursts it was written to tell from noise.
-    assert {rank for rank, _, ratio in measured_deviations(run.steps, 0.2) if ratio > 1} >= {3}
+    # Two bursts of 3x on rank 3's host, 12 steps each: shorter than K = 3 windows, and
+    # 23 steps apart. The premise is that rank 3 is slow only in them, and 4 ranks on 2
+    # shared cores are not always so: a run whose own step events show rank 3 slow in a
+    # window outside them (the slowdown then may last K windows; CI once saw its level
+    # 1.25x the others' in the window before a burst) runs once more.
+    inject = ";".join(f"host=slot3,factor=3,from={a},until={b}" for a, b in BURSTS)
+    for attempt in (1, 2):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        run = await run_nd(settings, bus, out, f"burst{attempt}-{unique}", inject)
+        kinds = [a.kind for a in run.actions]
+        classes = {i.straggler_class.value for i in run.incidents if i.rank == 3}
+        deviations = measured_deviations(run.steps, 0.2)
+        print(f"\nactions: {kinds}; rank 3 incident classes: {classes}; {deviations}")
+        # The healthy test's own measure sees the bursts it was written to tell from noise.
+        assert {rank for rank, _, ratio in deviations if ratio > 1} >= {3}
+        # ADJUST_BS only. (The rank's incident may still be classed persistent once its
+        # batch was cut: its cost per sample then carries more of the fixed per-step
+        # cost than the fitted fixed part says; what matters is that antdt-nd does not
+        # restart for it.)
+        reasons = json.dumps([a.reason for a in run.actions])
+        if set(kinds) <= {"adjust_batch"}:
+            return
+        # Slow as the monitor sees it: a window's level (its lower quartile; the ranks'
+        # noise only adds time) over the faster half's.
+        levels = measured_deviations(run.steps, 0.2, lower_quartile, faster_half)
+        uninjected = slow_before_acting(run, levels)
+        assert uninjected, f"restarted for the bursts alone: {reasons}; windows {deviations}"
+        print(f"attempt {attempt}: rank 3 slow outside the bursts {uninjected}: {reasons}")
+    pytest.fail(f"both runs had rank 3 slow outside the bursts: {uninjected}")
