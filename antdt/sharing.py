@@ -22,6 +22,11 @@ DEFAULT_CHUNKS = 8
 #: about 0.22 of a step; cut into 8 micro-batches it costs up to 0.14), and 4 ranks on 2
 #: shared cores cross 1.3x by noise alone in many healthy steps.
 DEFAULT_OFFER_RATIO = 1.5
+#: A helper takes tickets on an owner's share only while its claim round trip is under
+#: this share of one micro-batch's compute at the owner's pace: a ticket costs the step
+#: the round trip, and saves at most the owner's time on the micro-batch. An owner offers
+#: only while the round trips of its own tickets are under this share of its excess.
+RTT_SHARE = 0.5
 #: One helper's ticket on an owner's counter; one owner's ticket is 1. Both ends' counts
 #: live in one value, so one atomic `add` draws a ticket and reads the other end.
 BACK_TICKET = 1 << 32
@@ -124,10 +129,17 @@ class Pace:
 
 
 def offering(
-    paces: Sequence[Pace], offered: AbstractSet[int], samples: Sequence[int], ratio: float
+    paces: Sequence[Pace],
+    offered: AbstractSet[int],
+    samples: Sequence[int],
+    ratio: float,
+    round_trips: Sequence[float] = (),
+    chunks: int = DEFAULT_CHUNKS,
 ) -> frozenset[int]:
     """The ranks that offer their share: those whose share (`samples` this step) would
-    take above `ratio` x the median share's time at their last pace. A share cut into
+    take above `ratio` x the median share's time at their last pace, unless its `chunks`
+    tickets' claim round trips (`round_trips`, seconds, by rank; none: free) come to
+    RTT_SHARE of its excess over the median or more. A share cut into
     micro-batches costs more per sample than one in one piece, so the pace of a rank
     that `offered` last step (measured on its micro-batches) is scaled by the helpers'
     median ratio of their pace in one piece to theirs on micro-batches; no helper, no
@@ -142,15 +154,31 @@ def offering(
     known = [t for t in times.values() if t > 0]
     if len(known) < 2:
         return frozenset()
-    limit = ratio * statistics.median(known)
-    return frozenset(r for r, t in times.items() if t > limit)
+    median = statistics.median(known)
+    rtt = dict(enumerate(round_trips))
+    return frozenset(
+        r
+        for r, t in times.items()
+        if t > ratio * median and chunks * rtt.get(r, 0.0) < RTT_SHARE * (t - median)
+    )
+
+
+def worth_helping(round_trip_s: float, micro_samples: int, owner_pace: float) -> bool:
+    """Whether a helper whose claim takes `round_trip_s` seconds takes tickets on an
+    owner whose micro-batches hold `micro_samples` samples at `owner_pace` seconds per
+    sample (its last step's; 0: unknown, and helped)."""
+    return owner_pace <= 0 or round_trip_s < RTT_SHARE * micro_samples * owner_pace
+
+
+def micro_samples(samples: int, micro_batch: int, chunks: int) -> int:
+    """Samples in the first micro-batch `cut` makes of a share of `samples`."""
+    return max(1, micro_batch if micro_batch > 0 else math.ceil(samples / max(1, chunks)))
 
 
 def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> list[list[int]]:
     """A rank's ids as micro-batches: of the plan's `micro_batch` when it has
     accumulation (> 0), else `chunks` nearly equal ones. Empty ids: none."""
-    size = micro_batch if micro_batch > 0 else math.ceil(len(ids) / max(1, chunks))
-    size = max(1, size)
+    size = micro_samples(len(ids), micro_batch, chunks)
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 

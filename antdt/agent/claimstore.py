@@ -22,12 +22,16 @@ from antdt.sharing import (
     cut,
     furthest_behind,
     helper_index,
+    micro_samples,
     owner_indices,
     split,
+    worth_helping,
 )
 
 #: Seconds between reads of an owner's ids slot that still holds an older step's.
 PUBLISH_POLL_S = 0.0005
+#: The weight of each ticket's round trip in the running estimate (the first one is it).
+TRIP_WEIGHT = 0.2
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,9 @@ class Claimed:
 
 class StoreClaims:
     """One rank's client of the claim store; the training thread's only, one step at a
-    time (`open`). `store`: a c10d Store (TCPStore, PrefixStore, ...)."""
+    time (`open`). `store`: a c10d Store (TCPStore, PrefixStore, ...). `round_trip_s`:
+    its round trip to the store, timed with each ticket it draws (0 until the first: a
+    step without offers touches no store)."""
 
     def __init__(self, store: Any, rank: int, world: int, prefix: str = "antdt/share") -> None:
         if not 0 <= rank < world:
@@ -59,6 +65,17 @@ class StoreClaims:
         self._decided = False  # this rank's late decision is made (or it had none)
         self._joined = False  # the open step's late offers were read
         self._late_steps: set[int] = set()  # steps with deciders whose keys may be left
+        self._paces: dict[int, float] = {}  # owner -> its last step's seconds per sample
+        self.round_trip_s = 0.0  # unknown until its first ticket
+
+    def _add(self, key: str, amount: int) -> int:
+        """The store's `add`, its round trip weighed into `round_trip_s`."""
+        t0 = time.perf_counter()
+        value = int(self._store.add(key, amount))
+        trip = time.perf_counter() - t0
+        known = self.round_trip_s > 0
+        self.round_trip_s += (TRIP_WEIGHT if known else 1.0) * (trip - self.round_trip_s)
+        return value
 
     def _counter(self, step: int, owner: int) -> str:
         return f"{self._prefix}/n/{step}/{owner}"
@@ -76,14 +93,18 @@ class StoreClaims:
         chunks: int,
         own: list[int] | None = None,
         deciders: frozenset[int] = frozenset(),
+        paces: Mapping[int, float] | None = None,
     ) -> None:
         """Open `step` with the offers every rank learnt from its count all-reduce:
         owner -> (its samples, its plan's micro-batch, 0 for none). An offering rank
         passes its `own` ids: published here, its counter of the last offer deleted
         (every rank passed that step's gradient all-reduce, after its last ticket).
         `deciders`: the ranks that decide after their head whether to offer their tail
-        (`decide_late`); rank 0 deletes the late keys of two steps before."""
+        (`decide_late`); rank 0 deletes the late keys of two steps before. `paces`: the
+        owners' seconds per sample in their last step (a helper skips an owner whose
+        micro-batch takes less than its round trip is worth; unknown: helped)."""
         self._sizes, self._chunks = dict(offers), chunks
+        self._paces = dict(paces or {})
         counts = {o: len(cut(range(n), micro, chunks)) for o, (n, micro) in offers.items()}
         self.share = StepShare(step, self.world, {o: c for o, c in counts.items() if c})
         self._batches, self._exhausted = {}, set()
@@ -130,7 +151,7 @@ class StoreClaims:
             self._own_left = True
             self._store.append(self._late_key(step, "offers"), f"{self.rank}:{len(tail)};")
             offered = BACK_TICKET
-        value = self._store.add(self._late_key(step, "decided"), 1 + offered)
+        value = self._add(self._late_key(step, "decided"), 1 + offered)
         decided, offers = split(value)
         if decided == len(self._deciders):
             self._store.set(self._late_key(step, "all"), str(offers))
@@ -166,7 +187,7 @@ class StoreClaims:
         if refused is not None or not self._own_left:
             return []
         count = self.share.counts[self.rank]
-        value = self._store.add(self._counter(step, self.rank), drawn)
+        value = self._add(self._counter(step, self.rank), drawn)
         held = owner_indices(count, value, drawn)
         if len(held) < drawn or held.stop == count:
             self._own_left = False
@@ -179,7 +200,7 @@ class StoreClaims:
         if refused is not None:
             return refused
         count = self.share.counts[owner]
-        index = helper_index(count, self._store.add(self._counter(step, owner), BACK_TICKET))
+        index = helper_index(count, self._add(self._counter(step, owner), BACK_TICKET))
         if isinstance(index, Refused):
             return index
         return Claimed(owner, index, self._ids(owner)[index], Holder.HELPER)
@@ -214,6 +235,9 @@ class StoreClaims:
 
     def _furthest_behind(self) -> int | None:
         others = [o for o in self.share.counts if o != self.rank and o not in self._exhausted]
+        for owner in [o for o in others if not self._worth_helping(o)]:
+            self._exhausted.add(owner)
+            others.remove(owner)
         if len(others) <= 1:  # one owner to help: its ticket says whether any is left
             return others[0] if others else None
         keys = [self._counter(self.share.step, o) for o in others]
@@ -221,6 +245,11 @@ class StoreClaims:
         return furthest_behind(
             self.share, self.rank, dict(zip(others, values, strict=True)), self._exhausted
         )
+
+    def _worth_helping(self, owner: int) -> bool:
+        samples, micro = self._sizes[owner]
+        size = micro_samples(samples, micro, self._chunks)
+        return worth_helping(self.round_trip_s, size, self._paces.get(owner, 0.0))
 
     def _ids(self, owner: int) -> list[list[int]]:
         """`owner`'s micro-batches. Its publish follows the same all-reduce as this

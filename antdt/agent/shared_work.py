@@ -94,28 +94,33 @@ class WorkSharing:
         sums: AllSum,
         may_decide: bool = True,
     ) -> int:
-        """The step's count all-reduce, carrying every rank's samples, last paces and
-        whether it may offer late (`share_late`, its share in one piece, `may_decide`:
-        its script's path computes through claims()); the offers it implies are opened
-        (and this rank's published when it offers). Returns the step's total samples."""
+        """The step's count all-reduce, carrying every rank's samples, last paces, claim
+        round trip and whether it may offer late (`share_late`, its share in one piece,
+        `may_decide`: its script's path computes through claims()); the offers it
+        implies are opened (and this rank's published when it offers). Returns the
+        step's total samples."""
         world = len(plan.local_batch)
         micro = plan.micro_batch or (0,) * world
         in_one_piece = micro[rank] == 0 or micro[rank] >= len(ids)
         late = self.params.late and may_decide and in_one_piece and head_size(len(ids)) > 0
-        vector = [0] * (4 * world)
+        vector = [0] * (5 * world)
         vector[rank] = len(ids)
         vector[world + rank] = round(self.pace.own * 1e9)
         vector[2 * world + rank] = round(self.pace.helping * 1e9)
         vector[3 * world + rank] = int(late)
+        vector[4 * world + rank] = round(self.client.round_trip_s * 1e9)
         summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
         counts = summed[:world]
         paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
-        self.offered = offering(paces, self.offered, counts, self.params.ratio)
+        trips = [t / 1e9 for t in summed[4 * world :]]
+        params = self.params
+        self.offered = offering(paces, self.offered, counts, params.ratio, trips, params.chunks)
         deciders = frozenset(r for r in range(world) if summed[3 * world + r])
         deciders -= self.offered
         offers = {o: (counts[o], micro[o]) for o in self.offered}
         own = ids if rank in offers else None
-        self.client.open(step_index, offers, self.params.chunks, own, deciders)
+        owner_paces = {r: p.own for r, p in enumerate(paces)}
+        self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
         self.paces, self.deciding = paces, rank in deciders
         self.claim_s, self.helped = 0.0, {}
         return sum(counts)

@@ -23,8 +23,10 @@ from antdt.sharing import (
     cut,
     furthest_behind,
     helper_index,
+    micro_samples,
     offering,
     owner_indices,
+    worth_helping,
 )
 
 SHARE = StepShare(step=5, world=3, counts={1: 4, 2: 2})
@@ -124,6 +126,24 @@ def test_a_rank_that_offered_is_judged_at_its_pace_in_one_piece() -> None:
     assert offering(still_slow, frozenset({3}), same, 1.3) == {3}
     nobody_helped = [Pace(1.0), Pace(1.0), Pace(1.0), Pace(4.5)]
     assert offering(nobody_helped, frozenset({3}), same, 1.3) == NONE
+
+
+def test_a_slow_rank_whose_tickets_cost_more_than_it_saves_does_not_offer() -> None:
+    """Rank 3's share takes 24 against the median's 8: offered, its 4 tickets' round
+    trips must stay under half its excess of 16."""
+    same, slow = [8] * 4, _whole(1.0, 1.0, 1.0, 3.0)
+    assert offering(slow, NONE, same, 1.3, [0.0, 0.0, 0.0, 1.9], chunks=4) == {3}
+    assert offering(slow, NONE, same, 1.3, [0.0, 0.0, 0.0, 2.0], chunks=4) == NONE
+    assert offering(slow, NONE, same, 1.3, [5.0, 5.0, 5.0, 0.0], chunks=4) == {3}
+
+
+def test_a_helper_takes_tickets_only_where_its_round_trip_is_worth_it() -> None:
+    # A micro-batch of 4 samples at 10 ms each: 40 ms of the owner's; a round trip of
+    # 20 ms or more costs the step as much as half of that saves.
+    assert worth_helping(0.019, 4, 0.010)
+    assert not worth_helping(0.020, 4, 0.010)
+    assert worth_helping(5.0, 4, 0.0)  # the owner's pace unknown: helped
+    assert micro_samples(10, 0, 4) == 3 and micro_samples(10, 4, 8) == 4
 
 
 def test_cut_uses_the_plans_micro_batch_else_chunks() -> None:
@@ -264,3 +284,22 @@ def test_the_store_holds_at_most_three_keys_per_owner() -> None:
     # Step 0 offered nothing (the store's own key); then ids in two slots and the counter
     # of the last offer: the count stops growing.
     assert counts[0] == 1 and max(counts) == counts[-1] == 1 + 3, counts
+
+
+def test_a_helper_skips_an_owner_whose_micro_batches_take_less_than_its_round_trip() -> None:
+    from antdt.agent.claimstore import StoreClaims
+
+    _server, (s0, s1) = _stores(2)
+    owner, helper = StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)
+    assert helper.round_trip_s == 0.0  # unknown until its first ticket
+    offers = {0: (8, 1)}
+    for step, pace, helped in ((0, 1.0, True), (1, 1e-9, False), (2, 0.0, True)):
+        for client in (owner, helper):
+            client.open(
+                step, offers, 8, list(range(8)) if client is owner else None, paces={0: pace}
+            )
+        got = helper.claim_next()
+        assert (got is not None) is helped, (step, pace)
+        assert 0 < helper.round_trip_s < 0.5
+        while owner.claim_next() is not None:
+            pass

@@ -29,8 +29,9 @@ class _Pair:
         self._pace_1 = pace_1
 
     def all_sum(self, values: list[int]) -> list[int]:
-        """[samples, own paces, helping paces, late deciders] by rank, in ns per sample."""
-        theirs = [0, len(OTHERS), 0, int(self._pace_1 * 1e9), 0, 0, 0, 0]
+        """[samples, own paces, helping paces, late deciders, claim round trips] by rank,
+        in ns per sample and ns."""
+        theirs = [0, len(OTHERS), 0, int(self._pace_1 * 1e9), 0, 0, 0, 0, 0, 0]
         return [a + b for a, b in zip(values, theirs, strict=True)]
 
 
