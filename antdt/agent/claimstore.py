@@ -134,10 +134,11 @@ class StoreClaims:
             for what in ("decided", "all", "offers"):
                 self._store.delete_key(self._late_key(old, what))
 
-    def decide_late(self, tail: list[int] | None) -> None:
+    def decide_late(self, tail: list[int] | None, pace: float = 0.0) -> None:
         """Decide, once in the open step, whether to offer `tail` (the rest of this
-        rank's share, published first) or nothing (None). The last decider's count tells
-        every helper how many offered (one key that every helper's `get` waits on)."""
+        rank's share, published first, with `pace`: its seconds per sample on its head)
+        or nothing (None). The last decider's count tells every helper how many offered
+        (one key that every helper's `get` waits on)."""
         step = self.share.step
         if self._decided:
             return
@@ -149,7 +150,8 @@ class StoreClaims:
             count = len(self._batches[self.rank])
             self.share = StepShare(step, self.world, {**self.share.counts, self.rank: count})
             self._own_left = True
-            self._store.append(self._late_key(step, "offers"), f"{self.rank}:{len(tail)};")
+            entry = f"{self.rank}:{len(tail)}:{round(pace * 1e9)};"
+            self._store.append(self._late_key(step, "offers"), entry)
             offered = BACK_TICKET
         value = self._add(self._late_key(step, "decided"), 1 + offered)
         decided, offers = split(value)
@@ -169,9 +171,10 @@ class StoreClaims:
         added = {}
         for entry in self._store.get(self._late_key(step, "offers")).decode().split(";"):
             if entry:
-                owner, samples = (int(x) for x in entry.split(":"))
+                owner, samples, pace_ns = (int(x) for x in entry.split(":"))
                 if owner != self.rank:
                     self._sizes[owner] = (samples, 0)
+                    self._paces[owner] = pace_ns / 1e9  # this step's: it made the offer
                     added[owner] = len(cut(range(samples), 0, self._chunks))
         self.share = StepShare(step, self.world, {**self.share.counts, **added})
         return bool(added)

@@ -157,7 +157,7 @@ class WorkSharing:
         as claim time)."""
         t0 = time.perf_counter()
         slow = late_offer(head_s, head, self.paces, self.params.ratio)
-        client.decide_late(tail if slow else None)
+        client.decide_late(tail if slow else None, head_s / head)
         self.claim_s += time.perf_counter() - t0
 
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
