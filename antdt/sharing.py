@@ -182,11 +182,8 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off: none
-#: yet. On under antdt-nd, a clean CI run had test_multihost's slow-link job run 3x
-#: longer and never move its rank: a helper behind a slow link pays a round trip per
-#: ticket; helping must first weigh the claim's round trip against the compute it saves.
-SHARING_BY_DEFAULT: frozenset[str] = frozenset()
+#: Policies under which `work_sharing` is on unless the job's params turn it off.
+SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
 def head_size(samples: int) -> int:
