@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +31,9 @@ from antdt.sharing import (
 
 #: Seconds between reads of an owner's ids slot that still holds an older step's.
 PUBLISH_POLL_S = 0.0005
-#: The weight of each ticket's round trip in the running estimate (the first one is it).
-TRIP_WEIGHT = 0.2
+#: Tickets whose round trips the estimate keeps: the fastest of them is the link's floor
+#: (a wait that the rank's CPU budget throttled inflates some trips, never all).
+TRIPS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,8 @@ class Claimed:
 class StoreClaims:
     """One rank's client of the claim store; the training thread's only, one step at a
     time (`open`). `store`: a c10d Store (TCPStore, PrefixStore, ...). `round_trip_s`:
-    its round trip to the store, timed with each ticket it draws (0 until the first: a
-    step without offers touches no store)."""
+    its round trip to the store, the fastest of its last TRIPS_KEPT tickets' (0 until
+    the first: a step without offers touches no store)."""
 
     def __init__(self, store: Any, rank: int, world: int, prefix: str = "antdt/share") -> None:
         if not 0 <= rank < world:
@@ -66,15 +68,17 @@ class StoreClaims:
         self._joined = False  # the open step's late offers were read
         self._late_steps: set[int] = set()  # steps with deciders whose keys may be left
         self._paces: dict[int, float] = {}  # owner -> its last step's seconds per sample
-        self.round_trip_s = 0.0  # unknown until its first ticket
+        self._trips: deque[float] = deque(maxlen=TRIPS_KEPT)
+
+    @property
+    def round_trip_s(self) -> float:
+        return min(self._trips, default=0.0)
 
     def _add(self, key: str, amount: int) -> int:
-        """The store's `add`, its round trip weighed into `round_trip_s`."""
+        """The store's `add`, its round trip kept for `round_trip_s`."""
         t0 = time.perf_counter()
         value = int(self._store.add(key, amount))
-        trip = time.perf_counter() - t0
-        known = self.round_trip_s > 0
-        self.round_trip_s += (TRIP_WEIGHT if known else 1.0) * (trip - self.round_trip_s)
+        self._trips.append(time.perf_counter() - t0)
         return value
 
     def _counter(self, step: int, owner: int) -> str:

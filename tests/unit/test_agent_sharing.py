@@ -303,3 +303,38 @@ def test_a_helper_skips_an_owner_whose_micro_batches_take_less_than_its_round_tr
         assert 0 < helper.round_trip_s < 0.5
         while owner.claim_next() is not None:
             pass
+
+
+class _Delayed:
+    """A real store whose calls first wait `delay_s` (settable): a link, or a throttle."""
+
+    def __init__(self, store: object) -> None:
+        self._store, self.delay_s = store, 0.0
+
+    def __getattr__(self, name: str) -> object:
+        call = getattr(self._store, name)
+
+        def delayed(*args: object) -> object:
+            time.sleep(self.delay_s)
+            return call(*args)
+
+        return delayed
+
+
+def test_the_round_trip_is_the_fastest_of_the_last_tickets() -> None:
+    """One slow ticket (a throttled wait) does not make a fast link look slow; a link
+    that slowed shows within TRIPS_KEPT tickets."""
+    from antdt.agent.claimstore import TRIPS_KEPT, StoreClaims
+
+    _server, (s0, _s1) = _stores(2)
+    link = _Delayed(s0)
+    owner = StoreClaims(link, 0, 2)
+    owner.open(0, {0: (64, 1)}, 8, list(range(64)))
+    for delay in (0.0, 0.0, 0.05):
+        link.delay_s = delay
+        assert owner.claim_next() is not None
+    assert owner.round_trip_s < 0.02
+    link.delay_s = 0.03
+    for _ in range(TRIPS_KEPT):
+        assert owner.claim_next() is not None
+    assert owner.round_trip_s >= 0.03
