@@ -17,6 +17,8 @@ import pytest
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.schemas import StepEvent
+from antdt.services.monitor.reference import healthy_reference
+from antdt.services.monitor.speed import quantile
 from tests.e2e.conftest import StragglerRun, collect, start_services
 from tests.e2e.test_kill_restart import restart_env
 
@@ -49,19 +51,14 @@ async def run_nd(
 
 
 def lower_quartile(values: list[float]) -> float:
-    return statistics.quantiles(values, n=4, method="inclusive")[0]
-
-
-def faster_half(values: list[float]) -> float:
-    """The median of the faster half of the ranks' figures (the monitor's reference)."""
-    return statistics.median(sorted(values)[: (len(values) + 1) // 2])
+    return quantile(values, 0.25)
 
 
 def measured_deviations(
     steps: dict[int, list[StepEvent]],
     delta: float,
     statistic: Callable[[list[float]], float] = statistics.median,
-    typical_of: Callable[[list[float]], float] = statistics.median,
+    typical_of: Callable[[list[float]], float | None] = statistics.median,
 ) -> list[tuple[int, int, float]]:
     """(rank, first step, ratio) of every window of WINDOW steps in which a rank's median
     (or other `statistic`) of compute time per sample was 1 + `delta` times the ranks'
@@ -78,8 +75,10 @@ def measured_deviations(
         if len(medians) < WORLD:
             continue
         typical = typical_of(list(medians.values()))
+        if not typical:
+            continue
         for rank, value in medians.items():
-            ratio = value / typical if typical > 0 else 1.0
+            ratio = value / typical
             if not 1 - delta < ratio < 1 + delta:
                 deviations.append((rank, index * WINDOW, round(ratio, 2)))
     return deviations
@@ -122,7 +121,8 @@ def slow_before_acting(
     """Rank 3's slow windows that overlap no burst and end before the first action (a
     cut batch raises a rank's cost per sample by its fixed part): slowness the test did
     not inject."""
-    acted = min((a.effective_step or 0 for a in run.actions), default=10**9)
+    steps = [a.effective_step for a in run.actions if a.effective_step is not None]
+    acted = min(steps, default=10**9)
     return [
         (rank, first, ratio)
         for rank, first, ratio in deviations
@@ -160,8 +160,8 @@ async def test_transient_bursts_get_batch_changes_but_no_restart(
         if set(kinds) <= {"adjust_batch"}:
             return
         # Slow as the monitor sees it: a window's level (its lower quartile; the ranks'
-        # noise only adds time) over the faster half's.
-        levels = measured_deviations(run.steps, 0.2, lower_quartile, faster_half)
+        # noise only adds time) over the median of the faster half's.
+        levels = measured_deviations(run.steps, 0.2, lower_quartile, healthy_reference)
         uninjected = slow_before_acting(run, levels)
         assert uninjected, f"restarted for the bursts alone: {reasons}; windows {deviations}"
         print(f"attempt {attempt}: rank 3 slow outside the bursts {uninjected}: {reasons}")
