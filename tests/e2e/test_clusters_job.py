@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,7 @@ async def test_straggler_mitigated_and_nothing_lost_with_a_node_of_each_cluster_
     # JetStream answers once its meta leader is elected, a moment after the nodes are up
     await retry(lambda: ensure_recording(bus, subjects, settings.recording), pause=0.2)
     running = await start_services(settings, window=WINDOW, slow_threshold=0.5)
+    controller_log = running.by_name["controller"].executor.actions
     try:
         command = [sys.executable, "-m", "antdt.demo.train"]
         env = restart_env(settings, job, tmp_path)
@@ -105,9 +107,16 @@ async def test_straggler_mitigated_and_nothing_lost_with_a_node_of_each_cluster_
     assert relieving, [(a.kind, a.result, a.local_batch, a.rank) for a in actions]
     print("\n" + "\n".join(f"{a.kind} step={a.effective_step} {a.reason}" for a in applied))
 
-    # 2. every action record published live is in the replicated stream, and only those
-    live = {(a.action_id, a.result) for a in actions}
-    assert {(a.action_id, a.result) for a in recorded.items} == live
+    # 2. every record the controller made is in the replicated stream once, and every
+    # record seen live is among them (a core subscriber may miss one across the kill:
+    # at most once; the stream is the record that must hold them all)
+    stored = Counter((a.action_id, a.result) for a in recorded.items)
+    assert max(stored.values()) == 1, stored
+    assert {(a.action_id, a.result) for a in actions} <= set(stored)
+    made = controller_log.counts
+    assert {r: made[job, r.value] for r in ActionResult} == {
+        r: sum(1 for _, result in stored if result == r) for r in ActionResult
+    }
 
     # 3. every sample of every epoch reached the final model exactly once
     lines = read_sample_logs(tmp_path / "samples", WORLD)

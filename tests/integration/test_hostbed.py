@@ -172,9 +172,8 @@ def _answers(bed: HostBed, client: Host, server: Host) -> bool:
 def test_contention_slows_only_the_host_it_runs_in(bed: HostBed) -> None:
     busy, calm = bed.add_host("busy", cpus=0.2), bed.add_host("calm", cpus=0.2)
 
-    def loops() -> tuple[float, float]:
-        """The loop in both hosts at once, three times: the fastest of each host's, which
-        the machine's other load disturbs least."""
+    def loops() -> tuple[list[float], list[float]]:
+        """The loop in both hosts at once, three times: each host's times."""
         rounds = []
         for _ in range(3):
             running = [
@@ -182,16 +181,19 @@ def test_contention_slows_only_the_host_it_runs_in(bed: HostBed) -> None:
                 for host in (busy, calm)
             ]
             rounds.append([float(proc.communicate(timeout=60)[0]) for proc in running])
-        return min(r[0] for r in rounds), min(r[1] for r in rounds)
+        return [r[0] for r in rounds], [r[1] for r in rounds]
 
-    busy_alone, calm_alone = loops()
+    busy_alone, calm_alone = (min(times) for times in loops())
     neighbours = bed.contend(busy, 2.0)
     busy_contended, calm_meanwhile = loops()
     for neighbour in neighbours:
         bed.stop(neighbour)
+    # Alone, and calm beside the contention: the fastest round, which the machine's other
+    # load disturbs least. Contended: the median round, since how the host's CPU budget
+    # falls between the loop and its neighbours varies round to round.
     times = (busy_alone, busy_contended, calm_alone, calm_meanwhile)
-    assert busy_contended / busy_alone >= 1.5, times  # 3 ideally: a third of the budget
-    assert calm_meanwhile / calm_alone <= 1.3, times
+    assert statistics.median(busy_contended) / busy_alone >= 1.5, times  # 3: a third
+    assert min(calm_meanwhile) / calm_alone <= 1.3, times
 
 
 def test_cleanup_leaves_nothing_after_a_test_raises() -> None:

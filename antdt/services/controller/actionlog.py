@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 
@@ -14,6 +15,13 @@ from antdt.services.controller.counts import JobCounts
 log = structlog.get_logger("antdt.controller.actions")
 #: Records read back per job at a takeover, at most.
 READ_LIMIT = 100_000
+#: Seconds a record's publish is tried again while its ack does not come (a replicated
+#: stream electing a leader after a node died takes a few): the same Nats-Msg-Id each
+#: time, so a try whose ack only was lost is not stored twice.
+PERSIST_FOR_S = 15.0
+#: Seconds between two tries, at first; doubled after each, up to RETRY_PAUSE_MAX_S.
+RETRY_PAUSE_S = 0.25
+RETRY_PAUSE_MAX_S = 2.0
 
 
 class ActionLog:
@@ -36,11 +44,7 @@ class ActionLog:
                 error=record.error,
             )
             return record
-        try:
-            subject = self.subjects.action(record.job)
-            await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
-        except Exception as exc:
-            log.warning("action record not persisted", action=record.action_id, error=str(exc))
+        await self._persist(record)
         log.info(
             "action",
             job=record.job,
@@ -53,6 +57,34 @@ class ActionLog:
             error=record.error,
         )
         return record
+
+    async def _persist(self, record: ActionRecord) -> None:
+        """Publish `record` to ANTDT_ACTIONS until it is acked or PERSIST_FOR_S ran out.
+        The executor waits: the records of a job stay in the order it made them."""
+        subject = self.subjects.action(record.job)
+        deadline = time.monotonic() + PERSIST_FOR_S
+        pause, tries = RETRY_PAUSE_S, 0
+        while True:
+            tries += 1
+            try:
+                await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
+                return
+            except TimeoutError as exc:  # no ack yet: the stream may be electing a leader
+                error: Exception = exc
+                if time.monotonic() + pause <= deadline:
+                    log.info("action record publish tried again", action=record.action_id)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, RETRY_PAUSE_MAX_S)
+                    continue
+            except Exception as exc:  # the stream missing, refused: trying again won't help
+                error = exc
+            log.warning(
+                "action record not persisted",
+                action=record.action_id,
+                tries=tries,
+                error=str(error),
+            )
+            return
 
     async def recorded_ids(self, job: str) -> set[str]:
         """Action ids already on ANTDT_ACTIONS for the job (empty when unreadable)."""
