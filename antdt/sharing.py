@@ -195,6 +195,29 @@ def head_size(samples: int) -> int:
     return samples // 2 if samples >= 2 else 0
 
 
+#: Up to this many ranks, the late deciders go in one number of the count (a bit each).
+LATE_BITS = 62
+
+
+def late_slots(world: int, rank: int, late: bool) -> list[int]:
+    """A rank's part of the count's late-decider slots: one bitmask for a job of up to
+    LATE_BITS ranks (each number of an all-reduce costs latency), else a slot per rank."""
+    if world <= LATE_BITS:
+        return [int(late) << rank]
+    slots = [0] * world
+    slots[rank] = int(late)
+    return slots
+
+
+def read_late_slots(summed: Sequence[int], world: int) -> frozenset[int]:
+    """The ranks that may decide late, from the summed `late_slots` (none: no slots)."""
+    if not summed:
+        return frozenset()
+    if world <= LATE_BITS:
+        return frozenset(r for r in range(world) if summed[0] >> r & 1)
+    return frozenset(r for r in range(world) if summed[r])
+
+
 def late_offer(head_s: float, head_samples: int, paces: Sequence[Pace], ratio: float) -> bool:
     """Whether a rank offers the rest of its share (its tail) in the middle of the step:
     its head took above `ratio` x the median pace of the ranks' last step per sample. A

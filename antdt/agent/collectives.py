@@ -18,6 +18,13 @@ class Collectives(Protocol):
         """Batch-weighted gradient mean over all ranks; returns the step's total."""
         ...
 
+    def reduce_gradients_and_sum(
+        self, model: Any, local_samples: int, values: list[int]
+    ) -> list[int]:
+        """`reduce_gradients`, with the element-wise SUM of every rank's `values` (same
+        length everywhere) in the same exchange: work sharing's pace report."""
+        ...
+
     def agree_max(self, value: int) -> int:
         """MAX of value over all ranks: how the ranks of a restart agree on its token."""
         ...
@@ -80,3 +87,10 @@ class TorchCollectives:
         from antdt.agent.gradients import allreduce_weighted
 
         return allreduce_weighted(model, local_samples, group=self._group)
+
+    def reduce_gradients_and_sum(
+        self, model: Any, local_samples: int, values: list[int]
+    ) -> list[int]:
+        from antdt.agent.gradients import allreduce_weighted_with
+
+        return allreduce_weighted_with(model, local_samples, values, group=self._group)[1]

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
-from antdt.sharing import Holder, Pace, ShareParams, head_size, late_offer, offering
+from antdt.sharing import (
+    Holder,
+    Pace,
+    ShareParams,
+    head_size,
+    late_offer,
+    late_slots,
+    offering,
+    read_late_slots,
+)
 
 #: The count all-reduce: the element-wise SUM of every rank's vector.
 AllSum = Callable[[list[int]], list[int]]
@@ -60,7 +69,8 @@ class _Tally:
 class WorkSharing:
     """The job's work sharing on one rank: its offers, its claim store client (made at
     the first step: the process group may be formed after the agent starts) and its own
-    compute per sample, which the next step's count all-reduce carries to every rank."""
+    compute per sample, which the step's exchange (appended to its gradient all-reduce)
+    carries to every rank for the next step's offers."""
 
     params: ShareParams
     make_client: Callable[[], StoreClaims]
@@ -74,9 +84,11 @@ class WorkSharing:
     #: (every rank's `open` computes the same set).
     pace: Pace = field(default_factory=Pace)
     offered: frozenset[int] = frozenset()
-    #: Every rank's paces from the open step's count, and whether this rank decides
-    #: after its head whether to offer its tail (`share_late`).
+    #: Every rank's paces and claim round trips (s) in the last step, from its exchange
+    #: (empty before the first), and whether this rank decides after its head whether
+    #: to offer its tail (`share_late`).
     paces: list[Pace] = field(default_factory=list)
+    trips: list[float] = field(default_factory=list)
     deciding: bool = False
 
     @property
@@ -94,36 +106,63 @@ class WorkSharing:
         sums: AllSum,
         may_decide: bool = True,
     ) -> int:
-        """The step's count all-reduce, carrying every rank's samples, last paces, claim
-        round trip and whether it may offer late (`share_late`, its share in one piece,
-        `may_decide`: its script's path computes through claims()); the offers it
-        implies are opened (and this rank's published when it offers). Returns the
-        step's total samples."""
+        """The step's count all-reduce. Every rank decides the same offers from the paces
+        and round trips the last step's `exchange` gave all of them; the count carries
+        the step's total, each offering rank's samples and, under `share_late`, which
+        ranks may offer late (their share in one piece, `may_decide`: the script's path
+        computes through claims()). A step without offers counts one number, as without
+        sharing. The offers are opened (this rank's published when it offers). Returns
+        the step's total samples."""
         world = len(plan.local_batch)
         micro = plan.micro_batch or (0,) * world
-        in_one_piece = micro[rank] == 0 or micro[rank] >= len(ids)
-        late = self.params.late and may_decide and in_one_piece and head_size(len(ids)) > 0
-        vector = [0] * (5 * world)
-        vector[rank] = len(ids)
-        vector[world + rank] = round(self.pace.own * 1e9)
-        vector[2 * world + rank] = round(self.pace.helping * 1e9)
-        vector[3 * world + rank] = int(late)
-        vector[4 * world + rank] = round(self.client.round_trip_s * 1e9)
-        summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
-        counts = summed[:world]
-        paces = [Pace(summed[world + r] / 1e9, summed[2 * world + r] / 1e9) for r in range(world)]
-        trips = [t / 1e9 for t in summed[4 * world :]]
         params = self.params
-        self.offered = offering(paces, self.offered, counts, params.ratio, trips, params.chunks)
-        deciders = frozenset(r for r in range(world) if summed[3 * world + r])
-        deciders -= self.offered
-        offers = {o: (counts[o], micro[o]) for o in self.offered}
+        known = len(self.paces) == world
+        self.offered = (
+            offering(
+                self.paces, self.offered, plan.local_batch, params.ratio, self.trips, params.chunks
+            )
+            if known
+            else frozenset()
+        )
+        owners = sorted(self.offered)
+        in_one_piece = micro[rank] == 0 or micro[rank] >= len(ids)
+        late = params.late and may_decide and in_one_piece and head_size(len(ids)) > 0
+        vector = [len(ids), *(len(ids) if o == rank else 0 for o in owners)]
+        if params.late:
+            vector += late_slots(world, rank, late)
+        summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
+        counts = dict(zip(owners, summed[1 : 1 + len(owners)], strict=True))
+        deciders = read_late_slots(summed[1 + len(owners) :], world) - self.offered
+        offers = {o: (counts[o], micro[o]) for o in owners}
         own = ids if rank in offers else None
-        owner_paces = {r: p.own for r, p in enumerate(paces)}
+        owner_paces = {r: p.own for r, p in enumerate(self.paces)}
         self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
-        self.paces, self.deciding = paces, rank in deciders
+        self.deciding = rank in deciders
         self.claim_s, self.helped = 0.0, {}
-        return sum(counts)
+        return summed[0]
+
+    def report(self) -> list[int]:
+        """The rank's slots of the step's exchange (`learn` reads the sum): its own and
+        helping seconds per sample this step and its claim round trip, in ns."""
+        client = self.client
+        world, rank = client.world, client.rank
+        vector = [0] * (3 * world)
+        vector[rank] = round(self.pace.own * 1e9)
+        vector[world + rank] = round(self.pace.helping * 1e9)
+        vector[2 * world + rank] = round(client.round_trip_s * 1e9)
+        return vector
+
+    def learn(self, summed: list[int]) -> None:
+        """Every rank's paces and round trips from the sum of their `report`s: the next
+        step's offers follow from them."""
+        world = len(summed) // 3
+        self.paces = [Pace(summed[r] / 1e9, summed[world + r] / 1e9) for r in range(world)]
+        self.trips = [t / 1e9 for t in summed[2 * world :]]
+
+    def exchange(self, sums: AllSum) -> None:
+        """`report` summed over the ranks, then `learn`: for a step whose gradients are
+        not reduced with the report appended (the driver's own path appends it)."""
+        self.learn(sums(self.report()))
 
     def claims(
         self, own: list[list[int]], total: int, computed: list[int], slowdown: float = 1.0

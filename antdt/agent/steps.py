@@ -267,8 +267,7 @@ class StepDriver:
             self.sharing.settle_late()  # a path that never decided: no helper waits on it
         ids = self._computed_ids(step, model)
         step._computed = ids
-        if model is not None and model is not self.ddp_model:
-            self.collectives().reduce_gradients(model, len(ids))
+        self._reduce(step, model, len(ids))
         step._comm_s = step._count_s + self._claim_s(step) + (time.perf_counter() - t_a)
         step.synced = True
         if self.log_ids is not None:
@@ -278,6 +277,22 @@ class StepDriver:
         else:
             self.stream.synced(step._finished)
         return step.total_samples
+
+    def _reduce(self, step: Step, model: Any, samples: int) -> None:
+        """The step's gradient all-reduce (unless DDP's hook did it), with work sharing's
+        pace report appended: every rank learns the others' paces for the next step's
+        offers at no extra latency. On a path without it, the report goes alone; none on
+        the paths where sharing cannot act (a DataLoader's batch, the DDP hook)."""
+        reduce = model is not None and model is not self.ddp_model
+        sharing = self.sharing
+        if sharing is None or step._lot is not None or self.hook_state is not None:
+            if reduce:
+                self.collectives().reduce_gradients(model, samples)
+        elif reduce:
+            report = sharing.report()
+            sharing.learn(self.collectives().reduce_gradients_and_sum(model, samples, report))
+        else:
+            sharing.exchange(self._all_sum)
 
     def finish(self, t_end: float, *, abandoned: bool = False) -> None:
         """Close the open step at `t_end` (the next step's start, or the epoch's end) and

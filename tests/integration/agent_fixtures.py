@@ -184,6 +184,11 @@ class ThreadCollectives:
             def all_sum(self, values: list[int]) -> list[int]:
                 raise NotImplementedError("work sharing runs on real gloo ranks")
 
+            def reduce_gradients_and_sum(
+                self, model: Any, local_samples: int, values: list[int]
+            ) -> list[int]:
+                raise NotImplementedError("work sharing runs on real gloo ranks")
+
         return _Rank()
 
     def _sum(
@@ -212,6 +217,11 @@ class NullCollectives:
         return value
 
     def all_sum(self, values: list[int]) -> list[int]:
+        return list(values)
+
+    def reduce_gradients_and_sum(
+        self, model: Any, local_samples: int, values: list[int]
+    ) -> list[int]:
         return list(values)
 
 

@@ -74,17 +74,27 @@ def _check(got: list[Any], want: list[Any], what: str) -> None:
 
 
 def _train_plain(rank: int, steps: list[list[int]], want: list[list[Any]]) -> None:
-    from antdt.agent.gradients import allreduce_weighted
+    from antdt.agent.gradients import allreduce_weighted, allreduce_weighted_with
 
     x, y = _data()
     model = _model()
     unused = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    world = len(steps[0])
     for k, row in enumerate(_slices(steps)):
         idx = list(row[rank])
         if idx:  # the script skips compute on an empty batch; grads stay None
             _loss(model, x[idx], y[idx]).backward()
-        total = allreduce_weighted([*model.parameters(), unused], len(idx))
+        params = [*model.parameters(), unused]
+        if k % 2:  # with a report appended (work sharing's): summed, gradients the same
+            report = [0] * (2 * world)
+            report[rank], report[world + rank] = 1000 * rank + k, 2**30 + rank
+            total, summed = allreduce_weighted_with(params, len(idx), report)
+            assert summed == [1000 * r + k for r in range(world)] + [
+                2**30 + r for r in range(world)
+            ]
+        else:
+            total = allreduce_weighted(params, len(idx))
         assert total == sum(steps[k])
         _check([p.grad for p in model.parameters()], want[k], f"plain step {k}")
         assert unused.grad is not None and float(unused.grad.abs().max()) == 0.0

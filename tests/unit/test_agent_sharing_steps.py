@@ -23,15 +23,20 @@ FAST_S, SLOW_S = 1e-3, 1e-2
 
 
 class _Pair:
-    """The count all-reduce of two ranks, rank 1 contributing its samples and pace."""
+    """The other rank's side of rank 0's collectives: rank 1 counts its samples (and
+    publishes them, when it is the one that offers) and reports its pace."""
 
-    def __init__(self, pace_1: float) -> None:
-        self._pace_1 = pace_1
+    def __init__(self, pace_1: float, slow_rank: int) -> None:
+        self._pace_1, self._slow_rank = pace_1, slow_rank
 
     def all_sum(self, values: list[int]) -> list[int]:
-        """[samples, own paces, helping paces, late deciders, claim round trips] by rank,
-        in ns per sample and ns."""
-        theirs = [0, len(OTHERS), 0, int(self._pace_1 * 1e9), 0, 0, 0, 0, 0, 0]
+        """The count ([samples, the offering rank's samples]), or the pace report ([own
+        paces, helping paces, claim round trips] by rank, in ns)."""
+        if len(values) == 6:
+            theirs = [0, int(self._pace_1 * 1e9), 0, 0, 0, 0]
+        else:
+            offered = [len(OTHERS) if self._slow_rank == 1 else 0]
+            theirs = [len(OTHERS), *offered[: len(values) - 1]]
         return [a + b for a, b in zip(values, theirs, strict=True)]
 
 
@@ -78,8 +83,12 @@ def _job(slow_rank: int = 1, chunks: int = 2, delay_s: float = 0.0) -> tuple[Any
     plans.adopt(Plan(job="j", version=1, local_batch=(8, 4), effective_step=0, created_at=0.0))
     out: list[Any] = []
     sharing = WorkSharing(ShareParams(True, chunks), lambda: StoreClaims(link, 0, 2))
-    sharing.pace = Pace(SLOW_S if slow_rank == 0 else FAST_S / 2)
-    pair = _Pair(SLOW_S if slow_rank == 1 else FAST_S)
+    # The step before's paces, as its exchange gave them to every rank.
+    sharing.paces = [
+        Pace(SLOW_S if slow_rank == 0 else FAST_S / 2),
+        Pace(SLOW_S if slow_rank == 1 else FAST_S),
+    ]
+    pair = _Pair(SLOW_S if slow_rank == 1 else FAST_S, slow_rank)
     driver = StepDriver(
         rank=0,
         host="h0",

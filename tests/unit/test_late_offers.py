@@ -85,7 +85,8 @@ def _run_steps(late: bool, slow: dict[int, set[int]], steps: int) -> tuple[list[
                     time.sleep(PER_SAMPLE_S * len(mb.ids) * (factor if mb.owner == rank else 1))
                     out.append((step, rank, mb.owner, tuple(mb.ids), mb.weight))
                 sharing.settle_late()
-                barrier.all_sum(rank, [0])  # the gradient all-reduce: the step ends together
+                # the gradient all-reduce, the paces reported in it: the step ends together
+                sharing.exchange(lambda v: barrier.all_sum(rank, v))
         except Exception as exc:  # pragma: no cover - reported by the assertion below
             errors.append(exc)
             barrier._barrier.abort()
@@ -157,3 +158,15 @@ def test_a_decider_that_never_claims_releases_the_helpers_at_sync() -> None:
     silent.decide_late(None)  # what settle_late does at its sync
     waiting.join(timeout=10)
     assert joined == [False] and helper.claim_next() is None
+
+
+def test_late_deciders_travel_as_one_bitmask_up_to_62_ranks_else_a_slot_each() -> None:
+    from antdt.sharing import LATE_BITS, late_slots, read_late_slots
+
+    for world in (4, LATE_BITS, LATE_BITS + 1):
+        late = {0, 2, world - 1}
+        parts = [late_slots(world, r, r in late) for r in range(world)]
+        summed = [sum(column) for column in zip(*parts, strict=True)]
+        assert len(summed) == (1 if world <= LATE_BITS else world)
+        assert read_late_slots(summed, world) == late
+    assert read_late_slots([], 4) == frozenset()
