@@ -182,11 +182,8 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off: none
-#: yet. A healthy job with sharing on, no step offered, ran 5-9% slower than without it
-#: on the sharing bench (the cost of its path, not of offers; not found yet), where a
-#: default must cost a healthy job nothing measurable.
-SHARING_BY_DEFAULT: frozenset[str] = frozenset()
+#: Policies under which `work_sharing` is on unless the job's params turn it off.
+SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
 def head_size(samples: int) -> int:
