@@ -183,11 +183,8 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
 
 
 #: Policies under which `work_sharing` is on unless the job's params turn it off: none
-#: yet. A healthy job no longer pays for the path (the paces ride the gradient
-#: all-reduce), but under antdt-nd with sharing on the kill-restart e2e job lost its
-#: order of actions (a restart with no batch cut before it; a cut after which the
-#: incident resolved and no restart followed): the detector and the policy judging a
-#: rank that others help need work before it is a default.
+#: yet. Under antdt-nd the detector and lb-bsp do not yet keep their order of actions
+#: (batches cut, then a restart) for a rank that others help.
 SHARING_BY_DEFAULT: frozenset[str] = frozenset()
 
 

@@ -70,21 +70,13 @@ class ActionLog:
                 await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
                 return
             except TimeoutError as exc:  # no ack yet: the stream may be electing a leader
-                error: Exception = exc
-                if time.monotonic() + pause <= deadline:
-                    log.info("action record publish tried again", action=record.action_id)
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, RETRY_PAUSE_MAX_S)
-                    continue
+                if time.monotonic() + pause > deadline:
+                    return _not_persisted(record, tries, exc)
             except Exception as exc:  # the stream missing, refused: trying again won't help
-                error = exc
-            log.warning(
-                "action record not persisted",
-                action=record.action_id,
-                tries=tries,
-                error=str(error),
-            )
-            return
+                return _not_persisted(record, tries, exc)
+            log.info("action record publish tried again", action=record.action_id)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
     async def recorded_ids(self, job: str) -> set[str]:
         """Action ids already on ANTDT_ACTIONS for the job (empty when unreadable)."""
@@ -96,3 +88,9 @@ class ActionLog:
             log.warning("action records unreadable", job=job, error=str(exc))
             return set()
         return {r.action_id for r in replay.items}
+
+
+def _not_persisted(record: ActionRecord, tries: int, error: Exception) -> None:
+    log.warning(
+        "action record not persisted", action=record.action_id, tries=tries, error=str(error)
+    )
