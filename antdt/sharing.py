@@ -144,8 +144,7 @@ def offering(
     that `offered` last step (measured on its micro-batches) is scaled by the helpers'
     median ratio of their pace in one piece to theirs on micro-batches; no helper, no
     offer. A rank's pace 0 (none yet, e.g. the first step): not judged, no reference."""
-    scale = [p.own / p.helping for r, p in enumerate(paces) if r not in offered and p.helping > 0]
-    in_one_piece = statistics.median(scale) if scale else 0.0
+    in_one_piece = one_piece_scale(paces, offered)
     times = {
         r: p.own * (in_one_piece if r in offered else 1.0) * samples[r]
         for r, p in enumerate(paces)
@@ -161,6 +160,13 @@ def offering(
         for r, t in times.items()
         if t > ratio * median and chunks * rtt.get(r, 0.0) < RTT_SHARE * (t - median)
     )
+
+
+def one_piece_scale(paces: Sequence[Pace], offered: AbstractSet[int]) -> float:
+    """Pace in one piece over pace on micro-batches, as the ranks that helped without
+    offering measured both last step (their median); 0 when none did."""
+    scale = [p.own / p.helping for r, p in enumerate(paces) if r not in offered and p.helping > 0]
+    return statistics.median(scale) if scale else 0.0
 
 
 def worth_helping(round_trip_s: float, micro_samples: int, owner_pace: float) -> bool:

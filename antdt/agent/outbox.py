@@ -25,6 +25,7 @@ class StepRecord:
     step_s: float
     started_at: float
     helped: tuple[tuple[int, int], ...] = ()  # (owner, samples) of others' shares computed
+    one_piece_s: float | None = None  # under work sharing: its share in one pass (s)
 
 
 @dataclass(frozen=True)

@@ -182,4 +182,5 @@ def step_event(
         started_at=r.started_at,
         ended_at=r.started_at + r.step_s,
         helped=dict(r.helped) if r.helped else None,
+        one_piece_s=r.one_piece_s,
     )

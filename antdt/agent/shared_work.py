@@ -23,6 +23,7 @@ from antdt.sharing import (
     late_offer,
     late_slots,
     offering,
+    one_piece_scale,
     read_late_slots,
 )
 
@@ -90,6 +91,9 @@ class WorkSharing:
     paces: list[Pace] = field(default_factory=list)
     trips: list[float] = field(default_factory=list)
     deciding: bool = False
+    #: The seconds the open step's own share would take in one pass at this rank's pace
+    #: (None: not known, or the step ran it so; see `one_piece_s`).
+    one_piece: float | None = None
 
     @property
     def client(self) -> StoreClaims:
@@ -138,7 +142,7 @@ class WorkSharing:
         owner_paces = {r: p.own for r, p in enumerate(self.paces)}
         self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
         self.deciding = rank in deciders
-        self.claim_s, self.helped = 0.0, {}
+        self.claim_s, self.helped, self.one_piece = 0.0, {}, None
         return summed[0]
 
     def report(self) -> list[int]:
@@ -190,6 +194,7 @@ class WorkSharing:
             if head and mb.ids is own[0]:  # the head, just computed
                 self._decide(client, own[1], took, head)
         self.pace = Pace(own_tally.pace, help_tally.pace)
+        self.one_piece = self._one_piece(own_tally, sum(map(len, own)), bool(self.helped))
 
     def _decide(self, client: StoreClaims, tail: list[int], head_s: float, head: int) -> None:
         """After the head: offer the tail when the head was slow (its round trips count
@@ -217,6 +222,17 @@ class WorkSharing:
                 self.claim_s += time.perf_counter() - t0
                 return
             yield held, time.perf_counter() - t0
+
+    def _one_piece(self, own: _Tally, share: int, helped: bool) -> float | None:
+        """The seconds this rank's share (`share` samples) would take in one pass at its
+        pace this step, when the step ran otherwise: its own part's pace when it did not
+        offer (it helped), else its micro-batches' pace times the job's one-piece ratio
+        (None while unknown). None when it neither offered nor helped."""
+        offered = self.client.rank in self.offered
+        if not (offered or helped) or own.samples == 0:
+            return None
+        scale = one_piece_scale(self.paces, self.offered) if offered else 1.0
+        return own.pace * scale * share if scale > 0 else None
 
     def settle_late(self) -> None:
         """At sync: a rank that was to decide whether to offer late and did not (its

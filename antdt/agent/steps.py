@@ -251,6 +251,11 @@ class StepDriver:
             return ()
         return tuple(sorted(self.sharing.helped.items()))
 
+    def _one_piece_s(self, step: Step) -> float | None:
+        if self.sharing is None or step._lot is not None:
+            return None
+        return self.sharing.one_piece
+
     def sync(self, step: Step, model: Any) -> int:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open (sync called twice or late)")
@@ -318,5 +323,6 @@ class StepDriver:
                 step_s=t_end - step._t0,
                 started_at=step._wall0,
                 helped=self._helped(step),
+                one_piece_s=self._one_piece_s(step),
             )
         )

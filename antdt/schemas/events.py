@@ -42,6 +42,15 @@ class StepEvent(WireModel):
         description="Under work sharing: samples of other ranks' shares this rank computed "
         "in the step, by owner rank (counted in `samples`; null: none)",
     )
+    one_piece_s: Seconds | None = Field(
+        default=None,
+        exclude_if=unset,
+        description="Under work sharing, when the step did not run the rank's planned batch "
+        "in one pass (it offered its share as micro-batches, or took over others'): the "
+        "seconds its planned batch would take in one pass at its own pace this step, "
+        "which the monitor judges its speed by (null: its own samples in one pass, or "
+        "not known)",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> StepEvent:

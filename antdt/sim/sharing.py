@@ -36,6 +36,9 @@ class SharedStep:
     compute_s: float
     samples: Floats
     busy_s: Floats
+    #: Per rank, its share's time in one pass when the step ran it otherwise (it offered
+    #: or helped; `StepEvent.one_piece_s`), NaN when it ran its share as planned.
+    one_piece_s: Floats | None = None
 
 
 @dataclass
@@ -77,7 +80,10 @@ class SharingModel:
         self.paces = self._paces(own, batches, factors, micro, ranks, joined & helpers, mb)
         samples = np.where(helpers, batches, 0.0) + rates * pooled
         busy = np.where(helpers, own, 0.0) + pooled
-        return SharedStep(max(unshared, level + tail), samples, busy)
+        # What the agents report: the offering ranks and the helpers, their share in one
+        # pass (the agents estimate it; the model knows it).
+        one_piece = np.where(joined | ~helpers, own, np.nan)
+        return SharedStep(max(unshared, level + tail), samples, busy, one_piece)
 
     def _paces(
         self,

@@ -181,3 +181,43 @@ def test_a_step_without_offers_touches_no_store() -> None:
     assert [mb.ids for mb in step.claims()] == [OWN]
     step.sync()
     assert link.calls == 0
+
+
+def _computed(step: Any, seconds_per_sample: float) -> None:
+    for micro in step.claims():
+        time.sleep(seconds_per_sample * len(micro.ids))
+
+
+def test_a_helper_reports_its_own_share_in_one_pass_without_its_help() -> None:
+    """Rank 0 computes its 8 samples in one pass and helps with rank 1's 4: its step's
+    compute holds both, `one_piece_s` its own share's time only."""
+    step, driver, _other, (out, *_alive) = _job(slow_rank=1)
+    _computed(step, 0.005)
+    step.sync()
+    driver.finish(time.perf_counter())
+    record = out[-1]
+    assert record.samples == 12 and record.helped == ((1, 4),)
+    assert record.one_piece_s is not None and 0.04 <= record.one_piece_s < 0.05
+    assert record.step_s - record.data_wait_s - record.comm_s >= 0.06
+
+
+def test_an_offering_rank_reports_its_share_at_the_helpers_one_pass_ratio() -> None:
+    """Rank 0 offered its share as 2 micro-batches and computed both itself at 5 ms a
+    sample; last step rank 1 computed its own share at half the pace it helped at: rank
+    0's share in one pass is taken to cost half as much per sample."""
+    step, driver, _other, (out, *_alive) = _job(slow_rank=0)
+    driver.sharing.paces[1] = Pace(FAST_S, 2 * FAST_S)  # the exchange before this step's
+    _computed(step, 0.005)
+    step.sync()
+    driver.finish(time.perf_counter())
+    record = out[-1]
+    assert record.samples == 8 and record.one_piece_s is not None
+    assert 0.5 * 0.04 <= record.one_piece_s < 0.5 * 0.05
+
+
+def test_a_step_run_as_planned_reports_no_one_pass_time() -> None:
+    step, driver, _other, (out, *_alive) = _job(slow_rank=-1)
+    _computed(step, 0.001)
+    step.sync()
+    driver.finish(time.perf_counter())
+    assert out[-1].one_piece_s is None

@@ -19,9 +19,10 @@ JOB = "columns"
 RANKS, PER_HOST, STEPS = 12, 4, 140
 
 
-def _stream(seed: int, rtt: bool) -> list[tuple[float, StepColumns]]:
+def _stream(seed: int, rtt: bool, one_piece: bool = False) -> list[tuple[float, StepColumns]]:
     """Steps of a job with two stragglers, a host slowing later, a plan halving one
-    rank's batch; each step's rows shuffled, some ranks missing, some rows bad."""
+    rank's batch; each step's rows shuffled, some ranks missing, some rows bad; with
+    `one_piece`, some rows judged by a one-pass time (work sharing), a few of them bad."""
     rng = random.Random(seed)
     slow = dict.fromkeys(rng.sample(range(RANKS), 2), rng.uniform(1.8, 3.0))
     slow_host, host_onset = rng.randrange(RANKS // PER_HOST), rng.randrange(40, 90)
@@ -56,15 +57,28 @@ def _stream(seed: int, rtt: bool) -> list[tuple[float, StepColumns]]:
         cols = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(13)]
         if not rtt:
             cols[-1] = None  # type: ignore[call-overload]
+        if one_piece:
+            cols.append([_one_piece(rng, row[8]) for row in rows])
         stream.append((t, StepColumns(JOB, *cols)))  # type: ignore[arg-type]
     return stream
 
 
-@pytest.mark.parametrize(("seed", "rtt"), [(1, True), (2, False), (3, True), (4, False)])
-def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool) -> None:
+def _one_piece(rng: random.Random, compute: float) -> float | None:
+    draw = rng.random()
+    if draw < 0.01:
+        return float("nan")
+    return compute * rng.uniform(0.8, 1.2) if draw < 0.3 else None
+
+
+@pytest.mark.parametrize(
+    ("seed", "rtt", "one_piece"),
+    [(1, True, False), (2, False, False), (3, True, False), (4, False, False)]
+    + [(5, True, True), (6, False, True)],
+)
+def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_piece: bool) -> None:
     one, batched = JobDetector(JOB, RANKS), JobDetector(JOB, RANKS)
     bulk = 0
-    for now, columns in _stream(seed, rtt):
+    for now, columns in _stream(seed, rtt, one_piece):
         bulk += all_acceptable(columns, batched._ranks, JOB)
         expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
         assert batched.ingest_step(columns, now) == expected

@@ -24,6 +24,7 @@ from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
+from antdt.services.monitor.onepiece import ONE_PIECE_S, bad_one_piece, in_one_piece
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
@@ -53,6 +54,7 @@ class StepFields(NamedTuple):
     step_s: float
     link_rtt_s: float | None = None
     helped: Mapping[int, int] | None = None
+    one_piece_s: float | None = None
 
 
 _fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
@@ -135,6 +137,8 @@ class JobDetector:
 
     def _accept(self, fields: StepFields, now: float) -> list[Incident]:
         """An event `_rejection` passed, at `now` (the clock already moved)."""
+        if len(fields) > ONE_PIECE_S and fields[ONE_PIECE_S] is not None:
+            fields = in_one_piece(fields)  # type: ignore[assignment]
         rank, step, plan = self._ranks[fields[1]], fields[3], fields[4]
         transitions = []
         if rank.stall is not None:
@@ -282,6 +286,8 @@ class JobDetector:
         helped = fields[_HELPED] if len(fields) > _HELPED else None
         if helped and any(not 0 <= o < self.world_size or o == rank for o in helped):
             return "helped_out_of_range"
+        if bad_one_piece(fields, MAX_S):
+            return "bad_duration"
         return None
 
     def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:

@@ -40,11 +40,17 @@ class StepColumns(NamedTuple):
     comm_s: Sequence[float]
     step_s: Sequence[float]
     link_rtt_s: Sequence[float | None] | None = None
+    one_piece_s: Sequence[float | None] | None = None
 
     def rows(self) -> Iterator[tuple[object, ...]]:
-        """Each row as the tuple `ingest_fields` takes (StepFields order)."""
-        columns = self[1:] if self.link_rtt_s is not None else self[1:-1]
-        return zip(repeat(self.job), *columns)  # type: ignore[call-overload, no-any-return]
+        """Each row as the tuple `ingest_fields` takes (StepFields order; no `helped`)."""
+        figures = self[1:13]
+        if self.one_piece_s is not None:
+            link = repeat(None) if self.link_rtt_s is None else self.link_rtt_s
+            return zip(repeat(self.job), *figures, link, repeat(None), self.one_piece_s)  # type: ignore[call-overload, no-any-return]
+        if self.link_rtt_s is not None:
+            return zip(repeat(self.job), *figures, self.link_rtt_s)  # type: ignore[call-overload, no-any-return]
+        return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
 
 
 def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) -> bool:
@@ -65,6 +71,11 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
         total = sum(figures)
         if total != total or min(figures) < 0.0 or max(figures) > MAX_S:  # NaN, range
             return False
+    if c.one_piece_s is not None and not all(
+        v is None or 0.0 <= v <= MAX_S
+        for v in c.one_piece_s  # False on a NaN too
+    ):
+        return False
     memories = [ranks[r] for r in c.rank]
     if not all(map(gt, c.step, map(_last_step, memories))):
         return False

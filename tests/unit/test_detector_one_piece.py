@@ -1,0 +1,78 @@
+"""Steps that work sharing ran in several passes are judged as the rank's planned batch
+in one pass (`StepEvent.one_piece_s`): a helped straggler's speed model says how slow it
+is, not how slow its micro-batches were, and helpers do not look slow for their help."""
+
+from __future__ import annotations
+
+import random
+
+from antdt.services.monitor.detector import JobDetector
+
+JOB, WORLD, BATCH, ONSET, STEPS = "j", 4, 64, 16, 96
+#: One pass of the demo-like model: 16 ms fixed, 1 ms a sample (64 samples: 80 ms).
+FIXED_S, PER_SAMPLE_S, SLOW = 0.016, 0.001, 3.0
+
+
+def _pass_s(samples: int, factor: float = 1.0) -> float:
+    return factor * (FIXED_S + PER_SAMPLE_S * samples)
+
+
+def _steps(report_one_piece: bool, seed: int = 3) -> JobDetector:
+    """Rank 3 three times slow from ONSET, offering its share as 8 micro-batches of 8
+    every step; the others compute their own share in one pass and 1-3 of its
+    micro-batches each, it the rest."""
+    rng, detector = random.Random(seed), JobDetector(JOB, WORLD)
+    t = 0.0
+    for step in range(STEPS):
+        rows, slow = [], step >= ONSET
+        taken = [rng.randint(1, 3) for _ in range(3)] if slow else [0, 0, 0]
+        for rank in range(WORLD):
+            noise = rng.uniform(0.97, 1.03)
+            if rank < 3:
+                samples = BATCH + 8 * taken[rank]
+                compute = noise * (_pass_s(BATCH) + taken[rank] * _pass_s(8))
+                one_piece = noise * _pass_s(BATCH) if taken[rank] else None
+            elif slow:
+                left = 8 - sum(taken)
+                samples, compute = 8 * left, noise * left * _pass_s(8, SLOW)
+                one_piece = noise * _pass_s(BATCH, SLOW) * 0.98  # its estimate, not exact
+            else:
+                samples, compute, one_piece = BATCH, noise * _pass_s(BATCH), None
+            rows.append((rank, samples, compute, one_piece if report_one_piece else None))
+        step_s = max(r[2] for r in rows) + 0.005
+        for rank, samples, compute, one_piece in rows:
+            fields = (JOB, rank, f"h{rank}", step, 0, BATCH, t, t + step_s)
+            fields += (samples, compute, 0.0, step_s - compute, step_s, None, None, one_piece)
+            detector.ingest_fields(fields, t + step_s)  # type: ignore[arg-type]
+        t += step_s
+    return detector
+
+
+def _slowness(detector: JobDetector) -> list[float]:
+    """Each rank's per-sample time by its model over rank 0's."""
+    ranks = detector.health(1e6).ranks
+    assert all(r.per_sample_s for r in ranks), [r.per_sample_s for r in ranks]
+    return [r.per_sample_s / ranks[0].per_sample_s for r in ranks]  # type: ignore[operator]
+
+
+def test_a_helped_straggler_is_judged_at_its_one_pass_speed() -> None:
+    detector = _steps(report_one_piece=True)
+    slowness = _slowness(detector)
+    assert 2.7 <= slowness[3] <= 3.3, slowness
+    assert all(0.9 <= s <= 1.1 for s in slowness[:3]), slowness
+    assert [i.rank for i in detector.open_incidents] == [3]
+
+
+def test_judged_on_its_micro_batches_it_looks_far_slower_than_it_is() -> None:
+    """What `one_piece_s` mends: the same steps, judged raw."""
+    slowness = _slowness(_steps(report_one_piece=False))
+    assert slowness[3] > 4.0, slowness
+
+
+def test_a_one_piece_time_out_of_range_is_refused_and_counted() -> None:
+    detector = JobDetector(JOB, WORLD)
+    for bad in (float("nan"), -1.0, 1e8, "7"):
+        fields = (JOB, 0, "h0", 1, 0, BATCH, 0.0, 0.1, BATCH, 0.08, 0.0, 0.01, 0.1)
+        detector.ingest_fields((*fields, None, None, bad), 1.0)  # type: ignore[arg-type]
+    assert detector.rejected == {"bad_duration": 4}
+    assert detector.health(1.0).ranks[0].last_step == 0
