@@ -9,6 +9,7 @@ actions change the plan or move a rank to a spare node (paying the restart cost)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -102,6 +103,7 @@ class _Loop:
             np.maximum(0.0, wall - done.busy_s).tolist(),
             [wall] * n,
             (self.scenario.link_rtt_s * link).tolist(),
+            _one_piece(done),
         )
         self.pending.extend(self.detector.ingest_step(columns, now))
 
@@ -163,6 +165,13 @@ class _Loop:
         self.batches = np.array(plan.local_batch, dtype=np.float64)
         self.accumulation = np.array(plan.accumulation or (1,) * self.scenario.ranks)
         self.last_action_at = self.now
+
+
+def _one_piece(done: SharedStep) -> list[float | None] | None:
+    """The step's `one_piece_s` column: None where a rank ran its share as planned."""
+    if done.one_piece_s is None:
+        return None
+    return [None if math.isnan(v) else v for v in done.one_piece_s.tolist()]
 
 
 class ClusterModel(Protocol):

@@ -49,6 +49,18 @@ def test_a_slow_rank_is_shared_from_the_step_after_it_was_seen_slow() -> None:
     assert second.busy_s[3] == pytest.approx(0.48) and second.busy_s[0] == pytest.approx(0.48)
 
 
+def test_the_offering_rank_and_its_helpers_report_their_share_in_one_pass() -> None:
+    """What the agents' step events carry (`one_piece_s`): their own share's time in one
+    pass where the step ran otherwise, nothing where it ran as planned."""
+    model = _model()
+    batches = np.full(4, 40.0)
+    factors = np.array([1.0, 1.0, 1.0, 3.0])
+    own = 0.01 * batches * factors
+    assert model.step(own, batches, factors).one_piece_s is None  # nobody offered yet
+    shared = model.step(own, batches, factors).one_piece_s
+    assert shared is not None and shared.tolist() == pytest.approx(own.tolist())
+
+
 def test_the_rank_stops_offering_once_it_is_fast_again() -> None:
     model = _model()
     batches = np.full(4, 40.0)
