@@ -91,6 +91,11 @@ class WorkSharing:
     paces: list[Pace] = field(default_factory=list)
     trips: list[float] = field(default_factory=list)
     deciding: bool = False
+    #: The step last opened and the offers of the step before it: a step opened again
+    #: (the epoch ran out of data at its count; the next epoch's first step has its
+    #: index) decides its offers from the same paces and offers as the first time.
+    _opened: int = -1
+    _offered_before: frozenset[int] = frozenset()
     #: The seconds the open step's own share would take in one pass at this rank's pace
     #: (None: not known, or the step ran it so; see `one_piece_s`).
     one_piece: float | None = None
@@ -120,10 +125,17 @@ class WorkSharing:
         world = len(plan.local_batch)
         micro = plan.micro_batch or (0,) * world
         params = self.params
+        if step_index != self._opened:  # not the same step again (an epoch's end)
+            self._opened, self._offered_before = step_index, self.offered
         known = len(self.paces) == world
         self.offered = (
             offering(
-                self.paces, self.offered, plan.local_batch, params.ratio, self.trips, params.chunks
+                self.paces,
+                self._offered_before,
+                plan.local_batch,
+                params.ratio,
+                self.trips,
+                params.chunks,
             )
             if known
             else frozenset()

@@ -170,3 +170,27 @@ def test_late_deciders_travel_as_one_bitmask_up_to_62_ranks_else_a_slot_each() -
         assert len(summed) == (1 if world <= LATE_BITS else world)
         assert read_late_slots(summed, world) == late
     assert read_late_slots([], 4) == frozenset()
+
+
+class _Recording:
+    """A claim store client that records what each step opened with."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.world, self.opened = rank, WORLD, []
+
+    def open(self, step: int, offers: dict[int, Any], *_rest: Any) -> None:
+        self.opened.append((step, sorted(offers)))
+
+
+def test_a_step_opened_again_at_an_epochs_end_keeps_its_offers() -> None:
+    """The last epoch ran out of data at the step's count: the driver opens the same
+    step index again for the next epoch, and the slow rank still offers in it."""
+    from antdt.agent.shared_work import WorkSharing
+
+    client = _Recording(0)
+    sharing = WorkSharing(ShareParams(True, 4), lambda: client)  # type: ignore[arg-type,return-value]
+    sharing.paces = [Pace(1e-3), Pace(1e-3), Pace(4e-3)]  # the exchange of step 29
+    everyone = lambda v: [x * WORLD for x in v]  # noqa: E731  # the same share everywhere
+    assert sharing.open(30, _plan(), 0, [], everyone) == 0  # epoch 0 has no data left
+    assert sharing.open(30, _plan(), 0, list(range(SHARE)), everyone) == WORLD * SHARE
+    assert client.opened == [(30, [2]), (30, [2])]
