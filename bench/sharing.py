@@ -18,11 +18,13 @@ from typing import Any
 
 from rich.progress import Progress
 
+from antdt.runtime.bus import Bus
+from antdt.runtime.config import NatsSettings
 from antdt.runtime.cpubudget import RankBudgets
 from antdt.runtime.servers import EmbeddedCluster
 from antdt.testing.contention import last_step
 from antdt.testing.torchrun import start_torchrun, stop
-from bench.contention import job_env, read_progress, services
+from bench.contention import job_env, read_progress, record, services
 from bench.display import console
 from bench.shards_rows import RUNS
 from bench.sharing_figures import (
@@ -105,7 +107,9 @@ async def run_once(
     progress = out / "progress.jsonl"
     progress.unlink(missing_ok=True)
     budgets = await asyncio.to_thread(RankBudgets, job, WORLD, s.cpus_per_rank, s.factor - 1)
+    bus = await Bus(NatsSettings(url=cluster.nats.url), name=f"bench-{job}").connect()
     try:
+        got = await record(bus, job)
         # torchrun, as users start jobs: the c10d store (the claims') is in its agent,
         # outside every rank's budget.
         script = ["--no-python", *budgets.command([sys.executable, "-m", "antdt.demo.train"])]
@@ -116,11 +120,17 @@ async def run_once(
                 rc = await asyncio.to_thread(proc.wait, RUN_TIMEOUT_S)
             finally:
                 stop(proc)
+        await asyncio.sleep(0.5)  # the last step events, published as the ranks closed
     finally:
+        await bus.close()
         await asyncio.to_thread(budgets.close)
     if rc != 0:
         raise RuntimeError(f"the {cfg.label} run failed (exit {rc}): see {out}")
-    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps)
+    (out / "steps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in got.steps))
+    computes: dict[int, list[float]] = {}
+    for event in got.steps:
+        computes.setdefault(event.step, []).append(event.compute_s)
+    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps, computes)
 
 
 @dataclass(frozen=True)

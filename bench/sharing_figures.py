@@ -66,25 +66,51 @@ def persistent(rank: int, first: int, last: int) -> list[Burst]:
 
 @dataclass(frozen=True)
 class RunFigures:
-    """One run: samples per second over the measured steps, and the mean step time."""
+    """One run: samples per second over the measured steps, and the mean step time;
+    `ideal_throughput`: the same steps had each one's compute been spread over the
+    ranks perfectly, with everything else as measured (None: no step events)."""
 
     label: str
     throughput: float
     step_s: float
     steps: int
+    ideal_throughput: float | None = None
 
 
-def run_figures(label: str, progress: list[dict[str, Any]], first: int, last: int) -> RunFigures:
+def run_figures(
+    label: str,
+    progress: list[dict[str, Any]],
+    first: int,
+    last: int,
+    computes: dict[int, list[float]] | None = None,
+) -> RunFigures:
     """Throughput over steps [first, last): from the end of step first-1 to the end of
-    step last-1, the samples of steps first..last-1."""
+    step last-1, the samples of steps first..last-1. `computes`: each step's compute
+    seconds by rank (its step events), for `ideal_throughput`."""
     by_step = {int(r["step"]): r for r in progress}
     missing = [s for s in range(first - 1, last) if s not in by_step]
     if missing:
         raise RuntimeError(f"{label}: progress lacks steps {missing[:5]}")
     t0, t1 = float(by_step[first - 1]["t"]), float(by_step[last - 1]["t"])
     samples = sum(int(by_step[s]["samples"]) for s in range(first, last))
-    gaps = [float(by_step[s]["t"]) - float(by_step[s - 1]["t"]) for s in range(first, last)]
-    return RunFigures(label, samples / (t1 - t0), statistics.mean(gaps), last - first)
+    gaps = {s: float(by_step[s]["t"]) - float(by_step[s - 1]["t"]) for s in range(first, last)}
+    ideal = None
+    if computes:
+        ideal = samples / sum(g - spread_saving(computes.get(s, [])) for s, g in gaps.items())
+    return RunFigures(
+        label, samples / (t1 - t0), statistics.mean(gaps.values()), last - first, ideal
+    )
+
+
+def spread_saving(computes: list[float]) -> float:
+    """Seconds a step of equal shares saves when its compute is spread over the ranks
+    at their speeds in it (perfect work sharing, free): the slowest rank's compute less
+    the water level world / sum(1 / compute). The all-reduce, data wait and the rest
+    stay as measured: a rank slowed by a noisy neighbour also slows its part of a CPU
+    all-reduce, which no sharing of samples wins back. 0 without every rank's figure."""
+    if len(computes) < 2 or min(computes) <= 0:
+        return 0.0
+    return max(computes) - len(computes) / sum(1.0 / c for c in computes)
 
 
 @dataclass(frozen=True)
@@ -102,11 +128,13 @@ def median_runs(label: str, runs: list[RunFigures]) -> RunFigures:
     """Repeats of one configuration as one: the median throughput and step time."""
     if not runs:
         raise ValueError(f"{label}: no runs")
+    ideals = [r.ideal_throughput for r in runs if r.ideal_throughput is not None]
     return RunFigures(
         label,
         statistics.median(r.throughput for r in runs),
         statistics.median(r.step_s for r in runs),
         runs[0].steps,
+        statistics.median(ideals) if ideals else None,
     )
 
 
@@ -138,10 +166,17 @@ def rows(
     out = []
     t = got["transient"]
     steps = t.runs["none"].steps
-    ceiling = transient_ceiling(slowed, steps, world, factor)
+    compute_only = transient_ceiling(slowed, steps, world, factor)
     late = one_step_late_ceiling(slowed, bursts, steps, world, factor) if bursts else None
+    ideal = t.runs["none"].ideal_throughput
     for base, target in (("none", 1.25), ("lb-bsp", 1.2)):
+        # The ceiling: none's own steps with their compute spread perfectly (measured),
+        # else the bursts' compute alone (the all-reduce unslowed).
+        ceiling = ideal / t.runs[base].throughput if ideal else compute_only
         row = _row(t, "antdt-nd+sharing", base, f">= {target}", ceiling, "transient 3x bursts")
+        row["ceiling_compute_only"] = (
+            compute_only * t.runs["none"].throughput / t.runs[base].throughput
+        )
         out.append(row | ({"ceiling_late": late} if late else {}))
     p = got["persistent"]
     out.append(_row(p, "antdt-nd+sharing", "lb-bsp", ">= 1.0", None, "persistent 3x straggler"))

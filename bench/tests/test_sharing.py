@@ -112,3 +112,37 @@ def test_repeats_count_by_their_median() -> None:
     assert median_runs("a", runs[:2]).throughput == 115.0
     with pytest.raises(ValueError):
         median_runs("a", [])
+
+
+def test_a_step_spread_perfectly_saves_its_slowest_compute_over_the_water_level() -> None:
+    from bench.sharing_figures import spread_saving
+
+    # one rank of four 3x slow: the water level is 4 / (3 + 1/3) = 1.2 of a share
+    assert spread_saving([1.0, 1.0, 1.0, 3.0]) == pytest.approx(3.0 - 1.2)
+    assert spread_saving([1.0, 1.0]) == 0.0
+    assert spread_saving([2.0]) == 0.0 and spread_saving([]) == 0.0  # not every rank
+
+
+def test_the_ideal_throughput_keeps_what_is_not_compute_as_measured() -> None:
+    """Step 6 took 3.5 s: its slowed rank's 3 s of compute, and 0.5 s of all-reduce that
+    the noisy neighbour slowed too; spread perfectly, 1.2 + 0.5."""
+    progress = [{"step": s, "t": 100.0 + s, "samples": 64} for s in range(6)]
+    progress.append({"step": 6, "t": 108.5, "samples": 64})
+    computes = {s: [0.8] * 4 for s in range(1, 6)} | {6: [1.0, 1.0, 1.0, 3.0]}
+    got = run_figures("none", progress, 1, 7, computes)
+    assert got.throughput == pytest.approx(6 * 64 / 8.5)
+    assert got.ideal_throughput == pytest.approx(6 * 64 / (5 + 1.7))
+    assert run_figures("none", progress, 1, 7).ideal_throughput is None
+
+
+def test_the_transient_ceiling_is_nones_measured_ideal_over_each_baseline() -> None:
+    runs = _runs(none=100.0, lb_bsp=110.0, antdt_nd_sharing=115.0)
+    runs["none"] = RunFigures("none", 100.0, 0.1, 50, ideal_throughput=121.0)
+    got = {
+        "transient": Comparison("transient", runs),
+        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
+        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=297.0)),
+    }
+    made = rows(got, world=4, factor=3, slowed=10)
+    assert [round(r["ceiling"], 3) for r in made[:2]] == [1.21, 1.1]
+    assert made[0]["ceiling_compute_only"] == pytest.approx(transient_ceiling(10, 50, 4, 3))
