@@ -72,8 +72,14 @@ def _one_piece(rng: random.Random, compute: float) -> float | None:
 
 @pytest.mark.parametrize(
     ("seed", "rtt", "one_piece"),
-    [(1, True, False), (2, False, False), (3, True, False), (4, False, False)]
-    + [(5, True, True), (6, False, True)],
+    [
+        (1, True, False),
+        (2, False, False),
+        (3, True, False),
+        (4, False, False),
+        (5, True, True),  # some rows judged by a one-pass time
+        (6, False, True),
+    ],
 )
 def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_piece: bool) -> None:
     one, batched = JobDetector(JOB, RANKS), JobDetector(JOB, RANKS)
