@@ -157,7 +157,7 @@ class JobDetector:
         window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
         samples, compute_s = fields[8], fields[9]
         if samples > 0 and compute_s > 0:
-            rank.history.append((samples, compute_s))
+            rank.history.add(samples, compute_s)
             if rank.settle_left:
                 rank.settle_left -= 1
             else:

@@ -109,8 +109,14 @@ class Pace:
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
 
     def model(self, rank: RankMemory) -> SpeedModel | None:
-        """The rank's step-time model (None: too few steps at one speed yet)."""
-        return fit_speed(rank.history, self.fixed_samples, self._speed)
+        """The rank's step-time model (None: too few steps at one speed yet), refitted
+        only when its history or the job's fixed part changed since the last fit."""
+        version, fixed, memo = rank.history.version, self.fixed_samples, rank.model
+        if memo is not None and memo[0] == version and memo[1] == fixed:
+            return memo[2]
+        model = fit_speed(rank.history, fixed, self._speed)
+        rank.model = (version, fixed, model)
+        return model
 
 
 def _around_last_change(

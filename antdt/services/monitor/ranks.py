@@ -19,6 +19,7 @@ from antdt.schemas import (
     RankState,
     trusted,
 )
+from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Figures, Judgement
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
@@ -30,8 +31,8 @@ HISTORY_STEPS = 96
 NORMAL_WINDOWS = 3
 
 
-def _history() -> deque[tuple[int, float]]:
-    return deque(maxlen=HISTORY_STEPS)
+def _history() -> History:
+    return History(HISTORY_STEPS)
 
 
 def _normal_windows() -> deque[WindowStats]:
@@ -60,7 +61,7 @@ class RankMemory:
     slow_steps: int = 0  # slow steps in its open window
     slow_share: float | None = None  # share of its recent steps that were slow (smoothed)
     # (samples, compute_s) of its recent steps at one speed: its speed model's
-    history: deque[tuple[int, float]] = field(default_factory=_history)
+    history: History = field(default_factory=_history)
     had_normal: bool = False  # some evaluated window was normal, and looked it
     streak: int = 0  # consecutive deviating windows of `streak_kind`
     streak_kind: IncidentKind | None = None
@@ -84,6 +85,8 @@ class RankMemory:
     # step_figures of `stats`, made at the first read after each close (a memo: a health
     # reads every rank's, about once a second, a window closes every W steps)
     figures: tuple[WindowStats, StepFigures] | None = None
+    # its speed model and what it was fitted on: (history version, job's fixed part)
+    model: tuple[int, float, SpeedModel | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from antdt.services.monitor.history import History
+
 
 class SpeedModel(NamedTuple):
     """A rank's predicted compute time for a batch: fixed_s + per_sample_s x batch."""
@@ -61,17 +63,25 @@ def fit_speed(
     the job's pooled fixed part, used when no two batch sizes are far enough apart.
     """
     config = config or _DEFAULT
-    one = _one_batch(steps, config)
-    if one is not None:
-        return _one_size(one, max(0.0, fixed_samples)) if one else None
-    levels = batch_levels(steps, config)
+    levels = _levels(steps, config)
     if not levels:
         return None
+    if len(levels) == 1:  # no slope through one point: the pooled part
+        return _one_size(levels, max(0.0, fixed_samples))
     sloped = {b: level for b, level in levels.items() if level.steps >= config.line_steps}
     line = _line(sloped, config.min_spread)
     if line is not None:
         return SpeedModel(line[0], line[1], len(sloped))
     return _one_size(levels, max(0.0, fixed_samples))
+
+
+def _levels(steps: Sequence[tuple[int, float]], config: SpeedConfig) -> dict[int, Level]:
+    """`batch_levels` of `steps`; a History, read as its two columns."""
+    if isinstance(steps, History):
+        one = _one_batch_of(steps.samples, steps.times, config) if steps.samples else None
+    else:
+        one = _one_batch(steps, config)
+    return batch_levels(steps, config) if one is None else one
 
 
 def _one_batch(steps: Sequence[tuple[int, float]], config: SpeedConfig) -> dict[int, Level] | None:
@@ -82,6 +92,13 @@ def _one_batch(steps: Sequence[tuple[int, float]], config: SpeedConfig) -> dict[
     if not columns:
         return None
     batches, times = columns
+    return _one_batch_of(batches, times, config)
+
+
+def _one_batch_of(
+    batches: Sequence[int], times: Sequence[float], config: SpeedConfig
+) -> dict[int, Level] | None:
+    """`_one_batch` of steps given as columns (non-empty)."""
     batch = batches[0]
     # The sum is finite only when no time is infinite or NaN.
     if batch <= 0 or batches.count(batch) != len(batches) or min(times) <= 0:

@@ -138,6 +138,10 @@ def _median(values: list[float] | list[int]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
+#: A value moving this many places or fewer is shifted into place (else: two memmoves).
+_NEAR = 32
+
+
 class SortedValues:
     """A sorted multiset of floats, one value per rank.
 
@@ -155,11 +159,27 @@ class SortedValues:
         return len(self._values)
 
     def replace(self, old: float | None, new: float | None) -> None:
-        """Swap one copy of `old` (None: nothing to remove) for `new` (None: nothing)."""
-        if old is not None:
-            del self._values[bisect.bisect_left(self._values, old)]
-        if new is not None:
-            bisect.insort(self._values, new)
+        """Swap one copy of `old` (None: nothing to remove) for `new` (None: nothing).
+        A short move shifts only the values between the two places (a rank's figure
+        moves little from one window to the next), not half the list twice: the same
+        list as a removal and an insertion, at a fraction of the cost at 10,000 ranks."""
+        values = self._values
+        at = to = 0
+        if old is not None and new is not None:
+            at = bisect.bisect_left(values, old)
+            to = bisect.bisect_right(values, new)  # where insort puts it, `old` still in
+        if old is None or new is None or abs(to - at) > _NEAR:
+            if old is not None:
+                del values[bisect.bisect_left(values, old, lo=at)]
+            if new is not None:
+                bisect.insort(values, new)
+            return
+        if to <= at:
+            values[to + 1 : at + 1] = values[to:at]
+        else:
+            to -= 1  # `old` left from before it
+            values[at:to] = values[at + 1 : to + 1]
+        values[to] = new
 
     def median(self) -> float | None:
         return _median_of_sorted(len(self._values), self._values.__getitem__)
