@@ -188,10 +188,8 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
     return [list(ids[i : i + size]) for i in range(0, len(ids), size)]
 
 
-#: Policies under which `work_sharing` is on unless the job's params turn it off: none
-#: yet. Under antdt-nd the detector and lb-bsp do not yet keep their order of actions
-#: (batches cut, then a restart) for a rank that others help.
-SHARING_BY_DEFAULT: frozenset[str] = frozenset()
+#: Policies under which `work_sharing` is on unless the job's params turn it off.
+SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
 def head_size(samples: int) -> int:

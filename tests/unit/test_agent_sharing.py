@@ -164,8 +164,8 @@ def test_share_params_default_off() -> None:
             ShareParams.from_params(bad)  # type: ignore[arg-type]
 
 
-def test_share_params_off_by_default_and_on_when_asked() -> None:
-    assert ShareParams.from_params({}, "antdt-nd") == ShareParams(False, 8, 1.5)
+def test_share_params_on_by_default_under_antdt_nd_only() -> None:
+    assert ShareParams.from_params({}, "antdt-nd") == ShareParams(True, 8, 1.5)
     assert ShareParams.from_params({"work_sharing": "on"}, "antdt-nd").enabled
     assert not ShareParams.from_params({"work_sharing": "off"}, "antdt-nd").enabled
     assert not ShareParams.from_params({}, "lb-bsp").enabled

@@ -83,8 +83,9 @@ def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario()
     from tests.unit.test_sim import EXAMPLES
 
     sc = load_scenario(EXAMPLES / "non_dedicated.toml").model_copy(update={"steps": 300})
-    shared = sc.model_copy(update={"policy_params": {"work_sharing": "on"}})
+    alone = sc.model_copy(update={"policy_params": {"work_sharing": "off"}})
+    shared = sc.model_copy(update={"policy_params": {}})  # on by default under antdt-nd
     oracle, _ = run_reference(sc)
-    alone_s, with_sharing = (run_policy(s, "antdt-nd").job_s for s in (sc, shared))
+    alone_s, with_sharing = (run_policy(s, "antdt-nd").job_s for s in (alone, shared))
     assert with_sharing < alone_s
     assert oracle.job_s / with_sharing > 0.75, (oracle.job_s, with_sharing)

@@ -3,7 +3,7 @@
 straggler when the saving over the remaining run is at least `min_saving_ratio` x the
 restart cost and a replacement host exists; a rank whose link is slow is never given a
 smaller batch and is moved when that pays (links.py). One action per decision, the worst
-straggler first. Work sharing inside a step (`work_sharing`, off by default) combines
+straggler first. Work sharing inside a step (`work_sharing`, on by default here) combines
 with it: the agents apply it. Rules and parameters: docs/architecture.md, "The
 controller" and "Work sharing"."""
 
