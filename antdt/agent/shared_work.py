@@ -206,7 +206,7 @@ class WorkSharing:
             if head and mb.ids is own[0]:  # the head, just computed
                 self._decide(client, own[1], took, head)
         self.pace = Pace(own_tally.pace, help_tally.pace)
-        self.one_piece = self._one_piece(own_tally, sum(map(len, own)), bool(self.helped))
+        self.one_piece = self._one_piece(own_tally, sum(map(len, own)))
 
     def _decide(self, client: StoreClaims, tail: list[int], head_s: float, head: int) -> None:
         """After the head: offer the tail when the head was slow (its round trips count
@@ -235,13 +235,13 @@ class WorkSharing:
                 return
             yield held, time.perf_counter() - t0
 
-    def _one_piece(self, own: _Tally, share: int, helped: bool) -> float | None:
+    def _one_piece(self, own: _Tally, share: int) -> float | None:
         """The seconds this rank's share (`share` samples) would take in one pass at its
         pace this step, when the step ran otherwise: its own part's pace when it did not
         offer (it helped), else its micro-batches' pace times the job's one-piece ratio
         (None while unknown). None when it neither offered nor helped."""
         offered = self.client.rank in self.offered
-        if not (offered or helped) or own.samples == 0:
+        if not (offered or self.helped) or own.samples == 0:
             return None
         scale = one_piece_scale(self.paces, self.offered) if offered else 1.0
         return own.pace * scale * share if scale > 0 else None

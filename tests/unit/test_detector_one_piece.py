@@ -76,3 +76,17 @@ def test_a_one_piece_time_out_of_range_is_refused_and_counted() -> None:
         detector.ingest_fields((*fields, None, None, bad), 1.0)  # type: ignore[arg-type]
     assert detector.rejected == {"bad_duration": 4}
     assert detector.health(1.0).ranks[0].last_step == 0
+
+
+def test_a_step_of_columns_with_a_bad_one_piece_time_is_screened_row_by_row() -> None:
+    """Bulk screening does not raise on a value that is not a number: the rows go one by
+    one, the bad one refused and counted, the others taken."""
+    from antdt.services.monitor import StepColumns
+
+    detector = JobDetector(JOB, 2)
+    figures = [[0, 1], ["h0", "h1"], [0, 0], [0, 0], [BATCH] * 2, [0.0] * 2, [0.1] * 2]
+    figures += [[BATCH] * 2, [0.08] * 2, [0.0] * 2, [0.01] * 2, [0.1] * 2, None]
+    columns = StepColumns(JOB, *figures, ["7", 0.08])  # type: ignore[arg-type]
+    assert detector.ingest_step(columns, 1.0) == []
+    assert detector.rejected == {"bad_duration": 1}
+    assert [r.last_step for r in detector._ranks] == [-1, 0]  # rank 0's step not taken

@@ -18,14 +18,18 @@ from typing import Any
 LOCAL_BATCH, SAMPLES, COMPUTE_S, ONE_PIECE_S = 5, 8, 9, 15
 
 
-def bad_one_piece(fields: Sequence[Any], max_s: float) -> bool:
-    """Whether the fields carry a one-piece time outside [0, max_s] (or not a number)."""
-    if len(fields) <= ONE_PIECE_S or fields[ONE_PIECE_S] is None:
-        return False
-    value = fields[ONE_PIECE_S]
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def acceptable_one_piece(value: object, max_s: float) -> bool:
+    """Whether `value` may be a step's one-piece time: None, or a number in [0, max_s]."""
+    if value is None:
         return True
-    return not (math.isfinite(value) and 0.0 <= value <= max_s)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value) and 0.0 <= value <= max_s
+
+
+def bad_one_piece(fields: Sequence[Any], max_s: float) -> bool:
+    """Whether the fields carry a one-piece time that is not `acceptable_one_piece`."""
+    return len(fields) > ONE_PIECE_S and not acceptable_one_piece(fields[ONE_PIECE_S], max_s)
 
 
 def in_one_piece(fields: Sequence[Any]) -> Sequence[Any]:
@@ -40,4 +44,4 @@ def in_one_piece(fields: Sequence[Any]) -> Sequence[Any]:
     return (*fields[:SAMPLES], planned, one_piece_s, *fields[COMPUTE_S + 1 : ONE_PIECE_S], None)
 
 
-__all__ = ["ONE_PIECE_S", "bad_one_piece", "in_one_piece"]
+__all__ = ["ONE_PIECE_S", "acceptable_one_piece", "bad_one_piece", "in_one_piece"]

@@ -13,6 +13,7 @@ from itertools import repeat
 from operator import attrgetter, gt, le
 from typing import NamedTuple
 
+from antdt.services.monitor.onepiece import acceptable_one_piece
 from antdt.services.monitor.ranks import RankMemory
 
 #: The wire contract's largest duration, seconds: a row past it is refused.
@@ -71,10 +72,7 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
         total = sum(figures)
         if total != total or min(figures) < 0.0 or max(figures) > MAX_S:  # NaN, range
             return False
-    if c.one_piece_s is not None and not all(
-        v is None or 0.0 <= v <= MAX_S
-        for v in c.one_piece_s  # False on a NaN too
-    ):
+    if c.one_piece_s is not None and not all(acceptable_one_piece(v, MAX_S) for v in c.one_piece_s):
         return False
     memories = [ranks[r] for r in c.rank]
     if not all(map(gt, c.step, map(_last_step, memories))):
