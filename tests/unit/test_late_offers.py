@@ -6,19 +6,16 @@ their count all-reduce is a barrier."""
 from __future__ import annotations
 
 import threading
-import time
-from collections import Counter
 from typing import Any
 
 import pytest
 
 from antdt.sharing import Pace, ShareParams, head_size, late_offer
+from tests.unit.sharing_threads import check_every_sample_once, helped, plan, run_steps
 
 dist = pytest.importorskip("torch.distributed")
 
 WORLD, SHARE = 3, 16
-#: Sleep per sample: a thread sleeping frees the GIL, so the ranks run side by side.
-PER_SAMPLE_S = 0.002
 
 
 def test_the_late_rule_compares_the_head_with_the_median_pace_of_the_last_step() -> None:
@@ -39,101 +36,34 @@ def test_share_late_is_off_by_default_and_refuses_what_is_not_on_or_off() -> Non
             ShareParams.from_params({"share_late": bad})
 
 
-class _Barrier:
-    """The count all-reduce of WORLD threads: every vector summed, handed to each."""
-
-    def __init__(self) -> None:
-        self._barrier = threading.Barrier(WORLD)
-        self._vectors: dict[int, list[int]] = {}
-        self._sum: list[int] = []
-
-    def all_sum(self, rank: int, vector: list[int]) -> list[int]:
-        self._vectors[rank] = vector
-        if self._barrier.wait() == 0:
-            self._sum = [sum(v) for v in zip(*self._vectors.values(), strict=True)]
-        self._barrier.wait()
-        summed = list(self._sum)
-        self._barrier.wait()  # nobody overwrites the sum before everyone read it
-        return summed
-
-
-def _plan() -> Any:
-    from antdt.schemas import Plan
-
-    return Plan(job="j", version=1, local_batch=(SHARE,) * WORLD, effective_step=0, created_at=0.0)
-
-
 def _run_steps(late: bool, slow: dict[int, set[int]], steps: int) -> tuple[list[Any], Any]:
-    """Every rank's (step, rank, owner, ids) computed over `steps` steps; `slow`: step ->
-    ranks computing 4x slower in it. Returns them and the store server."""
-    from antdt.agent.claimstore import StoreClaims
-    from antdt.agent.shared_work import WorkSharing
-
-    server = dist.TCPStore("127.0.0.1", 0, WORLD + 1, True, wait_for_workers=False)
-    stores = [dist.TCPStore("127.0.0.1", server.port, WORLD + 1, False) for _ in range(WORLD)]
-    params = ShareParams(True, 4, 1.5, late)
-    barrier, plan, out, errors = _Barrier(), _plan(), [], []
-
-    def rank_loop(rank: int) -> None:
-        sharing = WorkSharing(params, lambda: StoreClaims(stores[rank], rank, WORLD))
-        try:
-            for step in range(steps):
-                own = [step * 1000 + rank * 100 + i for i in range(SHARE)]
-                total = sharing.open(step, plan, rank, own, lambda v: barrier.all_sum(rank, v))
-                factor = 4.0 if rank in slow.get(step, set()) else 1.0
-                for mb in sharing.claims([own], total, []):
-                    time.sleep(PER_SAMPLE_S * len(mb.ids) * (factor if mb.owner == rank else 1))
-                    out.append((step, rank, mb.owner, tuple(mb.ids), mb.weight))
-                sharing.settle_late()
-                # the gradient all-reduce, the paces reported in it: the step ends together
-                sharing.exchange(lambda v: barrier.all_sum(rank, v))
-        except Exception as exc:  # pragma: no cover - reported by the assertion below
-            errors.append(exc)
-            barrier._barrier.abort()
-
-    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(WORLD)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    return out, server
-
-
-def _check_every_sample_once(out: list[Any], steps: int) -> None:
-    for step in range(steps):
-        ids = Counter(i for s, _, _, mb, _ in out if s == step for i in mb)
-        expected = {step * 1000 + r * 100 + i for r in range(WORLD) for i in range(SHARE)}
-        assert set(ids) == expected and max(ids.values()) == 1, step
-        weights = sum(w for s, *_, w in out if s == step)
-        assert weights == pytest.approx(1.0)  # each loss weighted by its share of the total
-
-
-def _helped(out: list[Any], step: int, owner: int) -> int:
-    return sum(len(mb) for s, rank, o, mb, _ in out if s == step and o == owner and rank != owner)
+    """Every rank's micro-batches over `steps` steps; `slow`: step -> ranks computing 4x
+    slower in it."""
+    by_step = {step: dict.fromkeys(ranks, 4.0) for step, ranks in slow.items()}
+    return run_steps(ShareParams(True, 4, 1.5, late), by_step, steps, WORLD, SHARE)
 
 
 def test_a_burst_first_step_is_shared_when_offers_may_come_late() -> None:
     steps, slow = 4, {2: {1}, 3: {1}}  # rank 1 slow from step 2 on; steps 0-1 give paces
     out, _server = _run_steps(True, slow, steps)
-    _check_every_sample_once(out, steps)
-    assert _helped(out, 1, 1) == 0  # healthy: no late offer
-    assert _helped(out, 2, 1) > 0  # the burst's first step: its tail was taken over
-    assert _helped(out, 3, 1) > 0  # then offered from the start of the step
+    check_every_sample_once(out, steps, WORLD, SHARE)
+    assert helped(out, 1, 1) == 0  # healthy: no late offer
+    assert helped(out, 2, 1) > 0  # the burst's first step: its tail was taken over
+    assert helped(out, 3, 1) > 0  # then offered from the start of the step
 
 
 def test_without_late_offers_the_burst_first_step_is_paid_in_full() -> None:
     steps, slow = 4, {2: {1}, 3: {1}}
     out, _server = _run_steps(False, slow, steps)
-    _check_every_sample_once(out, steps)
-    assert _helped(out, 2, 1) == 0  # decided on the step before: one step late
-    assert _helped(out, 3, 1) > 0
+    check_every_sample_once(out, steps, WORLD, SHARE)
+    assert helped(out, 2, 1) == 0  # decided on the step before: one step late
+    assert helped(out, 3, 1) > 0
 
 
 def test_late_keys_are_deleted_two_steps_on() -> None:
     steps = 8
     out, server = _run_steps(True, {s: {2} for s in range(2, steps)}, steps)
-    _check_every_sample_once(out, steps)
+    check_every_sample_once(out, steps, WORLD, SHARE)
     # Per owner: ids in two slots and the last counter; the late keys of the last two
     # steps (decided, all, offers); the store's own key.
     assert server.num_keys() <= 1 + 3 * WORLD + 2 * 3
@@ -191,6 +121,6 @@ def test_a_step_opened_again_at_an_epochs_end_keeps_its_offers() -> None:
     sharing = WorkSharing(ShareParams(True, 4), lambda: client)  # type: ignore[arg-type,return-value]
     sharing.paces = [Pace(1e-3), Pace(1e-3), Pace(4e-3)]  # the exchange of step 29
     everyone = lambda v: [x * WORLD for x in v]  # noqa: E731  # the same share everywhere
-    assert sharing.open(30, _plan(), 0, [], everyone) == 0  # epoch 0 has no data left
-    assert sharing.open(30, _plan(), 0, list(range(SHARE)), everyone) == WORLD * SHARE
+    assert sharing.open(30, plan(WORLD, SHARE), 0, [], everyone) == 0  # epoch 0 has no data left
+    assert sharing.open(30, plan(WORLD, SHARE), 0, list(range(SHARE)), everyone) == WORLD * SHARE
     assert client.opened == [(30, [2]), (30, [2])]
