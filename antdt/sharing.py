@@ -8,6 +8,7 @@ from its front, helpers (ranks done with their own share) from its back
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -174,6 +175,65 @@ def worth_helping(round_trip_s: float, micro_samples: int, owner_pace: float) ->
     owner whose micro-batches hold `micro_samples` samples at `owner_pace` seconds per
     sample (its last step's; 0: unknown, and helped)."""
     return owner_pace <= 0 or round_trip_s < RTT_SHARE * micro_samples * owner_pace
+
+
+@dataclass(frozen=True)
+class Lane:
+    """A helper as an owner sees it in a step: when it will be done with its own share
+    and what one of the owner's micro-batches costs it (compute and ticket), seconds on
+    the owner's clock."""
+
+    free_at: float
+    micro_s: float
+
+
+def helper_lanes(
+    paces: Sequence[Pace],
+    offered: AbstractSet[int],
+    samples: Sequence[int],
+    round_trips: Sequence[float],
+    micro: int,
+    start: float,
+) -> list[Lane]:
+    """The ranks that will help this step (those that did not offer, with a known pace),
+    from their last step: each free at `start` plus its share (`samples`) at its own pace,
+    then taking `micro`-sample micro-batches at its pace on others' micro-batches (its own
+    pace over the job's one-piece ratio when it helped nobody last step)."""
+    scale = one_piece_scale(paces, offered)
+    rtt = dict(enumerate(round_trips))
+    lanes = []
+    for r, p in enumerate(paces):
+        if r in offered or p.own <= 0:
+            continue
+        helping = p.helping if p.helping > 0 else p.own / (scale if scale > 0 else 1.0)
+        lanes.append(Lane(start + p.own * samples[r], helping * micro + rtt.get(r, 0.0)))
+    return lanes
+
+
+def helpers_done(now: float, remaining: int, lanes: Sequence[Lane]) -> float:
+    """When `lanes` would have `remaining` micro-batches computed, each going to the
+    helper that would finish it first (no lane: never)."""
+    if remaining <= 0:
+        return now
+    if not lanes:
+        return math.inf
+    ends = [(max(now, lane.free_at) + lane.micro_s, i) for i, lane in enumerate(lanes)]
+    heapq.heapify(ends)
+    done = now
+    for _ in range(remaining):
+        end, i = heapq.heappop(ends)
+        done = max(done, end)
+        heapq.heappush(ends, (end + lanes[i].micro_s, i))
+    return done
+
+
+def holds_back(now: float, own_micro_s: float, remaining: int, lanes: Sequence[Lane]) -> bool:
+    """Whether an owner leaves its next micro-batch to the helpers for now: they would
+    have all `remaining` computed before it finished that one (`own_micro_s`, its ticket
+    included), so taking it could only make it the step's last rank. Taking it ends the
+    share at max(now + own_micro_s, helpers_done(remaining - 1)); leaving it, at
+    helpers_done(remaining), which is never below the latter."""
+    return remaining > 0 and now + own_micro_s > helpers_done(now, remaining, lanes)
 
 
 def micro_samples(samples: int, micro_batch: int, chunks: int) -> int:

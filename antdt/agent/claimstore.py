@@ -61,6 +61,7 @@ class StoreClaims:
         self._chunks = 1
         self._batches: dict[int, list[list[int]]] = {}
         self._own_left = False
+        self.own_unclaimed = 0  # of this rank's offer, as its last add of its counter read
         self._exhausted: set[int] = set()
         self._last_offer: int | None = None
         self._deciders: frozenset[int] = frozenset()  # may offer late in the open step
@@ -113,6 +114,7 @@ class StoreClaims:
         self.share = StepShare(step, self.world, {o: c for o, c in counts.items() if c})
         self._batches, self._exhausted = {}, set()
         self._own_left = self.rank in self.share.counts
+        self.own_unclaimed = self.share.counts.get(self.rank, 0)
         if self._own_left:
             assert own is not None and len(own) == offers[self.rank][0]
             self._publish(step, own, offers[self.rank][1])
@@ -196,10 +198,34 @@ class StoreClaims:
         count = self.share.counts[self.rank]
         value = self._add(self._counter(step, self.rank), drawn)
         held = owner_indices(count, value, drawn)
+        self.own_unclaimed = max(0, count - sum(split(value)))
         if len(held) < drawn or held.stop == count:
             self._own_left = False
         own = self._batches[self.rank]
         return [Claimed(self.rank, i, own[i], Holder.OWNER) for i in held]
+
+    def share_size(self, owner: int) -> tuple[int, int]:
+        """`owner`'s offer in the open step: its samples and its plan's micro-batch."""
+        return self._sizes[owner]
+
+    @property
+    def own_left(self) -> bool:
+        """Whether this rank's offer may still have micro-batches without a holder."""
+        return self._own_left
+
+    def read_own(self) -> int:
+        """Read this rank's counter (an add of 0, no ticket): how many of its offered
+        micro-batches have no holder; at 0 every one has one (the owner's first front
+        tickets, the helpers' valid back tickets), and its own part is over."""
+        if not self._own_left:
+            return 0
+        count = self.share.counts[self.rank]
+        self.own_unclaimed = max(
+            0, count - sum(split(self._add(self._counter(self.share.step, self.rank), 0)))
+        )
+        if self.own_unclaimed == 0:
+            self._own_left = False
+        return self.own_unclaimed
 
     def claim_help(self, step: int, owner: int) -> Claimed | Refused:
         """Draw one back ticket on `owner`'s share: the micro-batch it names, or why not."""

@@ -17,11 +17,15 @@ from antdt.agent.claimstore import Claimed, StoreClaims
 from antdt.agent.errors import AgentError
 from antdt.sharing import (
     Holder,
+    Lane,
     Pace,
     ShareParams,
     head_size,
+    helper_lanes,
+    holds_back,
     late_offer,
     late_slots,
+    micro_samples,
     offering,
     one_piece_scale,
     read_late_slots,
@@ -99,6 +103,12 @@ class WorkSharing:
     #: The seconds the open step's own share would take in one pass at this rank's pace
     #: (None: not known, or the step ran it so; see `one_piece_s`).
     one_piece: float | None = None
+    #: The open step's plan (samples by rank), and, while this rank's offer lasts, the
+    #: helpers as it expects them and its own last micro-batch's seconds, ticket included.
+    _samples: tuple[int, ...] = ()
+    _counted_at: float = 0.0
+    _lanes: list[Lane] = field(default_factory=list)
+    _own_micro_s: float = 0.0
 
     @property
     def client(self) -> StoreClaims:
@@ -147,6 +157,7 @@ class WorkSharing:
         if params.late:
             vector += late_slots(world, rank, late)
         summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
+        self._counted_at = time.perf_counter()  # every rank leaves the count about now
         counts = dict(zip(owners, summed[1 : 1 + len(owners)], strict=True))
         deciders = read_late_slots(summed[1 + len(owners) :], world) - self.offered
         offers = {o: (counts[o], micro[o]) for o in owners}
@@ -155,6 +166,7 @@ class WorkSharing:
         self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
         self.deciding = rank in deciders
         self.claim_s, self.helped, self.one_piece = 0.0, {}, None
+        self._samples = tuple(plan.local_batch)
         return summed[0]
 
     def report(self) -> list[int]:
@@ -191,6 +203,7 @@ class WorkSharing:
         head = head_size(len(own[0])) if self.deciding and len(own) == 1 else 0
         if head:
             own = [own[0][:head], own[0][head:]]
+        self._expect_helpers(client, self._counted_at)
         for mb, held in self._held(client, own):
             t0 = time.perf_counter()
             yield MicroBatch(mb.owner, mb.index, mb.ids, len(mb.ids) / total)
@@ -203,6 +216,8 @@ class WorkSharing:
             self.claim_s += held
             if helping:
                 self.helped[mb.owner] = self.helped.get(mb.owner, 0) + len(mb.ids)
+            else:
+                self._own_micro_s = took + held
             if head and mb.ids is own[0]:  # the head, just computed
                 self._decide(client, own[1], took, head)
         self.pace = Pace(own_tally.pace, help_tally.pace)
@@ -219,13 +234,15 @@ class WorkSharing:
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
         """Each micro-batch to compute, with the claim store seconds it took to get: the
         own pieces (until a late offer hands the rest to tickets), then tickets, then,
-        once, the late offers of the step."""
+        once, the late offers of the step. Seconds an owner held back count as claim time
+        here, not in its micro-batch's."""
         if not client.offered:
             for index, ids in enumerate(own):
                 yield Claimed(client.rank, index, ids, Holder.OWNER), 0.0
                 if client.offered:  # offered its tail late: drawn by tickets now
                     break
         while True:
+            self.claim_s += self._hold_back(client)
             t0 = time.perf_counter()
             held = client.claim_next()
             if held is None and client.join_late():
@@ -234,6 +251,42 @@ class WorkSharing:
                 self.claim_s += time.perf_counter() - t0
                 return
             yield held, time.perf_counter() - t0
+
+    def _expect_helpers(self, client: StoreClaims, start: float) -> None:
+        """When this rank offered: the helpers' lanes from their last step's paces, from
+        `start` (the count's end: the helpers begin then, the owner once it published),
+        and its own micro-batch's seconds at its last pace until it has computed one."""
+        self._lanes = []
+        if not client.own_left or len(self.paces) != client.world:
+            return
+        samples, micro = client.share_size(client.rank)
+        size = micro_samples(samples, micro, self.params.chunks)
+        others = self.offered | {client.rank}
+        self._lanes = helper_lanes(self.paces, others, self._samples, self.trips, size, start)
+        self._own_micro_s = self.paces[client.rank].own * size + client.round_trip_s
+
+    def _hold_back(self, client: StoreClaims) -> float:
+        """Before this rank draws its next own ticket: wait while the helpers would have
+        all its unclaimed micro-batches computed before it finished one (`holds_back`),
+        reading its counter at once (its last draw's count is old), then every fastest
+        helper's micro-batch; draw once none is left without a holder, or once a read
+        finds no helper took one since the last while a helper should be free (the step
+        never waits on a helper that is not coming). Returns the seconds it waited."""
+        if not self._lanes:
+            return 0.0
+        poll = min(lane.micro_s for lane in self._lanes)
+        first_free = min(lane.free_at for lane in self._lanes)
+        remaining = client.own_unclaimed
+        start = now = time.perf_counter()
+        reads = 0
+        while client.own_left and holds_back(now, self._own_micro_s, remaining, self._lanes):
+            if reads:
+                time.sleep(poll)
+            before, remaining = remaining, client.read_own()
+            now, reads = time.perf_counter(), reads + 1
+            if reads > 1 and remaining == before and now > first_free + poll:
+                break
+        return now - start
 
     def _one_piece(self, own: _Tally, share: int) -> float | None:
         """The seconds this rank's share (`share` samples) would take in one pass at its
