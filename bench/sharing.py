@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -114,6 +115,7 @@ async def run_once(
         # outside every rank's budget.
         script = ["--no-python", *budgets.command([sys.executable, "-m", "antdt.demo.train"])]
         env = job_env(cluster, s, job, cfg.policy, out, cfg.params)
+        env["ANTDT_DEMO_COMPUTE_LOG"] = "1"  # each rank's forward/backward s, the ceiling's
         async with driven(budgets, schedule, progress):
             proc = start_torchrun(WORLD, 0, script, env, out / "torchrun.log")
             try:
@@ -127,10 +129,20 @@ async def run_once(
     if rc != 0:
         raise RuntimeError(f"the {cfg.label} run failed (exit {rc}): see {out}")
     (out / "steps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in got.steps))
-    computes: dict[int, list[float]] = {}
-    for event in got.steps:
-        computes.setdefault(event.step, []).append(event.compute_s)
-    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps, computes)
+    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps, computes(out))
+
+
+def computes(out: Path) -> dict[int, list[float]]:
+    """Each step's forward/backward seconds by rank (the demo's compute logs): the
+    part of a step that sharing samples can move. A step event's compute_s also holds
+    the optimizer step and the agent's work between steps, which a slowed rank pays
+    slowed whatever it shares (spread as well, they put none's ceiling 4% higher)."""
+    by_step: dict[int, list[float]] = {}
+    for log in sorted(out.glob("compute-*.jsonl")):
+        for line in log.read_text().splitlines():
+            record = json.loads(line)
+            by_step.setdefault(int(record["step"]), []).append(float(record["compute_s"]))
+    return by_step
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ antdt.demo.train`.
 Settings come from the environment like any AntDT job (ANTDT_JOB, ANTDT_POLICY, ...);
 ANTDT_DEMO_OUT names the folder where rank 0 writes per-step progress and the result;
 ANTDT_DEMO_DEVICE (auto, cpu, cuda, cuda:N) where the model trains: auto follows the
-process group (the rank's GPU under nccl)."""
+process group (the rank's GPU under nccl); ANTDT_DEMO_COMPUTE_LOG=1 makes every rank
+write its seconds in forward and backward per step there too (`compute-<rank>.jsonl`)."""
 
 from __future__ import annotations
 
@@ -75,15 +76,18 @@ def main() -> None:
     shrink = Shrink.from_env(settings.rank, settings.world_size)
     mode = "a" if agent.restarted() else "w"  # cached: resume() agreed it
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
+    compute_log = ComputeLog.from_env(out, settings.rank, mode)
     min_step_s = float(os.environ.get("ANTDT_DEMO_MIN_STEP_S", "0"))
     started = time.perf_counter()
     for epoch in agent.epochs():
         for step in agent.steps():
+            compute_log.begin()
             for held, micro in enumerate(step.claims()):  # own, or others' under sharing
                 fault.maybe_fail(step.index, holding=held)
                 index = torch.tensor(micro.ids, device=device)
                 loss = F.cross_entropy(model(x_train[index]), y_train[index])
                 (loss * micro.weight).backward()
+            compute_log.end(step.index)
             step.sync(model)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(seen, total_samples, step.total_samples, settings)
@@ -115,6 +119,7 @@ def main() -> None:
         if shrink.left:
             break
     agent.close()
+    compute_log.close()
     if shrink.left:
         return
     if progress is not None:
@@ -127,6 +132,34 @@ def main() -> None:
         }
         (out / "result.json").write_text(json.dumps(result))
     antdt_agent.destroy_process_group()
+
+
+class ComputeLog:
+    """A rank's seconds from its step's start to its sync (forward and backward; under
+    work sharing with its claims), a line per step: what the work-sharing bench spreads
+    over the ranks for its ceiling. The optimizer step and the all-reduce are not in it:
+    no sharing of samples moves them off a slowed rank."""
+
+    def __init__(self, file: Any = None) -> None:
+        self._file, self._t0 = file, 0.0
+
+    @classmethod
+    def from_env(cls, out: Path, rank: int, mode: str) -> ComputeLog:
+        if os.environ.get("ANTDT_DEMO_COMPUTE_LOG", "0") != "1":
+            return cls()
+        return cls(open(out / f"compute-{rank}.jsonl", mode))
+
+    def begin(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end(self, step: int) -> None:
+        if self._file is not None:
+            seconds = time.perf_counter() - self._t0
+            self._file.write(json.dumps({"step": step, "compute_s": seconds}) + "\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 def _backend() -> str | None:

@@ -10,7 +10,7 @@ import pytest
 
 from antdt.runtime.cpubudget import CpuLimit, detect
 from antdt.runtime.servers import EmbeddedCluster
-from bench.sharing import SHORT, bench_sharing, save_sharing_chart
+from bench.sharing import SHORT, bench_sharing, computes, save_sharing_chart
 from bench.sharing_figures import (
     Comparison,
     RunFigures,
@@ -100,6 +100,11 @@ async def test_the_persistent_case_runs_for_real(cluster: EmbeddedCluster, tmp_p
     runs = got["persistent"].runs
     assert set(runs) == {"lb-bsp", "antdt-nd+sharing"}
     assert all(r.throughput > 0 and r.steps == SHORT.steps - SHORT.warmup for r in runs.values())
+    # every rank logged its forward/backward seconds of every step: the ceiling's input
+    logged = computes(tmp_path / "persistent" / "lb-bsp" / "0")
+    assert set(range(SHORT.steps)) <= set(logged)  # (a run may take a step more)
+    assert all(len(seconds) == 4 and min(seconds) > 0 for seconds in logged.values())
+    assert all(r.ideal_throughput and r.ideal_throughput > 0 for r in runs.values())
     assert save_sharing_chart(got, tmp_path / "sharing.png").stat().st_size > 0
 
 
