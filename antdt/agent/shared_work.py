@@ -109,6 +109,8 @@ class WorkSharing:
     _counted_at: float = 0.0
     _lanes: list[Lane] = field(default_factory=list)
     _own_micro_s: float = 0.0
+    #: Seconds per sample of this rank's head when it offered its tail late this step.
+    _late_pace: float | None = None
 
     @property
     def client(self) -> StoreClaims:
@@ -165,7 +167,7 @@ class WorkSharing:
         owner_paces = {r: p.own for r, p in enumerate(self.paces)}
         self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
         self.deciding = rank in deciders
-        self.claim_s, self.helped, self.one_piece = 0.0, {}, None
+        self.claim_s, self.helped, self.one_piece, self._late_pace = 0.0, {}, None, None
         self._samples = tuple(plan.local_batch)
         return summed[0]
 
@@ -229,6 +231,7 @@ class WorkSharing:
         t0 = time.perf_counter()
         slow = late_offer(head_s, head, self.paces, self.params.ratio)
         client.decide_late(tail if slow else None, head_s / head)
+        self._late_pace = head_s / head if slow else None
         self.claim_s += time.perf_counter() - t0
 
     def _held(self, client: StoreClaims, own: list[list[int]]) -> Iterator[tuple[Claimed, float]]:
@@ -292,7 +295,10 @@ class WorkSharing:
         """The seconds this rank's share (`share` samples) would take in one pass at its
         pace this step, when the step ran otherwise: its own part's pace when it did not
         offer (it helped), else its micro-batches' pace times the job's one-piece ratio
-        (None while unknown). None when it neither offered nor helped."""
+        (None while unknown); its head's pace when it offered its tail late (the head ran
+        in one piece this step). None when it neither offered nor helped."""
+        if self._late_pace is not None:
+            return self._late_pace * share
         offered = self.client.rank in self.offered
         if not (offered or self.helped) or own.samples == 0:
             return None

@@ -29,6 +29,7 @@ class Computed(NamedTuple):
     weight: float
     start: float
     end: float
+    one_piece_s: float | None  # the rank's `one_piece` after the step's claims
 
 
 class Barrier:
@@ -86,13 +87,15 @@ def run_steps(
                 own = own_ids(step, rank, share)
                 total = sharing.open(step, the_plan, rank, own, lambda v: barrier.all_sum(rank, v))
                 factor = slow.get(step, {}).get(rank, 1.0)
+                done = []
                 for mb in sharing.claims([own], total, []):
                     t0 = time.perf_counter()
                     time.sleep(PER_SAMPLE_S * len(mb.ids) * (factor if mb.owner == rank else 1))
+                    done.append((mb, t0, time.perf_counter()))
+                for mb, t0, t1 in done:
+                    ids = tuple(mb.ids)
                     out.append(
-                        Computed(
-                            step, rank, mb.owner, tuple(mb.ids), mb.weight, t0, time.perf_counter()
-                        )
+                        Computed(step, rank, mb.owner, ids, mb.weight, t0, t1, sharing.one_piece)
                     )
                 sharing.settle_late()
                 # the gradient all-reduce, the paces reported in it: the step ends together

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from antdt.sharing import Pace, ShareParams, head_size, late_offer
-from tests.unit.sharing_threads import check_every_sample_once, helped, plan, run_steps
+from tests.unit.sharing_threads import (
+    PER_SAMPLE_S,
+    check_every_sample_once,
+    helped,
+    plan,
+    run_steps,
+)
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -50,6 +56,9 @@ def test_a_burst_first_step_is_shared_when_offers_may_come_late() -> None:
     assert helped(out, 1, 1) == 0  # healthy: no late offer
     assert helped(out, 2, 1) > 0  # the burst's first step: its tail was taken over
     assert helped(out, 3, 1) > 0  # then offered from the start of the step
+    # The late offerer reports its share's time in one piece at its head's pace (4x)
+    (one_piece,) = {c.one_piece_s for c in out if c.step == 2 and c.rank == 1}
+    assert one_piece == pytest.approx(4 * PER_SAMPLE_S * SHARE, rel=0.3)
 
 
 def test_without_late_offers_the_burst_first_step_is_paid_in_full() -> None:
