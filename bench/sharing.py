@@ -129,7 +129,8 @@ async def run_once(
     if rc != 0:
         raise RuntimeError(f"the {cfg.label} run failed (exit {rc}): see {out}")
     (out / "steps.jsonl").write_text("".join(e.model_dump_json() + "\n" for e in got.steps))
-    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps, computes(out))
+    firsts = frozenset(b.start for b in schedule)  # no offer from the step before
+    return run_figures(cfg.label, read_progress(progress), s.warmup, s.steps, computes(out), firsts)
 
 
 def computes(out: Path) -> dict[int, list[float]]:

@@ -68,13 +68,16 @@ def persistent(rank: int, first: int, last: int) -> list[Burst]:
 class RunFigures:
     """One run: samples per second over the measured steps, and the mean step time;
     `ideal_throughput`: the same steps had each one's compute been spread over the
-    ranks perfectly, with everything else as measured (None: no step events)."""
+    ranks perfectly, with everything else as measured (None: no compute figures);
+    `ideal_late_throughput`: the same but for the steps no offer decided on the step
+    before can reach (each burst's first), paid as measured."""
 
     label: str
     throughput: float
     step_s: float
     steps: int
     ideal_throughput: float | None = None
+    ideal_late_throughput: float | None = None
 
 
 def run_figures(
@@ -83,10 +86,12 @@ def run_figures(
     first: int,
     last: int,
     computes: dict[int, list[float]] | None = None,
+    late: frozenset[int] = frozenset(),
 ) -> RunFigures:
     """Throughput over steps [first, last): from the end of step first-1 to the end of
     step last-1, the samples of steps first..last-1. `computes`: each step's compute
-    seconds by rank (its step events), for `ideal_throughput`."""
+    seconds by rank, for `ideal_throughput`; `late`: the steps only a late offer could
+    share, for `ideal_late_throughput`."""
     by_step = {int(r["step"]): r for r in progress}
     missing = [s for s in range(first - 1, last) if s not in by_step]
     if missing:
@@ -94,12 +99,13 @@ def run_figures(
     t0, t1 = float(by_step[first - 1]["t"]), float(by_step[last - 1]["t"])
     samples = sum(int(by_step[s]["samples"]) for s in range(first, last))
     gaps = {s: float(by_step[s]["t"]) - float(by_step[s - 1]["t"]) for s in range(first, last)}
-    ideal = None
+    ideal = ideal_late = None
     if computes:
-        ideal = samples / sum(g - spread_saving(computes.get(s, [])) for s, g in gaps.items())
-    return RunFigures(
-        label, samples / (t1 - t0), statistics.mean(gaps.values()), last - first, ideal
-    )
+        saving = {s: spread_saving(computes.get(s, [])) for s in gaps}
+        ideal = samples / sum(g - saving[s] for s, g in gaps.items())
+        ideal_late = samples / sum(g - (0 if s in late else saving[s]) for s, g in gaps.items())
+    mean_step = statistics.mean(gaps.values())
+    return RunFigures(label, samples / (t1 - t0), mean_step, last - first, ideal, ideal_late)
 
 
 def spread_saving(computes: list[float]) -> float:
@@ -129,12 +135,14 @@ def median_runs(label: str, runs: list[RunFigures]) -> RunFigures:
     if not runs:
         raise ValueError(f"{label}: no runs")
     ideals = [r.ideal_throughput for r in runs if r.ideal_throughput is not None]
+    lates = [r.ideal_late_throughput for r in runs if r.ideal_late_throughput is not None]
     return RunFigures(
         label,
         statistics.median(r.throughput for r in runs),
         statistics.median(r.step_s for r in runs),
         runs[0].steps,
         statistics.median(ideals) if ideals else None,
+        statistics.median(lates) if lates else None,
     )
 
 
@@ -168,16 +176,20 @@ def rows(
     steps = t.runs["none"].steps
     compute_only = transient_ceiling(slowed, steps, world, factor)
     late = one_step_late_ceiling(slowed, bursts, steps, world, factor) if bursts else None
-    ideal = t.runs["none"].ideal_throughput
+    ideal, ideal_late = t.runs["none"].ideal_throughput, t.runs["none"].ideal_late_throughput
     for base, target in (("none", 1.25), ("lb-bsp", 1.2)):
         # The ceiling: none's own steps with their compute spread perfectly (measured),
-        # else the bursts' compute alone (the all-reduce unslowed).
-        ceiling = ideal / t.runs[base].throughput if ideal else compute_only
+        # else the bursts' compute alone (the all-reduce unslowed); the same for offers
+        # decided on the step before (each burst's first step paid as measured).
+        to_base = t.runs["none"].throughput / t.runs[base].throughput
+        ceiling = ideal / t.runs[base].throughput if ideal else compute_only * to_base
         row = _row(t, "antdt-nd+sharing", base, f">= {target}", ceiling, "transient 3x bursts")
-        row["ceiling_compute_only"] = (
-            compute_only * t.runs["none"].throughput / t.runs[base].throughput
-        )
-        out.append(row | ({"ceiling_late": late} if late else {}))
+        row["ceiling_compute_only"] = compute_only * to_base
+        if ideal_late:
+            row["ceiling_late"] = ideal_late / t.runs[base].throughput
+        elif late:
+            row["ceiling_late"] = late * to_base
+        out.append(row)
     p = got["persistent"]
     out.append(_row(p, "antdt-nd+sharing", "lb-bsp", ">= 1.0", None, "persistent 3x straggler"))
     h = got["healthy"]

@@ -137,12 +137,17 @@ def test_the_ideal_throughput_keeps_what_is_not_compute_as_measured() -> None:
     got = run_figures("none", progress, 1, 7, computes)
     assert got.throughput == pytest.approx(6 * 64 / 8.5)
     assert got.ideal_throughput == pytest.approx(6 * 64 / (5 + 1.7))
+    assert got.ideal_late_throughput == got.ideal_throughput  # no step only late offers reach
+    # step 6 a burst's first: offers decided on the step before cannot share it
+    late = run_figures("none", progress, 1, 7, computes, frozenset({6}))
+    assert late.ideal_late_throughput == pytest.approx(late.throughput)
+    assert late.ideal_throughput == got.ideal_throughput
     assert run_figures("none", progress, 1, 7).ideal_throughput is None
 
 
 def test_the_transient_ceiling_is_nones_measured_ideal_over_each_baseline() -> None:
     runs = _runs(none=100.0, lb_bsp=110.0, antdt_nd_sharing=115.0)
-    runs["none"] = RunFigures("none", 100.0, 0.1, 50, ideal_throughput=121.0)
+    runs["none"] = RunFigures("none", 100.0, 0.1, 50, 121.0, ideal_late_throughput=115.5)
     got = {
         "transient": Comparison("transient", runs),
         "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
@@ -150,4 +155,5 @@ def test_the_transient_ceiling_is_nones_measured_ideal_over_each_baseline() -> N
     }
     made = rows(got, world=4, factor=3, slowed=10)
     assert [round(r["ceiling"], 3) for r in made[:2]] == [1.21, 1.1]
+    assert [round(r["ceiling_late"], 3) for r in made[:2]] == [1.155, 1.05]
     assert made[0]["ceiling_compute_only"] == pytest.approx(transient_ceiling(10, 50, 4, 3))
