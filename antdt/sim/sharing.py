@@ -59,7 +59,8 @@ class SharingModel:
             counts = batches.astype(int).tolist()
             self.offered = offering(self.paces, self.offered, counts, self.params.ratio)
         if not self.offered:
-            self.paces = [Pace(c / b if b else 0.0) for c, b in zip(own, batches, strict=True)]
+            paces = zip(own.tolist(), batches.tolist(), strict=True)  # floats: a C-speed pass
+            self.paces = [Pace(c / b if b else 0.0) for c, b in paces]
             return SharedStep(float(own.max()), batches, own)
         ranks = np.array(sorted(self.offered))
         micro = np.maximum(1.0, batches[ranks] / self.params.chunks)
@@ -99,4 +100,4 @@ class SharingModel:
         whole = np.divide(own, batches, out=np.zeros_like(own), where=batches > 0)
         whole[ranks] = (self.fixed_s + self.per_sample_s * micro) * factors[ranks] / micro
         helping = np.where(helped, mb_pace, 0.0)
-        return [Pace(float(o), float(h)) for o, h in zip(whole, helping, strict=True)]
+        return list(map(Pace, whole.tolist(), helping.tolist()))  # floats, at C speed

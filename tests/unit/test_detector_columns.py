@@ -119,3 +119,42 @@ def test_step_figures_are_the_window_properties_in_one_pass() -> None:
         if stats is None:
             continue
         assert step_figures(stats) == (stats.step_s, stats.samples, stats.comm_s, stats.overhead_s)
+
+
+def test_ranks_that_moved_stalled_or_exited_are_accepted_from_columns_as_one_by_one() -> None:
+    """A step screened in bulk may hold rows of ranks with something to resolve: one
+    moved to another host, one back from a stall, one back after it exited to be
+    restarted. Those rows take the long way; the detector ends the same as one by one."""
+    from antdt.schemas import ExitReason, RankExit
+    from antdt.services.monitor import DetectorConfig
+
+    config = DetectorConfig(min_stall_s=0.3)
+    one, batched = JobDetector(JOB, RANKS, config), JobDetector(JOB, RANKS, config)
+    rng, t, seen = random.Random(7), 1000.0, set()
+    for step in range(120):
+        t += 0.05
+        if step == 50:
+            leaving = RankExit(
+                job=JOB, rank=5, host="h1", pid=1, reason=ExitReason.RESTART, step=49, at=t
+            )
+            assert batched.rank_exited(leaving, t) == one.rank_exited(leaving, t)
+        rows = []
+        for rank in range(RANKS):
+            if (rank == 2 and 30 <= step < 45) or (rank == 5 and 50 <= step < 56):
+                continue  # silent: rank 2 stalls, rank 5 restarts
+            host = "h9" if rank == 7 and step >= 70 else f"h{rank // PER_HOST}"
+            factor = 2.5 if rank == 3 and step > 20 else 1.0
+            compute = 0.036 * factor * rng.lognormvariate(0.0, 0.05)
+            rows.append([rank, host, step, 0, 32, t, t + compute + 0.006, 32, compute])
+            rows[-1] += [0.0005, 0.005, compute + 0.006, 0.005]
+        columns = StepColumns(JOB, *[list(c) for c in zip(*rows, strict=True)])  # type: ignore[arg-type]
+        assert all_acceptable(columns, batched._ranks, JOB)
+        expected = [i for row in columns.rows() for i in one.ingest_fields(row, t)]  # type: ignore[arg-type]
+        assert batched.ingest_step(columns, t) == expected
+        stalls = one.check_stalls(t)
+        assert batched.check_stalls(t) == stalls
+        assert batched.health(t) == one.health(t)
+        seen.update((i.rank, i.kind.value, i.state.value) for i in [*expected, *stalls])
+    assert batched.open_incidents == one.open_incidents != ()
+    assert {(2, "stalled", "opened"), (2, "stalled", "resolved")} <= seen
+    assert batched._ranks[7].host == "h9"

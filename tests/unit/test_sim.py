@@ -123,3 +123,15 @@ def test_the_command_prints_the_figures_and_writes_json_and_png(tmp_path: Path) 
     assert (tmp_path / "out" / "straggler.png").exists()
     bad = CliRunner().invoke(app, ["sim", str(scenario), "--ranks", "1"])
     assert bad.exit_code == 2 and "ranks" in bad.output
+
+
+def test_a_run_collects_garbage_less_often_and_restores_the_thresholds() -> None:
+    import gc
+
+    from antdt.sim.run import RUN_GC_THRESHOLD, fewer_collections
+
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), fewer_collections():
+        assert gc.get_threshold() == RUN_GC_THRESHOLD
+        raise RuntimeError
+    assert gc.get_threshold() == before

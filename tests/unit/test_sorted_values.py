@@ -28,3 +28,24 @@ def test_replace_leaves_the_list_a_removal_and_an_insertion_would(seed: int) -> 
         assert list(values.values) == expected
     values.replace(expected[0], None)
     assert list(values.values) == expected[1:]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_replace_keeps_every_bit_with_equal_values_and_signed_zeros(seed: int) -> None:
+    """A value replaced by an equal one is not moved, unless a 0.0 of the other sign may
+    be in the list (0.0 == -0.0): the same floats, bit for bit, as a removal and an
+    insertion would leave."""
+    rng = random.Random(seed)
+    choices = [0.0, 0.0, 0.25, 0.25, rng.random()] + ([-0.0] if seed % 2 else [])
+    values, expected = SortedValues(), []
+    for _ in range(40):
+        v = rng.choice(choices)
+        values.replace(None, v)
+        bisect.insort(expected, v)
+    for _ in range(300):
+        old = rng.choice(expected)
+        new = rng.choice([old, old, rng.choice(choices)])
+        values.replace(old, new)
+        del expected[bisect.bisect_left(expected, old)]
+        bisect.insort(expected, new)
+        assert [repr(v) for v in values.values] == [repr(v) for v in expected]

@@ -199,16 +199,58 @@ def test_config_refuses_nonsense(kwargs: dict) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_history_at_one_batch_fits_as_batch_levels_say(seed: int) -> None:
-    """The one-batch shortcut of fit_speed (a few C calls) gives batch_levels' level,
-    and steps at a second batch, or a step with nothing measured, take the long way."""
-    from antdt.services.monitor.speed import _one_batch
+def test_the_levels_of_measurable_steps_are_batch_levels(seed: int) -> None:
+    """The shortcut of fit_speed for steps all measurable (a few C calls) gives
+    batch_levels' levels, at one batch size or more, and a step with nothing measured
+    takes the long way to the same."""
+    from antdt.services.monitor.speed import _levels
 
     rng, config = random.Random(seed), SpeedConfig()
-    assert _one_batch([], config) is None
+    assert _levels([], config) == {}
     for count in (1, 7, 8, 12, 96):
         history = [(32, 0.032 * rng.lognormvariate(0.0, 0.1)) for _ in range(count)]
-        assert _one_batch(history, config) == batch_levels(history, config)
+        assert _levels(history, config) == batch_levels(history, config)
         for odd in ((16, 0.02), (32, 0.0), (0, 0.01), (32, float("nan")), (32, float("inf"))):
-            assert _one_batch([*history, odd], config) is None
+            mixed = [*history, *[odd] * rng.choice((1, 9))]
+            assert _levels(mixed, config) == batch_levels(mixed, config)
     assert fit_speed(steps(32, 0.04, 8), 8.0) == SpeedModel(0.008, 0.001, 1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> None:
+    """A History keeps its measurable times in order and its runs of one batch through
+    adds, evictions, pops and clears, and its fit (the ordered times, no sort) is bit for
+    bit that of the same steps as a list."""
+    from antdt.services.monitor.history import History
+
+    rng = random.Random(seed)
+    odd = (0.0, -1.0, float("nan"), float("inf"), 1e301)
+    history = History(rng.choice((8, 20, 96)))
+    for _ in range(400):
+        pick = rng.random()
+        if pick < 0.02:
+            history.clear()
+        elif pick < 0.1 and history:
+            history.popleft()
+        else:
+            t = rng.choice(odd) if rng.random() < 0.02 else 0.03 * rng.lognormvariate(0.0, 0.2)
+            history.add(rng.choice((32, 32, 32, 16, 0)) if rng.random() < 0.1 else 32, t)
+        steps_ = list(history)
+        good = sorted(t for _, t in steps_ if 0.0 < t < float("inf"))
+        assert history.ordered == good
+        batches = {b for b, _ in steps_}
+        one = len(batches) == 1 and len(good) == len(steps_) and 32 in batches
+        assert (history.one_batch() == 32) is one
+        for fixed in (0.0, 6.5):
+            assert fit_speed(history, fixed) == fit_speed(steps_, fixed)
+
+
+def test_a_history_never_read_keeps_no_more_than_it_holds() -> None:
+    """Steps added while nobody fits the model leave no growing backlog behind."""
+    from antdt.services.monitor.history import History
+
+    history = History(16)
+    for i in range(1000):
+        history.add(32, 0.01 + i * 1e-6)
+    assert len(history._added) <= 16 and len(history._dropped) <= 16
+    assert history.ordered == sorted(history.times)

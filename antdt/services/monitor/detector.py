@@ -7,10 +7,7 @@ docs/detection.md."""
 from __future__ import annotations
 
 import math
-import operator
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any, Final, NamedTuple
 
 from antdt.schemas import (
     Incident,
@@ -21,46 +18,25 @@ from antdt.schemas import (
 )
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.deviations import advance, open_slow
+from antdt.services.monitor.deviations import advance, open_slow, with_step_times
 from antdt.services.monitor.hosts import HostIndex, name_hosts
-from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
+from antdt.services.monitor.judge import Judge, Verdict, slow_run
 from antdt.services.monitor.onepiece import ONE_PIECE_S, bad_one_piece, in_one_piece
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
-from antdt.services.monitor.stepcolumns import MAX_S, StepColumns, all_acceptable
-from antdt.services.monitor.windows import WindowStats, summarize
-
-
-class StepFields(NamedTuple):
-    """Every field of a StepEvent ingest reads, in this order (samples to step_s are a
-    Row), read with one C call per event. A caller with rows of figures, not events,
-    passes them to `ingest_fields` as plain tuples (the link's round trip optional), or
-    a step of many ranks to `ingest_step` as columns."""
-
-    job: str
-    rank: int
-    host: str
-    step: int
-    plan_version: int
-    local_batch: int
-    started_at: float
-    ended_at: float
-    samples: int
-    compute_s: float
-    data_wait_s: float
-    comm_s: float
-    step_s: float
-    link_rtt_s: float | None = None
-    helped: Mapping[int, int] | None = None
-    one_piece_s: float | None = None
-
-
-_fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
-_ROW = slice(8, 13)
-_LINK_RTT: Final = 13
-_HELPED: Final = 14
+from antdt.services.monitor.stepcolumns import (
+    HELPED,
+    LINK_RTT,
+    MAX_S,
+    ROW_FIELDS,
+    StepColumns,
+    StepFields,
+    all_acceptable,
+    fields_of,
+)
+from antdt.services.monitor.windows import Row, summarize
 
 
 class JobDetector:
@@ -104,7 +80,7 @@ class JobDetector:
 
     def ingest(self, event: StepEvent, now: float) -> list[Incident]:
         """Account one step event; returns the incident transitions it caused."""
-        return self.ingest_fields(_fields_of(vars(event)), now)
+        return self.ingest_fields(fields_of(vars(event)), now)
 
     def ingest_fields(self, fields: StepFields, now: float) -> list[Incident]:
         """`ingest` of one event's fields. Runs for every event a replica receives: each
@@ -124,15 +100,47 @@ class JobDetector:
         """`ingest_fields` of every row of `columns` (a step of many ranks), in order, at
         `now`: the same state and transitions, screened in bulk when no row is bad."""
         now = self._tick(now)
-        accept, transitions = self._accept, []
         if all_acceptable(columns, self._ranks, self.job):
-            for fields in columns.rows():
-                found = accept(fields, now)  # type: ignore[arg-type]
-                if found:
-                    transitions += found
-            return transitions
+            return self._accept_rows(columns, now)
+        transitions = []
         for fields in columns.rows():
             transitions += self.ingest_fields(fields, now)  # type: ignore[arg-type]
+        return transitions
+
+    def _accept_rows(self, columns: StepColumns, now: float) -> list[Incident]:
+        """`_accept` of every row of `columns`, all acceptable, in order. A row of a rank
+        with nothing to resolve (no stall, not exited, its window's plan, its host) is
+        accounted here from the columns, with no tuple of its fields made: a job's step
+        is thousands of them; any other goes through `_accept`."""
+        c, ranks, transitions = columns, self._ranks, []
+        nones = [None] * len(c.rank)
+        links = nones if c.link_rtt_s is None else c.link_rtt_s
+        pieces = nones if c.one_piece_s is None else c.one_piece_s
+        rows = zip(c.rank, c.host, c.step, c.plan_version, c.local_batch, c.started_at, strict=True)
+        figures = zip(c.samples, c.compute_s, c.data_wait_s, c.comm_s, c.step_s, strict=True)
+        for (r, host, step, plan, batch, started), ended, (n, c_s, d, m, s), link, piece in zip(
+            rows, c.ended_at, figures, links, pieces, strict=True
+        ):
+            rank = ranks[r]
+            if (
+                rank.stall is not None
+                or rank.exited is not None
+                or rank.window_plan != plan
+                or host != rank.host
+            ):
+                fields = (c.job, r, host, step, plan, batch, started, ended, n, c_s, d, m, s, link)
+                found = self._accept((*fields, None, piece), now)  # type: ignore[arg-type]
+            else:
+                if piece is not None and batch > 0 and piece > 0:
+                    n, c_s = batch, piece  # in_one_piece
+                rank.last_step, rank.last_ended_at = step, ended
+                rank.last_seen_at, rank.local_batch = now, batch
+                self._job_saw(step, plan, now)
+                if link is not None:
+                    rank.link_rtt_s = link
+                found = self._account(rank, step, (n, c_s, d, m, s), now)
+            if found:
+                transitions += found
         return transitions
 
     def _accept(self, fields: StepFields, now: float) -> list[Incident]:
@@ -149,13 +157,19 @@ class JobDetector:
         if rank.window_plan != plan:
             self._replanned(rank, plan, fields[5])
         self._remember(rank, fields, now)
-        if len(fields) > _LINK_RTT and fields[_LINK_RTT] is not None:
-            rank.link_rtt_s = fields[_LINK_RTT]
-        if len(fields) > _HELPED and fields[_HELPED]:
-            rank.helped.update(fields[_HELPED])  # a Counter: adds
+        if len(fields) > LINK_RTT and fields[LINK_RTT] is not None:
+            rank.link_rtt_s = fields[LINK_RTT]
+        if len(fields) > HELPED and fields[HELPED]:
+            rank.helped.update(fields[HELPED])  # a Counter: adds
+        return transitions + self._account(rank, step, fields[ROW_FIELDS], now)  # type: ignore[arg-type]
+
+    def _account(self, rank: RankMemory, step: int, row: Row, now: float) -> list[Incident]:
+        """The step's figures (`row`) into the rank's window, history and evidence; its
+        window closed when full. The transitions that caused."""
+        transitions: list[Incident] = []
         window = rank.window
-        window.append(fields[_ROW])  # type: ignore[arg-type]  # five fields: a Row
-        samples, compute_s = fields[8], fields[9]
+        window.append(row)
+        samples, compute_s = row[0], row[1]
         if samples > 0 and compute_s > 0:
             rank.history.add(samples, compute_s)
             if rank.settle_left:
@@ -283,7 +297,7 @@ class JobDetector:
             return "duplicate_step" if step == last.last_step else "step_backwards"
         if ended_at < last.last_ended_at and last.last_step >= 0:
             return "time_backwards"
-        helped = fields[_HELPED] if len(fields) > _HELPED else None
+        helped = fields[HELPED] if len(fields) > HELPED else None
         if helped and any(not 0 <= o < self.world_size or o == rank for o in helped):
             return "helped_out_of_range"
         if bad_one_piece(fields, MAX_S):
@@ -297,8 +311,13 @@ class JobDetector:
             self._hosts.moved()
         rank.last_step = step
         rank.last_ended_at = ended_at
-        rank.last_seen_at = self._last_heard_at = now
+        rank.last_seen_at = now
         rank.local_batch = local_batch
+        self._job_saw(step, plan, now)
+
+    def _job_saw(self, step: int, plan: int, now: float) -> None:
+        """A rank's step accepted: the job's latest step, plan and when it was heard."""
+        self._last_heard_at = now
         if self._first_seen_at is None:
             self._first_seen_at = now
         if step > self._latest_step:
@@ -367,7 +386,7 @@ class JobDetector:
             judged.verdict is not Verdict.UNEVALUATED and judged.ratio >= pace.config.slow_at
         )
         rank.slow_looking = rank.slow_looking + 1 if looked_slow else 0
-        rank.judgement = _with_step_times(judged, stats, rank)
+        rank.judgement = with_step_times(judged, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:
             return self._named(transitions, now, rank)
@@ -389,18 +408,6 @@ class JobDetector:
             if incident is not None and incident.id == incident_id:
                 return incident
         raise KeyError(incident_id)
-
-
-def _with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) -> Judgement:
-    """A normal window is kept (the job's pace before an onset); a straggler's judgement
-    gets the step times now and before: moving its node wins back the difference, also
-    what its slowness costs everyone's communication, which no model of compute sees."""
-    if judged.verdict is Verdict.NORMAL:
-        rank.normal_windows.append(stats)
-    elif judged.verdict is Verdict.SLOW:
-        before = min((w.step_s for w in rank.normal_windows), default=None)
-        return judged._replace(step_s=stats.step_s, step_s_before=before)
-    return judged
 
 
 __all__ = ["DetectorConfig", "JobDetector", "StepColumns", "StepFields"]

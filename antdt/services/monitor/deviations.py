@@ -14,6 +14,7 @@ from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.judge import Judgement, Verdict
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.ranks import RankMemory
+from antdt.services.monitor.windows import WindowStats
 
 
 def advance(
@@ -205,3 +206,15 @@ def _window_figures(
         "windows": rank.deviation_windows,
         "evidence": judged.evidence(rank.deviation_windows),
     }
+
+
+def with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) -> Judgement:
+    """A normal window is kept (the job's pace before an onset); a straggler's judgement
+    gets the step times now and before: moving its node wins back the difference, also
+    what its slowness costs everyone's communication, which no model of compute sees."""
+    if judged.verdict is Verdict.NORMAL:
+        rank.normal_windows.append(stats)
+    elif judged.verdict is Verdict.SLOW:
+        before = min((w.step_s for w in rank.normal_windows), default=None)
+        return judged._replace(step_s=stats.step_s, step_s_before=before)
+    return judged

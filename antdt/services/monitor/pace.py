@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 
 from antdt.services.monitor.config import DetectorConfig
+from antdt.services.monitor.history import History
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
@@ -102,7 +103,8 @@ class Pace:
         """The job's fixed part, from the ranks whose history spans two batch sizes. A
         rank's history holds steps at one speed, and contention scales both parts of a
         model, so a straggler's fit counts as much as any."""
-        if not any(r.history and r.history[0][0] != r.history[-1][0] for r in ranks):
+        histories = (r.history for r in ranks)
+        if not any(h and h.samples[0] != h.samples[-1] for h in histories):  # first, last size
             return
         spans = [_around_last_change(r.history, 2 * self._speed.line_steps) for r in ranks]
         models = [fit_speed(span, self.fixed_samples, self._speed) for span in spans]
@@ -127,6 +129,10 @@ def _around_last_change(
     they can be, so that the job's own drift (a slower phase, the machine's load) does
     not pass for the batch's effect. A window apart, 3% of drift moved the fixed part of
     a batch halved from 32 to 17 from 32 samples to 26 or 39."""
+    if isinstance(history, History):
+        if not history.changes:
+            return history  # one batch size throughout: no change to look for
+        history = list(history)  # indexed below: a list's items, not the deques'
     last = len(history) - 1
     change = next((i for i in range(last, 0, -1) if history[i][0] != history[i - 1][0]), 0)
     if change == 0:

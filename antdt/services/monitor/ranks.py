@@ -125,7 +125,7 @@ def job_health(
     B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
     nor the communication of the rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
-    figures = [f for f in map(latest_figures, ranks) if f is not None]
+    figures: list[StepFigures] = [latest_figures(r) for r in ranks if r.stats is not None]  # type: ignore[misc]
     step_s = statistics.median(f.step_s for f in figures) if figures else 0.0
     batch = sum(f.samples for f in figures)
     efficiency = 1.0
@@ -162,12 +162,16 @@ def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth
     clamped, speeds positive), and the receiver of the health validates it anyway; a
     health of 10,000 rows spent most of its time validating them."""
     stats = rank.stats
+    if rank.exited is None and rank.stall is None and rank.deviation is None:
+        state = RankState.UNKNOWN if stats is None else RankState.OK  # most ranks
+    else:
+        state = rank_state(rank)
     return trusted(
         RankHealth,
         {
             "rank": rank.rank,
             "host": rank.host,
-            "state": rank_state(rank),
+            "state": state,
             "last_step": max(rank.last_step, 0),
             "local_batch": rank.local_batch,
             "samples_per_s": stats.samples_per_s if stats else 0.0,

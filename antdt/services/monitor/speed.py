@@ -13,6 +13,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import eq
 from typing import NamedTuple
 
 from antdt.services.monitor.history import History
@@ -63,6 +65,12 @@ def fit_speed(
     the job's pooled fixed part, used when no two batch sizes are far enough apart.
     """
     config = config or _DEFAULT
+    if isinstance(steps, History):
+        batch = steps.one_batch()
+        if batch is not None:  # the common history
+            ordered = steps.ordered
+            if ordered[-1] <= _HUGE:
+                return _one_batch_model(ordered, batch, max(0.0, fixed_samples), config)
     levels = _levels(steps, config)
     if not levels:
         return None
@@ -76,38 +84,55 @@ def fit_speed(
 
 
 def _levels(steps: Sequence[tuple[int, float]], config: SpeedConfig) -> dict[int, Level]:
-    """`batch_levels` of `steps`; a History, read as its two columns."""
+    """`batch_levels` of `steps` (a History read as its two columns): when every step is
+    measurable, each batch size's times picked out in a few C calls, not a loop. A
+    health fits every rank's model and a round of windows refits every rank's around
+    its last change of size: 10,000 of them at 10,000 ranks."""
+    batches: Sequence[int]
+    times: Sequence[float]
     if isinstance(steps, History):
-        one = _one_batch_of(steps.samples, steps.times, config) if steps.samples else None
+        batches, times = steps.samples, steps.times
     else:
-        one = _one_batch(steps, config)
-    return batch_levels(steps, config) if one is None else one
+        batches, times = tuple(zip(*steps, strict=True)) or ((), ())
+    if batches and _measurable(batches, times):
+        return _measured_levels(batches, times, config)
+    return batch_levels(steps, config)
 
 
-def _one_batch(steps: Sequence[tuple[int, float]], config: SpeedConfig) -> dict[int, Level] | None:
-    """`batch_levels` of steps all at one batch size, each measurable; None otherwise.
-    The common history (a rank at one speed and batch), a few C calls instead of a loop:
-    a health fits a model per rank, 10,000 of them at 10,000 ranks."""
-    columns = tuple(zip(*steps, strict=True))
-    if not columns:
-        return None
-    batches, times = columns
-    return _one_batch_of(batches, times, config)
+def _measurable(batches: Sequence[int], times: Sequence[float]) -> bool:
+    """Every step has samples and a compute time in (0, inf); the sum is finite only
+    when no time is infinite or NaN (a NaN can hide from min)."""
+    return min(batches) > 0 and min(times) > 0 and math.isfinite(sum(times))
 
 
-def _one_batch_of(
+def _measured_levels(
     batches: Sequence[int], times: Sequence[float], config: SpeedConfig
-) -> dict[int, Level] | None:
-    """`_one_batch` of steps given as columns (non-empty)."""
-    batch = batches[0]
-    # The sum is finite only when no time is infinite or NaN.
-    if batch <= 0 or batches.count(batch) != len(batches) or min(times) <= 0:
+) -> dict[int, Level]:
+    """`batch_levels` of steps each measurable, as columns: each size's times picked
+    out at C speed. After a plan changed every rank's batch, every history holds two
+    sizes for as long as it is."""
+    levels = {}
+    for batch in sorted(set(batches)):
+        picked = list(compress(times, map(eq, batches, repeat(batch))))
+        if len(picked) >= config.min_steps:
+            levels[batch] = Level(quantile(picked, config.quantile), len(picked))
+    return levels
+
+
+def _one_batch_model(
+    ordered: Sequence[float], batch: int, fixed_samples: float, config: SpeedConfig
+) -> SpeedModel | None:
+    """`fit_speed` of steps all at `batch` (> 0), their times `ordered` (ascending, each
+    measurable): `_one_size` of their one level, in a few operations and no sort. A
+    health fits every rank whose history changed: about every rank, every health."""
+    if len(ordered) < config.min_steps:
         return None
-    if not math.isfinite(sum(times)):
-        return None
-    if len(times) < config.min_steps:
-        return {}
-    return {batch: Level(quantile(times, config.quantile), len(times))}
+    per_sample = quantile_sorted(ordered, config.quantile) / (batch + fixed_samples)
+    return SpeedModel(per_sample * fixed_samples, per_sample, 1)
+
+
+#: Times past this take the general path (their sum, which must be finite, might not be).
+_HUGE = 1e300
 
 
 class Level(NamedTuple):

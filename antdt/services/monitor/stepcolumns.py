@@ -8,18 +8,50 @@ speed over whole columns; any doubt and the detector screens row by row, exactly
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, gt, le
-from typing import NamedTuple
+from typing import Any, Final, NamedTuple
 
-from antdt.services.monitor.onepiece import acceptable_one_piece
 from antdt.services.monitor.ranks import RankMemory
 
 #: The wire contract's largest duration, seconds: a row past it is refused.
 MAX_S = 1e7
 _last_step = attrgetter("last_step")
 _last_ended_at = attrgetter("last_ended_at")
+
+
+class StepFields(NamedTuple):
+    """Every field of a StepEvent ingest reads, in this order (samples to step_s are a
+    Row), read with one C call per event. A caller with rows of figures, not events,
+    passes them to `ingest_fields` as plain tuples (the link's round trip optional), or
+    a step of many ranks to `ingest_step` as columns."""
+
+    job: str
+    rank: int
+    host: str
+    step: int
+    plan_version: int
+    local_batch: int
+    started_at: float
+    ended_at: float
+    samples: int
+    compute_s: float
+    data_wait_s: float
+    comm_s: float
+    step_s: float
+    link_rtt_s: float | None = None
+    helped: Mapping[int, int] | None = None
+    one_piece_s: float | None = None
+
+
+#: A StepEvent's `vars()` to its StepFields, one C call.
+fields_of: Callable[[dict[str, Any]], StepFields] = operator.itemgetter(*StepFields._fields)
+#: Where in StepFields: the five fields of a Row, the link's round trip, `helped`.
+ROW_FIELDS = slice(8, 13)
+LINK_RTT: Final = 13
+HELPED: Final = 14
 
 
 class StepColumns(NamedTuple):
@@ -54,6 +86,15 @@ class StepColumns(NamedTuple):
         return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
 
 
+_NUMBERS = frozenset((int, float))
+
+
+def _in_range(figures: Sequence[float]) -> bool:
+    """Every figure (a non-empty column) in [0, MAX_S]: none NaN, none infinite."""
+    total = sum(figures)
+    return total == total and min(figures) >= 0.0 and max(figures) <= MAX_S
+
+
 def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) -> bool:
     """True only when `ingest_fields` would reject none of the rows (False: maybe some):
     one job, distinct ranks of the job, finite durations in range, times in order and
@@ -69,11 +110,13 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
     if not all(map(le, c.started_at, c.ended_at)):  # False on a NaN too
         return False
     for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
-        total = sum(figures)
-        if total != total or min(figures) < 0.0 or max(figures) > MAX_S:  # NaN, range
+        if not _in_range(figures):
             return False
-    if c.one_piece_s is not None and not all(acceptable_one_piece(v, MAX_S) for v in c.one_piece_s):
-        return False
+    if c.one_piece_s is not None:
+        given = [v for v in c.one_piece_s if v is not None]
+        # Numbers only (a bool is refused: its type is neither), then as any figure.
+        if given and not ({*map(type, given)} <= _NUMBERS and _in_range(given)):
+            return False
     memories = [ranks[r] for r in c.rank]
     if not all(map(gt, c.step, map(_last_step, memories))):
         return False
@@ -85,4 +128,4 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
     )
 
 
-__all__ = ["StepColumns", "all_acceptable"]
+__all__ = ["StepColumns", "StepFields", "all_acceptable"]
