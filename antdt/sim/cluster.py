@@ -106,6 +106,13 @@ class Cluster:
     def step(self, s: int) -> tuple[Floats, Floats]:
         """(compute factor, link factor) of every rank at step `s`: generation x active
         episodes x noise, and the active link episodes' factor (1 where none)."""
+        speed, jitter, link = self.step_parts(s)
+        return speed * jitter, link
+
+    def step_parts(self, s: int) -> tuple[Floats, Floats, Floats]:
+        """`step`'s compute factor as its two parts, with the link factor: each rank's
+        speed (generation x active episodes), which a policy can learn, and the step's
+        random jitter (1 without noise), which nobody knows before the step."""
         e, order = self.episodes, self._by_start
         begin = self._next
         while self._next < len(order) and e.start[order[self._next]] <= s:
@@ -118,10 +125,10 @@ class Cluster:
         on_link = e.link[live]
         np.multiply.at(compute, e.rank[live[~on_link]], e.factor[live[~on_link]])
         np.multiply.at(link, e.rank[live[on_link]], e.factor[live[on_link]])
-        cv = self.scenario.noise_cv
+        cv, jitter = self.scenario.noise_cv, np.ones(self.scenario.ranks)
         if cv > 0:
-            compute *= self._noise.lognormal(-0.5 * cv * cv, cv, self.scenario.ranks)
-        return compute, link
+            jitter = self._noise.lognormal(-0.5 * cv * cv, cv, self.scenario.ranks)
+        return compute, jitter, link
 
     def move(self, rank: int, s: int) -> None:
         """The rank runs on a spare node from step `s`: slowdowns begun before are not its."""

@@ -265,8 +265,9 @@ def run_reference(
     scenario: ScenarioFile, progress: Progress | None = None
 ) -> tuple[RunResult, RunResult]:
     """The oracle and the healthy cluster, from the same draws as every policy's run.
-    Oracle: each step's batches split as the true speeds ask (continuous, no bounds), at
-    once and free; a slow link moved at its onset, for the restart cost, when its extra
+    Oracle: each step's batches split as every rank's speed asks (continuous, no bounds),
+    at once and free; the step's random jitter, which no plan can know, it meets as every
+    policy does; a slow link moved at its onset, for the restart cost, when its extra
     exchange time would cost more. Healthy: no slowdown (generations kept), equal batches."""
     sc = scenario
 
@@ -282,11 +283,9 @@ def run_reference(
     oracle.restarts, oracle.restart_s = moved, moved * sc.restart_cost_s
     ideal = RunResult("healthy", np.zeros(sc.steps), compute_s=np.zeros(sc.steps))
     for s in range(sc.steps):
-        factors, link = cluster.step(s)
-        a, b = sc.fixed_s * factors, sc.per_sample_s * factors
-        level = (batch + float((a / b).sum())) / float((1.0 / b).sum())
-        oracle.compute_s[s] = level
-        oracle.step_s[s] = level + sc.comm_s * float(link.max())
+        speed, jitter, link = cluster.step_parts(s)
+        oracle.compute_s[s] = _water_level_step(sc, batch, speed, jitter)
+        oracle.step_s[s] = oracle.compute_s[s] + sc.comm_s * float(link.max())
         plain, healthy_link = healthy.step(s)
         slowest = float(((sc.fixed_s + sc.per_sample_s * sc.local_batch) * plain).max())
         ideal.compute_s[s] = slowest
@@ -294,3 +293,12 @@ def run_reference(
         if progress is not None:
             progress(s + 1)
     return oracle, ideal
+
+
+def _water_level_step(sc: ScenarioFile, batch: float, speed: Floats, jitter: Floats) -> float:
+    """The slowest rank's compute when `batch` samples are split so that every rank
+    would take the same time at its `speed` (the water level), then run with `jitter`."""
+    a, b = sc.fixed_s * speed, sc.per_sample_s * speed
+    level = (batch + float((a / b).sum())) / float((1.0 / b).sum())
+    batches = np.maximum(0.0, (level - a) / b)
+    return float(((a + b * batches) * jitter).max())
