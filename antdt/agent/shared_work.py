@@ -31,6 +31,11 @@ from antdt.sharing import (
     read_late_slots,
 )
 
+#: Reads of its counter in a row that find no helper took a micro-batch, all after a
+#: helper should be free, before a holding-back owner draws after all: one such read is
+#: a helper finishing its own share a little later than its last step's pace said.
+IDLE_READS = 2
+
 #: The count all-reduce: the element-wise SUM of every rank's vector.
 AllSum = Callable[[list[int]], list[int]]
 
@@ -257,37 +262,40 @@ class WorkSharing:
 
     def _expect_helpers(self, client: StoreClaims, start: float) -> None:
         """When this rank offered: the helpers' lanes from their last step's paces, from
-        `start` (the count's end: the helpers begin then, the owner once it published),
-        and its own micro-batch's seconds at its last pace until it has computed one."""
-        self._lanes = []
+        `start` (the count's end: the helpers begin then, the owner once it published).
+        Its own micro-batch's seconds are unknown (0) until it has computed one."""
+        self._lanes, self._own_micro_s = [], 0.0
         if not client.own_left or len(self.paces) != client.world:
             return
         samples, micro = client.share_size(client.rank)
         size = micro_samples(samples, micro, self.params.chunks)
         others = self.offered | {client.rank}
         self._lanes = helper_lanes(self.paces, others, self._samples, self.trips, size, start)
-        self._own_micro_s = self.paces[client.rank].own * size + client.round_trip_s
 
     def _hold_back(self, client: StoreClaims) -> float:
         """Before this rank draws its next own ticket: wait while the helpers would have
         all its unclaimed micro-batches computed before it finished one (`holds_back`),
         reading its counter at once (its last draw's count is old), then every fastest
-        helper's micro-batch; draw once none is left without a holder, or once a read
-        finds no helper took one since the last while a helper should be free (the step
-        never waits on a helper that is not coming). Returns the seconds it waited."""
-        if not self._lanes:
+        helper's micro-batch; draw once none is left without a holder, or once IDLE_READS
+        reads in a row found no helper took one while a helper should be free (the step
+        never waits long on a helper that is not coming). Not before its first micro-batch of
+        the step: its pace in this step is known from it alone (a burst that ended with
+        the last step would leave a fast owner idle). Returns the seconds it waited."""
+        if not self._lanes or self._own_micro_s == 0.0:
             return 0.0
-        poll = min(lane.micro_s for lane in self._lanes)
+        # a read more often than a round trip only queues behind the last
+        poll = max(min(lane.micro_s for lane in self._lanes), client.round_trip_s)
         first_free = min(lane.free_at for lane in self._lanes)
         remaining = client.own_unclaimed
         start = now = time.perf_counter()
-        reads = 0
+        reads = idle = 0
         while client.own_left and holds_back(now, self._own_micro_s, remaining, self._lanes):
             if reads:
                 time.sleep(poll)
             before, remaining = remaining, client.read_own()
             now, reads = time.perf_counter(), reads + 1
-            if reads > 1 and remaining == before and now > first_free + poll:
+            idle = idle + 1 if reads > 1 and remaining == before and now > first_free else 0
+            if idle >= IDLE_READS:
                 break
         return now - start
 

@@ -73,3 +73,14 @@ def test_an_owner_draws_its_micro_batches_when_the_helpers_do_not_come() -> None
     assert len(owned) == CHUNKS and helped(out, 2, 1) == 0
     helpers_free = min(c.end for c in out if c.step == 2 and c.rank != 1 and c.owner == c.rank)
     assert max(c.end for c in owned) < helpers_free
+
+
+def test_an_owner_computes_its_first_micro_batch_before_it_holds_back() -> None:
+    """Rank 1 was 8x slow in step 1 only: it offers in step 2 on that pace, but its pace
+    in step 2 is known only from a micro-batch of it. At its normal speed it then
+    finishes each of its micro-batches long before the helpers are free, so it keeps
+    them (judged on step 1's pace it would have left them all to the helpers)."""
+    params = ShareParams(True, CHUNKS, 1.5)
+    out, _server = run_steps(params, {1: {1: 8.0}}, 3, WORLD, SHARE)
+    check_every_sample_once(out, 3, WORLD, SHARE)
+    assert len(_owners_own(out, 2, 1)) >= CHUNKS - 1
