@@ -21,7 +21,12 @@ from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow, with_step_times
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Verdict, slow_run
-from antdt.services.monitor.onepiece import ONE_PIECE_S, bad_one_piece, in_one_piece
+from antdt.services.monitor.onepiece import (
+    ONE_PIECE_S,
+    bad_one_piece,
+    in_one_piece,
+    judged_in_one_piece,
+)
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
@@ -131,11 +136,9 @@ class JobDetector:
                 fields = (c.job, r, host, step, plan, batch, started, ended, n, c_s, d, m, s, link)
                 found = self._accept((*fields, None, piece), now)  # type: ignore[arg-type]
             else:
-                if piece is not None and batch > 0 and piece > 0:
-                    n, c_s = batch, piece  # in_one_piece
-                rank.last_step, rank.last_ended_at = step, ended
-                rank.last_seen_at, rank.local_batch = now, batch
-                self._job_saw(step, plan, now)
+                if piece is not None and judged_in_one_piece(batch, piece):
+                    n, c_s = batch, piece  # as in_one_piece
+                self._saw(rank, step, ended, batch, plan, now)
                 if link is not None:
                     rank.link_rtt_s = link
                 found = self._account(rank, step, (n, c_s, d, m, s), now)
@@ -309,14 +312,17 @@ class JobDetector:
         if host != rank.host:
             rank.host = host
             self._hosts.moved()
+        self._saw(rank, step, ended_at, local_batch, plan, now)
+
+    def _saw(
+        self, rank: RankMemory, step: int, ended_at: float, local_batch: int, plan: int, now: float
+    ) -> None:
+        """A rank's step accepted: the rank's latest step, and the job's latest step, plan
+        and when it was heard."""
         rank.last_step = step
         rank.last_ended_at = ended_at
         rank.last_seen_at = now
         rank.local_batch = local_batch
-        self._job_saw(step, plan, now)
-
-    def _job_saw(self, step: int, plan: int, now: float) -> None:
-        """A rank's step accepted: the job's latest step, plan and when it was heard."""
         self._last_heard_at = now
         if self._first_seen_at is None:
             self._first_seen_at = now

@@ -39,9 +39,21 @@ def in_one_piece(fields: Sequence[Any]) -> Sequence[Any]:
     if len(fields) <= ONE_PIECE_S or fields[ONE_PIECE_S] is None:
         return fields
     planned, one_piece_s = fields[LOCAL_BATCH], fields[ONE_PIECE_S]
-    if planned <= 0 or one_piece_s <= 0:
+    if not judged_in_one_piece(planned, one_piece_s):
         return fields
     return (*fields[:SAMPLES], planned, one_piece_s, *fields[COMPUTE_S + 1 : ONE_PIECE_S], None)
 
 
-__all__ = ["ONE_PIECE_S", "acceptable_one_piece", "bad_one_piece", "in_one_piece"]
+def judged_in_one_piece(planned: int, one_piece_s: float | None) -> bool:
+    """Whether a step is judged as its planned batch (`planned` samples) in `one_piece_s`
+    rather than as it ran: a one-piece time was given and both are above 0."""
+    return one_piece_s is not None and planned > 0 and one_piece_s > 0
+
+
+__all__ = [
+    "ONE_PIECE_S",
+    "acceptable_one_piece",
+    "bad_one_piece",
+    "in_one_piece",
+    "judged_in_one_piece",
+]

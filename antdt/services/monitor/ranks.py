@@ -125,7 +125,7 @@ def job_health(
     B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
     nor the communication of the rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
-    figures: list[StepFigures] = [latest_figures(r) for r in ranks if r.stats is not None]  # type: ignore[misc]
+    figures = [f for f in map(latest_figures, ranks) if f is not None]
     step_s = statistics.median(f.step_s for f in figures) if figures else 0.0
     batch = sum(f.samples for f in figures)
     efficiency = 1.0

@@ -14,6 +14,7 @@ from itertools import repeat
 from operator import attrgetter, gt, le
 from typing import Any, Final, NamedTuple
 
+from antdt.services.monitor.onepiece import acceptable_one_piece
 from antdt.services.monitor.ranks import RankMemory
 
 #: The wire contract's largest duration, seconds: a row past it is refused.
@@ -86,9 +87,6 @@ class StepColumns(NamedTuple):
         return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
 
 
-_NUMBERS = frozenset((int, float))
-
-
 def _in_range(figures: Sequence[float]) -> bool:
     """Every figure (a non-empty column) in [0, MAX_S]: none NaN, none infinite."""
     total = sum(figures)
@@ -112,11 +110,8 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
     for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
         if not _in_range(figures):
             return False
-    if c.one_piece_s is not None:
-        given = [v for v in c.one_piece_s if v is not None]
-        # Numbers only (a bool is refused: its type is neither), then as any figure.
-        if given and not ({*map(type, given)} <= _NUMBERS and _in_range(given)):
-            return False
+    if c.one_piece_s is not None and not all(acceptable_one_piece(v, MAX_S) for v in c.one_piece_s):
+        return False
     memories = [ranks[r] for r in c.rank]
     if not all(map(gt, c.step, map(_last_step, memories))):
         return False
