@@ -48,7 +48,21 @@ def init(settings: AgentSettings | None = None, **overrides: Any) -> Agent:
     if not structlog.is_configured():
         configure_logging(settings.telemetry.log_level, settings.telemetry.log_format)
     bind_process(job=settings.job, rank=settings.rank)
+    _dump_stacks_on(settings.stack_dump_signal)
     return Agent(settings, tracer_provider=_tracer_provider(settings)).start()
+
+
+def _dump_stacks_on(name: str) -> None:
+    """`kill -<name> <pid>` makes this rank write every thread's stack to stderr and go on
+    (a handler the application set before runs too; one it sets later replaces this)."""
+    if name:
+        import faulthandler
+        import signal
+        import sys
+
+        sig = signal.Signals[name]
+        chain = signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        faulthandler.register(sig, file=sys.stderr, all_threads=True, chain=chain)
 
 
 def _tracer_provider(settings: AgentSettings) -> Any:

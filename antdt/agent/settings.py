@@ -11,7 +11,7 @@ import re
 import socket
 from typing import Any
 
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from antdt.agent.elastic import run_id_as_job
@@ -23,6 +23,9 @@ from antdt.schemas.plan import PolicyParam
 TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 #: The keys the rendezvous id may arrive under (the env's, or a keyword's).
 RUN_ID_KEYS = ("TORCHELASTIC_RUN_ID", "torchelastic_run_id", "run_id")
+#: Signals a rank may dump its stacks on: none that a launcher sends to stop a worker
+#: (torchrun forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT).
+DUMPABLE_SIGNALS = ("SIGUSR1", "SIGUSR2")
 
 
 def default_host() -> str:
@@ -113,6 +116,11 @@ class AgentSettings(BaseSettings):
     max_local_batch: int | None = Field(
         default=None, ge=1, description="Largest local batch memory holds (hello), samples"
     )
+    stack_dump_signal: str = Field(
+        default="SIGUSR1",
+        description="On this signal the rank writes every thread's Python stack to stderr "
+        "(faulthandler) and runs on: what a hung rank waits in; '' leaves signals alone",
+    )
     device: str = Field(default="cpu", max_length=64, description="Device reported in the hello")
     event_loop: LoopKind = Field(
         default="asyncio",
@@ -147,6 +155,13 @@ class AgentSettings(BaseSettings):
         default=None,
         description="The job's detection tunables, e.g. ANTDT_MONITOR__WINDOW=16 (registered)",
     )
+
+    @field_validator("stack_dump_signal")
+    @classmethod
+    def _a_signal(cls, name: str) -> str:
+        if name and name not in DUMPABLE_SIGNALS:
+            raise ValueError(f"not a signal to dump stacks on: {name!r} (SIGUSR1, SIGUSR2 or '')")
+        return name
 
     @model_validator(mode="before")
     @classmethod

@@ -8,6 +8,7 @@ status 0 only when every check held."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,8 @@ from tests.deploy.compose import SERVICES, Project, podman, prepare, tear_down, 
 
 WORLD, DATASET, SHARD, BATCH, EPOCHS, ONSET, FACTOR = 4, 16384, 128, 512, 3, 20, 3
 STRAGGLER, KILL_AT = WORLD - 1, 10
+#: A job runs 30-150 s here; past this it is taken for hung.
+JOB_DEADLINE_S = 600.0
 
 
 def main() -> int:
@@ -105,7 +108,35 @@ def train(
         steps = len(progress.read_text().splitlines()) if progress.exists() else 0
         for n in [n for n in at_step if steps >= n]:
             at_step.pop(n)()
+        if time.monotonic() - began > JOB_DEADLINE_S:
+            stop_hung(env["ANTDT_JOB"], steps)
+            runner.join(60)
+            raise AssertionError(f"job {env['ANTDT_JOB']} hung at step {steps}: stacks above")
     return (rc[0] if rc else -1), time.monotonic() - began
+
+
+def stop_hung(job: str, steps: int) -> None:
+    """Make every rank of `job` write its threads' stacks (the agent's stack_dump_signal),
+    then kill them: a hang fails in minutes with where each rank waited, not after
+    gloo's 30-minute timeout."""
+    ranks = [pid for pid, environ in processes() if f"ANTDT_JOB={job}" in environ]
+    print(f"job {job}: no end after {JOB_DEADLINE_S:.0f}s at step {steps}; stacks of {ranks}:")
+    for sig in (signal.SIGUSR1, signal.SIGKILL):
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        time.sleep(3)
+
+
+def processes() -> list[tuple[int, list[str]]]:
+    """(pid, environment) of every process of this user that can be read."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                environ = (entry / "environ").read_bytes().decode(errors="replace")
+                found.append((int(entry.name), environ.split("\0")))
+    return found
 
 
 def audit(out: Path) -> int:

@@ -98,3 +98,24 @@ def test_a_job_id_is_required_where_the_run_id_cannot_serve(
         env.setenv("TORCHELASTIC_RUN_ID", run_id)
     with pytest.raises(ValidationError, match=says):
         AgentSettings()
+
+
+def test_a_rank_dumps_its_stacks_on_the_signal_named_and_runs_on(
+    env: pytest.MonkeyPatch, tmp_path: pytest.TempPathFactory
+) -> None:
+    import subprocess
+    import sys
+
+    assert AgentSettings(rank=0, world_size=1).stack_dump_signal == "SIGUSR1"
+    assert AgentSettings(rank=0, world_size=1, stack_dump_signal="").stack_dump_signal == ""
+    for bad in ("SIGTERM", "SIGKILL", "USR1", "SIGNOPE"):
+        with pytest.raises(ValidationError, match="not a signal to dump stacks on"):
+            AgentSettings(rank=0, world_size=1, stack_dump_signal=bad)
+    script = (
+        "import os, signal, antdt.agent as a\n"
+        "def waiting_here(): os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "a._dump_stacks_on('SIGUSR1'); waiting_here(); print('ran on')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "ran on\n"
+    assert "in waiting_here" in done.stderr and "most recent call first" in done.stderr
