@@ -158,6 +158,7 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
             emit=publisher.emit,
             log_ids=publisher.log_ids if s.sample_log else None,
             sharing=sharing_for(reply.spec, s.rank),
+            max_local_batch=s.max_local_batch,
         )
         undo.pop_all()
     probe.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from antdt.agent.devices import wait_for_device
@@ -17,6 +17,7 @@ from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
 from antdt.agent.shared_work import MicroBatch, WorkSharing, own_micro_batches
 from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
+from antdt.agent.tail import TailCatchUp, take_cap
 
 if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
@@ -61,7 +62,7 @@ class Step:
         self.plan_version = plan.version
         self.local_batch = plan.local_batch[driver.rank]
         micro = plan.micro_batch[driver.rank] if plan.micro_batch else 0
-        self.micro_batch = micro or max(1, self.local_batch)
+        self.micro_batch = micro or max(1, self.local_batch, len(taken.ids))
         self.sample_ids: list[int] = taken.ids
         self.total_samples = total
         self.synced = False
@@ -115,8 +116,10 @@ class StepDriver:
     hook_state: WeightedHookState | None = None
     ddp_model: Any = None
     sharing: WorkSharing | None = None
+    max_local_batch: int | None = None
     epoch: int | None = None
     _open: Step | None = None
+    _tail: TailCatchUp = field(default_factory=TailCatchUp)
 
     @property
     def step(self) -> int:
@@ -132,6 +135,7 @@ class StepDriver:
             if epoch is None:
                 return
             self.epoch = epoch
+            self._tail.reset()
             yield epoch
             self.finish(time.perf_counter())
             self.stream.finish_epoch(epoch)
@@ -155,15 +159,21 @@ class StepDriver:
     def _begin(self, epoch: int, t0: float) -> Step | None:
         wall0 = time.time()
         index, plan = self.plans.fix()
+        local = plan.local_batch[self.rank]
         while True:
-            taken = self.stream.take(plan.local_batch[self.rank], epoch)
+            asked = self._tail.ask(local, take_cap(plan.local_batch, self.max_local_batch))
+            taken = self.stream.take(asked, epoch)
             t1 = time.perf_counter()
+            counting = _TailCount(
+                self._all_sum, TailCatchUp.full_share(local, asked, len(taken.ids))
+            )
             if self.sharing is not None:  # the count carries the offers; claims follow it
                 total = self.sharing.open(
-                    index, plan, self.rank, taken.ids, self._all_sum, self.hook_state is None
+                    index, plan, self.rank, taken.ids, counting, self.hook_state is None
                 )
             else:
-                total = self.collectives().count(len(taken.ids))
+                total = counting([len(taken.ids)])[0]
+            self._tail.counted(plan.local_batch, counting.full_sum)
             t2 = time.perf_counter()
             if total > 0:
                 break
@@ -326,3 +336,17 @@ class StepDriver:
                 one_piece_s=self._one_piece_s(step),
             )
         )
+
+
+class _TailCount:
+    """An AllSum for the step's count that carries the rank's `full_share` in one more
+    slot and keeps that slot's sum (`full_sum`)."""
+
+    def __init__(self, sums: Callable[[list[int]], list[int]], full_share: int) -> None:
+        self._sums, self._share = sums, full_share
+        self.full_sum = 0
+
+    def __call__(self, vector: list[int]) -> list[int]:
+        summed = self._sums([*vector, self._share])
+        self.full_sum = summed[-1]
+        return summed[:-1]

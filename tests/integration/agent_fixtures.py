@@ -182,7 +182,8 @@ class ThreadCollectives:
                 return outer._sum(rank, value, "agree", combine=max)
 
             def all_sum(self, values: list[int]) -> list[int]:
-                raise NotImplementedError("work sharing runs on real gloo ranks")
+                """The step's count with its tail slot (work sharing runs on real gloo)."""
+                return outer._sum(rank, values, "all_sum", combine=_elementwise)
 
             def reduce_gradients_and_sum(
                 self, model: Any, local_samples: int, values: list[int]
@@ -192,8 +193,8 @@ class ThreadCollectives:
         return _Rank()
 
     def _sum(
-        self, rank: int, value: int, what: str, combine: Callable[[list[int]], int] = sum
-    ) -> int:
+        self, rank: int, value: Any, what: str, combine: Callable[[list[Any]], Any] = sum
+    ) -> Any:
         self._values[rank] = value
         self._barrier.wait()
         total = combine(self._values)
@@ -201,6 +202,10 @@ class ThreadCollectives:
             self.calls[what] += 1
         self._barrier.wait()  # nobody overwrites a value before everyone has read the sum
         return total
+
+
+def _elementwise(vectors: list[list[int]]) -> list[int]:
+    return [sum(column) for column in zip(*vectors, strict=True)]
 
 
 class NullCollectives:

@@ -30,13 +30,13 @@ class _Pair:
         self._pace_1, self._slow_rank = pace_1, slow_rank
 
     def all_sum(self, values: list[int]) -> list[int]:
-        """The count ([samples, the offering rank's samples]), or the pace report ([own
+        """The count ([samples, the offering rank's samples, full shares]), or the pace report ([own
         paces, helping paces, claim round trips] by rank, in ns)."""
         if len(values) == 6:
             theirs = [0, int(self._pace_1 * 1e9), 0, 0, 0, 0]
-        else:
+        else:  # and the tail slot last: rank 1 got all it asked for
             offered = [len(OTHERS) if self._slow_rank == 1 else 0]
-            theirs = [len(OTHERS), *offered[: len(values) - 1]]
+            theirs = [len(OTHERS), *offered[: len(values) - 2], len(OTHERS)]
         return [a + b for a, b in zip(values, theirs, strict=True)]
 
 

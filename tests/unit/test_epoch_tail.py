@@ -9,17 +9,25 @@ import math
 
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
+from antdt.agent.tail import TailCatchUp, take_cap
 from antdt.schemas import JobSpec
 from antdt.services.shards.ledger import new_ledger, plan_fetch
 
 DATASET, SHARD, RESERVE = 24_000, 128, 16
 #: lb-bsp's plan for a 10x straggler on rank 3 (the demo's job: 1024 samples per step).
 PLAN = (330, 330, 331, 33)
+#: lb-bsp's plan in the deploy test (512 a step) for a rank whose fixed costs outweigh the
+#: others' steps: one sample a step.
+STARVED = (171, 170, 170, 1)
 
 
-def epoch_steps(batches: tuple[int, ...], *, say_share: bool, epochs: int = 2) -> list[int]:
+def epoch_steps(
+    batches: tuple[int, ...], *, say_share: bool, epochs: int = 2, catch_up: bool = False
+) -> list[int]:
     """Steps per epoch; a fetch is answered before the next step (it takes milliseconds,
-    a step a hundred or more)."""
+    a step a hundred or more). With `catch_up` the ranks ask as the step driver does:
+    those with data take the share of those that ran out (TailCatchUp). Checked on the
+    way: no step over the global batch, every id of an epoch once."""
     spec = JobSpec(
         job="tail",
         world_size=len(batches),
@@ -49,25 +57,32 @@ def epoch_steps(batches: tuple[int, ...], *, say_share: bool, epochs: int = 2) -
             ledger = result.state
             rank.on_reply(request, result.reply, open_cursors(result.reply.grants, rank.seed))
 
-    steps = []
+    steps, tails = [], [TailCatchUp() for _ in batches]
+    cap = take_cap(batches, None)
     for epoch in range(epochs):
-        count = 0
+        count, seen = 0, []
         while True:
-            taken = []
-            for rank, batch in zip(ranks, batches, strict=True):
+            taken, shares = [], []
+            for rank, batch, tail in zip(ranks, batches, tails, strict=True):
                 fetch(rank)
-                into = Taken()
-                while not rank.take(batch, epoch, into):
+                into, asked = Taken(), tail.ask(batch, cap) if catch_up else batch
+                while not rank.take(asked, epoch, into):
                     fetch(rank)
                 taken.append(into)
+                shares.append(TailCatchUp.full_share(batch, asked, len(into.ids)))
+            for tail in tails:  # the count's sum, the same on every rank
+                tail.counted(batches, sum(shares))
             if not any(t.ids for t in taken):
                 break
+            assert sum(len(t.ids) for t in taken) <= spec.global_batch
+            seen += [i for t in taken for i in t.ids]
             count += 1
             for rank, into in zip(ranks, taken, strict=True):
                 rank.synced(into.finished)
         for rank in ranks:
             rank.advance(epoch)
         steps.append(count)
+        assert sorted(seen) == list(range(DATASET))
     assert ledger.complete
     return steps
 
@@ -85,3 +100,28 @@ def test_a_slow_rank_reserves_by_its_share_so_the_epoch_tail_stays_short() -> No
 def test_balanced_batches_have_no_tail_either_way() -> None:
     for say_share in (True, False):
         assert max(epoch_steps((256, 256, 256, 256), say_share=say_share)) <= 25
+
+
+def test_the_ranks_with_data_take_the_share_of_those_that_ran_out() -> None:
+    ideal = math.ceil(DATASET / sum(STARVED))  # 47
+    alone = epoch_steps(STARVED, say_share=True)
+    # Its current shard and the one it prefetched, one sample a step.
+    assert min(alone) >= ideal + 100, alone
+    caught_up = epoch_steps(STARVED, say_share=True, catch_up=True)
+    assert max(caught_up) <= ideal + 3, caught_up
+    assert max(epoch_steps(PLAN, say_share=True, catch_up=True)) <= max(
+        epoch_steps(PLAN, say_share=True)
+    )
+
+
+def test_tail_catch_up_asks_within_the_plan_and_the_memory_cap() -> None:
+    tail = TailCatchUp()
+    assert tail.ask(1, 171) == 1  # nobody ran out yet
+    tail.counted(STARVED, TailCatchUp.full_share(1, 1, 1))  # only rank 3 got all it asked
+    assert tail.ratio == 512
+    assert (tail.ask(1, take_cap(STARVED, None)), tail.ask(1, take_cap(STARVED, 64))) == (171, 64)
+    assert tail.ask(0, 171) == 0 and tail.ask(171, 171) == 171
+    tail.counted(STARVED, 512)  # everyone full again
+    assert tail.ratio == 1.0
+    tail.counted(STARVED, 0)  # everyone out: the epoch ends
+    assert tail.ratio == 1.0 and TailCatchUp.full_share(5, 5, 3) == 0
