@@ -17,7 +17,7 @@ from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
 from antdt.agent.shared_work import MicroBatch, WorkSharing, own_micro_batches
 from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
-from antdt.agent.tail import TailCatchUp, take_cap
+from antdt.agent.tail import TailCatchUp
 
 if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
@@ -161,7 +161,7 @@ class StepDriver:
         index, plan = self.plans.fix()
         local = plan.local_batch[self.rank]
         while True:
-            asked = self._tail.ask(local, take_cap(plan.local_batch, self.max_local_batch))
+            asked = self._tail.ask(plan.local_batch, self.rank, self.max_local_batch)
             taken = self.stream.take(asked, epoch)
             t1 = time.perf_counter()
             counting = _TailCount(

@@ -21,13 +21,19 @@ class TailCatchUp:
     """How much more than its plan a rank asks for in the next step (`ratio` >= 1)."""
 
     ratio: float = 1.0
+    _planned: tuple[Sequence[int] | None, int] = (None, 0)  # a plan's batches, their sum
 
-    def ask(self, local_batch: int, cap: int) -> int:
-        """The samples to take this step: the plan's, scaled, at most `cap` (never below
-        the plan's: a cap smaller than the plan leaves the plan alone)."""
-        if self.ratio == 1.0 or local_batch == 0:
-            return local_batch
-        return max(local_batch, min(cap, math.floor(local_batch * self.ratio)))
+    def ask(self, local_batches: Sequence[int], rank: int, max_local_batch: int | None) -> int:
+        """The samples `rank` takes this step: the plan's, scaled, at most the plan's
+        largest local batch (one rank of the job already runs it) and `max_local_batch`
+        (its memory); never below the plan's."""
+        local = local_batches[rank]
+        if self.ratio == 1.0 or local == 0:
+            return local
+        cap = max(local_batches)
+        if max_local_batch is not None:
+            cap = min(cap, max_local_batch)
+        return max(local, min(cap, math.floor(local * self.ratio)))
 
     @staticmethod
     def full_share(local_batch: int, asked: int, taken: int) -> int:
@@ -38,18 +44,13 @@ class TailCatchUp:
     def counted(self, local_batches: Sequence[int], full_sum: int) -> None:
         """The count said `full_sum` (the summed `full_share`s): the next step's ratio.
         1 when no rank ran out, and when all did (the epoch ends with an empty count)."""
-        planned = sum(local_batches)
+        if self._planned[0] is not local_batches:  # once a plan, not a sum every step
+            self._planned = (local_batches, sum(local_batches))
+        planned = self._planned[1]
         self.ratio = planned / full_sum if 0 < full_sum < planned else 1.0
 
     def reset(self) -> None:
         self.ratio = 1.0
 
 
-def take_cap(local_batches: Sequence[int], max_local_batch: int | None) -> int:
-    """The most a rank takes in a tail step: the largest local batch of the plan (one
-    rank of the job already runs it), and never past the rank's own memory cap."""
-    largest = max(local_batches, default=0)
-    return largest if max_local_batch is None else min(largest, max_local_batch)
-
-
-__all__ = ["TailCatchUp", "take_cap"]
+__all__ = ["TailCatchUp"]

@@ -9,7 +9,7 @@ import math
 
 from antdt.agent.sampling import Taken
 from antdt.agent.stream_state import StreamState, open_cursors
-from antdt.agent.tail import TailCatchUp, take_cap
+from antdt.agent.tail import TailCatchUp
 from antdt.schemas import JobSpec
 from antdt.services.shards.ledger import new_ledger, plan_fetch
 
@@ -58,14 +58,13 @@ def epoch_steps(
             rank.on_reply(request, result.reply, open_cursors(result.reply.grants, rank.seed))
 
     steps, tails = [], [TailCatchUp() for _ in batches]
-    cap = take_cap(batches, None)
     for epoch in range(epochs):
         count, seen = 0, []
         while True:
             taken, shares = [], []
-            for rank, batch, tail in zip(ranks, batches, tails, strict=True):
+            for r, (rank, batch, tail) in enumerate(zip(ranks, batches, tails, strict=True)):
                 fetch(rank)
-                into, asked = Taken(), tail.ask(batch, cap) if catch_up else batch
+                into, asked = Taken(), tail.ask(batches, r, None) if catch_up else batch
                 while not rank.take(asked, epoch, into):
                     fetch(rank)
                 taken.append(into)
@@ -116,11 +115,11 @@ def test_the_ranks_with_data_take_the_share_of_those_that_ran_out() -> None:
 
 def test_tail_catch_up_asks_within_the_plan_and_the_memory_cap() -> None:
     tail = TailCatchUp()
-    assert tail.ask(1, 171) == 1  # nobody ran out yet
+    assert tail.ask(STARVED, 3, None) == 1  # nobody ran out yet
     tail.counted(STARVED, TailCatchUp.full_share(1, 1, 1))  # only rank 3 got all it asked
     assert tail.ratio == 512
-    assert (tail.ask(1, take_cap(STARVED, None)), tail.ask(1, take_cap(STARVED, 64))) == (171, 64)
-    assert tail.ask(0, 171) == 0 and tail.ask(171, 171) == 171
+    assert (tail.ask(STARVED, 3, None), tail.ask(STARVED, 3, 64)) == (171, 64)
+    assert tail.ask((0, 512), 0, None) == 0 and tail.ask(STARVED, 0, 64) == 171
     tail.counted(STARVED, 512)  # everyone full again
     assert tail.ratio == 1.0
     tail.counted(STARVED, 0)  # everyone out: the epoch ends
