@@ -76,6 +76,8 @@ class _Loop:
         self.batches = np.array(self.plan.local_batch, dtype=np.float64)
         self.accumulation = np.ones(scenario.ranks)
         self.detector = JobDetector(JOB, scenario.ranks)
+        # A policy that acts on nothing the monitor says (`none`) runs the same without it.
+        self.watched = not getattr(self.policy, "observes_only", False)
         self.hosts = {r: f"node{r // scenario.ranks_per_node}" for r in range(scenario.ranks)}
         self.host_names = [self.hosts[r] for r in range(scenario.ranks)]
         self.rank_ids = list(range(scenario.ranks))
@@ -245,9 +247,9 @@ def _run_policy(
         wall = done.compute_s + sc.comm_s * float(link.max())
         step_s[s], slowest[s] = wall, done.compute_s
         loop.now += wall
-        if s % sc.monitor_every == 0:
+        if loop.watched and s % sc.monitor_every == 0:
             loop.feed(s, wall, done, link)
-        if loop.now >= next_health:
+        if loop.watched and loop.now >= next_health:
             for action in loop.decide(s):
                 result.adjusts += isinstance(action, AdjustBatchAction)
             for rank in loop.moved:

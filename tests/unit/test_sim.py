@@ -135,3 +135,20 @@ def test_a_run_collects_garbage_less_often_and_restores_the_thresholds() -> None
         assert gc.get_threshold() == RUN_GC_THRESHOLD
         raise RuntimeError
     assert gc.get_threshold() == before
+
+
+def test_none_runs_step_for_step_the_same_without_the_monitor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import numpy as np
+
+    from antdt.services.controller.policies.none import NonePolicy
+    from antdt.sim.run import run_policy
+
+    scenario = load_scenario(EXAMPLES / "non_dedicated.toml", ranks=32, steps=300)
+    skipped = run_policy(scenario, "none")
+    monkeypatch.setattr(NonePolicy, "observes_only", False)
+    watched = run_policy(scenario, "none")
+    assert np.array_equal(skipped.step_s, watched.step_s)
+    assert np.array_equal(skipped.compute_s, watched.compute_s)
+    assert (skipped.adjusts, skipped.restarts) == (watched.adjusts, watched.restarts) == (0, 0)

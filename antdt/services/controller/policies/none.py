@@ -11,6 +11,9 @@ class NonePolicy:
     """Never acts; the monitor still detects and reports."""
 
     name = "none"
+    #: It decides nothing from what the monitor says: a simulator need not run the monitor
+    #: for it (its run is the same step for step).
+    observes_only = True
 
     def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
         return []
