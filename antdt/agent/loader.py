@@ -55,7 +55,7 @@ class BatchFeed:
         epoch = self.driver.epoch
         if generation != self.generation or self.exhausted or epoch is None:
             raise StopIteration
-        want = self.local_batch(self.driver.plans.plan_at(self._next_step))
+        want = self.want(self.driver.plans.plan_at(self._next_step))
         if want == 0:
             raise StopIteration  # paused: the step loop serves that step without data
         lot = self.driver.stream.take_lot(want, self._next_step, epoch)
@@ -73,6 +73,12 @@ class BatchFeed:
                 f"loader's max_local_batch {self.cap}"
             )
         return batch
+
+    def want(self, plan: Plan) -> int:
+        """The lot to sample for a step under `plan`: its local batch, more at an epoch's
+        tail (a change re-cuts what was read ahead, as a plan does)."""
+        self.local_batch(plan)
+        return self.driver.ask(plan, self.cap)
 
     # -- the step loop -----------------------------------------------------------------
 
@@ -97,9 +103,10 @@ class BatchFeed:
                 driver.finish(t0)
                 wall0 = time.time()
                 index, plan = driver.plans.fix()
-                lot, batch = run.next_for(index, self.local_batch(plan))
+                want = self.want(plan)
+                lot, batch = run.next_for(index, want)
                 t1 = time.perf_counter()
-                total = driver.collectives().count(len(lot.ids) if lot else 0)
+                total = driver.count(plan, want, lot.ids if lot else [])
                 t2 = time.perf_counter()
                 if total == 0:
                     if not driver._taken_up_again(epoch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from antdt.agent.devices import wait_for_device
@@ -29,7 +30,10 @@ if TYPE_CHECKING:
 
 
 class Step:
-    """One step of this rank: its sample ids, and `sync` to end it."""
+    """One step of this rank: its sample ids, and `sync` to end it. `local_batch` is what
+    the plan gives the rank; `sample_ids` may hold fewer (its data ran out) or, at an
+    epoch's tail, more (the share of ranks that ran out, up to the plan's largest local
+    batch and the rank's `max_local_batch`)."""
 
     __slots__ = (
         "_claiming",
@@ -159,21 +163,22 @@ class StepDriver:
     def _begin(self, epoch: int, t0: float) -> Step | None:
         wall0 = time.time()
         index, plan = self.plans.fix()
-        local = plan.local_batch[self.rank]
         while True:
-            asked = self._tail.ask(plan.local_batch, self.rank, self.max_local_batch)
+            asked = self.ask(plan)
             taken = self.stream.take(asked, epoch)
             t1 = time.perf_counter()
-            counting = _TailCount(
-                self._all_sum, TailCatchUp.full_share(local, asked, len(taken.ids))
-            )
             if self.sharing is not None:  # the count carries the offers; claims follow it
-                total = self.sharing.open(
-                    index, plan, self.rank, taken.ids, counting, self.hook_state is None
+                opens = partial(
+                    self.sharing.open,
+                    index,
+                    plan,
+                    self.rank,
+                    taken.ids,
+                    may_decide=self.hook_state is None,
                 )
+                total = self.count(plan, asked, taken.ids, opens)
             else:
-                total = counting([len(taken.ids)])[0]
-            self._tail.counted(plan.local_batch, counting.full_sum)
+                total = self.count(plan, asked, taken.ids)
             t2 = time.perf_counter()
             if total > 0:
                 break
@@ -183,6 +188,28 @@ class StepDriver:
 
     def _all_sum(self, vector: list[int]) -> list[int]:
         return self.collectives().all_sum(vector)
+
+    def ask(self, plan: Plan, cap: int | None = None) -> int:
+        """The samples this rank takes for a step under `plan`: its local batch, or at an
+        epoch's tail the share of ranks that ran out too (tail.py), within `cap` and its
+        `max_local_batch`."""
+        caps = [c for c in (cap, self.max_local_batch) if c is not None]
+        return self._tail.ask(plan.local_batch, self.rank, min(caps) if caps else None)
+
+    def count(
+        self,
+        plan: Plan,
+        asked: int,
+        ids: list[int],
+        opens: Callable[[Callable[[list[int]], list[int]]], int] | None = None,
+    ) -> int:
+        """The step's count all-reduce (through `opens` under work sharing, which adds
+        its offers), with the tail slot: the step's total; the next `ask` follows it."""
+        full_share = TailCatchUp.full_share(plan.local_batch[self.rank], asked, len(ids))
+        counting = _TailCount(self._all_sum, full_share)
+        total = opens(counting) if opens is not None else counting([len(ids)])[0]
+        self._tail.counted(plan.local_batch, counting.full_sum)
+        return total
 
     def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
         """Begin `step` (its data came between t0 and t1, its count until t2)."""

@@ -61,7 +61,9 @@ SCRIPT = textwrap.dedent(
             if batch is not None:
                 x, y, ids = batch
                 assert ids.tolist() == step.sample_ids, (ids.tolist(), step.sample_ids)
-                assert len(ids) <= step.local_batch, (len(ids), step)
+                # The plan's (4, 4) then (6, 2); at an epoch's tail a rank with data left
+                # takes the share of one that ran out, up to the plan's largest batch.
+                assert len(ids) <= 6, (len(ids), step)
                 ((model(x) - y) ** 2).mean().backward()
             else:
                 assert step.sample_ids == []
@@ -137,6 +139,6 @@ async def test_dataloader_workers_plan_switch_and_kill_restore_exactly_once(
         assert at is not None
         if e.step < 36:
             assert e.local_batch == ((6, 2)[e.rank] if e.step >= at else 4), e
-            assert e.samples <= e.local_batch
+            assert e.samples <= (6 if e.step >= at else 4)
     restarted = {r: json.loads(Path(f"{out}.rank{r}.run1.json").read_text()) for r in range(2)}
     assert all(run["sizes"][0][0] == 36 for run in restarted.values()), restarted
