@@ -78,6 +78,16 @@ class NatsSettings(BaseModel):
     request_timeout_s: float = Field(
         default=2.0, gt=0, description="Default request/reply timeout, seconds"
     )
+    ping_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Client PING interval, seconds: a server gone without closing the "
+        "connection (host lost, network cut) is left after max_outstanding_pings of them "
+        "go unanswered, about 15-20 s by default (nats-py's own: 4-6 min)",
+    )
+    max_outstanding_pings: int = Field(
+        default=3, ge=1, le=100, description="Unanswered PINGs before reconnecting, pings"
+    )
     backoff_max_s: float = Field(
         default=2.0, gt=0, description="Longest pause between tries at a first connection, s"
     )

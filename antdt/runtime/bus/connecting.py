@@ -112,8 +112,8 @@ async def any_server_reachable(urls: list[str], timeout: float) -> bool:
 def connect_options(
     settings: NatsSettings, name: str, tls: ssl.SSLContext | None
 ) -> dict[str, Any]:
-    """nats-py's connect options for `settings`: endless reconnects, the user and its
-    inbox prefix, TLS."""
+    """nats-py's connect options for `settings`: endless reconnects, a dead server noticed
+    by pings, the user and its inbox prefix, TLS."""
     password = settings.password
     return {
         "servers": servers(settings.url),
@@ -124,6 +124,8 @@ def connect_options(
         "tls": tls,
         "connect_timeout": settings.connect_timeout_s,
         "reconnect_time_wait": settings.reconnect_wait_s,
+        "ping_interval": settings.ping_interval_s,
+        "max_outstanding_pings": settings.max_outstanding_pings,
         "max_reconnect_attempts": -1,
         "allow_reconnect": True,
         "pending_size": settings.max_pending_bytes,
