@@ -1,5 +1,6 @@
-"""The two collectives a step needs: the sample count (so every rank learns the step's
-total, and whether the epoch is over) and the weighted gradient exchange.
+"""The two collectives a step needs: the sample count (`all_sum`: every rank learns the
+step's total, whether the epoch is over, and whether a rank ran dry) and the weighted
+gradient exchange.
 
 A seam, so that the agent's own tests can run several ranks in one process without
 torch.distributed; training always uses TorchCollectives."""
@@ -10,10 +11,6 @@ from typing import Any, Protocol
 
 
 class Collectives(Protocol):
-    def count(self, local_samples: int) -> int:
-        """SUM of local_samples over all ranks (blocks until every rank contributed)."""
-        ...
-
     def reduce_gradients(self, model: Any, local_samples: int) -> int:
         """Batch-weighted gradient mean over all ranks; returns the step's total."""
         ...
@@ -40,7 +37,6 @@ class TorchCollectives:
     the group's collective device (antdt.agent.devices): the rank's GPU under nccl."""
 
     def __init__(self, world_size: int, group: Any = None) -> None:
-        import torch
         import torch.distributed as dist
 
         from antdt.agent.devices import collective_device
@@ -55,15 +51,6 @@ class TorchCollectives:
                 "torch.distributed.init_process_group)"
             )
         self.device = collective_device(group)
-        # Reused every step: one small tensor, no allocation on the training thread.
-        self._count = torch.zeros(1, dtype=torch.int64, device=self.device)
-
-    def count(self, local_samples: int) -> int:
-        if not self._initialized:
-            return local_samples
-        self._count.fill_(local_samples)
-        self._dist.all_reduce(self._count, op=self._dist.ReduceOp.SUM, group=self._group)
-        return int(self._count.item())
 
     def all_sum(self, values: list[int]) -> list[int]:
         if not self._initialized:

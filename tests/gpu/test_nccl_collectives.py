@@ -90,8 +90,9 @@ def _collectives_worker(rank: int, world: int, port: int) -> None:
     assert device == torch.device("cuda", rank)
     collectives = TorchCollectives(world)
     assert collectives.device == device
-    assert collectives.count(rank + 3) == sum(r + 3 for r in range(world))
-    assert collectives.count(0) == 0  # the end-of-epoch round: nobody has data
+    counted = collectives.all_sum([rank + 3, rank])  # the step's count, with its tail slot
+    assert counted == [sum(r + 3 for r in range(world)), sum(range(world))]
+    assert collectives.all_sum([0, 0]) == [0, 0]  # the end-of-epoch round: nobody has data
     big = 2**55 + rank  # a restore token's size (7 random bytes)
     assert collectives.agree_max(big) == 2**55 + world - 1
     destroy_process_group()  # only on success: a failed rank's peers would wait
@@ -148,7 +149,7 @@ def _ddp_worker(rank: int, world: int, port: int) -> None:
     collectives = TorchCollectives(world)
     for k, step in enumerate(SPLITS[world]):
         ids = step[rank]
-        state.update(len(ids), collectives.count(len(ids)))  # as the agent does per step
+        state.update(len(ids), collectives.all_sum([len(ids), 0])[0])  # the agent's count
         ddp.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x[ids]), y[ids]).backward()
         want = _union_grads(device, [i for part in step for i in part])

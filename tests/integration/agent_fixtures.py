@@ -172,9 +172,6 @@ class ThreadCollectives:
         outer = self
 
         class _Rank:
-            def count(self, local_samples: int) -> int:
-                return outer._sum(rank, local_samples, "count")
-
             def reduce_gradients(self, model: Any, local_samples: int) -> int:
                 return outer._sum(rank, local_samples, "grads")
 
@@ -211,9 +208,6 @@ def _elementwise(vectors: list[list[int]]) -> list[int]:
 class NullCollectives:
     """No exchange with other ranks: each rank counts only itself (a rank training on
     its own, or the agent's own cost without communication)."""
-
-    def count(self, local_samples: int) -> int:
-        return local_samples
 
     def reduce_gradients(self, model: Any, local_samples: int) -> int:
         return local_samples

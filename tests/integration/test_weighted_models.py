@@ -97,7 +97,7 @@ def _train(rank: int, schedule: Schedule, model: Any, full: Any, what: str) -> N
     for k, (row, want) in enumerate(zip(_rows(schedule), _reference(schedule), strict=True)):
         chunks = row[rank]
         local = sum(len(c) for c in chunks)
-        state.update(local, collectives.count(local))
+        state.update(local, collectives.all_sum([local])[0])
         for chunk in accumulate(model, chunks):
             ((model(x[chunk]) - y[chunk]) ** 2).sum().div(max(local, 1)).backward()
         opt.step()
