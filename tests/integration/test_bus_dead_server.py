@@ -6,7 +6,6 @@ passing bytes on the connections it holds, as a dead host would, and relays new 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,74 +18,23 @@ from antdt.runtime.servers import EmbeddedNats
 from antdt.schemas import StepEvent
 from tests.helpers import wait_for
 from tests.integration.test_bus import step_event
+from tests.relays import TcpRelay
 
 pytestmark = pytest.mark.integration
 
 
-class FallingSilentRelay:
-    """Relays TCP connections to `target`; `fall_silent()` freezes every connection held
-    (bytes neither passed nor refused, sockets left open). Later connections relay."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.accepted = 0
-        self._server: asyncio.Server | None = None
-        self._frozen: list[asyncio.Event] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        return f"nats://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    def fall_silent(self) -> None:
-        for frozen in self._frozen:
-            frozen.set()
-        self._frozen = []
-
-    async def close(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        frozen = asyncio.Event()
-        self._frozen.append(frozen)
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pump(source, sink, frozen))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    @staticmethod
-    async def _pump(
-        source: asyncio.StreamReader, sink: asyncio.StreamWriter, frozen: asyncio.Event
-    ) -> None:
-        try:
-            while chunk := await source.read(65536):
-                if frozen.is_set():
-                    await asyncio.Event().wait()  # held open, silent, until cancelled
-                sink.write(chunk)
-                await sink.drain()
-        finally:
-            with contextlib.suppress(Exception):
-                sink.close()
-
-
 @pytest.fixture
-async def relayed(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, FallingSilentRelay]]:
+async def relayed(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedNats, TcpRelay]]:
     server = EmbeddedNats(tmp_path / "n").start()
     host, _, port = server.url.removeprefix("nats://").rpartition(":")
-    relay = FallingSilentRelay((host, int(port)))
+    relay = TcpRelay((host, int(port)))
     yield server, relay
     await relay.close()
     server.stop()
 
 
 async def test_a_server_gone_silent_is_left_within_the_pings_and_delivery_resumes(
-    relayed: tuple[EmbeddedNats, FallingSilentRelay],
+    relayed: tuple[EmbeddedNats, TcpRelay],
 ) -> None:
     _, relay = relayed
     settings = NatsSettings(

@@ -7,7 +7,6 @@ for that rank only, with the round trips in its evidence."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -21,62 +20,12 @@ from antdt.schemas import Cause, Incident, IncidentKind, JobSpec, Keys, StepEven
 from antdt.services.monitor.service import MonitorService, MonitorSettings
 from antdt.services.runner import start_service
 from tests.helpers import step_event, wait_for
+from tests.relays import DelayingRelay
 
 pytestmark = pytest.mark.integration
 
 ONE_WAY_S = 0.040  # the proxy's delay each way: a round trip of 80 ms and more
 WORLD, SLOW_LINK, STEPS = 4, 2, 48
-
-
-class DelayingProxy:
-    """Relays TCP connections to `target`, each chunk held `delay_s` in each direction
-    (in order: a chunk leaves `delay_s` after it arrived, never before the one before)."""
-
-    def __init__(self, target: tuple[str, int], delay_s: float) -> None:
-        self.target, self.delay_s = target, delay_s
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        return f"nats://127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.create_task(self._pump(source, sink))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        loop = asyncio.get_running_loop()
-        held: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def forward() -> None:
-            while True:
-                due, chunk = await held.get()
-                await asyncio.sleep(max(0.0, due - loop.time()))
-                sink.write(chunk)
-                await sink.drain()
-
-        forwarding = asyncio.create_task(forward())
-        try:
-            while chunk := await source.read(65536):
-                held.put_nowait((loop.time() + self.delay_s, chunk))
-            while not held.empty():
-                await asyncio.sleep(self.delay_s)
-        finally:
-            forwarding.cancel()
-            with contextlib.suppress(Exception):
-                sink.close()
 
 
 @pytest.fixture
@@ -99,7 +48,7 @@ async def test_a_rank_behind_a_slow_link_is_a_communication_straggler(
     spec = JobSpec(job=job, world_size=WORLD, dataset_size=1000, shard_size=10, global_batch=16)
     await store.put(keys.spec(job), spec.model_dump_json().encode())
     host, port = settings.nats.url.split("://", 1)[1].rsplit(":", 1)
-    proxy = DelayingProxy((host, int(port)), ONE_WAY_S)
+    proxy = DelayingRelay((host, int(port)), ONE_WAY_S)
     proxied = settings.nats.model_copy(update={"url": await proxy.start()})
     slow_bus = await Bus(proxied, name="rank-behind-the-proxy").connect()
     probes = {r: LinkProbe(slow_bus if r == SLOW_LINK else bus) for r in range(WORLD)}
@@ -145,7 +94,7 @@ async def test_a_probe_answered_after_its_timeout_leaves_the_connection_reading(
     must go on reading (nats-py once died quietly on such a PONG: a rank that heard
     nothing more, its shard fetches timing out, until its group was restarted)."""
     host, port = settings.nats.url.split("://", 1)[1].rsplit(":", 1)
-    proxy = DelayingProxy((host, int(port)), 0.3)
+    proxy = DelayingRelay((host, int(port)), 0.3)
     proxied = settings.nats.model_copy(update={"url": await proxy.start()})
     late = await Bus(proxied, name="rank-behind-a-late-link").connect()
     heard: list[StepEvent] = []
