@@ -16,7 +16,7 @@ from antdt.agent.devices import wait_for_device
 from antdt.agent.inject import InjectionSchedule
 from antdt.agent.outbox import SampleLine, StepRecord
 from antdt.agent.sampling import Taken
-from antdt.agent.shared_work import MicroBatch, WorkSharing, own_micro_batches
+from antdt.agent.shared_work import AllSum, MicroBatch, WorkSharing, own_micro_batches
 from antdt.agent.stream_state import SETTLE_CODES, SETTLE_WAIT, Settled
 from antdt.agent.tail import TailCatchUp
 
@@ -167,7 +167,8 @@ class StepDriver:
             asked = self.ask(plan)
             taken = self.stream.take(asked, epoch)
             t1 = time.perf_counter()
-            if self.sharing is not None:  # the count carries the offers; claims follow it
+            opens = None  # under work sharing the count carries the offers; claims follow it
+            if self.sharing is not None:
                 opens = partial(
                     self.sharing.open,
                     index,
@@ -176,9 +177,7 @@ class StepDriver:
                     taken.ids,
                     may_decide=self.hook_state is None,
                 )
-                total = self.count(plan, asked, taken.ids, opens)
-            else:
-                total = self.count(plan, asked, taken.ids)
+            total = self.count(plan, asked, taken.ids, opens)
             t2 = time.perf_counter()
             if total > 0:
                 break
@@ -201,7 +200,7 @@ class StepDriver:
         plan: Plan,
         asked: int,
         ids: list[int],
-        opens: Callable[[Callable[[list[int]], list[int]]], int] | None = None,
+        opens: Callable[[AllSum], int] | None = None,
     ) -> int:
         """The step's count all-reduce (through `opens` under work sharing, which adds
         its offers), with the tail slot: the step's total; the next `ask` follows it."""
@@ -369,7 +368,7 @@ class _TailCount:
     """An AllSum for the step's count that carries the rank's `full_share` in one more
     slot and keeps that slot's sum (`full_sum`)."""
 
-    def __init__(self, sums: Callable[[list[int]], list[int]], full_share: int) -> None:
+    def __init__(self, sums: AllSum, full_share: int) -> None:
         self._sums, self._share = sums, full_share
         self.full_sum = 0
 

@@ -1,13 +1,12 @@
 """An epoch's tail under uneven batches: the ranks that still have data take the share
 of those that ran out. Pure; every rank runs the same arithmetic on the same count.
 
-A rank whose plan gives it a few samples a step (an lb-bsp straggler: 1 of 512) still
-holds its current shard and its prefetched one when the others run dry, and drained them
-at its plan's pace: 250 one-sample steps, about 50 s, at the end of an epoch of the
-deploy test. The step's count now also sums the plan's local batches of the ranks that
-got all they asked for; the next step each rank asks for its local batch scaled by the
-global batch over that sum (no more than its cap), so the steps of a tail stay near the
-global batch while the gradient stays the exact mean over the ids computed."""
+Why: a rank given a few samples a step still holds its current and prefetched shards
+when the others run dry, and would drain them at its plan's pace while the job waits.
+The step's count also sums the plan's local batches of the ranks that got all they asked
+for; the next step each rank asks for its local batch scaled by the global batch over
+that sum (within its cap), so a tail's steps stay near the global batch while the
+gradient stays the exact mean over the ids computed."""
 
 from __future__ import annotations
 
