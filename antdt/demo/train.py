@@ -72,7 +72,7 @@ def main() -> None:
     checkpoints = Checkpoints.from_env(settings.rank, device)
     seen = checkpoints.resume(agent, model, optimizer)
     agent.restartable = checkpoints.path is not None
-    fault = Fault.from_env(settings.rank, settings.restart_count)
+    fault = Fault.from_env(settings.rank, settings.restart_count, out)
     shrink = Shrink.from_env(settings.rank, settings.world_size)
     mode = "a" if agent.restarted() else "w"  # cached: resume() agreed it
     progress = open(out / "progress.jsonl", mode) if settings.rank == 0 else None  # noqa: SIM115
@@ -238,24 +238,32 @@ class Fault:
     """A rank failure for tests and demos (ANTDT_DEMO_FAIL="rank=2,step=40,how=kill"):
     the rank dies after that step, in the first run only. how=kill: SIGKILL (no
     clean-up at all); how=exit: the process exits with code 1 mid-epoch. With
-    `holding=k` it dies inside the step instead, holding its (k+1)-th micro-batch's claim."""
+    `holding=k` it dies inside the first step from that one on in which it holds its
+    (k+1)-th micro-batch's claim (helpers may take all of a step's). The step it dies in
+    goes to `fault.json` in the demo's out folder first."""
 
-    def __init__(self, step: int | None, how: str, holding: int | None = None) -> None:
-        self.step, self.how, self.holding = step, how, holding
+    def __init__(
+        self, step: int | None, how: str, holding: int | None = None, out: Path | None = None
+    ) -> None:
+        self.step, self.how, self.holding, self.out = step, how, holding, out
 
     @classmethod
-    def from_env(cls, rank: int, restart_count: int) -> Fault:
+    def from_env(cls, rank: int, restart_count: int, out: Path | None = None) -> Fault:
         spec = dict(
             kv.split("=", 1) for kv in os.environ.get("ANTDT_DEMO_FAIL", "").split(",") if "=" in kv
         )
         if restart_count > 0 or int(spec.get("rank", -1)) != rank:
             return cls(None, "")
         holding = int(spec["holding"]) if "holding" in spec else None
-        return cls(int(spec["step"]), spec.get("how", "kill"), holding)
+        return cls(int(spec["step"]), spec.get("how", "kill"), holding, out)
 
     def maybe_fail(self, step: int, holding: int | None = None) -> None:
-        if self.step is None or step != self.step or holding != self.holding:
+        if self.step is None or holding != self.holding:
             return
+        if step < self.step if holding is not None else step != self.step:
+            return
+        if self.out is not None:
+            (self.out / "fault.json").write_text(json.dumps({"step": step}))
         if self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         os._exit(1)
