@@ -252,10 +252,23 @@ def cut(ids: Sequence[int], micro_batch: int, chunks: int = DEFAULT_CHUNKS) -> l
 SHARING_BY_DEFAULT: frozenset[str] = frozenset({"antdt-nd"})
 
 
+#: The head of a share that may be offered late, as a part of the share. A quarter: a
+#: rank 3x slow learns it at three quarters of a healthy share's time, before its
+#: helpers are done with their own (a half made them wait for the decision), and the
+#: tail it offers is three quarters of its share. A pass over a quarter costs about
+#: what a quarter of a pass over the whole does (CPU MLP: the two passes 1.00-1.02x).
+HEAD_SHARE = 4
+#: A head must run this many times the median pace before its tail is offered (or the
+#: job's `share_ratio`, if higher): a quarter of a share is short enough for noise to
+#: cross 1.5x, and a tail offered for nothing is paid in micro-batches.
+LATE_RATIO = 2.0
+
+
 def head_size(samples: int) -> int:
-    """The head of a share that may be offered late: its first half. A rank computes its
-    head in one piece, then knows its pace this step; 0 when there is nothing to split."""
-    return samples // 2 if samples >= 2 else 0
+    """The head of a share that may be offered late: its first quarter. A rank computes
+    its head in one piece, then knows its pace this step; 0 when there is nothing to
+    split."""
+    return samples // HEAD_SHARE if samples >= 2 else 0
 
 
 #: Up to this many ranks, the late deciders go in one number of the count (a bit each).
@@ -283,13 +296,13 @@ def read_late_slots(summed: Sequence[int], world: int) -> frozenset[int]:
 
 def late_offer(head_s: float, head_samples: int, paces: Sequence[Pace], ratio: float) -> bool:
     """Whether a rank offers the rest of its share (its tail) in the middle of the step:
-    its head took above `ratio` x the median pace of the ranks' last step per sample. A
-    burst's first step is thus shared too, where offers at the step's start come one step
-    late. No known pace (the first step): no offer."""
+    its head took above `ratio` (at least LATE_RATIO) x the median pace of the ranks' last
+    step per sample. A burst's first step is thus shared too, where offers at the step's
+    start come one step late. No known pace (the first step): no offer."""
     known = [p.own for p in paces if p.own > 0]
     if head_samples <= 0 or len(known) < 2:
         return False
-    return head_s / head_samples > ratio * statistics.median(known)
+    return head_s / head_samples > max(ratio, LATE_RATIO) * statistics.median(known)
 
 
 def _flag(params: Mapping[str, float | int | str | bool], name: str, default: bool) -> bool:

@@ -1,4 +1,4 @@
-"""Late offers (`share_late`): a rank whose head (the first half of its share) was slow
+"""Late offers (`share_late`): a rank whose head (the first quarter of its share) was slow
 offers its tail in the middle of the step, so a burst's first step is shared too. Ranks
 are threads on a real TCPStore, each with its own WorkSharing and claim store client;
 their count all-reduce is a barrier."""
@@ -30,7 +30,8 @@ def test_the_late_rule_compares_the_head_with_the_median_pace_of_the_last_step()
     assert not late_offer(head_s=8 * 1.4e-3, head_samples=8, paces=paces, ratio=1.5)
     assert not late_offer(1.0, 8, [Pace(), Pace(), Pace(1e-3)], 1.5)  # one pace: no median
     assert not late_offer(1.0, 0, paces, 1.5)
-    assert [head_size(n) for n in (0, 1, 2, 9)] == [0, 0, 1, 4]
+    assert not late_offer(head_s=8 * 1.9e-3, head_samples=8, paces=paces, ratio=1.5)  # < 2x
+    assert [head_size(n) for n in (0, 1, 3, 9, 512)] == [0, 0, 0, 2, 128]
 
 
 def test_share_late_is_off_by_default_and_refuses_what_is_not_on_or_off() -> None:
