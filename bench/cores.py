@@ -1,5 +1,8 @@
-"""The detector's cost per step event and the shard ledger's per done-and-fetch, at 100,
-1,000 and 10,000 ranks: neither may grow with the job (the pure cores, no servers)."""
+"""The detector's cost per step event, the monitor's health per rank and the shard
+ledger's per done-and-fetch, at 100, 1,000 and 10,000 ranks: none may grow with the job
+(the pure cores, no servers). A health is O(ranks) by contract (a row per rank, once a
+second per job); its cost per rank must not grow, and its ms per call at 10,000 ranks is
+what a monitor replica pays for such a job every second."""
 
 from __future__ import annotations
 
@@ -32,6 +35,25 @@ def detector_us_per_event(ranks: int, events: int = EVENTS) -> float:
             detector.ingest_fields((*fields, 0.005, 0.1), now)  # type: ignore[arg-type]
         spent += time.thread_time() - started
     return spent / (steps * ranks) * 1e6
+
+
+def health_us_per_rank(ranks: int, calls: int = 5) -> float:
+    """CPU µs per rank of one health of a job with one 3x straggler, each after a step of
+    every rank (its speed models refitted, as in a running job), past 3 windows."""
+    detector = JobDetector("bench", ranks)
+    slow, now, spent = ranks - 1, 0.0, 0.0
+    warm = 3 * detector.config.window
+    for step in range(warm + calls):
+        now += 0.1
+        for r in range(ranks):
+            fields = ("bench", r, f"h{r}", step, 0, 32, now - 0.1, now, 32)
+            figures = (_compute_s(r, slow, step), 0.001, 0.005, 0.1)
+            detector.ingest_fields((*fields, *figures), now)  # type: ignore[arg-type]
+        if step >= warm:
+            started = time.thread_time()
+            detector.health(now)
+            spent += time.thread_time() - started
+    return spent / (calls * ranks) * 1e6
 
 
 def _compute_s(rank: int, slow: int, step: int) -> float:
@@ -77,6 +99,7 @@ def core_rows() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for core, measure in (
         ("detector, per event", detector_us_per_event),
+        ("health, per rank of a call", health_us_per_rank),
         ("ledger, per done+fetch", ledger_us_per_op),
     ):
         figures = {ranks: measure(ranks) for ranks in RANK_COUNTS}

@@ -1,9 +1,9 @@
-"""The detector per step event and the ledger per done-and-fetch cost about the same at
-10,000 ranks as at 100 (bench/cores.py)."""
+"""The detector per step event, the health per rank and the ledger per done-and-fetch
+cost about the same at 10,000 ranks as at 100 (bench/cores.py)."""
 
 from __future__ import annotations
 
-from bench.cores import detector_us_per_event, ledger_us_per_op
+from bench.cores import detector_us_per_event, health_us_per_rank, ledger_us_per_op
 
 #: Noise on a shared machine: a cost growing with the ranks shows as 10x and more.
 SAME = 3.0
@@ -12,6 +12,11 @@ SAME = 3.0
 def test_the_detector_costs_the_same_per_event_at_10000_ranks() -> None:
     small = detector_us_per_event(100, events=40_000)
     large = detector_us_per_event(10_000, events=40_000)
+    assert large < SAME * small
+
+
+def test_a_health_costs_the_same_per_rank_at_10000_ranks() -> None:
+    small, large = health_us_per_rank(100, calls=3), health_us_per_rank(10_000, calls=3)
     assert large < SAME * small
 
 
