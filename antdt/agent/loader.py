@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from torch.utils.data import Sampler
 
 from antdt.agent.errors import DatasetTooSmall, LoaderError, PlanUnfillable
+from antdt.agent.loaded import LoadedBatch, loader_reader
 from antdt.agent.readahead import Lot
 from antdt.agent.sampling import Taken
+from antdt.agent.shared_work import AllSum
 from antdt.agent.steps import Step, StepDriver
 from antdt.schemas import Plan
 
@@ -96,7 +99,7 @@ class BatchFeed:
         epoch = driver.epoch
         if epoch is None:
             raise RuntimeError("iterate agent.epochs() and call agent.batches() inside it")
-        run = _Run(self, loader)
+        run, read = _Run(self, loader), loader_reader(loader)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -105,21 +108,31 @@ class BatchFeed:
                 index, plan = driver.plans.fix()
                 want = self.want(plan)
                 lot, batch = run.next_for(index, want)
+                ids = lot.ids if lot else []
                 t1 = time.perf_counter()
-                total = driver.count(plan, want, lot.ids if lot else [])
+                total = driver.count(plan, want, ids, self._opens(index, plan, ids))
                 t2 = time.perf_counter()
                 if total == 0:
                     if not driver._taken_up_again(epoch):
                         return
                     run.restart()  # shards came back into the epoch: a new iteration
                     continue
-                taken = Taken(ids=lot.ids if lot else [])
-                step = Step(driver, index, epoch, plan, taken, total)
+                step = Step(driver, index, epoch, plan, Taken(ids=ids), total)
                 step._lot = lot
+                if lot is not None:
+                    step._loaded = LoadedBatch(batch, ids, read)
                 yield driver.open_step(step, t0, wall0, t1, t2), empty if lot is None else batch
         finally:
             driver.finish(time.perf_counter(), abandoned=True)
             run.restart()
+
+    def _opens(self, index: int, plan: Plan, ids: list[int]) -> Callable[[AllSum], int] | None:
+        """Under work sharing the step's count opens its offers (as on the index path)."""
+        driver = self.driver
+        if driver.sharing is None:
+            return None
+        may_decide = driver.hook_state is None
+        return partial(driver.sharing.open, index, plan, self.rank, ids, may_decide=may_decide)
 
 
 class _Run:

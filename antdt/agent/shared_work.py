@@ -45,12 +45,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Ids to run forward and backward on, and the weight of their mean loss."""
+    """Ids to run forward and backward on, and the weight of their mean loss; on the
+    DataLoader path (`agent.batches`) also their data, as the loader collates it."""
 
     owner: int  # the rank whose share of the step they are
     index: int
     ids: list[int]
     weight: float
+    batch: Any = None
 
 
 def own_micro_batches(chunks: list[list[int]], rank: int) -> Iterator[MicroBatch]:

@@ -23,6 +23,7 @@ from antdt.agent.tail import TailCatchUp
 if TYPE_CHECKING:
     from antdt.agent.collectives import Collectives
     from antdt.agent.gradients import WeightedHookState
+    from antdt.agent.loaded import LoadedBatch
     from antdt.agent.readahead import Lot
     from antdt.agent.shards import ShardStream
     from antdt.agent.timeline import StepPlans
@@ -43,6 +44,7 @@ class Step:
         "_data_s",
         "_driver",
         "_finished",
+        "_loaded",
         "_lot",
         "_t0",
         "_t_yield",
@@ -72,6 +74,7 @@ class Step:
         self.synced = False
         self._finished = taken.finished
         self._lot: Lot | None = None  # its ids' read-ahead record (a DataLoader's step)
+        self._loaded: LoadedBatch | None = None  # and its batch, for `claims()`
         self._t0 = self._t_yield = self._wall0 = 0.0
         self._data_s = self._count_s = self._comm_s = 0.0
         self._computed: list[int] | None = None  # under work sharing, once claims() began
@@ -89,7 +92,8 @@ class Step:
         """The micro-batches to compute, each mean loss scaled by its `weight` before
         backward. The same as `micro_batches` unless the job shares work (policy param
         `work_sharing`): then iterate it to its end, also when the own ids ran out, since
-        it hands out other ranks' micro-batches too."""
+        it hands out other ranks' micro-batches too. On the DataLoader path each comes
+        with its data (`batch`): compute on that, not on the step's whole batch."""
         return self._driver.claims(self)
 
     def sync(self, model: Any = None) -> int:
@@ -239,17 +243,20 @@ class StepDriver:
     def claims(self, step: Step) -> Iterator[MicroBatch]:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open")
-        if self.sharing is None or step._lot is not None or self.hook_state is not None:
-            # A DataLoader's batch is loaded, DDP's hook weights by the own count: their own.
-            yield from own_micro_batches(step.micro_batches, self.rank)
+        loaded = step._loaded
+        if self.sharing is None or self.hook_state is not None:
+            # DDP's hook weights by the own count: the rank's own micro-batches only.
+            own = own_micro_batches(step.micro_batches, self.rank)
+            yield from own if loaded is None else loaded.attach(own, self.rank)
             return
         if step._computed is not None:  # a second pass would hand out nothing it may redo
             raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
         step._computed, step._claiming = [], True
         slowdown = self.schedule.factor(self.rank, self.host, step.index) if self.schedule else 1
-        yield from self.sharing.claims(
+        claimed = self.sharing.claims(
             step.micro_batches, step.total_samples, step._computed, slowdown
         )
+        yield from claimed if loaded is None else loaded.attach(claimed, self.rank)
         step._claiming = False
 
     def _computed_ids(self, step: Step, model: Any) -> list[int]:
@@ -257,7 +264,7 @@ class StepDriver:
         to the mean over them, so the weighted all-reduce weighs them by their count. A
         script that never iterated `claims()` computed its own ids: they are claimed now
         (so no helper takes one), and it is an error if a helper already has one."""
-        if self.sharing is None or step._lot is not None:
+        if self.sharing is None:
             return step.sample_ids
         if step._computed is None:
             self.sharing.keep_own(step.index)
@@ -273,22 +280,22 @@ class StepDriver:
     def _claim_s(self, step: Step) -> float:
         """The step's claim store round trips: communication, not the rank's compute (a
         rank behind a slow link would look slow in compute)."""
-        if self.sharing is None or step._lot is not None:
+        if self.sharing is None:
             return 0.0
         return self.sharing.claim_s
 
     def _slowed_in_claims(self, step: Step) -> bool:
         """Under work sharing the injected slowdown is slept per micro-batch computed
         (a helper computes another's at its own speed), not at sync."""
-        return self.sharing is not None and step._lot is None and step._computed is not None
+        return self.sharing is not None and step._computed is not None
 
     def _helped(self, step: Step) -> tuple[tuple[int, int], ...]:
-        if self.sharing is None or step._lot is not None:
+        if self.sharing is None:
             return ()
         return tuple(sorted(self.sharing.helped.items()))
 
     def _one_piece_s(self, step: Step) -> float | None:
-        if self.sharing is None or step._lot is not None:
+        if self.sharing is None:
             return None
         return self.sharing.one_piece
 
@@ -323,10 +330,10 @@ class StepDriver:
         """The step's gradient all-reduce (unless DDP's hook did it), with work sharing's
         pace report appended: every rank learns the others' paces for the next step's
         offers at no extra latency. On a path without it, the report goes alone; none on
-        the paths where sharing cannot act (a DataLoader's batch, the DDP hook)."""
+        the path where sharing cannot act (the DDP hook)."""
         reduce = model is not None and model is not self.ddp_model
         sharing = self.sharing
-        if sharing is None or step._lot is not None or self.hook_state is not None:
+        if sharing is None or self.hook_state is not None:
             if reduce:
                 self.collectives().reduce_gradients(model, samples)
         elif reduce:

@@ -1,0 +1,137 @@
+"""Work sharing on the DataLoader path: 3 real gloo ranks (antdt launch) train from a
+DataLoader with a worker process against the real services; rank 0 burns real CPU per
+micro-batch from step 2 on, so it offers its share and the others read its ids from the
+dataset and compute them. Each micro-batch's data is its ids' rows, each step's gradient
+equals one process on the union of the step's samples (1e-9, float64), and every sample
+of the epoch reaches the model exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from antdt.agent import launch
+from antdt.agent.samplelog import exactly_once_problems, read_sample_logs
+from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.config import ServiceSettings
+from antdt.schemas import StepEvent, Subjects
+from tests.helpers import job_env
+from tests.integration.agent_fixtures import real_services
+
+pytest.importorskip("torch")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WORLD, DATASET = 3, 288
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    import torch.distributed as dist
+    import antdt.agent
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, size):
+            gen = torch.Generator().manual_seed(1)
+            self.x = torch.randn(size, 4, generator=gen, dtype=torch.float64)
+            self.y = torch.randn(size, 1, generator=gen, dtype=torch.float64)
+        def __len__(self):
+            return len(self.x)
+        def __getitem__(self, i):
+            return self.x[i], self.y[i], i
+
+    def burn():  # real work, not a sleep
+        a = torch.ones(120, 120, dtype=torch.float64)
+        for _ in range(25):
+            a = torch.tanh(a @ a.T / 120)
+
+    torch.set_num_threads(1)
+    antdt.agent.init_process_group(timeout_s=60)
+    agent = antdt.agent.init()
+    out, rank = sys.argv[1], agent.settings.rank
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    model = model.double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = Rows(agent.spec.dataset_size)
+    loader = torch.utils.data.DataLoader(
+        data, batch_sampler=agent.batch_sampler(data), num_workers=1
+    )
+    took, worst, rows_ok = 0, 0.0, True
+    for epoch in agent.epochs():
+        for step, batch in agent.batches(loader):
+            before = [p.detach().clone() for p in model.parameters()]
+            for micro in step.claims():
+                x, y, ids = micro.batch
+                rows_ok &= ids.tolist() == micro.ids
+                if rank == 0 and step.index >= 2:
+                    burn()
+                took += len(micro.ids) if micro.owner != rank else 0
+                loss = ((model(x) - y) ** 2).sum() / max(len(micro.ids), 1)
+                (loss * micro.weight).backward()
+            step.sync(model)
+            shares = [None] * dist.get_world_size()
+            dist.all_gather_object(shares, step.sample_ids)
+            union = [i for ids in shares for i in ids]
+            reference = torch.nn.Sequential(
+                torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)
+            ).double()
+            with torch.no_grad():
+                for p, b in zip(reference.parameters(), before):
+                    p.copy_(b)
+            ((reference(data.x[union]) - data.y[union]) ** 2).mean().backward()
+            for got, want in zip(model.parameters(), reference.parameters()):
+                worst = max(worst, float((got.grad - want.grad).abs().max()))
+            opt.step()
+            opt.zero_grad()
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump({"took": took, "worst": worst, "rows_ok": rows_ok}, f)
+    agent.close()
+    antdt.agent.destroy_process_group()
+    """
+)
+
+
+async def test_dataloader_batches_are_shared_with_exact_gradients_and_samples_once(
+    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+) -> None:
+    subjects = Subjects(settings.nats.subject_prefix)
+    events: list[StepEvent] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        events.append(event)
+
+    async with real_services(settings):
+        await bus.subscribe(subjects.step(unique, "*"), StepEvent, on_step)
+        await bus.flush()
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT)
+        out = tmp_path / "run"
+        env = job_env(
+            settings,
+            unique,
+            ANTDT_DATASET_SIZE=str(DATASET),
+            ANTDT_SHARD_SIZE="8",
+            ANTDT_GLOBAL_BATCH="24",
+            ANTDT_POLICY="none",
+            ANTDT_POLICY_PARAMS=json.dumps({"work_sharing": "on", "share_chunks": 4}),
+            ANTDT_SAMPLE_LOG=str(out),
+            ANTDT_TELEMETRY__LOG_LEVEL="warning",
+        )
+        command = [sys.executable, str(script), str(out)]
+        rc = await asyncio.wait_for(asyncio.to_thread(launch, WORLD, command, env=env), 180)
+        assert rc == 0
+        await asyncio.sleep(0.5)  # the last step events, published as the ranks closed
+
+    problems = exactly_once_problems(read_sample_logs(out, WORLD), DATASET, epochs=1)
+    assert not problems, problems
+    runs = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(run["rows_ok"] for run in runs), runs
+    assert max(run["worst"] for run in runs) < 1e-9, runs
+    assert runs[1]["took"] + runs[2]["took"] > 0, runs  # rank 0's ids computed by others
+    helped = [e for e in events if e.helped and 0 in e.helped]
+    assert helped and all(e.rank != 0 for e in helped), helped
