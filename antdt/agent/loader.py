@@ -119,8 +119,8 @@ class BatchFeed:
                     continue
                 step = Step(driver, index, epoch, plan, Taken(ids=ids), total)
                 step._lot = lot
-                if lot is not None:
-                    step._loaded = LoadedBatch(batch, ids, read)
+                # Also with no data of its own (an epoch's tail): it may help the others.
+                step._loaded = LoadedBatch(empty if lot is None else batch, ids, read)
                 yield driver.open_step(step, t0, wall0, t1, t2), empty if lot is None else batch
         finally:
             driver.finish(time.perf_counter(), abandoned=True)

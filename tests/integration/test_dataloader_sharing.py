@@ -1,9 +1,11 @@
 """Work sharing on the DataLoader path: 3 real gloo ranks (antdt launch) train from a
 DataLoader with a worker process against the real services; rank 0 burns real CPU per
 micro-batch from step 2 on, so it offers its share and the others read its ids from the
-dataset and compute them. Each micro-batch's data is its ids' rows, each step's gradient
-equals one process on the union of the step's samples (1e-9, float64), and every sample
-of the epoch reaches the model exactly once."""
+dataset and compute them. A plain module, and DDP with its reduction held off for the
+micro-batches (`no_sync`), `step.sync` reducing by the samples each rank computed. Each
+micro-batch's data is its ids' rows, each step's gradient equals one process on the
+union of the step's samples (1e-9, float64), and every sample of the epoch reaches the
+model exactly once."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ WORLD, DATASET = 3, 288
 
 SCRIPT = textwrap.dedent(
     """
-    import json, sys, torch
+    import contextlib, json, sys, torch
     import torch.distributed as dist
     import antdt.agent
 
@@ -56,6 +58,9 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = model.double()
+    ddp = sys.argv[2] == "ddp"
+    if ddp:  # its reduction held off (no_sync) for every micro-batch: step.sync reduces
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     data = Rows(agent.spec.dataset_size)
     loader = torch.utils.data.DataLoader(
@@ -65,14 +70,15 @@ SCRIPT = textwrap.dedent(
     for epoch in agent.epochs():
         for step, batch in agent.batches(loader):
             before = [p.detach().clone() for p in model.parameters()]
-            for micro in step.claims():
-                x, y, ids = micro.batch
-                rows_ok &= ids.tolist() == micro.ids
-                if rank == 0 and step.index >= 2:
-                    burn()
-                took += len(micro.ids) if micro.owner != rank else 0
-                loss = ((model(x) - y) ** 2).sum() / max(len(micro.ids), 1)
-                (loss * micro.weight).backward()
+            with model.no_sync() if ddp else contextlib.nullcontext():
+                for micro in step.claims():
+                    x, y, ids = micro.batch
+                    rows_ok &= ids.tolist() == micro.ids
+                    if rank == 0 and step.index >= 2:
+                        burn()
+                    took += len(micro.ids) if micro.owner != rank else 0
+                    loss = ((model(x) - y) ** 2).sum() / max(len(micro.ids), 1)
+                    (loss * micro.weight).backward()
             step.sync(model)
             shares = [None] * dist.get_world_size()
             dist.all_gather_object(shares, step.sample_ids)
@@ -96,8 +102,9 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("wrap", ["module", "ddp"])
 async def test_dataloader_batches_are_shared_with_exact_gradients_and_samples_once(
-    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path, wrap: str
 ) -> None:
     subjects = Subjects(settings.nats.subject_prefix)
     events: list[StepEvent] = []
@@ -122,7 +129,7 @@ async def test_dataloader_batches_are_shared_with_exact_gradients_and_samples_on
             ANTDT_SAMPLE_LOG=str(out),
             ANTDT_TELEMETRY__LOG_LEVEL="warning",
         )
-        command = [sys.executable, str(script), str(out)]
+        command = [sys.executable, str(script), str(out), wrap]
         rc = await asyncio.wait_for(asyncio.to_thread(launch, WORLD, command, env=env), 180)
         assert rc == 0
         await asyncio.sleep(0.5)  # the last step events, published as the ranks closed

@@ -62,3 +62,10 @@ def test_own_ids_out_of_the_batch_order_are_refused() -> None:
     bad = MicroBatch(owner=0, index=0, ids=[12, 10], weight=1.0)
     with pytest.raises(LoaderError, match="not a run"):
         list(_loaded([10, 11, 12]).attach(iter([bad]), rank=0))
+
+
+def test_a_rank_without_data_of_its_own_reads_what_it_takes_over() -> None:
+    loader = torch.utils.data.DataLoader(_Rows(), batch_sampler=[[0]])
+    empty = LoadedBatch(None, [], loader_reader(loader))  # an epoch's tail: no lot
+    (got,) = empty.attach(iter([MicroBatch(owner=1, index=0, ids=[7, 8], weight=0.5)]), rank=0)
+    assert got.batch[1].tolist() == [7, 8]
