@@ -26,13 +26,10 @@ def detector_us_per_event(ranks: int, events: int = EVENTS) -> float:
     slow, now, spent = ranks - 1, 0.0, 0.0
     for step in range(steps):
         now += 0.1
-        rows = [
-            ("bench", r, f"h{r}", step, 0, 32, now - 0.1, now, 32, _compute_s(r, slow, step), 0.001)
-            for r in range(ranks)
-        ]
+        rows = _step_rows(ranks, slow, step, now)
         started = time.thread_time()
         for fields in rows:
-            detector.ingest_fields((*fields, 0.005, 0.1), now)  # type: ignore[arg-type]
+            detector.ingest_fields(fields, now)  # type: ignore[arg-type]
         spent += time.thread_time() - started
     return spent / (steps * ranks) * 1e6
 
@@ -45,15 +42,26 @@ def health_us_per_rank(ranks: int, calls: int = 5) -> float:
     warm = 3 * detector.config.window
     for step in range(warm + calls):
         now += 0.1
-        for r in range(ranks):
-            fields = ("bench", r, f"h{r}", step, 0, 32, now - 0.1, now, 32)
-            figures = (_compute_s(r, slow, step), 0.001, 0.005, 0.1)
-            detector.ingest_fields((*fields, *figures), now)  # type: ignore[arg-type]
+        for fields in _step_rows(ranks, slow, step, now):
+            detector.ingest_fields(fields, now)  # type: ignore[arg-type]
         if step >= warm:
             started = time.thread_time()
             detector.health(now)
             spent += time.thread_time() - started
     return spent / (calls * ranks) * 1e6
+
+
+def _step_rows(ranks: int, slow: int, step: int, now: float) -> list[tuple[Any, ...]]:
+    """Every rank's step event fields for `step`, ended at `now` (0.1 s long)."""
+    start = now - 0.1
+    return [
+        ("bench", r, f"h{r}", step, 0, 32, start, now, 32, _compute_s(r, slow, step), *FIGURES)
+        for r in range(ranks)
+    ]
+
+
+#: A step event's data wait, communication and step seconds.
+FIGURES = (0.001, 0.005, 0.1)
 
 
 def _compute_s(rank: int, slow: int, step: int) -> float:

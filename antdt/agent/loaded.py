@@ -8,7 +8,7 @@ rank's own lots). torch is imported inside the functions."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,22 +52,33 @@ class LoadedBatch:
     (`load`: ids -> a collated batch)."""
 
     batch: Any
-    ids: Sequence[int]
+    ids: list[int]
     load: Callable[[list[int]], Any]
 
     def attach(self, micro_batches: Iterator[MicroBatch], rank: int) -> Iterator[MicroBatch]:
         """Each micro-batch with its data: rows of the batch for this rank's own ids,
-        read from the dataset for another rank's."""
-        position = {sample: row for row, sample in enumerate(self.ids)}
+        read from the dataset for another rank's. Own ones come in the order of the
+        step's ids (cut in order, drawn from the front), each from where the last ended;
+        another run of rows is looked up, anything else refused."""
+        cursor = 0
         for mb in micro_batches:
             if mb.owner != rank:
                 yield replace(mb, batch=self.load(mb.ids))
                 continue
-            rows = [position[i] for i in mb.ids]
-            start = rows[0] if rows else 0
-            if rows != list(range(start, start + len(rows))):  # cut in order: never
-                raise LoaderError(f"micro-batch {mb.index} is not a run of the step's rows")
-            yield replace(mb, batch=take_rows(self.batch, start, start + len(rows)))
+            n = len(mb.ids)
+            start = cursor if self.ids[cursor : cursor + n] == mb.ids else self._row(mb)
+            cursor = start + n
+            yield replace(mb, batch=take_rows(self.batch, start, cursor))
+
+    def _row(self, mb: MicroBatch) -> int:
+        """The first row of `mb`'s ids, when they are a run of the step's rows."""
+        try:
+            start = self.ids.index(mb.ids[0])
+        except ValueError:
+            start = -1
+        if start < 0 or self.ids[start : start + len(mb.ids)] != mb.ids:
+            raise LoaderError(f"micro-batch {mb.index} is not a run of the step's rows")
+        return start
 
 
 def loader_reader(loader: Any) -> Callable[[list[int]], Any]:

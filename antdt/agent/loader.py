@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from torch.utils.data import Sampler
@@ -20,7 +19,6 @@ from antdt.agent.errors import DatasetTooSmall, LoaderError, PlanUnfillable
 from antdt.agent.loaded import LoadedBatch, loader_reader
 from antdt.agent.readahead import Lot
 from antdt.agent.sampling import Taken
-from antdt.agent.shared_work import AllSum
 from antdt.agent.steps import Step, StepDriver
 from antdt.schemas import Plan
 
@@ -110,7 +108,7 @@ class BatchFeed:
                 lot, batch = run.next_for(index, want)
                 ids = lot.ids if lot else []
                 t1 = time.perf_counter()
-                total = driver.count(plan, want, ids, self._opens(index, plan, ids))
+                total = driver.count(plan, want, ids, driver.opens(index, plan, ids))
                 t2 = time.perf_counter()
                 if total == 0:
                     if not driver._taken_up_again(epoch):
@@ -125,14 +123,6 @@ class BatchFeed:
         finally:
             driver.finish(time.perf_counter(), abandoned=True)
             run.restart()
-
-    def _opens(self, index: int, plan: Plan, ids: list[int]) -> Callable[[AllSum], int] | None:
-        """Under work sharing the step's count opens its offers (as on the index path)."""
-        driver = self.driver
-        if driver.sharing is None:
-            return None
-        may_decide = driver.hook_state is None
-        return partial(driver.sharing.open, index, plan, self.rank, ids, may_decide=may_decide)
 
 
 class _Run:

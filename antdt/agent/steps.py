@@ -171,17 +171,7 @@ class StepDriver:
             asked = self.ask(plan)
             taken = self.stream.take(asked, epoch)
             t1 = time.perf_counter()
-            opens = None  # under work sharing the count carries the offers; claims follow it
-            if self.sharing is not None:
-                opens = partial(
-                    self.sharing.open,
-                    index,
-                    plan,
-                    self.rank,
-                    taken.ids,
-                    may_decide=self.hook_state is None,
-                )
-            total = self.count(plan, asked, taken.ids, opens)
+            total = self.count(plan, asked, taken.ids, self.opens(index, plan, taken.ids))
             t2 = time.perf_counter()
             if total > 0:
                 break
@@ -198,6 +188,14 @@ class StepDriver:
         `max_local_batch`."""
         caps = [c for c in (cap, self.max_local_batch) if c is not None]
         return self._tail.ask(plan.local_batch, self.rank, min(caps) if caps else None)
+
+    def opens(self, index: int, plan: Plan, ids: list[int]) -> Callable[[AllSum], int] | None:
+        """Under work sharing, the step's count that opens its offers (claims follow it);
+        on both data paths. None without sharing."""
+        if self.sharing is None:
+            return None
+        may_decide = self.hook_state is None
+        return partial(self.sharing.open, index, plan, self.rank, ids, may_decide=may_decide)
 
     def count(
         self,
@@ -243,20 +241,19 @@ class StepDriver:
     def claims(self, step: Step) -> Iterator[MicroBatch]:
         if step is not self._open or step.synced:
             raise RuntimeError(f"step {step.index} is not open")
-        loaded = step._loaded
         if self.sharing is None or self.hook_state is not None:
             # DDP's hook weights by the own count: the rank's own micro-batches only.
-            own = own_micro_batches(step.micro_batches, self.rank)
-            yield from own if loaded is None else loaded.attach(own, self.rank)
-            return
-        if step._computed is not None:  # a second pass would hand out nothing it may redo
-            raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
-        step._computed, step._claiming = [], True
-        slowdown = self.schedule.factor(self.rank, self.host, step.index) if self.schedule else 1
-        claimed = self.sharing.claims(
-            step.micro_batches, step.total_samples, step._computed, slowdown
-        )
-        yield from claimed if loaded is None else loaded.attach(claimed, self.rank)
+            micro = own_micro_batches(step.micro_batches, self.rank)
+        else:
+            if step._computed is not None:  # a second pass would hand out nothing it may redo
+                raise RuntimeError(f"step.claims() of step {step.index} was already iterated")
+            step._computed, step._claiming = [], True
+            factor = self.schedule.factor(self.rank, self.host, step.index) if self.schedule else 1
+            micro = self.sharing.claims(
+                step.micro_batches, step.total_samples, step._computed, factor
+            )
+        loaded = step._loaded
+        yield from micro if loaded is None else loaded.attach(micro, self.rank)
         step._claiming = False
 
     def _computed_ids(self, step: Step, model: Any) -> list[int]:

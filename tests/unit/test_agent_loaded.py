@@ -69,3 +69,10 @@ def test_a_rank_without_data_of_its_own_reads_what_it_takes_over() -> None:
     empty = LoadedBatch(None, [], loader_reader(loader))  # an epoch's tail: no lot
     (got,) = empty.attach(iter([MicroBatch(owner=1, index=0, ids=[7, 8], weight=0.5)]), rank=0)
     assert got.batch[1].tolist() == [7, 8]
+
+
+def test_an_own_run_out_of_turn_is_found_by_its_first_id() -> None:
+    later = MicroBatch(owner=0, index=1, ids=[12, 13], weight=0.5)
+    first = MicroBatch(owner=0, index=0, ids=[10, 11], weight=0.5)
+    got = list(_loaded([10, 11, 12, 13]).attach(iter([later, first]), rank=0))
+    assert [mb.batch[1].tolist() for mb in got] == [[12, 13], [10, 11]]
