@@ -5,7 +5,8 @@ dataset and compute them. A plain module, and DDP with its reduction held off fo
 micro-batches (`no_sync`), `step.sync` reducing by the samples each rank computed. Each
 micro-batch's data is its ids' rows, each step's gradient equals one process on the
 union of the step's samples (1e-9, float64), and every sample of the epoch reaches the
-model exactly once."""
+model exactly once: also when a helper is killed -9 holding a micro-batch it took over
+and the group restarts from a checkpoint."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ WORLD, DATASET = 3, 288
 
 SCRIPT = textwrap.dedent(
     """
-    import contextlib, json, sys, torch
+    import contextlib, json, os, signal, sys, torch
     import torch.distributed as dist
     import antdt.agent
 
@@ -58,7 +59,13 @@ SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = model.double()
-    ddp = sys.argv[2] == "ddp"
+    ddp, kill = sys.argv[2] == "ddp", sys.argv[2] == "killed"
+    ckpt = out + ".model.pt"
+    if agent.restarted():  # after the kill: the checkpoint's model, the ledger restored to it
+        state = torch.load(ckpt, weights_only=True) if os.path.exists(ckpt) else None
+        if state:
+            model.load_state_dict(state["model"])
+        agent.restore(state["step"] if state else None)
     if ddp:  # its reduction held off (no_sync) for every micro-batch: step.sync reduces
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -74,6 +81,13 @@ SCRIPT = textwrap.dedent(
                 for micro in step.claims():
                     x, y, ids = micro.batch
                     rows_ok &= ids.tolist() == micro.ids
+                    if (
+                        kill and rank == 1 and micro.owner != rank and step.index >= 6
+                        and agent.settings.restart_count == 0
+                    ):  # killed holding a claim of rank 0's micro-batch, its rows read
+                        with open(f"{out}.killed.json", "w") as f:
+                            json.dump({"step": step.index, "ids": micro.ids}, f)
+                        os.kill(os.getpid(), signal.SIGKILL)
                     if rank == 0 and step.index >= 2:
                         burn()
                     took += len(micro.ids) if micro.owner != rank else 0
@@ -94,6 +108,12 @@ SCRIPT = textwrap.dedent(
                 worst = max(worst, float((got.grad - want.grad).abs().max()))
             opt.step()
             opt.zero_grad()
+            if kill and (step.index + 1) % 4 == 0:
+                agent.commit(step.index)
+                if rank == 0:
+                    torch.save({"model": model.state_dict(), "step": step.index}, ckpt + ".tmp")
+                    os.replace(ckpt + ".tmp", ckpt)
+                dist.barrier()
     with open(f"{out}.rank{rank}.json", "w") as f:
         json.dump({"took": took, "worst": worst, "rows_ok": rows_ok}, f)
     agent.close()
@@ -106,6 +126,49 @@ SCRIPT = textwrap.dedent(
 async def test_dataloader_batches_are_shared_with_exact_gradients_and_samples_once(
     settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path, wrap: str
 ) -> None:
+    out, events = await train(settings, unique, bus, tmp_path, wrap)
+    problems = exactly_once_problems(read_sample_logs(out, WORLD), DATASET, epochs=1)
+    assert not problems, problems
+    runs = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(run["rows_ok"] for run in runs), runs
+    assert max(run["worst"] for run in runs) < 1e-9, runs
+    assert runs[1]["took"] + runs[2]["took"] > 0, runs  # rank 0's ids computed by others
+    helped = [e for e in events if e.helped and 0 in e.helped]
+    assert helped and all(e.rank != 0 for e in helped), helped
+
+
+async def test_a_helper_killed_9_holding_a_taken_over_micro_batch_loses_and_repeats_nothing(
+    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path
+) -> None:
+    """Rank 1 is killed -9 while it holds a claim of rank 0's micro-batch (its rows read
+    from the dataset, not yet computed), two epochs, a checkpoint every 4 steps; the group
+    restarts from the last one and goes on sharing. Nothing of the killed step reached the
+    model (its ids reach it only through the gradient all-reduce every rank must join);
+    every sample of each epoch once, gradients exact before and after the restart."""
+    out, events = await train(settings, unique, bus, tmp_path, "killed", epochs=2)
+    killed = json.loads(Path(f"{out}.killed.json").read_text())
+    assert killed["step"] >= 6 and killed["ids"], killed
+    lines = read_sample_logs(out, WORLD)
+    assert exactly_once_problems(lines, DATASET, epochs=2) == []
+    restored = {ln["restored"] for ln in lines if "restored" in ln}
+    assert restored and max(restored) < killed["step"], (restored, killed)
+    runs = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(WORLD)]
+    assert all(run["rows_ok"] for run in runs), runs
+    assert max(run["worst"] for run in runs) < 1e-9, runs
+    after = [e for e in events if e.helped and 0 in e.helped and e.step > killed["step"]]
+    assert after, "no sharing after the restart"
+
+
+async def train(
+    settings: ServiceSettings,
+    unique: str,
+    bus: Bus,
+    tmp_path: Path,
+    wrap: str,
+    epochs: int = 1,
+) -> tuple[Path, list[StepEvent]]:
+    """The script under `antdt launch` (restarted once after a failure) against the real
+    services; its sample-log prefix and the step events published."""
     subjects = Subjects(settings.nats.subject_prefix)
     events: list[StepEvent] = []
 
@@ -124,21 +187,14 @@ async def test_dataloader_batches_are_shared_with_exact_gradients_and_samples_on
             ANTDT_DATASET_SIZE=str(DATASET),
             ANTDT_SHARD_SIZE="8",
             ANTDT_GLOBAL_BATCH="24",
+            ANTDT_EPOCHS=str(epochs),
             ANTDT_POLICY="none",
             ANTDT_POLICY_PARAMS=json.dumps({"work_sharing": "on", "share_chunks": 4}),
             ANTDT_SAMPLE_LOG=str(out),
             ANTDT_TELEMETRY__LOG_LEVEL="warning",
         )
         command = [sys.executable, str(script), str(out), wrap]
-        rc = await asyncio.wait_for(asyncio.to_thread(launch, WORLD, command, env=env), 180)
-        assert rc == 0
+        running = asyncio.to_thread(launch, WORLD, command, env=env, max_restarts=1)
+        assert await asyncio.wait_for(running, 240) == 0
         await asyncio.sleep(0.5)  # the last step events, published as the ranks closed
-
-    problems = exactly_once_problems(read_sample_logs(out, WORLD), DATASET, epochs=1)
-    assert not problems, problems
-    runs = [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(WORLD)]
-    assert all(run["rows_ok"] for run in runs), runs
-    assert max(run["worst"] for run in runs) < 1e-9, runs
-    assert runs[1]["took"] + runs[2]["took"] > 0, runs  # rank 0's ids computed by others
-    helped = [e for e in events if e.helped and 0 in e.helped]
-    assert helped and all(e.rank != 0 for e in helped), helped
+    return out, events
