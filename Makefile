@@ -28,7 +28,7 @@ NODE_STAMP := node_modules/.installed
 # bed's tests skip, saying why).
 APT_GET    ?= apt-get
 
-.PHONY: all install node hosttools demo test test-fast lint up bench bench-test chaos gpu-check \
+.PHONY: all install node hosttools demo test test-long test-fast lint up bench bench-test chaos gpu-check \
         schemas clean deploy-tools deploy-base deploy-images deploy-test
 
 all: test
@@ -127,11 +127,17 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# The suite but the tests marked `long` (minutes each: `make test-long`; CI runs both).
 test: lint $(NODE_STAMP) hosttools
-	$(BIN)/python -m pytest -q --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=40 -m "not long" $(PYTEST_ARGS)
+
+# The tests marked `long`: the multi-host jobs in network namespaces and the short chaos
+# soak, about 6 minutes on 2 cores; .ci/run runs them after `test`.
+test-long: $(STAMP) $(NODE_STAMP) hosttools
+	$(BIN)/python -m pytest -q --durations=10 -m long $(PYTEST_ARGS)
 
 test-fast: $(STAMP) $(NODE_STAMP) hosttools
-	$(BIN)/python -m pytest -q -m "not slow and not e2e" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not e2e and not long" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/antdt demo

@@ -12,7 +12,7 @@ from antdt.testing.faults import FaultKind, FaultState, table
 from tests.chaos import run_soak
 from tests.chaos.timeline import draw
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.integration, pytest.mark.long]
 
 
 def test_a_short_soak_keeps_every_invariant_through_four_kinds_of_fault(tmp_path: Path) -> None:
