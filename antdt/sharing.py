@@ -319,13 +319,15 @@ def _flag(params: Mapping[str, float | int | str | bool], name: str, default: bo
 @dataclass(frozen=True)
 class ShareParams:
     """The job's `work_sharing` (on/off; default on under the policies in
-    SHARING_BY_DEFAULT, else off), `share_chunks`, `share_ratio` and `share_late` (on/off,
+    SHARING_BY_DEFAULT, else off), `share_chunks`, `share_ratio`, `share_route` (on/off,
+    default on: the step's collectives routed around its offering ranks) and `share_late` (on/off,
     default off: offers in the middle of a step too) policy params."""
 
     enabled: bool = False
     chunks: int = DEFAULT_CHUNKS
     ratio: float = DEFAULT_OFFER_RATIO
     late: bool = False
+    route: bool = True
 
     @classmethod
     def from_params(
@@ -333,10 +335,11 @@ class ShareParams:
     ) -> ShareParams:
         enabled = _flag(params, "work_sharing", policy in SHARING_BY_DEFAULT)
         late = _flag(params, "share_late", False)
+        route = _flag(params, "share_route", True)
         chunks = params.get("share_chunks", DEFAULT_CHUNKS)
         if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
             raise ValueError(f"policy param share_chunks={chunks!r}: expected an int >= 1")
         ratio = params.get("share_ratio", DEFAULT_OFFER_RATIO)
         if isinstance(ratio, (bool, str)) or not ratio >= 1.0:
             raise ValueError(f"policy param share_ratio={ratio!r}: expected a number >= 1")
-        return cls(enabled, chunks, float(ratio), late)
+        return cls(enabled, chunks, float(ratio), late, route)

@@ -62,11 +62,15 @@ class _AloneCollectives:
     def agree_max(self, value: int) -> int:
         return value
 
-    def all_sum(self, values: list[int]) -> list[int]:
+    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
         return list(values)
 
     def reduce_gradients_and_sum(
-        self, model: Any, local_samples: int, values: list[int]
+        self,
+        model: Any,
+        local_samples: int,
+        values: list[int],
+        around: frozenset[int] = frozenset(),
     ) -> list[int]:
         return list(values)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from antdt.agent.routing import RoutedExchange
+
 
 class Collectives(Protocol):
     def reduce_gradients(self, model: Any, local_samples: int) -> int:
@@ -16,19 +18,26 @@ class Collectives(Protocol):
         ...
 
     def reduce_gradients_and_sum(
-        self, model: Any, local_samples: int, values: list[int]
+        self,
+        model: Any,
+        local_samples: int,
+        values: list[int],
+        around: frozenset[int] = frozenset(),
     ) -> list[int]:
         """`reduce_gradients`, with the element-wise SUM of every rank's `values` (same
-        length everywhere) in the same exchange: work sharing's pace report."""
+        length everywhere) in the same exchange: work sharing's pace report. `around`:
+        the step's offering ranks (the same on every rank), whom the exchange is routed
+        around (routing.py)."""
         ...
 
     def agree_max(self, value: int) -> int:
         """MAX of value over all ranks: how the ranks of a restart agree on its token."""
         ...
 
-    def all_sum(self, values: list[int]) -> list[int]:
+    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
         """Element-wise SUM of every rank's `values` (same length everywhere): work
-        sharing's count, with each rank's samples and pace in its own slots."""
+        sharing's count, with each rank's samples and pace in its own slots. `around`:
+        as in `reduce_gradients_and_sum`."""
         ...
 
 
@@ -51,14 +60,22 @@ class TorchCollectives:
                 "torch.distributed.init_process_group)"
             )
         self.device = collective_device(group)
+        initialized = self._initialized
+        rank, world = (dist.get_rank(), dist.get_world_size()) if initialized else (0, 1)
+        backend = str(dist.get_backend()) if initialized else ""
+        self._routes = RoutedExchange(rank, world, backend, group)
 
-    def all_sum(self, values: list[int]) -> list[int]:
+    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
         if not self._initialized:
             return list(values)
         import torch
 
         tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
-        self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self._group)
+        exchange = self._routes.for_step(around) if around else None
+        if exchange is not None:
+            exchange(tensor)
+        else:
+            self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self._group)
         return [int(v) for v in tensor.tolist()]
 
     def agree_max(self, value: int) -> int:
@@ -76,8 +93,13 @@ class TorchCollectives:
         return allreduce_weighted(model, local_samples, group=self._group)
 
     def reduce_gradients_and_sum(
-        self, model: Any, local_samples: int, values: list[int]
+        self,
+        model: Any,
+        local_samples: int,
+        values: list[int],
+        around: frozenset[int] = frozenset(),
     ) -> list[int]:
         from antdt.agent.gradients import allreduce_weighted_with
 
-        return allreduce_weighted_with(model, local_samples, values, group=self._group)[1]
+        exchange = self._routes.for_step(around) if around and self._initialized else None
+        return allreduce_weighted_with(model, local_samples, values, self._group, exchange)[1]

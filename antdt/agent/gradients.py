@@ -7,13 +7,16 @@ torch is imported inside the functions: importing this module does not need torc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed import GradBucket
+
+#: The SUM of a flat buffer over the ranks, in place.
+Exchange = Callable[[Any], None]
 
 
 def trainable(params: Any) -> list[torch.Tensor]:
@@ -41,7 +44,11 @@ def _by_device(params: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
 
 
 def _reduce_group(
-    params: list[torch.Tensor], n: int, group: Any, extras: Sequence[int] = ()
+    params: list[torch.Tensor],
+    n: int,
+    group: Any,
+    extras: Sequence[int] = (),
+    exchange: Exchange | None = None,
 ) -> tuple[float, list[int]]:
     import torch
     import torch.distributed as dist
@@ -63,7 +70,10 @@ def _reduce_group(
         flat[:numel].mul_(n)
     flat[numel] = n
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        if exchange is not None:
+            exchange(flat)
+        else:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     total = float(flat[numel].item())
     if total > 0:
         flat[:numel].div_(total)
@@ -88,12 +98,17 @@ def allreduce_weighted(params: Iterable[Any] | Any, local_samples: int, group: A
 
 
 def allreduce_weighted_with(
-    params: Iterable[Any] | Any, local_samples: int, extras: Sequence[int], group: Any = None
+    params: Iterable[Any] | Any,
+    local_samples: int,
+    extras: Sequence[int],
+    group: Any = None,
+    exchange: Exchange | None = None,
 ) -> tuple[int, list[int]]:
     """`allreduce_weighted`, with `extras` (integers; in a float32 buffer exact below
     2**24, within 1e-7 above) summed over the ranks in the same all-reduce: a few numbers
     more cost no latency there, where an all-reduce of their own would (work sharing's
-    exchange). Returns the step's total and the summed extras."""
+    exchange). `exchange`: the SUM of each flat buffer over the ranks, if not the group's
+    all-reduce (routing.py). Returns the step's total and the summed extras."""
     if local_samples < 0:
         raise ValueError("local_samples must be >= 0")
     params = trainable(params)
@@ -101,9 +116,9 @@ def allreduce_weighted_with(
         summed = _count_only([local_samples, *extras], group)
         return summed[0], summed[1:]
     groups = list(_by_device(params).values())
-    total, summed = _reduce_group(groups[0], local_samples, group, extras)
+    total, summed = _reduce_group(groups[0], local_samples, group, extras, exchange)
     for ps in groups[1:]:
-        _reduce_group(ps, local_samples, group)
+        _reduce_group(ps, local_samples, group, (), exchange)
     return round(total), summed
 
 

@@ -178,6 +178,12 @@ class WorkSharing:
         self._samples = tuple(plan.local_batch)
         return summed[0]
 
+    @property
+    def around(self) -> frozenset[int]:
+        """The ranks the step's collectives go around (routing.py): the open step's
+        offering ranks, the same on every rank; none under `share_route=off`."""
+        return self.offered if self.params.route else frozenset()
+
     def report(self) -> list[int]:
         """The rank's slots of the step's exchange (`learn` reads the sum): its own and
         helping seconds per sample this step and its claim round trip, in ns."""

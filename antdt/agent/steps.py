@@ -180,7 +180,10 @@ class StepDriver:
         return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
 
     def _all_sum(self, vector: list[int]) -> list[int]:
-        return self.collectives().all_sum(vector)
+        """The step's count (and a path's pace exchange without gradients), routed
+        around the ranks that offer in it (known to every rank before it: routing.py)."""
+        around = self.sharing.around if self.sharing is not None else frozenset()
+        return self.collectives().all_sum(vector, around)
 
     def ask(self, plan: Plan, cap: int | None = None) -> int:
         """The samples this rank takes for a step under `plan`: its local batch, or at an
@@ -335,7 +338,10 @@ class StepDriver:
                 self.collectives().reduce_gradients(model, samples)
         elif reduce:
             report = sharing.report()
-            sharing.learn(self.collectives().reduce_gradients_and_sum(model, samples, report))
+            summed = self.collectives().reduce_gradients_and_sum(
+                model, samples, report, sharing.around
+            )
+            sharing.learn(summed)
         else:
             sharing.exchange(self._all_sum)
 

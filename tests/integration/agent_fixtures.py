@@ -178,12 +178,16 @@ class ThreadCollectives:
             def agree_max(self, value: int) -> int:
                 return outer._sum(rank, value, "agree", combine=max)
 
-            def all_sum(self, values: list[int]) -> list[int]:
+            def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
                 """The step's count with its tail slot (work sharing runs on real gloo)."""
                 return outer._sum(rank, values, "all_sum", combine=_elementwise)
 
             def reduce_gradients_and_sum(
-                self, model: Any, local_samples: int, values: list[int]
+                self,
+                model: Any,
+                local_samples: int,
+                values: list[int],
+                around: frozenset[int] = frozenset(),
             ) -> list[int]:
                 raise NotImplementedError("work sharing runs on real gloo ranks")
 
@@ -215,11 +219,15 @@ class NullCollectives:
     def agree_max(self, value: int) -> int:
         return value
 
-    def all_sum(self, values: list[int]) -> list[int]:
+    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
         return list(values)
 
     def reduce_gradients_and_sum(
-        self, model: Any, local_samples: int, values: list[int]
+        self,
+        model: Any,
+        local_samples: int,
+        values: list[int],
+        around: frozenset[int] = frozenset(),
     ) -> list[int]:
         return list(values)
 

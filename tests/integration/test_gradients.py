@@ -102,6 +102,40 @@ def _train_plain(rank: int, steps: list[list[int]], want: list[list[Any]]) -> No
         opt.zero_grad()
 
 
+def _train_routed(rank: int, steps: list[list[int]], want: list[list[Any]]) -> None:
+    """The exchange routed around each step's offering ranks (routing.py): the same
+    gradients and report sums as the ring, and every rank's gradients bit for bit the
+    same (the replicas must not drift)."""
+    import torch.distributed as dist
+
+    from antdt.agent.collectives import TorchCollectives
+
+    x, y = _data()
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    world = len(steps[0])
+    collectives = TorchCollectives(world)
+    offers = [frozenset({world - 1}), frozenset({0, world - 2}), frozenset(range(world))]
+    for k, row in enumerate(_slices(steps)):
+        idx = list(row[rank])
+        if idx:
+            _loss(model, x[idx], y[idx]).backward()
+        report = [0] * world
+        report[rank] = 7 * rank + k
+        summed = collectives.reduce_gradients_and_sum(model, len(idx), report, offers[k])
+        assert summed == [7 * r + k for r in range(world)]
+        assert collectives.all_sum([rank, 1], offers[k]) == [sum(range(world)), world]
+        _check([p.grad for p in model.parameters()], want[k], f"routed step {k}")
+        flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+        everyone = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(everyone, flat)
+        assert all(torch.equal(flat, other) for other in everyone), f"routed step {k}"
+        opt.step()
+        opt.zero_grad()
+    # one subgroup per set of offers that left a rank out; none where every rank offered
+    assert len(collectives._routes._subgroups) == len({offers[0], offers[1]})
+
+
 def _train_ddp(rank: int, steps: list[list[int]], want: list[list[Any]]) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -135,6 +169,7 @@ def _worker(rank: int, world: int, port: int, steps: list[list[int]]) -> None:
 
     want = _reference(steps)
     _train_plain(rank, steps, want)
+    _train_routed(rank, steps, want)
     _train_ddp(rank, steps, want)
     destroy_process_group()  # only on success: a failed rank's peers would wait
 

@@ -1,0 +1,97 @@
+"""The gradient exchange routed around the ranks that offered their share (work
+sharing): a rank slowed by a noisy neighbour pays each collective's steps at its
+throttled pace, and a ring all-reduce runs at its slowest member's. Under a step's
+offers, each offering rank sends its weighted gradients to a partner among the others
+and receives the result from it; the others all-reduce among themselves, the partners
+adding what they received first. The same sums as the ring (each rank's n_i g_i once),
+in another order; every rank ends with the partner's buffer, so the replicas agree.
+
+Every rank learns the offers from the step's count, so all of them take the same route
+and create the same subgroups in the same order (torch's `new_group` is collective).
+torch is imported inside the functions: importing this module does not need torch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: Subgroups kept (one per set of offering ranks): each holds connections to its
+#: members. A step whose offers would need one more takes the ring instead.
+MAX_ROUTES = 8
+#: The largest job routed: a gloo subgroup connects each pair of its members.
+MAX_ROUTED_WORLD = 64
+#: The backends routed. Under nccl the reduction runs on the GPU, where a starved CPU
+#: slows it far less, and each subgroup is a communicator with buffers of its own: not
+#: measured there, the ring stays.
+ROUTED_BACKENDS = frozenset({"gloo"})
+
+
+@dataclass(frozen=True)
+class Route:
+    """The ranks outside the offers (`fast`, ascending) and each offering rank's partner
+    among them."""
+
+    fast: tuple[int, ...]
+    partner: dict[int, int]
+
+    def served_by(self, rank: int) -> list[int]:
+        """The offering ranks whose gradients `rank` adds and returns, ascending."""
+        return sorted(s for s, p in self.partner.items() if p == rank)
+
+
+def route_around(world: int, offering: frozenset[int]) -> Route | None:
+    """The route for a step whose offering ranks are `offering` (pure): partners dealt
+    round robin over the other ranks. None (the ring) when no rank offered, or every
+    rank did."""
+    slow = sorted(r for r in offering if 0 <= r < world)
+    fast = tuple(r for r in range(world) if r not in offering)
+    if not slow or not fast:
+        return None
+    return Route(fast, {s: fast[i % len(fast)] for i, s in enumerate(slow)})
+
+
+class RoutedExchange:
+    """The SUM all-reduce of a step's flat gradient buffer, routed around its offering
+    ranks (`route_around`), with the subgroups it needs made once and kept (at most
+    MAX_ROUTES; beyond them, and without offers, the plain all-reduce)."""
+
+    def __init__(self, rank: int, world: int, backend: str, group: Any = None) -> None:
+        self.rank, self.world, self._group = rank, world, group
+        # A job on a process group of its own: its ranks are not the world's.
+        self.enabled = group is None and backend in ROUTED_BACKENDS and world <= MAX_ROUTED_WORLD
+        self._subgroups: dict[tuple[int, ...], Any] = {}
+
+    def for_step(self, offering: frozenset[int]) -> Callable[[Any], None] | None:
+        """The exchange for a step with these offers; None: the plain all-reduce. Called
+        by every rank at the same point of the step (a new subgroup is made here)."""
+        route = route_around(self.world, offering) if self.enabled else None
+        if route is None:
+            return None
+        subgroup = self._subgroups.get(route.fast)
+        if subgroup is None:
+            if len(self._subgroups) >= MAX_ROUTES:
+                return None
+            import torch.distributed as dist
+
+            subgroup = self._subgroups[route.fast] = dist.new_group(list(route.fast))
+        return lambda flat: self._exchange(flat, route, subgroup)
+
+    def _exchange(self, flat: Any, route: Route, subgroup: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        partner = route.partner.get(self.rank)
+        if partner is not None:
+            dist.send(flat, partner)
+            dist.recv(flat, partner)
+            return
+        served = route.served_by(self.rank)
+        if served:
+            received = torch.empty_like(flat)
+            for rank in served:
+                dist.recv(received, rank)
+                flat.add_(received)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=subgroup)
+        for rank in served:
+            dist.send(flat, rank)
