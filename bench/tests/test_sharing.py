@@ -90,6 +90,24 @@ def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
         "ratio >= 0.98 (cost <= 2%)",
     ]
     assert made[0]["ceiling"] == pytest.approx(transient_ceiling(10, 50, 4, 3))
+    assert not any("failed" in r for r in made)
+
+
+def test_a_row_below_its_target_is_marked_failed() -> None:
+    got = {
+        "transient": Comparison(
+            "transient", _runs(none=100.0, lb_bsp=95.0, antdt_nd_sharing=119.0)
+        ),
+        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=199.0)),
+        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=294.0)),
+    }
+    made = rows(got, world=4, factor=3, slowed=10)
+    assert [r.get("failed") for r in made] == [
+        "work sharing, transient 3x bursts: 1.190x none < 1.25x",
+        None,  # 1.253x lb-bsp
+        "work sharing, persistent 3x straggler: 0.995x lb-bsp < 1.0x",
+        None,  # 0.98x none: the healthy target's edge still passes
+    ]
 
 
 @pytest.mark.integration
