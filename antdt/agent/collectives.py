@@ -7,6 +7,7 @@ torch.distributed; training always uses TorchCollectives."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Protocol
 
 from antdt.agent.routing import RoutedExchange
@@ -71,11 +72,7 @@ class TorchCollectives:
         import torch
 
         tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
-        exchange = self._routes.for_step(around) if around else None
-        if exchange is not None:
-            exchange(tensor)
-        else:
-            self._dist.all_reduce(tensor, op=self._dist.ReduceOp.SUM, group=self._group)
+        self._routes.all_reduce(tensor, around)
         return [int(v) for v in tensor.tolist()]
 
     def agree_max(self, value: int) -> int:
@@ -101,5 +98,5 @@ class TorchCollectives:
     ) -> list[int]:
         from antdt.agent.gradients import allreduce_weighted_with
 
-        exchange = self._routes.for_step(around) if around and self._initialized else None
+        exchange = partial(self._routes.all_reduce, offering=around)
         return allreduce_weighted_with(model, local_samples, values, self._group, exchange)[1]

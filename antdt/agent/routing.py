@@ -1,18 +1,18 @@
-"""The gradient exchange routed around the ranks that offered their share (work
-sharing): a rank slowed by a noisy neighbour pays each collective's steps at its
-throttled pace, and a ring all-reduce runs at its slowest member's. Under a step's
-offers, each offering rank sends its weighted gradients to a partner among the others
-and receives the result from it; the others all-reduce among themselves, the partners
-adding what they received first. The same sums as the ring (each rank's n_i g_i once),
-in another order; every rank ends with the partner's buffer, so the replicas agree.
+"""A step's collectives (its count, its gradient exchange) routed around the ranks that
+offered their share (work sharing): a rank slowed by a noisy neighbour pays each hop of
+a collective at its throttled pace, and a ring all-reduce runs at its slowest member's.
+Under a step's offers, each offering rank sends its tensor (the count's vector, its
+weighted gradients) to a partner among the others and receives the sum from it; the
+others all-reduce among themselves, the partners adding what they received first. The
+same sums as the ring (each rank's part once), in another order; every rank ends with
+the partner's buffer, so the replicas agree.
 
-Every rank learns the offers from the step's count, so all of them take the same route
+Every rank learns the offers before the step's count, so all of them take the same route
 and create the same subgroups in the same order (torch's `new_group` is collective).
 torch is imported inside the functions: importing this module does not need torch."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +52,9 @@ def route_around(world: int, offering: frozenset[int]) -> Route | None:
 
 
 class RoutedExchange:
-    """The SUM all-reduce of a step's flat gradient buffer, routed around its offering
-    ranks (`route_around`), with the subgroups it needs made once and kept (at most
-    MAX_ROUTES; beyond them, and without offers, the plain all-reduce)."""
+    """The SUM all-reduce of a step's tensors, routed around its offering ranks
+    (`route_around`), with the subgroups it needs made once and kept (at most
+    MAX_ROUTES; beyond them, and without offers, the group's plain all-reduce)."""
 
     def __init__(self, rank: int, world: int, backend: str, group: Any = None) -> None:
         self.rank, self.world, self._group = rank, world, group
@@ -62,20 +62,26 @@ class RoutedExchange:
         self.enabled = group is None and backend in ROUTED_BACKENDS and world <= MAX_ROUTED_WORLD
         self._subgroups: dict[tuple[int, ...], Any] = {}
 
-    def for_step(self, offering: frozenset[int]) -> Callable[[Any], None] | None:
-        """The exchange for a step with these offers; None: the plain all-reduce. Called
-        by every rank at the same point of the step (a new subgroup is made here)."""
+    def all_reduce(self, tensor: Any, offering: frozenset[int] = frozenset()) -> None:
+        """`tensor` summed over the ranks, in place, around the step's `offering` ranks.
+        Called by every rank at the same point of the step (a new subgroup is made here)."""
+        import torch.distributed as dist
+
         route = route_around(self.world, offering) if self.enabled else None
-        if route is None:
-            return None
-        subgroup = self._subgroups.get(route.fast)
-        if subgroup is None:
-            if len(self._subgroups) >= MAX_ROUTES:
-                return None
+        subgroup = None if route is None else self._subgroup(route.fast)
+        if route is None or subgroup is None:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
+        else:
+            self._exchange(tensor, route, subgroup)
+
+    def _subgroup(self, fast: tuple[int, ...]) -> Any:
+        """The subgroup of `fast`, made now if new; None past MAX_ROUTES."""
+        subgroup = self._subgroups.get(fast)
+        if subgroup is None and len(self._subgroups) < MAX_ROUTES:
             import torch.distributed as dist
 
-            subgroup = self._subgroups[route.fast] = dist.new_group(list(route.fast))
-        return lambda flat: self._exchange(flat, route, subgroup)
+            subgroup = self._subgroups[fast] = dist.new_group(list(fast))
+        return subgroup
 
     def _exchange(self, flat: Any, route: Route, subgroup: Any) -> None:
         import torch

@@ -73,15 +73,21 @@ def _runs(**throughput: float) -> dict[str, RunFigures]:
     }
 
 
-def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
-    got = {
-        "transient": Comparison(
-            "transient", _runs(none=100.0, lb_bsp=105.0, antdt_nd_sharing=130.0)
-        ),
-        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
-        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=297.0)),
+def _cases(
+    transient: dict[str, RunFigures], persistent: float, healthy: float
+) -> dict[str, Comparison]:
+    """The three cases: `transient`'s runs; the persistent and healthy cases' sharing
+    runs at these throughputs, against lb-bsp at 200 and none at 300."""
+    return {
+        "transient": Comparison("transient", transient),
+        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=persistent)),
+        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=healthy)),
     }
-    made = rows(got, world=4, factor=3, slowed=10)
+
+
+def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
+    transient = _runs(none=100.0, lb_bsp=105.0, antdt_nd_sharing=130.0)
+    made = rows(_cases(transient, 210.0, 297.0), world=4, factor=3, slowed=10)
     assert [round(r["ratio"], 3) for r in made] == [1.3, 1.238, 1.05, 0.99]
     assert [r["target"] for r in made] == [
         "ratio >= 1.25",
@@ -94,14 +100,8 @@ def test_rows_pair_each_sharing_run_with_its_baseline() -> None:
 
 
 def test_a_row_below_its_target_is_marked_failed() -> None:
-    got = {
-        "transient": Comparison(
-            "transient", _runs(none=100.0, lb_bsp=95.0, antdt_nd_sharing=119.0)
-        ),
-        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=199.0)),
-        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=294.0)),
-    }
-    made = rows(got, world=4, factor=3, slowed=10)
+    transient = _runs(none=100.0, lb_bsp=95.0, antdt_nd_sharing=119.0)
+    made = rows(_cases(transient, 199.0, 294.0), world=4, factor=3, slowed=10)
     assert [r.get("failed") for r in made] == [
         "work sharing, transient 3x bursts: 1.190x none < 1.25x",
         None,  # 1.253x lb-bsp
@@ -166,12 +166,7 @@ def test_the_ideal_throughput_keeps_what_is_not_compute_as_measured() -> None:
 def test_the_transient_ceiling_is_nones_measured_ideal_over_each_baseline() -> None:
     runs = _runs(none=100.0, lb_bsp=110.0, antdt_nd_sharing=115.0)
     runs["none"] = RunFigures("none", 100.0, 0.1, 50, 121.0, ideal_late_throughput=115.5)
-    got = {
-        "transient": Comparison("transient", runs),
-        "persistent": Comparison("persistent", _runs(lb_bsp=200.0, antdt_nd_sharing=210.0)),
-        "healthy": Comparison("healthy", _runs(none=300.0, none_sharing=297.0)),
-    }
-    made = rows(got, world=4, factor=3, slowed=10)
+    made = rows(_cases(runs, 210.0, 297.0), world=4, factor=3, slowed=10)
     assert [round(r["ceiling"], 3) for r in made[:2]] == [1.21, 1.1]
     assert [round(r["ceiling_late"], 3) for r in made[:2]] == [1.155, 1.05]
     assert made[0]["ceiling_compute_only"] == pytest.approx(transient_ceiling(10, 50, 4, 3))

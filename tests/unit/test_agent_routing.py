@@ -37,7 +37,6 @@ def test_only_gloo_jobs_on_the_default_group_up_to_the_size_limit_are_routed() -
     assert not RoutedExchange(0, 4, "nccl").enabled
     assert not RoutedExchange(0, 4, "gloo", group=object()).enabled
     assert not RoutedExchange(0, MAX_ROUTED_WORLD + 1, "gloo").enabled
-    assert RoutedExchange(0, 4, "nccl").for_step(frozenset({1})) is None
 
 
 def test_share_route_is_on_by_default_and_refuses_what_is_not_on_or_off() -> None:
