@@ -62,7 +62,9 @@ class _AloneCollectives:
     def agree_max(self, value: int) -> int:
         return value
 
-    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+    def all_sum(
+        self, values: list[int], around: frozenset[int] = frozenset(), posts: Any = None
+    ) -> list[int]:
         return list(values)
 
     def reduce_gradients_and_sum(

@@ -1,9 +1,10 @@
 """The ticket protocol (antdt.sharing) on torch's c10d store, the one every job
 already has (TCPStore behind init_process_group / torchrun). Per offering owner: its ids
 (in one of two slots, tagged with the step) and, per step, one counter whose `add`s draw
-front and back tickets. A step without offers touches the store not at all; an owner
-deletes its counter of the last step it offered in when it offers again, so the store
-holds at most three keys per owner."""
+front and back tickets; per offering owner whose collectives are routed, its part of the
+step's count and the sum its partner posts back (two slots each). A step without offers
+touches the store not at all; an owner deletes its counter of the last step it offered
+in when it offers again, so the store holds at most seven keys per owner."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from antdt.sharing import (
 
 #: Seconds between reads of an owner's ids slot that still holds an older step's.
 PUBLISH_POLL_S = 0.0005
+#: A count's tag: its number (counts opened, the same on every rank), epoch and step.
+CountTag = tuple[int, int, int]
 #: Tickets whose round trips the estimate keeps: the fastest of them is the link's floor
 #: (a wait that the rank's CPU budget throttled inflates some trips, never all).
 TRIPS_KEPT = 8
@@ -90,6 +93,38 @@ class StoreClaims:
 
     def _late_key(self, step: int, what: str) -> str:
         return f"{self._prefix}/late/{step}/{what}"
+
+    def _count_key(self, what: str, count: int, owner: int) -> str:
+        return f"{self._prefix}/count/{what}/{count % 2}/{owner}"
+
+    def post_part(self, tag: CountTag, vector: list[int]) -> None:
+        """Post this offering rank's part of the count tagged `tag` (its number, the same
+        on every rank, its epoch and step), for its partner to add (routing.py)."""
+        self._post(self._count_key("part", tag[0], self.rank), tag, vector)
+
+    def read_part(self, tag: CountTag, owner: int) -> list[int]:
+        """`owner`'s part of the count tagged `tag` (waits until it is posted)."""
+        return self._read(self._count_key("part", tag[0], owner), tag)
+
+    def post_sum(self, tag: CountTag, owner: int, vector: list[int]) -> None:
+        """Post the sum of the count tagged `tag` for `owner`, whose partner this rank is."""
+        self._post(self._count_key("sum", tag[0], owner), tag, vector)
+
+    def read_sum(self, tag: CountTag) -> list[int]:
+        """The sum of the count tagged `tag`, as this rank's partner posted it (waits)."""
+        return self._read(self._count_key("sum", tag[0], self.rank), tag)
+
+    def _post(self, key: str, tag: CountTag, vector: list[int]) -> None:
+        self._store.set(key, json.dumps([list(tag), vector]))
+
+    def _read(self, key: str, tag: CountTag) -> list[int]:
+        """The vector posted under `key` for `tag`: in one of two slots, until it is
+        posted the slot is missing (the store's get waits) or holds another count's
+        (read again)."""
+        wanted = list(tag)
+        while (tagged := json.loads(self._store.get(key)))[0] != wanted:
+            time.sleep(PUBLISH_POLL_S)
+        return [int(v) for v in tagged[1]]
 
     def open(
         self,

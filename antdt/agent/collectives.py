@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Protocol
 
-from antdt.agent.routing import RoutedExchange
+from antdt.agent.routing import Posts, RoutedExchange
 
 
 class Collectives(Protocol):
@@ -35,10 +35,13 @@ class Collectives(Protocol):
         """MAX of value over all ranks: how the ranks of a restart agree on its token."""
         ...
 
-    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+    def all_sum(
+        self, values: list[int], around: frozenset[int] = frozenset(), posts: Posts | None = None
+    ) -> list[int]:
         """Element-wise SUM of every rank's `values` (same length everywhere): work
         sharing's count, with each rank's samples and pace in its own slots. `around`:
-        as in `reduce_gradients_and_sum`."""
+        as in `reduce_gradients_and_sum`; `posts`: the legs between the offering ranks and
+        their partners go through it (the count)."""
         ...
 
 
@@ -66,13 +69,15 @@ class TorchCollectives:
         backend = str(dist.get_backend()) if initialized else ""
         self._routes = RoutedExchange(rank, world, backend, group)
 
-    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+    def all_sum(
+        self, values: list[int], around: frozenset[int] = frozenset(), posts: Posts | None = None
+    ) -> list[int]:
         if not self._initialized:
             return list(values)
         import torch
 
         tensor = torch.tensor(values, dtype=torch.int64, device=self.device)
-        self._routes.all_reduce(tensor, around)
+        self._routes.all_reduce(tensor, around, posts)
         return [int(v) for v in tensor.tolist()]
 
     def agree_max(self, value: int) -> int:

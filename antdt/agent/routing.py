@@ -5,7 +5,9 @@ Under a step's offers, each offering rank sends its tensor (the count's vector, 
 weighted gradients) to a partner among the others and receives the sum from it; the
 others all-reduce among themselves, the partners adding what they received first. The
 same sums as the ring (each rank's part once), in another order; every rank ends with
-the partner's buffer, so the replicas agree.
+the partner's buffer, so the replicas agree. The count's two legs between an offering
+rank and its partner go through the claim store (`Posts`), so the partner never waits
+to hand the sum back.
 
 Every rank learns the offers before the step's count, so all of them take the same route
 and create the same subgroups in the same order (torch's `new_group` is collective).
@@ -14,7 +16,7 @@ torch is imported inside the functions: importing this module does not need torc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 #: Subgroups kept (one per set of offering ranks): each holds connections to its
 #: members. A step whose offers would need one more takes the ring instead.
@@ -51,6 +53,22 @@ def route_around(world: int, offering: frozenset[int]) -> Route | None:
     return Route(fast, {s: fast[i % len(fast)] for i, s in enumerate(slow)})
 
 
+class Posts(Protocol):
+    """The count's legs between an offering rank and its partner, through the claim
+    store rather than a send and a receive: a gloo send waits until its receiver posts
+    the receive, so the partner's send of the sum waited for the offering rank's
+    throttled work between the steps. A post does not wait; the offering rank reads the
+    sum when it gets there."""
+
+    def post(self, values: list[int]) -> None: ...
+
+    def read(self, owner: int) -> list[int]: ...
+
+    def post_sum(self, owner: int, values: list[int]) -> None: ...
+
+    def read_sum(self) -> list[int]: ...
+
+
 class RoutedExchange:
     """The SUM all-reduce of a step's tensors, routed around its offering ranks
     (`route_around`), with the subgroups it needs made once and kept (at most
@@ -62,9 +80,12 @@ class RoutedExchange:
         self.enabled = group is None and backend in ROUTED_BACKENDS and world <= MAX_ROUTED_WORLD
         self._subgroups: dict[tuple[int, ...], Any] = {}
 
-    def all_reduce(self, tensor: Any, offering: frozenset[int] = frozenset()) -> None:
+    def all_reduce(
+        self, tensor: Any, offering: frozenset[int] = frozenset(), posts: Posts | None = None
+    ) -> None:
         """`tensor` summed over the ranks, in place, around the step's `offering` ranks.
-        Called by every rank at the same point of the step (a new subgroup is made here)."""
+        Called by every rank at the same point of the step (a new subgroup is made here).
+        `posts` (the count): the offering ranks' parts go through it, not a send."""
         import torch.distributed as dist
 
         route = route_around(self.world, offering) if self.enabled else None
@@ -72,7 +93,7 @@ class RoutedExchange:
         if route is None or subgroup is None:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
         else:
-            self._exchange(tensor, route, subgroup)
+            self._exchange(tensor, route, subgroup, posts)
 
     def _subgroup(self, fast: tuple[int, ...]) -> Any:
         """The subgroup of `fast`, made now if new; None past MAX_ROUTES."""
@@ -83,11 +104,15 @@ class RoutedExchange:
             subgroup = self._subgroups[fast] = dist.new_group(list(fast))
         return subgroup
 
-    def _exchange(self, flat: Any, route: Route, subgroup: Any) -> None:
+    def _exchange(self, flat: Any, route: Route, subgroup: Any, posts: Posts | None) -> None:
         import torch
         import torch.distributed as dist
 
         partner = route.partner.get(self.rank)
+        if partner is not None and posts is not None:
+            posts.post([int(v) for v in flat.tolist()])
+            flat.copy_(torch.tensor(posts.read_sum(), dtype=flat.dtype, device=flat.device))
+            return
         if partner is not None:
             dist.send(flat, partner)
             dist.recv(flat, partner)
@@ -96,8 +121,15 @@ class RoutedExchange:
         if served:
             received = torch.empty_like(flat)
             for rank in served:
-                dist.recv(received, rank)
+                if posts is None:
+                    dist.recv(received, rank)
+                else:
+                    part = posts.read(rank)
+                    received.copy_(torch.tensor(part, dtype=flat.dtype, device=flat.device))
                 flat.add_(received)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=subgroup)
         for rank in served:
-            dist.send(flat, rank)
+            if posts is None:
+                dist.send(flat, rank)
+            else:
+                posts.post_sum(rank, [int(v) for v in flat.tolist()])

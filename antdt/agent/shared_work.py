@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from antdt.agent.claimstore import Claimed, StoreClaims
+from antdt.agent.claimstore import Claimed, CountTag, StoreClaims
 from antdt.agent.errors import AgentError
 from antdt.sharing import (
     Holder,
@@ -77,6 +77,26 @@ class _Tally:
         return self.seconds / self.samples if self.samples else 0.0
 
 
+@dataclass(frozen=True)
+class CountPosts:
+    """One count's legs through the claim store (routing.Posts)."""
+
+    client: StoreClaims
+    tag: CountTag
+
+    def post(self, values: list[int]) -> None:
+        self.client.post_part(self.tag, values)
+
+    def read(self, owner: int) -> list[int]:
+        return self.client.read_part(self.tag, owner)
+
+    def post_sum(self, owner: int, values: list[int]) -> None:
+        self.client.post_sum(self.tag, owner, values)
+
+    def read_sum(self) -> list[int]:
+        return self.client.read_sum(self.tag)
+
+
 @dataclass
 class WorkSharing:
     """The job's work sharing on one rank: its offers, its claim store client (made at
@@ -114,6 +134,8 @@ class WorkSharing:
     #: helpers as it expects them and its own last micro-batch's seconds, ticket included.
     _samples: tuple[int, ...] = ()
     _counted_at: float = 0.0
+    #: Counts opened so far: the same number on every rank.
+    _counts: int = 0
     _lanes: list[Lane] = field(default_factory=list)
     _own_micro_s: float = 0.0
     #: Seconds per sample of this rank's head when it offered its tail late this step.
@@ -143,28 +165,11 @@ class WorkSharing:
         the step's total samples."""
         world = len(plan.local_batch)
         micro = plan.micro_batch or (0,) * world
-        params = self.params
-        if step_index != self._opened:  # not the same step again (an epoch's end)
-            self._opened, self._offered_before = step_index, self.offered
-        known = len(self.paces) == world
-        self.offered = (
-            offering(
-                self.paces,
-                self._offered_before,
-                plan.local_batch,
-                params.ratio,
-                self.trips,
-                params.chunks,
-            )
-            if known
-            else frozenset()
-        )
-        owners = sorted(self.offered)
-        in_one_piece = micro[rank] == 0 or micro[rank] >= len(ids)
-        late = params.late and may_decide and in_one_piece and head_size(len(ids)) > 0
-        vector = [len(ids), *(len(ids) if o == rank else 0 for o in owners)]
-        if params.late:
-            vector += late_slots(world, rank, late)
+        offered, before = self._offers(step_index, plan)
+        self._opened, self._offered_before, self.offered = step_index, before, offered
+        owners = sorted(offered)
+        self._counts += 1
+        vector = self._vector(plan, rank, len(ids), owners, may_decide)
         summed, self.pace = sums(vector), Pace()  # a script without claims(): no pace
         self._counted_at = time.perf_counter()  # every rank leaves the count about now
         counts = dict(zip(owners, summed[1 : 1 + len(owners)], strict=True))
@@ -172,11 +177,44 @@ class WorkSharing:
         offers = {o: (counts[o], micro[o]) for o in owners}
         own = ids if rank in offers else None
         owner_paces = {r: p.own for r, p in enumerate(self.paces)}
-        self.client.open(step_index, offers, params.chunks, own, deciders, owner_paces)
+        self.client.open(step_index, offers, self.params.chunks, own, deciders, owner_paces)
         self.deciding = rank in deciders
         self.claim_s, self.helped, self.one_piece, self._late_pace = 0.0, {}, None, None
         self._samples = tuple(plan.local_batch)
         return summed[0]
+
+    def _offers(self, step_index: int, plan: Plan) -> tuple[frozenset[int], frozenset[int]]:
+        """Step `step_index`'s offers under `plan`, and the offers they follow (those of
+        the step before; a step opened again keeps its first opening's): pure, the same
+        on every rank, from the paces and round trips of the last exchange."""
+        before = self._offered_before if step_index == self._opened else self.offered
+        if len(self.paces) != len(plan.local_batch):
+            return frozenset(), before
+        params = self.params
+        found = offering(
+            self.paces, before, plan.local_batch, params.ratio, self.trips, params.chunks
+        )
+        return found, before
+
+    def _vector(
+        self, plan: Plan, rank: int, samples: int, owners: list[int], may_decide: bool
+    ) -> list[int]:
+        """A rank's part of a count: its samples, its offer's slot per owner and, under
+        `share_late`, whether it may decide late."""
+        world = len(plan.local_batch)
+        micro = plan.micro_batch or (0,) * world
+        in_one_piece = micro[rank] == 0 or micro[rank] >= samples
+        late = self.params.late and may_decide and in_one_piece and head_size(samples) > 0
+        vector = [samples, *(samples if o == rank else 0 for o in owners)]
+        if self.params.late:
+            vector += late_slots(world, rank, late)
+        return vector
+
+    def posts(self, epoch: int, step_index: int) -> CountPosts:
+        """The open count's legs through the claim store (routing.Posts), tagged with
+        the count's number (the same on every rank: a step counted again at an epoch's
+        end has another), its epoch and its step."""
+        return CountPosts(self.client, (self._counts, epoch, step_index))
 
     @property
     def around(self) -> frozenset[int]:

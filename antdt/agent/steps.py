@@ -185,6 +185,16 @@ class StepDriver:
         around = self.sharing.around if self.sharing is not None else frozenset()
         return self.collectives().all_sum(vector, around)
 
+    def _count_sum(self, vector: list[int]) -> list[int]:
+        """The step's count: routed as `_all_sum`, with an offering rank's part and its
+        sum passing between it and its partner through the claim store (routing.Posts)."""
+        sharing = self.sharing
+        if sharing is None:
+            return self._all_sum(vector)
+        epoch = -1 if self.epoch is None else self.epoch
+        posts = sharing.posts(epoch, self.plans.step)
+        return self.collectives().all_sum(vector, sharing.around, posts)
+
     def ask(self, plan: Plan, cap: int | None = None) -> int:
         """The samples this rank takes for a step under `plan`: its local batch, or at an
         epoch's tail the share of ranks that ran out too (tail.py), within `cap` and its
@@ -210,7 +220,7 @@ class StepDriver:
         """The step's count all-reduce (through `opens` under work sharing, which adds
         its offers), with the tail slot: the step's total; the next `ask` follows it."""
         full_share = TailCatchUp.full_share(plan.local_batch[self.rank], asked, len(ids))
-        counting = _TailCount(self._all_sum, full_share)
+        counting = _TailCount(self._count_sum, full_share)
         total = opens(counting) if opens is not None else counting([len(ids)])[0]
         self._tail.counted(plan.local_batch, counting.full_sum)
         return total

@@ -178,7 +178,9 @@ class ThreadCollectives:
             def agree_max(self, value: int) -> int:
                 return outer._sum(rank, value, "agree", combine=max)
 
-            def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+            def all_sum(
+                self, values: list[int], around: frozenset[int] = frozenset(), posts: Any = None
+            ) -> list[int]:
                 """The step's count with its tail slot (work sharing runs on real gloo)."""
                 return outer._sum(rank, values, "all_sum", combine=_elementwise)
 
@@ -219,7 +221,9 @@ class NullCollectives:
     def agree_max(self, value: int) -> int:
         return value
 
-    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+    def all_sum(
+        self, values: list[int], around: frozenset[int] = frozenset(), posts: Any = None
+    ) -> list[int]:
         return list(values)
 
     def reduce_gradients_and_sum(

@@ -338,3 +338,63 @@ def test_the_round_trip_is_the_fastest_of_the_last_tickets() -> None:
     for _ in range(TRIPS_KEPT):
         assert owner.claim_next() is not None
     assert owner.round_trip_s >= 0.03
+
+
+# -- the count's part of an offering rank, through the store --------------------------
+
+
+def test_a_posted_count_part_is_read_under_its_own_tag_only() -> None:
+    from antdt.agent.claimstore import StoreClaims
+
+    _server, (s0, s1) = _stores(2)
+    partner, owner = StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)
+    owner.post_part((1, 0, 5), [3, 3, 7])
+    assert partner.read_part((1, 0, 5), 1) == [3, 3, 7]
+    partner.post_sum((1, 0, 5), 1, [5, 3, 9])
+    assert owner.read_sum((1, 0, 5)) == [5, 3, 9]
+    # Count 3 shares count 1's slot; a part for another epoch's count 3 (posted for a
+    # step that never came) is not the one wanted either: the reader waits for its own.
+    owner.post_part((3, 1, 6), [9, 9, 9])
+    got: list[list[int]] = []
+    reader = threading.Thread(target=lambda: got.append(partner.read_part((3, 0, 6), 1)))
+    reader.start()
+    time.sleep(0.05)
+    assert not got, "read a part posted under another tag"
+    owner.post_part((3, 0, 6), [4, 4, 8])
+    reader.join(timeout=5)
+    assert got == [[4, 4, 8]]
+
+
+def test_a_count_passes_between_an_offering_rank_and_its_partner_without_a_wait() -> None:
+    """A send waits for its receiver; a post does not: the partner goes on."""
+    from antdt.agent.claimstore import StoreClaims
+    from antdt.agent.shared_work import CountPosts
+
+    _server, (s0, s1) = _stores(2)
+    partner = CountPosts(StoreClaims(s0, 0, 2), (2, 0, 4))
+    owner = CountPosts(StoreClaims(s1, 1, 2), (2, 0, 4))
+    owner.post([6, 6, 6])
+    assert partner.read(1) == [6, 6, 6]
+    started = time.perf_counter()
+    partner.post_sum(1, [9, 6, 7])  # the owner reads it when it comes, later
+    assert time.perf_counter() - started < 1.0
+    assert owner.read_sum() == [9, 6, 7]
+
+
+def test_count_parts_and_sums_add_at_most_four_keys_per_owner() -> None:
+    from antdt.agent.claimstore import StoreClaims
+
+    server, (s0, s1) = _stores(2)
+    ranks = [StoreClaims(s0, 0, 2), StoreClaims(s1, 1, 2)]
+    counts = []
+    for step in range(8):
+        ranks[0].post_part((step + 1, 0, step), [2, 2])
+        ranks[1].post_sum((step + 1, 0, step), 0, [3, 2])
+        assert ranks[0].read_sum((step + 1, 0, step)) == [3, 2]
+        _open(ranks, step, {0: [step * 2, step * 2 + 1]})
+        while ranks[0].claim_next() is not None or ranks[1].claim_next() is not None:
+            pass
+        counts.append(server.num_keys())  # type: ignore[attr-defined]
+    # The store's own key, the ids in two slots, the last offer's counter, and two slots
+    # each of the count's part and sum.
+    assert max(counts) == counts[-1] == 1 + 3 + 4, counts

@@ -29,7 +29,9 @@ class _Pair:
     def __init__(self, pace_1: float, slow_rank: int) -> None:
         self._pace_1, self._slow_rank = pace_1, slow_rank
 
-    def all_sum(self, values: list[int], around: frozenset[int] = frozenset()) -> list[int]:
+    def all_sum(
+        self, values: list[int], around: frozenset[int] = frozenset(), posts: Any = None
+    ) -> list[int]:
         """The count ([samples, the offering rank's samples, full shares]), or the pace report ([own
         paces, helping paces, claim round trips] by rank, in ns)."""
         if len(values) == 6:
