@@ -6,13 +6,12 @@ what a monitor replica pays for such a job every second."""
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
+from antdt.collector import collecting_every
 from antdt.runtime.process import SERVICE_GC_THRESHOLDS
 from antdt.schemas import JobSpec, ShardFetch, ShardRef, ShardReply
 from antdt.services.monitor.detector import JobDetector
@@ -39,17 +38,11 @@ def detector_us_per_event(ranks: int, events: int = EVENTS) -> float:
     return spent / (steps * ranks) * 1e6
 
 
-@contextmanager
-def service_gc() -> Iterator[None]:
+def service_gc() -> AbstractContextManager[None]:
     """The cyclic garbage collector as a service process runs it (runtime/process.py),
     for the block. Python's default thresholds collect the whole heap often enough that
     at 10,000 ranks a health paid twice its own work in collections."""
-    before = gc.get_threshold()
-    gc.set_threshold(*SERVICE_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
+    return collecting_every(SERVICE_GC_THRESHOLDS)
 
 
 def health_us_per_rank(ranks: int, calls: int = 5) -> float:

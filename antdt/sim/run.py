@@ -9,15 +9,15 @@ actions change the plan or move a rank to a spare node (paying the restart cost)
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from antdt.collector import collecting_every
 from antdt.schemas import Incident, JobSpec, Plan, RestartLedger
 from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.plans import initial_plan, next_plan
@@ -194,18 +194,12 @@ def sharing_model(scenario: ScenarioFile, spec: JobSpec) -> SharingModel | None:
     return SharingModel(params, scenario.fixed_s, scenario.per_sample_s)
 
 
-@contextmanager
-def fewer_collections() -> Iterator[None]:
+def fewer_collections() -> AbstractContextManager[None]:
     """Python's cyclic garbage collector run less often for the block, as it was after.
     A run allocates millions of short-lived objects (rows, windows, a health's rows)
     beside a large live state (every rank's memory), and each full collection walks all
     of it: a fifth of a run's time at 10,000 ranks. Nothing a run computes changes."""
-    before = gc.get_threshold()
-    gc.set_threshold(*RUN_GC_THRESHOLD)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
+    return collecting_every(RUN_GC_THRESHOLD)
 
 
 #: Allocations between young collections, and collections between older ones, in a run.

@@ -11,9 +11,10 @@ from __future__ import annotations
 import heapq
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_not, mul, sub, truediv
+from operator import attrgetter, eq, is_, is_not, itemgetter, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 
@@ -126,15 +127,15 @@ _SCATTERED = 64
 
 
 def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Class] | None:
-    """The classes when all ranks but a few share the first or the last rank's model
-    object (the usual job: one model for the ranks not held deviating); else None."""
+    """The classes when at least half the ranks share one model object (the usual
+    job: one model for the ranks not held deviating); else None. The common class is
+    gathered at C speed, the others rank by rank."""
     everyone = range(len(models))
-    for common in (models[0], models[-1]):
-        rare = list(compress(everyone, map(is_not, models, repeat(common))))
-        if len(rare) <= _SCATTERED:
-            break
-    else:
+    common_id, count = Counter(map(id, models)).most_common(1)[0]
+    if 2 * count < len(models):
         return None
+    common = next(m for m in models if id(m) == common_id)
+    rare = list(compress(everyone, map(is_not, models, repeat(common))))
     by_id: dict[int, _Class] = {}
     for rank in rare:
         model = models[rank]
@@ -143,9 +144,7 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Clas
             group = by_id[id(model)] = _Class(model, lo, hi)
         group.ranks.append(rank)
     main = _Class(common, lo, hi)
-    main.ranks = list(everyone)
-    for rank in reversed(rare):
-        del main.ranks[rank]
+    main.ranks = list(compress(everyone, map(is_, models, repeat(common))))
     return sorted([main, *by_id.values()], key=lambda c: c.ranks[0])
 
 
@@ -193,7 +192,45 @@ def _check(classes: Sequence[_Class], total: int) -> None:
 
 
 def _water_level(classes: Sequence[_Class], total: int) -> float:
-    """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`."""
+    """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`:
+    by bisection for a few classes, else in one sweep over the classes' bend points."""
+    if len(classes) <= _FEW:
+        return _bisected_level(classes, total)
+    return _swept_level(classes, total)
+
+
+def _swept_level(classes: Sequence[_Class], total: int) -> float:
+    """`_water_level` in O(k log k) for k classes: the clamped shares' sum is linear
+    between the times at which a class leaves its lower bound or reaches its upper one.
+    A hair below the exact level, as the bisection ends: the floors then never start a
+    rank at a time a tie could give to a lower rank, and `_settle` hands out the rest."""
+    bends: list[tuple[float, int, float, float]] = []  # time, samples, slope, offset
+    at_low = 0
+    for c in classes:
+        size = len(c.ranks)
+        at_low += size * c.lo
+        slope, offset = size / c.per_sample_s, size * c.fixed_s / c.per_sample_s
+        bends.append((c.time_at(c.lo), -size * c.lo, slope, offset))
+        bends.append((c.time_at(c.hi), size * c.hi, -slope, -offset))
+    bends.sort(key=itemgetter(0))
+    fixed, slope, offset = float(at_low), 0.0, 0.0  # the sum is fixed + slope x T - offset
+    for time, samples, more_slope, more_offset in bends:
+        if fixed + slope * time - offset >= total:
+            break
+        fixed, slope, offset = fixed + samples, slope + more_slope, offset + more_offset
+    else:
+        return bends[-1][0]
+    level = (total - fixed + offset) / slope if slope > 0 else time
+    return min(level, time) * (1.0 - _HAIR)
+
+
+#: The swept level's margin below the exact one, relative: far above its rounding
+#: error, far below one sample's time.
+_HAIR = 1e-12
+
+
+def _bisected_level(classes: Sequence[_Class], total: int) -> float:
+    """`_water_level` by bisection, each step one pass over the classes."""
     sizes = [len(c.ranks) for c in classes]
     lows, highs = [c.lo for c in classes], [c.hi for c in classes]
     fixed, per_sample = [c.fixed_s for c in classes], [c.per_sample_s for c in classes]

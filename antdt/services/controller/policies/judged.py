@@ -72,12 +72,16 @@ def data_per_sample(view: JobView) -> dict[int, float]:
 def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
     """Ranks held deviating: `deviating`, and those of an open SLOW or LEADER incident
     (with the ranks of its host when the host slowed as one)."""
-    held = set(deviating)
+    return set(deviating) | view.remembered("held_ranks", None, lambda: _held_by_incidents(view))
+
+
+def _held_by_incidents(view: JobView) -> frozenset[int]:
+    held: set[int] = set()
     for incident in view.open_incidents:
         if incident.kind in _HELD and incident.state != IncidentState.RESOLVED:
             held.add(incident.rank)
             held.update(incident.host_ranks or ())
-    return held
+    return frozenset(held)
 
 
 def link_bound(incident: Incident) -> bool:

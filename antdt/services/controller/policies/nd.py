@@ -27,6 +27,7 @@ from antdt.services.controller.policies.judged import (
 )
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
 from antdt.services.controller.policies.links import RestartCost, decide_link_move
+from antdt.services.controller.policies.restart_bound import RestartBound, restart_bound
 from antdt.services.controller.policies.targets import (
     Target,
     balanced_target,
@@ -134,20 +135,25 @@ def decide_restart(
     speeds = measured_speeds(view)
     cost = restart_cost(view, params)
     cost_s, measured = cost.seconds, cost.measured
+    steps_left = view.remaining_steps
+    if steps_left is None or steps_left < params.min_steps_left:
+        return None  # every estimate would be None or too short to pay
     stragglers = persistent_stragglers(view, event)
     worse_unclassified = unclassified_ratio(view, event, {i.rank for i in stragglers})
+    threshold = params.min_saving_ratio * cost_s
+    bound: list[RestartBound | None] = []  # made for the first straggler that needs it
     for incident in stragglers:
         if incident.ratio < worse_unclassified:
             return None  # worst first: every later one is milder still
         host = view.hosts.get(incident.rank, incident.host)
         if not replacement_available(view, params, host):
             continue
+        if not _may_pay(view, incident, (steps_left, threshold), bound, speeds):
+            continue
         estimate = estimate_restart(view, incident.rank, speeds, incident)
         if estimate is None or estimate.saving_s <= 0:
             continue
-        if estimate.steps_left < params.min_steps_left:
-            continue
-        if estimate.saving_s < params.min_saving_ratio * cost_s:
+        if estimate.saving_s < threshold:
             continue
         return KillRestartAction(
             action_id=restart_action_id(view),
@@ -160,6 +166,27 @@ def decide_restart(
             restart_cost_s=cost_s,
         )
     return None
+
+
+def _may_pay(
+    view: JobView,
+    incident: Incident,
+    steps_and_threshold: tuple[int, float],
+    bound: list[RestartBound | None],
+    speeds: Sequence[float | None],
+) -> bool:
+    """False only when `estimate_restart` would surely say the restart does not pay:
+    the measured saving over the steps left is under the threshold (seconds) and the
+    model's is 0 (`RestartBound`)."""
+    steps_left, threshold = steps_and_threshold
+    before = incident.evidence.get("step_s_before")
+    if before is not None and view.health is not None:
+        measured = (view.health.step_s - before) * steps_left
+        if measured > 0 and measured >= threshold:
+            return True
+    if not bound:
+        bound.append(restart_bound(view, speeds))
+    return bound[0] is None or bound[0].model_may_save(incident.rank)
 
 
 def persistent_stragglers(view: JobView, event: JobHealth | Incident) -> list[Incident]:
@@ -221,8 +248,8 @@ def replacement_available(view: JobView, params: NdParams, host: str) -> bool:
         return any(spare != host for spare in view.free_spares)
     if not params.host_pool:
         return True
-    in_use = set(view.hosts.values()) | {host}
-    return any(h not in in_use and h not in view.blocklist for h in params.host_pool)
+    in_use = view.remembered("hosts_in_use", None, lambda: frozenset(view.hosts.values()))
+    return any(h not in in_use and h != host and h not in view.blocklist for h in params.host_pool)
 
 
 def estimate_restart(
