@@ -299,10 +299,17 @@ def late_offer(head_s: float, head_samples: int, paces: Sequence[Pace], ratio: f
     its head took above `ratio` (at least LATE_RATIO) x the median pace of the ranks' last
     step per sample. A burst's first step is thus shared too, where offers at the step's
     start come one step late. No known pace (the first step): no offer."""
+    limit = late_pace_limit(paces, ratio)
+    return head_samples > 0 and limit is not None and head_s / head_samples > limit
+
+
+def late_pace_limit(paces: Sequence[Pace], ratio: float) -> float | None:
+    """The pace per sample (seconds) above which a head offers its tail (`late_offer`),
+    the same for every rank of a step; None when fewer than two paces are known."""
     known = [p.own for p in paces if p.own > 0]
-    if head_samples <= 0 or len(known) < 2:
-        return False
-    return head_s / head_samples > max(ratio, LATE_RATIO) * statistics.median(known)
+    if len(known) < 2:
+        return None
+    return max(ratio, LATE_RATIO) * statistics.median(known)
 
 
 def _flag(params: Mapping[str, float | int | str | bool], name: str, default: bool) -> bool:

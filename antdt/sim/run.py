@@ -237,7 +237,7 @@ def _run_policy(
         if sharing is None:
             done = SharedStep(float(compute.max()), loop.batches, compute)
         else:
-            done = sharing.step(compute, loop.batches, factors)
+            done = sharing.step(compute, loop.batches, factors, loop.accumulation == 1)
         wall = done.compute_s + sc.comm_s * float(link.max())
         step_s[s], slowest[s] = wall, done.compute_s
         loop.now += wall

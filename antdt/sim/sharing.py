@@ -6,11 +6,12 @@ arrays out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from antdt.sharing import Pace, ShareParams, offering
-from antdt.sim.cluster import Floats
+from antdt.sharing import HEAD_SHARE, Pace, ShareParams, late_pace_limit, offering
+from antdt.sim.cluster import Bools, Floats
 
 
 def finish_time(starts: Floats, rates: Floats, pool: float) -> float:
@@ -41,6 +42,16 @@ class SharedStep:
     one_piece_s: Floats | None = None
 
 
+class LateStep(NamedTuple):
+    """A step's late decisions: every rank's own time (a decider's in two pieces), its
+    head (samples, seconds; 0 where it does not decide) and who offered its tail."""
+
+    own: Floats
+    heads: Floats
+    head_s: Floats
+    offered: Bools
+
+
 @dataclass
 class SharingModel:
     """One job's sharing across the steps: the offers of the last step and the paces
@@ -52,38 +63,90 @@ class SharingModel:
     offered: frozenset[int] = frozenset()
     paces: list[Pace] | None = None
 
-    def step(self, own: Floats, batches: Floats, factors: Floats) -> SharedStep:
+    def step(
+        self, own: Floats, batches: Floats, factors: Floats, deciders: Bools | None = None
+    ) -> SharedStep:
         """The step under sharing, given each rank's own share's compute time (`own`),
-        batch and speed factor; updates offers and paces."""
+        batch and speed factor; updates offers and paces. `deciders`: the ranks that
+        may offer late (`share_late`), those that compute their share in one piece
+        (None: every rank with a batch)."""
         if self.paces is not None:
             counts = batches.astype(int).tolist()
             self.offered = offering(self.paces, self.offered, counts, self.params.ratio)
-        if not self.offered:
+        late = self._late(own, batches, factors, deciders)
+        if late is not None:
+            own = late.own
+        if not self.offered and (late is None or not late.offered.any()):
             paces = zip(own.tolist(), batches.tolist(), strict=True)  # floats: a C-speed pass
             self.paces = [Pace(c / b if b else 0.0) for c, b in paces]
             return SharedStep(float(own.max()), batches, own)
-        ranks = np.array(sorted(self.offered))
-        micro = np.maximum(1.0, batches[ranks] / self.params.chunks)
-        mb = float(micro.mean())
+        return self._shared(own, batches, factors, late)
+
+    def _late(
+        self, own: Floats, batches: Floats, factors: Floats, deciders: Bools | None
+    ) -> LateStep | None:
+        """The step's deciders cut in head and tail (`share_late`), and which offer
+        their tail; None when late offers are off or no pace is known yet."""
+        if not self.params.late or self.paces is None:
+            return None
+        limit = late_pace_limit(self.paces, self.params.ratio)
+        may = batches >= 2 if deciders is None else deciders & (batches >= 2)
+        may[sorted(self.offered)] = False
+        heads = np.where(may, batches // HEAD_SHARE, 0.0)
+        may &= heads > 0  # a share too small to split is computed in one piece
+        head_s = np.where(may, (self.fixed_s + self.per_sample_s * heads) * factors, 0.0)
+        offered = np.zeros(len(own), dtype=bool)
+        if limit is not None:
+            offered = may & (head_s > limit * np.maximum(heads, 1.0))
+        # A decider computes its share in two pieces: one more fixed part.
+        split = np.where(may & ~offered, own + self.fixed_s * factors, own)
+        return LateStep(split, heads, head_s, offered)
+
+    def _shared(
+        self, own: Floats, batches: Floats, factors: Floats, late: LateStep | None
+    ) -> SharedStep:
+        """The step when some rank offers: the pool's water level over every rank's
+        free time (an offering rank at once, a late one when its head is done, the
+        others when their own share and the step's late decisions are)."""
+        early = np.zeros(len(own), dtype=bool)
+        early[sorted(self.offered)] = True
+        owners = early | (late.offered if late is not None else False)
+        ranks = np.flatnonzero(owners)
+        pool_of = np.where(early, batches, 0.0)
+        starts = own.copy()
+        if late is not None and late.offered.any():
+            pool_of = np.where(late.offered, batches - late.heads, pool_of)
+            starts = np.maximum(starts, float(late.head_s.max()))  # once all decided
+            starts[late.offered] = late.head_s[late.offered]
+        starts[early] = 0.0  # the offering ranks compute their own micro-batches at once
+        micro_of = np.maximum(1.0, pool_of / self.params.chunks)
+        mb = float(micro_of[ranks].mean())
         per_mb = (self.fixed_s + self.per_sample_s * mb) * factors  # every rank, a pool's mb
         rates = mb / per_mb
-        starts = own.copy()
-        starts[ranks] = 0.0  # the offering ranks compute their own micro-batches at once
-        helpers = np.ones(len(own), dtype=bool)
-        helpers[ranks] = False
-        level = finish_time(starts, rates, float(batches[ranks].sum()))
+        helpers = ~owners
+        level = finish_time(starts, rates, float(pool_of[ranks].sum()))
         pooled = np.maximum(0.0, level - starts)
         # The last micro-batch a rank started ends past the level: half of one at the
         # slowest participant's pace, on average.
         joined = pooled > 0
         tail = 0.5 * float(per_mb[joined].max()) if joined.any() else 0.0
         unshared = float(own[helpers].max()) if helpers.any() else 0.0
-        self.paces = self._paces(own, batches, factors, micro, ranks, joined & helpers, mb)
-        samples = np.where(helpers, batches, 0.0) + rates * pooled
+        kept = np.where(helpers, batches, 0.0)
         busy = np.where(helpers, own, 0.0) + pooled
+        if late is not None:
+            kept = np.where(late.offered, late.heads, kept)
+            busy = busy + np.where(late.offered, late.head_s, 0.0)
+        first = np.flatnonzero(early)
+        self.paces = self._paces(
+            own, batches, factors, micro_of[first], first, joined & helpers, mb
+        )
+        if late is not None and late.offered.any():  # a late offer's pace is its head's
+            for r in np.flatnonzero(late.offered).tolist():
+                self.paces[r] = Pace(float(late.head_s[r] / late.heads[r]), self.paces[r].helping)
+        samples = kept + rates * pooled
         # What the agents report: the offering ranks and the helpers, their share in one
         # pass (the agents estimate it; the model knows it).
-        one_piece = np.where(joined | ~helpers, own, np.nan)
+        one_piece = np.where(joined | owners, own, np.nan)
         return SharedStep(max(unshared, level + tail), samples, busy, one_piece)
 
     def _paces(

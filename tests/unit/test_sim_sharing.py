@@ -75,6 +75,51 @@ def test_the_rank_stops_offering_once_it_is_fast_again() -> None:
     assert model.offered == frozenset() and done.compute_s == pytest.approx(0.4)
 
 
+def _late(fixed_s: float = 0.0) -> SharingModel:
+    params = ShareParams(True, chunks=4, late=True)
+    return SharingModel(params, fixed_s=fixed_s, per_sample_s=0.01)
+
+
+def test_a_late_offer_shares_the_first_slow_step() -> None:
+    """`share_late`: a rank 3x slow from this step computes its head (a quarter, 10
+    samples: 0.3 s) and offers the other 30 mid-step; offers at the step's start would
+    wait for the next step and this one would take 1.2 s."""
+    model = _late()
+    batches = np.full(4, 40.0)
+    well, slow = np.ones(4), np.array([1.0, 1.0, 1.0, 3.0])
+    model.step(0.01 * batches * well, batches, well)  # paces known
+    done = model.step(0.01 * batches * slow, batches, slow)
+    assert model.offered == frozenset()  # nobody offered at the step's start
+    # Rank 3 pools from 0.3 s (its head done) and the others from 0.4 s (their own
+    # done, all decided by 0.3): 30 samples, 3.33 of them by rank 3 alone, the rest at
+    # 3 + 1/3 ranks' speed: the level at 0.48 s, plus half a micro-batch (7.5 samples)
+    # at its pace.
+    level = 0.4 + (30 - 100 / 3 * 0.1) / (300 + 100 / 3)
+    assert level == pytest.approx(0.48)
+    assert done.compute_s == pytest.approx(level + 0.5 * 0.075 * 3)
+    assert done.compute_s < 1.2
+    assert done.samples.sum() == pytest.approx(160.0)
+    assert done.busy_s[3] == pytest.approx(level)
+    assert model.paces is not None and model.paces[3].own == pytest.approx(0.03)  # its head's
+
+
+def test_late_offers_cost_a_healthy_step_one_more_fixed_part() -> None:
+    """A decider computes its share in two pieces (head and tail) whether it offers or
+    not: a healthy step pays one more fixed part; a rank under accumulation (not a
+    decider) does not, and never offers late."""
+    model = _late(fixed_s=0.002)
+    batches = np.full(4, 40.0)
+    factors = np.ones(4)
+    own = (0.002 + 0.01 * batches) * factors
+    deciders = np.array([True, True, True, False])
+    model.step(own, batches, factors, deciders)
+    done = model.step(own, batches, factors, deciders)
+    assert done.busy_s.tolist() == pytest.approx([0.404, 0.404, 0.404, 0.402])
+    slow = np.array([1.0, 1.0, 1.0, 3.0])
+    model.step((0.002 + 0.01 * batches) * slow, batches, slow, deciders)
+    assert model.offered == frozenset()  # rank 3 cannot offer late: it is no decider
+
+
 def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario() -> None:
     """Figures of the example scenario, short: antdt-nd with work sharing on beside
     antdt-nd without it and the oracle of the same draws."""

@@ -38,8 +38,8 @@ class Target:
             return predicted_step_time(batches, self.speeds)
         if self._rare is None:
             fixed, per_sample = self._parts
-            times = map(add, fixed, map(mul, per_sample, batches))
-            return max(compress(times, batches), default=0.0)  # a rank given 0 waits
+            each = map(add, fixed, map(mul, per_sample, batches))
+            return max(compress(each, batches), default=0.0)  # a rank given 0 waits
         # Ranks sharing the common model: its time at their largest batch (per_sample_s
         # > 0, as every balanced plan's model, so time grows with the batch).
         rare, common = self._rare, self.models[0]
