@@ -126,10 +126,13 @@ class SharingModel:
         helpers = ~owners
         level = finish_time(starts, rates, float(pool_of[ranks].sum()))
         pooled = np.maximum(0.0, level - starts)
-        # The last micro-batch a rank started ends past the level: half of one at the
-        # slowest participant's pace, on average.
+        # The last micro-batch a rank started ends past the level: half of one, on
+        # average, at the slowest pace among the helpers. An owner leaves its next
+        # micro-batch to them when they would finish the rest before it finished that
+        # one (`antdt.sharing.holds_back`), so its own pieces end by the level.
         joined = pooled > 0
-        tail = 0.5 * float(per_mb[joined].max()) if joined.any() else 0.0
+        last = joined & helpers if (joined & helpers).any() else joined
+        tail = 0.5 * float(per_mb[last].max()) if last.any() else 0.0
         unshared = float(own[helpers].max()) if helpers.any() else 0.0
         kept = np.where(helpers, batches, 0.0)
         busy = np.where(helpers, own, 0.0) + pooled

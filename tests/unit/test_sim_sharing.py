@@ -42,8 +42,8 @@ def test_a_slow_rank_is_shared_from_the_step_after_it_was_seen_slow() -> None:
     second = model.step(own, batches, factors)
     assert model.offered == {3}
     # 160 samples at 3 + 1/3 ranks' speed, 100 samples/s each: 0.48 s, plus half a
-    # micro-batch (10 samples) at the slow rank's pace.
-    assert second.compute_s == pytest.approx(0.48 + 0.5 * 0.3)
+    # micro-batch (10 samples) at a helper's pace: the owner holds its last one back.
+    assert second.compute_s == pytest.approx(0.48 + 0.5 * 0.1)
     assert second.samples.sum() == pytest.approx(160.0)
     assert second.samples[3] == pytest.approx(0.48 * 100 / 3)
     assert second.busy_s[3] == pytest.approx(0.48) and second.busy_s[0] == pytest.approx(0.48)
@@ -93,10 +93,10 @@ def test_a_late_offer_shares_the_first_slow_step() -> None:
     # Rank 3 pools from 0.3 s (its head done) and the others from 0.4 s (their own
     # done, all decided by 0.3): 30 samples, 3.33 of them by rank 3 alone, the rest at
     # 3 + 1/3 ranks' speed: the level at 0.48 s, plus half a micro-batch (7.5 samples)
-    # at its pace.
+    # at a helper's pace.
     level = 0.4 + (30 - 100 / 3 * 0.1) / (300 + 100 / 3)
     assert level == pytest.approx(0.48)
-    assert done.compute_s == pytest.approx(level + 0.5 * 0.075 * 3)
+    assert done.compute_s == pytest.approx(level + 0.5 * 0.075)
     assert done.compute_s < 1.2
     assert done.samples.sum() == pytest.approx(160.0)
     assert done.busy_s[3] == pytest.approx(level)

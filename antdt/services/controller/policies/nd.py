@@ -27,7 +27,7 @@ from antdt.services.controller.policies.judged import (
 )
 from antdt.services.controller.policies.lbbsp import LbBspPolicy
 from antdt.services.controller.policies.links import RestartCost, decide_link_move
-from antdt.services.controller.policies.restart_bound import RestartBound, restart_bound
+from antdt.services.controller.policies.restart_bound import restart_bound
 from antdt.services.controller.policies.targets import (
     Target,
     balanced_target,
@@ -141,14 +141,13 @@ def decide_restart(
     stragglers = persistent_stragglers(view, event)
     worse_unclassified = unclassified_ratio(view, event, {i.rank for i in stragglers})
     threshold = params.min_saving_ratio * cost_s
-    bound: list[RestartBound | None] = []  # made for the first straggler that needs it
     for incident in stragglers:
         if incident.ratio < worse_unclassified:
             return None  # worst first: every later one is milder still
         host = view.hosts.get(incident.rank, incident.host)
         if not replacement_available(view, params, host):
             continue
-        if not _may_pay(view, incident, (steps_left, threshold), bound, speeds):
+        if not _may_pay(view, incident, (steps_left, threshold), speeds):
             continue
         estimate = estimate_restart(view, incident.rank, speeds, incident)
         if estimate is None or estimate.saving_s <= 0:
@@ -172,21 +171,20 @@ def _may_pay(
     view: JobView,
     incident: Incident,
     steps_and_threshold: tuple[int, float],
-    bound: list[RestartBound | None],
     speeds: Sequence[float | None],
 ) -> bool:
     """False only when `estimate_restart` would surely say the restart does not pay:
     the measured saving over the steps left is under the threshold (seconds) and the
-    model's is 0 (`RestartBound`)."""
+    model's is 0 (`RestartBound`, made once per view, for the first straggler that
+    needs it)."""
     steps_left, threshold = steps_and_threshold
     before = incident.evidence.get("step_s_before")
     if before is not None and view.health is not None:
         measured = (view.health.step_s - before) * steps_left
         if measured > 0 and measured >= threshold:
             return True
-    if not bound:
-        bound.append(restart_bound(view, speeds))
-    return bound[0] is None or bound[0].model_may_save(incident.rank)
+    bound = view.remembered("restart_bound", None, lambda: restart_bound(view, speeds))
+    return bound is None or bound.model_may_save(incident.rank)
 
 
 def persistent_stragglers(view: JobView, event: JobHealth | Incident) -> list[Incident]:
