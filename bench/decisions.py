@@ -63,12 +63,11 @@ CROWD = 0.15
 
 
 def _slow_ranks(ranks: int, crowd: float) -> dict[int, float]:
-    """The ranks held slow and their ratio: the last one at 3x; with a crowd, every
-    1/crowd-th rank too, at 1.5-4x, persistent."""
+    """The ranks held slow and their ratio: the last one at 3x; with a crowd, that share
+    of the others too, spread evenly, at 1.5-4x, persistent."""
     slow = {ranks - 1: 3.0}
-    if crowd > 0:
-        every = max(1, round(1 / crowd))
-        slow.update({r: 1.5 + (r * 7 % 26) / 10 for r in range(0, ranks - 1, every)})
+    crowded = (r for r in range(ranks - 1) if int((r + 1) * crowd) > int(r * crowd))
+    slow.update({r: 1.5 + (r * 7 % 26) / 10 for r in crowded})
     return slow
 
 
