@@ -1,5 +1,6 @@
 """The cyclic garbage collector's thresholds for a block of work. Pure Python, no
-imports of the product: the simulator, the services' settings and the bench share it."""
+imports of the product: the simulator's runs and the bench's service-like measures
+share it."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ class SharingModel:
         head_s = np.where(may, (self.fixed_s + self.per_sample_s * heads) * factors, 0.0)
         offered = np.zeros(len(own), dtype=bool)
         if limit is not None:
-            offered = may & (head_s > limit * np.maximum(heads, 1.0))
+            offered = may & (head_s > limit * heads)
         # A decider computes its share in two pieces: one more fixed part.
         split = np.where(may & ~offered, own + self.fixed_s * factors, own)
         return LateStep(split, heads, head_s, offered)

@@ -14,7 +14,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import attrgetter, eq, is_, is_not, itemgetter, mul, sub, truediv
+from operator import add, attrgetter, eq, is_, is_not, itemgetter, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 
@@ -48,9 +48,14 @@ def median_model(models: Sequence[StepTimeModel]) -> StepModel:
 
 
 def predicted_step_s(models: Sequence[StepTimeModel], batches: Sequence[int]) -> float:
-    """Under BSP a step lasts as long as its slowest rank; ranks given 0 samples wait."""
-    times = [m.fixed_s + m.per_sample_s * b for m, b in zip(models, batches, strict=True) if b]
-    return max(times, default=0.0)
+    """Under BSP a step lasts as long as its slowest rank; ranks given 0 samples wait.
+    One pass at C speed: a target of 10,000 ranks, many with a model of their own,
+    predicts its plans with it."""
+    if len(models) != len(batches):
+        raise ValueError("models and batches must name the same ranks")
+    fixed, per_sample = map(attrgetter("fixed_s"), models), map(attrgetter("per_sample_s"), models)
+    times = map(add, fixed, map(mul, per_sample, batches))
+    return max(compress(times, batches), default=0.0)
 
 
 def balanced_batches(

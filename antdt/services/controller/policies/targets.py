@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, repeat
-from operator import add, is_not, mul
+from operator import is_not
 from typing import cast
 
-from antdt.services.controller.balance import StepModel, balanced_batches
+from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
 from antdt.services.controller.view import JobView
@@ -37,9 +37,7 @@ class Target:
             assert self.speeds is not None
             return predicted_step_time(batches, self.speeds)
         if self._rare is None:
-            fixed, per_sample = self._parts
-            each = map(add, fixed, map(mul, per_sample, batches))
-            return max(compress(each, batches), default=0.0)  # a rank given 0 waits
+            return predicted_step_s(self.models, batches)
         # Ranks sharing the common model: its time at their largest batch (per_sample_s
         # > 0, as every balanced plan's model, so time grows with the batch).
         rare, common = self._rare, self.models[0]
@@ -51,13 +49,6 @@ class Target:
         if top:
             times.append(common.predict(top))
         return max(times, default=0.0)
-
-    @cached_property
-    def _parts(self) -> tuple[list[float], list[float]]:
-        """Per known rank, its model's fixed and per-sample parts (`predicted_step_s` at
-        C speed)."""
-        assert self.models is not None
-        return [m.fixed_s for m in self.models], [m.per_sample_s for m in self.models]
 
     @cached_property
     def _rare(self) -> list[int] | None:
