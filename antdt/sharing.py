@@ -28,6 +28,12 @@ DEFAULT_OFFER_RATIO = 1.5
 #: the round trip, and saves at most the owner's time on the micro-batch. An owner offers
 #: only while the round trips of its own tickets are under this share of its excess.
 RTT_SHARE = 0.5
+#: A rank that offered keeps offering while its share would take this many times the
+#: median share's time (or the job's offer ratio, if lower): its helpers' relief and a
+#: plan's first cut bring it below the offer ratio well before it is on time, and a rank
+#: that stops offering there is the step's slowest again the step after (it offered on
+#: every other step).
+KEEP_OFFERING_RATIO = 1.1
 #: One helper's ticket on an owner's counter; one owner's ticket is 1. Both ends' counts
 #: live in one value, so one atomic `add` draws a ticket and reads the other end.
 BACK_TICKET = 1 << 32
@@ -138,7 +144,8 @@ def offering(
     chunks: int = DEFAULT_CHUNKS,
 ) -> frozenset[int]:
     """The ranks that offer their share: those whose share (`samples` this step) would
-    take above `ratio` x the median share's time at their last pace, unless its `chunks`
+    take above `ratio` x the median share's time at their last pace (above
+    KEEP_OFFERING_RATIO x for those that `offered` last step), unless its `chunks`
     tickets' claim round trips (`round_trips`, seconds, by rank; none: free) come to
     RTT_SHARE of its excess over the median or more. A share cut into
     micro-batches costs more per sample than one in one piece, so the pace of a rank
@@ -156,10 +163,12 @@ def offering(
         return frozenset()
     median = statistics.median(known)
     rtt = dict(enumerate(round_trips))
+    keep = min(ratio, KEEP_OFFERING_RATIO)
     return frozenset(
         r
         for r, t in times.items()
-        if t > ratio * median and chunks * rtt.get(r, 0.0) < RTT_SHARE * (t - median)
+        if t > (keep if r in offered else ratio) * median
+        and chunks * rtt.get(r, 0.0) < RTT_SHARE * (t - median)
     )
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from antdt.sharing import (
     BACK_TICKET,
+    KEEP_OFFERING_RATIO,
     Pace,
     Refusal,
     Refused,
@@ -126,6 +127,20 @@ def test_a_rank_that_offered_is_judged_at_its_pace_in_one_piece() -> None:
     assert offering(still_slow, frozenset({3}), same, 1.3) == {3}
     nobody_helped = [Pace(1.0), Pace(1.0), Pace(1.0), Pace(4.5)]
     assert offering(nobody_helped, frozenset({3}), same, 1.3) == NONE
+
+
+def test_a_rank_that_offered_keeps_offering_until_its_share_is_near_the_median() -> None:
+    """A share 1.2x the median starts no offer at ratio 1.3, but keeps one going above
+    KEEP_OFFERING_RATIO (1.1x); at 1.05x it stops. A straggler a plan had half healed
+    otherwise offered on every other step (the simulator's non-dedicated cluster)."""
+    same, was = [8] * 4, frozenset({3})
+    helpers = [Pace(1.0, 1.0)] * 3  # as fast on micro-batches as in one piece: scale 1
+    assert KEEP_OFFERING_RATIO == 1.1
+    assert offering([*helpers, Pace(1.2)], NONE, same, 1.3) == NONE
+    assert offering([*helpers, Pace(1.2)], was, same, 1.3) == {3}
+    assert offering([*helpers, Pace(1.05)], was, same, 1.3) == NONE
+    low = [*helpers, Pace(1.08)]  # the offer ratio below 1.1 bounds both
+    assert offering(low, was, same, 1.05) == offering(low, NONE, same, 1.05) == {3}
 
 
 def test_a_slow_rank_whose_tickets_cost_more_than_it_saves_does_not_offer() -> None:
