@@ -30,7 +30,7 @@ from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_rest
 from bench.secured_rows import SecuredSizes, secured_rows
 from bench.shards_rows import RUNS, shards_rows
 from bench.sharing import sharing_rows
-from bench.sim_speed import sim_rows
+from bench.sim_speed import non_dedicated_row, sim_rows
 
 
 async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
@@ -102,6 +102,8 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
     rows += core_bench_rows(cores)
     with console.status("the simulator's speed (1,000 ranks x 100 steps)"):
         rows += sim_rows()
+    with console.status("the simulator: antdt-nd in the non-dedicated scenario"):
+        rows.append(non_dedicated_row())
     rows += await shards_rows(cluster)
     rows += await secured_rows(cluster, SecuredSizes())
     rows.append(await epoch_turn_row(cluster))

@@ -121,16 +121,17 @@ def test_late_offers_cost_a_healthy_step_one_more_fixed_part() -> None:
 
 
 def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario() -> None:
-    """Figures of the example scenario, short: antdt-nd with work sharing on beside
-    antdt-nd without it and the oracle of the same draws."""
+    """Figures of the example scenario (256 ranks), short: antdt-nd with work sharing
+    on beside antdt-nd without it and the oracle of the same draws."""
     from antdt.sim.files import load_scenario
     from antdt.sim.run import run_policy, run_reference
     from tests.unit.test_sim import EXAMPLES
 
     sc = load_scenario(EXAMPLES / "non_dedicated.toml").model_copy(update={"steps": 300})
-    alone = sc.model_copy(update={"policy_params": {"work_sharing": "off"}})
-    shared = sc.model_copy(update={"policy_params": {}})  # on by default under antdt-nd
+    alone = sc.model_copy(update={"policy_params": {**sc.policy_params, "work_sharing": "off"}})
+    shared = sc  # on by default under antdt-nd; late offers on in the file
     oracle, _ = run_reference(sc)
     alone_s, with_sharing = (run_policy(s, "antdt-nd").job_s for s in (alone, shared))
     assert with_sharing < alone_s
-    assert oracle.job_s / with_sharing > 0.75, (oracle.job_s, with_sharing)
+    # 0.93 (0.82 while a rank stopped offering at the offer ratio: on every other step)
+    assert oracle.job_s / with_sharing > 0.9, (oracle.job_s, with_sharing)
