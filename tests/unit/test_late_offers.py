@@ -70,6 +70,20 @@ def test_without_late_offers_the_burst_first_step_is_paid_in_full() -> None:
     assert helped(out, 3, 1) > 0
 
 
+def test_a_rank_stops_offering_once_its_burst_is_over() -> None:
+    """Rank 1 is 4x slow in steps 2-3: it offers (at the step's start from step 3), and
+    on its own pace again it stops within two steps, whatever the keep ratio: back on
+    time, it computes its micro-batches before any helper is free, and with nobody
+    helped its pace cannot be scaled to one piece (no helper, no offer)."""
+    steps, slow = 8, {2: {1}, 3: {1}}
+    out, _server = _run_steps(False, slow, steps)
+    check_every_sample_once(out, steps, WORLD, SHARE)
+    # An offered share is computed in `chunks` (4) micro-batches, by whoever holds them.
+    pieces = [sum(1 for c in out if c.step == step and c.owner == 1) for step in range(steps)]
+    assert pieces[3] == 4 and helped(out, 3, 1) > 0
+    assert pieces[6:] == [1, 1], pieces
+
+
 def test_late_keys_are_deleted_two_steps_on() -> None:
     steps = 8
     out, server = _run_steps(True, {s: {2} for s in range(2, steps)}, steps)
