@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent(
 
     def burn():  # real work, not a sleep
         a = torch.ones(120, 120, dtype=torch.float64)
-        for _ in range(25):
+        for _ in range(100):
             a = torch.tanh(a @ a.T / 120)
 
     torch.set_num_threads(1)
