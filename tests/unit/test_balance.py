@@ -158,3 +158,22 @@ def test_class_planning_gives_the_per_rank_plans(seed: int) -> None:
 def test_a_bad_model_is_named_by_its_first_rank() -> None:
     with pytest.raises(ValueError, match="rank 2: per_sample_s"):
         balanced_batches([HEALTHY, HEALTHY, Model(0, 0), Model(0, 0)], 8, [1] * 4, [8] * 4)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_common_model_is_found_wherever_its_ranks_are(seed: int) -> None:
+    """A model object shared by at least half the ranks plans as one class whether or
+    not the first, middle and last ranks have it, and equal copies (which `count`
+    matches) are not taken for it: the same plans as the per-rank algorithm."""
+    from tests.unit.planning_reference import reference_balanced_batches
+
+    rng = random.Random(seed)
+    ranks = rng.choice([5, 64, 301])
+    common = Model(0.03, 0.001)
+    models = [common] * ranks
+    for rank in (0, ranks // 2, ranks - 1, *rng.sample(range(ranks), ranks // 4)):
+        models[rank] = rng.choice([Model(0.03, 0.001), Model(0.04, 0.003), SLOW])
+    lower, upper = [1] * ranks, [64] * ranks
+    total = rng.randint(ranks, 64 * ranks)
+    expected = reference_balanced_batches(models, total, lower, upper)
+    assert balanced_batches(models, total, lower, upper) == expected

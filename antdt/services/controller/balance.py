@@ -14,7 +14,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, eq, is_, is_not, itemgetter, mul, sub, truediv
+from operator import add, attrgetter, eq, is_not, itemgetter, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 
@@ -135,12 +135,13 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Clas
     """The classes when at least half the ranks share one model object (the usual
     job: one model for the ranks not held deviating); else None. The common class is
     gathered at C speed, the others rank by rank."""
-    everyone = range(len(models))
-    common_id, count = Counter(map(id, models)).most_common(1)[0]
-    if 2 * count < len(models):
+    n = len(models)
+    common = _common(models)
+    if common is None:
         return None
-    common = next(m for m in models if id(m) == common_id)
-    rare = list(compress(everyone, map(is_not, models, repeat(common))))
+    rare = list(compress(range(n), map(is_not, models, repeat(common))))
+    if 2 * (n - len(rare)) < n:
+        return None
     by_id: dict[int, _Class] = {}
     for rank in rare:
         model = models[rank]
@@ -149,8 +150,25 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Clas
             group = by_id[id(model)] = _Class(model, lo, hi)
         group.ranks.append(rank)
     main = _Class(common, lo, hi)
-    main.ranks = list(compress(everyone, map(is_, models, repeat(common))))
+    main.ranks = list(range(n))
+    for rank in reversed(rare):  # few: each a memmove, not a pass over every rank
+        del main.ranks[rank]
     return sorted([main, *by_id.values()], key=lambda c: c.ranks[0])
+
+
+def _common(models: Sequence[StepTimeModel]) -> StepTimeModel | None:
+    """A model object that may be at least half of `models` (None: none is). The first,
+    middle and last ranks' are tried with `count` (identical objects match at C speed,
+    without a comparison; equal ones count too, so the caller counts identity), else
+    the most common object."""
+    n = len(models)
+    for candidate in (models[0], models[n // 2], models[-1]):
+        if 2 * models.count(candidate) >= n:
+            return candidate
+    common_id, count = Counter(map(id, models)).most_common(1)[0]
+    if 2 * count < n:
+        return None
+    return next(m for m in models if id(m) == common_id)
 
 
 def _positions(keys: list[object], distinct: set[object]) -> dict[object, list[int]]:
