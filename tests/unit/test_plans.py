@@ -161,6 +161,9 @@ def test_bounded_change_keeps_sum_limits_and_direction(
         ((39, 38, 38, 13), (1000, 1000, 1000, 1000 / 3), 0.039),
         ((0, 10), (0.0, 100.0), 0.1),  # an idle rank does not count
         ((5, 10), (0.0, 100.0), math.inf),
+        ((5, 10), (math.nan, 100.0), math.inf),  # nor does a rank of no speed end
+        ((0, 0), (1.0, 2.0), 0.0),
+        ((), (), 0.0),
     ],
 )
 def test_predicted_step_time(

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import deque
 from collections.abc import Mapping, Sequence
-from itertools import compress, islice, repeat
+from itertools import repeat
+
+import numpy as np
 
 from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
 from antdt.services.controller.actions import AdjustBatchAction
+from antdt.services.controller.splits import bounded_moves, ints, round_keeping_sum, water_fill
 
 
 def upper_bounds(
@@ -64,85 +66,9 @@ def proportional_shares(
     lower = (min_b,) * len(speeds)
     upper = upper_bounds(len(speeds), global_batch, max_b, caps)
     check_feasible(global_batch, lower, upper)
-    real = _water_fill(global_batch, speeds, lower, upper)
-    return _round_keeping_sum(real, global_batch, lower, upper)
-
-
-def _water_fill(
-    total: int, speeds: Sequence[float], lower: Sequence[int], upper: Sequence[int]
-) -> list[float]:
-    """Real-valued proportional shares with ranks pinned at their bounds where needed."""
-    n = len(speeds)
-    pinned: dict[int, float] = {}
-    while True:
-        if pinned:
-            free: Sequence[int] = [r for r in range(n) if r not in pinned]
-            if not free:
-                return [pinned[r] for r in range(n)]
-            weight = sum(speeds[r] for r in free)
-        else:
-            free, weight = range(n), sum(speeds)  # the same sum, in the same order
-        remaining = total - sum(pinned.values())
-        rates = map(speeds.__getitem__, free) if pinned else speeds
-        shares = list(
-            map(operator.truediv, map(operator.mul, repeat(remaining), rates), repeat(weight))
-        )
-        if not pinned and max(lower) <= min(shares) and max(shares) <= min(upper):
-            return shares  # within every rank's bounds: nothing to pin
-        share = dict(zip(free, shares, strict=True)) if pinned else shares  # by rank
-        tops, bottoms = (map(upper.__getitem__, free), map(lower.__getitem__, free))
-        over = list(compress(free, map(operator.gt, shares, tops)))
-        under = list(compress(free, map(operator.lt, shares, bottoms)))
-        if not over and not under:
-            if not pinned:
-                return shares
-            return [pinned[r] if r in pinned else share[r] for r in range(n)]
-        # Pin the side that is further out: pinning it can only push the others back
-        # towards their bounds, so the loop ends within len(speeds) rounds.
-        excess = sum(share[r] - upper[r] for r in over)
-        deficit = sum(lower[r] - share[r] for r in under)
-        if excess >= deficit:
-            pinned.update((r, float(upper[r])) for r in over)
-        else:
-            pinned.update((r, float(lower[r])) for r in under)
-
-
-def _round_keeping_sum(
-    real: Sequence[float], total: int, lower: Sequence[int], upper: Sequence[int]
-) -> tuple[int, ...]:
-    """Largest-remainder rounding within bounds; the sum comes out exactly `total`."""
-    if not len(real) == len(lower) == len(upper):
-        raise ValueError("shares and bounds must name the same ranks")
-    shares = list(map(math.floor, real))
-    low, high = max(lower, default=0), min(upper, default=0)
-    if not (low <= min(shares, default=0) and max(shares, default=0) <= high):
-        shares = list(map(min, map(max, shares, lower), upper))
-    remainders = list(map(operator.sub, shares, real))
-    by_remainder = sorted(range(len(real)), key=remainders.__getitem__)  # stable: ties by rank
-    missing = total - sum(shares)
-    while missing:
-        # One unit per rank per pass, largest remainder first (smallest when taking).
-        order = by_remainder if missing > 0 else by_remainder[::-1]
-        step = 1 if missing > 0 else -1
-        if _all_can_move(shares, step, lower, upper):
-            movable = order[: abs(missing)]
-        else:
-            can_move = (r for r in order if lower[r] <= shares[r] + step <= upper[r])
-            movable = list(islice(can_move, abs(missing)))
-        if not movable:
-            raise ValueError("no plan within the bounds sums to the global batch")
-        moved = map(operator.add, map(shares.__getitem__, movable), repeat(step))
-        deque(map(shares.__setitem__, movable, moved), maxlen=0)  # each moves once a pass
-        missing -= step * len(movable)
-    return tuple(shares)
-
-
-def _all_can_move(
-    shares: Sequence[int], step: int, lower: Sequence[int], upper: Sequence[int]
-) -> bool:
-    """Whether every rank may move by `step` within its bounds (a cheap sufficient test)."""
-    low, high = max(lower, default=0), min(upper, default=0)
-    return low <= min(shares, default=0) + step and max(shares, default=0) + step <= high
+    low, high = ints(lower), ints(upper)
+    real = water_fill(global_batch, speeds, low, high)
+    return tuple(round_keeping_sum(real, global_batch, low, high).tolist())
 
 
 def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) -> tuple[int, ...]:
@@ -156,69 +82,24 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
         raise ValueError("max_fraction must be > 0")
     if math.isinf(max_fraction):
         return tuple(new)
-    mean = sum(old) / len(old)
-    limit_of = {b: max(1, math.floor(max_fraction * max(b, mean))) for b in set(old)}
-    limits = list(map(limit_of.__getitem__, old))
-    deltas = list(map(operator.sub, new, old))
-    num, den = _scale(deltas, limits)
-    if num >= den:
-        return tuple(new)
-    # Each rank moves d x num / den: `steps` truncated towards old, `leftover` the rest
-    # (x den, so that integers order them as the fractions).
-    steps, leftover = _moves(deltas, num, den)
-    missing = -sum(steps)
-    # Hand the rounding units to the ranks that were cut the most, in their direction.
-    if missing > 0:  # stable sorts: ties by rank
-        negated = list(map(operator.neg, leftover))
-        order = sorted(range(len(old)), key=negated.__getitem__)[:missing]
-    else:
-        order = sorted(range(len(old)), key=leftover.__getitem__)[:-missing]
-    for r in order:
-        steps[r] += 1 if missing > 0 else -1
-    return tuple(map(operator.add, old, steps))
-
-
-def _moves(deltas: list[int], num: int, den: int) -> tuple[list[int], list[int]]:
-    """Each delta x num / den as `steps` truncated towards 0 and `leftover` the rest (x den,
-    so that integers order them as the fractions): once per distinct delta when few."""
-
-    def step(d: int) -> int:
-        return d * num // den if d >= 0 else -(-d * num // den)
-
-    distinct = set(deltas)
-    if len(distinct) * 4 > len(deltas):
-        steps = [step(d) for d in deltas]
-        return steps, [d * num - s * den for d, s in zip(deltas, steps, strict=True)]
-    step_of = {d: step(d) for d in distinct}
-    left_of = {d: d * num - s * den for d, s in step_of.items()}
-    return list(map(step_of.__getitem__, deltas)), list(map(left_of.__getitem__, deltas))
-
-
-def _scale(deltas: Sequence[int], limits: Sequence[int]) -> tuple[int, int]:
-    """The smallest limit / |delta| over the ranks that move, as num / den (1 / 1 when it
-    is larger), exactly: the float ratios pick the few candidates, integers decide."""
-    moving = list(map(bool, deltas))
-    sizes = list(map(abs, compress(deltas, moving)))
-    caps = list(compress(limits, moving))
-    if not sizes:
-        return 1, 1
-    ratios = list(map(operator.truediv, caps, sizes))
-    near = min(ratios) * (1.0 + 1e-9)
-    num, den = 1, 1
-    for lim, d in compress(zip(caps, sizes, strict=True), map(operator.le, ratios, repeat(near))):
-        if lim * den < num * d:
-            num, den = lim, d
-    return num, den
+    moved = bounded_moves(ints(old), ints(new), max_fraction)
+    return tuple(new) if moved is None else tuple(moved.tolist())
 
 
 def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
     """Under BSP a step lasts as long as the slowest rank: max_i b_i / speed_i."""
     if len(local_batch) != len(speeds):
         raise ValueError("a plan and its speeds must name the same ranks")
-    if 0 not in local_batch and min(speeds, default=1.0) > 0:  # the same, at C speed
-        return max(map(operator.truediv, local_batch, speeds), default=0.0)
-    times = [b / s if s > 0 else math.inf for b, s in zip(local_batch, speeds, strict=True) if b]
-    return max(times, default=0.0)
+    if not len(local_batch):
+        return 0.0
+    batches, rates = ints(local_batch), np.asarray(speeds, dtype=np.float64)
+    busy = batches != 0  # a rank given no samples waits
+    if not busy.any():
+        return 0.0
+    batches, rates = batches[busy], rates[busy]
+    with np.errstate(divide="ignore", invalid="ignore"):  # a rank of no speed never ends
+        times = np.where(rates > 0, batches / rates, np.inf)
+    return float(times.max())
 
 
 def initial_plan(spec: JobSpec, now: float) -> Plan:

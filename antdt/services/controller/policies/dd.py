@@ -6,7 +6,7 @@ Rules and parameters: docs/architecture.md, "The antdt-dd policy"."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -103,13 +103,7 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
         ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
         if ours and view.now - current.created_at < params.replan_s:
             return None  # one plan, then quiet
-    known = [s for s in speeds if s is not None]
-    fallback = statistics.median(known) if known else 1.0
-    filled = (
-        [fallback if s is None else s for s in speeds]
-        if None in speeds
-        else cast(list[float], list(speeds))
-    )
+    filled = _filled(speeds)
     upper = accumulation_upper_bounds(
         spec.world_size,
         spec.global_batch,
@@ -151,6 +145,15 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
         f"{before * 1e3:.1f} ms -> {after * 1e3:.1f} ms"
     )
     return DdPlan(local, micro, accumulation, reason)
+
+
+def _filled(speeds: Sequence[float | None]) -> list[float]:
+    """`speeds` with an unknown one at the known ones' median (1.0 when none is known)."""
+    if None not in speeds:
+        return cast(list[float], list(speeds))
+    known = [s for s in speeds if s is not None]
+    fallback = statistics.median(known) if known else 1.0
+    return [fallback if s is None else s for s in speeds]
 
 
 def _deterministic_incident(view: JobView) -> str | None:
