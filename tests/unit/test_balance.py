@@ -177,3 +177,24 @@ def test_the_common_model_is_found_wherever_its_ranks_are(seed: int) -> None:
     total = rng.randint(ranks, 64 * ranks)
     expected = reference_balanced_batches(models, total, lower, upper)
     assert balanced_batches(models, total, lower, upper) == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_median_model_counts_a_common_model_as_its_copies(seed: int) -> None:
+    """The median of each part, the same float as `statistics.median` over every rank,
+    whether or not most ranks share one model object."""
+    import statistics
+
+    from antdt.services.controller.balance import median_model
+
+    rng = random.Random(seed)
+    ranks = rng.randint(1, 40)
+    common = Model(rng.choice([0.0, 0.03]), rng.choice([0.001, 0.002]))
+    share = rng.random()
+    models = [
+        common if rng.random() < share else Model(rng.choice([0.0, 0.03, 0.05]), rng.random())
+        for _ in range(ranks)
+    ]
+    median = median_model(models)
+    assert median.fixed_s == statistics.median(m.fixed_s for m in models)
+    assert median.per_sample_s == statistics.median(m.per_sample_s for m in models)

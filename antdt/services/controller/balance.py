@@ -8,6 +8,7 @@ batch, within per-rank bounds, whose slowest predicted rank is as fast as possib
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import statistics
@@ -40,11 +41,33 @@ class StepModel(NamedTuple):
 
 
 def median_model(models: Sequence[StepTimeModel]) -> StepModel:
-    """The typical rank of `models` (non-empty): the median of each part."""
+    """The typical rank of `models` (non-empty): the median of each part. A model object
+    most ranks share is counted, not sorted with every copy."""
+    common = _common(models)
+    if common is None:
+        return StepModel(
+            statistics.median(map(attrgetter("fixed_s"), models)),
+            statistics.median(map(attrgetter("per_sample_s"), models)),
+        )
+    rare = list(compress(models, map(is_not, models, repeat(common))))
+    copies = len(models) - len(rare)
     return StepModel(
-        statistics.median(map(attrgetter("fixed_s"), models)),
-        statistics.median(map(attrgetter("per_sample_s"), models)),
+        _median_among(common.fixed_s, copies, sorted(map(attrgetter("fixed_s"), rare))),
+        _median_among(common.per_sample_s, copies, sorted(map(attrgetter("per_sample_s"), rare))),
     )
+
+
+def _median_among(value: float, copies: int, others: list[float]) -> float:
+    """`statistics.median` of `others` (ascending) with `copies` of `value` among them."""
+    at = bisect.bisect_left(others, value)
+
+    def nth(i: int) -> float:
+        return others[i] if i < at else value if i < at + copies else others[i - copies]
+
+    n = len(others) + copies
+    if n % 2:
+        return nth(n // 2)
+    return (nth(n // 2 - 1) + nth(n // 2)) / 2
 
 
 def predicted_step_s(models: Sequence[StepTimeModel], batches: Sequence[int]) -> float:

@@ -26,7 +26,7 @@ class Target:
     """A plan for every rank, and the figures it was computed from for its known ranks."""
 
     plan: tuple[int, ...]
-    known: tuple[int, ...]  # ranks the plan was computed for; the others kept their batch
+    known: Sequence[int]  # ranks the plan was computed for; the others kept their batch
     speeds: tuple[float, ...] | None  # per known rank, samples/s (proportional plans)
     models: tuple[StepModel, ...] | None  # per known rank (balanced plans)
 
@@ -96,13 +96,14 @@ def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target
 def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
+    known: Sequence[int]
     if None in models:
         present = [m is not None for m in models]
         known = tuple(compress(range(len(models)), present))
         fitted = cast(tuple[StepModel, ...], tuple(compress(models, present)))
         low, high = list(compress(lower, present)), list(compress(upper, present))
     else:  # every rank known
-        known, fitted = tuple(range(len(models))), cast(tuple[StepModel, ...], tuple(models))
+        known, fitted = range(len(models)), cast(tuple[StepModel, ...], tuple(models))
         low, high = list(lower), list(upper)
     try:
         shares = balanced_batches(fitted, view.spec.global_batch - _kept(current, known), low, high)
