@@ -198,3 +198,38 @@ def test_median_model_counts_a_common_model_as_its_copies(seed: int) -> None:
     median = median_model(models)
     assert median.fixed_s == statistics.median(m.fixed_s for m in models)
     assert median.per_sample_s == statistics.median(m.per_sample_s for m in models)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_many_classes_plan_as_the_per_rank_algorithm(seed: int) -> None:
+    """More classes than a few (a crowd of ranks held slow, each with its own model):
+    planned in arrays, the rounding units by the heap where a class takes two; equal
+    models in distinct objects make ties between classes. The per-rank plans."""
+    from tests.unit.planning_reference import reference_balanced_batches
+
+    rng = random.Random(seed)
+    ranks = rng.choice([20, 50, 120, 400])
+    values = [
+        Model(rng.choice([0.0, 0.01, 0.03]), rng.choice([0.001, 0.0015, 0.002, 0.003]))
+        for _ in range(rng.choice([2, 5, 50]))
+    ]
+    common, share = Model(0.03, 0.001), rng.choice([0.0, 0.5, 0.9])
+    models = [common if rng.random() < share else Model(*rng.choice(values)) for _ in range(ranks)]
+    if rng.random() < 0.3:
+        lower = [rng.randint(0, 4) for _ in range(ranks)]
+        upper = [low + rng.randint(0, 80) for low in lower]
+    else:
+        lower, upper = [1] * ranks, [rng.choice([64, 200])] * ranks
+    total = rng.randint(sum(lower), sum(upper))
+    expected = reference_balanced_batches(models, total, lower, upper)
+    assert balanced_batches(models, total, lower, upper) == expected
+
+
+def test_many_classes_refuse_as_a_few_do() -> None:
+    """The array path names the first rank at fault as the per-class loop does."""
+    models = [Model(0.01 * i, 0.001) for i in range(40)]
+    models[23] = Model(0.0, float("nan"))
+    with pytest.raises(ValueError, match="rank 23: per_sample_s"):
+        balanced_batches(models, 400, [1] * 40, [64] * 40)
+    with pytest.raises(ValueError, match="no plan within the bounds"):
+        balanced_batches(models[:23], 23 * 64 + 1, [1] * 23, [64] * 23)

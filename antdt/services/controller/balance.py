@@ -18,6 +18,16 @@ from itertools import chain, compress, repeat
 from operator import add, attrgetter, eq, is_not, itemgetter, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
+import numpy as np
+
+from antdt.services.controller.classarrays import (
+    ClassArrays,
+    FirstRound,
+    first_round,
+    floors,
+    swept_level,
+)
+
 
 class StepTimeModel(Protocol):
     """What a plan needs of a rank: its predicted compute time is fixed_s + per_sample_s x b."""
@@ -96,11 +106,47 @@ def balanced_batches(
     if not len(models) == len(lower) == len(upper) or not models:
         raise ValueError("models, lower and upper must name the same ranks, at least one")
     classes = _classes(models, lower, upper)
+    if len(classes) > _FEW:
+        return _planned_in_arrays(classes, global_batch, len(models))
     _check(classes, global_batch)
     level = _water_level(classes, global_batch)
     for c in classes:
         c.batch = min(c.hi, max(c.lo, math.floor((level - c.fixed_s) / c.per_sample_s)))
     return _settle(classes, global_batch, len(models))
+
+
+def _planned_in_arrays(classes: list[_Class], total: int, ranks: int) -> tuple[int, ...]:
+    """`balanced_batches` of many classes: the same plan, its arithmetic over the classes
+    in arrays (classarrays.py), the rounding units by the heap only when a class would
+    take two."""
+    arrays = ClassArrays(
+        size=np.array([len(c.ranks) for c in classes], dtype=np.int64),
+        fixed_s=np.array([c.fixed_s for c in classes], dtype=np.float64),
+        per_sample_s=np.array([c.per_sample_s for c in classes], dtype=np.float64),
+        lo=np.array([c.lo for c in classes], dtype=np.int64),
+        hi=np.array([c.hi for c in classes], dtype=np.int64),
+    )
+    low_sum, high_sum = int(arrays.size @ arrays.lo), int(arrays.size @ arrays.hi)
+    if not arrays.valid() or not low_sum <= total <= high_sum:
+        _check(classes, total)  # raises, naming the first rank at fault
+    batch = floors(arrays, swept_level(arrays, total, _HAIR))
+    missing = total - int(arrays.size @ batch)
+    moves = first_round(arrays, batch, missing) if missing else FirstRound(batch[:0], [], 0)
+    if moves is None:
+        for c, b in zip(classes, batch.tolist(), strict=True):
+            c.batch = b
+        return _settle(classes, total, ranks)
+    sign = 1 if missing > 0 else -1
+    batch[moves.moved] += sign
+    largest = int(arrays.size.argmax())  # the first of the largest, as max() picks
+    plan = np.full(ranks, batch[largest], dtype=np.int64)
+    others = [i for i in range(len(classes)) if i != largest]
+    members = list(chain.from_iterable(classes[i].ranks for i in others))
+    plan[members] = np.repeat(batch[others], arrays.size[others])
+    if moves.left:
+        cut = chain.from_iterable(classes[i].ranks for i in moves.cut)
+        plan[sorted(cut)[: moves.left]] += sign
+    return tuple(plan.tolist())
 
 
 class _Class:
