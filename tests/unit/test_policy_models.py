@@ -369,3 +369,20 @@ def test_model_plans_keep_the_global_batch_bounds_and_bounded_change(v: JobView)
         assert spec_.min_local_batch <= after <= v.memory_caps.get(rank, spec_.global_batch)
         if not broke_a_cap:
             assert abs(after - before) <= max(1, math.floor(max_change * max(before, mean)))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_median_without_some_values_is_statistics_median(seed: int) -> None:
+    """The others' median from the sorted column, the held ranks' values left out (equal
+    values among them too): the same float as the median of the list without them."""
+    import random
+    import statistics
+
+    from antdt.services.controller.policies.judged import _median_without
+
+    rng = random.Random(seed)
+    values = [rng.choice([0.5, 1.0, 1.5, rng.random()]) for _ in range(rng.randint(1, 60))]
+    held = rng.sample(range(len(values)), rng.randint(0, len(values)))
+    left = [v for i, v in enumerate(values) if i not in set(held)]
+    expected = statistics.median(left) if left else None
+    assert _median_without(sorted(values), [values[i] for i in held]) == expected

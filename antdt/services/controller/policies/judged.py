@@ -117,10 +117,9 @@ def judged_speeds(
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
     held = [r for r in held_ranks(view, deviating) if 0 <= r < len(speeds)]
-    normal = _others(view, speeds, held)
-    if not normal:
+    typical = _others_median(view, speeds, held)
+    if typical is None:
         return list(speeds)
-    typical = statistics.median(normal)
     judged: list[float | None]
     if None in speeds:
         judged = [None if s is None else typical for s in speeds]
@@ -131,16 +130,17 @@ def judged_speeds(
     return judged
 
 
-def _others(view: JobView, speeds: Sequence[float | None], held: list[int]) -> list[float]:
-    """The known speeds of the ranks not `held` (in any order: only their median is read);
-    from the health's sorted column when `speeds` are its measured ones."""
+def _others_median(view: JobView, speeds: Sequence[float | None], held: list[int]) -> float | None:
+    """The median of the known speeds of the ranks not `held` (None: none is known); from
+    the health's sorted column when `speeds` are its measured ones."""
     columns = view.health_columns if view.health is not None else None
     if columns is not None and speeds is columns.speeds and columns.sorted_speeds is not None:
-        return _without(columns.sorted_speeds, [cast(float, speeds[r]) for r in held])
+        return _median_without(columns.sorted_speeds, [cast(float, speeds[r]) for r in held])
     others = list(speeds)
     for rank in held:
         others[rank] = None
-    return [s for s in others if s is not None] if None in others else cast(list[float], others)
+    known = [s for s in others if s is not None] if None in others else cast(list[float], others)
+    return statistics.median(known) if known else None
 
 
 def judged_models(
@@ -161,12 +161,10 @@ def judged_models(
 def _judged_models(
     view: JobView, speeds: Sequence[float | None], held: AbstractSet[int]
 ) -> list[StepModel | None] | None:
-    own, normal = _fitted(view, held)
-    if not own and not normal[0]:
+    own, typical = _fitted(view, held)
+    if not own and typical is None:
         return None
     judged = judged_speeds(view, speeds, held)
-    fixed, per_sample = normal
-    typical = StepModel(statistics.median(fixed), statistics.median(per_sample)) if fixed else None
     flat: dict[float, StepModel] = {}  # one object per speed: balanced_batches' classes
 
     def flat_at(speed: float) -> StepModel:
@@ -185,11 +183,9 @@ def _judged_models(
     return plan
 
 
-def _fitted(
-    view: JobView, held: AbstractSet[int]
-) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
-    """`measured_models` split: the held ranks' models by rank, the others' parts (only
-    their median is used, so no model object per rank is built)."""
+def _fitted(view: JobView, held: AbstractSet[int]) -> tuple[dict[int, StepModel], StepModel | None]:
+    """`measured_models` split: the held ranks' models by rank, and the others' median
+    model (None: none has one; no model object per rank is built for it)."""
     data = data_per_sample(view)
     columns = view.health_columns
     if columns.complete and not data and columns.all_fitted:
@@ -207,30 +203,60 @@ def _fitted(
         else:
             normal[0].append(fixed)
             normal[1].append(per_sample)
-    return own, normal
+    if not normal[0]:
+        return own, None
+    return own, StepModel(statistics.median(normal[0]), statistics.median(normal[1]))
 
 
 def _fitted_columns(
     columns: HealthColumns, held: AbstractSet[int]
-) -> tuple[dict[int, StepModel], tuple[list[float], list[float]]]:
+) -> tuple[dict[int, StepModel], StepModel | None]:
     """`_fitted` of a job whose ranks all have a model, from its columns: the others'
-    parts come sorted (only their median is read), the held ranks' taken out."""
+    parts come sorted, the held ranks' left out of their medians."""
     fixed = cast(list[float], columns.fixed)
     per_sample = cast(list[float], columns.per_sample)
     mine = sorted(r for r in held if 0 <= r < len(fixed))
-    own = {r: StepModel(fixed[r], per_sample[r]) for r in mine}
-    return own, (
-        _without(cast(list[float], columns.sorted_fixed), [fixed[r] for r in mine]),
-        _without(cast(list[float], columns.sorted_per_sample), [per_sample[r] for r in mine]),
+    own = dict(
+        zip(
+            mine,
+            map(StepModel, map(fixed.__getitem__, mine), map(per_sample.__getitem__, mine)),
+            strict=True,
+        )
     )
+    typical_fixed = _median_without(
+        cast(list[float], columns.sorted_fixed), [fixed[r] for r in mine]
+    )
+    if typical_fixed is None:
+        return own, None
+    typical_per_sample = _median_without(
+        cast(list[float], columns.sorted_per_sample), [per_sample[r] for r in mine]
+    )
+    return own, StepModel(typical_fixed, cast(float, typical_per_sample))
 
 
-def _without(ordered: list[float], values: Sequence[float]) -> list[float]:
-    """`ordered` (sorted) less one occurrence of each of `values`, still sorted."""
-    rest = list(ordered)
-    for value in values:
-        del rest[bisect_left(rest, value)]
-    return rest
+def _median_without(ordered: Sequence[float], values: Sequence[float]) -> float | None:
+    """`statistics.median` of `ordered` (ascending) less one occurrence of each of
+    `values` (all in it); None when nothing is left. The values' places are found, not
+    deleted: at 10,000 ranks a deletion moves the list's tail, a thousand of them
+    milliseconds."""
+    left = len(ordered) - len(values)
+    if left <= 0:
+        return None
+    gone, at = [], -1
+    for value in sorted(values):  # equal values: their places one after the other
+        at = bisect_left(ordered, value, at + 1)
+        gone.append(at)
+
+    def nth(index: int) -> float:
+        for place in gone:  # ascending: each place at or before the index pushes it on
+            if place > index:
+                break
+            index += 1
+        return ordered[index]
+
+    if left % 2:
+        return nth(left // 2)
+    return (nth(left // 2 - 1) + nth(left // 2)) / 2
 
 
 def _flat(samples_per_s: float) -> StepModel:
