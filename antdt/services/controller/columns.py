@@ -1,4 +1,5 @@
-"""A job health's per-rank rows as columns, one list per field. Pure.
+"""A job health's per-rank rows as columns, one list per field (the sorted ones, which
+the medians read, as arrays). Pure.
 
 Built once per health message by whoever holds the health (the controller's job record,
 the simulator), then read by every decision on it: at 10,000 ranks reading the rows
@@ -11,7 +12,12 @@ from itertools import repeat
 from operator import attrgetter, truediv
 from typing import cast
 
+import numpy as np
+import numpy.typing as npt
+
 from antdt.schemas import JobHealth, RankState
+
+Floats = npt.NDArray[np.float64]
 
 _USABLE = frozenset((RankState.OK, RankState.SLOW, RankState.LEADER))
 
@@ -28,12 +34,12 @@ class HealthColumns:
     complete: bool
     rates: list[float]  # samples/s
     speeds: tuple[float | None, ...]  # 1 / (1 / rate): the speeds the policies read
-    sorted_speeds: list[float] | None  # when every rank has a speed: for medians
+    sorted_speeds: Floats | None  # when every rank has a speed: for medians
     fixed: list[float | None]
     per_sample: list[float | None]
     all_fitted: bool  # every rank has a model and a speed: per_sample_s, samples_per_s > 0
-    sorted_fixed: list[float] | None  # when every rank has a model: for medians
-    sorted_per_sample: list[float] | None
+    sorted_fixed: Floats | None  # when every rank has a model: for medians
+    sorted_per_sample: Floats | None
 
     @classmethod
     def of(cls, health: JobHealth, world_size: int) -> HealthColumns:
@@ -60,13 +66,17 @@ class HealthColumns:
             True,
             rates,
             speeds,
-            None if known is None else sorted(known),
+            None if known is None else _ascending(known),
             fixed,
             per_sample,
             parts is not None and min(parts[1], default=1.0) > 0 and min(rates, default=1.0) > 0,
-            None if parts is None else sorted(parts[0]),
-            None if parts is None else sorted(parts[1]),
+            None if parts is None else _ascending(parts[0]),
+            None if parts is None else _ascending(parts[1]),
         )
+
+
+def _ascending(values: list[float]) -> Floats:
+    return np.sort(np.array(values, dtype=np.float64))
 
 
 def _speeds(rates: list[float]) -> tuple[float | None, ...]:
