@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 from itertools import chain, compress, repeat
-from operator import add, attrgetter, eq, is_not, itemgetter, mul, sub, truediv
+from operator import add, attrgetter, eq, is_, is_not, mul, sub, truediv
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -105,34 +105,37 @@ def balanced_batches(
     the classes, not the ranks (policies give every rank not held deviating one model)."""
     if not len(models) == len(lower) == len(upper) or not models:
         raise ValueError("models, lower and upper must name the same ranks, at least one")
-    classes = _classes(models, lower, upper)
-    if len(classes) > _FEW:
-        return _planned_in_arrays(classes, global_batch, len(models))
+    table = _classes(models, lower, upper)
+    if len(table.models) > _FEW:
+        return _planned_in_arrays(table, global_batch, len(models))
+    classes = table.classes()
     _check(classes, global_batch)
-    level = _water_level(classes, global_batch)
+    level = _bisected_level(classes, global_batch)
     for c in classes:
         c.batch = min(c.hi, max(c.lo, math.floor((level - c.fixed_s) / c.per_sample_s)))
     return _settle(classes, global_batch, len(models))
 
 
-def _planned_in_arrays(classes: list[_Class], total: int, ranks: int) -> tuple[int, ...]:
+def _planned_in_arrays(table: _Table, total: int, ranks: int) -> tuple[int, ...]:
     """`balanced_batches` of many classes: the same plan, its arithmetic over the classes
     in arrays (classarrays.py), the rounding units by the heap only when a class would
     take two."""
+    count = len(table.models)
     arrays = ClassArrays(
-        size=np.array([len(c.ranks) for c in classes], dtype=np.int64),
-        fixed_s=np.array([c.fixed_s for c in classes], dtype=np.float64),
-        per_sample_s=np.array([c.per_sample_s for c in classes], dtype=np.float64),
-        lo=np.array([c.lo for c in classes], dtype=np.int64),
-        hi=np.array([c.hi for c in classes], dtype=np.int64),
+        size=np.fromiter(map(len, table.ranks), np.int64, count),
+        fixed_s=np.fromiter(map(attrgetter("fixed_s"), table.models), np.float64, count),
+        per_sample_s=np.fromiter(map(attrgetter("per_sample_s"), table.models), np.float64, count),
+        lo=np.array(table.lo, dtype=np.int64),
+        hi=np.array(table.hi, dtype=np.int64),
     )
     low_sum, high_sum = int(arrays.size @ arrays.lo), int(arrays.size @ arrays.hi)
     if not arrays.valid() or not low_sum <= total <= high_sum:
-        _check(classes, total)  # raises, naming the first rank at fault
+        _check(table.classes(), total)  # raises, naming the first rank at fault
     batch = floors(arrays, swept_level(arrays, total, _HAIR))
     missing = total - int(arrays.size @ batch)
     moves = first_round(arrays, batch, missing) if missing else FirstRound(batch[:0], [], 0)
     if moves is None:
+        classes = table.classes()
         for c, b in zip(classes, batch.tolist(), strict=True):
             c.batch = b
         return _settle(classes, total, ranks)
@@ -140,13 +143,41 @@ def _planned_in_arrays(classes: list[_Class], total: int, ranks: int) -> tuple[i
     batch[moves.moved] += sign
     largest = int(arrays.size.argmax())  # the first of the largest, as max() picks
     plan = np.full(ranks, batch[largest], dtype=np.int64)
-    others = [i for i in range(len(classes)) if i != largest]
-    members = list(chain.from_iterable(classes[i].ranks for i in others))
+    others = [i for i in range(count) if i != largest]
+    members = list(chain.from_iterable(map(table.ranks.__getitem__, others)))
     plan[members] = np.repeat(batch[others], arrays.size[others])
     if moves.left:
-        cut = chain.from_iterable(classes[i].ranks for i in moves.cut)
+        cut = chain.from_iterable(map(table.ranks.__getitem__, moves.cut))
         plan[sorted(cut)[: moves.left]] += sign
     return tuple(plan.tolist())
+
+
+class _Table(NamedTuple):
+    """Classes in order of their first rank: each one's model, ranks and bounds."""
+
+    models: list[StepTimeModel]
+    ranks: list[list[int]]
+    lo: list[int]
+    hi: list[int]
+
+    @classmethod
+    def of(cls, classes: list[_Class], models: Sequence[StepTimeModel]) -> _Table:
+        firsts = [c.ranks[0] for c in classes]
+        return cls(
+            [models[r] for r in firsts],
+            [c.ranks for c in classes],
+            [c.lo for c in classes],
+            [c.hi for c in classes],
+        )
+
+    def classes(self) -> list[_Class]:
+        """The classes as objects, each at its lower bound."""
+        found = []
+        for model, ranks, lo, hi in zip(self.models, self.ranks, self.lo, self.hi, strict=True):
+            c = _Class(model, lo, hi)
+            c.ranks = ranks
+            found.append(c)
+        return found
 
 
 class _Class:
@@ -163,9 +194,7 @@ class _Class:
         return self.fixed_s + self.per_sample_s * batch
 
 
-def _classes(
-    models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
-) -> list[_Class]:
+def _classes(models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]) -> _Table:
     """The classes in order of their first rank."""
     n = len(models)
     uniform = lower.count(lower[0]) == n and upper.count(upper[0]) == n
@@ -184,14 +213,14 @@ def _classes(
             c = _Class(models[first], lower[first], upper[first])
             c.ranks = ranks
             found[first] = c
-        return [found[first] for first in sorted(found)]
+        return _Table.of([found[first] for first in sorted(found)], models)
     by_key: dict[object, _Class] = {}
     for rank, key in enumerate(keys):
         group = by_key.get(key)
         if group is None:
             group = by_key[key] = _Class(models[rank], lower[rank], upper[rank])
         group.ranks.append(rank)
-    return list(by_key.values())
+    return _Table.of(list(by_key.values()), models)
 
 
 #: Up to this many classes are gathered one pass each (else one pass over the ranks).
@@ -200,7 +229,7 @@ _FEW = 16
 _SCATTERED = 64
 
 
-def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Class] | None:
+def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> _Table | None:
     """The classes when at least half the ranks share one model object (the usual
     job: one model for the ranks not held deviating); else None. The common class is
     gathered at C speed, the others rank by rank."""
@@ -211,18 +240,30 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> list[_Clas
     rare = list(compress(range(n), map(is_not, models, repeat(common))))
     if 2 * (n - len(rare)) < n:
         return None
-    by_id: dict[int, _Class] = {}
-    for rank in rare:
-        model = models[rank]
-        group = by_id.get(id(model))
-        if group is None:
-            group = by_id[id(model)] = _Class(model, lo, hi)
-        group.ranks.append(rank)
-    main = _Class(common, lo, hi)
-    main.ranks = list(range(n))
-    for rank in reversed(rare):  # few: each a memmove, not a pass over every rank
-        del main.ranks[rank]
-    return sorted([main, *by_id.values()], key=lambda c: c.ranks[0])
+    rare_models = list(map(models.__getitem__, rare))
+    ids = list(map(id, rare_models))
+    if len(set(ids)) == len(ids):  # each odd rank its own model (a crowd of held ranks)
+        found, ranks_of = rare_models, [[rank] for rank in rare]
+    else:
+        found, ranks_of = [], []
+        at: dict[int, int] = {}  # model id -> its class
+        for rank, model, key in zip(rare, rare_models, ids, strict=True):
+            if key in at:
+                ranks_of[at[key]].append(rank)
+            else:
+                at[key] = len(found)
+                found.append(model)
+                ranks_of.append([rank])
+    if len(rare) <= _SCATTERED:
+        main = list(range(n))
+        for rank in reversed(rare):  # few: each a memmove, not a pass over every rank
+            del main[rank]
+    else:
+        main = list(compress(range(n), map(is_, models, repeat(common))))
+    place = bisect.bisect_left([ranks[0] for ranks in ranks_of], main[0])
+    found.insert(place, common)
+    ranks_of.insert(place, main)
+    return _Table(found, ranks_of, [lo] * len(found), [hi] * len(found))
 
 
 def _common(models: Sequence[StepTimeModel]) -> StepTimeModel | None:
@@ -283,46 +324,16 @@ def _check(classes: Sequence[_Class], total: int) -> None:
         raise ValueError(f"no plan within the bounds sums to the global batch {total}")
 
 
-def _water_level(classes: Sequence[_Class], total: int) -> float:
-    """The step time T at which the real-valued clamped shares (T - a) / b sum to `total`:
-    by bisection for a few classes, else in one sweep over the classes' bend points."""
-    if len(classes) <= _FEW:
-        return _bisected_level(classes, total)
-    return _swept_level(classes, total)
-
-
-def _swept_level(classes: Sequence[_Class], total: int) -> float:
-    """`_water_level` in O(k log k) for k classes: the clamped shares' sum is linear
-    between the times at which a class leaves its lower bound or reaches its upper one.
-    A hair below the exact level, as the bisection ends: the floors then never start a
-    rank at a time a tie could give to a lower rank, and `_settle` hands out the rest."""
-    bends: list[tuple[float, int, float, float]] = []  # time, samples, slope, offset
-    at_low = 0
-    for c in classes:
-        size = len(c.ranks)
-        at_low += size * c.lo
-        slope, offset = size / c.per_sample_s, size * c.fixed_s / c.per_sample_s
-        bends.append((c.time_at(c.lo), -size * c.lo, slope, offset))
-        bends.append((c.time_at(c.hi), size * c.hi, -slope, -offset))
-    bends.sort(key=itemgetter(0))
-    fixed, slope, offset = float(at_low), 0.0, 0.0  # the sum is fixed + slope x T - offset
-    for time, samples, more_slope, more_offset in bends:
-        if fixed + slope * time - offset >= total:
-            break
-        fixed, slope, offset = fixed + samples, slope + more_slope, offset + more_offset
-    else:
-        return bends[-1][0]
-    level = (total - fixed + offset) / slope if slope > 0 else time
-    return min(level, time) * (1.0 - _HAIR)
-
-
-#: The swept level's margin below the exact one, relative: far above its rounding
-#: error, far below one sample's time.
+#: The water level of many classes (swept over their bend points, classarrays.py) is
+#: taken this far below the exact one, relative, as the bisection ends below it: far
+#: above its rounding error, far below one sample's time. The floors then never start a
+#: rank at a time a tie could give to a lower rank; the rounding hands out the rest.
 _HAIR = 1e-12
 
 
 def _bisected_level(classes: Sequence[_Class], total: int) -> float:
-    """`_water_level` by bisection, each step one pass over the classes."""
+    """The step time T at which the real-valued clamped shares (T - a) / b of a few
+    classes sum to `total`, by bisection, each step one pass over the classes."""
     sizes = [len(c.ranks) for c in classes]
     lows, highs = [c.lo for c in classes], [c.hi for c in classes]
     fixed, per_sample = [c.fixed_s for c in classes], [c.per_sample_s for c in classes]
