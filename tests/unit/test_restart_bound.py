@@ -178,3 +178,29 @@ def test_most_samples_under_a_time(
     model: StepModel, lower: int, upper: int, limit: float, most: int | None
 ) -> None:
     assert most_samples_under(model, lower, upper, limit) == most
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_every_ranks_most_samples_at_once_as_one_by_one(seed: int) -> None:
+    """The screen's arrays give each rank the most samples `most_samples_under` gives
+    it (times that fall on a sample's boundary included)."""
+    import numpy as np
+
+    from antdt.services.controller.policies.restart_bound import _most_under
+
+    rng = random.Random(seed)
+    models = [
+        StepModel(rng.choice([0.0, 0.002, 0.03]), rng.choice([0.001, 0.0007, rng.random() / 100]))
+        for _ in range(200)
+    ]
+    caps = [rng.choice([1, 8, 64, 1000]) for _ in models]
+    limit = rng.choice([0.034, 0.1, 0.0021, 0.03 + 0.001 * 7])
+    most = _most_under(
+        np.array([m.fixed_s for m in models]),
+        np.array([m.per_sample_s for m in models]),
+        np.array(caps),
+        limit,
+    )
+    assert most.tolist() == [
+        most_samples_under(m, 0, cap, limit) for m, cap in zip(models, caps, strict=True)
+    ]

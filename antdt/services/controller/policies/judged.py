@@ -59,6 +59,11 @@ def data_per_sample(view: JobView) -> dict[int, float]:
     as that rank's own time before the barrier. The models fit compute only."""
     if view.health is None:
         return {}
+    return view.remembered("data_per_sample", None, lambda: _data_per_sample(view))
+
+
+def _data_per_sample(view: JobView) -> dict[int, float]:
+    assert view.health is not None
     bound = {i.rank for i in view.open_incidents if _open_slow(i, Cause.DATA)}
     if not bound:
         return {}

@@ -15,15 +15,16 @@ and the model saves nothing."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+
+import numpy as np
 
 from antdt.services.controller.balance import StepModel
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.policies.judged import held_ranks, judged_models
 from antdt.services.controller.policies.targets import balanced_target
+from antdt.services.controller.splits import Floats, Ints, ints
 from antdt.services.controller.view import JobView
 
 
@@ -67,45 +68,44 @@ def restart_bound(view: JobView, speeds: Sequence[float | None]) -> RestartBound
         return None
     _, upper = batch_bounds(view)
     lower = view.spec.min_local_batch
-    keys = list(zip(map(id, now.models), map(upper.__getitem__, now.known), strict=True))
-    firsts = dict(zip(keys, now.models, strict=True))
-    counts = Counter(keys)
-    most_of = {
-        key: most_samples_under(model, lower, key[1], step_s) for key, model in firsts.items()
-    }
-    typical = _fastest_typical([(firsts[k], n) for k, n in counts.items()], len(keys))
+    known = np.asarray(now.known, dtype=np.int64)
+    fixed, per_sample = now.parts
+    caps = ints(upper)[known]
+    most = _most_under(fixed, per_sample, caps, step_s)
+    under = most >= lower  # None in most_samples_under: not even `lower` fits under T
+    typical = StepModel(_nth(fixed, (len(known) - 3) // 2), _nth(per_sample, (len(known) - 3) // 2))
     healed_most = {cap: most_samples_under(typical, lower, cap, step_s) or 0 for cap in set(upper)}
-    blocked = (
-        frozenset(r for r, key in zip(now.known, keys, strict=True) if most_of[key] is None)
-        if None in most_of.values()
-        else frozenset()
-    )
-    capacity = sum(n * (most_of[k] or 0) for k, n in counts.items())
-    deficit = sum(map(now.plan.__getitem__, now.known)) - capacity
-    position = {r: i for i, r in enumerate(now.known)} if len(now.known) < len(upper) else None
-    most = {}
-    for rank in held:
-        at = rank if position is None else position.get(rank)
-        if at is not None and 0 <= at < len(keys) and most_of[keys[at]] is not None:
-            most[rank] = cast(int, most_of[keys[at]])
-    return RestartBound(step_s, deficit, held, blocked, most, healed_most, tuple(upper))
+    blocked = frozenset(known[~under].tolist())
+    capacity = int(most[under].sum())
+    deficit = int(ints(now.plan)[known].sum()) - capacity
+    at = np.full(len(upper), -1, dtype=np.int64)
+    at[known] = np.arange(len(known))
+    planned = [r for r in sorted(held) if 0 <= r < len(upper) and at[r] >= 0 and under[at[r]]]
+    most_of = dict(zip(planned, most[at[planned]].tolist(), strict=True))
+    return RestartBound(step_s, deficit, held, blocked, most_of, healed_most, tuple(upper))
 
 
-def _fastest_typical(models: list[tuple[StepModel, int]], ranks: int) -> StepModel:
-    """A model no slower than the median of the others' models with any one rank left
-    out (`_healed_by_model`): each part at the order statistic that median can fall to."""
-    at = max(0, (ranks - 3) // 2)
-    return StepModel(_nth(models, at, "fixed_s"), _nth(models, at, "per_sample_s"))
+def _most_under(fixed: Floats, per_sample: Floats, caps: Ints, limit_s: float) -> Ints:
+    """`most_samples_under` of every rank at once (its lower bound not applied): the
+    most samples up to its cap whose predicted time is under `limit_s`."""
+    most = np.maximum(0, np.minimum(caps, np.ceil((limit_s - fixed) / per_sample) - 1))
+    most = most.astype(np.int64)
+    while True:  # as most_samples_under's loops: the ceiling's float may be one off
+        over = (most >= 1) & (fixed + per_sample * most >= limit_s)
+        if not over.any():
+            break
+        most[over] -= 1
+    while True:
+        room = (most + 1 <= caps) & (fixed + per_sample * (most + 1) < limit_s)
+        if not room.any():
+            return most
+        most[room] += 1
 
 
-def _nth(models: list[tuple[StepModel, int]], at: int, part: str) -> float:
-    """The `at`-th smallest `part` over the ranks, each model counted its number."""
-    seen = 0
-    for value, count in sorted((getattr(m, part), n) for m, n in models):
-        seen += count
-        if seen > at:
-            return float(value)
-    raise ValueError("no model")
+def _nth(parts: Floats, at: int) -> float:
+    """The `at`-th smallest (0 at least) of `parts`: the order statistic the median of
+    the others' models, any one rank left out, can fall to."""
+    return float(np.partition(parts, max(0, at))[max(0, at)])
 
 
 def most_samples_under(model: StepModel, lower: int, upper: int, limit_s: float) -> int | None:

@@ -9,12 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress, repeat
-from operator import is_not
+from operator import attrgetter, is_not
 from typing import cast
 
-from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
+import numpy as np
+
+from antdt.services.controller.balance import StepModel, balanced_batches
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
+from antdt.services.controller.splits import Floats, ints
 from antdt.services.controller.view import JobView
 
 #: A balanced plan whose ranks but this many share one model predicts by class.
@@ -36,8 +39,12 @@ class Target:
         if self.models is None:
             assert self.speeds is not None
             return predicted_step_time(batches, self.speeds)
-        if self._rare is None:
-            return predicted_step_s(self.models, batches)
+        if self._rare is None:  # many ranks with a model of their own: in arrays
+            fixed, per_sample = self.parts
+            sizes = ints(batches)
+            busy = sizes != 0
+            times = fixed[busy] + per_sample[busy] * sizes[busy]
+            return float(times.max()) if len(times) else 0.0
         # Ranks sharing the common model: its time at their largest batch (per_sample_s
         # > 0, as every balanced plan's model, so time grows with the batch).
         rare, common = self._rare, self.models[0]
@@ -49,6 +56,16 @@ class Target:
         if top:
             times.append(common.predict(top))
         return max(times, default=0.0)
+
+    @cached_property
+    def parts(self) -> tuple[Floats, Floats]:
+        """The models' fixed and per-sample parts, per known rank."""
+        assert self.models is not None
+        count = len(self.models)
+        return (
+            np.fromiter(map(attrgetter("fixed_s"), self.models), np.float64, count),
+            np.fromiter(map(attrgetter("per_sample_s"), self.models), np.float64, count),
+        )
 
     @cached_property
     def _rare(self) -> list[int] | None:
