@@ -68,7 +68,7 @@ def restart_bound(view: JobView, speeds: Sequence[float | None]) -> RestartBound
         return None
     _, upper = batch_bounds(view)
     lower = view.spec.min_local_batch
-    known = np.asarray(now.known, dtype=np.int64)
+    known = _positions(now.known)
     fixed, per_sample = now.parts
     caps = ints(upper)[known]
     most = _most_under(fixed, per_sample, caps, step_s)
@@ -80,9 +80,18 @@ def restart_bound(view: JobView, speeds: Sequence[float | None]) -> RestartBound
     deficit = int(ints(now.plan)[known].sum()) - capacity
     at = np.full(len(upper), -1, dtype=np.int64)
     at[known] = np.arange(len(known))
-    planned = [r for r in sorted(held) if 0 <= r < len(upper) and at[r] >= 0 and under[at[r]]]
-    most_of = dict(zip(planned, most[at[planned]].tolist(), strict=True))
+    ranks = np.array(sorted(r for r in held if 0 <= r < len(upper)), dtype=np.int64)
+    ranks = ranks[at[ranks] >= 0]  # held, and planned with these models
+    ranks = ranks[under[at[ranks]]]
+    most_of = dict(zip(ranks.tolist(), most[at[ranks]].tolist(), strict=True))
     return RestartBound(step_s, deficit, held, blocked, most_of, healed_most, tuple(upper))
+
+
+def _positions(known: Sequence[int]) -> Ints:
+    """The known ranks as an array (every rank: a range, made at C speed)."""
+    if isinstance(known, range):
+        return np.arange(known.start, known.stop, known.step, dtype=np.int64)
+    return np.asarray(known, dtype=np.int64)
 
 
 def _most_under(fixed: Floats, per_sample: Floats, caps: Ints, limit_s: float) -> Ints:
