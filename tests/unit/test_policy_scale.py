@@ -4,9 +4,11 @@ they replaced, and a cost that grows with the ranks, not their square."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
+from antdt.services.controller.balance import ClassTable
 from antdt.services.controller.policies import load_policy, targets
 from bench.decisions import decision_ms, decision_view
 from tests.unit.planning_reference import reference_balanced_batches
@@ -19,9 +21,20 @@ def test_decisions_match_the_per_rank_planner(
 ) -> None:
     view, health = decision_view(ranks)
     fast = load_policy(policy).decide(view, health)
-    monkeypatch.setattr(targets, "balanced_batches", reference_balanced_batches)
+    monkeypatch.setattr(targets, "plan_classes", _reference_plan)
     assert load_policy(policy).decide(view, health) == fast
     assert fast  # a 3x straggler: every batch policy acts
+
+
+def _reference_plan(table: ClassTable, total: int) -> tuple[int, ...]:
+    """The per-rank planner on the ranks of `table`."""
+    ranks = sum(map(len, table.ranks))
+    models: list[Any] = [None] * ranks
+    lower, upper = [0] * ranks, [0] * ranks
+    for model, members, lo, hi in zip(*table, strict=True):
+        for rank in members:
+            models[rank], lower[rank], upper[rank] = model, lo, hi
+    return reference_balanced_batches(models, total, lower, upper)
 
 
 def test_one_decision_grows_about_linearly_with_the_ranks() -> None:
@@ -101,7 +114,7 @@ def test_step_time_by_class_is_the_per_rank_one(seed: int) -> None:
     largest batch in a rare rank or none at all included."""
     import random
 
-    from antdt.services.controller.balance import StepModel, predicted_step_s
+    from antdt.services.controller.balance import StepModel, classes_of, predicted_step_s
 
     rng = random.Random(seed)
     n = rng.choice([5, 80, 400])
@@ -109,12 +122,17 @@ def test_step_time_by_class_is_the_per_rank_one(seed: int) -> None:
     models = [common] * n
     for r in rng.sample(range(n), rng.randint(0, min(n - 1, 70))):
         models[r] = StepModel(rng.choice([0.0, 0.002]), rng.uniform(5e-4, 4e-3))
-    target = targets.Target(tuple([1] * n), tuple(range(n)), None, tuple(models))
+    if rng.random() < 0.5:
+        models[0] = StepModel(0.001, 2e-3)  # the first rank odd: the common model is not its
+    classes = classes_of(models, [0] * n, [99] * n)
+    plain = targets.Target(tuple([1] * n), tuple(range(n)), None, tuple(models))
+    planned = targets.Target(tuple([1] * n), range(n), None, tuple(models), classes)
     for _ in range(20):
         plan = [rng.choice([0, 8, 16, 32]) for _ in range(n)]
         if rng.random() < 0.5:
             plan[rng.randrange(n)] = 99
-        assert target.step_s(plan) == predicted_step_s(models, plan)
+        assert plain.step_s(plan) == predicted_step_s(models, plan)
+        assert planned.step_s(plan) == predicted_step_s(models, plan)
 
 
 @pytest.mark.parametrize("seed", range(10))

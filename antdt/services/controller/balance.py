@@ -103,20 +103,33 @@ def balanced_batches(
     ValueError when a model is not positive and finite or no plan fits the bounds.
     Ranks sharing a model object and bounds are planned as one class: the work grows with
     the classes, not the ranks (policies give every rank not held deviating one model)."""
+    return plan_classes(classes_of(models, lower, upper), global_batch)
+
+
+def classes_of(
+    models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
+) -> ClassTable:
+    """The ranks by class (one model object and the same bounds), in order of their first
+    rank: what `plan_classes` plans, and what a caller may keep to read the plan by."""
     if not len(models) == len(lower) == len(upper) or not models:
         raise ValueError("models, lower and upper must name the same ranks, at least one")
-    table = _classes(models, lower, upper)
+    return _classes(models, lower, upper)
+
+
+def plan_classes(table: ClassTable, global_batch: int) -> tuple[int, ...]:
+    """`balanced_batches` of the ranks of `table` (every rank of the job in one class)."""
+    ranks = sum(map(len, table.ranks))
     if len(table.models) > _FEW:
-        return _planned_in_arrays(table, global_batch, len(models))
+        return _planned_in_arrays(table, global_batch, ranks)
     classes = table.classes()
     _check(classes, global_batch)
     level = _bisected_level(classes, global_batch)
     for c in classes:
         c.batch = min(c.hi, max(c.lo, math.floor((level - c.fixed_s) / c.per_sample_s)))
-    return _settle(classes, global_batch, len(models))
+    return _settle(classes, global_batch, ranks)
 
 
-def _planned_in_arrays(table: _Table, total: int, ranks: int) -> tuple[int, ...]:
+def _planned_in_arrays(table: ClassTable, total: int, ranks: int) -> tuple[int, ...]:
     """`balanced_batches` of many classes: the same plan, its arithmetic over the classes
     in arrays (classarrays.py), the rounding units by the heap only when a class would
     take two."""
@@ -152,7 +165,7 @@ def _planned_in_arrays(table: _Table, total: int, ranks: int) -> tuple[int, ...]
     return tuple(plan.tolist())
 
 
-class _Table(NamedTuple):
+class ClassTable(NamedTuple):
     """Classes in order of their first rank: each one's model, ranks and bounds."""
 
     models: list[StepTimeModel]
@@ -160,8 +173,22 @@ class _Table(NamedTuple):
     lo: list[int]
     hi: list[int]
 
+    @property
+    def largest(self) -> int:
+        """The class with the most ranks (the first of them): the job's common model."""
+        sizes = list(map(len, self.ranks))
+        return sizes.index(max(sizes))
+
+    def odd_ranks(self, most: int) -> list[int] | None:
+        """The ranks outside the largest class, ascending, when at most `most`."""
+        largest = self.largest
+        count = sum(len(r) for i, r in enumerate(self.ranks) if i != largest)
+        if count > most:
+            return None
+        return sorted(r for i, ranks in enumerate(self.ranks) if i != largest for r in ranks)
+
     @classmethod
-    def of(cls, classes: list[_Class], models: Sequence[StepTimeModel]) -> _Table:
+    def of(cls, classes: list[_Class], models: Sequence[StepTimeModel]) -> ClassTable:
         firsts = [c.ranks[0] for c in classes]
         return cls(
             [models[r] for r in firsts],
@@ -194,7 +221,9 @@ class _Class:
         return self.fixed_s + self.per_sample_s * batch
 
 
-def _classes(models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]) -> _Table:
+def _classes(
+    models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
+) -> ClassTable:
     """The classes in order of their first rank."""
     n = len(models)
     uniform = lower.count(lower[0]) == n and upper.count(upper[0]) == n
@@ -213,14 +242,14 @@ def _classes(models: Sequence[StepTimeModel], lower: Sequence[int], upper: Seque
             c = _Class(models[first], lower[first], upper[first])
             c.ranks = ranks
             found[first] = c
-        return _Table.of([found[first] for first in sorted(found)], models)
+        return ClassTable.of([found[first] for first in sorted(found)], models)
     by_key: dict[object, _Class] = {}
     for rank, key in enumerate(keys):
         group = by_key.get(key)
         if group is None:
             group = by_key[key] = _Class(models[rank], lower[rank], upper[rank])
         group.ranks.append(rank)
-    return _Table.of(list(by_key.values()), models)
+    return ClassTable.of(list(by_key.values()), models)
 
 
 #: Up to this many classes are gathered one pass each (else one pass over the ranks).
@@ -229,7 +258,7 @@ _FEW = 16
 _SCATTERED = 64
 
 
-def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> _Table | None:
+def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> ClassTable | None:
     """The classes when at least half the ranks share one model object (the usual
     job: one model for the ranks not held deviating); else None. The common class is
     gathered at C speed, the others rank by rank."""
@@ -263,7 +292,7 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> _Table | N
     place = bisect.bisect_left([ranks[0] for ranks in ranks_of], main[0])
     found.insert(place, common)
     ranks_of.insert(place, main)
-    return _Table(found, ranks_of, [lo] * len(found), [hi] * len(found))
+    return ClassTable(found, ranks_of, [lo] * len(found), [hi] * len(found))
 
 
 def _common(models: Sequence[StepTimeModel]) -> StepTimeModel | None:
@@ -402,4 +431,13 @@ def _movable(c: _Class, sign: int) -> bool:
     return c.lo <= c.batch + sign <= c.hi
 
 
-__all__ = ["StepModel", "StepTimeModel", "balanced_batches", "median_model", "predicted_step_s"]
+__all__ = [
+    "ClassTable",
+    "StepModel",
+    "StepTimeModel",
+    "balanced_batches",
+    "classes_of",
+    "median_model",
+    "plan_classes",
+    "predicted_step_s",
+]

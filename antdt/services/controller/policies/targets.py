@@ -14,7 +14,7 @@ from typing import cast
 
 import numpy as np
 
-from antdt.services.controller.balance import StepModel, balanced_batches
+from antdt.services.controller.balance import ClassTable, StepModel, classes_of, plan_classes
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
 from antdt.services.controller.splits import Floats, ints
@@ -32,6 +32,7 @@ class Target:
     known: Sequence[int]  # ranks the plan was computed for; the others kept their batch
     speeds: tuple[float, ...] | None  # per known rank, samples/s (proportional plans)
     models: tuple[StepModel, ...] | None  # per known rank (balanced plans)
+    classes: ClassTable | None = None  # the known ranks by model, as the plan was made
 
     def step_s(self, plan: Sequence[int]) -> float:
         """The predicted step time of `plan` over the known ranks, as this target sees it."""
@@ -47,7 +48,7 @@ class Target:
             return float(times.max()) if len(times) else 0.0
         # Ranks sharing the common model: its time at their largest batch (per_sample_s
         # > 0, as every balanced plan's model, so time grows with the batch).
-        rare, common = self._rare, self.models[0]
+        rare, common = self._rare, self._common
         times = [self.models[r].predict(batches[r]) for r in rare if batches[r]]
         top = max(batches, default=0)
         if batches.count(top) == sum(1 for r in rare if batches[r] == top):
@@ -75,8 +76,18 @@ class Target:
         models = self.models
         if not models:
             return None
+        if self.classes is not None:
+            return self.classes.odd_ranks(_RARE)
         rare = list(compress(range(len(models)), map(is_not, models, repeat(models[0]))))
         return rare if len(rare) <= _RARE else None
+
+    @property
+    def _common(self) -> StepModel:
+        """The model of the ranks not in `_rare`."""
+        assert self.models is not None
+        if self.classes is None:
+            return self.models[0]
+        return cast(StepModel, self.classes.models[self.classes.largest])
 
     @property
     def how(self) -> str:
@@ -123,10 +134,11 @@ def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Targe
         known, fitted = range(len(models)), cast(tuple[StepModel, ...], tuple(models))
         low, high = list(lower), list(upper)
     try:
-        shares = balanced_batches(fitted, view.spec.global_batch - _kept(current, known), low, high)
+        classes = classes_of(fitted, low, high)
+        shares = plan_classes(classes, view.spec.global_batch - _kept(current, known))
     except ValueError:
         return None
-    return Target(_fill(current, known, shares), known, None, fitted)
+    return Target(_fill(current, known, shares), known, None, fitted, classes)
 
 
 def _kept(current: Sequence[int], known: Sequence[int]) -> int:
