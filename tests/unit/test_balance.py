@@ -233,3 +233,18 @@ def test_many_classes_refuse_as_a_few_do() -> None:
         balanced_batches(models, 400, [1] * 40, [64] * 40)
     with pytest.raises(ValueError, match="no plan within the bounds"):
         balanced_batches(models[:23], 23 * 64 + 1, [1] * 23, [64] * 23)
+
+
+@pytest.mark.parametrize("ranks", [1, 7, 300])
+def test_equal_models_in_distinct_objects_plan_as_one_class(ranks: int) -> None:
+    """Every rank's model equal (one object or copies): the per-rank plans, and the
+    median model is that model."""
+    from antdt.services.controller.balance import median_model
+    from tests.unit.planning_reference import reference_balanced_batches
+
+    for models in ([HEALTHY] * ranks, [Model(*HEALTHY) for _ in range(ranks)]):
+        total = 37 * ranks + 5
+        lower, upper = [1] * ranks, [64] * ranks
+        expected = reference_balanced_batches(models, total, lower, upper)
+        assert balanced_batches(models, total, lower, upper) == expected
+        assert median_model(models) == HEALTHY

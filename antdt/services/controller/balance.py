@@ -54,6 +54,8 @@ def median_model(models: Sequence[StepTimeModel]) -> StepModel:
     """The typical rank of `models` (non-empty): the median of each part. A model object
     most ranks share is counted, not sorted with every copy."""
     common = _common(models)
+    if common is not None and models.count(common) == len(models):  # all equal to it
+        return StepModel(common.fixed_s, common.per_sample_s)
     if common is None:
         return StepModel(
             statistics.median(map(attrgetter("fixed_s"), models)),
@@ -261,11 +263,15 @@ _SCATTERED = 64
 def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> ClassTable | None:
     """The classes when at least half the ranks share one model object (the usual
     job: one model for the ranks not held deviating); else None. The common class is
-    gathered at C speed, the others rank by rank."""
+    gathered at C speed, the others rank by rank. When every model equals the common
+    one they are one class: equal models plan as one (a tie of classes hands out its
+    units by rank, as one class does), and the per-rank reference holds it."""
     n = len(models)
     common = _common(models)
     if common is None:
         return None
+    if models.count(common) == n:  # every rank's model equals it: one class, as planned
+        return ClassTable([common], [list(range(n))], [lo], [hi])
     rare = list(compress(range(n), map(is_not, models, repeat(common))))
     if 2 * (n - len(rare)) < n:
         return None
