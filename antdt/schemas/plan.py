@@ -101,7 +101,12 @@ class JobSpec(WireModel):
     world_size: int = Field(ge=1, le=100_000, description="Ranks in the job")
     dataset_size: int = Field(ge=1, description="Samples per epoch")
     shard_size: int = Field(ge=1, description="Samples per shard")
-    global_batch: int = Field(ge=1, description="Samples per step over all ranks")
+    global_batch: int = Field(
+        ge=1,
+        le=2**31 - 1,
+        description="Samples per step over all ranks (below 2**31: the planners split it "
+        "in 64-bit integer arrays, where two batches' product must fit)",
+    )
     epochs: int = Field(default=1, ge=1, description="Epochs to run")
     seed: int = Field(default=0, ge=0, description="Seed of the per-epoch shard shuffle")
     policy: str = Field(default="none", max_length=64, description="Controller policy name")

@@ -222,3 +222,22 @@ def test_proportional_shares_at_c_speed_split_as_rank_by_rank(seed: int) -> None
                 proportional_shares(total, speeds, min_b, 64, caps)
             continue
         assert proportional_shares(total, speeds, min_b, 64, caps) == expected
+
+
+def test_a_global_batch_the_planners_cannot_split_exactly_is_refused() -> None:
+    """The planners split the global batch in 64-bit integer arrays, where the bounded
+    move multiplies two batches: a job spec over 2**31 - 1 samples a step is refused
+    with the field and why, not planned wrong."""
+    from pydantic import ValidationError
+
+    from antdt.schemas import JobSpec
+
+    fields = {"job": "big", "world_size": 2, "dataset_size": 10, "shard_size": 1}
+    assert JobSpec(**fields, global_batch=2**31 - 1).global_batch == 2**31 - 1
+    with pytest.raises(ValidationError, match="global_batch"):
+        JobSpec(**fields, global_batch=2**31)
+    from tests.unit.planning_reference import reference_bounded_change
+
+    old, new = (2**30, 2**31 - 1 - 2**30), (2**31 - 2, 1)  # about the largest move there is
+    for fraction in (0.5, 0.3, 1e-9):
+        assert bounded_change(old, new, fraction) == reference_bounded_change(old, new, fraction)
