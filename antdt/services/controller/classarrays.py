@@ -38,8 +38,10 @@ class ClassArrays(NamedTuple):
 
 
 def swept_level(c: ClassArrays, total: int, hair: float) -> float:
-    """`balance._swept_level`: the step time at which the clamped real shares sum to
-    `total`, from the classes' bend points in time order, `hair` below it."""
+    """The water level: the step time T at which the classes' real shares, (T - fixed) /
+    per_sample clamped to their bounds, sum to `total`. Their sum is linear between the
+    times a class leaves its lower bound or reaches its upper one (its bend points): one
+    sweep over them in time order, `hair` below the level found."""
     slope = c.size / c.per_sample_s
     offset = c.size * c.fixed_s / c.per_sample_s
     # Bends in the loop's order: each class's lower then upper one, sorted stably by time.
