@@ -11,9 +11,14 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Sequence
-from itertools import compress, repeat
+from itertools import chain, compress, repeat
 from operator import eq, is_, is_not
 from typing import NamedTuple, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float64]
 
 
 class StepTimeModel(Protocol):
@@ -47,6 +52,21 @@ class ClassTable(NamedTuple):
         if count > most:
             return None
         return sorted(r for i, ranks in enumerate(self.ranks) if i != largest for r in ranks)
+
+    def parts(self) -> tuple[Floats, Floats]:
+        """Every rank's model parts (fixed_s, per_sample_s) as arrays, by rank: the largest
+        class's filled in at once, the others' placed rank by rank."""
+        largest, ranks = self.largest, sum(map(len, self.ranks))
+        common = self.models[largest]
+        fixed = np.full(ranks, common.fixed_s, dtype=np.float64)
+        per_sample = np.full(ranks, common.per_sample_s, dtype=np.float64)
+        others = [i for i in range(len(self.models)) if i != largest]
+        if others:
+            sizes = [len(self.ranks[i]) for i in others]
+            at = list(chain.from_iterable(map(self.ranks.__getitem__, others)))
+            fixed[at] = np.repeat([self.models[i].fixed_s for i in others], sizes)
+            per_sample[at] = np.repeat([self.models[i].per_sample_s for i in others], sizes)
+        return fixed, per_sample
 
     @classmethod
     def of(cls, classes: list[RankClass], models: Sequence[StepTimeModel]) -> ClassTable:

@@ -62,6 +62,8 @@ class Target:
     def parts(self) -> tuple[Floats, Floats]:
         """The models' fixed and per-sample parts, per known rank."""
         assert self.models is not None
+        if self.classes is not None:
+            return self.classes.parts()
         count = len(self.models)
         return (
             np.fromiter(map(attrgetter("fixed_s"), self.models), np.float64, count),
