@@ -109,11 +109,17 @@ def without_link_bound(
 ) -> tuple[float | None, ...]:
     """`speeds` with the ranks of link-bound incidents (the view's, and `event` when it
     is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
-    incidents = [*view.open_incidents, *([event] if isinstance(event, Incident) else [])]
-    bound = {r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ()))}
+    bound = view.remembered("link_bound", None, lambda: _link_bound_ranks(view.open_incidents))
+    if isinstance(event, Incident) and link_bound(event):
+        bound = bound | _link_bound_ranks((event,))
     if not bound:
         return tuple(speeds)
     return tuple(None if r in bound else s for r, s in enumerate(speeds))
+
+
+def _link_bound_ranks(incidents: Sequence[Incident]) -> frozenset[int]:
+    """The ranks of the link-bound incidents among `incidents` (with their hosts' ranks)."""
+    return frozenset(r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ())))
 
 
 def judged_speeds(
