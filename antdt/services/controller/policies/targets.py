@@ -72,8 +72,9 @@ class Target:
 
     @cached_property
     def _rare(self) -> list[int] | None:
-        """The known positions whose model object is not the first one's, when they are
-        few (the usual plan: one model for the ranks not held deviating); else None."""
+        """The known positions outside the common model's class (the planner's largest;
+        without its table, those whose model object is not the first one's), when they
+        are few (the usual plan: one model for the ranks not held deviating); else None."""
         assert self.models is not None
         models = self.models
         if not models:
