@@ -139,10 +139,13 @@ async def test_ranks_follow_the_owner_and_fail_over_to_the_other_replica(
         assert served(owner) >= before[0] + world * 10
         assert owner.cas_conflicts + other.cas_conflicts == before[2]
         # Its metrics show the job's ledger from the owner only: the other's cached copy
-        # is stale.
+        # (it has one when a warm-up request reached it: the queue group picks at random,
+        # and all of them may go to the owner) is stale.
         stored_ledger = await ledger_in_etcd(store, settings, job)
         assert [(f.job, f.done) for f in owner.owned_ledgers()] == [(job, stored_ledger.done_count)]
-        assert job in other.committer.cache and other.owned_ledgers() == []
+        assert other.owned_ledgers() == []
+        if served(other):
+            assert job in other.committer.cache
 
         # The owner goes (drained, lease revoked): the ranks fall back to the queue group,
         # and a request that reaches the other replica once the owner's key is gone starts
