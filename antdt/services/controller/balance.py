@@ -81,8 +81,8 @@ def _median_among(value: float, copies: int, others: list[float]) -> float:
 
 def predicted_step_s(models: Sequence[StepTimeModel], batches: Sequence[int]) -> float:
     """Under BSP a step lasts as long as its slowest rank; ranks given 0 samples wait.
-    One pass at C speed: a target of 10,000 ranks, many with a model of their own,
-    predicts its plans with it."""
+    The definition, one pass at C speed; targets predict their plans by class or from
+    their class table's arrays (`Target.step_s`), which the tests hold to it."""
     if len(models) != len(batches):
         raise ValueError("models and batches must name the same ranks")
     fixed, per_sample = map(attrgetter("fixed_s"), models), map(attrgetter("per_sample_s"), models)

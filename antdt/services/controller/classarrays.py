@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-import numpy.typing as npt
 
-Floats = npt.NDArray[np.float64]
-Ints = npt.NDArray[np.int64]
+from antdt.services.controller.splits import Floats, Ints
 
 
 class ClassArrays(NamedTuple):

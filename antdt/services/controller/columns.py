@@ -13,11 +13,9 @@ from operator import attrgetter, truediv
 from typing import cast
 
 import numpy as np
-import numpy.typing as npt
 
 from antdt.schemas import JobHealth, RankState
-
-Floats = npt.NDArray[np.float64]
+from antdt.services.controller.splits import Floats
 
 _USABLE = frozenset((RankState.OK, RankState.SLOW, RankState.LEADER))
 

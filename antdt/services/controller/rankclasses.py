@@ -16,9 +16,8 @@ from operator import eq, is_, is_not
 from typing import NamedTuple, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-Floats = npt.NDArray[np.float64]
+from antdt.services.controller.splits import Floats
 
 
 class StepTimeModel(Protocol):

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+#: The controller's array types (the planners, the health's sorted columns).
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 
@@ -115,4 +116,4 @@ def ints(values: Sequence[int]) -> Ints:
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
-__all__ = ["bounded_moves", "ints", "round_keeping_sum", "water_fill"]
+__all__ = ["Floats", "Ints", "bounded_moves", "ints", "round_keeping_sum", "water_fill"]

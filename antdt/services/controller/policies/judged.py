@@ -14,7 +14,8 @@ import numpy as np
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
 from antdt.services.controller.balance import StepModel
-from antdt.services.controller.columns import Floats, HealthColumns
+from antdt.services.controller.columns import HealthColumns
+from antdt.services.controller.splits import Floats
 from antdt.services.controller.view import JobView
 
 _HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
