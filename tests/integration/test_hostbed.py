@@ -190,10 +190,13 @@ def test_contention_slows_only_the_host_it_runs_in(bed: HostBed) -> None:
         bed.stop(neighbour)
     # Alone, and calm beside the contention: the fastest round, which the machine's other
     # load disturbs least. Contended: the median round, since how the host's CPU budget
-    # falls between the loop and its neighbours varies round to round.
+    # falls between the loop and its neighbours varies round to round. The calm host still
+    # shares the machine's cores (their caches, perhaps SMT siblings) with the busy one in
+    # the moments its budget runs: up to 1.32x measured. Contention put in the wrong host
+    # would read 3x there.
     times = (busy_alone, busy_contended, calm_alone, calm_meanwhile)
     assert statistics.median(busy_contended) / busy_alone >= 1.5, times  # 3: a third
-    assert min(calm_meanwhile) / calm_alone <= 1.3, times
+    assert min(calm_meanwhile) / calm_alone <= 1.6, times
 
 
 def test_cleanup_leaves_nothing_after_a_test_raises() -> None:
