@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,7 @@ from antdt.services.controller.plans import (
     upper_bounds,
 )
 from antdt.services.controller.policies import AdjustBatchAction
+from antdt.services.controller.splits import ints
 
 
 @pytest.mark.parametrize(
@@ -241,3 +244,49 @@ def test_a_global_batch_the_planners_cannot_split_exactly_is_refused() -> None:
     old, new = (2**30, 2**31 - 1 - 2**30), (2**31 - 2, 1)  # about the largest move there is
     for fraction in (0.5, 0.3, 1e-9):
         assert bounded_change(old, new, fraction) == reference_bounded_change(old, new, fraction)
+
+
+def _feasibility_rank_by_rank(global_batch: int, lower: list[int], upper: list[int]) -> str:
+    """What `check_feasible` says, checked rank by rank ('' when a plan fits)."""
+    for rank, (lo, hi) in enumerate(zip(lower, upper, strict=True)):
+        if hi < lo:
+            return f"rank {rank}: largest batch {hi} is below the smallest {lo}"
+    if sum(lower) > global_batch:
+        return f"minimum batches sum to {sum(lower)} > global batch {global_batch}"
+    if sum(upper) < global_batch:
+        return f"ranks hold at most {sum(upper)} samples"
+    return ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 200),
+    st.integers(1, 8),
+    st.lists(st.integers(0, 30), min_size=1, max_size=2),
+    st.lists(st.integers(0, 30), min_size=1, max_size=2),
+)
+def test_feasibility_of_one_bound_for_all_is_read_as_rank_by_rank(
+    global_batch: int, n: int, lows: list[int], highs: list[int]
+) -> None:
+    """Bounds of one value for every rank are checked at C speed: the same verdict and
+    message as rank by rank, and bounds that differ between ranks still checked each."""
+    lower = [lows[r % len(lows)] for r in range(n)]
+    upper = [highs[r % len(highs)] for r in range(n)]
+    expected = _feasibility_rank_by_rank(global_batch, lower, upper)
+    if not expected:
+        check_feasible(global_batch, lower, upper)
+        return
+    with pytest.raises(ValueError) as refused:
+        check_feasible(global_batch, lower, upper)
+    assert str(refused.value).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(), (5,), (7, 7, 7), [2**31 - 1] * 4, (3, 3, 4), [0, 1, 1], np.array([4, 4, 4])],
+    ids=["empty", "one", "same", "largest", "differ-last", "differ-first", "array"],
+)
+def test_ints_of_one_value_throughout_equal_those_read_one_by_one(values: Sequence[int]) -> None:
+    made = ints(values)
+    assert made.dtype == np.int64
+    assert made.tolist() == [int(v) for v in values]

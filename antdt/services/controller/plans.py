@@ -16,7 +16,13 @@ import numpy as np
 from antdt.schemas import JobHealth, JobSpec, Plan
 from antdt.schemas.plan import check_accumulation
 from antdt.services.controller.actions import AdjustBatchAction
-from antdt.services.controller.splits import bounded_moves, ints, round_keeping_sum, water_fill
+from antdt.services.controller.splits import (
+    Floats,
+    bounded_moves,
+    ints,
+    round_keeping_sum,
+    water_fill,
+)
 
 
 def upper_bounds(
@@ -35,17 +41,25 @@ def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]
         raise ValueError("a plan needs at least one rank")
     if len(lower) != len(upper):
         raise ValueError("lower and upper bounds must name the same ranks")
-    ordered = all(map(operator.le, lower, upper))
+    one_each = _same(lower) and _same(upper)  # the usual bounds: one value for every rank
+    ordered = lower[0] <= upper[0] if one_each else all(map(operator.le, lower, upper))
     for rank, (lo, hi) in enumerate(() if ordered else zip(lower, upper, strict=True)):
         if hi < lo:
             raise ValueError(f"rank {rank}: largest batch {hi} is below the smallest {lo}")
-    if sum(lower) > global_batch:
-        raise ValueError(f"minimum batches sum to {sum(lower)} > global batch {global_batch}")
-    if sum(upper) < global_batch:
+    least = lower[0] * len(lower) if one_each else sum(lower)
+    most = upper[0] * len(upper) if one_each else sum(upper)
+    if least > global_batch:
+        raise ValueError(f"minimum batches sum to {least} > global batch {global_batch}")
+    if most < global_batch:
         raise ValueError(
-            f"ranks hold at most {sum(upper)} samples (max batch, memory caps) "
+            f"ranks hold at most {most} samples (max batch, memory caps) "
             f"< global batch {global_batch}"
         )
+
+
+def _same(values: Sequence[int]) -> bool:
+    """Whether every value equals the first (at C speed: bounds share one int object)."""
+    return values.count(values[0]) == len(values)
 
 
 def proportional_shares(
@@ -76,17 +90,18 @@ def bounded_change(old: Sequence[int], new: Sequence[int], max_fraction: float) 
     none moves more than max(1, floor(max_fraction x max(old_i, mean batch))). The sum
     stays, and each value lies between old_i and new_i (within any bounds both respect);
     the mean term lets a rank starved to a tiny batch grow back in a few moves."""
-    if len(old) != len(new) or sum(old) != sum(new):
+    total = sum(old)
+    if len(old) != len(new) or total != sum(new):
         raise ValueError("old and new plans must have the same ranks and the same sum")
     if not max_fraction > 0:
         raise ValueError("max_fraction must be > 0")
     if math.isinf(max_fraction):
         return tuple(new)
-    moved = bounded_moves(ints(old), ints(new), max_fraction)
+    moved = bounded_moves(ints(old), ints(new), max_fraction, total)
     return tuple(new) if moved is None else tuple(moved.tolist())
 
 
-def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float]) -> float:
+def predicted_step_time(local_batch: Sequence[int], speeds: Sequence[float] | Floats) -> float:
     """Under BSP a step lasts as long as the slowest rank: max_i b_i / speed_i."""
     if len(local_batch) != len(speeds):
         raise ValueError("a plan and its speeds must name the same ranks")

@@ -73,12 +73,12 @@ def round_keeping_sum(real: Floats, total: int, lower: Ints, upper: Ints) -> Int
     return shares
 
 
-def bounded_moves(old: Ints, new: Ints, max_fraction: float) -> Ints | None:
-    """`plans.bounded_change`'s plan of two valid plans (same ranks and sum, a finite
-    fraction > 0), or None when `new` is within reach. Every rank moves the same exact
-    fraction num / den of its way, truncated towards `old`; the rounding units go to
-    the ranks cut the most, in their direction (ties by rank)."""
-    mean = sum(old.tolist()) / len(old)
+def bounded_moves(old: Ints, new: Ints, max_fraction: float, total: int) -> Ints | None:
+    """`plans.bounded_change`'s plan of two valid plans (same ranks and sum `total`, a
+    finite fraction > 0), or None when `new` is within reach. Every rank moves the same
+    exact fraction num / den of its way, truncated towards `old`; the rounding units go
+    to the ranks cut the most, in their direction (ties by rank)."""
+    mean = total / len(old)
     limits = np.maximum(1, np.floor(max_fraction * np.maximum(old, mean))).astype(np.int64)
     deltas = new - old
     num, den = _scale(deltas, limits)
@@ -113,6 +113,10 @@ def _scale(deltas: Ints, limits: Ints) -> tuple[int, int]:
 
 
 def ints(values: Sequence[int]) -> Ints:
+    """`values` as an array; one value throughout (equal shares, uniform bounds: one int
+    object, counted at C speed) is filled without reading each."""
+    if isinstance(values, list | tuple) and values and values.count(values[0]) == len(values):
+        return np.full(len(values), values[0], dtype=np.int64)
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+import numpy as np
+
 from antdt.schemas import Incident, IncidentState, JobHealth, StragglerClass
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
@@ -22,7 +24,7 @@ from antdt.services.controller.plans import (
     predicted_step_time,
     proportional_shares,
 )
-from antdt.services.controller.policies.judged import measured_speeds
+from antdt.services.controller.policies.judged import any_unknown, measured_speeds
 from antdt.services.controller.view import JobView
 
 #: dd's own defaults for the shared guardrails (a job's params still override them).
@@ -97,13 +99,14 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     spec, current = view.spec, view.plan
     must_fix = current_violation(view)
     speeds = measured_speeds(view)
+    unknown = any_unknown(view, speeds)
     if not must_fix:
-        if None in speeds:
+        if unknown:
             return None  # plan from every rank's speed, or not at all
         ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
         if ours and view.now - current.created_at < params.replan_s:
             return None  # one plan, then quiet
-    filled = _filled(speeds)
+    filled = _filled(speeds, unknown)
     upper = accumulation_upper_bounds(
         spec.world_size,
         spec.global_batch,
@@ -132,13 +135,14 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     )
     if (local, micro, accumulation) == now_running:
         return None
-    before = predicted_step_time(current.local_batch, filled)
-    after = predicted_step_time(local, filled)
+    rates = np.asarray(filled, dtype=np.float64)  # read once for both predictions
+    before = predicted_step_time(current.local_batch, rates)
+    after = predicted_step_time(local, rates)
     if not must_fix and not params.rails.worth_it(before, after):
         return None
     why = f"fix: {must_fix}; " if must_fix else ""
-    unknown = [str(r) for r, s in enumerate(speeds) if s is None] if None in speeds else []
-    head = f"{PROVISIONAL} (no speed yet: ranks {','.join(unknown)})" if unknown else "antdt-dd"
+    missing = [str(r) for r, s in enumerate(speeds) if s is None] if unknown else []
+    head = f"{PROVISIONAL} (no speed yet: ranks {','.join(missing)})" if missing else "antdt-dd"
     reason = (
         f"{head}: {why}batches proportional to compute speed, micro-batches within "
         f"memory caps (accumulation up to {max(accumulation)}); predicted step "
@@ -147,9 +151,10 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     return DdPlan(local, micro, accumulation, reason)
 
 
-def _filled(speeds: Sequence[float | None]) -> list[float]:
-    """`speeds` with an unknown one at the known ones' median (1.0 when none is known)."""
-    if None not in speeds:
+def _filled(speeds: Sequence[float | None], unknown: bool) -> list[float]:
+    """`speeds` with an unknown one (`unknown`: some is) at the known ones' median (1.0
+    when none is known)."""
+    if not unknown:
         return cast(list[float], list(speeds))
     known = [s for s in speeds if s is not None]
     fallback = statistics.median(known) if known else 1.0

@@ -164,21 +164,22 @@ def _cpu_plan(
     towards it within `max_change`, taken only when the predicted step time drops by
     `min_gain` or the current plan breaks a bound."""
     current = tuple(view.plan.local_batch)
-    lower, upper = batch_bounds(view)
+    must_fix = not within_bounds(current, *batch_bounds(view))
     models = judged_models(view, speeds, deviating=set())
     if models is None:
         target = proportional_target(view, judged_speeds(view, speeds, deviating=set()))
-    elif _models_behind(view, params) and within_bounds(current, lower, upper):
+    elif _models_behind(view, params) and not must_fix:
         return None
     else:
         target = balanced_target(view, models)
     if target is None:
         return None  # no plan within the bounds: leave the job as it is
+    # Each rank's proposal lies between its batch now and the target's, both within the
+    # bounds unless the current plan broke a new cap.
     proposal = bounded_change(current, target.plan, params.rails.max_change)
-    if not within_bounds(proposal, lower, upper):
+    if must_fix and not within_bounds(proposal, *batch_bounds(view)):
         proposal = target.plan  # the current plan broke a new cap: fix it at once
     before, after = target.step_s(current), target.step_s(proposal)
-    must_fix = not within_bounds(current, lower, upper)
     if proposal == current or not (must_fix or params.rails.worth_it(before, after)):
         return None
     reason = (

@@ -305,7 +305,7 @@ def _healed_by_model(
     model (or its own, if that predicts faster at its batch)."""
     rest = list(models)
     del rest[rank]
-    others = [m for m in rest if m is not None] if None in rest else cast(list[StepModel], rest)
+    others = cast(list[StepModel], rest) if all(rest) else [m for m in rest if m is not None]
     own = models[rank]
     if own is None or not others:
         return None, None

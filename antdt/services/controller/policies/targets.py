@@ -128,7 +128,7 @@ def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Targe
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
     known: Sequence[int]
-    if None in models:
+    if not all(models):  # a model is a pair, always true: only None is false (C speed)
         present = [m is not None for m in models]
         known = tuple(compress(range(len(models)), present))
         fitted = cast(tuple[StepModel, ...], tuple(compress(models, present)))
