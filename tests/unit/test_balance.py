@@ -8,7 +8,12 @@ from typing import NamedTuple
 
 import pytest
 
-from antdt.services.controller.balance import balanced_batches, predicted_step_s
+from antdt.services.controller.balance import (
+    StepModel,
+    balanced_batches,
+    predicted_step_s,
+    step_models,
+)
 from antdt.services.monitor.speed import SpeedModel
 
 
@@ -248,3 +253,15 @@ def test_equal_models_in_distinct_objects_plan_as_one_class(ranks: int) -> None:
         expected = reference_balanced_batches(models, total, lower, upper)
         assert balanced_batches(models, total, lower, upper) == expected
         assert median_model(models) == HEALTHY
+
+
+def test_models_made_at_c_speed_are_the_models_made_one_by_one() -> None:
+    fixed, per_sample = [0.5, 0.0, 1e-3], [0.01, 2.0, 0.25]
+    made = step_models(fixed, per_sample)
+    one_by_one = [StepModel(f, p) for f, p in zip(fixed, per_sample, strict=True)]
+    assert made == one_by_one
+    assert all(type(m) is StepModel for m in made)
+    assert [m.predict(8) for m in made] == [m.predict(8) for m in one_by_one]
+    assert [m.per_sample_s for m in made] == per_sample
+    with pytest.raises(ValueError):
+        step_models(fixed, per_sample[:2])

@@ -119,5 +119,7 @@ def within_bounds(local_batch: Sequence[int], lower: Sequence[int], upper: Seque
     if not local_batch:
         return True
     if lower.count(lower[0]) == len(lower) and upper.count(upper[0]) == len(upper):
+        if local_batch.count(local_batch[0]) == len(local_batch):  # equal shares
+            return lower[0] <= local_batch[0] <= upper[0]
         return lower[0] <= min(local_batch) and max(local_batch) <= upper[0]  # one bound each
     return all(map(le, lower, local_batch)) and all(map(le, local_batch, upper))

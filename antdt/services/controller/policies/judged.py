@@ -5,6 +5,7 @@ Rules: docs/architecture.md, "The lb-bsp policy"."""
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
@@ -13,7 +14,7 @@ from typing import cast
 import numpy as np
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
-from antdt.services.controller.balance import StepModel
+from antdt.services.controller.balance import StepModel, step_models
 from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.splits import Floats
 from antdt.services.controller.view import JobView
@@ -129,7 +130,7 @@ def judged_speeds(
     """Measured speeds, except that a rank not held deviating (`held_ranks`) counts as
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
-    held = [r for r in held_ranks(view, deviating) if 0 <= r < len(speeds)]
+    held = _ranks_within(held_ranks(view, deviating), len(speeds))
     typical = _others_median(view, speeds, held)
     if typical is None:
         return list(speeds)
@@ -157,7 +158,7 @@ def _others_median(view: JobView, speeds: Sequence[float | None], held: list[int
     the health's sorted column when `speeds` are its measured ones."""
     columns = view.health_columns if view.health is not None else None
     if columns is not None and speeds is columns.speeds and columns.sorted_speeds is not None:
-        return _median_without(columns.sorted_speeds, [cast(float, speeds[r]) for r in held])
+        return _median_without(columns.sorted_speeds, list(map(speeds.__getitem__, held)))
     others = list(speeds)
     for rank in held:
         others[rank] = None
@@ -235,23 +236,21 @@ def _fitted_columns(
 ) -> tuple[dict[int, StepModel], StepModel | None]:
     """`_fitted` of a job whose ranks all have a model, from its columns: the others'
     parts come sorted, the held ranks' left out of their medians."""
-    fixed = cast(list[float], columns.fixed)
-    per_sample = cast(list[float], columns.per_sample)
-    mine = sorted(r for r in held if 0 <= r < len(fixed))
-    own = dict(
-        zip(
-            mine,
-            map(StepModel, map(fixed.__getitem__, mine), map(per_sample.__getitem__, mine)),
-            strict=True,
-        )
-    )
-    typical_fixed = _median_without(cast(Floats, columns.sorted_fixed), [fixed[r] for r in mine])
+    mine = _ranks_within(held, len(columns.fixed))
+    fixed = list(map(cast(list[float], columns.fixed).__getitem__, mine))
+    per_sample = list(map(cast(list[float], columns.per_sample).__getitem__, mine))
+    own = dict(zip(mine, step_models(fixed, per_sample), strict=True))
+    typical_fixed = _median_without(cast(Floats, columns.sorted_fixed), fixed)
     if typical_fixed is None:
         return own, None
-    typical_per_sample = _median_without(
-        cast(Floats, columns.sorted_per_sample), [per_sample[r] for r in mine]
-    )
+    typical_per_sample = _median_without(cast(Floats, columns.sorted_per_sample), per_sample)
     return own, StepModel(typical_fixed, cast(float, typical_per_sample))
+
+
+def _ranks_within(ranks: AbstractSet[int], world_size: int) -> list[int]:
+    """`ranks` in [0, world_size), ascending (those outside cut off by bisection)."""
+    ordered = sorted(ranks)
+    return ordered[bisect.bisect_left(ordered, 0) : bisect.bisect_left(ordered, world_size)]
 
 
 def _median_without(ordered: Floats, values: Sequence[float]) -> float | None:

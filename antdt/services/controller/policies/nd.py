@@ -281,7 +281,7 @@ def estimate_by_model(
     if now is None or after is None:
         return None
     plan_after = after.plan if after.plan != tuple(view.plan.local_batch) else None
-    return RestartEstimate(now.step_s(now.plan), after.step_s(after.plan), steps_left, plan_after)
+    return RestartEstimate(now.planned_step_s, after.planned_step_s, steps_left, plan_after)
 
 
 def _healed_by_speed(

@@ -63,7 +63,7 @@ def restart_bound(view: JobView, speeds: Sequence[float | None]) -> RestartBound
     now = balanced_target(view, models)
     if now is None or now.models is None:
         return None
-    step_s = now.step_s(now.plan)
+    step_s = now.planned_step_s
     if not step_s > 0:
         return None
     _, upper = batch_bounds(view)

@@ -50,13 +50,18 @@ class Target:
         # > 0, as every balanced plan's model, so time grows with the batch).
         rare, common = self._rare, self._common
         times = [self.models[r].predict(batches[r]) for r in rare if batches[r]]
-        top = max(batches, default=0)
+        top = _largest(batches)
         if batches.count(top) == sum(1 for r in rare if batches[r] == top):
             rest = set(range(len(batches))) - set(rare)
             top = max((batches[r] for r in rest), default=0)
         if top:
             times.append(common.predict(top))
         return max(times, default=0.0)
+
+    @cached_property
+    def planned_step_s(self) -> float:
+        """`step_s` of the target's own plan (once: several estimates read it)."""
+        return self.step_s(self.plan)
 
     @cached_property
     def parts(self) -> tuple[Floats, Floats]:
@@ -97,6 +102,15 @@ class Target:
         if self.models is not None:
             return "batches balancing the ranks' step-time models"
         return "batches proportional to compute speed"
+
+
+def _largest(batches: Sequence[int]) -> int:
+    """The largest batch (0 when none); one batch throughout (equal shares: one int
+    object) read by `count`, at C speed, without comparing every pair."""
+    if not batches:
+        return 0
+    first = batches[0]
+    return first if batches.count(first) == len(batches) else max(batches)
 
 
 def proportional_target(view: JobView, speeds: Sequence[float | None]) -> Target | None:
