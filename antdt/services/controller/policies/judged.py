@@ -130,7 +130,7 @@ def judged_speeds(
     """Measured speeds, except that a rank not held deviating (`held_ranks`) counts as
     typical, the median of such ranks: a plan built on their differences would outlive
     the straggler it was for."""
-    held = _ranks_within(held_ranks(view, deviating), len(speeds))
+    held = ranks_within(held_ranks(view, deviating), len(speeds))
     typical = _others_median(view, speeds, held)
     if typical is None:
         return list(speeds)
@@ -236,7 +236,7 @@ def _fitted_columns(
 ) -> tuple[dict[int, StepModel], StepModel | None]:
     """`_fitted` of a job whose ranks all have a model, from its columns: the others'
     parts come sorted, the held ranks' left out of their medians."""
-    mine = _ranks_within(held, len(columns.fixed))
+    mine = ranks_within(held, len(columns.fixed))
     fixed = list(map(cast(list[float], columns.fixed).__getitem__, mine))
     per_sample = list(map(cast(list[float], columns.per_sample).__getitem__, mine))
     own = dict(zip(mine, step_models(fixed, per_sample), strict=True))
@@ -247,7 +247,7 @@ def _fitted_columns(
     return own, StepModel(typical_fixed, cast(float, typical_per_sample))
 
 
-def _ranks_within(ranks: AbstractSet[int], world_size: int) -> list[int]:
+def ranks_within(ranks: AbstractSet[int], world_size: int) -> list[int]:
     """`ranks` in [0, world_size), ascending (those outside cut off by bisection)."""
     ordered = sorted(ranks)
     return ordered[bisect.bisect_left(ordered, 0) : bisect.bisect_left(ordered, world_size)]
@@ -288,6 +288,7 @@ def _rows_usable(view: JobView) -> list[RankHealth]:
 
 
 __all__ = [
+    "any_unknown",
     "data_per_sample",
     "held_ranks",
     "judged_models",
@@ -295,5 +296,6 @@ __all__ = [
     "link_bound",
     "measured_models",
     "measured_speeds",
+    "ranks_within",
     "without_link_bound",
 ]

@@ -209,19 +209,36 @@ def unclassified_ratio(
 def _open_slow(
     view: JobView, event: JobHealth | Incident, classes: tuple[StragglerClass, ...]
 ) -> list[Incident]:
+    """The open SLOW incidents of `classes` but a slow link's, about the host each rank
+    runs on now (the view's, with `event` when it is one), in the view's order."""
+    by_class = view.remembered("open_slow", event, lambda: _open_slow_by_class(view, event))
+    if len(classes) == 1:
+        return by_class.get(classes[0], [])
+    return [i for i in by_class.get(None, []) if i.straggler_class in classes]
+
+
+def _open_slow_by_class(
+    view: JobView, event: JobHealth | Incident
+) -> dict[StragglerClass | None, list[Incident]]:
+    """`_open_slow`'s incidents, by class, and all of them under None: one pass a view
+    (a crowd is thousands of incidents, read by several questions a decision)."""
     incidents = {i.id: i for i in view.open_incidents}
     if isinstance(event, Incident):
         incidents[event.id] = event
-    return [
+    world, hosts = view.spec.world_size, view.hosts
+    found = [
         i
         for i in incidents.values()
         if i.kind == IncidentKind.SLOW
-        and i.straggler_class in classes
         and i.state != IncidentState.RESOLVED
         and i.cause != Cause.COMMUNICATION
-        and 0 <= i.rank < view.spec.world_size
-        and view.hosts.get(i.rank, i.host) == i.host
+        and 0 <= i.rank < world
+        and hosts.get(i.rank, i.host) == i.host
     ]
+    by_class: dict[StragglerClass | None, list[Incident]] = {None: found}
+    for incident in found:
+        by_class.setdefault(incident.straggler_class, []).append(incident)
+    return by_class
 
 
 def held_for_spare(

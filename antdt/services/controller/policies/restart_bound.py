@@ -22,7 +22,7 @@ import numpy as np
 
 from antdt.services.controller.balance import StepModel
 from antdt.services.controller.guardrails import batch_bounds
-from antdt.services.controller.policies.judged import held_ranks, judged_models
+from antdt.services.controller.policies.judged import held_ranks, judged_models, ranks_within
 from antdt.services.controller.policies.targets import balanced_target
 from antdt.services.controller.splits import Floats, Ints, ints
 from antdt.services.controller.view import JobView
@@ -80,7 +80,7 @@ def restart_bound(view: JobView, speeds: Sequence[float | None]) -> RestartBound
     deficit = int(ints(now.plan)[known].sum()) - capacity
     at = np.full(len(upper), -1, dtype=np.int64)
     at[known] = np.arange(len(known))
-    ranks = np.array(sorted(r for r in held if 0 <= r < len(upper)), dtype=np.int64)
+    ranks = np.array(ranks_within(held, len(upper)), dtype=np.int64)
     ranks = ranks[at[ranks] >= 0]  # held, and planned with these models
     ranks = ranks[under[at[ranks]]]
     most_of = dict(zip(ranks.tolist(), most[at[ranks]].tolist(), strict=True))
