@@ -31,7 +31,7 @@ def _reference_plan(table: ClassTable, total: int) -> tuple[int, ...]:
     ranks = sum(map(len, table.ranks))
     models: list[Any] = [None] * ranks
     lower, upper = [0] * ranks, [0] * ranks
-    for model, members, lo, hi in zip(*table, strict=True):
+    for model, members, lo, hi in zip(table.models, table.ranks, table.lo, table.hi, strict=True):
         for rank in members:
             models[rank], lower[rank], upper[rank] = model, lo, hi
     return reference_balanced_batches(models, total, lower, upper)

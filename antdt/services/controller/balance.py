@@ -141,7 +141,7 @@ def _planned_in_arrays(table: ClassTable, total: int, ranks: int) -> tuple[int, 
     take two."""
     count = len(table.models)
     arrays = ClassArrays(
-        size=np.fromiter(map(len, table.ranks), np.int64, count),
+        size=table.sizes,
         fixed_s=np.fromiter(map(attrgetter("fixed_s"), table.models), np.float64, count),
         per_sample_s=np.fromiter(map(attrgetter("per_sample_s"), table.models), np.float64, count),
         lo=np.array(table.lo, dtype=np.int64),
@@ -160,11 +160,9 @@ def _planned_in_arrays(table: ClassTable, total: int, ranks: int) -> tuple[int, 
         return _settle(classes, total, ranks)
     sign = 1 if missing > 0 else -1
     batch[moves.moved] += sign
-    largest = int(arrays.size.argmax())  # the first of the largest, as max() picks
-    plan = np.full(ranks, batch[largest], dtype=np.int64)
-    others = [i for i in range(count) if i != largest]
-    members = list(chain.from_iterable(map(table.ranks.__getitem__, others)))
-    plan[members] = np.repeat(batch[others], arrays.size[others])
+    plan = np.full(ranks, batch[table.largest], dtype=np.int64)
+    others = table.others
+    plan[table.others_ranks] = np.repeat(batch[others], arrays.size[others])
     if moves.left:
         cut = chain.from_iterable(map(table.ranks.__getitem__, moves.cut))
         plan[sorted(cut)[: moves.left]] += sign

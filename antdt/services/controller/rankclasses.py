@@ -11,13 +11,15 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain, compress, repeat
 from operator import eq, is_, is_not
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from antdt.services.controller.splits import Floats
+from antdt.services.controller.splits import Floats, Ints
 
 
 class StepTimeModel(Protocol):
@@ -30,39 +32,53 @@ class StepTimeModel(Protocol):
     def per_sample_s(self) -> float: ...
 
 
-class ClassTable(NamedTuple):
-    """Classes in order of their first rank: each one's model, ranks and bounds."""
+@dataclass(frozen=True)
+class ClassTable:
+    """Classes in order of their first rank: each one's model, ranks and bounds. What
+    the planner and the predictions read more than once (the largest class, the ranks
+    of the others) is derived once."""
 
     models: list[StepTimeModel]
     ranks: list[list[int]]
     lo: list[int]
     hi: list[int]
 
-    @property
+    @cached_property
+    def sizes(self) -> Ints:
+        """Each class's number of ranks."""
+        return np.fromiter(map(len, self.ranks), np.int64, len(self.ranks))
+
+    @cached_property
     def largest(self) -> int:
         """The class with the most ranks (the first of them): the job's common model."""
-        sizes = list(map(len, self.ranks))
-        return sizes.index(max(sizes))
+        return int(self.sizes.argmax())
+
+    @cached_property
+    def others(self) -> list[int]:
+        """The classes but the largest, in order."""
+        largest = self.largest
+        return [i for i in range(len(self.models)) if i != largest]
+
+    @cached_property
+    def others_ranks(self) -> list[int]:
+        """The ranks of `others`, class after class."""
+        return list(chain.from_iterable(map(self.ranks.__getitem__, self.others)))
 
     def odd_ranks(self, most: int) -> list[int] | None:
         """The ranks outside the largest class, ascending, when at most `most`."""
-        largest = self.largest
-        count = sum(len(r) for i, r in enumerate(self.ranks) if i != largest)
-        if count > most:
+        if len(self.others_ranks) > most:
             return None
-        return sorted(r for i, ranks in enumerate(self.ranks) if i != largest for r in ranks)
+        return sorted(self.others_ranks)
 
     def parts(self) -> tuple[Floats, Floats]:
         """Every rank's model parts (fixed_s, per_sample_s) as arrays, by rank: the largest
         class's filled in at once, the others' placed rank by rank."""
-        largest, ranks = self.largest, sum(map(len, self.ranks))
-        common = self.models[largest]
+        common, ranks = self.models[self.largest], int(self.sizes.sum())
         fixed = np.full(ranks, common.fixed_s, dtype=np.float64)
         per_sample = np.full(ranks, common.per_sample_s, dtype=np.float64)
-        others = [i for i in range(len(self.models)) if i != largest]
+        others = self.others
         if others:
-            sizes = [len(self.ranks[i]) for i in others]
-            at = list(chain.from_iterable(map(self.ranks.__getitem__, others)))
+            sizes, at = self.sizes[others], self.others_ranks
             fixed[at] = np.repeat([self.models[i].fixed_s for i in others], sizes)
             per_sample[at] = np.repeat([self.models[i].per_sample_s for i in others], sizes)
         return fixed, per_sample
