@@ -16,10 +16,10 @@ import numpy as np
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
 from antdt.services.controller.balance import StepModel, step_models
 from antdt.services.controller.columns import HealthColumns
+from antdt.services.controller.policies.incident_facts import facts_of, incident_facts
 from antdt.services.controller.splits import Floats
 from antdt.services.controller.view import JobView
 
-_HELD = (IncidentKind.SLOW, IncidentKind.LEADER)
 _USABLE = (RankState.OK, RankState.SLOW, RankState.LEADER)
 
 
@@ -66,7 +66,7 @@ def data_per_sample(view: JobView) -> dict[int, float]:
 
 def _data_per_sample(view: JobView) -> dict[int, float]:
     assert view.health is not None
-    bound = {i.rank for i in view.open_incidents if _open_slow(i, Cause.DATA)}
+    bound = incident_facts(view).data_bound
     if not bound:
         return {}
     step_s = view.health.step_s
@@ -80,16 +80,7 @@ def _data_per_sample(view: JobView) -> dict[int, float]:
 def held_ranks(view: JobView, deviating: AbstractSet[int]) -> set[int]:
     """Ranks held deviating: `deviating`, and those of an open SLOW or LEADER incident
     (with the ranks of its host when the host slowed as one)."""
-    return set(deviating) | view.remembered("held_ranks", None, lambda: _held_by_incidents(view))
-
-
-def _held_by_incidents(view: JobView) -> frozenset[int]:
-    held: set[int] = set()
-    for incident in view.open_incidents:
-        if incident.kind in _HELD and incident.state != IncidentState.RESOLVED:
-            held.add(incident.rank)
-            held.update(incident.host_ranks or ())
-    return frozenset(held)
+    return set(deviating) | incident_facts(view).held
 
 
 def link_bound(incident: Incident) -> bool:
@@ -111,17 +102,12 @@ def without_link_bound(
 ) -> tuple[float | None, ...]:
     """`speeds` with the ranks of link-bound incidents (the view's, and `event` when it
     is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
-    bound = view.remembered("link_bound", None, lambda: _link_bound_ranks(view.open_incidents))
+    bound = incident_facts(view).link_bound
     if isinstance(event, Incident) and link_bound(event):
-        bound = bound | _link_bound_ranks((event,))
+        bound = bound | facts_of((event,)).link_bound
     if not bound:
         return tuple(speeds)
     return tuple(None if r in bound else s for r, s in enumerate(speeds))
-
-
-def _link_bound_ranks(incidents: Sequence[Incident]) -> frozenset[int]:
-    """The ranks of the link-bound incidents among `incidents` (with their hosts' ranks)."""
-    return frozenset(r for i in incidents if link_bound(i) for r in (i.rank, *(i.host_ranks or ())))
 
 
 def judged_speeds(

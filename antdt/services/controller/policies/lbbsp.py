@@ -21,6 +21,7 @@ from antdt.services.controller.guardrails import (
     within_bounds,
 )
 from antdt.services.controller.plans import bounded_change
+from antdt.services.controller.policies.incident_facts import incident_facts
 from antdt.services.controller.policies.judged import (
     judged_models,
     judged_speeds,
@@ -196,10 +197,9 @@ def _models_behind(view: JobView, params: LbBspParams) -> bool:
     batch or the job's fixed part: a chase."""
     assert view.health is not None
     since = view.plan.effective_step if view.plan.version > 0 else 0
-    for incident in view.open_incidents:
-        if _actionable(incident):
-            run = int(incident.evidence.get("slow_for_steps", 0.0))
-            since = max(since, incident.step - run)
+    for incident in incident_facts(view).actionable:
+        run = int(incident.evidence.get("slow_for_steps", 0.0))
+        since = max(since, incident.step - run)
     return view.health.step < since + params.fit_steps
 
 
@@ -222,7 +222,7 @@ def _mitigation_wanted(view: JobView) -> bool:
     """A health tick may re-plan only while the monitor reports a deviating rank, or to
     undo an earlier mitigation (plan not equal shares): a healthy job is left alone, so
     measurement noise on shared cores never moves batches."""
-    if any(_actionable(incident) for incident in view.open_incidents):
+    if incident_facts(view).actionable:
         return True
     if not within_bounds(view.plan.local_batch, *batch_bounds(view)):
         return True  # a newly reported memory cap must be honoured at once
@@ -242,8 +242,9 @@ def _incident_id(view: JobView, event: JobHealth | Incident) -> str | None:
     """The incident the action answers, for tracing: the event, else an open one."""
     if isinstance(event, Incident):
         return event.id
+    actionable = incident_facts(view).actionable
     for kind in _ACTIONABLE:
-        for incident in view.open_incidents:
-            if incident.kind == kind and _actionable(incident):
+        for incident in actionable:
+            if incident.kind == kind:
                 return incident.id
     return None

@@ -1,0 +1,73 @@
+"""The facts a decision reads of the open incidents, found in one pass, are what each
+question asked of them one by one says."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from antdt.schemas import Cause, Incident, IncidentKind, IncidentState
+from antdt.services.controller.policies.incident_facts import facts_of
+
+KINDS = list(IncidentKind)
+CAUSES = list(Cause)
+STATES = list(IncidentState)
+
+
+def _incident(rnd: random.Random, n: int) -> Incident:
+    rank = rnd.randrange(16)
+    host_ranks = tuple(sorted({rank, *rnd.sample(range(16), 2)})) if rnd.random() < 0.2 else None
+    return Incident(
+        id=f"i{n}",
+        job="facts",
+        rank=rank,
+        host=f"h{rank}",
+        kind=rnd.choice(KINDS),
+        cause=rnd.choice(CAUSES),
+        state=rnd.choice(STATES),
+        step=n,
+        opened_at=1.0,
+        updated_at=2.0,
+        ratio=2.0,
+        windows=1,
+        host_ranks=host_ranks,
+    )
+
+
+def _open(i: Incident) -> bool:
+    return i.state != IncidentState.RESOLVED
+
+
+def _slow_for(i: Incident, cause: Cause) -> bool:
+    return i.kind == IncidentKind.SLOW and i.cause == cause and _open(i)
+
+
+def _ranks(i: Incident) -> set[int]:
+    return {i.rank, *(i.host_ranks or ())}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_one_pass_answers_as_each_question_asked_alone(seed: int) -> None:
+    rnd = random.Random(seed)
+    incidents = [_incident(rnd, n) for n in range(rnd.randrange(0, 30))]
+    facts = facts_of(incidents)
+    held_kinds = (IncidentKind.SLOW, IncidentKind.LEADER)
+    held = [i for i in incidents if i.kind in held_kinds and _open(i)]
+    assert facts.held == {r for i in held for r in _ranks(i)}
+    link = [i for i in incidents if _slow_for(i, Cause.COMMUNICATION)]
+    assert facts.link_bound == {r for i in link for r in _ranks(i)}
+    assert facts.data_bound == {i.rank for i in incidents if _slow_for(i, Cause.DATA)}
+    assert facts.actionable == tuple(i for i in held if i not in link)
+
+
+def test_resolved_stalled_and_link_bound_incidents_are_not_actionable() -> None:
+    rnd = random.Random(7)
+    base = _incident(rnd, 0)
+    slow = base.model_copy(update={"kind": IncidentKind.SLOW, "state": IncidentState.OPENED})
+    stalled = slow.model_copy(update={"id": "s", "kind": IncidentKind.STALLED})
+    resolved = slow.model_copy(update={"id": "r", "state": IncidentState.RESOLVED})
+    link = slow.model_copy(update={"id": "l", "cause": Cause.COMMUNICATION})
+    compute = slow.model_copy(update={"id": "c", "cause": Cause.COMPUTE})
+    facts = facts_of([stalled, resolved, link, compute])
+    assert facts.actionable == (compute,)
