@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain, compress, repeat
-from operator import eq, is_, is_not
+from operator import eq, is_not
 from typing import Protocol
 
 import numpy as np
@@ -187,8 +187,10 @@ def _mostly_one(models: Sequence[StepTimeModel], lo: int, hi: int) -> ClassTable
         main = list(range(n))
         for rank in reversed(rare):  # few: each a memmove, not a pass over every rank
             del main[rank]
-    else:
-        main = list(compress(range(n), map(is_, models, repeat(common))))
+    else:  # the rest, found from the odd ranks in arrays, not by a second pass over all
+        common_ranks = np.ones(n, dtype=bool)
+        common_ranks[rare] = False
+        main = np.flatnonzero(common_ranks).tolist()
     place = bisect.bisect_left([ranks[0] for ranks in ranks_of], main[0])
     found.insert(place, common)
     ranks_of.insert(place, main)

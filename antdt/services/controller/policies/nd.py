@@ -226,12 +226,14 @@ def _open_slow_by_class(
     if isinstance(event, Incident):
         incidents[event.id] = event
     world, hosts = view.spec.world_size, view.hosts
+    # Locals: an enum member read off its class costs ~0.1 us, thousands of times here.
+    slow, resolved, link = IncidentKind.SLOW, IncidentState.RESOLVED, Cause.COMMUNICATION
     found = [
         i
         for i in incidents.values()
-        if i.kind == IncidentKind.SLOW
-        and i.state != IncidentState.RESOLVED
-        and i.cause != Cause.COMMUNICATION
+        if i.kind == slow
+        and i.state != resolved
+        and i.cause != link
         and 0 <= i.rank < world
         and hosts.get(i.rank, i.host) == i.host
     ]
