@@ -51,7 +51,8 @@ class Target:
         rare, common = self._rare, self._common
         times = [self.models[r].predict(batches[r]) for r in rare if batches[r]]
         top = _largest(batches)
-        if batches.count(top) == sum(1 for r in rare if batches[r] == top):
+        rare_at_top = sum(1 for r in rare if batches[r] == top)
+        if rare_at_top and batches.count(top) == rare_at_top:  # only odd ranks reach it
             rest = set(range(len(batches))) - set(rare)
             top = max((batches[r] for r in rest), default=0)
         if top:
