@@ -31,6 +31,7 @@ def _incident(rnd: random.Random, n: int) -> Incident:
         updated_at=2.0,
         ratio=2.0,
         windows=1,
+        evidence={"slow_for_steps": float(rnd.randrange(8))} if rnd.random() < 0.5 else {},
         host_ranks=host_ranks,
     )
 
@@ -59,6 +60,8 @@ def test_one_pass_answers_as_each_question_asked_alone(seed: int) -> None:
     assert facts.link_bound == {r for i in link for r in _ranks(i)}
     assert facts.data_bound == {i.rank for i in incidents if _slow_for(i, Cause.DATA)}
     assert facts.actionable == tuple(i for i in held if i not in link)
+    runs = [i.step - int(i.evidence.get("slow_for_steps", 0.0)) for i in facts.actionable]
+    assert facts.latest_run_began == max([0, *runs])
 
 
 def test_resolved_stalled_and_link_bound_incidents_are_not_actionable() -> None:

@@ -16,12 +16,15 @@ from antdt.services.controller.view import JobView
 
 @dataclass(frozen=True)
 class IncidentFacts:
-    """The view's open (not resolved) SLOW and LEADER incidents, read four ways."""
+    """The view's open (not resolved) SLOW and LEADER incidents, read five ways."""
 
     held: frozenset[int]  # their ranks, and the ranks of a host that slowed as one
     link_bound: frozenset[int]  # the same of SLOW ones caused by the rank's link
     data_bound: frozenset[int]  # the ranks of SLOW ones caused by the rank's data
     actionable: tuple[Incident, ...]  # those but the link-bound, in the view's order
+    #: the latest step (0 at least) at which an actionable one's slow run began: its
+    #: step less its `slow_for_steps` evidence (the monitor's history restarts there)
+    latest_run_began: int = 0
 
 
 def incident_facts(view: JobView) -> IncidentFacts:
@@ -35,6 +38,7 @@ def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
     link_bound: set[int] = set()
     data_bound: set[int] = set()
     actionable: list[Incident] = []
+    began = 0
     slow, leader, resolved = IncidentKind.SLOW, IncidentKind.LEADER, IncidentState.RESOLVED
     link, data = Cause.COMMUNICATION, Cause.DATA
     for incident in incidents:
@@ -50,8 +54,9 @@ def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
         if cause == data:
             data_bound.add(incident.rank)
         actionable.append(incident)
+        began = max(began, incident.step - int(incident.evidence.get("slow_for_steps", 0.0)))
     return IncidentFacts(
-        frozenset(held), frozenset(link_bound), frozenset(data_bound), tuple(actionable)
+        frozenset(held), frozenset(link_bound), frozenset(data_bound), tuple(actionable), began
     )
 
 

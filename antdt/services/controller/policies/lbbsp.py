@@ -197,9 +197,7 @@ def _models_behind(view: JobView, params: LbBspParams) -> bool:
     batch or the job's fixed part: a chase."""
     assert view.health is not None
     since = view.plan.effective_step if view.plan.version > 0 else 0
-    for incident in incident_facts(view).actionable:
-        run = int(incident.evidence.get("slow_for_steps", 0.0))
-        since = max(since, incident.step - run)
+    since = max(since, incident_facts(view).latest_run_began)
     return view.health.step < since + params.fit_steps
 
 
