@@ -134,7 +134,7 @@ def any_unknown(view: JobView, speeds: Sequence[float | None]) -> bool:
     """`None in speeds`, read from the health's columns when `speeds` are its measured
     ones (at 10,000 ranks a scan comparing each float with None costs ~0.3 ms)."""
     columns = view.health_columns if view.health is not None else None
-    if columns is not None and speeds is columns.speeds:
+    if columns is not None and columns.complete and speeds is columns.speeds:
         return columns.sorted_speeds is None  # sorted when every rank has a speed
     return None in speeds
 
