@@ -11,6 +11,7 @@ from typing import TypeVar
 
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.plans import upper_bounds
+from antdt.services.controller.splits import one_value
 from antdt.services.controller.view import JobView
 
 T = TypeVar("T", int, float, str, bool)
@@ -118,8 +119,8 @@ def within_bounds(local_batch: Sequence[int], lower: Sequence[int], upper: Seque
         raise ValueError("a plan and its bounds must name the same ranks")
     if not local_batch:
         return True
-    if lower.count(lower[0]) == len(lower) and upper.count(upper[0]) == len(upper):
-        if local_batch.count(local_batch[0]) == len(local_batch):  # equal shares
+    if one_value(lower) and one_value(upper):
+        if one_value(local_batch):  # equal shares
             return lower[0] <= local_batch[0] <= upper[0]
         return lower[0] <= min(local_batch) and max(local_batch) <= upper[0]  # one bound each
     return all(map(le, lower, local_batch)) and all(map(le, local_batch, upper))

@@ -20,6 +20,7 @@ from antdt.services.controller.splits import (
     Floats,
     bounded_moves,
     ints,
+    one_value,
     round_keeping_sum,
     water_fill,
 )
@@ -41,7 +42,7 @@ def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]
         raise ValueError("a plan needs at least one rank")
     if len(lower) != len(upper):
         raise ValueError("lower and upper bounds must name the same ranks")
-    one_each = _same(lower) and _same(upper)  # the usual bounds: one value for every rank
+    one_each = one_value(lower) and one_value(upper)  # the usual bounds: one value for every rank
     ordered = lower[0] <= upper[0] if one_each else all(map(operator.le, lower, upper))
     for rank, (lo, hi) in enumerate(() if ordered else zip(lower, upper, strict=True)):
         if hi < lo:
@@ -55,11 +56,6 @@ def check_feasible(global_batch: int, lower: Sequence[int], upper: Sequence[int]
             f"ranks hold at most {most} samples (max batch, memory caps) "
             f"< global batch {global_batch}"
         )
-
-
-def _same(values: Sequence[int]) -> bool:
-    """Whether every value equals the first (at C speed: bounds share one int object)."""
-    return values.count(values[0]) == len(values)
 
 
 def proportional_shares(

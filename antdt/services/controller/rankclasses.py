@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from antdt.services.controller.splits import Floats, Ints
+from antdt.services.controller.splits import Floats, Ints, one_value
 
 
 class StepTimeModel(Protocol):
@@ -121,9 +121,7 @@ def group_by_model(
     models: Sequence[StepTimeModel], lower: Sequence[int], upper: Sequence[int]
 ) -> ClassTable:
     """The classes in order of their first rank."""
-    n = len(models)
-    uniform = lower.count(lower[0]) == n and upper.count(upper[0]) == n
-    if uniform:
+    if one_value(lower) and one_value(upper):
         mostly = _mostly_one(models, lower[0], upper[0])
         if mostly is not None:
             return mostly

@@ -112,12 +112,26 @@ def _scale(deltas: Ints, limits: Ints) -> tuple[int, int]:
     return num, den
 
 
+def one_value(values: Sequence[object]) -> bool:
+    """Whether `values` (a list or tuple, not empty) all equal the first: read by `count`
+    at C speed, which matches an identical object without a comparison (equal shares,
+    uniform bounds and the common model are one object throughout)."""
+    return values.count(values[0]) == len(values)
+
+
 def ints(values: Sequence[int]) -> Ints:
-    """`values` as an array; one value throughout (equal shares, uniform bounds: one int
-    object, counted at C speed) is filled without reading each."""
-    if isinstance(values, list | tuple) and values and values.count(values[0]) == len(values):
+    """`values` as an array; one value throughout is filled without reading each."""
+    if isinstance(values, list | tuple) and values and one_value(values):
         return np.full(len(values), values[0], dtype=np.int64)
     return np.fromiter(values, dtype=np.int64, count=len(values))
 
 
-__all__ = ["Floats", "Ints", "bounded_moves", "ints", "round_keeping_sum", "water_fill"]
+__all__ = [
+    "Floats",
+    "Ints",
+    "bounded_moves",
+    "ints",
+    "one_value",
+    "round_keeping_sum",
+    "water_fill",
+]

@@ -17,7 +17,7 @@ import numpy as np
 from antdt.services.controller.balance import ClassTable, StepModel, classes_of, plan_classes
 from antdt.services.controller.guardrails import batch_bounds
 from antdt.services.controller.plans import predicted_step_time, proportional_shares
-from antdt.services.controller.splits import Floats, ints
+from antdt.services.controller.splits import Floats, ints, one_value
 from antdt.services.controller.view import JobView
 
 #: A balanced plan whose ranks but this many share one model predicts by class.
@@ -106,12 +106,10 @@ class Target:
 
 
 def _largest(batches: Sequence[int]) -> int:
-    """The largest batch (0 when none); one batch throughout (equal shares: one int
-    object) read by `count`, at C speed, without comparing every pair."""
+    """The largest batch (0 when none), without comparing every pair when there is one."""
     if not batches:
         return 0
-    first = batches[0]
-    return first if batches.count(first) == len(batches) else max(batches)
+    return batches[0] if one_value(batches) else max(batches)
 
 
 def proportional_target(view: JobView, speeds: Sequence[float | None]) -> Target | None:
