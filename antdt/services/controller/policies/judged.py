@@ -103,7 +103,7 @@ def without_link_bound(
     """`speeds` with the ranks of link-bound incidents (the view's, and `event` when it
     is one) unknown: a plan keeps their batches, never cuts them for a slow link."""
     bound = incident_facts(view).link_bound
-    if isinstance(event, Incident) and link_bound(event):
+    if isinstance(event, Incident):
         bound = bound | facts_of((event,)).link_bound
     if not bound:
         return tuple(speeds)

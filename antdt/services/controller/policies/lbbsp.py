@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from antdt.schemas import Incident, IncidentKind, IncidentState, JobHealth
+from antdt.schemas import Incident, IncidentKind, JobHealth
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
 from antdt.services.controller.guardrails import (
@@ -21,11 +21,10 @@ from antdt.services.controller.guardrails import (
     within_bounds,
 )
 from antdt.services.controller.plans import bounded_change
-from antdt.services.controller.policies.incident_facts import incident_facts
+from antdt.services.controller.policies.incident_facts import facts_of, incident_facts
 from antdt.services.controller.policies.judged import (
     judged_models,
     judged_speeds,
-    link_bound,
     measured_speeds,
     without_link_bound,
 )
@@ -85,7 +84,7 @@ class LbBspPolicy:
         self._gpu: dict[str, _GpuMemory] = {}
 
     def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
-        if isinstance(event, Incident) and not _actionable(event):
+        if isinstance(event, Incident) and not facts_of((event,)).actionable:
             return []
         params = LbBspParams.from_params(view.spec.policy_params)
         if params.rails.hold_reason(view) is not None:
@@ -225,15 +224,6 @@ def _mitigation_wanted(view: JobView) -> bool:
     if not within_bounds(view.plan.local_batch, *batch_bounds(view)):
         return True  # a newly reported memory cap must be honoured at once
     return tuple(view.plan.local_batch) != view.spec.equal_shares()
-
-
-def _actionable(incident: Incident) -> bool:
-    """A straggler or leader a plan can help: not one whose link is slow."""
-    return (
-        incident.kind in _ACTIONABLE
-        and incident.state != IncidentState.RESOLVED
-        and not link_bound(incident)
-    )
 
 
 def _incident_id(view: JobView, event: JobHealth | Incident) -> str | None:
