@@ -55,7 +55,10 @@ async def test_a_client_with_a_deadline_still_gives_up(tmp_path: Path) -> None:
         await Store(EtcdSettings(endpoint=etcd.endpoint)).connect(retry_for_s=1.0)
 
 
-@pytest.mark.parametrize("gap_s", [2.0, pytest.param(60.0, marks=pytest.mark.slow)])
+# A minute of waiting for servers: `make test-long`, beside the other runs of minutes.
+@pytest.mark.parametrize(
+    "gap_s", [2.0, pytest.param(60.0, marks=[pytest.mark.slow, pytest.mark.long])]
+)
 async def test_a_service_started_before_its_servers_comes_up(tmp_path: Path, gap_s: float) -> None:
     nats, etcd = _servers(tmp_path)
     prefix = "antdt.order"
