@@ -77,6 +77,7 @@ class JobDetector:
         self._open = OpenIncidents(job, epoch)
         self._pace = Pace(self.config, world_size)
         self._closed = 0  # windows closed since the fixed part was last refitted
+        self._renewed_step = -1  # the step the job's figures were last renewed at
         self._hosts = HostIndex()
 
     @property
@@ -169,6 +170,8 @@ class JobDetector:
     def _account(self, rank: RankMemory, step: int, row: Row, now: float) -> list[Incident]:
         """The step's figures (`row`) into the rank's window, history and evidence; its
         window closed when full. The transitions that caused."""
+        if step > self._renewed_step:
+            self._renew(step)
         transitions: list[Incident] = []
         window = rank.window
         window.append(row)
@@ -245,6 +248,7 @@ class JobDetector:
         self._hosts.moved()
         self._last_heard_at = now
         self._rewind = True  # health keeps the last step until the restarted run's first
+        self._renewed_step = -1  # the restarted run's first step renews the figures
 
     def adopt(self, incident: Incident, now: float) -> Incident | None:
         """Carry on an incident a previous owner left open, under its id: None when
@@ -333,6 +337,18 @@ class JobDetector:
         if plan > self._plan_version:
             self._plan_version = plan
 
+    def _renew(self, step: int) -> None:
+        """The first event of `step`: the windows closed before it join the job's figures
+        (reference, the other ranks' medians), and once per round of windows (every rank
+        closed one, on average) its healthy share and fixed part are renewed. Every
+        window and step of `step` is weighed against these, in any order of arrival."""
+        self._renewed_step = step
+        if self._judge.renew():
+            self._pace.renewed(self._judge.reference())
+        if self._closed >= self.world_size:
+            self._closed = 0
+            self._pace.round(self._ranks)
+
     def _replanned(self, rank: RankMemory, plan: int, local_batch: int) -> None:
         """Never mix plans in one window: decisions must rest on post-switch figures. A
         new batch also restarts the rank's level, and its evidence waits until the job's
@@ -377,17 +393,13 @@ class JobDetector:
             rank.warmup_left -= 1
             return []
         rank.previous, rank.stats, rank.figures = stats.costs, stats, None
-        rank.judged = self._judge.update(rank.judged, stats, rank.link_rtt_s)
-        reference = self._judge.reference()
         opening = rank.deviation is None
-        pace.window_closed(rank, stats, slow_steps, reference)
+        pace.window_closed(rank, stats, slow_steps)
         self._closed += 1
-        if self._closed >= self.world_size:  # a round: every rank closed one, on average
-            self._closed = 0
-            pace.round(self._ranks)
         judged = self._judge.judge(
-            stats, reference, rank.evidence, pace.fixed_samples, rank.link_rtt_s
+            rank.rank, stats, rank.evidence, pace.fixed_samples, rank.link_rtt_s
         )
+        self._judge.queue(rank.rank, stats, rank.link_rtt_s)
         looked_slow = (
             judged.verdict is not Verdict.UNEVALUATED and judged.ratio >= pace.config.slow_at
         )

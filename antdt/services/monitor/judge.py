@@ -78,7 +78,13 @@ class Judgement(NamedTuple):
 
 
 class Judge:
-    """Latest window figures of every measured rank, and the rules that compare them."""
+    """Latest window figures of every measured rank, and the rules that compare them.
+
+    Windows are judged against the figures as they stood when the job's current step
+    began: a window closing now is queued (`queue`) and joins the multisets at the
+    next `renew` (the detector renews at the first event of each later step). So every
+    window of a step meets the same figures whatever order its events arrive in, and a
+    step's windows can be judged together."""
 
     def __init__(self, config: DetectorConfig) -> None:
         self.config = config
@@ -87,37 +93,59 @@ class Judge:
         self._data_share = SortedValues()
         self._comm_share = SortedValues()
         self._link_rtt = SortedValues()  # of the ranks that measured theirs
+        self._held: dict[int, Figures] = {}  # per rank, its figures in the multisets
+        self._queued: dict[int, Figures] = {}  # per rank, its figures closed since
+        self._reference: float | None = None
 
-    def update(
-        self, old: Figures | None, new: WindowStats, link_rtt_s: float | None = None
-    ) -> Figures:
-        """Replace a rank's figures (None: it has none yet) with its new window's and its
-        latest link round trip."""
+    def queue(self, rank: int, new: WindowStats, link_rtt_s: float | None = None) -> None:
+        """A rank's new window and latest link round trip, for the next `renew`. A rank
+        closing again before it (its events ahead of the job's) replaces its own."""
+        if rank in self._queued:
+            self._hold(rank, self._queued.pop(rank))
         figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)
+        self._queued[rank] = figures
+
+    def renew(self) -> bool:
+        """The windows queued join the multisets and the reference is renewed; False
+        when none was queued (nothing changed)."""
+        queued = self._queued
+        if not queued:
+            return False
+        for rank, figures in queued.items():
+            self._hold(rank, figures)
+        queued.clear()
+        self._reference = healthy_reference_sorted(
+            self._levels.values, 1.0 - self.config.slow_threshold
+        )
+        return True
+
+    def _hold(self, rank: int, figures: Figures) -> None:
         sets = (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
-        before: tuple[float | None, ...] = old if old is not None else (None,) * len(sets)
+        before = self._held.get(rank, _NOTHING)
         for values, was, now in zip(sets, before, figures, strict=True):
             values.replace(was, now)
-        return figures
+        self._held[rank] = figures
 
     def reference(self) -> float | None:
         """The job's healthy reference cost; None under two measured ranks."""
-        return healthy_reference_sorted(self._levels.values, 1.0 - self.config.slow_threshold)
+        return self._reference
 
     def judge(
         self,
+        rank: int,
         stats: WindowStats,
-        reference: float | None,
         evidence: Evidence,
         fixed_samples: float,
         link_rtt_s: float | None = None,
     ) -> Judgement:
-        """Verdict on `stats` and `link_rtt_s`, which must already be in the multisets
-        (see update), against the job's `reference`; compute-slow when the rank's
+        """Verdict on the rank's window `stats` and its `link_rtt_s` against the job's
+        reference and the other ranks' figures held; compute-slow when the rank's
         `evidence` says so."""
+        reference = self._reference
         if reference is None or reference <= 0:
             return Judgement(Verdict.UNEVALUATED, compute_per_sample=stats.window_level)
-        others_busy = self._busy.median_without(stats.busy_per_sample) or stats.busy_per_sample
+        held = self._held.get(rank, _NOTHING)
+        others_busy = _others(self._busy, held[1]) or stats.busy_per_sample
         figures = Judgement(
             Verdict.NORMAL,
             ratio=stats.window_level / reference,
@@ -125,17 +153,16 @@ class Judge:
             others_per_sample=reference,
             busy_ratio=stats.busy_per_sample / others_busy,
             data_share=stats.data_share,
-            others_data_share=self._data_share.median_without(stats.data_share) or 0.0,
+            others_data_share=_others(self._data_share, held[2]) or 0.0,
             comm_share=stats.comm_share,
-            others_comm_share=self._comm_share.median_without(stats.comm_share) or 0.0,
+            others_comm_share=_others(self._comm_share, held[3]) or 0.0,
             slow_for_steps=evidence.run,
             fixed_samples=fixed_samples,
             link_rtt_s=link_rtt_s,
-            others_link_rtt_s=(
-                None if link_rtt_s is None else self._link_rtt.median_without(link_rtt_s)
-            ),
+            others_link_rtt_s=None if link_rtt_s is None else _others(self._link_rtt, held[4]),
         )
-        return self._slow(figures, evidence.slow) or self._fast(figures, stats.level) or figures
+        slow = self._slow(figures, evidence.slow)
+        return slow or self._fast(figures, stats.level, held[0]) or figures
 
     def _slow(self, f: Judgement, compute_slow: bool) -> Judgement | None:
         slow_at = 1.0 + self.config.slow_threshold
@@ -185,16 +212,17 @@ class Judge:
         c = self.config
         return rtt > max(c.link_rtt_factor * others, others + c.link_rtt_floor_s)
 
-    def _fast(self, f: Judgement, level: float) -> Judgement | None:
+    def _fast(self, f: Judgement, level: float, held: float | None) -> Judgement | None:
         """A leader: its level well under the other ranks' median (not the reference,
         which a leader itself pulls down in a small job) and under the job's median (in
-        a small job one straggler drags "the others'" median up)."""
+        a small job one straggler drags "the others'" median up). `held`: the rank's
+        level in the multiset (None: none)."""
         fast_at = 1.0 - self.config.slow_threshold
         # Cheapest test first: most windows are nowhere near a leader's (the reference
         # leaves leaders out, so theirs is under fast_at).
         if f.ratio > fast_at or not self.config.leaders or len(self._levels) < 3:
             return None
-        others = self._levels.median_without(level)
+        others = _others(self._levels, held)
         if not others or level > fast_at * others:
             return None
         job_median = self._levels.median()
@@ -203,6 +231,14 @@ class Judge:
         # Never opened in one window: nobody waits for a leader, so a fast window or two
         # of a jittery rank must not open one; `open_windows` fast windows in a row do.
         return _with(f._replace(ratio=level / others), Verdict.FAST, Cause.COMPUTE, False)
+
+
+_NOTHING: Figures = (None, None, None, None, None)  # type: ignore[assignment]
+
+
+def _others(values: SortedValues, held: float | None) -> float | None:
+    """The median of the other ranks' figures: without the rank's own when it holds one."""
+    return values.median() if held is None else values.median_without(held)
 
 
 def _with(f: Judgement, verdict: Verdict, cause: Cause, strong: bool) -> Judgement:

@@ -44,16 +44,17 @@ class Pace:
         self.slow_cost = math.inf  # a step costing this much or more is slow
         self.fixed_samples = 0.0  # the job's fixed part per step, in samples
 
-    def window_closed(
-        self, rank: RankMemory, stats: WindowStats, slow_steps: int, reference: float | None
-    ) -> None:
-        """The rank's window (`stats`, `slow_steps` of its steps slow) closed and the
-        job's `reference` was renewed (None while under two ranks are measured): its
-        share of slow steps, smoothed; its evidence, slow at once when the window's
-        median cost is `instant_ratio` x the reference."""
+    def renewed(self, reference: float | None) -> None:
+        """The job's reference was renewed (None while under two ranks are measured):
+        the cost of a slow step follows it."""
         if reference is not None and reference > 0:
             self.reference = reference
             self.slow_cost = self.config.slow_at * reference
+
+    def window_closed(self, rank: RankMemory, stats: WindowStats, slow_steps: int) -> None:
+        """The rank's window (`stats`, `slow_steps` of its steps slow) closed: its share
+        of slow steps, smoothed; its evidence, slow at once when the window's median cost
+        is `instant_ratio` x the reference."""
         share = slow_steps / len(stats.rows)
         last = rank.slow_share
         rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)

@@ -20,7 +20,7 @@ from antdt.schemas import (
     trusted,
 )
 from antdt.services.monitor.history import History
-from antdt.services.monitor.judge import Figures, Judgement
+from antdt.services.monitor.judge import Judgement
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
 from antdt.services.monitor.windows import Row, StepFigures, WindowStats, step_figures
@@ -55,7 +55,6 @@ class RankMemory:
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
-    judged: Figures | None = None  # its figures the Judge holds (its latest judged window)
     evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
     settle_left: int = 0  # steps at a new batch before its evidence counts again
     slow_steps: int = 0  # slow steps in its open window
