@@ -49,3 +49,40 @@ def test_replace_keeps_every_bit_with_equal_values_and_signed_zeros(seed: int) -
         del expected[bisect.bisect_left(expected, old)]
         bisect.insort(expected, new)
         assert [repr(v) for v in values.values] == [repr(v) for v in expected]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_judge_renewing_most_ranks_at_once_holds_what_swaps_would(seed: int) -> None:
+    """A renewal of most ranks' windows sorts the multisets afresh; one of a few swaps
+    rank by rank: the same multisets, the same reference and verdicts either way."""
+    from antdt.services.monitor import DetectorConfig
+    from antdt.services.monitor.judge import Judge
+    from antdt.services.monitor.reference import Evidence
+    from antdt.services.monitor.windows import summarize
+
+    rng, config = random.Random(seed), DetectorConfig()
+    ranks = rng.choice((3, 16, 40))
+    swapped, sorted_afresh = Judge(config), Judge(config)
+
+    def stats(rank: int):  # type: ignore[no-untyped-def]
+        rows = [(32, 0.03 * rng.uniform(0.9, 1.6), rng.choice((0.0, 0.002)), 0.004, 0.05)] * 8
+        return summarize(rows, (), 0.0, config.reference)
+
+    for _ in range(30):
+        closing = rng.sample(range(ranks), rng.randint(1, ranks))
+        windows = {r: (stats(r), rng.choice((None, 0.001, 0.002))) for r in closing}
+        for rank, (window, link) in windows.items():
+            sorted_afresh.queue(rank, window, link)
+        sorted_afresh.renew()
+        for rank, (window, link) in windows.items():
+            swapped.queue(rank, window, link)
+            swapped.renew()  # one at a time: swapped in
+        for a, b in zip(vars(swapped).values(), vars(sorted_afresh).values(), strict=True):
+            if isinstance(a, SortedValues):
+                assert list(a.values) == list(b.values)
+        assert swapped.reference() == sorted_afresh.reference()
+        for rank, (window, link) in windows.items():
+            verdicts = [
+                j.judge(rank, window, Evidence(), 0.0, link) for j in (swapped, sorted_afresh)
+            ]
+            assert verdicts[0] == verdicts[1]

@@ -10,6 +10,7 @@ to nats-server) and leaders are judged per window here.
 from __future__ import annotations
 
 import enum
+from operator import itemgetter
 from typing import NamedTuple
 
 from antdt.schemas import Cause
@@ -108,11 +109,17 @@ class Judge:
     def renew(self) -> bool:
         """The windows queued join the multisets and the reference is renewed; False
         when none was queued (nothing changed)."""
-        queued = self._queued
+        queued, held = self._queued, self._held
         if not queued:
             return False
-        for rank, figures in queued.items():
-            self._hold(rank, figures)
+        if len(queued) * _REBUILD_SHARE < len(held):
+            for rank, figures in queued.items():
+                self._hold(rank, figures)
+        else:  # most ranks closed: the multisets sorted afresh, not swapped rank by rank
+            held.update(queued)
+            sets = (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
+            for at, values in enumerate(sets):
+                values.reset(map(itemgetter(at), held.values()))
         queued.clear()
         self._reference = healthy_reference_sorted(
             self._levels.values, 1.0 - self.config.slow_threshold
@@ -232,6 +239,10 @@ class Judge:
         # of a jittery rank must not open one; `open_windows` fast windows in a row do.
         return _with(f._replace(ratio=level / others), Verdict.FAST, Cause.COMPUTE, False)
 
+
+#: Queued windows, as a share of the ranks held, from which a renewal sorts afresh: a swap
+#: costs a bisection and a move of up to half a multiset, a sort about a swap per rank.
+_REBUILD_SHARE = 4
 
 _NOTHING: Figures = (None, None, None, None, None)  # type: ignore[assignment]
 

@@ -9,11 +9,12 @@ its step costs (docs/detection.md).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import repeat
 from math import copysign
-from operator import add, sub, truediv
-from typing import Any, NamedTuple
+from operator import add, is_not, sub, truediv
+from typing import Any, NamedTuple, cast
 
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.speed import quantile_sorted
@@ -188,6 +189,8 @@ def _median(values: list[float] | list[int]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2.0
 
 
+_given = partial(is_not, None)
+
 #: A value moving this many places or fewer is shifted into place (else: two memmoves).
 _NEAR = 32
 
@@ -235,6 +238,11 @@ class SortedValues:
             to -= 1  # `old` left from before it
             values[at:to] = values[at + 1 : to + 1]
         values[to] = new
+
+    def reset(self, values: Iterable[float | None]) -> None:
+        """The multiset becomes `values` (None: none), sorted afresh."""
+        self._values = sorted(cast(Iterable[float], filter(_given, values)))
+        self._signed_zero = self._signed_zero or 0.0 in self._values  # -0.0 == 0.0
 
     def median(self) -> float | None:
         return _median_of_sorted(len(self._values), self._values.__getitem__)
