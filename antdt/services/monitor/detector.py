@@ -6,6 +6,7 @@ docs/detection.md."""
 
 from __future__ import annotations
 
+import enum
 import math
 from collections import Counter
 
@@ -41,7 +42,17 @@ from antdt.services.monitor.stepcolumns import (
     all_acceptable,
     fields_of,
 )
-from antdt.services.monitor.windows import Row, summarize
+from antdt.services.monitor.summaries import summarize_many
+from antdt.services.monitor.windows import Row, WindowStats, summarize
+
+
+class _Unset(enum.Enum):
+    """No value given (None is one: a window with nothing measurable)."""
+
+    UNSET = enum.auto()
+
+
+UNSET = _Unset.UNSET
 
 
 class JobDetector:
@@ -117,8 +128,11 @@ class JobDetector:
         """`_accept` of every row of `columns`, all acceptable, in order. A row of a rank
         with nothing to resolve (no stall, not exited, its window's plan, its host) is
         accounted here from the columns, with no tuple of its fields made: a job's step
-        is thousands of them; any other goes through `_accept`."""
+        is thousands of them; any other goes through `_accept`. The windows those rows
+        fill close together after the rows (summarized at once): every window of a
+        step meets the same figures, so only the order of the transitions differs."""
         c, ranks, transitions = columns, self._ranks, []
+        closing: list[tuple[RankMemory, int]] = []
         nones = [None] * len(c.rank)
         links = nones if c.link_rtt_s is None else c.link_rtt_s
         pieces = nones if c.one_piece_s is None else c.one_piece_s
@@ -142,9 +156,11 @@ class JobDetector:
                 self._saw(rank, step, ended, batch, plan, now)
                 if link is not None:
                     rank.link_rtt_s = link
-                found = self._account(rank, step, (n, c_s, d, m, s), now)
+                found = self._account(rank, step, (n, c_s, d, m, s), now, closing)
             if found:
                 transitions += found
+        if closing:
+            transitions += self._close_windows(closing, now)
         return transitions
 
     def _accept(self, fields: StepFields, now: float) -> list[Incident]:
@@ -167,9 +183,17 @@ class JobDetector:
             rank.helped.update(fields[HELPED])  # a Counter: adds
         return transitions + self._account(rank, step, fields[ROW_FIELDS], now)  # type: ignore[arg-type]
 
-    def _account(self, rank: RankMemory, step: int, row: Row, now: float) -> list[Incident]:
+    def _account(
+        self,
+        rank: RankMemory,
+        step: int,
+        row: Row,
+        now: float,
+        closing: list[tuple[RankMemory, int]] | None = None,
+    ) -> list[Incident]:
         """The step's figures (`row`) into the rank's window, history and evidence; its
-        window closed when full. The transitions that caused."""
+        window closed when full (or, given `closing`, put there to close with others).
+        The transitions that caused."""
         if step > self._renewed_step:
             self._renew(step)
         transitions: list[Incident] = []
@@ -193,7 +217,10 @@ class JobDetector:
                     if after[1] is not before[1]:  # turned slow, or back
                         transitions.extend(self._turned(rank, step, now))
         if len(window) >= self._window_steps:
-            transitions.extend(self._close_window(rank, step, now))
+            if closing is None:
+                transitions.extend(self._close_window(rank, step, now))
+            else:
+                closing.append((rank, step))
         return transitions
 
     def check_stalls(self, now: float) -> list[Incident]:
@@ -380,9 +407,28 @@ class JobDetector:
         opened = open_slow(rank, judged, windows, step, now, self.config, self._open)
         return self._named(opened, now, rank)
 
-    def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
+    def _close_windows(self, closing: list[tuple[RankMemory, int]], now: float) -> list[Incident]:
+        """Close the full windows of `closing` (each rank's, at its step), summarized at
+        once; the transitions that caused, in `closing`'s order."""
+        pace, transitions = self._pace, []
+        windows = [rank.window for rank, _ in closing]
+        previous = [rank.previous for rank, _ in closing]
+        summaries = summarize_many(windows, previous, pace.fixed_samples, pace.config)
+        for (rank, step), stats in zip(closing, summaries, strict=True):
+            transitions += self._close_window(rank, step, now, stats)
+        return transitions
+
+    def _close_window(
+        self,
+        rank: RankMemory,
+        step: int,
+        now: float,
+        stats: WindowStats | _Unset | None = UNSET,
+    ) -> list[Incident]:
+        """Close the rank's full window (`stats`: its summary, when made already)."""
         pace = self._pace
-        stats = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
+        if isinstance(stats, _Unset):
+            stats = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
         rank.window.clear()
         slow_steps, rank.slow_steps = rank.slow_steps, 0
         if stats is None:
