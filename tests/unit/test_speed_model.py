@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
 import random
 
 import pytest
@@ -216,33 +218,61 @@ def test_the_levels_of_measurable_steps_are_batch_levels(seed: int) -> None:
     assert fit_speed(steps(32, 0.04, 8), 8.0) == SpeedModel(0.008, 0.001, 1)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(16))
 def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> None:
-    """A History keeps its measurable times in order and its runs of one batch through
-    adds, evictions, pops and clears, and its fit (the ordered times, no sort) is bit for
-    bit that of the same steps as a list."""
+    """A History keeps its measurable times in order, its count of batch changes, its
+    bad times and a version that changes with every change, through adds (read after
+    each or after many: they join at the read; alone or with others' in `add_each`),
+    evictions, pops and clears, and its fit (the ordered times, no sort) is bit for bit
+    that of the same steps as a list."""
     from antdt.services.monitor.history import History
 
     rng = random.Random(seed)
     odd = (0.0, -1.0, float("nan"), float("inf"), 1e301)
-    history = History(rng.choice((8, 20, 96)))
-    for _ in range(400):
-        pick = rng.random()
+    maxlen = rng.choice((2, 8, 20, 96))
+    history, model = History(maxlen), collections.deque[tuple[int, float]](maxlen=maxlen)
+    others = [History(maxlen) for _ in range(3)]
+    read_every = rng.choice((1, 3, 50))
+    version = history.version
+    for i in range(600):
+        pick, changed = rng.random(), True
         if pick < 0.02:
             history.clear()
-        elif pick < 0.1 and history:
-            history.popleft()
+            model.clear()
+        elif pick < 0.1 and model:
+            assert history.popleft() == model.popleft()
+        elif pick < 0.13 and model:
+            keep = rng.randrange(len(model) + 1)
+            history.keep_latest(keep)
+            changed = keep < len(model)
+            while len(model) > keep:
+                model.popleft()
         else:
             t = rng.choice(odd) if rng.random() < 0.02 else 0.03 * rng.lognormvariate(0.0, 0.2)
-            history.add(rng.choice((32, 32, 32, 16, 0)) if rng.random() < 0.1 else 32, t)
+            step = (rng.choice((32, 32, 32, 16, 0)) if rng.random() < 0.1 else 32, t)
+            if rng.random() < 0.5:
+                history.add(*step)
+            else:
+                History.add_each([*others, history], [32] * 3 + [step[0]], [0.1] * 3 + [t])
+            model.append(step)
+        assert (history.version != version) is changed
+        version = history.version
+        ends = (model[0][0], model[-1][0]) if model else None
+        assert history.first_and_latest() == ends and history.version == version
+        if i % read_every:
+            continue
         steps_ = list(history)
+        assert steps_ == list(model)  # a NaN is the same object: equal
         good = sorted(t for _, t in steps_ if 0.0 < t < float("inf"))
         assert history.ordered == good
+        assert history.bad == len(steps_) - len(good)
+        assert history.changes == sum(a[0] != b[0] for a, b in itertools.pairwise(steps_))
         batches = {b for b, _ in steps_}
         one = len(batches) == 1 and len(good) == len(steps_) and 32 in batches
         assert (history.one_batch() == 32) is one
         for fixed in (0.0, 6.5):
             assert fit_speed(history, fixed) == fit_speed(steps_, fixed)
+        assert history.version == version  # reads change nothing
 
 
 def test_a_history_never_read_keeps_no_more_than_it_holds() -> None:

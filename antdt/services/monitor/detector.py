@@ -22,6 +22,7 @@ from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow, with_step_times
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Verdict, slow_run
+from antdt.services.monitor.lockstep import account_plain, is_plain
 from antdt.services.monitor.onepiece import (
     ONE_PIECE_S,
     bad_one_piece,
@@ -132,6 +133,9 @@ class JobDetector:
         fill close together after the rows (summarized at once): every window of a
         step meets the same figures, so only the order of the transitions differs."""
         c, ranks, transitions = columns, self._ranks, []
+        memories = list(map(ranks.__getitem__, c.rank))
+        if not self._rewind and is_plain(c, memories):
+            return self._accept_plain(c, memories, now)
         closing: list[tuple[RankMemory, int]] = []
         nones = [None] * len(c.rank)
         links = nones if c.link_rtt_s is None else c.link_rtt_s
@@ -161,6 +165,26 @@ class JobDetector:
                 transitions += found
         if closing:
             transitions += self._close_windows(closing, now)
+        return transitions
+
+    def _accept_plain(
+        self, columns: StepColumns, memories: list[RankMemory], now: float
+    ) -> list[Incident]:
+        """`_accept_rows` of a step none of whose ranks has anything to resolve: the
+        rows accounted over the columns (lockstep.py), the evidence weighed of the few
+        that need it, the full windows closed together."""
+        step, pace = columns.step[0], self._pace
+        if step > self._renewed_step:
+            self._renew(step)
+        done = account_plain(
+            columns, memories, now, pace.slow_cost, pace.fixed_samples, self._window_steps
+        )
+        self._heard_step(step, max(columns.plan_version), now)
+        transitions = []
+        for i in done.weigh:
+            transitions += self._weigh(memories[i], step, done.samples[i], done.compute_s[i], now)
+        if done.full:
+            transitions += self._close_windows([(memories[i], step) for i in done.full], now)
         return transitions
 
     def _accept(self, fields: StepFields, now: float) -> list[Incident]:
@@ -196,32 +220,42 @@ class JobDetector:
         The transitions that caused."""
         if step > self._renewed_step:
             self._renew(step)
-        transitions: list[Incident] = []
         window = rank.window
         window.append(row)
         samples, compute_s = row[0], row[1]
+        transitions = []
         if samples > 0 and compute_s > 0:
             rank.history.add(samples, compute_s)
-            if rank.settle_left:
-                rank.settle_left -= 1
-            else:
-                pace = self._pace
-                fixed = pace.fixed_samples
-                slow = compute_s >= pace.slow_cost * (samples + fixed)
-                before = rank.evidence
-                if slow or before[0]:  # a slow step, or evidence (its score) to wear off
-                    rank.slow_steps += slow
-                    cost = compute_s / (samples + fixed)
-                    after = before.after(cost, pace.reference, pace.open_at, pace.config)
-                    rank.evidence = after
-                    if after[1] is not before[1]:  # turned slow, or back
-                        transitions.extend(self._turned(rank, step, now))
+            transitions = self._weigh(rank, step, samples, compute_s, now)
         if len(window) >= self._window_steps:
             if closing is None:
                 transitions.extend(self._close_window(rank, step, now))
             else:
                 closing.append((rank, step))
         return transitions
+
+    def _weigh(
+        self, rank: RankMemory, step: int, samples: int, compute_s: float, now: float
+    ) -> list[Incident]:
+        """A measured step (`samples` in `compute_s`) into the rank's evidence, unless its
+        evidence is settling after a batch change; a normal step of a rank with no
+        evidence costs two comparisons. The transitions when it turned slow or back."""
+        if rank.settle_left:
+            rank.settle_left -= 1
+            return []
+        pace = self._pace
+        fixed = pace.fixed_samples
+        slow = compute_s >= pace.slow_cost * (samples + fixed)
+        before = rank.evidence
+        if not (slow or before[0]):  # a slow step, or evidence (its score) to wear off
+            return []
+        rank.slow_steps += slow
+        cost = compute_s / (samples + fixed)
+        after = before.after(cost, pace.reference, pace.open_at, pace.config)
+        rank.evidence = after
+        if after[1] is not before[1]:  # turned slow, or back
+            return self._turned(rank, step, now)
+        return []
 
     def check_stalls(self, now: float) -> list[Incident]:
         """Open STALLED incidents for silent ranks; call about once a second."""
@@ -354,13 +388,18 @@ class JobDetector:
         rank.last_ended_at = ended_at
         rank.last_seen_at = now
         rank.local_batch = local_batch
+        if self._rewind and step <= self._latest_step:
+            self._latest_step, self._rewind = step, False
+        self._heard_step(step, plan, now)
+
+    def _heard_step(self, step: int, plan: int, now: float) -> None:
+        """Steps up to `step` under plans up to `plan` accepted at `now` (no restart
+        rewinding the job's step)."""
         self._last_heard_at = now
         if self._first_seen_at is None:
             self._first_seen_at = now
         if step > self._latest_step:
             self._latest_step = step
-        elif self._rewind:
-            self._latest_step, self._rewind = step, False
         if plan > self._plan_version:
             self._plan_version = plan
 

@@ -10,9 +10,11 @@ insertion per step, not a sort of up to 96 times per rank and health)."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
+from operator import attrgetter, ne
 from typing import overload
 
 Step = tuple[int, float]  # (samples, compute_s)
@@ -26,15 +28,25 @@ _RESORT_SHARE = 0.25
 class History(Sequence[Step]):
     """The last `maxlen` (samples, compute_s) steps, oldest first, read as a sequence of
     such pairs; `version` changes with every change (a fit of an unchanged history is
-    kept). `bad`: how many times are not measurable (not in (0, inf))."""
+    kept). `bad`: how many times are not measurable (not in (0, inf)).
 
-    __slots__ = ("_added", "_changes", "_dropped", "_ordered", "bad", "samples", "times", "version")
+    A step added waits in two short lists and joins the columns at the next read, with
+    the steps added since, in a few C calls: the ingest path pays two list appends a
+    step (`add_each`: at C speed for a step of many ranks), the few readers (a health,
+    a round of windows, a rank turning slow) the rest."""
+
+    __slots__ = (
+        *("_added", "_changes", "_dropped", "_new_samples", "_new_times", "_ordered"),
+        *("_samples", "_times", "_version", "bad"),
+    )
 
     def __init__(self, maxlen: int) -> None:
-        self.samples: deque[int] = deque(maxlen=maxlen)
-        self.times: deque[float] = deque(maxlen=maxlen)
+        self._samples: deque[int] = deque(maxlen=maxlen)
+        self._times: deque[float] = deque(maxlen=maxlen)
+        self._new_samples: list[int] = []  # steps added since the last read ...
+        self._new_times: list[float] = []  # ... not yet in the columns
         self.bad = 0
-        self.version = 0
+        self._version = 0
         self._changes = 0  # steps whose batch size differs from the step's before
         self._ordered: list[float] | None = []  # None: to be sorted afresh
         self._added: list[float] = []  # measurable times added since `_ordered` ...
@@ -42,59 +54,158 @@ class History(Sequence[Step]):
 
     def add(self, samples: int, compute_s: float) -> None:
         """One step more (the oldest leaves when full)."""
-        times, batches, added = self.times, self.samples, self._added
-        if len(times) == times.maxlen:  # the oldest leaves, as popleft() would
-            self._left(batches[0], times[0], batches[1] if len(batches) > 1 else None)
-        if batches and batches[-1] != samples:
-            self._changes += 1
-        batches.append(samples)
-        times.append(compute_s)
-        if not 0.0 < compute_s < math.inf:
-            self.bad += 1
-        elif len(added) < len(times):
-            added.append(compute_s)
-        else:  # not read for a while: sorted afresh when read
-            self._ordered = None
-            added.clear()
-            self._dropped.clear()
-        self.version += 1
+        new = self._new_times
+        new.append(compute_s)
+        self._new_samples.append(samples)
+        if len(new) >= self._times.maxlen:  # type: ignore[operator]  # never None here
+            self._settle()
+
+    @staticmethod
+    def add_each(
+        histories: Sequence[History], samples: Sequence[int], times: Sequence[float]
+    ) -> None:
+        """`histories[i].add(samples[i], times[i])` for every i, at C speed."""
+        new_samples, new_times = list(map(_new_samples, histories)), map(_new_times, histories)
+        deque(map(list.append, new_samples, samples), maxlen=0)
+        deque(map(list.append, new_times, times), maxlen=0)
+        if max(map(len, new_samples), default=0) >= HISTORY_SETTLE_AT:
+            for history in histories:
+                if len(history._new_times) >= history._times.maxlen:  # type: ignore[operator]
+                    history._settle()
 
     def append(self, step: Step) -> None:
         self.add(*step)
 
+    @property
+    def version(self) -> int:
+        """Changes with every change: a step added, dropped, or the history cleared."""
+        return self._version + len(self._new_times)
+
+    @property
+    def samples(self) -> deque[int]:
+        """The steps' batch sizes, oldest first (read only)."""
+        self._settle()
+        return self._samples
+
+    @property
+    def times(self) -> deque[float]:
+        """The steps' compute times, oldest first (read only)."""
+        self._settle()
+        return self._times
+
     def popleft(self) -> Step:
-        self.version += 1
-        samples, compute_s = self.samples.popleft(), self.times.popleft()
-        self._left(samples, compute_s, self.samples[0] if self.samples else None)
+        self._settle()
+        self._version += 1
+        samples, compute_s = self._samples.popleft(), self._times.popleft()
+        if self._samples and self._samples[0] != samples:
+            self._changes -= 1
+        self._left([compute_s])
         return samples, compute_s
 
-    def _left(self, samples: int, compute_s: float, next_samples: int | None) -> None:
-        """The oldest step (`samples`, `compute_s`) leaves; `next_samples`: the batch of
-        the step after it (None: none)."""
-        if next_samples is not None and next_samples != samples:
-            self._changes -= 1
-        if 0.0 < compute_s < math.inf:
-            self._dropped.append(compute_s)
+    def keep_latest(self, count: int) -> None:
+        """All but the latest `count` steps leave, as `popleft` one by one would."""
+        self._settle()
+        samples, times = self._samples, self._times
+        drop = len(samples) - max(0, count)
+        if drop <= 0:
+            return
+        if self._changes:
+            head = list(itertools.islice(samples, drop + 1))
+            self._changes -= sum(map(ne, head[1:], head))
+        leaving = list(itertools.islice(times, drop))
+        kept_samples, kept_times = list(itertools.islice(samples, drop, None)), []
+        if drop < len(times):
+            kept_times = list(itertools.islice(times, drop, None))
+        samples.clear()
+        times.clear()
+        samples.extend(kept_samples)
+        times.extend(kept_times)
+        self._version += drop
+        self._left(leaving)
+
+    def _settle(self) -> None:
+        """The steps added since the last read into the columns: the oldest leave as
+        they would one by one, the counts of changes and bad times follow."""
+        new_times = self._new_times
+        if not new_times:
+            return
+        new_samples, samples, times = self._new_samples, self._samples, self._times
+        held = len(samples)
+        drop = max(0, held + len(new_times) - times.maxlen)  # type: ignore[operator]
+        # a step's batch against the one before it: the new ones', the leaving ones'
+        first = new_samples[0]
+        if new_samples.count(first) != len(new_samples):
+            self._changes += sum(map(ne, new_samples[1:], new_samples))
+        if held and samples[-1] != first:
+            self._changes += 1
+        if drop and self._changes:
+            steps = [*itertools.islice(samples, min(drop + 1, held)), *new_samples]
+            self._changes -= sum(map(ne, steps[1 : drop + 1], steps[:drop]))
+        leaving = [*itertools.islice(times, min(drop, held)), *new_times[: max(0, drop - held)]]
+        self._version += len(new_times)
+        samples.extend(new_samples)
+        times.extend(new_times)
+        self._joined(new_times)
+        self._left(leaving)
+        new_samples.clear()
+        new_times.clear()
+
+    def _joined(self, joined: list[float]) -> None:
+        """`joined` times came in: the measurable wait to be put in order (or, when more
+        came than the history holds, it is sorted afresh when read)."""
+        if _all_measurable(joined):
+            good = joined
         else:
-            self.bad -= 1
+            good = [t for t in joined if 0.0 < t < math.inf]
+            self.bad += len(joined) - len(good)
+        added = self._added
+        if self._ordered is not None and len(added) + len(good) <= len(self._times):
+            added.extend(good)
+        else:  # not read for a while: sorted afresh when read
+            self._ordered = None
+            added.clear()
+            self._dropped.clear()
+
+    def _left(self, left: list[float]) -> None:
+        """The oldest times `left` left the history."""
+        if not left:
+            return
+        good = left if _all_measurable(left) else [t for t in left if 0.0 < t < math.inf]
+        self.bad -= len(left) - len(good)
+        if self._ordered is not None:
+            self._dropped.extend(good)
+
+    def first_and_latest(self) -> tuple[int, int] | None:
+        """The batch sizes of its oldest and its latest step (None: it has none), read
+        without bringing the steps added since the last read in."""
+        held, new = self._samples, self._new_samples
+        total = len(held) + len(new)
+        if not total:
+            return None
+        drop = max(0, total - held.maxlen)  # type: ignore[operator]  # never None
+        first = held[drop] if drop < len(held) else new[drop - len(held)]
+        return first, new[-1] if new else held[-1]
 
     @property
     def changes(self) -> int:
         """Steps whose batch size differs from the step's before (0: one size throughout)."""
+        self._settle()
         return self._changes
 
     def one_batch(self) -> int | None:
         """The batch size of every step, when all are measurable at one size (> 0) and
         there is at least one; None otherwise."""
-        if self._changes or self.bad or not self.samples:
+        self._settle()
+        if self._changes or self.bad or not self._samples:
             return None
-        batch = self.samples[0]
+        batch = self._samples[0]
         return batch if batch > 0 else None
 
     @property
     def ordered(self) -> list[float]:
         """The measurable times, ascending (read only)."""
-        ordered, added, dropped, times = self._ordered, self._added, self._dropped, self.times
+        self._settle()
+        ordered, added, dropped, times = self._ordered, self._added, self._dropped, self._times
         if ordered is None or len(added) + len(dropped) > _RESORT_SHARE * len(times):
             ordered = sorted(times) if not self.bad else [t for t in times if 0.0 < t < math.inf]
             if self.bad:
@@ -110,19 +221,23 @@ class History(Sequence[Step]):
         return ordered
 
     def clear(self) -> None:
-        self.samples.clear()
-        self.times.clear()
+        self._version = self.version + 1
+        self._new_samples.clear()
+        self._new_times.clear()
+        self._samples.clear()
+        self._times.clear()
         self.bad = self._changes = 0
         self._ordered = []
         self._added.clear()
         self._dropped.clear()
-        self.version += 1
 
     def __len__(self) -> int:
-        return len(self.samples)
+        self._settle()
+        return len(self._samples)
 
     def __iter__(self) -> Iterator[Step]:
-        return zip(self.samples, self.times, strict=True)
+        self._settle()
+        return zip(self._samples, self._times, strict=True)
 
     @overload
     def __getitem__(self, index: int) -> Step: ...
@@ -133,10 +248,21 @@ class History(Sequence[Step]):
     def __getitem__(self, index: int | slice) -> Step | list[Step]:
         if isinstance(index, slice):
             return list(self)[index]
-        return self.samples[index], self.times[index]
+        self._settle()
+        return self._samples[index], self._times[index]
 
     def __repr__(self) -> str:
         return f"History({list(self)!r})"
+
+
+#: Steps added and not yet read past which `add_each` looks for histories to settle.
+HISTORY_SETTLE_AT = 8
+_new_samples, _new_times = attrgetter("_new_samples"), attrgetter("_new_times")
+
+
+def _all_measurable(times: list[float]) -> bool:
+    """Every time in (0, inf); the sum is finite only when none is infinite or NaN."""
+    return min(times) > 0.0 and math.isfinite(sum(times))
 
 
 __all__ = ["History", "Step"]

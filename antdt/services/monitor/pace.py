@@ -70,10 +70,7 @@ class Pace:
     def restart_history(rank: RankMemory) -> None:
         """Its evidence turned it slow or back: its speed changed, and its model is
         fitted afresh, from the steps since its evidence started (or from none)."""
-        history = rank.history
-        keep = rank.evidence.run if rank.evidence.slow else 0
-        while len(history) > keep:
-            history.popleft()
+        rank.history.keep_latest(rank.evidence.run if rank.evidence.slow else 0)
 
     def run_level(self, rank: RankMemory) -> float:
         """The rank's level over its history (its slow run, once it turned slow)."""
@@ -104,8 +101,8 @@ class Pace:
         """The job's fixed part, from the ranks whose history spans two batch sizes. A
         rank's history holds steps at one speed, and contention scales both parts of a
         model, so a straggler's fit counts as much as any."""
-        histories = (r.history for r in ranks)
-        if not any(h and h.samples[0] != h.samples[-1] for h in histories):  # first, last size
+        ends = (r.history.first_and_latest() for r in ranks)
+        if not any(e and e[0] != e[1] for e in ends):  # its oldest and latest step's batch
             return
         spans = [_around_last_change(r.history, 2 * self._speed.line_steps) for r in ranks]
         models = [fit_speed(span, self.fixed_samples, self._speed) for span in spans]

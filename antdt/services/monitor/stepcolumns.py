@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from itertools import repeat
-from operator import attrgetter, gt, le
+from itertools import compress, repeat
+from operator import attrgetter, ge, gt, is_not, le
 from typing import Any, Final, NamedTuple
 
 from antdt.services.monitor.onepiece import acceptable_one_piece
@@ -93,6 +93,20 @@ def _in_range(figures: Sequence[float]) -> bool:
     return total == total and min(figures) >= 0.0 and max(figures) <= MAX_S
 
 
+def _acceptable_pieces(pieces: Sequence[float | None]) -> bool:
+    """Every one-piece time `acceptable_one_piece`: the given ones floats (or ints) in
+    range, checked at C speed; any other type, one by one."""
+    given = list(compress(pieces, map(is_not, pieces, repeat(None))))
+    if not given:
+        return True
+    if set(map(type, given)) <= _NUMBERS:
+        return _in_range(given)  # type: ignore[arg-type]
+    return all(acceptable_one_piece(v, MAX_S) for v in given)
+
+
+_NUMBERS = frozenset((float, int))
+
+
 def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) -> bool:
     """True only when `ingest_fields` would reject none of the rows (False: maybe some):
     one job, distinct ranks of the job, finite durations in range, times in order and
@@ -110,11 +124,14 @@ def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) 
     for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
         if not _in_range(figures):
             return False
-    if c.one_piece_s is not None and not all(acceptable_one_piece(v, MAX_S) for v in c.one_piece_s):
+    if c.one_piece_s is not None and not _acceptable_pieces(c.one_piece_s):
         return False
     memories = [ranks[r] for r in c.rank]
-    if not all(map(gt, c.step, map(_last_step, memories))):
+    last_steps = list(map(_last_step, memories))
+    if not all(map(gt, c.step, last_steps)):
         return False
+    if min(last_steps) >= 0:  # every rank stepped before: its time may not run back
+        return all(map(ge, c.ended_at, map(_last_ended_at, memories)))
     return all(
         ended >= last_ended or last_step < 0
         for ended, last_ended, last_step in zip(

@@ -1,0 +1,121 @@
+"""A step of many ranks none of which has anything to resolve, accounted over its
+columns at C speed (`map` over the ranks' memories, numpy for the slow-step test): the
+steady state of a synchronous job, every rank at the same step. Pure, no clock.
+
+`account_plain` does what the detector's row-by-row path does to each row, but the
+evidence: it hands back the rows whose evidence must be weighed (a slow step, a score
+to wear off, a batch change settling) and the rows whose window is full."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter
+from typing import NamedTuple
+
+import numpy as np
+
+from antdt.services.monitor.history import History
+from antdt.services.monitor.ranks import RankMemory
+from antdt.services.monitor.stepcolumns import StepColumns
+
+_stall, _exited, _plan, _host = (attrgetter(a) for a in ("stall", "exited", "window_plan", "host"))
+_window, _history = attrgetter("window"), attrgetter("history")
+_settle, _score = attrgetter("settle_left"), itemgetter(0)
+_evidence = attrgetter("evidence")
+
+
+class Accounted(NamedTuple):
+    """What `account_plain` leaves to the detector: row indices, ascending."""
+
+    weigh: list[int]  # rows whose evidence is to be weighed (`JobDetector._weigh`)
+    full: list[int]  # rows whose window is full: to close
+    samples: list[int]  # the rows' samples and compute times as judged (one piece)
+    compute_s: list[float]
+
+
+def is_plain(columns: StepColumns, memories: Sequence[RankMemory]) -> bool:
+    """Every row of one step, of a rank with nothing to resolve: no stall, not exited,
+    its window's plan, its host."""
+    c, n = columns, len(memories)
+    if not n or min(c.step) != max(c.step):
+        return False
+    if list(map(_stall, memories)).count(None) != n:
+        return False
+    if list(map(_exited, memories)).count(None) != n:
+        return False
+    return list(map(_plan, memories)) == list(c.plan_version) and list(
+        map(_host, memories)
+    ) == list(c.host)
+
+
+def account_plain(
+    columns: StepColumns,
+    memories: Sequence[RankMemory],
+    now: float,
+    slow_cost: float,
+    fixed_samples: float,
+    window_steps: int,
+) -> Accounted:
+    """Each row into its rank's memory (latest step, times, batch, link), window and
+    history; `is_plain` must hold. `slow_cost`, `fixed_samples`: the job's pace."""
+    c = columns
+    samples, compute = _as_judged(c)
+    for name, values in (
+        ("last_step", c.step),
+        ("last_ended_at", c.ended_at),
+        ("last_seen_at", repeat(now)),
+        ("local_batch", c.local_batch),
+    ):
+        deque(map(setattr, memories, repeat(name), values), maxlen=0)
+    if c.link_rtt_s is not None:
+        given = [i for i, v in enumerate(c.link_rtt_s) if v is not None]
+        for i in given:
+            memories[i].link_rtt_s = c.link_rtt_s[i]
+    windows = list(map(_window, memories))
+    rows = zip(samples, compute, c.data_wait_s, c.comm_s, c.step_s, strict=True)
+    deque(map(list.append, windows, rows), maxlen=0)
+    n = np.asarray(samples, dtype=np.float64)
+    t = np.asarray(compute, dtype=np.float64)
+    measured = (n > 0) & (t > 0)
+    if measured.all():
+        History.add_each(list(map(_history, memories)), samples, compute)
+    else:
+        for i in np.flatnonzero(measured).tolist():
+            memories[i].history.add(samples[i], compute[i])
+    settling = np.asarray(list(map(_settle, memories)), dtype=np.int64) > 0
+    scored = np.asarray(list(map(_score, map(_evidence, memories))), dtype=np.float64) != 0.0
+    slow = t >= slow_cost * (n + fixed_samples)
+    weigh = np.flatnonzero(measured & (settling | scored | slow)).tolist()
+    lengths = np.fromiter(map(len, windows), dtype=np.int64, count=len(windows))
+    full = np.flatnonzero(lengths >= window_steps).tolist()
+    return Accounted(weigh, full, samples, compute)
+
+
+def _as_judged(c: StepColumns) -> tuple[list[int], list[float]]:
+    """The rows' samples and compute times, those run in pieces as their planned batch
+    in one (`onepiece.judged_in_one_piece`: a one-piece time given, it and the planned
+    batch above 0), picked over arrays."""
+    samples, compute = list(c.samples), list(c.compute_s)
+    pieces = c.one_piece_s
+    if pieces is None:
+        return samples, compute
+    given = np.fromiter(map(is_not, pieces, repeat(None)), dtype=bool, count=len(pieces))
+    if not given.any():
+        return samples, compute
+    piece = np.zeros(len(pieces))
+    piece[given] = np.array(list(compress(pieces, given)), dtype=np.float64)
+    planned = np.asarray(c.local_batch, dtype=np.int64)
+    judged = given & (planned > 0) & (piece > 0)
+    if not judged.any():
+        return samples, compute
+    in_one = np.flatnonzero(judged).tolist()
+    for i, batch, time in zip(
+        in_one, planned[judged].tolist(), piece[judged].tolist(), strict=True
+    ):
+        samples[i], compute[i] = batch, time
+    return samples, compute
+
+
+__all__ = ["Accounted", "account_plain", "is_plain"]
