@@ -6,7 +6,6 @@ docs/detection.md."""
 
 from __future__ import annotations
 
-import enum
 import math
 from collections import Counter
 
@@ -21,7 +20,7 @@ from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow, with_step_times
 from antdt.services.monitor.hosts import HostIndex, name_hosts
-from antdt.services.monitor.judge import Judge, Verdict, slow_run
+from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.lockstep import account_plain, is_plain
 from antdt.services.monitor.onepiece import (
     ONE_PIECE_S,
@@ -45,15 +44,6 @@ from antdt.services.monitor.stepcolumns import (
 )
 from antdt.services.monitor.summaries import summarize_many
 from antdt.services.monitor.windows import Row, WindowStats, summarize
-
-
-class _Unset(enum.Enum):
-    """No value given (None is one: a window with nothing measurable)."""
-
-    UNSET = enum.auto()
-
-
-UNSET = _Unset.UNSET
 
 
 class JobDetector:
@@ -453,43 +443,71 @@ class JobDetector:
         windows = [rank.window for rank, _ in closing]
         previous = [rank.previous for rank, _ in closing]
         summaries = summarize_many(windows, previous, pace.fixed_samples, pace.config)
-        for (rank, step), stats in zip(closing, summaries, strict=True):
-            transitions += self._close_window(rank, step, now, stats)
+        closed = [
+            (rank, step, stats, opening)
+            for (rank, step), window in zip(closing, summaries, strict=True)
+            for stats, opening in self._closed_window(rank, window)
+        ]
+        judged = self._judge.judge_many(
+            [rank.rank for rank, _, _, _ in closed],
+            [stats for _, _, stats, _ in closed],
+            [rank.evidence for rank, _, _, _ in closed],
+            pace.fixed_samples,
+            [rank.link_rtt_s for rank, _, _, _ in closed],
+        )
+        for (rank, step, stats, opening), judgement in zip(closed, judged, strict=True):
+            transitions += self._judged_window(rank, step, now, (stats, judgement), opening)
         return transitions
 
-    def _close_window(
-        self,
-        rank: RankMemory,
-        step: int,
-        now: float,
-        stats: WindowStats | _Unset | None = UNSET,
-    ) -> list[Incident]:
-        """Close the rank's full window (`stats`: its summary, when made already)."""
+    def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
+        """Close the rank's full window: summarized, judged, its incident moved on."""
         pace = self._pace
-        if isinstance(stats, _Unset):
-            stats = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
+        window = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
+        transitions = []
+        for stats, opening in self._closed_window(rank, window):
+            figures = (rank.rank, stats, rank.evidence, pace.fixed_samples, rank.link_rtt_s)
+            judged = self._judge.judge(*figures)
+            transitions += self._judged_window(rank, step, now, (stats, judged), opening)
+        return transitions
+
+    def _closed_window(
+        self, rank: RankMemory, stats: WindowStats | None
+    ) -> tuple[tuple[WindowStats, bool], ...]:
+        """The rank's full window, summarized as `stats`, cleared and counted: its stats
+        and whether the rank had no incident open, when it is to be judged (else none)."""
         rank.window.clear()
         slow_steps, rank.slow_steps = rank.slow_steps, 0
         if stats is None:
-            return []  # nothing measurable (no samples): keep the previous window
+            return ()  # nothing measurable (no samples): keep the previous window
         if rank.warmup_left > 0:
             # Warm-up (first iterations, prefetch filling up) is judged by nobody and
             # stays out of the other ranks' figures.
             rank.warmup_left -= 1
-            return []
+            return ()
         rank.previous, rank.stats, rank.figures = stats.costs, stats, None
         opening = rank.deviation is None
-        pace.window_closed(rank, stats, slow_steps)
+        self._pace.window_closed(rank, stats, slow_steps)
         self._closed += 1
-        judged = self._judge.judge(
-            rank.rank, stats, rank.evidence, pace.fixed_samples, rank.link_rtt_s
-        )
+        return ((stats, opening),)
+
+    def _judged_window(
+        self,
+        rank: RankMemory,
+        step: int,
+        now: float,
+        judged: tuple[WindowStats, Judgement],
+        opening: bool,
+    ) -> list[Incident]:
+        """The rank's window `stats` and its `judgement` queued for the job's figures, its
+        incident moved on: the transitions."""
+        stats, judgement = judged
         self._judge.queue(rank.rank, stats, rank.link_rtt_s)
         looked_slow = (
-            judged.verdict is not Verdict.UNEVALUATED and judged.ratio >= pace.config.slow_at
+            judgement.verdict is not Verdict.UNEVALUATED
+            and judgement.ratio >= self._pace.config.slow_at
         )
         rank.slow_looking = rank.slow_looking + 1 if looked_slow else 0
-        rank.judgement = with_step_times(judged, stats, rank)
+        rank.judgement = with_step_times(judgement, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:
             return self._named(transitions, now, rank)

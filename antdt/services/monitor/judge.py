@@ -10,13 +10,22 @@ to nats-server) and leaders are judged per window here.
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Sequence
+from functools import partial
 from operator import itemgetter
 from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from antdt.schemas import Cause
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.reference import Evidence, healthy_reference_sorted
 from antdt.services.monitor.windows import SortedValues, WindowStats
+
+Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
 
 #: What the Judge keeps of a rank's latest window: level, busy per sample, data share,
 #: comm share, link round trip (None: not measured), in the order of its multisets.
@@ -171,6 +180,89 @@ class Judge:
         slow = self._slow(figures, evidence.slow)
         return slow or self._fast(figures, stats.level, held[0]) or figures
 
+    def judge_many(
+        self,
+        ranks: Sequence[int],
+        stats: Sequence[WindowStats],
+        evidence: Sequence[Evidence],
+        fixed_samples: float,
+        link_rtt_s: Sequence[float | None],
+    ) -> list[Judgement]:
+        """`judge` of each rank's window, its figures made over arrays: a step's windows
+        all meet the same multisets. The rules run only where one may fire (a slow
+        evidence, or the first test of a rule passed); the others' verdict is normal."""
+        reference = self._reference
+        if len(ranks) < _MANY or reference is None or reference <= 0:
+            rows = zip(ranks, stats, evidence, link_rtt_s, strict=True)
+            return [self.judge(r, w, e, fixed_samples, link) for r, w, e, link in rows]
+        held = [self._held.get(rank, _NOTHING) for rank in ranks]
+        window_level, busy, data, comm = (_column(stats, k) for k in (5, 1, 2, 3))
+        others_busy = self._busy.medians_without([h[1] for h in held])
+        others_busy = np.where(np.isnan(others_busy) | (others_busy == 0.0), busy, others_busy)
+        others_data = _or_zero(self._data_share.medians_without([h[2] for h in held]))
+        others_comm = _or_zero(self._comm_share.medians_without([h[3] for h in held]))
+        others_link = self._link_rtt.medians_without([h[4] for h in held]).tolist()
+        ratio, busy_ratio = window_level / reference, busy / others_busy
+        figures = zip(
+            ratio.tolist(),
+            window_level.tolist(),
+            busy_ratio.tolist(),
+            data.tolist(),
+            others_data.tolist(),
+            comm.tolist(),
+            others_comm.tolist(),
+            strict=True,
+        )
+        found = []
+        normal, unknown = Verdict.NORMAL, Cause.UNKNOWN
+        for f, e, link, others in zip(figures, evidence, link_rtt_s, others_link, strict=True):
+            r, level, b, d, od, c, oc = f
+            link_others = None if link is None or others != others else others  # NaN: none
+            found.append(
+                _JUDGEMENT(
+                    (
+                        *(normal, r, False, unknown, level, reference, b, d, od, c, oc, e.run),
+                        *(fixed_samples, link, link_others, None, None),
+                    )
+                )
+            )
+        rtt = np.array([math.nan if v is None else v for v in link_rtt_s], dtype=np.float64)
+        links = (rtt, np.array(others_link, dtype=np.float64))
+        may = self._may_deviate(
+            ratio, busy_ratio, (data, others_data), (comm, others_comm), evidence, links
+        )
+        for i in np.flatnonzero(may).tolist():
+            f = found[i]
+            found[i] = (
+                self._slow(f, evidence[i].slow) or self._fast(f, stats[i].level, held[i][0]) or f
+            )
+        return found
+
+    def _may_deviate(
+        self,
+        ratio: Floats,
+        busy_ratio: Floats,
+        data: tuple[Floats, Floats],
+        comm: tuple[Floats, Floats],
+        evidence: Sequence[Evidence],
+        link: tuple[Floats, Floats],
+    ) -> Bools:
+        """Per window, whether `_slow` or `_fast` may give it another verdict than normal:
+        the first test of each rule (the evidence's, the data share's, the band of the
+        communication and link rules, the leader's ratio) passed."""
+        delta = self.config.slow_threshold
+        slow_at = 1.0 + delta
+        compute_slow = np.fromiter(map(_slow_evidence, evidence), dtype=bool, count=len(ratio))
+        data_floor = np.maximum(self.config.data_share_floor, data[1] + (slow_at - 1.0))
+        data_slow = (data[0] >= data_floor) & (busy_ratio >= slow_at)
+        band = (1.0 - delta < ratio) & (ratio < 1.0 + delta)
+        c = self.config
+        rtt, others = link
+        link_slow = rtt > np.maximum(c.link_rtt_factor * others, others + c.link_rtt_floor_s)
+        communication = band & ((comm[0] >= comm[1] + delta) | link_slow)  # NaN: no link
+        fast = ratio <= 1.0 - delta
+        return compute_slow | data_slow | communication | fast
+
     def _slow(self, f: Judgement, compute_slow: bool) -> Judgement | None:
         slow_at = 1.0 + self.config.slow_threshold
         instant_at = 1.0 + self.config.instant_threshold
@@ -245,6 +337,25 @@ class Judge:
 _REBUILD_SHARE = 4
 
 _NOTHING: Figures = (None, None, None, None, None)  # type: ignore[assignment]
+
+
+def _column(stats: Sequence[WindowStats], at: int) -> Floats:
+    """One figure of every window, as an array."""
+    return np.fromiter(map(itemgetter(at), stats), dtype=np.float64, count=len(stats))
+
+
+def _or_zero(medians: Floats) -> Floats:
+    """`median or 0.0` of each: none (NaN) is 0."""
+    return np.where(np.isnan(medians), 0.0, medians)
+
+
+def _slow_evidence(evidence: Evidence) -> bool:
+    return evidence.slow
+
+
+_JUDGEMENT = partial(tuple.__new__, Judgement)  # Judgement(...) of its fields, at C speed
+#: Windows judged together from which their figures are made over arrays.
+_MANY = 16
 
 
 def _others(values: SortedValues, held: float | None) -> float | None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from itertools import repeat
+from itertools import compress, repeat
 from math import copysign
 from operator import add, is_not, sub, truediv
 from typing import Any, NamedTuple, cast
+
+import numpy as np
+import numpy.typing as npt
 
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.speed import quantile_sorted
@@ -265,6 +268,29 @@ class SortedValues:
             return upper
         lower = values[mid - 1 + (mid - 1 >= skip)]
         return (lower + upper) / 2.0
+
+    def medians_without(self, held: Sequence[float | None]) -> npt.NDArray[np.float64]:
+        """`median_without(v)` of each `v` of `held` (None: `median()`), NaN where there
+        is none: the same floats, over arrays."""
+        values = np.asarray(self._values, dtype=np.float64)
+        given = np.fromiter(map(is_not, held, repeat(None)), dtype=bool, count=len(held))
+        found = np.full(len(held), np.nan)
+        whole = self.median()
+        if whole is not None:
+            found[~given] = whole
+        n = len(values) - 1
+        if n > 0 and given.any():
+            x = np.array(list(compress(held, given)), dtype=np.float64)
+            skip = np.searchsorted(values, x, side="left")
+            mid = n // 2
+            upper = values[mid + (mid >= skip)]
+            if n % 2:
+                found[given] = upper
+            else:
+                found[given] = (values[mid - 1 + (mid - 1 >= skip)] + upper) / 2.0
+        elif given.any():
+            found[given] = np.nan
+        return found
 
     def max(self) -> float | None:
         return self._values[-1] if self._values else None
