@@ -399,3 +399,35 @@ def test_health_figures() -> None:
 def test_efficiency_ignores_shared_data_wait() -> None:
     detector, _ = run(Job(4, data=const(0.01)), range(4 * W))
     assert detector.health(5000.0).balance_efficiency == pytest.approx(1.0)
+
+
+def test_a_ranks_model_is_fitted_as_of_its_latest_window() -> None:
+    """Like the health's other figures, a rank's speed model is that of its latest
+    closed window: steps since (a health can come every step of a slow job) refit it
+    at the next close, not at each health."""
+    detector = JobDetector("job", 2)
+    t = 1000.0
+
+    def step(s: int, batch: int = 32, cost: float = 0.001) -> None:
+        nonlocal t
+        for rank in range(2):
+            c = batch * cost * (1 + 0.01 * ((s * 7 + rank) % 5))
+            detector.ingest_fields(
+                ("job", rank, "h", s, 0, batch, t, t + c + 0.005, batch, c, 0.0, 0.005, c + 0.005),
+                t,
+            )  # type: ignore[arg-type]
+        t += 0.05
+
+    def model() -> tuple[float | None, float | None]:
+        row = detector.health(t).ranks[0]
+        return row.fixed_s, row.per_sample_s
+
+    for s in range(2 * W):
+        step(s)
+    fitted = model()
+    assert fitted[1] is not None
+    for s in range(2 * W, 3 * W - 1):
+        step(s, cost=0.0011)  # 10% slower: no incident, a history that changed
+        assert model() == fitted  # the window has not closed
+    step(3 * W - 1, cost=0.0011)
+    assert model() != fitted  # it closed

@@ -37,7 +37,7 @@ class History(Sequence[Step]):
 
     __slots__ = (
         *("_added", "_changes", "_dropped", "_new_samples", "_new_times", "_ordered"),
-        *("_samples", "_times", "_version", "bad"),
+        *("_samples", "_times", "_version", "bad", "epoch"),
     )
 
     def __init__(self, maxlen: int) -> None:
@@ -47,6 +47,7 @@ class History(Sequence[Step]):
         self._new_times: list[float] = []  # ... not yet in the columns
         self.bad = 0
         self._version = 0
+        self.epoch = 0  # restarts: cleared, or all but its latest steps dropped at once
         self._changes = 0  # steps whose batch size differs from the step's before
         self._ordered: list[float] | None = []  # None: to be sorted afresh
         self._added: list[float] = []  # measurable times added since `_ordered` ...
@@ -121,6 +122,7 @@ class History(Sequence[Step]):
         samples.extend(kept_samples)
         times.extend(kept_times)
         self._version += drop
+        self.epoch += 1
         self._left(leaving)
 
     def _settle(self) -> None:
@@ -222,6 +224,7 @@ class History(Sequence[Step]):
 
     def clear(self) -> None:
         self._version = self.version + 1
+        self.epoch += 1
         self._new_samples.clear()
         self._new_times.clear()
         self._samples.clear()

@@ -109,13 +109,15 @@ class Pace:
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
 
     def model(self, rank: RankMemory) -> SpeedModel | None:
-        """The rank's step-time model (None: too few steps at one speed yet), refitted
-        only when its history or the job's fixed part changed since the last fit."""
-        version, fixed, memo = rank.history.version, self.fixed_samples, rank.model
-        if memo is not None and memo[0] == version and memo[1] == fixed:
-            return memo[2]
+        """The rank's step-time model (None: too few steps at one speed yet), fitted at
+        the first read after each of its windows closed, its history restarted or the
+        job's fixed part changed: like the health's other figures, as of its latest
+        window (a health reads every rank's, up to every step of a slow job)."""
+        stats, epoch, fixed, memo = rank.stats, rank.history.epoch, self.fixed_samples, rank.model
+        if memo is not None and memo[0] is stats and memo[1] == epoch and memo[2] == fixed:
+            return memo[3]
         model = fit_speed(rank.history, fixed, self._speed)
-        rank.model = (version, fixed, model)
+        rank.model = (stats, epoch, fixed, model)
         return model
 
 

@@ -84,8 +84,9 @@ class RankMemory:
     # step_figures of `stats`, made at the first read after each close (a memo: a health
     # reads every rank's, about once a second, a window closes every W steps)
     figures: tuple[WindowStats, StepFigures] | None = None
-    # its speed model and what it was fitted on: (history version, job's fixed part)
-    model: tuple[int, float, SpeedModel | None] | None = None
+    # its speed model and when it was fitted: (its latest window, its history's epoch,
+    # the job's fixed part, the model)
+    model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
 
 
 @dataclass(frozen=True)
