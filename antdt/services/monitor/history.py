@@ -58,7 +58,7 @@ class History(Sequence[Step]):
         new = self._new_times
         new.append(compute_s)
         self._new_samples.append(samples)
-        if len(new) >= self._times.maxlen:  # type: ignore[operator]  # never None here
+        if len(new) >= PENDING_STEPS:
             self._settle()
 
     @staticmethod
@@ -69,9 +69,9 @@ class History(Sequence[Step]):
         new_samples, new_times = list(map(_new_samples, histories)), map(_new_times, histories)
         deque(map(list.append, new_samples, samples), maxlen=0)
         deque(map(list.append, new_times, times), maxlen=0)
-        if max(map(len, new_samples), default=0) >= HISTORY_SETTLE_AT:
+        if max(map(len, new_samples), default=0) >= PENDING_STEPS:
             for history in histories:
-                if len(history._new_times) >= history._times.maxlen:  # type: ignore[operator]
+                if len(history._new_times) >= PENDING_STEPS:
                     history._settle()
 
     def append(self, step: Step) -> None:
@@ -258,8 +258,8 @@ class History(Sequence[Step]):
         return f"History({list(self)!r})"
 
 
-#: Steps added and not yet read past which `add_each` looks for histories to settle.
-HISTORY_SETTLE_AT = 8
+#: Steps added and not read, at most: a history nobody reads keeps no backlog.
+PENDING_STEPS = 32
 _new_samples, _new_times = attrgetter("_new_samples"), attrgetter("_new_times")
 
 
