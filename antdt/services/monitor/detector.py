@@ -121,7 +121,7 @@ class JobDetector:
         accounted here from the columns, with no tuple of its fields made: a job's step
         is thousands of them; any other goes through `_accept`. The windows those rows
         fill close together after the rows (summarized at once): every window of a
-        step meets the same figures, so only the order of the transitions differs."""
+        step meets the same figures, so only the transitions' order (and ids) differ."""
         c, ranks, transitions = columns, self._ranks, []
         memories = list(map(ranks.__getitem__, c.rank))
         if not self._rewind and is_plain(c, memories):

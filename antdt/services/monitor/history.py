@@ -114,9 +114,8 @@ class History(Sequence[Step]):
             head = list(itertools.islice(samples, drop + 1))
             self._changes -= sum(map(ne, head[1:], head))
         leaving = list(itertools.islice(times, drop))
-        kept_samples, kept_times = list(itertools.islice(samples, drop, None)), []
-        if drop < len(times):
-            kept_times = list(itertools.islice(times, drop, None))
+        kept_samples = list(itertools.islice(samples, drop, None))
+        kept_times = list(itertools.islice(times, drop, None))
         samples.clear()
         times.clear()
         samples.extend(kept_samples)

@@ -70,9 +70,9 @@ def account_plain(
     ):
         deque(map(setattr, memories, repeat(name), values), maxlen=0)
     if c.link_rtt_s is not None:
-        given = [i for i, v in enumerate(c.link_rtt_s) if v is not None]
-        for i in given:
-            memories[i].link_rtt_s = c.link_rtt_s[i]
+        for memory, link in zip(memories, c.link_rtt_s, strict=True):
+            if link is not None:
+                memory.link_rtt_s = link
     windows = list(map(_window, memories))
     rows = zip(samples, compute, c.data_wait_s, c.comm_s, c.step_s, strict=True)
     deque(map(list.append, windows, rows), maxlen=0)

@@ -288,8 +288,6 @@ class SortedValues:
                 found[given] = upper
             else:
                 found[given] = (values[mid - 1 + (mid - 1 >= skip)] + upper) / 2.0
-        elif given.any():
-            found[given] = np.nan
         return found
 
     def max(self) -> float | None:
