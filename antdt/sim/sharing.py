@@ -1,16 +1,22 @@
 """Work sharing inside a step, simulated: the agents' own offer rule
-(`antdt.sharing.offering`, one step late as in a job) decides who offers, and
-a water level over the ranks' free times gives the step's compute. Pure: arrays in,
-arrays out."""
+(`antdt.sharing.offering`, one step late as in a job; here over every rank's paces as
+columns, `offering_columns`) decides who offers, and a water level over the ranks' free
+times gives the step's compute. Pure: arrays in, arrays out."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from antdt.sharing import HEAD_SHARE, Pace, ShareParams, late_pace_limit, offering
+from antdt.sharing import (
+    HEAD_SHARE,
+    KEEP_OFFERING_RATIO,
+    LATE_RATIO,
+    Pace,
+    ShareParams,
+)
 from antdt.sim.cluster import Bools, Floats
 
 
@@ -27,6 +33,44 @@ def finish_time(starts: Floats, rates: Floats, pool: float) -> float:
     done_at = np.concatenate(([0.0], np.cumsum(rate[:-1] * np.diff(s))))
     k = int(np.searchsorted(done_at, pool, side="right")) - 1
     return float(s[k] + (pool - done_at[k]) / rate[k])
+
+
+def offering_columns(
+    own: Floats,
+    helping: Floats,
+    offered: Bools,
+    samples: Floats,
+    ratio: float,
+) -> Bools:
+    """`antdt.sharing.offering` over every rank's paces as columns (`own`, `helping`:
+    seconds per sample, 0 unknown; `offered`: last step's offers as a mask), with no
+    claim round trip (a free ticket: any excess over the median is worth offering): the
+    same ranks, as a mask. The agents run the rule on their own
+    Pace objects; at thousands of ranks the simulator cannot (tests hold the two equal)."""
+    scale = one_piece_scale_columns(own, helping, offered)
+    judged = (own > 0) & (samples > 0)
+    times = np.where(judged, own * np.where(offered, scale, 1.0) * samples, 0.0)
+    known = times[judged & (times > 0)]
+    if len(known) < 2:
+        return np.zeros(len(own), dtype=bool)
+    median = float(np.median(known))
+    keep = min(ratio, KEEP_OFFERING_RATIO)
+    over = times > np.where(offered, keep, ratio) * median
+    return judged & over & (times > median)
+
+
+def one_piece_scale_columns(own: Floats, helping: Floats, offered: Bools) -> float:
+    """`antdt.sharing.one_piece_scale` over columns."""
+    helped = ~offered & (helping > 0)
+    return float(np.median(own[helped] / helping[helped])) if helped.any() else 0.0
+
+
+def late_pace_limit_columns(own: Floats, ratio: float) -> float | None:
+    """`antdt.sharing.late_pace_limit` over the ranks' own paces as a column."""
+    known = own[own > 0]
+    if len(known) < 2:
+        return None
+    return max(ratio, LATE_RATIO) * float(np.median(known))
 
 
 @dataclass(frozen=True)
@@ -55,13 +99,27 @@ class LateStep(NamedTuple):
 @dataclass
 class SharingModel:
     """One job's sharing across the steps: the offers of the last step and the paces
-    every rank reported, as the agents keep them."""
+    every rank reported (seconds per sample on its own share and on others'
+    micro-batches; None before the first step), as the agents keep them."""
 
     params: ShareParams
     fixed_s: float
     per_sample_s: float
-    offered: frozenset[int] = frozenset()
-    paces: list[Pace] | None = None
+    offers: Bools = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    own_pace: Floats | None = None
+    help_pace: Floats | None = None
+
+    @property
+    def offered(self) -> frozenset[int]:
+        """The ranks that offered at the last step's start."""
+        return frozenset(np.flatnonzero(self.offers).tolist())
+
+    @property
+    def paces(self) -> list[Pace] | None:
+        """The last step's paces as the agents hold them."""
+        if self.own_pace is None or self.help_pace is None:
+            return None
+        return list(map(Pace, self.own_pace.tolist(), self.help_pace.tolist()))
 
     def step(
         self, own: Floats, batches: Floats, factors: Floats, deciders: Bools | None = None
@@ -70,15 +128,19 @@ class SharingModel:
         batch and speed factor; updates offers and paces. `deciders`: the ranks that
         may offer late (`share_late`), those that compute their share in one piece
         (None: every rank with a batch)."""
-        if self.paces is not None:
-            counts = batches.astype(int).tolist()
-            self.offered = offering(self.paces, self.offered, counts, self.params.ratio)
+        if len(self.offers) != len(own):
+            self.offers = np.zeros(len(own), dtype=bool)
+        if self.own_pace is not None and self.help_pace is not None:
+            samples = np.trunc(batches)
+            self.offers = offering_columns(
+                self.own_pace, self.help_pace, self.offers, samples, self.params.ratio
+            )
         late = self._late(own, batches, factors, deciders)
         if late is not None:
             own = late.own
-        if not self.offered and (late is None or not late.offered.any()):
-            paces = zip(own.tolist(), batches.tolist(), strict=True)  # floats: a C-speed pass
-            self.paces = [Pace(c / b if b else 0.0) for c, b in paces]
+        if not self.offers.any() and (late is None or not late.offered.any()):
+            self.own_pace = np.divide(own, batches, out=np.zeros_like(own), where=batches != 0)
+            self.help_pace = np.zeros(len(own))
             return SharedStep(float(own.max()), batches, own)
         return self._shared(own, batches, factors, late)
 
@@ -87,11 +149,11 @@ class SharingModel:
     ) -> LateStep | None:
         """The step's deciders cut in head and tail (`share_late`), and which offer
         their tail; None when late offers are off or no pace is known yet."""
-        if not self.params.late or self.paces is None:
+        if not self.params.late or self.own_pace is None:
             return None
-        limit = late_pace_limit(self.paces, self.params.ratio)
+        limit = late_pace_limit_columns(self.own_pace, self.params.ratio)
         may = batches >= 2 if deciders is None else deciders & (batches >= 2)
-        may[sorted(self.offered)] = False
+        may &= ~self.offers
         heads = np.where(may, batches // HEAD_SHARE, 0.0)
         may &= heads > 0  # a share too small to split is computed in one piece
         head_s = np.where(may, (self.fixed_s + self.per_sample_s * heads) * factors, 0.0)
@@ -108,8 +170,7 @@ class SharingModel:
         """The step when some rank offers: the pool's water level over every rank's
         free time (an offering rank at once, a late one when its head is done, the
         others when their own share and the step's late decisions are)."""
-        early = np.zeros(len(own), dtype=bool)
-        early[sorted(self.offered)] = True
+        early = self.offers
         owners = early | (late.offered if late is not None else False)
         ranks = np.flatnonzero(owners)
         pool_of = np.where(early, batches, 0.0)
@@ -140,12 +201,11 @@ class SharingModel:
             kept = np.where(late.offered, late.heads, kept)
             busy = busy + np.where(late.offered, late.head_s, 0.0)
         first = np.flatnonzero(early)
-        self.paces = self._paces(
-            own, batches, factors, micro_of[first], first, joined & helpers, mb
-        )
+        self._paces(own, batches, factors, micro_of[first], first, joined & helpers, mb)
         if late is not None and late.offered.any():  # a late offer's pace is its head's
-            for r in np.flatnonzero(late.offered).tolist():
-                self.paces[r] = Pace(float(late.head_s[r] / late.heads[r]), self.paces[r].helping)
+            at = late.offered
+            assert self.own_pace is not None
+            self.own_pace[at] = late.head_s[at] / late.heads[at]
         samples = kept + rates * pooled
         # What the agents report: the offering ranks and the helpers, their share in one
         # pass (the agents estimate it; the model knows it).
@@ -161,9 +221,8 @@ class SharingModel:
         ranks: np.ndarray,
         helped: np.ndarray,
         mb: float,
-    ) -> list[Pace]:
+    ) -> None:
         mb_pace = (self.fixed_s + self.per_sample_s * mb) * factors / mb
         whole = np.divide(own, batches, out=np.zeros_like(own), where=batches > 0)
         whole[ranks] = (self.fixed_s + self.per_sample_s * micro) * factors[ranks] / micro
-        helping = np.where(helped, mb_pace, 0.0)
-        return list(map(Pace, whole.tolist(), helping.tolist()))  # floats, at C speed
+        self.own_pace, self.help_pace = whole, np.where(helped, mb_pace, 0.0)

@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from antdt.sharing import ShareParams
-from antdt.sim.sharing import SharingModel, finish_time
+from antdt.sharing import Pace, ShareParams, late_pace_limit, offering, one_piece_scale
+from antdt.sim.sharing import (
+    SharingModel,
+    finish_time,
+    late_pace_limit_columns,
+    offering_columns,
+    one_piece_scale_columns,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -135,3 +141,27 @@ def test_sharing_brings_antdt_nd_near_the_oracle_in_the_non_dedicated_scenario()
     assert with_sharing < alone_s
     # 0.93 (0.82 while a rank stopped offering at the offer ratio: on every other step)
     assert oracle.job_s / with_sharing > 0.9, (oracle.job_s, with_sharing)
+
+
+_PACE = st.one_of(st.just(0.0), st.floats(1e-4, 1e-2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ranks=st.lists(
+        st.tuples(_PACE, _PACE, st.booleans(), st.integers(0, 64)), min_size=0, max_size=16
+    ),
+    ratio=st.sampled_from([1.05, 1.3, 1.5, 2.0]),
+)
+def test_the_offer_rule_over_columns_is_the_agents_rule(
+    ranks: list[tuple[float, float, bool, int]], ratio: float
+) -> None:
+    paces = [Pace(own, helping) for own, helping, _, _ in ranks]
+    offered = frozenset(r for r, (_, _, o, _) in enumerate(ranks) if o)
+    samples = [n for _, _, _, n in ranks]
+    own, helping = np.array([p.own for p in paces]), np.array([p.helping for p in paces])
+    mask = np.array([o for _, _, o, _ in ranks], dtype=bool)
+    found = offering_columns(own, helping, mask, np.array(samples, dtype=float), ratio)
+    assert set(np.flatnonzero(found).tolist()) == offering(paces, offered, samples, ratio)
+    assert one_piece_scale_columns(own, helping, mask) == one_piece_scale(paces, offered)
+    assert late_pace_limit_columns(own, ratio) == late_pace_limit(paces, ratio)
