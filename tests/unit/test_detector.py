@@ -431,3 +431,34 @@ def test_a_ranks_model_is_fitted_as_of_its_latest_window() -> None:
         assert model() == fitted  # the window has not closed
     step(3 * W - 1, cost=0.0011)
     assert model() != fitted  # it closed
+
+
+def test_every_health_row_is_the_row_built_afresh() -> None:
+    """A rank's row is its last one with the step moved on while nothing else it is made
+    of changed: over a straggler's onset, escalation and recovery, and a plan that
+    halves its batch, every row of every health equals the one built from scratch."""
+    from antdt.services.monitor.ranks import rank_health
+
+    batch = lambda r, s: 16 if r == 2 and s >= 9 * W else 32  # noqa: E731
+    job = Job(4, cost=slow_rank(2, 3.0, start=2 * W, stop=7 * W), batch=batch, jitter=0.05)
+    detector, states = JobDetector(JOB, 4), set()
+
+    def rows(now: float) -> None:
+        health = detector.health(now)
+        assert detector.health(now).ranks == health.ranks  # the same step: the same rows
+        for memory, row in zip(detector._ranks, health.ranks, strict=True):
+            memory.row, memo = None, memory.row
+            fresh = rank_health(memory, detector._pace.model(memory))
+            memory.row = memo
+            assert row.model_dump() == fresh.model_dump()
+            states.add(row.state)
+
+    for now, ev in job.events(range(12 * W)):
+        if ev.rank == 0 and ev.step >= 11 * W:
+            continue  # silent: stalled below, its figures unchanged
+        detector.ingest(ev, now)
+        if ev.rank in (1, 3):
+            rows(now)
+    assert detector.check_stalls(now + 60.0)
+    rows(now + 60.0)
+    assert {RankState.OK, RankState.UNKNOWN, RankState.SLOW, RankState.STALLED} <= states

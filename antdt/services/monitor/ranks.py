@@ -17,6 +17,7 @@ from antdt.schemas import (
     JobHealth,
     RankHealth,
     RankState,
+    replaced,
     trusted,
 )
 from antdt.services.monitor.history import History
@@ -87,6 +88,9 @@ class RankMemory:
     # its speed model and when it was fitted: (its latest window, its history's epoch,
     # the job's fixed part, the model)
     model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
+    # its latest health row and what it was made of (a memo: between two of its window
+    # closes most of a rank's row is the same; only its latest step moves)
+    row: tuple[tuple[object, ...], RankHealth] | None = None
 
 
 @dataclass(frozen=True)
@@ -158,21 +162,40 @@ def rank_state(rank: RankMemory) -> RankState:
 
 
 def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth:
+    """The rank's row: its last row with its latest step moved on when nothing else it is
+    made of changed (most ranks, most healths), else a new one (`_new_row`)."""
+    if rank.exited is None and rank.stall is None and rank.deviation is None:
+        state = RankState.UNKNOWN if rank.stats is None else RankState.OK  # most ranks
+    else:
+        state = rank_state(rank)
+    last_step = max(rank.last_step, 0)
+    made_of = (state, rank.host, rank.local_batch, rank.stats, rank.judgement, model)
+    memo = rank.row
+    if memo is not None and memo[0] == made_of and not rank.helped:
+        row = memo[1]
+        if row.last_step == last_step:
+            return row
+        row = replaced(row, {"last_step": last_step})
+    else:
+        row = _new_row(rank, state, last_step, model)
+    rank.row = (made_of, row)
+    return row
+
+
+def _new_row(
+    rank: RankMemory, state: RankState, last_step: int, model: SpeedModel | None
+) -> RankHealth:
     """The rank's row, built `trusted`: its figures are the detector's own (shares
     clamped, speeds positive), and the receiver of the health validates it anyway; a
     health of 10,000 rows spent most of its time validating them."""
     stats = rank.stats
-    if rank.exited is None and rank.stall is None and rank.deviation is None:
-        state = RankState.UNKNOWN if stats is None else RankState.OK  # most ranks
-    else:
-        state = rank_state(rank)
     return trusted(
         RankHealth,
         {
             "rank": rank.rank,
             "host": rank.host,
             "state": state,
-            "last_step": max(rank.last_step, 0),
+            "last_step": last_step,
             "local_batch": rank.local_batch,
             "samples_per_s": stats.samples_per_s if stats else 0.0,
             "compute_s_per_sample": stats.compute_per_sample if stats else 0.0,
