@@ -224,7 +224,8 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
     bad times and a version that changes with every change, through adds (read after
     each or after many: they join at the read; alone or with others' in `add_each`),
     evictions, pops and clears, and its fit (the ordered times, no sort) is bit for bit
-    that of the same steps as a list."""
+    that of the same steps as a list; the span around its latest change of batch size
+    names those steps, and never other steps later."""
     from antdt.services.monitor.history import History
 
     rng = random.Random(seed)
@@ -234,6 +235,7 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
     others = [History(maxlen) for _ in range(3)]
     read_every = rng.choice((1, 3, 50))
     version = history.version
+    spans: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
     for i in range(600):
         pick, changed = rng.random(), True
         if pick < 0.02:
@@ -272,6 +274,14 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
         assert (history.one_batch() == 32) is one
         for fixed in (0.0, 6.5):
             assert fit_speed(history, fixed) == fit_speed(steps_, fixed)
+        span, last = history.last_change_span(5), len(steps_) - 1
+        change = next((i for i in range(last, 0, -1) if steps_[i][0] != steps_[i - 1][0]), 0)
+        if change == 0:
+            assert span is None
+        else:
+            around = steps_[max(0, change - 5) : change + 5]
+            assert span is not None and history.steps_between(span[1], span[2]) == around
+            assert spans.setdefault(span, around) == around  # the same span, the same steps
         assert history.version == version  # reads change nothing
 
 

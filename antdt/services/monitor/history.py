@@ -36,8 +36,8 @@ class History(Sequence[Step]):
     a round of windows, a rank turning slow) the rest."""
 
     __slots__ = (
-        *("_added", "_changes", "_dropped", "_new_samples", "_new_times", "_ordered"),
-        *("_samples", "_times", "_version", "bad", "epoch"),
+        *("_added", "_changes", "_dropped", "_entered", "_new_samples", "_new_times"),
+        *("_ordered", "_samples", "_times", "_version", "bad", "epoch"),
     )
 
     def __init__(self, maxlen: int) -> None:
@@ -48,6 +48,7 @@ class History(Sequence[Step]):
         self.bad = 0
         self._version = 0
         self.epoch = 0  # restarts: cleared, or all but its latest steps dropped at once
+        self._entered = 0  # steps that joined the columns over its life: where a step lies
         self._changes = 0  # steps whose batch size differs from the step's before
         self._ordered: list[float] | None = []  # None: to be sorted afresh
         self._added: list[float] = []  # measurable times added since `_ordered` ...
@@ -144,6 +145,7 @@ class History(Sequence[Step]):
             self._changes -= sum(map(ne, steps[1 : drop + 1], steps[:drop]))
         leaving = [*itertools.islice(times, min(drop, held)), *new_times[: max(0, drop - held)]]
         self._version += len(new_times)
+        self._entered += len(new_times)
         samples.extend(new_samples)
         times.extend(new_times)
         self._joined(new_times)
@@ -186,6 +188,25 @@ class History(Sequence[Step]):
         drop = max(0, total - held.maxlen)  # type: ignore[operator]  # never None
         first = held[drop] if drop < len(held) else new[drop - len(held)]
         return first, new[-1] if new else held[-1]
+
+    def last_change_span(self, steps: int) -> tuple[int, int, int] | None:
+        """Up to `steps` steps on either side of its latest change of batch size, as
+        (epoch, first, end): steps first..end - 1 of those that ever joined it. The same
+        span holds the same steps. None: one batch size throughout."""
+        if not self.changes:
+            return None
+        samples = self._samples
+        differs = list(map(ne, itertools.islice(samples, 1, None), samples))
+        change = len(differs) - differs[::-1].index(True)  # the step whose size is new
+        first = self._entered - len(samples)
+        return self.epoch, first + max(0, change - steps), first + min(len(samples), change + steps)
+
+    def steps_between(self, first: int, end: int) -> list[Step]:
+        """Its steps first..end - 1 of those that ever joined it (`last_change_span`)."""
+        self._settle()
+        held = self._entered - len(self._samples)
+        where = slice(first - held, end - held)
+        return list(zip(list(self._samples)[where], list(self._times)[where], strict=True))
 
     @property
     def changes(self) -> int:

@@ -11,12 +11,10 @@ docs/detection.md gives the rules and why.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 from collections.abc import Sequence
 
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.history import History
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
@@ -104,9 +102,25 @@ class Pace:
         ends = (r.history.first_and_latest() for r in ranks)
         if not any(e and e[0] != e[1] for e in ends):  # its oldest and latest step's batch
             return
-        spans = [_around_last_change(r.history, 2 * self._speed.line_steps) for r in ranks]
-        models = [fit_speed(span, self.fixed_samples, self._speed) for span in spans]
+        models = [self._span_model(r) for r in ranks]
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
+
+    def _span_model(self, rank: RankMemory) -> SpeedModel | None:
+        """The rank's model through the steps on either side of its history's latest
+        change of batch size (`_AROUND_CHANGE`), kept while the span holds the same
+        steps: the pool reads only models through two sizes, which the job's fixed part
+        does not enter. A history of one size has none."""
+        history = rank.history
+        span = history.last_change_span(_AROUND_CHANGE * self._speed.line_steps)
+        if span is None:
+            return None
+        memo = rank.span_model
+        if memo is not None and memo[0] == span:
+            return memo[1]
+        steps = history.steps_between(span[1], span[2])
+        model = fit_speed(steps, self.fixed_samples, self._speed)
+        rank.span_model = (span, model)
+        return model
 
     def model(self, rank: RankMemory) -> SpeedModel | None:
         """The rank's step-time model (None: too few steps at one speed yet), fitted at
@@ -121,23 +135,12 @@ class Pace:
         return model
 
 
-def _around_last_change(
-    history: Sequence[tuple[int, float]], steps: int
-) -> Sequence[tuple[int, float]]:
-    """Up to `steps` steps on either side of the history's latest change of batch size
-    (all of it when there is none): the two sizes' levels measured as close in time as
-    they can be, so that the job's own drift (a slower phase, the machine's load) does
-    not pass for the batch's effect. A window apart, 3% of drift moved the fixed part of
-    a batch halved from 32 to 17 from 32 samples to 26 or 39."""
-    if isinstance(history, History):
-        if not history.changes:
-            return history  # one batch size throughout: no change to look for
-        history = list(history)  # indexed below: a list's items, not the deques'
-    last = len(history) - 1
-    change = next((i for i in range(last, 0, -1) if history[i][0] != history[i - 1][0]), 0)
-    if change == 0:
-        return history
-    return list(itertools.islice(history, max(0, change - steps), change + steps))
+#: The steps a refit reads on either side of a history's latest change of batch size,
+#: in line_steps: the two sizes' levels measured as close in time as they can be, so that
+#: the job's own drift (a slower phase, the machine's load) does not pass for the batch's
+#: effect. A window apart, 3% of drift moved the fixed part of a batch halved from 32 to
+#: 17 from 32 samples to 26 or 39.
+_AROUND_CHANGE = 2
 
 
 __all__ = ["Pace"]

@@ -88,6 +88,9 @@ class RankMemory:
     # its speed model and when it was fitted: (its latest window, its history's epoch,
     # the job's fixed part, the model)
     model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
+    # its model through the steps around its history's latest change of batch size, and
+    # that span (a memo: a round of windows refits the job's fixed part from every rank's)
+    span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
     # its latest health row and what it was made of (a memo: between two of its window
     # closes most of a rank's row is the same; only its latest step moves)
     row: tuple[tuple[object, ...], RankHealth] | None = None
