@@ -324,8 +324,7 @@ class JobDetector:
             plan_version=self._plan_version,
             open_incidents=self._open.ids,
         )
-        models = [self._pace.model(r) for r in self._ranks]
-        return job_health(self._ranks, progress, models)
+        return job_health(self._ranks, progress, self._pace.models(self._ranks))
 
     def _tick(self, now: float) -> float:
         self._clock = max(self._clock, now)

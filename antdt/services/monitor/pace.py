@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 
 from antdt.services.monitor.config import DetectorConfig
+from antdt.services.monitor.fits import MANY, fit_one_batch_many
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
@@ -122,16 +123,39 @@ class Pace:
         rank.span_model = (span, model)
         return model
 
+    def models(self, ranks: Sequence[RankMemory]) -> list[SpeedModel | None]:
+        """`model` of every rank: those whose model is to be fitted afresh, at once where
+        they can be (`fits.fit_one_batch_many`): after a round of windows, every rank."""
+        fixed = self.fixed_samples
+        stale = [r for r in ranks if not self._fitted(r)]
+        if len(stale) >= MANY:
+            fitted = fit_one_batch_many([r.history for r in stale], fixed, self._speed)
+            for i, model in fitted.items():
+                rank = stale[i]
+                rank.model = (rank.stats, rank.history.epoch, fixed, model)
+        return [self.model(r) for r in ranks]
+
+    def _fitted(self, rank: RankMemory) -> bool:
+        """Whether the rank's model is that of its latest window, history and the job's
+        fixed part."""
+        memo = rank.model
+        return (
+            memo is not None
+            and memo[0] is rank.stats
+            and memo[1] == rank.history.epoch
+            and memo[2] == self.fixed_samples
+        )
+
     def model(self, rank: RankMemory) -> SpeedModel | None:
         """The rank's step-time model (None: too few steps at one speed yet), fitted at
         the first read after each of its windows closed, its history restarted or the
         job's fixed part changed: like the health's other figures, as of its latest
         window (a health reads every rank's, up to every step of a slow job)."""
-        stats, epoch, fixed, memo = rank.stats, rank.history.epoch, self.fixed_samples, rank.model
-        if memo is not None and memo[0] is stats and memo[1] == epoch and memo[2] == fixed:
+        memo = rank.model
+        if memo is not None and self._fitted(rank):
             return memo[3]
-        model = fit_speed(rank.history, fixed, self._speed)
-        rank.model = (stats, epoch, fixed, model)
+        model = fit_speed(rank.history, self.fixed_samples, self._speed)
+        rank.model = (rank.stats, rank.history.epoch, self.fixed_samples, model)
         return model
 
 

@@ -69,7 +69,7 @@ def fit_speed(
         batch = steps.one_batch()
         if batch is not None:  # the common history
             ordered = steps.ordered
-            if ordered[-1] <= _HUGE:
+            if ordered[-1] <= ONE_BATCH_LIMIT:
                 return _one_batch_model(ordered, batch, max(0.0, fixed_samples), config)
     levels = _levels(steps, config)
     if not levels:
@@ -131,8 +131,9 @@ def _one_batch_model(
     return SpeedModel(per_sample * fixed_samples, per_sample, 1)
 
 
-#: Times past this take the general path (their sum, which must be finite, might not be).
-_HUGE = 1e300
+#: A one-batch history holding a time past this takes the general path (the sum of its
+#: times, which must be finite, might not be).
+ONE_BATCH_LIMIT = 1e300
 
 
 class Level(NamedTuple):
@@ -215,6 +216,7 @@ def quantile_sorted(ordered: Sequence[float], q: float) -> float:
 
 
 __all__ = [
+    "ONE_BATCH_LIMIT",
     "Level",
     "SpeedConfig",
     "SpeedModel",
