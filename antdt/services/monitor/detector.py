@@ -43,7 +43,7 @@ from antdt.services.monitor.stepcolumns import (
     fields_of,
 )
 from antdt.services.monitor.summaries import summarize_many
-from antdt.services.monitor.windows import Row, WindowStats, summarize
+from antdt.services.monitor.windows import Row, StepFigures, WindowStats, summarize
 
 
 class JobDetector:
@@ -444,8 +444,8 @@ class JobDetector:
         summaries = summarize_many(windows, previous, pace.fixed_samples, pace.config)
         closed = [
             (rank, step, stats, opening)
-            for (rank, step), window in zip(closing, summaries, strict=True)
-            for stats, opening in self._closed_window(rank, window)
+            for (rank, step), window, figures in zip(closing, *summaries, strict=True)
+            for stats, opening in self._closed_window(rank, window, figures)
         ]
         judged = self._judge.judge_many(
             [rank.rank for rank, _, _, _ in closed],
@@ -470,10 +470,11 @@ class JobDetector:
         return transitions
 
     def _closed_window(
-        self, rank: RankMemory, stats: WindowStats | None
+        self, rank: RankMemory, stats: WindowStats | None, figures: StepFigures | None = None
     ) -> tuple[tuple[WindowStats, bool], ...]:
-        """The rank's full window, summarized as `stats`, cleared and counted: its stats
-        and whether the rank had no incident open, when it is to be judged (else none)."""
+        """The rank's full window, summarized as `stats` (its `step_figures` made with
+        it, or None), cleared and counted: its stats and whether the rank had no incident
+        open, when it is to be judged (else none)."""
         rank.window.clear()
         slow_steps, rank.slow_steps = rank.slow_steps, 0
         if stats is None:
@@ -483,7 +484,8 @@ class JobDetector:
             # stays out of the other ranks' figures.
             rank.warmup_left -= 1
             return ()
-        rank.previous, rank.stats, rank.figures = stats.costs, stats, None
+        rank.previous, rank.stats = stats.costs, stats
+        rank.figures = None if figures is None else (stats, figures)
         opening = rank.deviation is None
         self._pace.window_closed(rank, stats, slow_steps)
         self._closed += 1

@@ -127,13 +127,17 @@ class Pace:
         """`model` of every rank: those whose model is to be fitted afresh, at once where
         they can be (`fits.fit_one_batch_many`): after a round of windows, every rank."""
         fixed = self.fixed_samples
-        stale = [r for r in ranks if not self._fitted(r)]
+        fresh = list(map(self._fitted, ranks))
+        stale = [r for r, ok in zip(ranks, fresh, strict=True) if not ok]
         if len(stale) >= MANY:
             fitted = fit_one_batch_many([r.history for r in stale], fixed, self._speed)
             for i, model in fitted.items():
                 rank = stale[i]
                 rank.model = (rank.stats, rank.history.epoch, fixed, model)
-        return [self.model(r) for r in ranks]
+        return [
+            r.model[3] if ok and r.model else self.model(r)
+            for r, ok in zip(ranks, fresh, strict=True)
+        ]
 
     def _fitted(self, rank: RankMemory) -> bool:
         """Whether the rank's model is that of its latest window, history and the job's

@@ -5,14 +5,23 @@ at 1,000 ranks that was 1,000 summaries of eight rows, one after another."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.windows import Row, WindowStats, summarize
+from antdt.services.monitor.windows import Row, StepFigures, WindowStats, summarize
 
 Floats = npt.NDArray[np.float64]
+
+
+class Summaries(NamedTuple):
+    """Each window's `summarize`, and its `step_figures` where it was summarized with
+    others (None: to be made when read)."""
+
+    stats: list[WindowStats | None]
+    figures: list[StepFigures | None]
 
 
 def summarize_many(
@@ -20,11 +29,13 @@ def summarize_many(
     previous: Sequence[Sequence[float]],
     fixed_samples: float,
     config: ReferenceConfig,
-) -> list[WindowStats | None]:
+) -> Summaries:
     """`summarize(windows[i], previous[i], fixed_samples, config)` for every i. Windows
     of one length whose every step is measured, with no costs before or a window's
-    worth, go together; any other alone."""
+    worth, go together (and their `step_figures` are made with them: a health reads
+    every rank's after each close); any other alone."""
     found: list[WindowStats | None] = [None] * len(windows)
+    figures: list[StepFigures | None] = [None] * len(windows)
     groups: dict[int, list[int]] = {}
     length = len(windows[0]) if windows else 0
     for i, (rows, before) in enumerate(zip(windows, previous, strict=True)):
@@ -48,13 +59,16 @@ def summarize_many(
                 fixed_samples,
                 config.level_quantile,
             )
-            for i, (figures, costs) in zip(ranks, stats, strict=True):
-                busy, data, comm, level, window_level, cost = figures[1:]
+            for i, (made, costs), step in zip(
+                ranks, stats, _step_figures(block[keep]), strict=True
+            ):
+                busy, data, comm, level, window_level, cost = made[1:]
                 rows = tuple(windows[i])
                 found[i] = WindowStats(
-                    figures[0], busy, data, comm, level, window_level, cost, tuple(costs), rows
+                    made[0], busy, data, comm, level, window_level, cost, tuple(costs), rows
                 )
-    return found
+                figures[i] = step
+    return Summaries(found, figures)
 
 
 def _measured(block: Floats) -> npt.NDArray[np.bool_]:
@@ -92,6 +106,17 @@ def _block_stats(
     return list(zip(figures.tolist(), costs.tolist(), strict=True))
 
 
+def _step_figures(block: Floats) -> list[StepFigures]:
+    """`windows.step_figures` of each window: the same medians (a window of an odd
+    length keeps its median batch an int, as there)."""
+    samples, compute, comm, steps = block[:, :, 0], block[:, :, 1], block[:, :, 3], block[:, :, 4]
+    overhead = (steps - compute) - comm
+    overhead = np.where(overhead > 0.0, overhead, 0.0)
+    medians = np.column_stack((_median(steps), _median(samples), _median(comm), _median(overhead)))
+    odd = block.shape[1] % 2 == 1
+    return [StepFigures(s, int(n) if odd else n, m, o) for s, n, m, o in medians.tolist()]
+
+
 def _median(values: Floats) -> Floats:
     return _median_sorted(np.sort(values, axis=1))
 
@@ -116,4 +141,4 @@ def _quantile_sorted(ordered: Floats, q: float) -> Floats:
     return ordered[:, low] + (ordered[:, high] - ordered[:, low]) * (position - low)
 
 
-__all__ = ["summarize_many"]
+__all__ = ["Summaries", "summarize_many"]
