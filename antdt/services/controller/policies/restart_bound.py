@@ -113,8 +113,10 @@ def _most_under(fixed: Floats, per_sample: Floats, caps: Ints, limit_s: float) -
 
 def _nth(parts: Floats, at: int) -> float:
     """The `at`-th smallest (0 at least) of `parts`: the order statistic the median of
-    the others' models, any one rank left out, can fall to."""
-    return float(np.partition(parts, max(0, at))[max(0, at)])
+    the others' models, any one rank left out, can fall to. Sorted, not partitioned:
+    the parts of a job are mostly one value (every rank not held shares the typical
+    model), where numpy's introselect takes 15x a sort (1 ms at 10,000 ranks)."""
+    return float(np.sort(parts)[max(0, at)])
 
 
 def most_samples_under(model: StepModel, lower: int, upper: int, limit_s: float) -> int | None:
