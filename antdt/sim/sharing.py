@@ -45,8 +45,8 @@ def offering_columns(
     """`antdt.sharing.offering` over every rank's paces as columns (`own`, `helping`:
     seconds per sample, 0 unknown; `offered`: last step's offers as a mask), with no
     claim round trip (a free ticket: any excess over the median is worth offering): the
-    same ranks, as a mask. The agents run the rule on their own
-    Pace objects; at thousands of ranks the simulator cannot (tests hold the two equal)."""
+    same ranks, as a mask. The agents run the rule on their own Pace objects; at
+    thousands of ranks the simulator cannot (tests hold the two equal)."""
     scale = one_piece_scale_columns(own, helping, offered)
     judged = (own > 0) & (samples > 0)
     times = np.where(judged, own * np.where(offered, scale, 1.0) * samples, 0.0)
