@@ -163,3 +163,40 @@ def test_class_plans_move_and_round_as_rank_by_rank(seed: int) -> None:
     speeds = [rng.choice([1.0, 1.001, 0.33, rng.uniform(0.5, 2.0)]) for _ in range(n)]
     expected = reference_proportional_shares(32 * n, speeds, min_b=1)
     assert proportional_shares(32 * n, speeds, min_b=1) == expected
+
+
+@pytest.mark.parametrize(("ranks", "crowd"), [(400, 0.15), (300, 0.0), (120, 0.5)])
+def test_a_healed_plan_from_the_current_classes_is_the_plan_grouped_afresh(
+    ranks: int, crowd: float
+) -> None:
+    """antdt-nd's healed plan (one rank given another model) made from the current
+    plan's classes is the plan `classes_of` and the planner make of the healed models:
+    for ranks held (a class each), not held, and those `common_model` tries first."""
+    from antdt.services.controller.balance import StepModel, median_model
+    from antdt.services.controller.policies.judged import held_ranks, judged_models, measured_speeds
+
+    view, _ = decision_view(ranks, crowd=crowd)
+    models = judged_models(view, measured_speeds(view), held_ranks(view, frozenset()))
+    assert models is not None and all(models)
+    typical = median_model([m for m in models if m is not None])
+    fast = 0
+    for rank in sorted({0, 1, ranks // 2, ranks - 2, ranks - 1, *range(0, ranks, 7)}):
+        for model in (StepModel(typical.fixed_s, typical.per_sample_s), StepModel(0.001, 4e-4)):
+            healed = list(models)
+            healed[rank] = model
+            got = targets.healed_target(replace(view), models, rank, model)
+            want = targets._balanced_target(replace(view), healed)
+            assert got is not None and want is not None and want.classes is not None
+            assert (got.plan, tuple(got.known), got.models) == (
+                want.plan,
+                tuple(want.known),
+                want.models,
+            )
+            assert got.classes is not None and got.planned_step_s == want.planned_step_s
+            table, wanted = got.classes, want.classes
+            assert (table.ranks, table.lo, table.hi) == (wanted.ranks, wanted.lo, wanted.hi)
+            assert all(a is b for a, b in zip(table.models, wanted.models, strict=True))
+            now = targets.balanced_target(view, models)
+            fast += now is not None and targets._own_class(now, rank, model) is not None
+    # A crowd's held ranks are a class each; half the ranks slow leave no model to most.
+    assert bool(fast) is (0 < crowd < 0.5)

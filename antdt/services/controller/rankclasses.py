@@ -83,6 +83,17 @@ class ClassTable:
             per_sample[at] = np.repeat([self.models[i].per_sample_s for i in others], sizes)
         return fixed, per_sample
 
+    def with_model(self, at: int, model: StepTimeModel) -> ClassTable:
+        """The same classes, class `at`'s model replaced: its ranks, bounds and what is
+        derived from them (sizes, the largest, the others' ranks) kept."""
+        models = list(self.models)
+        models[at] = model
+        table = ClassTable(models, self.ranks, self.lo, self.hi)
+        for name in ("sizes", "largest", "others", "others_ranks"):
+            if name in self.__dict__:  # a cached_property's value, as it stores it
+                table.__dict__[name] = self.__dict__[name]
+        return table
+
     @classmethod
     def of(cls, classes: list[RankClass], models: Sequence[StepTimeModel]) -> ClassTable:
         firsts = [c.ranks[0] for c in classes]

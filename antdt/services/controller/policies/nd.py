@@ -31,6 +31,7 @@ from antdt.services.controller.policies.restart_bound import restart_bound
 from antdt.services.controller.policies.targets import (
     Target,
     balanced_target,
+    healed_target,
     proportional_target,
 )
 from antdt.services.controller.view import JobView
@@ -330,9 +331,8 @@ def _healed_by_model(
         return None, None
     typical = median_model(others)
     batch = view.plan.local_batch[rank]
-    healed = list(models)
-    healed[rank] = min(own, typical, key=lambda m: m.predict(batch))
-    return balanced_target(view, models), balanced_target(view, healed)
+    healed = min(own, typical, key=lambda m: m.predict(batch))
+    return balanced_target(view, models), healed_target(view, models, rank, healed)
 
 
 def _reason(

@@ -5,6 +5,7 @@ keeps its batch. Under BSP a step lasts as long as its slowest rank."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -137,6 +138,56 @@ def balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target
     return view.remembered("balanced_target", key, lambda: _balanced_target(view, key))
 
 
+def healed_target(
+    view: JobView, models: Sequence[StepModel | None], rank: int, model: StepModel
+) -> Target | None:
+    """`balanced_target` of `models` with `rank`'s model replaced by `model`; from the
+    current target's classes when that changes one class only (`_own_class`): a crowd of
+    held ranks is a class each, and grouping 10,000 ranks again for one changed model
+    was a third of antdt-nd's restart estimate."""
+    healed = list(models)
+    healed[rank] = model
+    return view.remembered(
+        "balanced_target", healed, lambda: _healed_target(view, models, healed, rank)
+    )
+
+
+def _healed_target(
+    view: JobView, models: Sequence[StepModel | None], healed: list[StepModel | None], rank: int
+) -> Target | None:
+    now = balanced_target(view, models)
+    at = None if now is None else _own_class(now, rank, healed[rank])
+    if now is None or now.classes is None or at is None:
+        return _balanced_target(view, healed)
+    classes = now.classes.with_model(at, cast(StepModel, healed[rank]))
+    try:
+        shares = plan_classes(classes, view.spec.global_batch)
+    except ValueError:
+        return None
+    fitted = cast(tuple[StepModel, ...], tuple(healed))
+    return Target(_fill(view.plan.local_batch, now.known, shares), now.known, None, fitted, classes)
+
+
+def _own_class(now: Target, rank: int, model: StepModel | None) -> int | None:
+    """The class of `now` that is `rank` alone, when a model of its own there (`model`,
+    no class's) leaves every other class as `classes_of` would find it: every rank
+    known, one bound for all, more than half the ranks one model object, and `rank` none
+    of those `rankclasses.common_model` tries first. None otherwise."""
+    table, n = now.classes, len(now.known)
+    if table is None or model is None or not isinstance(now.known, range):
+        return None
+    if rank in (0, n // 2, n - 1) or not (one_value(table.lo) and one_value(table.hi)):
+        return None
+    if 2 * int(table.sizes[table.largest]) <= n:
+        return None
+    at = bisect.bisect_left([ranks[0] for ranks in table.ranks], rank)
+    if at == len(table.ranks) or table.ranks[at] != [rank]:
+        return None
+    if any(m is model for m in table.models):
+        return None
+    return at
+
+
 def _balanced_target(view: JobView, models: Sequence[StepModel | None]) -> Target | None:
     current = view.plan.local_batch
     lower, upper = batch_bounds(view)
@@ -175,4 +226,4 @@ def _fill(current: Sequence[int], ranks: Sequence[int], shares: Sequence[int]) -
     return tuple(plan)
 
 
-__all__ = ["Target", "balanced_target", "proportional_target"]
+__all__ = ["Target", "balanced_target", "healed_target", "proportional_target"]
