@@ -171,7 +171,8 @@ def test_a_healed_plan_from_the_current_classes_is_the_plan_grouped_afresh(
 ) -> None:
     """antdt-nd's healed plan (one rank given another model) made from the current
     plan's classes is the plan `classes_of` and the planner make of the healed models:
-    for ranks held (a class each), not held, and those `common_model` tries first."""
+    for ranks held (a class each), not held, and those `common_model` tries first, given
+    a model equal to the others' (one class, then) or another."""
     from antdt.services.controller.balance import StepModel, median_model
     from antdt.services.controller.policies.judged import held_ranks, judged_models, measured_speeds
 
@@ -198,5 +199,5 @@ def test_a_healed_plan_from_the_current_classes_is_the_plan_grouped_afresh(
             assert all(a is b for a, b in zip(table.models, wanted.models, strict=True))
             now = targets.balanced_target(view, models)
             fast += now is not None and targets._own_class(now, rank, model) is not None
-    # A crowd's held ranks are a class each; half the ranks slow leave no model to most.
-    assert bool(fast) is (0 < crowd < 0.5)
+    # A held rank is a class of its own; half the ranks slow leave no model to most.
+    assert bool(fast) is (crowd < 0.5)

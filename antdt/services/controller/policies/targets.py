@@ -171,19 +171,25 @@ def _healed_target(
 def _own_class(now: Target, rank: int, model: StepModel | None) -> int | None:
     """The class of `now` that is `rank` alone, when a model of its own there (`model`,
     no class's) leaves every other class as `classes_of` would find it: every rank
-    known, one bound for all, more than half the ranks one model object, and `rank` none
-    of those `rankclasses.common_model` tries first. None otherwise."""
+    known, one bound for all, more than half the ranks one model object, and not every
+    model then equal to that one (`classes_of` plans equal models as one class). Each
+    of its ways groups the ranks by model object in order of their first rank, so one
+    rank's new object changes its own class only. None otherwise."""
     table, n = now.classes, len(now.known)
     if table is None or model is None or not isinstance(now.known, range):
         return None
-    if rank in (0, n // 2, n - 1) or not (one_value(table.lo) and one_value(table.hi)):
+    if not (one_value(table.lo) and one_value(table.hi)):
         return None
+    common = table.models[table.largest]
     if 2 * int(table.sizes[table.largest]) <= n:
         return None
     at = bisect.bisect_left([ranks[0] for ranks in table.ranks], rank)
     if at == len(table.ranks) or table.ranks[at] != [rank]:
         return None
     if any(m is model for m in table.models):
+        return None
+    others = (m for i, m in enumerate(table.models) if i != at)
+    if model == common and all(m == common for m in others):
         return None
     return at
 
