@@ -96,18 +96,24 @@ class LateStep(NamedTuple):
     offered: Bools
 
 
+class Paces(NamedTuple):
+    """Every rank's seconds per sample in a step (0: none): on its own share, and on the
+    micro-batches it took over."""
+
+    own: Floats
+    helping: Floats
+
+
 @dataclass
 class SharingModel:
     """One job's sharing across the steps: the offers of the last step and the paces
-    every rank reported (seconds per sample on its own share and on others'
-    micro-batches; None before the first step), as the agents keep them."""
+    every rank reported (None before the first step), as the agents keep them."""
 
     params: ShareParams
     fixed_s: float
     per_sample_s: float
     offers: Bools = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    own_pace: Floats | None = None
-    help_pace: Floats | None = None
+    reported: Paces | None = None
 
     @property
     def offered(self) -> frozenset[int]:
@@ -117,9 +123,9 @@ class SharingModel:
     @property
     def paces(self) -> list[Pace] | None:
         """The last step's paces as the agents hold them."""
-        if self.own_pace is None or self.help_pace is None:
+        if self.reported is None:
             return None
-        return list(map(Pace, self.own_pace.tolist(), self.help_pace.tolist()))
+        return list(map(Pace, self.reported.own.tolist(), self.reported.helping.tolist()))
 
     def step(
         self, own: Floats, batches: Floats, factors: Floats, deciders: Bools | None = None
@@ -130,17 +136,15 @@ class SharingModel:
         (None: every rank with a batch)."""
         if len(self.offers) != len(own):
             self.offers = np.zeros(len(own), dtype=bool)
-        if self.own_pace is not None and self.help_pace is not None:
+        if self.reported is not None:
             samples = np.trunc(batches)
-            self.offers = offering_columns(
-                self.own_pace, self.help_pace, self.offers, samples, self.params.ratio
-            )
+            self.offers = offering_columns(*self.reported, self.offers, samples, self.params.ratio)
         late = self._late(own, batches, factors, deciders)
         if late is not None:
             own = late.own
         if not self.offers.any() and (late is None or not late.offered.any()):
-            self.own_pace = np.divide(own, batches, out=np.zeros_like(own), where=batches != 0)
-            self.help_pace = np.zeros(len(own))
+            whole = np.divide(own, batches, out=np.zeros_like(own), where=batches != 0)
+            self.reported = Paces(whole, np.zeros(len(own)))
             return SharedStep(float(own.max()), batches, own)
         return self._shared(own, batches, factors, late)
 
@@ -149,9 +153,9 @@ class SharingModel:
     ) -> LateStep | None:
         """The step's deciders cut in head and tail (`share_late`), and which offer
         their tail; None when late offers are off or no pace is known yet."""
-        if not self.params.late or self.own_pace is None:
+        if not self.params.late or self.reported is None:
             return None
-        limit = late_pace_limit_columns(self.own_pace, self.params.ratio)
+        limit = late_pace_limit_columns(self.reported.own, self.params.ratio)
         may = batches >= 2 if deciders is None else deciders & (batches >= 2)
         may &= ~self.offers
         heads = np.where(may, batches // HEAD_SHARE, 0.0)
@@ -201,11 +205,11 @@ class SharingModel:
             kept = np.where(late.offered, late.heads, kept)
             busy = busy + np.where(late.offered, late.head_s, 0.0)
         first = np.flatnonzero(early)
-        self._paces(own, batches, factors, micro_of[first], first, joined & helpers, mb)
+        paces = self._paces(own, batches, factors, micro_of[first], first, joined & helpers, mb)
         if late is not None and late.offered.any():  # a late offer's pace is its head's
             at = late.offered
-            assert self.own_pace is not None
-            self.own_pace[at] = late.head_s[at] / late.heads[at]
+            paces.own[at] = late.head_s[at] / late.heads[at]
+        self.reported = paces
         samples = kept + rates * pooled
         # What the agents report: the offering ranks and the helpers, their share in one
         # pass (the agents estimate it; the model knows it).
@@ -221,8 +225,8 @@ class SharingModel:
         ranks: np.ndarray,
         helped: np.ndarray,
         mb: float,
-    ) -> None:
+    ) -> Paces:
         mb_pace = (self.fixed_s + self.per_sample_s * mb) * factors / mb
         whole = np.divide(own, batches, out=np.zeros_like(own), where=batches > 0)
         whole[ranks] = (self.fixed_s + self.per_sample_s * micro) * factors[ranks] / micro
-        self.own_pace, self.help_pace = whole, np.where(helped, mb_pace, 0.0)
+        return Paces(whole, np.where(helped, mb_pace, 0.0))
