@@ -9,12 +9,12 @@ long as the others of its group; any other is left to `fit_speed`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
 from antdt.services.monitor.history import History
 from antdt.services.monitor.speed import ONE_BATCH_LIMIT, SpeedConfig, SpeedModel
+from antdt.services.monitor.summaries import as_block, quantile_sorted_rows
 
 #: Fewer histories than this of one length are fitted one by one (arrays cost more).
 MANY = 16
@@ -55,15 +55,9 @@ def _fit_group(
 ) -> dict[int, SpeedModel]:
     """The group's models (`speed._one_batch_model`, row by row over a sorted block);
     a history holding a time past `ONE_BATCH_LIMIT` is left out (the general path)."""
-    times = chain.from_iterable(histories[i].times for i in members)
-    block = np.sort(
-        np.fromiter(times, dtype=np.float64, count=length * len(members)).reshape(-1, length),
-        axis=1,
-    )
-    position = config.quantile * (length - 1)
-    low = int(position)
-    high = low + 1 if low + 1 < length else low
-    level = block[:, low] + (block[:, high] - block[:, low]) * (position - low)
+    times = as_block([histories[i].times for i in members], (len(members), length))
+    block = np.sort(times, axis=1)
+    level = quantile_sorted_rows(block, config.quantile)
     sizes = np.array([batches[i] for i in members], dtype=np.float64)
     per_sample = level / (sizes + fixed)
     within = (block[:, -1] <= ONE_BATCH_LIMIT).tolist()

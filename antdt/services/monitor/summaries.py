@@ -46,8 +46,8 @@ def summarize_many(
         else:
             found[i] = summarize(rows, before, fixed_samples, config)
     for before_length, members in groups.items():
-        block = _block([windows[i] for i in members], (len(members), length, 5))
-        costs_before = _block([previous[i] for i in members], (len(members), before_length))
+        block = as_block([windows[i] for i in members], (len(members), length, 5))
+        costs_before = as_block([previous[i] for i in members], (len(members), before_length))
         measured = _measured(block)
         for i, ok in zip(members, measured.tolist(), strict=True):
             if not ok:
@@ -73,8 +73,8 @@ def summarize_many(
     return Summaries(found, figures)
 
 
-def _block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
-    """Equal-length windows (rows of 5 numbers) or cost lists as one array of `shape`:
+def as_block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
+    """Equal-length windows (rows of 5 numbers) or lists of numbers as one array of `shape`:
     their numbers read in one flat pass (`np.array` of nested lists inspects every
     level first: twice the time)."""
     flat: Iterable[Any] = chain.from_iterable(items)
@@ -110,8 +110,8 @@ def _block_stats(
             _median(busy),
             _median(data_share),
             _median(comm_share),
-            _quantile_sorted(both, q),
-            _quantile_sorted(costs, q),
+            quantile_sorted_rows(both, q),
+            quantile_sorted_rows(costs, q),
             compute_per_sample if costs is compute else _median_sorted(costs),
         )
     )
@@ -143,9 +143,9 @@ def _median_sorted(ordered: Floats) -> Floats:
     return (ordered[:, mid - 1] + ordered[:, mid]) / 2.0
 
 
-def _quantile_sorted(ordered: Floats, q: float) -> Floats:
-    """Per row, `speed.quantile_sorted`: linear between order statistics, the same
-    operations in the same order."""
+def quantile_sorted_rows(ordered: Floats, q: float) -> Floats:
+    """Per row of a block sorted along its rows, `speed.quantile_sorted`: linear between
+    order statistics, the same operations in the same order."""
     n = ordered.shape[1]
     position = q * (n - 1)
     low = int(position)
@@ -153,4 +153,4 @@ def _quantile_sorted(ordered: Floats, q: float) -> Floats:
     return ordered[:, low] + (ordered[:, high] - ordered[:, low]) * (position - low)
 
 
-__all__ = ["Summaries", "summarize_many"]
+__all__ = ["Summaries", "as_block", "quantile_sorted_rows", "summarize_many"]
