@@ -204,9 +204,10 @@ class History(Sequence[Step]):
     def steps_between(self, first: int, end: int) -> list[Step]:
         """Its steps first..end - 1 of those that ever joined it (`last_change_span`)."""
         self._settle()
-        held = self._entered - len(self._samples)
-        where = slice(first - held, end - held)
-        return list(zip(list(self._samples)[where], list(self._times)[where], strict=True))
+        held = self._entered - len(self._samples)  # steps that left before the first held
+        start, stop = max(0, first - held), max(0, end - held)
+        samples = itertools.islice(self._samples, start, stop)
+        return list(zip(samples, itertools.islice(self._times, start, stop), strict=True))
 
     @property
     def changes(self) -> int:

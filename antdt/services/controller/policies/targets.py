@@ -157,8 +157,9 @@ def _healed_target(
 ) -> Target | None:
     now = balanced_target(view, models)
     at = None if now is None else _own_class(now, rank, healed[rank])
-    if now is None or now.classes is None or at is None:
+    if at is None:
         return _balanced_target(view, healed)
+    assert now is not None and now.classes is not None  # _own_class found a class
     classes = now.classes.with_model(at, cast(StepModel, healed[rank]))
     try:
         shares = plan_classes(classes, view.spec.global_batch)
