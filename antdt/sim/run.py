@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-from antdt.collector import collecting_every
+from antdt.collector import collector_paused
 from antdt.schemas import Incident, JobSpec, Plan, RestartLedger
 from antdt.services.controller.actions import AdjustBatchAction, KillRestartAction
 from antdt.services.controller.plans import initial_plan, next_plan
@@ -195,15 +195,12 @@ def sharing_model(scenario: ScenarioFile, spec: JobSpec) -> SharingModel | None:
 
 
 def fewer_collections() -> AbstractContextManager[None]:
-    """Python's cyclic garbage collector run less often for the block, as it was after.
-    A run allocates millions of short-lived objects (rows, windows, a health's rows)
-    beside a large live state (every rank's memory), and each full collection walks all
-    of it: a fifth of a run's time at 10,000 ranks. Nothing a run computes changes."""
-    return collecting_every(RUN_GC_THRESHOLD)
-
-
-#: Allocations between young collections, and collections between older ones, in a run.
-RUN_GC_THRESHOLD = (100_000, 50, 100)
+    """Python's cyclic garbage collector paused for the block, as it was after. A run
+    allocates millions of short-lived objects (rows, windows, a health's rows) beside a
+    large live state (every rank's memory) and makes next to no cycles (a few hundred
+    objects in 300 steps of 10,000 ranks): collections walked what it allocated for a
+    tenth of its time at 10,000 ranks. Nothing a run computes changes."""
+    return collector_paused()
 
 
 def run_policy(

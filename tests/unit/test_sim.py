@@ -125,16 +125,23 @@ def test_the_command_prints_the_figures_and_writes_json_and_png(tmp_path: Path) 
     assert bad.exit_code == 2 and "ranks" in bad.output
 
 
-def test_a_run_collects_garbage_less_often_and_restores_the_thresholds() -> None:
+def test_a_run_pauses_the_cyclic_collector_and_restores_it() -> None:
     import gc
 
-    from antdt.sim.run import RUN_GC_THRESHOLD, fewer_collections
+    from antdt.sim.run import fewer_collections
 
-    before = gc.get_threshold()
+    assert gc.isenabled()
     with pytest.raises(RuntimeError), fewer_collections():
-        assert gc.get_threshold() == RUN_GC_THRESHOLD
+        assert not gc.isenabled()
         raise RuntimeError
-    assert gc.get_threshold() == before
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with fewer_collections():
+            pass
+        assert not gc.isenabled()  # as it was
+    finally:
+        gc.enable()
 
 
 def test_none_runs_step_for_step_the_same_without_the_monitor(
