@@ -7,13 +7,12 @@ import random
 
 import pytest
 
-from antdt.services.monitor.fits import MANY, fit_one_batch_many
-from antdt.services.monitor.history import History
+from antdt.services.monitor.fits import fit_one_batch_many
+from antdt.services.monitor.history import Histories, History
 from antdt.services.monitor.speed import SpeedConfig, fit_speed
 
 
-def _history(rng: random.Random, kind: str, length: int) -> History:
-    history = History(96)
+def _filled(history: History, rng: random.Random, kind: str, length: int) -> History:
     for i in range(length):
         t = 0.03 * rng.lognormvariate(0.0, 0.3)
         batch = 32
@@ -30,25 +29,28 @@ def _history(rng: random.Random, kind: str, length: int) -> History:
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("fixed", [0.0, 6.5, -1.0])
 def test_the_models_fitted_at_once_are_fit_speed(seed: int, fixed: float) -> None:
+    """Rows of one block (a job's ranks, some wrapped round their ring) and histories
+    made alone: each one-batch history is fitted, as `fit_speed` fits it; any other is
+    left out."""
     rng = random.Random(seed)
     config = SpeedConfig()
     kinds = ["plain"] * 100 + ["two sizes", "bad", "huge"] * 3
-    lengths = [rng.choice((3, 8, 50, 96, 130)) for _ in kinds]
-    histories = [_history(rng, kind, n) for kind, n in zip(kinds, lengths, strict=True)]
-    histories += [_history(rng, "plain", 20) for _ in range(MANY - 1)]  # a group too small
-    fitted = fit_one_batch_many(histories, fixed, config)
-    assert fitted, "some group was fitted at once"
-    for i, model in fitted.items():
-        assert model == fit_speed(histories[i], fixed, config)
-    left = {i for i, h in enumerate(histories) if i not in fitted}
-    assert all(len(histories[i]) == 20 for i in range(len(kinds), len(histories))) and left
-    for i in left:  # every history left out is one fit_speed takes another way or alone
-        h = histories[i]
-        alone = sum(len(o) == len(h) and o.one_batch() is not None for o in histories) < MANY
-        assert alone or h.one_batch() is None or max(h.times) > 1e300
-    for i, kind in enumerate(kinds):
-        if kind != "plain" and len(histories[i]) >= config.min_steps:
-            assert i not in fitted
+    block = Histories(len(kinds), 96)
+    histories = [
+        _filled(block.row(i), rng, kind, rng.choice((3, 8, 50, 96, 130)))
+        for i, kind in enumerate(kinds)
+    ]
+    histories += [_filled(History(96), rng, "plain", 20) for _ in range(3)]
+    fitted = fit_one_batch_many(histories[::-1], fixed, config)  # any order of rows
+    by_history = {len(histories) - 1 - i: model for i, model in fitted.items()}
+    for i, history in enumerate(histories):
+        one_batch = history.one_batch() is not None
+        if i in by_history:
+            assert one_batch and by_history[i] == fit_speed(history, fixed, config)
+        else:  # left to fit_speed's general path
+            assert not one_batch or max(history.times) > 1e300
+    assert sum(m is not None for m in by_history.values()) > 50
+    assert any(len(h) < config.min_steps for h in histories)  # fitted as None
 
 
 def test_a_healths_models_are_each_ranks_fit() -> None:

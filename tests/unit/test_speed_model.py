@@ -222,17 +222,21 @@ def test_the_levels_of_measurable_steps_are_batch_levels(seed: int) -> None:
 def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> None:
     """A History keeps its measurable times in order, its count of batch changes, its
     bad times and a version that changes with every change, through adds (read after
-    each or after many: they join at the read; alone or with others' in `add_each`),
-    evictions, pops and clears, and its fit (the ordered times, no sort) is bit for bit
-    that of the same steps as a list; the span around its latest change of batch size
-    names those steps, and never other steps later."""
-    from antdt.services.monitor.history import History
+    each or after many; alone or with others' in `add_each`, rows of one block or not),
+    evictions, pops and clears, and its fit is bit for bit that of the same steps as a
+    list; the span around its latest change of batch size names those steps, and never
+    other steps later."""
+    from antdt.services.monitor.history import Histories, History
 
     rng = random.Random(seed)
     odd = (0.0, -1.0, float("nan"), float("inf"), 1e301)
     maxlen = rng.choice((2, 8, 20, 96))
-    history, model = History(maxlen), collections.deque[tuple[int, float]](maxlen=maxlen)
-    others = [History(maxlen) for _ in range(3)]
+    model = collections.deque[tuple[int, float]](maxlen=maxlen)
+    if seed % 2:  # rows of a job's block: `add_each` adds to them at once
+        block = Histories(5, maxlen)
+        history, others = block.row(2), [block.row(i) for i in (4, 0, 1)]
+    else:
+        history, others = History(maxlen), [History(maxlen) for _ in range(3)]
     read_every = rng.choice((1, 3, 50))
     version = history.version
     spans: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
@@ -242,7 +246,7 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
             history.clear()
             model.clear()
         elif pick < 0.1 and model:
-            assert history.popleft() == model.popleft()
+            assert repr(history.popleft()) == repr(model.popleft())
         elif pick < 0.13 and model:
             keep = rng.randrange(len(model) + 1)
             history.keep_latest(keep)
@@ -264,7 +268,7 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
         if i % read_every:
             continue
         steps_ = list(history)
-        assert steps_ == list(model)  # a NaN is the same object: equal
+        assert repr(steps_) == repr(list(model))  # a NaN read back is another object
         good = sorted(t for _, t in steps_ if 0.0 < t < float("inf"))
         assert history.ordered == good
         assert history.bad == len(steps_) - len(good)
@@ -280,18 +284,7 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
             assert span is None
         else:
             around = steps_[max(0, change - 5) : change + 5]
-            assert span is not None and history.steps_between(span[1], span[2]) == around
-            assert spans.setdefault(span, around) == around  # the same span, the same steps
+            assert span is not None
+            assert repr(history.steps_between(span[1], span[2])) == repr(around)
+            assert repr(spans.setdefault(span, around)) == repr(around)  # the same span, steps
         assert history.version == version  # reads change nothing
-
-
-def test_a_history_never_read_keeps_no_more_than_it_holds() -> None:
-    """Steps added while nobody fits the model leave no growing backlog behind."""
-    from antdt.services.monitor.history import History
-
-    history = History(16)
-    for i in range(1000):
-        history.add(32, 0.01 + i * 1e-6)
-    assert len(history._added) <= 16 and len(history._dropped) <= 16
-    assert len(history._new_times) < 32  # waiting to join: bounded too
-    assert history.ordered == sorted(history.times)

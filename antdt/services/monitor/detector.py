@@ -19,6 +19,7 @@ from antdt.schemas import (
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import advance, open_slow, with_step_times
+from antdt.services.monitor.history import Histories
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.lockstep import account_plain, is_plain
@@ -30,7 +31,13 @@ from antdt.services.monitor.onepiece import (
 )
 from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
-from antdt.services.monitor.ranks import JobProgress, RankMemory, job_health, median_step_s
+from antdt.services.monitor.ranks import (
+    HISTORY_STEPS,
+    JobProgress,
+    RankMemory,
+    job_health,
+    median_step_s,
+)
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
 from antdt.services.monitor.stepcolumns import (
     HELPED,
@@ -65,7 +72,11 @@ class JobDetector:
         #: partial windows dropped because the plan changed under them
         self.discarded_windows = 0
         warmup = self.config.warmup_windows
-        self._ranks = [RankMemory(rank, warmup_left=warmup) for rank in range(world_size)]
+        histories = Histories(world_size, HISTORY_STEPS)
+        self._ranks = [
+            RankMemory(rank, warmup_left=warmup, history=histories.row(rank))
+            for rank in range(world_size)
+        ]
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here

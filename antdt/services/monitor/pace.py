@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_one_batch_many
+from antdt.services.monitor.history import History
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
@@ -100,8 +101,7 @@ class Pace:
         """The job's fixed part, from the ranks whose history spans two batch sizes. A
         rank's history holds steps at one speed, and contention scales both parts of a
         model, so a straggler's fit counts as much as any."""
-        ends = (r.history.first_and_latest() for r in ranks)
-        if not any(e and e[0] != e[1] for e in ends):  # its oldest and latest step's batch
+        if not History.any_two_sizes_at_ends([r.history for r in ranks]):
             return
         models = [self._span_model(r) for r in ranks]
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
