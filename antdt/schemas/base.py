@@ -40,8 +40,9 @@ class WireModel(BaseModel):
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _set = object.__setattr__
 _new = object.__new__
-#: Per model class: its fields in order, each holding its default (or _REQUIRED).
-_TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
+#: Per model class: its fields in order, each holding its default (or _REQUIRED), and
+#: the names of those it requires.
+_TEMPLATES: dict[type[BaseModel], tuple[dict[str, Any], frozenset[str]]] = {}
 _REQUIRED: Any = object()
 
 
@@ -58,10 +59,10 @@ def trusted(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
     request). The receiver validates them as any message (decode_reply), so a bug here
     is refused there, never trusted. Every required field must be given; `fields`
     must hold only fields of `cls` (TypeError otherwise: a typo must not pass silently)."""
-    template = _TEMPLATES.get(cls) or _template(cls)
+    template, required = _TEMPLATES.get(cls) or _template(cls)
     values = template.copy()  # in field order, as validation would order them
     values.update(fields)
-    if len(values) != len(template) or _REQUIRED in values.values():
+    if len(values) != len(template) or not fields.keys() >= required:
         raise TypeError(f"{cls.__name__}: unknown or missing fields in {sorted(fields)}")
     new = _new(cls)
     _set(new, "__dict__", values)
@@ -71,17 +72,19 @@ def trusted(cls: type[ModelT], fields: dict[str, Any]) -> ModelT:
     return new
 
 
-def _template(cls: type[BaseModel]) -> dict[str, Any]:
+def _template(cls: type[BaseModel]) -> tuple[dict[str, Any], frozenset[str]]:
     if cls.model_config.get("extra") != "forbid" or cls.__private_attributes__:
         raise TypeError(f"{cls.__name__} may hold extra or private values: build it validated")
     if any(info.default_factory is not None for info in cls.model_fields.values()):
         # One default object would be shared by every instance built here.
         raise TypeError(f"{cls.__name__} has a default factory: build it validated")
-    template = _TEMPLATES[cls] = {
+    template = {
         name: _REQUIRED if info.is_required() else info.default
         for name, info in cls.model_fields.items()
     }
-    return template
+    required = frozenset(name for name, value in template.items() if value is _REQUIRED)
+    _TEMPLATES[cls] = template, required
+    return template, required
 
 
 def replaced(model: ModelT, changes: dict[str, Any]) -> ModelT:

@@ -131,6 +131,8 @@ def job_health(
     one step's samples over step_s; balance_efficiency T_ideal / step_s, T_ideal =
     B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
     nor the communication of the rank waited for)."""
+    if len(models) != len(ranks):
+        raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
     measured = [r.stats for r in ranks if r.stats is not None]
     figures = [f for f in map(latest_figures, ranks) if f is not None]
     step_s = statistics.median(f.step_s for f in figures) if figures else 0.0
@@ -149,7 +151,7 @@ def job_health(
         samples_per_s=batch / step_s if step_s > 0 else 0.0,
         balance_efficiency=efficiency,
         plan_version=progress.plan_version,
-        ranks=tuple(rank_health(r, m) for r, m in zip(ranks, models, strict=True)),
+        ranks=tuple(map(rank_health, ranks, models)),
         open_incidents=progress.open_incidents,
     )
 
