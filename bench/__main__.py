@@ -32,6 +32,7 @@ from bench.restart_cost import FULL, bench_restart_cost, restart_rows, save_rest
 from bench.secured_rows import SecuredSizes, secured_rows
 from bench.shards_rows import RUNS, shards_rows
 from bench.sharing import sharing_rows
+from bench.sim_speed import RANKS as SIM_RANKS
 from bench.sim_speed import RUNS as SIM_RUNS
 from bench.sim_speed import STEPS as SIM_STEPS
 from bench.sim_speed import non_dedicated_row, sim_rows
@@ -120,15 +121,15 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
 
 
 def simulator_speed_rows() -> list[dict[str, Any]]:
-    """The simulator's comparison at 10,000 ranks x 1,000 steps (minutes), a bar per run."""
+    """The simulator's comparison at the target's size (minutes), a bar per run."""
     with Progress(console=console) as bar:
         tasks = {
-            run: bar.add_task(f"simulator, 10,000 ranks: {run}", total=SIM_STEPS)
+            run: bar.add_task(f"simulator, {SIM_RANKS:,} ranks: {run}", total=SIM_STEPS)
             for run in SIM_RUNS
         }
         rows = sim_rows(lambda run, done: bar.update(tasks[run], completed=done))
     for run, seconds in rows[0]["details"]["cpu_s"].items():
-        console.print(f"simulator, 10,000 ranks x 1,000 steps, {run}: {seconds:.1f} CPU s")
+        console.print(f"simulator, {SIM_RANKS:,} x {SIM_STEPS:,} steps, {run}: {seconds:.1f} CPU s")
     return rows
 
 
