@@ -28,7 +28,7 @@ class Histories:
     takes, `held` how many steps it holds (the latest, just before `head`), `entered`
     how many ever joined it (where a step lies, whatever left since)."""
 
-    __slots__ = ("entered", "head", "held", "maxlen", "samples", "times")
+    __slots__ = ("entered", "head", "held", "maxlen", "samples", "times", "views")
 
     def __init__(self, rows: int, maxlen: int) -> None:
         if maxlen < 1:
@@ -39,6 +39,11 @@ class Histories:
         self.head: Ints = np.zeros(rows, dtype=np.int64)
         self.held: Ints = np.zeros(rows, dtype=np.int64)
         self.entered: Ints = np.zeros(rows, dtype=np.int64)
+        #: the five arrays as memoryviews: one rank's read or write of an element costs a
+        #: third of numpy's (an event of one rank adds a step through them)
+        self.views: tuple[memoryview, ...] = tuple(
+            a.data for a in (self.samples, self.times, self.head, self.held, self.entered)
+        )
 
     def row(self, index: int) -> History:
         """Row `index` as a rank's History."""
@@ -90,14 +95,15 @@ class History(Sequence[Step]):
 
     def add(self, samples: int, compute_s: float) -> None:
         """One step more (the oldest leaves when full)."""
-        b, r = self._block, self._row
-        head = int(b.head[r])
-        b.samples[r, head] = samples
-        b.times[r, head] = compute_s
-        b.head[r] = head + 1 if head + 1 < b.maxlen else 0
-        if b.held[r] < b.maxlen:
-            b.held[r] += 1
-        b.entered[r] += 1
+        all_samples, times, heads, held, entered = self._block.views
+        r, maxlen = self._row, self._block.maxlen
+        head = heads[r]
+        all_samples[r, head] = samples
+        times[r, head] = compute_s  # type: ignore[call-overload]  # a float view
+        heads[r] = head + 1 if head + 1 < maxlen else 0
+        if held[r] < maxlen:
+            held[r] += 1
+        entered[r] += 1
 
     @staticmethod
     def add_each(
@@ -134,7 +140,7 @@ class History(Sequence[Step]):
     @property
     def version(self) -> int:
         """Changes with every change: a step added, dropped, or the history cleared."""
-        return int(self._block.entered[self._row]) + self._removed
+        return self._block.views[4][self._row] + self._removed  # type: ignore[no-any-return]
 
     @property
     def samples(self) -> list[int]:
@@ -147,8 +153,8 @@ class History(Sequence[Step]):
         return self._column(self._block.times)
 
     def _column(self, column: npt.NDArray[np.generic]) -> list[Any]:
-        b, r = self._block, self._row
-        held, head = int(b.held[r]), int(b.head[r])
+        views, r = self._block.views, self._row
+        held, head = views[3][r], views[2][r]
         start = head - held
         if start >= 0:
             return column[r, start:head].tolist()  # type: ignore[no-any-return]
@@ -162,32 +168,34 @@ class History(Sequence[Step]):
 
     def popleft(self) -> Step:
         """Its oldest step, which leaves."""
-        b, r = self._block, self._row
-        held = int(b.held[r])
+        all_samples, times, heads, held_v, _ = self._block.views
+        r = self._row
+        held = held_v[r]
         if not held:
             raise IndexError("pop from an empty history")
-        slot = (int(b.head[r]) - held) % b.maxlen
-        b.held[r] = held - 1
+        slot = (heads[r] - held) % self._block.maxlen
+        held_v[r] = held - 1
         self._removed += 1
-        return int(b.samples[r, slot]), float(b.times[r, slot])
+        return all_samples[r, slot], times[r, slot]
 
     def keep_latest(self, count: int) -> None:
         """All but the latest `count` steps leave, as `popleft` one by one would."""
-        b, r = self._block, self._row
-        drop = int(b.held[r]) - max(0, count)
+        held, r = self._block.views[3], self._row
+        drop = held[r] - max(0, count)
         if drop <= 0:
             return
-        b.held[r] -= drop
+        held[r] -= drop
         self._removed += drop
         self.epoch += 1
 
     def first_and_latest(self) -> tuple[int, int] | None:
         """The batch sizes of its oldest and its latest step (None: it has none)."""
-        b, r = self._block, self._row
-        held, head = int(b.held[r]), int(b.head[r])
+        all_samples, _, heads, held_v, _ = self._block.views
+        r = self._row
+        held, head = held_v[r], heads[r]
         if not held:
             return None
-        return int(b.samples[r, (head - held) % b.maxlen]), int(b.samples[r, head - 1])
+        return all_samples[r, (head - held) % self._block.maxlen], all_samples[r, head - 1]
 
     def last_change_span(self, steps: int) -> tuple[int, int, int] | None:
         """Up to `steps` steps on either side of its latest change of batch size, as
@@ -228,12 +236,12 @@ class History(Sequence[Step]):
         return sorted(t for t in self.times if 0.0 < t < math.inf)
 
     def clear(self) -> None:
-        self._block.held[self._row] = 0
+        self._block.views[3][self._row] = 0
         self._removed += 1
         self.epoch += 1
 
     def __len__(self) -> int:
-        return int(self._block.held[self._row])
+        return self._block.views[3][self._row]  # type: ignore[no-any-return]
 
     def __iter__(self) -> Iterator[Step]:
         return zip(self.samples, self.times, strict=True)
