@@ -61,10 +61,7 @@ def test_one_pass_answers_as_each_question_asked_alone(seed: int) -> None:
     assert facts.data_bound == {i.rank for i in incidents if _slow_for(i, Cause.DATA)}
     assert facts.actionable == tuple(i for i in held if i not in link)
     runs = [i.step - int(i.evidence.get("slow_for_steps", 0.0)) for i in facts.actionable]
-    latest: dict[int, int] = {}
-    for incident, run in zip(facts.actionable, runs, strict=True):
-        latest[incident.rank] = max(0, run, latest.get(incident.rank, 0))
-    assert dict(facts.runs_began) == latest
+    assert facts.latest_run_began == max([0, *runs])
     for step in (0, 10, 50):
         after = {i.rank for i, run in zip(facts.actionable, runs, strict=True) if run > step}
         assert facts.runs_began_after(step) == after

@@ -27,6 +27,11 @@ class IncidentFacts:
     #: rank restarts there); the latest where a rank has several
     runs_began: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def latest_run_began(self) -> int:
+        """The latest step at which an actionable incident's slow run began (0: none)."""
+        return max((began for _, began in self.runs_began), default=0)
+
     def runs_began_after(self, step: int) -> frozenset[int]:
         """The ranks whose slow run began after `step`."""
         return frozenset(rank for rank, began in self.runs_began if began > step)
