@@ -293,22 +293,6 @@ def test_the_models_hold_the_slow_run_the_monitor_kept(
     assert (plan_of(v) is not None) is acts
 
 
-def test_a_rank_slow_for_too_few_steps_keeps_its_batch_while_the_others_are_planned() -> None:
-    """A crowd of stragglers turns slow at different steps: one whose slow run began
-    under `fit_steps` ago (its model lacks its new speed) keeps its batch, and the job
-    is balanced around it, not held until no rank has turned slow for `fit_steps` (at
-    10,000 ranks that never happened)."""
-    models = (HEALTHY,) * 4 + (slowed(2.0), slowed(2.0))
-    old, new = slow_incident(4, step=50), slow_incident(5, step=95)
-    new = new.model_copy(update={"id": f"{JOB}-r5-slow-2"})
-    plan = plan_of(model_view(models, incidents=(old, new)))
-    assert plan is not None
-    assert plan[5] == 32 and plan[4] < 32  # the new one waits, the old one is relieved
-    assert sum(plan) == 6 * 32 and min(plan[:4]) > 32
-    settled = plan_of(model_view(models, incidents=(old, new.model_copy(update={"step": 80}))))
-    assert settled is not None and settled[5] < 32 and settled[4] == settled[5]
-
-
 def test_per_sample_plans_need_no_fit_steps() -> None:
     v = view(version=1, effective_step=90)  # no models: settle_steps alone, as before
     assert v.open_incidents[0].step == 90 and decide(v)

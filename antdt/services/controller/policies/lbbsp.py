@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from antdt.schemas import Incident, IncidentKind, JobHealth
 from antdt.schemas.plan import PolicyParam
 from antdt.services.controller.actions import Action, AdjustBatchAction, plan_action_id
-from antdt.services.controller.balance import StepModel
 from antdt.services.controller.guardrails import (
     Guardrails,
     batch_bounds,
@@ -169,10 +168,10 @@ def _cpu_plan(
     models = judged_models(view, speeds, deviating=set())
     if models is None:
         target = proportional_target(view, judged_speeds(view, speeds, deviating=set()))
-    elif _plan_behind(view, params) and not must_fix:
+    elif _models_behind(view, params) and not must_fix:
         return None
     else:
-        target = balanced_target(view, models if must_fix else _known_runs(view, params, models))
+        target = balanced_target(view, models)
     if target is None:
         return None  # no plan within the bounds: leave the job as it is
     # Each rank's proposal lies between its batch now and the target's, both within the
@@ -189,27 +188,16 @@ def _cpu_plan(
     return proposal, reason
 
 
-def _plan_behind(view: JobView, params: LbBspParams) -> bool:
-    """Whether the models may lack `fit_steps` steps of every rank at its current batch:
-    since the plan in force took effect. Until then a plan would come from models without
-    the new batch or the job's fixed part: a chase."""
+def _models_behind(view: JobView, params: LbBspParams) -> bool:
+    """Whether the models may lack `fit_steps` steps of a rank at its current batch and
+    speed: since the plan in force took effect, and since each open incident's slow run
+    began (the monitor restarts a rank's history when it turns slow, keeping the run's
+    `slow_for_steps` steps). Until then a plan would come from a model without the new
+    batch or the job's fixed part: a chase."""
     assert view.health is not None
     since = view.plan.effective_step if view.plan.version > 0 else 0
+    since = max(since, incident_facts(view).latest_run_began)
     return view.health.step < since + params.fit_steps
-
-
-def _known_runs(
-    view: JobView, params: LbBspParams, models: list[StepModel | None]
-) -> list[StepModel | None]:
-    """`models` with the ranks whose slow run began under `fit_steps` steps ago unknown
-    (they keep their batch): the monitor restarts a rank's history when it turns slow,
-    so its model lacks its new speed until then. Per rank, not the job: at 10,000 ranks
-    some rank turns slow every few steps, and a job-wide wait never ended."""
-    assert view.health is not None
-    behind = incident_facts(view).runs_began_after(view.health.step - params.fit_steps)
-    if not behind:
-        return models
-    return [None if rank in behind else model for rank, model in enumerate(models)]
 
 
 def _next_step(last: _Direction, source: int, initial: int) -> int:
