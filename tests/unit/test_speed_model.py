@@ -265,6 +265,9 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
         version = history.version
         ends = (model[0][0], model[-1][0]) if model else None
         assert history.first_and_latest() == ends and history.version == version
+        all_ends = [h.first_and_latest() for h in (history, *others)]
+        two_sizes = any(e is not None and e[0] != e[1] for e in all_ends)
+        assert History.any_two_sizes_at_ends([history, *others]) is two_sizes
         if i % read_every:
             continue
         steps_ = list(history)

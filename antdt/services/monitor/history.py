@@ -69,6 +69,13 @@ class Histories:
         picked = rows[:, None]
         return self.samples[picked, slots], self.times[picked, slots], held
 
+    def first_and_latest(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
+        """The rows' batch sizes of their oldest and latest steps (meaningless where a
+        row holds none), and how many each holds."""
+        held, head = self.held[rows], self.head[rows]
+        first = self.samples[rows, (head - held) % self.maxlen]
+        return first, self.samples[rows, (head - 1) % self.maxlen], held
+
 
 class History(Sequence[Step]):
     """The last `maxlen` (samples, compute_s) steps of a rank, oldest first, read as a
@@ -128,10 +135,7 @@ class History(Sequence[Step]):
             return any(e and e[0] != e[1] for e in map(History.first_and_latest, histories))
         block = blocks.pop()
         rows = np.fromiter(map(_row_of, histories), dtype=np.int64, count=len(histories))
-        held = block.held[rows]
-        head = block.head[rows]
-        first = block.samples[rows, (head - held) % block.maxlen]
-        latest = block.samples[rows, (head - 1) % block.maxlen]
+        first, latest, held = block.first_and_latest(rows)
         return bool(((first != latest) & (held > 0)).any())
 
     def append(self, step: Step) -> None:
@@ -140,7 +144,11 @@ class History(Sequence[Step]):
     @property
     def version(self) -> int:
         """Changes with every change: a step added, dropped, or the history cleared."""
-        return self._block.views[4][self._row] + self._removed  # type: ignore[no-any-return]
+        return self._entered() + self._removed
+
+    def _entered(self) -> int:
+        """How many steps ever joined it."""
+        return self._block.views[4][self._row]  # type: ignore[no-any-return]
 
     @property
     def samples(self) -> list[int]:
@@ -206,13 +214,13 @@ class History(Sequence[Step]):
         if True not in differs:
             return None
         change = len(differs) - differs[::-1].index(True)  # the step whose size is new
-        first = int(self._block.entered[self._row]) - len(samples)
+        first = self._entered() - len(samples)
         return self.epoch, first + max(0, change - steps), first + min(len(samples), change + steps)
 
     def steps_between(self, first: int, end: int) -> list[Step]:
         """Its steps first..end - 1 of those that ever joined it (`last_change_span`)."""
         samples, times = self.samples, self.times
-        held = int(self._block.entered[self._row]) - len(samples)  # joined and left before
+        held = self._entered() - len(samples)  # joined and left before
         start, stop = max(0, first - held), max(0, end - held)
         return list(zip(samples[start:stop], times[start:stop], strict=True))
 
