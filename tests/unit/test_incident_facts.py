@@ -62,6 +62,9 @@ def test_one_pass_answers_as_each_question_asked_alone(seed: int) -> None:
     assert facts.actionable == tuple(i for i in held if i not in link)
     runs = [i.step - int(i.evidence.get("slow_for_steps", 0.0)) for i in facts.actionable]
     assert facts.latest_run_began == max([0, *runs])
+    for step in (0, 10, 50):
+        after = {i.rank for i, run in zip(facts.actionable, runs, strict=True) if run > step}
+        assert facts.runs_began_after(step) == after
 
 
 def test_resolved_stalled_and_link_bound_incidents_are_not_actionable() -> None:

@@ -254,8 +254,11 @@ def test_the_gate_uses_the_models_predictions(current: tuple[int, ...], acts: bo
         ({"version": 1, "effective_step": 85, "policy_params": {"fit_steps": 8}}, True),
         ({"version": 1, "effective_step": 85, "caps": {0: 30}}, True),  # a cap is fixed at once
         ({"version": 0, "effective_step": 90}, True),  # the first plan: no switch to wait for
-        ({"opened": 85}, False),  # the straggler turned slow 15 steps ago
-        ({"opened": 84}, True),
+        ({"version": 1, "effective_step": 50, "opened": 85}, False),  # turned slow 15 ago
+        ({"version": 1, "effective_step": 50, "opened": 84}, True),
+        # past fit_wait_steps (64) the young straggler keeps its batch: nothing to move
+        ({"version": 1, "effective_step": 36, "opened": 85}, False),
+        ({"opened": 85}, False),
     ],
 )
 def test_the_models_get_fit_steps_after_a_switch_and_an_onset(
@@ -291,6 +294,31 @@ def test_the_models_hold_the_slow_run_the_monitor_kept(
     )
     v = model_view(ONE_SLOW, incidents=(held,))
     assert (plan_of(v) is not None) is acts
+
+
+@pytest.mark.parametrize("effective_step", [37, 36, 20])
+def test_young_slow_runs_hold_the_job_fit_wait_steps_then_keep_their_batch(
+    effective_step: int,
+) -> None:
+    """A crowd of stragglers turns slow at different steps: while one's slow run is
+    under `fit_steps` old (its model lacks its new speed) the job waits, but only
+    `fit_wait_steps` past the plan's effective step (at 10,000 ranks some rank turns slow
+    every step or two and the wait never ended); then that one keeps its batch and the
+    job is balanced around it."""
+    models = (HEALTHY,) * 4 + (slowed(2.0), slowed(2.0))
+    old, new = slow_incident(4, step=50), slow_incident(5, step=95)
+    new = new.model_copy(update={"id": f"{JOB}-r5-slow-2"})
+    at = {"version": 1, "effective_step": effective_step}
+    plan = plan_of(model_view(models, incidents=(old, new), **at))
+    if effective_step + 64 > 100:
+        assert plan is None
+        return
+    assert plan is not None
+    assert plan[5] == 32 and plan[4] < 32  # the new one waits, the old one is relieved
+    assert sum(plan) == 6 * 32 and min(plan[:4]) > 32
+    settled = new.model_copy(update={"step": 80})
+    both = plan_of(model_view(models, incidents=(old, settled), **at))
+    assert both is not None and both[5] < 32 and both[4] == both[5]
 
 
 def test_per_sample_plans_need_no_fit_steps() -> None:

@@ -22,9 +22,19 @@ class IncidentFacts:
     link_bound: frozenset[int]  # the same of SLOW ones caused by the rank's link
     data_bound: frozenset[int]  # the ranks of SLOW ones caused by the rank's data
     actionable: tuple[Incident, ...]  # those but the link-bound, in the view's order
-    #: the latest step (0 at least) at which an actionable one's slow run began: its
-    #: step less its `slow_for_steps` evidence (the monitor's history restarts there)
-    latest_run_began: int = 0
+    #: per rank of an actionable one, the step (0 at least) its slow run began: the
+    #: incident's step less its `slow_for_steps` evidence (the monitor's history of the
+    #: rank restarts there); the latest where a rank has several
+    runs_began: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def latest_run_began(self) -> int:
+        """The latest step at which an actionable incident's slow run began (0: none)."""
+        return max((began for _, began in self.runs_began), default=0)
+
+    def runs_began_after(self, step: int) -> frozenset[int]:
+        """The ranks whose slow run began after `step`."""
+        return frozenset(rank for rank, began in self.runs_began if began > step)
 
 
 def incident_facts(view: JobView) -> IncidentFacts:
@@ -38,7 +48,7 @@ def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
     link_bound: set[int] = set()
     data_bound: set[int] = set()
     actionable: list[Incident] = []
-    began = 0
+    began: dict[int, int] = {}
     slow, leader, resolved = IncidentKind.SLOW, IncidentKind.LEADER, IncidentState.RESOLVED
     link, data = Cause.COMMUNICATION, Cause.DATA
     for incident in incidents:
@@ -54,9 +64,14 @@ def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
         if cause == data:
             data_bound.add(incident.rank)
         actionable.append(incident)
-        began = max(began, incident.step - int(incident.evidence.get("slow_for_steps", 0.0)))
+        run = max(0, incident.step - int(incident.evidence.get("slow_for_steps", 0.0)))
+        began[incident.rank] = max(run, began.get(incident.rank, 0))
     return IncidentFacts(
-        frozenset(held), frozenset(link_bound), frozenset(data_bound), tuple(actionable), began
+        frozenset(held),
+        frozenset(link_bound),
+        frozenset(data_bound),
+        tuple(actionable),
+        tuple(began.items()),
     )
 
 

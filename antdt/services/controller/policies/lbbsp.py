@@ -40,6 +40,7 @@ class LbBspParams:
     rails: Guardrails
     step: int
     fit_steps: int = 16  # steps at a new batch or speed before its models are trusted
+    fit_wait_steps: int = 64  # steps after a switch the job waits on young slow runs
 
     @classmethod
     def from_params(cls, params: Mapping[str, PolicyParam]) -> LbBspParams:
@@ -48,9 +49,10 @@ class LbBspParams:
             raise ValueError(f"policy param variant={variant!r}: expected 'cpu' or 'gpu'")
         step = read_param(params, "step", 0)
         fit_steps = read_param(params, "fit_steps", cls.fit_steps)
-        if step < 0 or fit_steps < 0:
-            raise ValueError("policy params step and fit_steps must be >= 0")
-        return cls(variant, Guardrails.from_params(params), step, fit_steps)
+        fit_wait = read_param(params, "fit_wait_steps", cls.fit_wait_steps)
+        if step < 0 or fit_steps < 0 or fit_wait < 0:
+            raise ValueError("policy params step, fit_steps and fit_wait_steps must be >= 0")
+        return cls(variant, Guardrails.from_params(params), step, fit_steps, fit_wait)
 
 
 @dataclass(frozen=True)
@@ -168,9 +170,12 @@ def _cpu_plan(
     models = judged_models(view, speeds, deviating=set())
     if models is None:
         target = proportional_target(view, judged_speeds(view, speeds, deviating=set()))
-    elif _models_behind(view, params) and not must_fix:
-        return None
     else:
+        young = frozenset() if must_fix else _young_runs(view, params)
+        if young is None:
+            return None
+        if young:
+            models = [None if rank in young else m for rank, m in enumerate(models)]
         target = balanced_target(view, models)
     if target is None:
         return None  # no plan within the bounds: leave the job as it is
@@ -188,16 +193,25 @@ def _cpu_plan(
     return proposal, reason
 
 
-def _models_behind(view: JobView, params: LbBspParams) -> bool:
-    """Whether the models may lack `fit_steps` steps of a rank at its current batch and
-    speed: since the plan in force took effect, and since each open incident's slow run
-    began (the monitor restarts a rank's history when it turns slow, keeping the run's
-    `slow_for_steps` steps). Until then a plan would come from a model without the new
-    batch or the job's fixed part: a chase."""
+def _young_runs(view: JobView, params: LbBspParams) -> frozenset[int] | None:
+    """The ranks to plan as of unknown speed (they keep their batch), or None while no
+    plan may come: the models may lack `fit_steps` steps of a rank at its batch and speed.
+    After a switch every rank's batch changed: the job waits. After a held incident's
+    slow run began (its `step` less its `slow_for_steps`: the monitor restarts the rank's
+    history there) the job waits too, but only `fit_wait_steps` past the plan's effective
+    step: at 10,000 ranks some rank turns slow every step or two and a job-wide wait
+    never ended. Past it, the ranks whose run is still young keep their batch."""
     assert view.health is not None
+    step = view.health.step
     since = view.plan.effective_step if view.plan.version > 0 else 0
-    since = max(since, incident_facts(view).latest_run_began)
-    return view.health.step < since + params.fit_steps
+    if step < since + params.fit_steps:
+        return None
+    facts = incident_facts(view)
+    if step >= facts.latest_run_began + params.fit_steps:
+        return frozenset()
+    if step < since + params.fit_wait_steps:
+        return None
+    return facts.runs_began_after(step - params.fit_steps)
 
 
 def _next_step(last: _Direction, source: int, initial: int) -> int:
