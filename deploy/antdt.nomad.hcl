@@ -5,7 +5,7 @@
 #   nomad job run -var nats_url=nats://nats.service.consul:4222 \
 #                 -var etcd_endpoint=etcd.service.consul:2379 deploy/antdt.nomad.hcl
 #
-# NATS (with JetStream, `-js`, and deploy/nats.conf's max_pending) and etcd (with the
+# NATS (with JetStream, `-js`, and deploy/nats.conf's max_pending, max_payload) and etcd (with the
 # auto-compaction that deploy/compose.yaml sets: every ledger write stays in etcd's
 # history until compacted) are yours to run; this job only points at them.
 #

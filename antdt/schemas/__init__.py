@@ -1,6 +1,10 @@
 """The wire contract: every message on the bus and every key in etcd. No I/O here."""
 
 from antdt.schemas.base import (
+    COMPRESS_OVER_BYTES,
+    ENCODING_HEADER,
+    GZIP,
+    MAX_HEALTH_BYTES,
     MAX_MESSAGE_BYTES,
     REPLY_HEADER,
     SCHEMA_VERSION,
@@ -85,9 +89,13 @@ from antdt.schemas.subjects import (
 __all__ = [
     "ACTION_STREAM",
     "COMMAND_ADAPTER",
+    "COMPRESS_OVER_BYTES",
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_SUBJECT_PREFIX",
+    "ENCODING_HEADER",
+    "GZIP",
     "INCIDENT_STREAM",
+    "MAX_HEALTH_BYTES",
     "MAX_MESSAGE_BYTES",
     "REPLY_HEADER",
     "SCHEMA_VERSION",

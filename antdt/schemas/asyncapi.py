@@ -9,7 +9,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from antdt.schemas.base import REPLY_HEADER, SCHEMA_VERSION
+from antdt.schemas.base import (
+    COMPRESS_OVER_BYTES,
+    ENCODING_HEADER,
+    GZIP,
+    REPLY_HEADER,
+    SCHEMA_VERSION,
+)
 from antdt.schemas.channels import CHANNELS, MESSAGES, PARAMETERS, Channel, Transport
 from antdt.schemas.subjects import DEFAULT_SUBJECT_PREFIX, Subjects
 
@@ -24,7 +30,9 @@ its agents and custom policies. Every subject starts with a configurable prefix
 closed (unknown fields are refused with `bad_request`), carrying `schema_version`; trace
 context travels in the W3C `traceparent` header. Every reply carries the header
 `{header}`: the name of its message, or `ErrorReply` for a refusal (`ErrorCode` says
-what a client should do about each code)."""
+what a client should do about each code). A payload over {compress_over} bytes (a large
+job's JobHealth, a row per rank) is gzipped and carries `{encoding}: gzip`: inflate it
+before parsing."""
 
 
 def component_schemas() -> dict[str, Any]:
@@ -54,7 +62,12 @@ def asyncapi_document(prefix: str = DEFAULT_SUBJECT_PREFIX) -> dict[str, Any]:
         "info": {
             "title": "AntDT wire contract",
             "version": f"{SCHEMA_VERSION}.0.0",
-            "description": DESCRIPTION.format(prefix=prefix, header=REPLY_HEADER),
+            "description": DESCRIPTION.format(
+                prefix=prefix,
+                header=REPLY_HEADER,
+                compress_over=COMPRESS_OVER_BYTES,
+                encoding=ENCODING_HEADER,
+            ),
         },
         "defaultContentType": "application/json",
         "servers": {
@@ -182,5 +195,11 @@ def _headers(name: str) -> dict[str, Any]:
                 "description": "On a reply only: the name of the reply's message",
             },
             "traceparent": {"type": "string", "description": "W3C trace context (optional)"},
+            ENCODING_HEADER: {
+                "type": "string",
+                "const": GZIP,
+                "description": f"On a payload over {COMPRESS_OVER_BYTES} bytes only: it is "
+                "gzipped (RFC 1952); inflate it before parsing",
+            },
         },
     }

@@ -19,8 +19,16 @@ Seconds = Annotated[float, Field(ge=0.0, le=1e7, description="Duration in second
 Timestamp = Annotated[float, Field(ge=0.0, description="Unix time in seconds")]
 Count = Annotated[int, Field(ge=0)]
 
-#: The largest message any AntDT subject accepts, in bytes.
+#: The largest message any AntDT subject accepts, in bytes (inflated), unless its model
+#: says otherwise (`max_message_bytes`: JobHealth, whose rows grow with the job).
 MAX_MESSAGE_BYTES = 256 * 1024
+#: The largest JobHealth accepted, inflated: ~320 bytes a rank, so ~200,000 ranks.
+MAX_HEALTH_BYTES = 64 * 1024 * 1024
+#: A payload over this many bytes is sent gzipped, with the header below saying so.
+COMPRESS_OVER_BYTES = 64 * 1024
+#: The NATS header of a compressed payload (HTTP's name; its one value here: "gzip").
+ENCODING_HEADER = "Content-Encoding"
+GZIP = "gzip"
 
 #: The NATS header every reply carries: its message's name (the model's class name), or
 #: `ErrorReply` for a refusal. A requester reads it to tell which of the two it got.

@@ -67,8 +67,9 @@ class ErrorCode(str, Enum):
     )
     TOO_LARGE = (
         "too_large",
-        "the message, or the ledger write it needs, is over a size limit "
-        "(MAX_MESSAGE_BYTES, the shards service's max_txn_bytes)",
+        "the message (inflated, when gzipped), or the ledger write it needs, is over a size "
+        "limit (MAX_MESSAGE_BYTES; JobHealth's MAX_HEALTH_BYTES; the shards service's "
+        "max_txn_bytes)",
         ClientAction.FIX,
     )
     INTERNAL = (

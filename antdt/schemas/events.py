@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Rank, Seconds, Timestamp, Token, WireModel, unset
+from antdt.schemas.base import (
+    MAX_HEALTH_BYTES,
+    Count,
+    Rank,
+    Seconds,
+    Timestamp,
+    Token,
+    WireModel,
+    unset,
+)
 
 
 class StepEvent(WireModel):
@@ -152,7 +162,11 @@ class RankHealth(WireModel):
 
 
 class JobHealth(WireModel):
-    """Published by the monitor at 1 Hz for every job it owns."""
+    """Published by the monitor at 1 Hz for every job it owns. A row per rank: over 64 KiB
+    (~200 ranks) it travels gzipped (`Content-Encoding: gzip`)."""
+
+    #: Its rows grow with the job: accepted up to this size (inflated), not 256 KiB.
+    max_message_bytes: ClassVar[int] = MAX_HEALTH_BYTES
 
     job: Token = Field(description="Job id")
     at: Timestamp

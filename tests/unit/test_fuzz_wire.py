@@ -6,6 +6,8 @@ ANTDT_FUZZ_INPUTS sets the inputs per decoder and strategy (`make chaos`: 100,00
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Coroutine
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +21,7 @@ from structlog.testing import capture_logs
 
 from antdt.runtime.bus import Bus, BusError, Decoder, Delivery, RequestRefused, decode_reply
 from antdt.runtime.config import NatsSettings
-from antdt.schemas import REPLY_HEADER, ErrorCode
+from antdt.schemas import ENCODING_HEADER, GZIP, REPLY_HEADER, ErrorCode
 from antdt.schemas.channels import MESSAGES
 from tests.unit.fuzzing import FUZZ, INPUTS, RAW, batches, corpus, mutations, seed
 
@@ -55,8 +57,8 @@ class Boundary:
         assert adapter is not None or isinstance(model, self.target)
         self.accepted += 1
 
-    def feed(self, data: bytes) -> None:
-        msg = SimpleNamespace(subject=self.pattern, data=data, headers=None, reply="")
+    def feed(self, data: bytes, headers: dict[str, str] | None = None) -> None:
+        msg = SimpleNamespace(subject=self.pattern, data=data, headers=headers, reply="")
         run_now(self.bus._dispatch(self.pattern, self.decoder, self.handler, None, msg))
         self.sent += 1
         assert self.bus.handler_errors == 0, "an exception escaped the decoder"
@@ -96,8 +98,35 @@ def test_mutated_messages_are_decoded_or_refused_counted_and_logged(name: str) -
     boundary = fuzz(name, mutations(valid))
     assert boundary.bus.rejections.total() > 0
     # Oversized messages are refused before they are parsed, with their own code.
-    boundary.feed(b" " * 300_000)
+    boundary.feed(b" " * (boundary.decoder.max_bytes + 1))
     assert boundary.bus.rejections.counts[(boundary.pattern, ErrorCode.TOO_LARGE)] >= 1
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGES))
+def test_gzipped_payloads_are_inflated_within_their_limit_or_refused(name: str) -> None:
+    boundary = Boundary(name)
+    valid = json.dumps(seed(MESSAGES[name], OVERRIDES.get(name))).encode()
+    with capture_logs() as logs:
+        boundary.feed(gzip.compress(valid), {ENCODING_HEADER: GZIP})
+        assert boundary.accepted == 1
+        refused = {
+            ErrorCode.BAD_REQUEST: [
+                (valid, {ENCODING_HEADER: GZIP}),  # not gzipped
+                (gzip.compress(valid)[:-9], {ENCODING_HEADER: GZIP}),  # truncated
+                (gzip.compress(valid) + b"x", {ENCODING_HEADER: GZIP}),  # trailing bytes
+                (gzip.compress(valid), {ENCODING_HEADER: "br"}),  # an encoding not ours
+            ],
+            # a small payload inflating past the limit (a bomb) is cut off there
+            ErrorCode.TOO_LARGE: [
+                (gzip.compress(b" " * (boundary.decoder.max_bytes + 1)), {ENCODING_HEADER: GZIP})
+            ],
+        }
+        for code, cases in refused.items():
+            for data, headers in cases:
+                boundary.feed(data, headers)
+            assert boundary.bus.rejections.counts[(boundary.pattern, code)] == len(cases)
+    assert boundary.accepted == 1
+    boundary.assert_logged(logs)
 
 
 HEADERS = st.one_of(

@@ -15,7 +15,7 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription as NatsSubscription
-from nats.errors import SlowConsumerError
+from nats.errors import MaxPayloadError, SlowConsumerError
 from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
@@ -34,6 +34,7 @@ from antdt.runtime.bus.messages import (
     Rejections,
     RequestRefused,
     decode_reply,
+    deflated,
     encode,
     reply_headers,
     trace_headers,
@@ -187,7 +188,17 @@ class Bus:
     async def publish(
         self, subject: str, model: BaseModel, headers: Mapping[str, str] | None = None
     ) -> None:
-        await self.nc.publish(subject, encode(model), headers=self.trace_headers(headers) or None)
+        """`model` on `subject`, gzipped over COMPRESS_OVER_BYTES (`deflated`). BusError
+        when even so it is over the server's max_payload: the caller learns the size."""
+        data, coding = deflated(encode(model))
+        extra = {**headers, **coding} if headers and coding else headers or coding
+        try:
+            await self.nc.publish(subject, data, headers=self.trace_headers(extra) or None)
+        except MaxPayloadError:
+            raise BusError(
+                f"{type(model).__name__} of {len(data)} bytes on {subject} is over "
+                f"nats-server's max_payload ({self.nc.max_payload} bytes)"
+            ) from None
 
     async def publish_raw(self, subject: str, data: bytes) -> None:
         """Untyped bytes, for tests of bad input and for benchmarks."""
@@ -342,7 +353,7 @@ class Bus:
             headers = dict(msg.headers) if msg.headers else {}
             meta = Delivery(msg.subject, headers, msg.reply or "")  # positional: cheaper
             token = otel_context.attach(propagate.extract(headers)) if headers else None
-            model = decoder.decode(msg.data)
+            model = decoder.decode(msg.data, headers)
             reply = await handler(model, meta)
         except Rejected as exc:
             self.rejections.record(pattern, exc.code, exc.reason, msg.subject)

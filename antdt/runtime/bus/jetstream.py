@@ -169,7 +169,7 @@ class JetStream:
             timeouts = 0
             for msg in msgs:
                 try:
-                    replay.items.append(decoder.decode(msg.data))
+                    replay.items.append(decoder.decode(msg.data, msg.headers))
                 except Rejected as exc:
                     replay.rejected += 1
                     reject(exc, msg)
@@ -192,7 +192,7 @@ class JetStream:
         except NotFoundError:
             return None
         try:
-            return Decoder(target).decode(raw.data or b"")
+            return Decoder(target).decode(raw.data or b"", raw.headers)
         except Rejected as exc:
             self.rejections.record(f"{stream}:last", exc.code, exc.reason, subject)
             return None
@@ -270,7 +270,7 @@ class DurableConsumer(Generic[M]):
         out: list[Received[M]] = []
         for msg in msgs:
             try:
-                model = self._decoder.decode(msg.data)
+                model = self._decoder.decode(msg.data, msg.headers)
             except Rejected as exc:
                 self._rejections.record(self._pattern, exc.code, exc.reason, msg.subject)
                 with contextlib.suppress(Exception):

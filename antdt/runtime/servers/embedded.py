@@ -232,6 +232,10 @@ class _EmbeddedServer:
 #: bytes (its default, 64 MiB, is too little for a monitor replica under a burst of every
 #: job's step events). deploy/nats.conf sets the same.
 MAX_PENDING_BYTES = 256 * 2**20
+#: The largest message nats-server takes, bytes (its default: 1 MiB). A job's health is
+#: gzipped at ~75 bytes a rank on the wire: 1 MiB carries ~14,000 ranks, this ~110,000
+#: (NATS advises 8 MiB at most). deploy/nats.conf sets the same.
+MAX_PAYLOAD_BYTES = 8 * 2**20
 
 
 @dataclass
@@ -245,6 +249,7 @@ class EmbeddedNats(_EmbeddedServer):
     host: str = "127.0.0.1"
     netns: str | None = None
     max_pending_bytes: int = MAX_PENDING_BYTES
+    max_payload_bytes: int = MAX_PAYLOAD_BYTES
     #: More of nats-server's configuration: an authorization block (natsconf.py), TLS.
     extra_config: str = ""
     _process: ManagedProcess | None = field(default=None, repr=False)
@@ -271,7 +276,8 @@ class EmbeddedNats(_EmbeddedServer):
     def _write_config(self) -> Path:
         config = self.data_dir / "nats.conf"  # for what has no command-line flag
         config.touch(mode=0o600, exist_ok=True)  # the extra may hold passwords
-        config.write_text(f"max_pending: {self.max_pending_bytes}\n{self.extra_config}")
+        limits = f"max_pending: {self.max_pending_bytes}\nmax_payload: {self.max_payload_bytes}\n"
+        config.write_text(limits + self.extra_config)
         return config
 
     def reload(self, extra_config: str, timeout: float = 10.0) -> None:

@@ -222,7 +222,7 @@ class MonitorService:
         """Store the job's last health at `jobs/{job}/ended` (and, abandoned, the mark
         `jobs/{job}/abandoned` that keeps it dormant on every replica), and give it up."""
         job, mark = health.job, self.keys.abandoned(health.job)
-        ended = Put(self.keys.ended(job), health.model_dump_json().encode())
+        ended = Put(self.keys.ended(job), ended_record(health))
         try:
             await self.store.txn([], [ended, Put(mark, b"") if abandoned else Delete(mark)])
             self.ended.note(health)
@@ -287,3 +287,18 @@ class MonitorService:
             found = await self.store.get(self.keys.spec(job)) is not None
             if lifecycle.registered(self.book, job, time.monotonic(), found=found):
                 await self._give_up(job)
+
+
+#: The most an `ended` record holds, bytes: etcd refuses a request over 1.5 MiB
+#: (--max-request-bytes) and the record's readers need the health's time and step only.
+ENDED_RECORD_BYTES = 1024 * 1024
+
+
+def ended_record(health: JobHealth) -> bytes:
+    """The job's last health as its `ended` record: with its rank rows while it fits
+    ENDED_RECORD_BYTES (~3,000 ranks), else without them."""
+    record = health.model_dump_json().encode()
+    if len(record) <= ENDED_RECORD_BYTES:
+        return record
+    log.info("ended record without its rank rows", job=health.job, bytes=len(record))
+    return health.model_copy(update={"ranks": ()}).model_dump_json().encode()

@@ -1,0 +1,118 @@
+"""A large job's health through a real nats-server: a row per rank makes a JobHealth of
+10,000 ranks ~3.2 MB of JSON, past nats-server's default max_payload (1 MiB) and the
+256 KiB every other message is held to. The bus sends it gzipped; a subscriber, core or
+JetStream, inflates it within JobHealth's own limit."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from antdt.runtime.bus import Bus, BusError, Delivery
+from antdt.runtime.config import NatsSettings
+from antdt.runtime.servers import EmbeddedNats
+from antdt.schemas import (
+    ENCODING_HEADER,
+    GZIP,
+    JobHealth,
+    RankHealth,
+    RankState,
+    Subjects,
+)
+from antdt.services.monitor.service import ENDED_RECORD_BYTES, ended_record
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+#: nats-server's own default: what a user's server has unless they raised it.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+
+def health_of(job: str, ranks: int, seed: int = 7) -> JobHealth:
+    """A health of `ranks` measured rows, their figures drawn (as incompressible as a
+    real job's: the monitor's floats carry 17 digits)."""
+    draw = random.Random(seed)
+    rows = tuple(
+        RankHealth(
+            rank=r,
+            host=f"node{r // 8}",
+            state=RankState.OK,
+            last_step=1200,
+            local_batch=32,
+            samples_per_s=draw.uniform(800, 1200),
+            compute_s_per_sample=draw.uniform(8e-4, 1.2e-3),
+            ratio=draw.uniform(0.9, 1.3),
+            data_wait_share=draw.uniform(0, 0.05),
+            comm_share=draw.uniform(0.1, 0.3),
+            fixed_s=draw.uniform(0.01, 0.02),
+            per_sample_s=draw.uniform(8e-4, 1.2e-3),
+        )
+        for r in range(ranks)
+    )
+    return JobHealth(
+        job=job,
+        at=1.8e9,
+        step=1200,
+        step_s=0.07,
+        samples_per_s=ranks * 32 / 0.07,
+        balance_efficiency=0.93,
+        plan_version=3,
+        ranks=rows,
+    )
+
+
+@pytest.fixture
+def default_nats(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    server = EmbeddedNats(tmp_path / "n", max_payload_bytes=DEFAULT_MAX_PAYLOAD).start()
+    yield server
+    server.stop()
+
+
+async def test_a_health_of_ten_thousand_ranks_reaches_core_and_stream_readers_gzipped(
+    default_nats: EmbeddedNats, unique: str
+) -> None:
+    bus = await Bus(NatsSettings(url=default_nats.url), name="big").connect()
+    try:
+        subjects, stream = Subjects(f"antdt.{unique}"), f"HEALTH_{unique}"
+        await bus.jetstream.ensure_stream(stream, [subjects.health(unique)])
+        got: list[tuple[JobHealth, Delivery]] = []
+
+        async def on_health(health: JobHealth, delivery: Delivery) -> None:
+            got.append((health, delivery))
+
+        await bus.subscribe(subjects.health(unique), JobHealth, on_health)
+        health = health_of(unique, 10_000)
+        assert len(health.model_dump_json()) > 3 * DEFAULT_MAX_PAYLOAD
+        await bus.publish(subjects.health(unique), health)
+        await wait_for(lambda: bool(got), timeout=10)
+        received, delivery = got[0]
+        assert received == health and delivery.headers[ENCODING_HEADER] == GZIP
+        stored = await bus.jetstream.last(stream, subjects.health(unique), JobHealth)
+        assert stored == health
+        assert bus.rejections.total() == 0
+    finally:
+        await bus.close()
+
+
+async def test_a_health_over_max_payload_even_gzipped_is_refused_with_its_size(
+    default_nats: EmbeddedNats, unique: str
+) -> None:
+    bus = await Bus(NatsSettings(url=default_nats.url), name="big").connect()
+    try:
+        with pytest.raises(BusError, match=r"JobHealth of \d+ bytes .* max_payload \(1048576"):
+            await bus.publish(f"antdt.{unique}.health", health_of(unique, 40_000))
+        await bus.flush(timeout=2)  # the connection is still good
+    finally:
+        await bus.close()
+
+
+def test_an_ended_record_keeps_its_rows_while_they_fit_the_store() -> None:
+    small, large = health_of("j", 100), health_of("j", 10_000)
+    assert JobHealth.model_validate_json(ended_record(small)) == small
+    record = ended_record(large)
+    assert len(record) <= ENDED_RECORD_BYTES
+    kept = JobHealth.model_validate_json(record)
+    assert kept == large.model_copy(update={"ranks": ()})
