@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from antdt.runtime.bus import Bus, BusError, Delivery
-from antdt.runtime.config import NatsSettings
+from antdt.runtime.config import NatsSettings, ServiceSettings
 from antdt.runtime.servers import EmbeddedNats
 from antdt.schemas import (
     ENCODING_HEADER,
@@ -20,10 +20,13 @@ from antdt.schemas import (
     JobHealth,
     RankHealth,
     RankState,
+    RegisterReply,
     Subjects,
 )
 from antdt.services.monitor.service import ENDED_RECORD_BYTES, ended_record
+from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
+from tests.integration.test_services import spec, step
 
 pytestmark = pytest.mark.integration
 
@@ -116,3 +119,31 @@ def test_an_ended_record_keeps_its_rows_while_they_fit_the_store() -> None:
     assert len(record) <= ENDED_RECORD_BYTES
     kept = JobHealth.model_validate_json(record)
     assert kept == large.model_copy(update={"ranks": ()})
+
+
+async def test_the_controller_hears_the_health_of_a_job_of_two_thousand_ranks(
+    bus: Bus, settings: ServiceSettings, unique: str
+) -> None:
+    """The monitor's health of a job whose rows are over 256 KiB (~800 ranks) reaches
+    the controller, which refused every one of them as too large."""
+    ranks, job = 2_000, f"wide-{unique}"
+    running = await start_services(settings, ("monitor", "controller"))
+    try:
+        controller = running.by_name["controller"]
+        subjects = Subjects(settings.nats.subject_prefix)
+        wide = spec(job, world_size=ranks, global_batch=ranks * 2, dataset_size=ranks * 200)
+        await bus.request(subjects.register(job), wide, RegisterReply)
+        steps = iter(range(1, 1000))
+
+        async def heard_after_a_step() -> bool:
+            """A step of every rank (until the monitor, claiming the job, hears them)."""
+            n = next(steps)
+            for rank in range(ranks):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+            await bus.flush()
+            return controller.counts[(job, "health")] >= 2
+
+        await wait_for(heard_after_a_step, timeout=30, interval=0.5, what="two healths heard")
+        assert controller.bus.rejections.total() == 0
+    finally:
+        await running.runtime.shutdown()
