@@ -89,3 +89,12 @@ async def test_timeouts_past_the_deadline_give_up_and_say_so(
     assert 2 <= len(stream.tries) < 1000
     lost = [e for e in logs if e["event"] == "action record not persisted"]
     assert [e["tries"] for e in lost] == [len(stream.tries)]
+
+
+async def test_the_log_line_lists_a_small_plan_and_sums_up_a_large_one() -> None:
+    large = record().model_copy(update={"local_batch": (4,) * 9_999 + (1,)})
+    with capture_logs() as logs:
+        await log_of(Stream()).record(record())
+        await log_of(Stream()).record(large)
+    lines = [e["local_batch"] for e in logs if e["event"] == "action"]
+    assert lines == [(2, 2), {"ranks": 10_000, "min": 1, "max": 4, "sum": 39_997}]
