@@ -4,7 +4,10 @@ Console(record=True) and reads the text)."""
 
 from __future__ import annotations
 
+import heapq
+import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rich import box
@@ -13,7 +16,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from antdt.schemas import ActionRecord, ActionResult, Incident, IncidentState, JobHealth, Plan
+from antdt.schemas import (
+    ActionRecord,
+    ActionResult,
+    Incident,
+    IncidentState,
+    JobHealth,
+    Plan,
+    RankHealth,
+    RankState,
+)
 
 SPARK = "▁▂▃▄▅▆▇█"
 STATE_STYLE = {
@@ -24,6 +36,11 @@ STATE_STYLE = {
     "exited": "dim",
     "restarting": "yellow",
 }
+#: Rank rows a frame shows at most: a larger job's frame shows those not OK first, then
+#: the slowest, and counts the rest (10,000 rows a second scroll past unread).
+RANK_ROWS = 40
+#: Ranks whose planned batches the plan line lists; a larger plan gives their range.
+PLAN_BATCHES = 64
 
 
 @dataclass
@@ -33,6 +50,7 @@ class StatusState:
 
     job: str
     recent: int = 8
+    rank_rows: int = RANK_ROWS
     health: JobHealth | None = None
     plan: Plan | None = None
     incidents: dict[str, Incident] = field(default_factory=dict)
@@ -126,6 +144,15 @@ def _table(title: str) -> Table:
     )
 
 
+def shown_ranks(ranks: Sequence[RankHealth], limit: int) -> list[RankHealth]:
+    """The rows a frame shows, by rank: all up to `limit`, else those not OK first, then
+    the highest ratios (the slowest), then the lowest ranks."""
+    if len(ranks) <= limit:
+        return list(ranks)
+    key = lambda r: (r.state is RankState.OK, -r.ratio, r.rank)  # noqa: E731
+    return sorted(heapq.nsmallest(limit, ranks, key=key), key=lambda r: r.rank)
+
+
 def _ranks(state: StatusState) -> RenderableType:
     table = _table("ranks")
     for col in ("rank", "host", "state", "class"):
@@ -134,7 +161,9 @@ def _ranks(state: StatusState) -> RenderableType:
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("helped", no_wrap=True)  # work sharing: samples of whose it computed
     batches = state.plan.local_batch if state.plan else ()
-    for r in state.health.ranks if state.health else ():
+    ranks = state.health.ranks if state.health else ()
+    shown = shown_ranks(ranks, state.rank_rows)
+    for r in shown:
         planned = str(batches[r.rank]) if r.rank < len(batches) else "?"
         table.add_row(
             str(r.rank),
@@ -149,6 +178,13 @@ def _ranks(state: StatusState) -> RenderableType:
             f"{r.comm_share:.0%}",
             " ".join(f"r{o}:{n}" for o, n in sorted((r.helped or {}).items())) or "-",
         )
+    if len(shown) < len(ranks):
+        ratios = sorted(r.ratio for r in ranks)
+        table.caption = (
+            f"{len(ranks) - len(shown):,} of {len(ranks):,} ranks not shown (those not ok "
+            f"first, then the slowest); ratio over all ranks: min {ratios[0]:.2f}, "
+            f"median {statistics.median(ratios):.2f}, max {ratios[-1]:.2f}"
+        )
     return table
 
 
@@ -158,8 +194,14 @@ def _plan(state: StatusState) -> RenderableType:
         return Text("plan: unknown")
     return Text(
         f"plan v{p.version} ({p.policy}) from step {p.effective_step}: "
-        f"local batch {list(p.local_batch)} = {p.global_batch}   {p.reason}"
+        f"local batch {_batches(p.local_batch)} = {p.global_batch}   {p.reason}"
     )
+
+
+def _batches(batches: tuple[int, ...]) -> str:
+    if len(batches) <= PLAN_BATCHES:
+        return str(list(batches))
+    return f"{min(batches)}-{max(batches)} over {len(batches):,} ranks"
 
 
 def _incidents(state: StatusState) -> RenderableType:
@@ -169,7 +211,12 @@ def _incidents(state: StatusState) -> RenderableType:
     table = _table("open incidents")
     for col in ("incident", "rank", "kind", "class", "cause", "state", "step", "ratio"):
         table.add_column(col, no_wrap=True)
-    for i in open_:
+    shown = open_
+    if len(open_) > state.rank_rows:  # the most severe, in the usual order
+        severe = {i.id for i in heapq.nlargest(state.rank_rows, open_, key=lambda i: i.ratio)}
+        shown = [i for i in open_ if i.id in severe]
+        table.caption = f"{len(open_) - len(shown):,} of {len(open_):,} not shown (the mildest)"
+    for i in shown:
         table.add_row(
             i.id,
             str(i.rank),
@@ -198,7 +245,7 @@ def _actions(state: StatusState, now: float) -> RenderableType:
             a.kind,
             Text(a.result.value, style=style),
             "" if a.plan_version is None else f"v{a.plan_version}",
-            str(list(a.local_batch or ())),
+            _batches(a.local_batch or ()),
             "" if a.effective_step is None else str(a.effective_step),
             _age(now, a.completed_at),
             a.reason[:80],

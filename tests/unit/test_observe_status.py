@@ -136,3 +136,23 @@ def test_empty_state_says_what_is_missing() -> None:
 
 def test_sparkline_scales_zero_to_one() -> None:
     assert sparkline([0.0, 0.5, 1.0, 2.0, -1.0]) == "▁▅█ █▁".replace(" ", "")
+
+
+def test_a_large_job_shows_its_ranks_not_ok_and_its_slowest_and_counts_the_rest() -> None:
+    state = _state()
+    assert state.health is not None
+    ok = state.health.ranks[0]
+    ranks = tuple(
+        ok.model_copy(update={"rank": r, "host": f"h{r}", "ratio": 1.0 + r / 100_000})
+        for r in range(2_000)
+    )
+    slow = ranks[3].model_copy(update={"state": RankState.SLOW, "ratio": 0.5})
+    ranks = (*ranks[:3], slow, *ranks[4:])
+    state.apply_health(state.health.model_copy(update={"ranks": ranks}))
+    state.apply_plan(_plan(2, (2,) * 1_999 + (1,)))
+    text = _text(state)
+    shown = [line.split()[0] for line in text.splitlines() if re.match(r"\s*\d+\s+h\d+\s", line)]
+    # the slow rank despite its low ratio, then the 39 highest ratios, by rank
+    assert shown == ["3", *map(str, range(1_961, 2_000))]
+    assert "1,960 of 2,000 ranks not shown" in text and "max 1.02" in text
+    assert "local batch 1-2 over 2,000 ranks = 3999" in text
