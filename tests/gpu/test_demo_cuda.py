@@ -22,10 +22,9 @@ DATASET, BATCH, EPOCHS = 24_000, 256, 3  # 94 steps an epoch: 282 steps
 
 
 def demo_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "ANTDT_BACKEND"}
-    env.update(
+    """What the demo's ranks get beside os.environ (`launch` adds it; conftest.py
+    clears the suite's ANTDT_BACKEND there)."""
+    return dict(
         ANTDT_NATS__URL=settings.nats.url,
         ANTDT_NATS__SUBJECT_PREFIX=settings.nats.subject_prefix,
         ANTDT_JOB=job,
@@ -40,7 +39,6 @@ def demo_env(settings: ServiceSettings, job: str, out: Path) -> dict[str, str]:
         ANTDT_DEMO_DEVICE="auto",
         ANTDT_TELEMETRY__LOG_FORMAT="json",
     )
-    return env
 
 
 async def run_demo(settings: ServiceSettings, out: Path, job: str, world: int) -> int:
