@@ -1,12 +1,13 @@
 """`make gpu-check`: the gpu-marked tests, then a short training run of the demo on CUDA
 (nccl, one rank per GPU, up to 8) under `antdt launch` against a real control plane
-(embedded nats-server and etcd, the three services in their own process); prints the
-run's figures. Exits non-zero with a one-line reason where no CUDA device is present.
+(embedded nats-server and etcd, the three services in their own process), then the FSDP2
+example there; prints the runs' figures. Exits non-zero with a one-line reason where no CUDA device is present.
 Results also go to runs/gpu-check/results.json."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -15,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ DATASET, GLOBAL_BATCH, EPOCHS = 153_600, 1024, 2  # 150 steps an epoch: 300 step
 WARMUP_STEPS = 10  # imports, NCCL's first collectives, the allocator and kernels warm up
 TRAIN_TIMEOUT_S = 150.0
 TESTS_TIMEOUT_S = 240.0
+FSDP2_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "fsdp2" / "train.py"
+FSDP2_DATASET = 4096
 
 
 def no_cuda_reason(torch: Any) -> str | None:
@@ -75,8 +79,9 @@ def run_tests() -> int:
         return 124
 
 
-def train(out: Path, nproc: int) -> dict[str, Any]:
-    """The demo under antdt launch against embedded servers and services: its figures."""
+@contextlib.contextmanager
+def control_plane(out: Path) -> Iterator[str]:
+    """Embedded servers and the three services in their own process: the NATS URL."""
     from antdt.demo.run import wait_services
     from antdt.runtime.servers import EmbeddedCluster, ManagedProcess
 
@@ -88,16 +93,50 @@ def train(out: Path, nproc: int) -> dict[str, Any]:
         services.spawn()
         try:
             wait_services(log_path, services)
-            started = time.monotonic()
-            code = _launch(out, nproc, cluster.nats.url)
-            wall = time.monotonic() - started
+            yield cluster.nats.url
         finally:
             services.stop()
+
+
+def train(out: Path, nproc: int) -> dict[str, Any]:
+    """The demo, then the FSDP2 example, under antdt launch against one control plane:
+    the demo's figures and the example's wall time."""
+    with control_plane(out) as nats_url:
+        started = time.monotonic()
+        code = _launch(out, nproc, nats_url)
+        wall = time.monotonic() - started
+        started = time.monotonic()
+        fsdp2 = _fsdp2(out, nproc, nats_url) if code == 0 else None
+        fsdp2_s = time.monotonic() - started
     if code != 0:
         raise RuntimeError(f"the training run failed (exit {code}); see {out}")
+    if fsdp2 != 0:
+        raise RuntimeError(f"the FSDP2 example failed (exit {fsdp2}); see {out}")
     progress = [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
     result = json.loads((out / "result.json").read_text())
-    return {**figures(progress), **result, "ranks": nproc, "wall_s": wall}
+    return {**figures(progress), **result, "ranks": nproc, "wall_s": wall, "fsdp2_s": fsdp2_s}
+
+
+def _fsdp2(out: Path, nproc: int, nats_url: str) -> int:
+    """examples/fsdp2/train.py (FSDP2, its reduce-scatter weighted by each rank's batch)
+    under antdt launch, two epochs: its exit code."""
+    env = {k: v for k, v in os.environ.items() if k != "ANTDT_BACKEND"}
+    env.update(
+        ANTDT_NATS__URL=nats_url,
+        ANTDT_JOB=f"gpu-check-fsdp2-{int(time.time())}",
+        ANTDT_DATASET_SIZE=str(FSDP2_DATASET),
+        ANTDT_SHARD_SIZE="256",
+        ANTDT_GLOBAL_BATCH=str(64 * nproc),
+        ANTDT_EPOCHS="2",
+        ANTDT_TELEMETRY__LOG_FORMAT="json",
+        ANTDT_TELEMETRY__LOG_LEVEL="warning",
+    )
+    command = [sys.executable, "-m", "antdt.cli", "launch", "--nproc", str(nproc), "--"]
+    command += [sys.executable, str(FSDP2_SCRIPT), "--out", str(out / "fsdp2-params.pt")]
+    try:
+        return subprocess.run(command, env=env, timeout=TRAIN_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        return 124
 
 
 def _launch(out: Path, nproc: int, nats_url: str) -> int:
@@ -138,6 +177,7 @@ def print_figures(row: dict[str, Any]) -> None:
         ("step time mean / p50 / p95, ms", _ms(row)),
         ("test accuracy", f"{row['accuracy']:.3f}"),
         ("wall time of the run, s", f"{row['wall_s']:.1f}"),
+        ("examples/fsdp2, 2 epochs, wall s", f"{row['fsdp2_s']:.1f}"),
     ]
     for what, value in shown:
         table.add_row(what, value)
