@@ -1,8 +1,8 @@
 """`make gpu-check`: the gpu-marked tests, then a short training run of the demo on CUDA
 (nccl, one rank per GPU, up to 8) under `antdt launch` against a real control plane
 (embedded nats-server and etcd, the three services in their own process), then the FSDP2
-example there; prints the runs' figures. Exits non-zero with a one-line reason where no CUDA device is present.
-Results also go to runs/gpu-check/results.json."""
+example there; prints the runs' figures. Exits non-zero with a one-line reason where no
+CUDA device is present. Results also go to runs/gpu-check/results.json."""
 
 from __future__ import annotations
 
