@@ -1,5 +1,5 @@
-"""Many ranks' models at once (`fits.fit_one_batch_many`): bit for bit `fit_speed` of
-each history it takes, and the histories it leaves to `fit_speed` left out."""
+"""Many ranks' models at once (`fits.fit_many`): bit for bit `fit_speed` of each
+history it takes, and the histories it leaves to `fit_speed` left out."""
 
 from __future__ import annotations
 
@@ -7,17 +7,24 @@ import random
 
 import pytest
 
-from antdt.services.monitor.fits import fit_one_batch_many
+from antdt.services.monitor.fits import fit_many
 from antdt.services.monitor.history import Histories, History
 from antdt.services.monitor.speed import SpeedConfig, fit_speed
 
 
 def _filled(history: History, rng: random.Random, kind: str, length: int) -> History:
+    """`length` steps of `kind`: one batch size; two (a plan's switch at a random step to
+    a size near, far or above, times a line with a part that may be negative, or
+    falling); three; or one with a bad or a huge time last."""
+    second = rng.choice((16, 30, 8, 64, 31))
+    switch = rng.randrange(length + 1)
+    part, per_sample = rng.uniform(-0.01, 0.02), rng.choice((0.001, -0.0002))
     for i in range(length):
-        t = 0.03 * rng.lognormvariate(0.0, 0.3)
-        batch = 32
-        if kind == "two sizes" and i >= length // 2:
-            batch = 16
+        noise = rng.lognormvariate(0.0, 0.3)
+        batch, t = 32, 0.03 * noise
+        if kind in ("two sizes", "three sizes") and i >= switch:
+            batch = second if kind == "two sizes" or i % 3 else 12
+            t = max(1e-6, (part + per_sample * batch + 0.02) * noise)
         elif kind == "bad" and i == length - 1:
             t = float("nan")
         elif kind == "huge" and i == length - 1:
@@ -30,26 +37,29 @@ def _filled(history: History, rng: random.Random, kind: str, length: int) -> His
 @pytest.mark.parametrize("fixed", [0.0, 6.5, -1.0])
 def test_the_models_fitted_at_once_are_fit_speed(seed: int, fixed: float) -> None:
     """Rows of one block (a job's ranks, some wrapped round their ring) and histories
-    made alone: each one-batch history is fitted, as `fit_speed` fits it; any other is
-    left out."""
+    made alone: each history of one or two batch sizes, every time measurable, is
+    fitted as `fit_speed` fits it, bit for bit; any other is left out."""
     rng = random.Random(seed)
     config = SpeedConfig()
-    kinds = ["plain"] * 100 + ["two sizes", "bad", "huge"] * 3
+    kinds = ["plain"] * 60 + ["two sizes"] * 60 + ["three sizes", "bad", "huge"] * 3
     block = Histories(len(kinds), 96)
     histories = [
-        _filled(block.row(i), rng, kind, rng.choice((3, 8, 50, 96, 130)))
+        _filled(block.row(i), rng, kind, rng.choice((3, 8, 20, 50, 96, 130)))
         for i, kind in enumerate(kinds)
     ]
     histories += [_filled(History(96), rng, "plain", 20) for _ in range(3)]
-    fitted = fit_one_batch_many(histories[::-1], fixed, config)  # any order of rows
+    fitted = fit_many(histories[::-1], fixed, config)  # any order of rows
     by_history = {len(histories) - 1 - i: model for i, model in fitted.items()}
     for i, history in enumerate(histories):
-        one_batch = history.one_batch() is not None
-        if i in by_history:
-            assert one_batch and by_history[i] == fit_speed(history, fixed, config)
+        sizes = len(set(history.samples))
+        common = sizes <= 2 and all(0 < t <= 1e300 for t in history.times)
+        if i in by_history:  # a huge time among too few steps is fitted as None at once
+            assert sizes <= 2 and by_history[i] == fit_speed(history, fixed, config)
         else:  # left to fit_speed's general path
-            assert not one_batch or max(history.times) > 1e300
-    assert sum(m is not None for m in by_history.values()) > 50
+            assert not common
+    fitted_by = {m.batch_sizes for m in by_history.values() if m is not None}
+    assert fitted_by == {1, 2}  # through one size, and a line through two
+    assert sum(m is not None for m in by_history.values()) > 60
     assert any(len(h) < config.min_steps for h in histories)  # fitted as None
 
 

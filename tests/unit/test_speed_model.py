@@ -268,6 +268,8 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
         all_ends = [h.first_and_latest() for h in (history, *others)]
         two_sizes = any(e is not None and e[0] != e[1] for e in all_ends)
         assert History.any_two_sizes_at_ends([history, *others]) is two_sizes
+        every = [history, *others]
+        assert History.last_change_spans(every, 5) == [h.last_change_span(5) for h in every]
         if i % read_every:
             continue
         steps_ = list(history)

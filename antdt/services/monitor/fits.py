@@ -1,11 +1,14 @@
-"""Many ranks' speed models fitted at once: `fit_speed` of each one-batch history, the
-same floats, over arrays. Pure, no I/O. A health after a round of windows refits every
-rank's model (each history gained a window of steps): at 10,000 ranks that was 10,000
-fits of up to 96 times, one after another, each keeping its own times in order.
+"""Many ranks' speed models fitted at once: `fit_speed` of each history of one or two
+batch sizes, the same floats, over arrays. Pure, no I/O. A health after a round of
+windows refits every rank's model (each history gained a window of steps): at 10,000
+ranks that was 10,000 fits of up to 96 times, one after another, each keeping its own
+times in order; after a plan changed every rank's batch, every history holds two sizes
+for as long as it is.
 
-Only the common history goes together: every step measurable at one batch size; any
-other is left to `fit_speed`. The histories are read where they lie, rows of their
-job's block (history.py), with no copy into Python objects."""
+Only the common histories go together: every step measurable (in (0, ONE_BATCH_LIMIT])
+at one or two batch sizes; any other is left to `fit_speed`. The histories are read
+where they lie, rows of their job's block (history.py), with no copy into Python
+objects."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from antdt.services.monitor.history import Histories, History
+from antdt.services.monitor.history import Floats, Histories, History, Ints
 from antdt.services.monitor.speed import ONE_BATCH_LIMIT, SpeedConfig, SpeedModel
 from antdt.services.monitor.summaries import quantile_sorted_rows
 
@@ -21,11 +24,11 @@ from antdt.services.monitor.summaries import quantile_sorted_rows
 MANY = 16
 
 
-def fit_one_batch_many(
+def fit_many(
     histories: Sequence[History], fixed_samples: float, config: SpeedConfig
 ) -> dict[int, SpeedModel | None]:
     """`fit_speed(histories[i], fixed_samples, config)` by index i, for the histories
-    it fits at once (one batch size, every time measurable and within
+    it fits at once (one or two batch sizes, every time measurable and within
     `ONE_BATCH_LIMIT`); the others are not in it."""
     by_block: dict[Histories, list[int]] = {}
     for i, history in enumerate(histories):
@@ -67,7 +70,88 @@ def _fit_rows(
             for k, p, ok in zip(picked.tolist(), per_sample.tolist(), within, strict=True)
             if ok
         )
+    within = ((times <= ONE_BATCH_LIMIT) | unused).all(axis=1)
+    two = np.flatnonzero(~one_size & measurable & within)
+    if len(two):
+        rows_of_two = (samples[two], times[two], held[two])
+        fitted.update(_fit_two_sizes(*rows_of_two, fixed, config, two, members))
     return fitted
 
 
-__all__ = ["MANY", "fit_one_batch_many"]
+def _fit_two_sizes(
+    samples: Ints,
+    times: Floats,
+    held: Ints,
+    fixed: float,
+    config: SpeedConfig,
+    at: Ints,
+    members: list[int],
+) -> dict[int, SpeedModel | None]:
+    """`fit_speed` of the rows that hold exactly two batch sizes (each > 0): each size's
+    level (`speed._measured_levels`), the line through the two (`speed._line`) when both
+    have `line_steps` steps and lie `min_spread` apart with a positive slope, else the
+    size of the most steps with the pooled part (`speed._one_size`)."""
+    unused = np.arange(samples.shape[1])[None, :] >= held[:, None]
+    small = np.where(unused, np.iinfo(np.int64).max, samples).min(axis=1)
+    large = np.where(unused, 0, samples).max(axis=1)
+    is_small = samples == small[:, None]
+    exact = ((is_small | (samples == large[:, None])) | unused).all(axis=1) & (small > 0)
+    keep = np.flatnonzero(exact)
+    small, large, is_small, unused = small[keep], large[keep], is_small[keep], unused[keep]
+    times = times[keep]
+    levels, counts = [], []
+    for mine in (is_small & ~unused, ~is_small & ~unused):
+        count = mine.sum(axis=1)
+        ordered = np.sort(np.where(mine, times, np.inf), axis=1)
+        levels.append(_quantile_of_first(ordered, count, config.quantile))
+        counts.append(count)
+    (t1, t2), (n1, n2) = levels, counts
+    b1, b2 = small.astype(np.float64), large.astype(np.float64)
+    fitted: dict[int, SpeedModel | None] = {}
+    rows = zip(keep.tolist(), *(a.tolist() for a in (t1, t2, n1, n2, b1, b2)), strict=True)
+    for k, level1, level2, steps1, steps2, size1, size2 in rows:
+        fitted[members[at[k]]] = _two_level_model(
+            (size1, level1, steps1), (size2, level2, steps2), fixed, config
+        )
+    return fitted
+
+
+def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
+    """`speed.quantile_sorted` of each row's first `count` values (sorted ascending);
+    NaN where a row has none."""
+    n = np.maximum(count, 1)
+    position = q * (n - 1)
+    low = position.astype(np.int64)
+    high = np.where(low + 1 < n, low + 1, low)
+    rows = np.arange(len(ordered))
+    lo, hi = ordered[rows, low], ordered[rows, high]
+    level = lo + (hi - lo) * (position - low)
+    return np.where(count > 0, level, np.nan)
+
+
+def _two_level_model(
+    first: tuple[float, float, int],
+    second: tuple[float, float, int],
+    fixed: float,
+    config: SpeedConfig,
+) -> SpeedModel | None:
+    """`fit_speed`'s model from two batch sizes' (size, level, steps), the smaller
+    first, as `speed._line` and `speed._one_size` make it."""
+    levels = [(b, t, n) for b, t, n in (first, second) if n >= config.min_steps]
+    if not levels:
+        return None
+    if len(levels) == 2 and min(first[2], second[2]) >= config.line_steps:
+        (b1, t1, _), (b2, t2, _) = levels
+        if b2 - b1 >= config.min_spread * b2:
+            slope = (t2 - t1) / (b2 - b1)
+            if slope > 0:
+                part = ((t1 - slope * b1) + (t2 - slope * b2)) / 2
+                if part < 0:
+                    return SpeedModel(0.0, (t1 / b1 + t2 / b2) / 2, 2)
+                return SpeedModel(part, slope, 2)
+    batch, level, _ = max(levels, key=lambda x: (x[2], x[0]))
+    per_sample = level / (batch + fixed)
+    return SpeedModel(per_sample * fixed, per_sample, 1)
+
+
+__all__ = ["MANY", "fit_many"]

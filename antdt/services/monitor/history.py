@@ -69,6 +69,18 @@ class Histories:
         picked = rows[:, None]
         return self.samples[picked, slots], self.times[picked, slots], held
 
+    def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
+        """Per row, where its latest change of batch size lies among its steps (the step
+        whose size is new, oldest first; 0: one size throughout), how many it holds, and
+        how many ever joined it."""
+        samples, _, held = self.in_order(rows)
+        if self.maxlen < 2:
+            return np.zeros(len(rows), dtype=np.int64), held, self.entered[rows]
+        both = np.arange(1, self.maxlen)[None, :] < held[:, None]  # steps i-1, i held
+        differs = (samples[:, 1:] != samples[:, :-1]) & both
+        last = self.maxlen - 1 - np.argmax(differs[:, ::-1], axis=1)
+        return np.where(differs.any(axis=1), last, 0), held, self.entered[rows]
+
     def first_and_latest(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """The rows' batch sizes of their oldest and latest steps (meaningless where a
         row holds none), and how many each holds."""
@@ -137,6 +149,26 @@ class History(Sequence[Step]):
         rows = np.fromiter(map(_row_of, histories), dtype=np.int64, count=len(histories))
         first, latest, held = block.first_and_latest(rows)
         return bool(((first != latest) & (held > 0)).any())
+
+    @staticmethod
+    def last_change_spans(
+        histories: Sequence[History], steps: int
+    ) -> list[tuple[int, int, int] | None]:
+        """`last_change_span(steps)` of each, over the block at once when they share one
+        (a round of windows asks it of every rank while any ran two sizes lately)."""
+        blocks = set(map(_block_of, histories))
+        if len(blocks) != 1:
+            return [h.last_change_span(steps) for h in histories]
+        block = blocks.pop()
+        rows = np.fromiter(map(_row_of, histories), dtype=np.int64, count=len(histories))
+        change, held, entered = block.last_changes(rows)
+        first = entered - held
+        starts = (first + np.maximum(0, change - steps)).tolist()
+        ends = (first + np.minimum(held, change + steps)).tolist()
+        return [
+            (h.epoch, start, end) if at else None
+            for h, at, start, end in zip(histories, change.tolist(), starts, ends, strict=True)
+        ]
 
     def append(self, step: Step) -> None:
         self.add(*step)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Sequence
 
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.fits import MANY, fit_one_batch_many
+from antdt.services.monitor.fits import MANY, fit_many
 from antdt.services.monitor.history import History
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
@@ -101,36 +101,36 @@ class Pace:
         """The job's fixed part, from the ranks whose history spans two batch sizes. A
         rank's history holds steps at one speed, and contention scales both parts of a
         model, so a straggler's fit counts as much as any."""
-        if not History.any_two_sizes_at_ends([r.history for r in ranks]):
+        histories = [r.history for r in ranks]
+        if not History.any_two_sizes_at_ends(histories):
             return
-        models = [self._span_model(r) for r in ranks]
+        spans = History.last_change_spans(histories, _AROUND_CHANGE * self._speed.line_steps)
+        models = list(map(self._span_model, ranks, spans))
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
 
-    def _span_model(self, rank: RankMemory) -> SpeedModel | None:
-        """The rank's model through the steps on either side of its history's latest
-        change of batch size (`_AROUND_CHANGE`), kept while the span holds the same
-        steps: the pool reads only models through two sizes, which the job's fixed part
-        does not enter. A history of one size has none."""
-        history = rank.history
-        span = history.last_change_span(_AROUND_CHANGE * self._speed.line_steps)
+    def _span_model(self, rank: RankMemory, span: tuple[int, int, int] | None) -> SpeedModel | None:
+        """The rank's model through `span`, the steps on either side of its history's
+        latest change of batch size (`History.last_change_span`), kept while the span
+        holds the same steps: the pool reads only models through two sizes, which the
+        job's fixed part does not enter. A history of one size has none."""
         if span is None:
             return None
         memo = rank.span_model
         if memo is not None and memo[0] == span:
             return memo[1]
-        steps = history.steps_between(span[1], span[2])
+        steps = rank.history.steps_between(span[1], span[2])
         model = fit_speed(steps, self.fixed_samples, self._speed)
         rank.span_model = (span, model)
         return model
 
     def models(self, ranks: Sequence[RankMemory]) -> list[SpeedModel | None]:
         """`model` of every rank: those whose model is to be fitted afresh, at once where
-        they can be (`fits.fit_one_batch_many`): after a round of windows, every rank."""
+        they can be (`fits.fit_many`): after a round of windows, every rank."""
         fixed = self.fixed_samples
         fresh = list(map(self._fitted, ranks))
         stale = [r for r, ok in zip(ranks, fresh, strict=True) if not ok]
         if len(stale) >= MANY:
-            fitted = fit_one_batch_many([r.history for r in stale], fixed, self._speed)
+            fitted = fit_many([r.history for r in stale], fixed, self._speed)
             for i, model in fitted.items():
                 rank = stale[i]
                 rank.model = (rank.stats, rank.history.epoch, fixed, model)
