@@ -17,7 +17,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from antdt.services.monitor.history import Floats, Histories, History, Ints
-from antdt.services.monitor.speed import ONE_BATCH_LIMIT, SpeedConfig, SpeedModel
+from antdt.services.monitor.speed import (
+    ONE_BATCH_LIMIT,
+    Level,
+    SpeedConfig,
+    SpeedModel,
+    model_of_levels,
+)
 from antdt.services.monitor.summaries import quantile_sorted_rows
 
 #: Fewer stale histories than this are fitted one by one (arrays cost more).
@@ -70,8 +76,8 @@ def _fit_rows(
             for k, p, ok in zip(picked.tolist(), per_sample.tolist(), within, strict=True)
             if ok
         )
-    within = ((times <= ONE_BATCH_LIMIT) | unused).all(axis=1)
-    two = np.flatnonzero(~one_size & measurable & within)
+    bounded = ((times <= ONE_BATCH_LIMIT) | unused).all(axis=1)
+    two = np.flatnonzero(~one_size & measurable & bounded)
     if len(two):
         rows_of_two = (samples[two], times[two], held[two])
         fitted.update(_fit_two_sizes(*rows_of_two, fixed, config, two, members))
@@ -88,9 +94,8 @@ def _fit_two_sizes(
     members: list[int],
 ) -> dict[int, SpeedModel | None]:
     """`fit_speed` of the rows that hold exactly two batch sizes (each > 0): each size's
-    level (`speed._measured_levels`), the line through the two (`speed._line`) when both
-    have `line_steps` steps and lie `min_spread` apart with a positive slope, else the
-    size of the most steps with the pooled part (`speed._one_size`)."""
+    level over the sorted row (`speed._measured_levels`), the model from them as
+    `fit_speed` makes it (`speed.model_of_levels`)."""
     unused = np.arange(samples.shape[1])[None, :] >= held[:, None]
     small = np.where(unused, np.iinfo(np.int64).max, samples).min(axis=1)
     large = np.where(unused, 0, samples).max(axis=1)
@@ -105,14 +110,12 @@ def _fit_two_sizes(
         ordered = np.sort(np.where(mine, times, np.inf), axis=1)
         levels.append(_quantile_of_first(ordered, count, config.quantile))
         counts.append(count)
-    (t1, t2), (n1, n2) = levels, counts
-    b1, b2 = small.astype(np.float64), large.astype(np.float64)
     fitted: dict[int, SpeedModel | None] = {}
-    rows = zip(keep.tolist(), *(a.tolist() for a in (t1, t2, n1, n2, b1, b2)), strict=True)
-    for k, level1, level2, steps1, steps2, size1, size2 in rows:
-        fitted[members[at[k]]] = _two_level_model(
-            (size1, level1, steps1), (size2, level2, steps2), fixed, config
-        )
+    columns = (small, large, *levels, *counts, keep)
+    for b1, b2, t1, t2, n1, n2, k in zip(*(c.tolist() for c in columns), strict=True):
+        steps = ((b1, t1, n1), (b2, t2, n2))
+        found = {b: Level(t, n) for b, t, n in steps if n >= config.min_steps}
+        fitted[members[at[k]]] = model_of_levels(found, fixed, config)
     return fitted
 
 
@@ -127,31 +130,6 @@ def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
     lo, hi = ordered[rows, low], ordered[rows, high]
     level = lo + (hi - lo) * (position - low)
     return np.where(count > 0, level, np.nan)
-
-
-def _two_level_model(
-    first: tuple[float, float, int],
-    second: tuple[float, float, int],
-    fixed: float,
-    config: SpeedConfig,
-) -> SpeedModel | None:
-    """`fit_speed`'s model from two batch sizes' (size, level, steps), the smaller
-    first, as `speed._line` and `speed._one_size` make it."""
-    levels = [(b, t, n) for b, t, n in (first, second) if n >= config.min_steps]
-    if not levels:
-        return None
-    if len(levels) == 2 and min(first[2], second[2]) >= config.line_steps:
-        (b1, t1, _), (b2, t2, _) = levels
-        if b2 - b1 >= config.min_spread * b2:
-            slope = (t2 - t1) / (b2 - b1)
-            if slope > 0:
-                part = ((t1 - slope * b1) + (t2 - slope * b2)) / 2
-                if part < 0:
-                    return SpeedModel(0.0, (t1 / b1 + t2 / b2) / 2, 2)
-                return SpeedModel(part, slope, 2)
-    batch, level, _ = max(levels, key=lambda x: (x[2], x[0]))
-    per_sample = level / (batch + fixed)
-    return SpeedModel(per_sample * fixed, per_sample, 1)
 
 
 __all__ = ["MANY", "fit_many"]

@@ -157,7 +157,7 @@ class History(Sequence[Step]):
         """`last_change_span(steps)` of each, over the block at once when they share one
         (a round of windows asks it of every rank while any ran two sizes lately)."""
         blocks = set(map(_block_of, histories))
-        if len(blocks) != 1:
+        if len(blocks) != 1:  # each over its own block
             return [h.last_change_span(steps) for h in histories]
         block = blocks.pop()
         rows = np.fromiter(map(_row_of, histories), dtype=np.int64, count=len(histories))
@@ -241,13 +241,7 @@ class History(Sequence[Step]):
         """Up to `steps` steps on either side of its latest change of batch size, as
         (epoch, first, end): steps first..end - 1 of those that ever joined it. The same
         span holds the same steps. None: one batch size throughout."""
-        samples = self.samples
-        differs = list(map(ne, itertools.islice(samples, 1, None), samples))
-        if True not in differs:
-            return None
-        change = len(differs) - differs[::-1].index(True)  # the step whose size is new
-        first = self._entered() - len(samples)
-        return self.epoch, first + max(0, change - steps), first + min(len(samples), change + steps)
+        return History.last_change_spans([self], steps)[0]
 
     def steps_between(self, first: int, end: int) -> list[Step]:
         """Its steps first..end - 1 of those that ever joined it (`last_change_span`)."""

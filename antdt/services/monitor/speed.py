@@ -71,7 +71,14 @@ def fit_speed(
             ordered = steps.ordered
             if ordered[-1] <= ONE_BATCH_LIMIT:
                 return _one_batch_model(ordered, batch, max(0.0, fixed_samples), config)
-    levels = _levels(steps, config)
+    return model_of_levels(_levels(steps, config), fixed_samples, config)
+
+
+def model_of_levels(
+    levels: dict[int, Level], fixed_samples: float, config: SpeedConfig
+) -> SpeedModel | None:
+    """`fit_speed`'s model from its levels by batch size (those with `min_steps`): the
+    line through the sizes with `line_steps`, else the pooled part through one size."""
     if not levels:
         return None
     if len(levels) == 1:  # no slope through one point: the pooled part
@@ -222,6 +229,7 @@ __all__ = [
     "SpeedModel",
     "batch_levels",
     "fit_speed",
+    "model_of_levels",
     "pooled_fixed_samples",
     "quantile",
     "quantile_sorted",
