@@ -120,28 +120,23 @@ def train(out: Path, nproc: int) -> dict[str, Any]:
 def _fsdp2(out: Path, nproc: int, nats_url: str) -> int:
     """examples/fsdp2/train.py (FSDP2, its reduce-scatter weighted by each rank's batch)
     under antdt launch, two epochs: its exit code."""
-    env = {k: v for k, v in os.environ.items() if k != "ANTDT_BACKEND"}
-    env.update(
+    script = [str(FSDP2_SCRIPT), "--out", str(out / "fsdp2-params.pt")]
+    return _run_ranks(
+        nproc,
+        script,
         ANTDT_NATS__URL=nats_url,
         ANTDT_JOB=f"gpu-check-fsdp2-{int(time.time())}",
         ANTDT_DATASET_SIZE=str(FSDP2_DATASET),
         ANTDT_SHARD_SIZE="256",
         ANTDT_GLOBAL_BATCH=str(64 * nproc),
         ANTDT_EPOCHS="2",
-        ANTDT_TELEMETRY__LOG_FORMAT="json",
-        ANTDT_TELEMETRY__LOG_LEVEL="warning",
     )
-    command = [sys.executable, "-m", "antdt.cli", "launch", "--nproc", str(nproc), "--"]
-    command += [sys.executable, str(FSDP2_SCRIPT), "--out", str(out / "fsdp2-params.pt")]
-    try:
-        return subprocess.run(command, env=env, timeout=TRAIN_TIMEOUT_S).returncode
-    except subprocess.TimeoutExpired:
-        return 124
 
 
 def _launch(out: Path, nproc: int, nats_url: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "ANTDT_BACKEND"}
-    env.update(
+    return _run_ranks(
+        nproc,
+        ["-m", "antdt.demo.train"],
         ANTDT_NATS__URL=nats_url,
         ANTDT_JOB=f"gpu-check-{int(time.time())}",
         ANTDT_POLICY="lb-bsp",
@@ -152,11 +147,17 @@ def _launch(out: Path, nproc: int, nats_url: str) -> int:
         ANTDT_SEED="7",
         ANTDT_DEMO_OUT=str(out),
         ANTDT_DEMO_DEVICE="auto",
-        ANTDT_TELEMETRY__LOG_FORMAT="json",
-        ANTDT_TELEMETRY__LOG_LEVEL="warning",
     )
+
+
+def _run_ranks(nproc: int, script: list[str], **settings: str) -> int:
+    """`python SCRIPT...` as `nproc` ranks under antdt launch with `settings`, the backend
+    left to the devices (nccl with a GPU per rank), quiet logs: the exit code."""
+    env = {k: v for k, v in os.environ.items() if k != "ANTDT_BACKEND"}
+    env.update(ANTDT_TELEMETRY__LOG_FORMAT="json", ANTDT_TELEMETRY__LOG_LEVEL="warning")
+    env.update(settings)
     command = [sys.executable, "-m", "antdt.cli", "launch", "--nproc", str(nproc), "--"]
-    command += [sys.executable, "-m", "antdt.demo.train"]
+    command += [sys.executable, *script]
     try:
         return subprocess.run(command, env=env, timeout=TRAIN_TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:  # the launcher's ranks die with it
