@@ -11,6 +11,7 @@ from antdt.schemas.base import (
     WireModel,
     replaced,
     trusted,
+    with_value,
 )
 from antdt.schemas.commands import (
     COMMAND_ADAPTER,
@@ -162,4 +163,5 @@ __all__ = [
     "replaced",
     "route_token",
     "trusted",
+    "with_value",
 ]

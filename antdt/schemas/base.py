@@ -111,3 +111,26 @@ def replaced(model: ModelT, changes: dict[str, Any]) -> ModelT:
     _set(new, "__pydantic_extra__", None if extra is None else dict(extra))
     _set(new, "__pydantic_private__", None if private is None else dict(private))
     return new
+
+
+def with_value(model: ModelT, name: str, value: Any) -> ModelT:
+    """`replaced(model, {name: value})` of a frozen model built with `name` given and
+    holding nothing extra or private (as `trusted` builds them), in under half its time:
+    the set of fields given is shared, not copied (a frozen model never changes it). A
+    health moves every rank's row on to its latest step, up to every second."""
+    fields_set = model.__pydantic_fields_set__
+    if (
+        name not in fields_set
+        or not model.model_config.get("frozen")
+        or model.__pydantic_extra__
+        or model.__pydantic_private__
+    ):
+        return replaced(model, {name: value})
+    new = _new(type(model))
+    values = model.__dict__.copy()
+    values[name] = value
+    _set(new, "__dict__", values)
+    _set(new, "__pydantic_fields_set__", fields_set)
+    _set(new, "__pydantic_extra__", None)
+    _set(new, "__pydantic_private__", None)
+    return new

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many
@@ -127,16 +128,26 @@ class Pace:
         """`model` of every rank: those whose model is to be fitted afresh, at once where
         they can be (`fits.fit_many`): after a round of windows, every rank."""
         fixed = self.fixed_samples
-        fresh = list(map(self._fitted, ranks))
-        stale = [r for r, ok in zip(ranks, fresh, strict=True) if not ok]
+        memos = list(map(_model, ranks))
+        fresh = [
+            memo is not None and memo[0] is stats and memo[1] == epoch and memo[2] == fixed
+            for memo, stats, epoch in zip(
+                memos, map(_stats, ranks), map(_epoch, ranks), strict=True
+            )
+        ]
+        if fresh.count(True) == len(fresh):
+            return [memo[3] for memo in memos]  # type: ignore[index]
+        stale = [i for i, ok in enumerate(fresh) if not ok]
         if len(stale) >= MANY:
-            fitted = fit_many([r.history for r in stale], fixed, self._speed)
-            for i, model in fitted.items():
-                rank = stale[i]
-                rank.model = (rank.stats, rank.history.epoch, fixed, model)
+            fitted = fit_many([ranks[i].history for i in stale], fixed, self._speed)
+            for k, model in fitted.items():
+                i = stale[k]
+                rank = ranks[i]
+                rank.model = memos[i] = (rank.stats, rank.history.epoch, fixed, model)
+                fresh[i] = True
         return [
-            r.model[3] if ok and r.model else self.model(r)
-            for r, ok in zip(ranks, fresh, strict=True)
+            memo[3] if ok else self.model(r)  # type: ignore[index]
+            for r, memo, ok in zip(ranks, memos, fresh, strict=True)
         ]
 
     def _fitted(self, rank: RankMemory) -> bool:
@@ -162,6 +173,8 @@ class Pace:
         rank.model = (rank.stats, rank.history.epoch, self.fixed_samples, model)
         return model
 
+
+_model, _stats, _epoch = (attrgetter(a) for a in ("model", "stats", "history.epoch"))
 
 #: The steps a refit reads on either side of a history's latest change of batch size,
 #: in line_steps: the two sizes' levels measured as close in time as they can be, so that

@@ -9,6 +9,8 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, truediv
 
 from antdt.schemas import (
     ExitReason,
@@ -17,8 +19,8 @@ from antdt.schemas import (
     JobHealth,
     RankHealth,
     RankState,
-    replaced,
     trusted,
+    with_value,
 )
 from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
@@ -107,6 +109,9 @@ class JobProgress:
     open_incidents: tuple[str, ...]
 
 
+_compute_per_sample = attrgetter("compute_per_sample")
+
+
 def median_step_s(ranks: list[RankMemory]) -> float:
     """Median over ranks of their latest window's median step time; 0 before any."""
     steps = [f.step_s for f in map(latest_figures, ranks) if f is not None]
@@ -135,13 +140,15 @@ def job_health(
         raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
     measured = [r.stats for r in ranks if r.stats is not None]
     figures = [f for f in map(latest_figures, ranks) if f is not None]
-    step_s = statistics.median(f.step_s for f in figures) if figures else 0.0
-    batch = sum(f.samples for f in figures)
+    steps, samples, comm, overhead = zip(*figures, strict=True) if figures else ((), (), (), ())
+    step_s = statistics.median(steps) if figures else 0.0
+    batch = sum(samples)
     efficiency = 1.0
     if measured and step_s > 0:
-        speed = sum(s.samples_per_s for s in measured)
-        ideal = batch / speed + min(f.overhead_s for f in figures)
-        ideal += min(f.comm_s for f in figures)
+        # each window's samples_per_s, 1.0 / its compute_per_sample, added in rank order
+        speed = sum(map(truediv, repeat(1.0), map(_compute_per_sample, measured)))
+        ideal = batch / speed + min(overhead)
+        ideal += min(comm)
         efficiency = min(1.0, max(0.0, ideal / step_s))
     return JobHealth(
         job=progress.job,
@@ -180,7 +187,7 @@ def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth
         row = memo[1]
         if row.last_step == last_step:
             return row
-        row = replaced(row, {"last_step": last_step})
+        row = with_value(row, "last_step", last_step)
     else:
         row = _new_row(rank, state, last_step, model)
     rank.row = (made_of, row)
