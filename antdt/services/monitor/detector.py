@@ -18,7 +18,12 @@ from antdt.schemas import (
 )
 from antdt.services.monitor import processes
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.deviations import advance, open_slow, with_step_times
+from antdt.services.monitor.deviations import (
+    advance,
+    open_slow,
+    quiet_normal_window,
+    with_step_times,
+)
 from antdt.services.monitor.history import Histories
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
@@ -465,8 +470,14 @@ class JobDetector:
             pace.fixed_samples,
             [rank.link_rtt_s for rank, _, _, _ in closed],
         )
+        normal, queue, config = Verdict.NORMAL, self._judge.queue, self.config
         for (rank, step, stats, opening), judgement in zip(closed, judged, strict=True):
-            transitions += self._judged_window(rank, step, now, (stats, judgement), opening)
+            if judgement.verdict is normal and rank.deviation is None:
+                queue(rank.rank, stats, rank.link_rtt_s)
+                self._looked(rank, judgement)
+                quiet_normal_window(rank, judgement, stats, config)
+            else:
+                transitions += self._judged_window(rank, step, now, (stats, judgement), opening)
         return transitions
 
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
@@ -514,16 +525,21 @@ class JobDetector:
         incident moved on: the transitions."""
         stats, judgement = judged
         self._judge.queue(rank.rank, stats, rank.link_rtt_s)
-        looked_slow = (
-            judgement.verdict is not Verdict.UNEVALUATED
-            and judgement.ratio >= self._pace.config.slow_at
-        )
-        rank.slow_looking = rank.slow_looking + 1 if looked_slow else 0
+        self._looked(rank, judgement)
         rank.judgement = with_step_times(judgement, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)
         if opening and rank.deviation is not None:
             return self._named(transitions, now, rank)
         return transitions
+
+    def _looked(self, rank: RankMemory, judgement: Judgement) -> None:
+        """Count the rank's closed windows in a row that looked slow, whatever their
+        verdict (`slow_looking`)."""
+        looked_slow = (
+            judgement.verdict is not Verdict.UNEVALUATED
+            and judgement.ratio >= self._pace.config.slow_at
+        )
+        rank.slow_looking = rank.slow_looking + 1 if looked_slow else 0
 
     def _named(self, transitions: list[Incident], now: float, opened: RankMemory) -> list[Incident]:
         """`transitions` with the hosts whose ranks slowed together named (`opened`'s

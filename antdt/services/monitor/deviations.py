@@ -94,10 +94,7 @@ def _normal_window(
     config: DetectorConfig,
     book: OpenIncidents,
 ) -> list[Incident]:
-    # A window counts as normal for the class only when it looked normal itself: a
-    # mild straggler from the start is normal to its evidence until the evidence is in.
-    rank.had_normal = rank.had_normal or judged.ratio < 1.0 + config.slow_threshold
-    rank.streak_kind, rank.streak = None, 0
+    _count_normal(rank, judged, config)
     if rank.deviation is None:
         return []
     rank.deviation_windows = 0
@@ -105,6 +102,24 @@ def _normal_window(
     if rank.normal_streak < config.resolve_windows:
         return []
     return [_resolve(rank, judged, step, now, config, book)]
+
+
+def quiet_normal_window(
+    rank: RankMemory, judged: Judgement, stats: WindowStats, config: DetectorConfig
+) -> None:
+    """`with_step_times` and `advance` of a NORMAL judgement (of `stats`) of a rank with
+    no incident open, most ranks at most closes: its judgement and normal windows kept,
+    its streak broken; no transition."""
+    rank.normal_windows.append(stats)
+    rank.judgement = judged
+    _count_normal(rank, judged, config)
+
+
+def _count_normal(rank: RankMemory, judged: Judgement, config: DetectorConfig) -> None:
+    # A window counts as normal for the class only when it looked normal itself: a
+    # mild straggler from the start is normal to its evidence until the evidence is in.
+    rank.had_normal = rank.had_normal or judged.ratio < 1.0 + config.slow_threshold
+    rank.streak_kind, rank.streak = None, 0
 
 
 def _open(
