@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
@@ -81,8 +82,10 @@ class LbBspJob:
 
 
 @contextlib.asynccontextmanager
-async def lbbsp_job(settings: ServiceSettings, bus: Bus, job: str) -> AsyncIterator[LbBspJob]:
-    running = await start_services(settings, ("controller",))
+async def lbbsp_job(
+    settings: ServiceSettings, bus: Bus, job: str, **overrides: Any
+) -> AsyncIterator[LbBspJob]:
+    running = await start_services(settings, ("controller",), **overrides)
     subjects = Subjects(settings.nats.subject_prefix)
     ranks = await acking_ranks(settings.nats, job, WORLD).start()
     try:
@@ -168,3 +171,33 @@ async def test_no_plan_while_a_rank_is_away_and_an_ended_job_is_dropped_until_a_
         await bus.request(subjects.register(job), t.spec, RegisterReply)  # agent does
         await wait_for(lambda: job in controller.jobs, what="the job live again")
         assert controller.owned.loads == loads + 1
+
+
+async def test_incident_decisions_past_the_jobs_share_wait_for_its_health_decision(
+    settings: ServiceSettings, bus: Bus
+) -> None:
+    """A job whose decisions took their share of the core: its incident transitions are
+    learnt, counted and logged as deferred, not decided; its next health decides on them
+    (the straggler of the deferred incident gets its plan)."""
+    share = {"incident_decision_share": 1e-6, "incident_decision_burst_s": 1e-6}
+    async with lbbsp_job(settings, bus, "deferred", **share) as t:
+        job, subjects, counts = t.job, t.subjects, t.controller.counts
+        # A health before any incident: decided (nothing to do), and its CPU time (far
+        # more than a microsecond) overdraws the job's budget for hours.
+        await bus.publish(subjects.health(job), health(job))
+        await wait_for(lambda: counts[job, "decision"] == 1, what="the health decided")
+        with capture_logs() as logs:
+            for n in range(5):
+                update = {"id": f"d{n}", "rank": 3}
+                await bus.jetstream.publish(
+                    subjects.incident(job), t.incident.model_copy(update=update)
+                )
+            await wait_for(lambda: counts[job, "incident"] == 5, what="the incidents handled")
+        assert counts[job, "deferred"] == 5 and counts[job, "decision"] == 1
+        assert t.ranks.commands == 0
+        assert set(t.controller.jobs[job].incidents) >= {f"d{n}" for n in range(5)}
+        deferred = [e for e in logs if e["event"].startswith("incident decisions deferred")]
+        assert [e["incident"] for e in deferred] == ["d0"]  # once, when deferring starts
+        await bus.publish(subjects.health(job), health(job))
+        await t.ranks.wait_version(1, timeout=10)
+        assert counts[job, "decision"] == 2

@@ -110,6 +110,12 @@ class _Instruments:
         self.actions = meter.create_counter(
             "antdt.actions", unit="{action}", description="Actions recorded, by kind and result"
         )
+        self.deferred = meter.create_counter(
+            "antdt.decisions.deferred",
+            unit="{transition}",
+            description="Incident transitions left to the job's next health decision: the "
+            "job's decisions had taken their share of the controller's core",
+        )
         self.stored_rejected = meter.create_counter(
             "antdt.store.values.rejected",
             unit="{value}",
@@ -319,6 +325,10 @@ def action(record: ActionRecord) -> None:
     attrs = {"antdt.job": record.job, "antdt.action.result": record.result.value}
     instruments.actions.add(1, {**attrs, "antdt.action.kind": record.kind})
     instruments.plan_latency.record(max(0.0, record.completed_at - record.decided_at), attrs)
+
+
+def decision_deferred(job: str) -> None:
+    _get().deferred.add(1, {"antdt.job": job})
 
 
 def stored_value_rejected(kind: str) -> None:

@@ -17,6 +17,7 @@ from antdt.runtime.coordination.jobs import live_jobs
 from antdt.runtime.coordination.ownership import Ownership, claim_rounds
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
+from antdt.runtime.telemetry import metrics
 from antdt.runtime.telemetry.tracing import DecisionTraces
 from antdt.schemas import (
     ACTION_STREAM,
@@ -37,6 +38,7 @@ from antdt.schemas import (
 )
 from antdt.services.controller.blocklist import Blocklist
 from antdt.services.controller.counts import JobCounts
+from antdt.services.controller.decisionbudget import DecisionBudget
 from antdt.services.controller.executor import Executor, Timing
 from antdt.services.controller.hellos import RankHellos
 from antdt.services.controller.jobs import OwnedJobs, register, remove_old_jobs
@@ -82,6 +84,21 @@ class ControllerSettings(ServiceSettings):
         "(antdt jobs remove deletes one)",
     )
 
+    incident_decision_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description="Share of one core (CPU seconds a second) a job's decisions may take "
+        "on average; past it, the job's incident transitions are not decided on one by one "
+        "but by its next health decision (about once a second)",
+    )
+    incident_decision_burst_s: float = Field(
+        default=0.25,
+        gt=0,
+        description="CPU seconds of decisions a job may take at once before its share "
+        "applies, seconds",
+    )
+
     def timing(self) -> Timing:
         return Timing(
             lead_steps=self.lead_steps,
@@ -113,7 +130,11 @@ class ControllerService:
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
-        self.counts = JobCounts()  # (job, "hello" | "health" | "incident" | "decision")
+        # (job, "hello" | "health" | "incident" | "decision" | "deferred")
+        self.counts = JobCounts()
+        self.budget = DecisionBudget(
+            settings.incident_decision_share, settings.incident_decision_burst_s
+        )
         self.nodes = NodeDesk(
             store, self.keys, self.subjects, self.owned, ttl_s=settings.node_ttl_s
         )
@@ -191,6 +212,7 @@ class ControllerService:
 
     async def _forget(self, job: str) -> None:
         self.owned.forget(job)
+        self.budget.forget(job)
 
     # -- events (owner only) ------------------------------------------------------------
 
@@ -235,8 +257,31 @@ class ControllerService:
         if state is not None:
             self.traces.incident(incident)  # decisions on it join its trace
             state.learn_incident(incident)
-            await self._decide(state, incident)
+            if self._may_decide_now(incident):
+                await self._decide(state, incident)
         self.counts.add(incident.job, "incident")
+
+    def _may_decide_now(self, incident: Incident) -> bool:
+        """Whether the job's decisions left CPU time for one on this transition; else it
+        waits for the job's next health decision (counted, logged when deferring starts
+        and when it ends)."""
+        job, now = incident.job, time.monotonic()
+        if self.budget.allows(job, now):
+            deferred = self.budget.decided(job, now)
+            if deferred:
+                log.info("incident decisions resumed", job=job, deferred=deferred)
+            return True
+        self.counts.add(job, "deferred")
+        metrics.decision_deferred(job)
+        if self.budget.defer(job, now) == 1:
+            log.info(
+                "incident decisions deferred to the job's health decisions",
+                job=job,
+                incident=incident.id,
+                share=self.budget.share,
+                owed_s=round(-self.budget.left_s(job, now), 4),
+            )
+        return False
 
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
         if state.busy.locked():  # an action is in flight; the next event re-decides
@@ -250,7 +295,10 @@ class ControllerService:
             view = state.view(now, self.blocklist.hosts(now))
             self.counts.add(job, "decision")
             with self.traces.decide(job, state.spec.policy, event) as decision:
-                for action in policy.decide(view, event):
+                started = time.thread_time()
+                actions = policy.decide(view, event)
+                self.budget.spend(job, time.monotonic(), time.thread_time() - started)
+                for action in actions:
                     if not self.ownership.owns(job):
                         return
                     with decision.action(action):
