@@ -51,7 +51,9 @@ class AckTally:
 
     @property
     def complete(self) -> bool:
-        return not self.pending
+        """Every rank acked or refused: counted, not listed (asked after every reply of a
+        broadcast, where a list of the ranks pending made 10,000 acks 100,000,000 steps)."""
+        return len(self.ok) + len(self.refused) >= self.world_size
 
     @property
     def result(self) -> ActionResult:
