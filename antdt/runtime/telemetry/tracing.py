@@ -6,7 +6,7 @@ provider unless one is passed; without one they cost nothing."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -326,6 +326,29 @@ def send(subject: str, command: Any, rank: int) -> Iterator[CommandSend]:
         yield sent
         if not sent.acked:
             span.set_status(StatusCode.ERROR, "no ack")
+
+
+@contextmanager
+def broadcast(subject: str, command: Any) -> Iterator[Callable[[int, int], None]]:
+    """Executor: one command published to every rank of a job, current while the replies
+    are gathered (each agent's span its child); call it with the ranks that acked and
+    those that did not answer (an error unless every rank answered)."""
+    tracer = trace.get_tracer("antdt.controller")
+    attributes = {JOB: command.job, ACTION: command.action_id}
+    if getattr(command, "incident_id", None):
+        attributes[INCIDENT] = command.incident_id
+    with tracer.start_as_current_span(
+        f"broadcast {command.kind}",
+        kind=SpanKind.PRODUCER,
+        attributes={**attributes, **messaging(subject, "publish")},
+    ) as span:
+
+        def acked(ranks: int, silent: int) -> None:
+            span.set_attribute("antdt.acks", ranks)
+            if silent:
+                span.set_status(StatusCode.ERROR, f"{silent} ranks did not answer")
+
+        yield acked
 
 
 __all__ = [

@@ -47,6 +47,7 @@ from antdt.services.controller.nodes import NODE_TTL_S
 from antdt.services.controller.policies import Policy, load_policy
 from antdt.services.controller.proposals import ProposalDesk
 from antdt.services.controller.reads import Reads
+from antdt.services.controller.sender import BROADCAST_FROM
 from antdt.services.controller.state import JobState
 
 log = structlog.get_logger("antdt.controller")
@@ -84,6 +85,14 @@ class ControllerSettings(ServiceSettings):
         "(antdt jobs remove deletes one)",
     )
 
+    adjust_broadcast_from: int = Field(
+        default=BROADCAST_FROM,
+        ge=1,
+        description="Ranks from which a job's AdjustBatch goes out once on its job-wide "
+        "command subject (every rank takes the plan from one publish and acks to one inbox), "
+        "then to the ranks that did not ack on their own subjects; below, to each rank's "
+        "subject (a trace span per rank)",
+    )
     incident_decision_share: float = Field(
         default=0.25,
         gt=0,
@@ -106,6 +115,7 @@ class ControllerSettings(ServiceSettings):
             blocklist_ttl_s=self.blocklist_ttl_s,
             ack_timeout_s=self.ack_timeout_s,
             ack_deadline_s=self.ack_deadline_s,
+            broadcast_from=self.adjust_broadcast_from,
         )
 
 
