@@ -124,6 +124,40 @@ def test_incident_transitions_share_the_trace_of_the_first(exported: Exported) -
     assert exporter.get_finished_spans()[-1].parent is None
 
 
+def test_a_large_jobs_decide_span_sums_its_plan_up_and_lists_the_ranks_not_acked(
+    exported: Exported,
+) -> None:
+    """10,000 batches and acked ranks as attributes made each decide span ~100 kB: past
+    LISTED_RANKS ranks the span carries the plan's count, min, max and sum, the acks
+    counted and the ranks that did not ack (up to LISTED_RANKS of them)."""
+    provider, exporter = exported
+    traces = DecisionTraces(effect_steps=16, provider=provider)
+    world, silent = 10_000, (17, 9_999)
+    record = _record(1, effective_step=25).model_copy(
+        update={
+            "local_batch": (4,) * (world - 1) + (5,),
+            "acked_ranks": tuple(r for r in range(world) if r not in silent),
+            "result": ActionResult.PARTIAL,
+        }
+    )
+    with (
+        traces.decide("j", "lb-bsp", _health(20, 1000.0, 0)) as decision,
+        decision.action(_Action("j-plan-1", "j-r3-slow-1")),
+    ):
+        decision.done(record, None)
+    (decide,) = [s for s in exporter.get_finished_spans() if s.name == "decide lb-bsp"]
+    attrs = dict(decide.attributes or {})
+    assert "antdt.plan.local_batch" not in attrs and "antdt.action.acked_ranks" not in attrs
+    assert {k: attrs[k] for k in attrs if k.startswith("antdt.plan.local_batch.")} == {
+        "antdt.plan.local_batch.ranks": world,
+        "antdt.plan.local_batch.min": 4,
+        "antdt.plan.local_batch.max": 5,
+        "antdt.plan.local_batch.sum": 4 * world + 1,
+    }
+    assert attrs["antdt.action.acked_count"] == world - 2
+    assert tuple(attrs["antdt.action.unacked_ranks"]) == silent  # type: ignore[arg-type]
+
+
 def test_a_decision_on_health_joins_the_incident_trace_and_measures_its_effect(
     exported: Exported,
 ) -> None:

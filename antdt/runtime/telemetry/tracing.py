@@ -24,6 +24,7 @@ from opentelemetry.trace import (
 
 from antdt.runtime.recent import Recent
 from antdt.runtime.telemetry import metrics
+from antdt.runtime.telemetry.brief import LISTED_RANKS, brief_batches, brief_ranks
 from antdt.schemas import Ack, ActionRecord, ActionResult, Incident, IncidentState, JobHealth
 
 JOB, RANK, INCIDENT, ACTION = "antdt.job", "antdt.rank", "antdt.incident.id", "antdt.action.id"
@@ -155,8 +156,7 @@ class Decision:
                 "antdt.action.result": record.result.value,
                 "antdt.plan.version": record.plan_version or 0,
                 "antdt.plan.effective_step": record.effective_step or 0,
-                "antdt.plan.local_batch": list(record.local_batch or ()),
-                "antdt.action.acked_ranks": list(record.acked_ranks),
+                **_plan_attributes(record),
             }
         )
         if record.result in (ActionResult.FAILED, ActionResult.PARTIAL):
@@ -181,6 +181,24 @@ class Decision:
             },
         )
         span.end()
+
+
+def _plan_attributes(record: ActionRecord) -> dict[str, Any]:
+    """The plan's batches and the ranks that acked, listed up to LISTED_RANKS ranks; past
+    that, the batches summed up (`brief_batches`) and the acks counted, with the ranks of
+    the plan that did not ack listed (up to LISTED_RANKS)."""
+    batches, acked = record.local_batch or (), record.acked_ranks
+    if len(batches) <= LISTED_RANKS and len(acked) <= LISTED_RANKS:
+        return {"antdt.plan.local_batch": list(batches), "antdt.action.acked_ranks": list(acked)}
+    summary = brief_batches(batches)
+    if isinstance(summary, dict):
+        attributes = {f"antdt.plan.local_batch.{k}": v for k, v in summary.items()}
+    else:
+        attributes = {"antdt.plan.local_batch": list(batches)}
+    attributes["antdt.action.acked_count"] = len(acked)
+    if batches:
+        attributes["antdt.action.unacked_ranks"] = brief_ranks(acked, len(batches))["missing"]
+    return attributes
 
 
 def _trigger(event: Any) -> str:

@@ -9,6 +9,7 @@ import structlog
 
 from antdt.runtime.bus import Bus, BusError, StreamMissing
 from antdt.runtime.coordination.ownership import Ownership
+from antdt.runtime.telemetry.brief import brief_batches
 from antdt.schemas import ACTION_STREAM, ActionRecord, ActionResult, Subjects
 from antdt.services.controller.counts import JobCounts
 
@@ -22,8 +23,6 @@ PERSIST_FOR_S = 15.0
 #: Seconds between two tries, at first; doubled after each, up to RETRY_PAUSE_MAX_S.
 RETRY_PAUSE_S = 0.25
 RETRY_PAUSE_MAX_S = 2.0
-#: Ranks of a plan whose batches a log line lists one by one; a larger job's are summed up.
-LOGGED_BATCHES = 64
 
 
 class ActionLog:
@@ -90,14 +89,6 @@ class ActionLog:
             log.warning("action records unreadable", job=job, error=str(exc))
             return set()
         return {r.action_id for r in replay.items}
-
-
-def brief_batches(batches: tuple[int, ...] | None) -> object:
-    """A plan's batches for a log line: listed up to LOGGED_BATCHES ranks, else counted
-    (a line per action of 10,000 numbers buried the log; the record keeps them all)."""
-    if batches is None or len(batches) <= LOGGED_BATCHES:
-        return batches
-    return {"ranks": len(batches), "min": min(batches), "max": max(batches), "sum": sum(batches)}
 
 
 def _not_persisted(record: ActionRecord, tries: int, error: Exception) -> None:
