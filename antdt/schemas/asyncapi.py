@@ -31,8 +31,8 @@ closed (unknown fields are refused with `bad_request`), carrying `schema_version
 context travels in the W3C `traceparent` header. Every reply carries the header
 `{header}`: the name of its message, or `ErrorReply` for a refusal (`ErrorCode` says
 what a client should do about each code). A payload over {compress_over} bytes (a large
-job's JobHealth, a row per rank) is gzipped and carries `{encoding}: gzip`: inflate it
-before parsing."""
+job's JobHealth, a row per rank; a large job's plan, published or requested) is gzipped
+and carries `{encoding}: gzip`: inflate it before parsing."""
 
 
 def component_schemas() -> dict[str, Any]:

@@ -24,6 +24,11 @@ Count = Annotated[int, Field(ge=0)]
 MAX_MESSAGE_BYTES = 256 * 1024
 #: The largest JobHealth accepted, inflated: ~320 bytes a rank, so ~200,000 ranks.
 MAX_HEALTH_BYTES = 64 * 1024 * 1024
+#: The largest message carrying a plan accepted, inflated (Plan, AdjustBatch, ActionRecord,
+#: ActionProposal): up to three numbers a rank, a few bytes each, for 100,000 ranks (the
+#: largest JobSpec.world_size); 256 KiB held one batch a rank for ~60,000 ranks, three
+#: (micro-batches and accumulation) for ~25,000.
+MAX_PLAN_BYTES = 8 * 1024 * 1024
 #: A payload over this many bytes is sent gzipped, with the header below saying so.
 COMPRESS_OVER_BYTES = 64 * 1024
 #: The NATS header of a compressed payload (HTTP's name; its one value here: "gzip").

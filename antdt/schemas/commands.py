@@ -9,11 +9,11 @@ record). The command, every rank's Ack and the ActionRecord carry the same id.""
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter, model_validator
 
-from antdt.schemas.base import Count, Rank, Timestamp, Token, WireModel
+from antdt.schemas.base import MAX_PLAN_BYTES, Count, Rank, Timestamp, Token, WireModel
 from antdt.schemas.plan import Plan, check_accumulation
 
 ActionId = Annotated[
@@ -33,6 +33,9 @@ IncidentRef = Annotated[
 
 class AdjustBatch(WireModel):
     """Switch to `plan` at `plan.effective_step` (ADJUST_BS)."""
+
+    #: Carries a batch per rank: accepted up to this size.
+    max_message_bytes: ClassVar[int] = MAX_PLAN_BYTES
 
     kind: Literal["adjust_batch"] = Field(
         default="adjust_batch", description="Which command (the union's discriminator)"
@@ -64,6 +67,9 @@ class KillRestart(WireModel):
 
 Command = Annotated[AdjustBatch | KillRestart, Field(discriminator="kind")]
 COMMAND_ADAPTER: TypeAdapter[AdjustBatch | KillRestart] = TypeAdapter(Command)
+# What the bus's decoder reads of a target (a model class says it with a ClassVar; an
+# adapter, final, holds it as a value): an AdjustBatch carries a plan.
+setattr(COMMAND_ADAPTER, "max_message_bytes", MAX_PLAN_BYTES)  # noqa: B010
 
 
 class Ack(WireModel):
@@ -99,6 +105,9 @@ class ActionResult(str, Enum):
 
 class ActionRecord(WireModel):
     """What the controller decided, why, and what came of it (JetStream ANTDT_ACTIONS)."""
+
+    #: Carries a batch per rank: accepted up to this size.
+    max_message_bytes: ClassVar[int] = MAX_PLAN_BYTES
 
     action_id: ActionId
     job: Token = Field(description="Job id")
@@ -146,6 +155,9 @@ class ActionProposal(WireModel):
     """A custom policy's suggestion (request/reply on `{p}.{job}.proposal`); the controller
     owning the job applies the guardrails of every policy before acting. The reply is the
     ActionRecord, or an ErrorReply saying why the proposal was refused."""
+
+    #: Carries a batch per rank: accepted up to this size.
+    max_message_bytes: ClassVar[int] = MAX_PLAN_BYTES
 
     proposal_id: str = Field(
         min_length=1,

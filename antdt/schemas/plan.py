@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field, model_validator
 
-from antdt.schemas.base import Count, Timestamp, Token, WireModel, unset
+from antdt.schemas.base import MAX_PLAN_BYTES, Count, Timestamp, Token, WireModel, unset
 
 PolicyParam = float | int | str | bool
 
@@ -140,6 +142,9 @@ class JobSpec(WireModel):
 
 class Plan(WireModel):
     """Per-rank batch sizes from an effective step on; versioned, CAS-written by the controller."""
+
+    #: A batch (and micro-batch, accumulation) per rank: accepted up to this size.
+    max_message_bytes: ClassVar[int] = MAX_PLAN_BYTES
 
     job: Token = Field(description="Job id")
     version: Count = Field(

@@ -1,9 +1,10 @@
-"""A plan for a large job goes out once: the controller's AdjustBatch to a job of
-`broadcast_from` ranks or more is one publish on the job's command subject, acked by
-every rank to one inbox, then a request to each rank that did not ack. Asked one by one,
-a 10,000-rank job's plan (~30 kB) was 10,000 requests of it: ~300 MB through the server
-and 10,000 encodings on the controller's event loop per plan. Real nats-server, stand-in
-ranks on one connection."""
+"""A large job's plan through a real nats-server. The controller's AdjustBatch to a job
+of `broadcast_from` ranks or more is one publish on the job's command subject, acked by
+every rank to one inbox, then a request to each rank that did not ack: asked one by one,
+a 10,000-rank job's plan (~30 kB) was 10,000 requests of it, ~300 MB out of the
+controller and 10,000 encodings on its event loop per plan. A plan of the largest job a
+JobSpec allows, and its ActionRecord, travel gzipped and are accepted up to
+MAX_PLAN_BYTES. Stand-in ranks on one connection."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ import pytest
 from antdt.runtime.bus import Bus
 from antdt.runtime.bus.messages import encode
 from antdt.runtime.config import ServiceSettings
-from antdt.schemas import Ack, AdjustBatch, JobSpec, Subjects
+from antdt.schemas import (
+    MAX_MESSAGE_BYTES,
+    Ack,
+    ActionRecord,
+    ActionResult,
+    AdjustBatch,
+    JobSpec,
+    Plan,
+    Subjects,
+)
 from antdt.services.controller.plans import initial_plan
 from antdt.services.controller.sender import CommandSender
 from antdt.testing import FakeRanks
@@ -75,3 +85,71 @@ async def test_a_large_jobs_plan_is_published_once_and_silent_ranks_asked_after(
     else:
         assert sent["out_msgs"] == WORLD + len(FIRST_WRONG)
         assert sent["out_bytes"] > WORLD * size
+
+
+@pytest.mark.parametrize("broadcast_from", [1, 128], ids=["broadcast", "requested"])
+async def test_a_plan_of_100000_ranks_with_micro_batches_reaches_the_ranks_gzipped(
+    settings: ServiceSettings, bus: Bus, broadcast_from: int
+) -> None:
+    """A plan of the largest job a JobSpec allows, three numbers a rank (antdt-dd's
+    micro-batches and accumulation): 0.8 MB of JSON, three times the 256 KiB a command was
+    held to. Sent gzipped, accepted up to MAX_PLAN_BYTES: the ranks take it."""
+    subjects, job, world = Subjects(settings.nats.subject_prefix), "huge", 100_000
+    ranks = await FakeRanks(bus, subjects, job, 2).start()
+    plan = Plan(
+        job=job,
+        version=1,
+        local_batch=(96,) * world,
+        micro_batch=(32,) * world,
+        accumulation=(3,) * world,
+        effective_step=5,
+        created_at=1.0,
+    )
+    command = AdjustBatch(action_id="a-huge", job=job, plan=plan)
+    assert len(encode(command)) > 3 * MAX_MESSAGE_BYTES
+    controller = await Bus(settings.nats, name="controller").connect()
+    try:
+        sender = CommandSender(
+            controller,
+            subjects,
+            ack_timeout_s=5.0,
+            ack_deadline_s=20.0,
+            broadcast_from=broadcast_from,
+        )
+        tally = await sender.send(command, 2)
+        sent_bytes = controller.nc.stats["out_bytes"]
+    finally:
+        await controller.close()
+    assert tally.acked == [0, 1] and ranks.everyone_has(1)
+    assert sent_bytes < len(encode(command)) / 10  # gzipped, whether published or requested
+    assert ranks.plans[0][1].micro_batch == (32,) * world
+
+
+async def test_a_large_jobs_action_record_is_stored_gzipped_and_read_back(
+    settings: ServiceSettings, bus: Bus
+) -> None:
+    """An ActionRecord of 40,000 ranks lists every batch and every acked rank (~0.4 MB):
+    published to its stream gzipped, read back whole (within MAX_PLAN_BYTES)."""
+    subjects, job, world = Subjects(settings.nats.subject_prefix), "records", 40_000
+    stream = f"ACTIONS_{settings.nats.subject_prefix.replace('.', '_')}"
+    await bus.jetstream.ensure_stream(stream, [subjects.action(job)])
+    record = ActionRecord(
+        action_id="records-plan-1",
+        job=job,
+        kind="adjust_batch",
+        policy="lb-bsp",
+        reason="r",
+        plan_version=1,
+        local_batch=tuple(64 + r % 7 for r in range(world)),
+        effective_step=9,
+        decided_at=1.8e9,
+        completed_at=1.8e9 + 1.0,
+        result=ActionResult.APPLIED,
+        acked_ranks=tuple(range(world)),
+    )
+    assert len(encode(record)) > MAX_MESSAGE_BYTES
+    await bus.jetstream.publish(subjects.action(job), record, msg_id=record.action_id)
+    replay = await bus.jetstream.read(stream, subjects.action(job), ActionRecord)
+    assert replay.items == [record] and bus.rejections.total() == 0
+    info = await bus.nc.jetstream().stream_info(stream)
+    assert info.state.bytes < len(encode(record)) / 2  # stored gzipped (0.24 here)

@@ -136,3 +136,48 @@ def test_trusted_refuses_unknown_and_missing_fields_and_shared_defaults() -> Non
         trusted(ShardRef, {"epoch": 0, "shard": 1, "attempt": 0, "atempt": 1})
     with pytest.raises(TypeError, match="default factory"):
         trusted(LedgerState, {})  # its in-flight default would be one shared table
+
+
+def test_messages_carrying_a_plan_are_accepted_up_to_max_plan_bytes() -> None:
+    """A batch per rank (and micro-batch, accumulation): Plan, AdjustBatch (also through
+    the command union the agents decode with), ActionRecord and ActionProposal take up to
+    MAX_PLAN_BYTES; JobHealth its own; every other message MAX_MESSAGE_BYTES."""
+    from antdt.runtime.bus.messages import Decoder
+    from antdt.schemas import (
+        COMMAND_ADAPTER,
+        MAX_HEALTH_BYTES,
+        MAX_MESSAGE_BYTES,
+        MAX_PLAN_BYTES,
+        ActionProposal,
+        ActionRecord,
+        AdjustBatch,
+        JobHealth,
+        KillRestart,
+        Plan,
+        StepEvent,
+    )
+
+    limits = {
+        name: Decoder(target).max_bytes  # type: ignore[arg-type]
+        for name, target in (
+            ("Plan", Plan),
+            ("AdjustBatch", AdjustBatch),
+            ("Command", COMMAND_ADAPTER),
+            ("ActionRecord", ActionRecord),
+            ("ActionProposal", ActionProposal),
+            ("JobHealth", JobHealth),
+            ("KillRestart", KillRestart),
+            ("StepEvent", StepEvent),
+        )
+    }
+    assert limits == {
+        "Plan": MAX_PLAN_BYTES,
+        "AdjustBatch": MAX_PLAN_BYTES,
+        "Command": MAX_PLAN_BYTES,
+        "ActionRecord": MAX_PLAN_BYTES,
+        "ActionProposal": MAX_PLAN_BYTES,
+        "JobHealth": MAX_HEALTH_BYTES,
+        "KillRestart": MAX_MESSAGE_BYTES,
+        "StepEvent": MAX_MESSAGE_BYTES,
+    }
+    assert MAX_PLAN_BYTES == 8 * 1024 * 1024

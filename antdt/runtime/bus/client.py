@@ -212,8 +212,12 @@ class Bus:
         *,
         timeout: float | None = None,
     ) -> R:
-        """Request/reply; raises RequestRefused on an ErrorReply, BusError otherwise."""
-        return await self.request_bytes(subject, encode(model), reply_type, timeout=timeout)
+        """Request/reply; raises RequestRefused on an ErrorReply, BusError otherwise. The
+        request is gzipped over COMPRESS_OVER_BYTES, as `publish` does."""
+        data, coding = deflated(encode(model))
+        msg = await self._request_msg(subject, data, timeout, coding)
+        strict = self.settings.require_reply_type
+        return decode_reply(bytes(msg.data), reply_type, msg.headers, require_type=strict)
 
     async def request_bytes(
         self, subject: str, data: bytes, reply_type: type[R], *, timeout: float | None = None
@@ -229,7 +233,13 @@ class Bus:
         """Untyped bytes in and out, for tests of bad input and for benchmarks."""
         return bytes((await self._request_msg(subject, data, timeout)).data)
 
-    async def _request_msg(self, subject: str, data: bytes, timeout: float | None) -> Msg:
+    async def _request_msg(
+        self,
+        subject: str,
+        data: bytes,
+        timeout: float | None,
+        coding: Mapping[str, str] | None = None,
+    ) -> Msg:
         if self._inbox is None:
             self._inbox = Inbox(self.nc)
         try:
@@ -237,7 +247,7 @@ class Bus:
                 subject,
                 data,
                 timeout=timeout or self.settings.request_timeout_s,
-                headers=self.trace_headers() or None,
+                headers=self.trace_headers(coding) or None,
             )
         except NatsTimeoutError:
             raise BusError(f"request on {subject} timed out") from None
@@ -267,8 +277,9 @@ class Bus:
         sub = await self.nc.subscribe(inbox, cb=on_reply)
         replies: list[R | ErrorReply] = []
         try:
-            headers = self.trace_headers() or None
-            await self.nc.publish(subject, encode(model), reply=inbox, headers=headers)
+            data, coding = deflated(encode(model))
+            headers = self.trace_headers(coding) or None
+            await self.nc.publish(subject, data, reply=inbox, headers=headers)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
             while done is None or not done(replies):

@@ -29,6 +29,7 @@ from antdt.runtime.bus.messages import (
     Rejections,
     Replay,
     StreamMissing,
+    deflated,
     encode,
     sent_under,
     trace_headers,
@@ -88,10 +89,12 @@ class JetStream:
         self, subject: str, model: BaseModel, *, msg_id: str | None = None, timeout: float = 2.0
     ) -> int:
         """Publish to a stream and wait for its ack; returns the stream sequence.
-        `msg_id` de-duplicates retries (Nats-Msg-Id)."""
-        headers = trace_headers({"Nats-Msg-Id": msg_id} if msg_id else None)
+        `msg_id` de-duplicates retries (Nats-Msg-Id). Gzipped over COMPRESS_OVER_BYTES (a
+        large job's ActionRecord lists every rank's batch and ack), as `Bus.publish`."""
+        data, coding = deflated(encode(model))
+        headers = trace_headers({**coding, "Nats-Msg-Id": msg_id} if msg_id else coding)
         ack = await self.nc.jetstream().publish(
-            subject, encode(model), timeout=timeout, headers=headers or None
+            subject, data, timeout=timeout, headers=headers or None
         )
         return int(ack.seq)
 
