@@ -31,7 +31,6 @@ from antdt.schemas import (
     NodeJoin,
     PlanRequest,
     RankHello,
-    RankState,
     RegisterReply,
     SpecRequest,
     Subjects,
@@ -267,8 +266,7 @@ class ControllerService:
         if state is not None:
             self.traces.incident(incident)  # decisions on it join its trace
             state.learn_incident(incident)
-            if self._may_decide_now(incident):
-                await self._decide(state, incident)
+            await self._decide(state, incident)
         self.counts.add(incident.job, "incident")
 
     def _may_decide_now(self, incident: Incident) -> bool:
@@ -296,16 +294,18 @@ class ControllerService:
     async def _decide(self, state: JobState, event: JobHealth | Incident) -> None:
         if state.busy.locked():  # an action is in flight; the next event re-decides
             return
-        if state.health is not None and ranks_away(state.health):
+        if state.ranks_away():
             return  # a plan needs every rank's ack: not while some have exited or restart
+        if isinstance(event, Incident) and not self._may_decide_now(event):
+            return  # the job's next health decides on it
         job = state.spec.job
         async with state.busy:
+            started = time.thread_time()  # the view and the policy: the job's decision
             policy = self._policy(state.spec.policy)
             now = time.time()
             view = state.view(now, self.blocklist.hosts(now))
             self.counts.add(job, "decision")
             with self.traces.decide(job, state.spec.policy, event) as decision:
-                started = time.thread_time()
                 actions = policy.decide(view, event)
                 self.budget.spend(job, time.monotonic(), time.thread_time() - started)
                 for action in actions:
@@ -319,8 +319,3 @@ class ControllerService:
         if name not in self.policies:
             self.policies[name] = load_policy(name)
         return self.policies[name]
-
-
-def ranks_away(health: JobHealth) -> bool:
-    """Some rank's process exited (finished, closed, or to be restarted)."""
-    return any(r.state in (RankState.EXITED, RankState.RESTARTING) for r in health.ranks)
