@@ -133,11 +133,13 @@ async def test_persistent_straggler_adjusted_then_restarted_on_a_healthy_slot(
 
     # 3. after it, rank 3 is planned as healthy: a share no smaller than the others'. (Ranks
     # the detector judged normal count as equally fast, whatever their noisy speeds; one
-    # it reported as a leader keeps its larger share.)
+    # it reported as a leader keeps its larger share. Equal ranks split what is left to
+    # within a sample, the rounding's units going in rank order: a leader on rank 0 left
+    # 752 of 1,024 samples, planned (272, 251, 251, 250).)
     later = [a for a in adjusts if (a.effective_step or 0) > restart.effective_step]
     assert later and later[0].local_batch is not None, later
     plan_after = later[0].local_batch
-    assert plan_after[3] >= min(plan_after[:3]), plan_after
+    assert plan_after[3] >= min(plan_after[:3]) - 1, plan_after
 
     # 4. resumed from the restart's checkpoint, at (nearly) full speed
     lines = read_sample_logs(tmp_path / "samples", WORLD)
