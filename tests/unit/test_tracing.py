@@ -137,6 +137,7 @@ def test_a_large_jobs_decide_span_sums_its_plan_up_and_lists_the_ranks_not_acked
         update={
             "local_batch": (4,) * (world - 1) + (5,),
             "acked_ranks": tuple(r for r in range(world) if r not in silent),
+            "missing_ranks": silent,  # as records.missing lists them
             "result": ActionResult.PARTIAL,
         }
     )

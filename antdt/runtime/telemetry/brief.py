@@ -18,12 +18,4 @@ def brief_batches(batches: Sequence[int] | None) -> object:
     return {"ranks": len(batches), "min": min(batches), "max": max(batches), "sum": sum(batches)}
 
 
-def brief_ranks(ranks: Sequence[int], world_size: int) -> dict[str, object]:
-    """Which of a job's ranks did something (acked, say): how many, and those of the
-    `world_size` that did not, listed up to LISTED_RANKS."""
-    done = set(ranks)
-    missing = [r for r in range(world_size) if r not in done]
-    return {"count": len(done), "missing": missing[:LISTED_RANKS]}
-
-
-__all__ = ["LISTED_RANKS", "brief_batches", "brief_ranks"]
+__all__ = ["LISTED_RANKS", "brief_batches"]

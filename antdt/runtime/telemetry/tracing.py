@@ -24,7 +24,7 @@ from opentelemetry.trace import (
 
 from antdt.runtime.recent import Recent
 from antdt.runtime.telemetry import metrics
-from antdt.runtime.telemetry.brief import LISTED_RANKS, brief_batches, brief_ranks
+from antdt.runtime.telemetry.brief import LISTED_RANKS, brief_batches
 from antdt.schemas import Ack, ActionRecord, ActionResult, Incident, IncidentState, JobHealth
 
 JOB, RANK, INCIDENT, ACTION = "antdt.job", "antdt.rank", "antdt.incident.id", "antdt.action.id"
@@ -185,8 +185,8 @@ class Decision:
 
 def _plan_attributes(record: ActionRecord) -> dict[str, Any]:
     """The plan's batches and the ranks that acked, listed up to LISTED_RANKS ranks; past
-    that, the batches summed up (`brief_batches`) and the acks counted, with the ranks of
-    the plan that did not ack listed (up to LISTED_RANKS)."""
+    that, the batches summed up (`brief_batches`) and the acks counted, with the ranks
+    that did not ack (the record's `missing_ranks`) listed up to LISTED_RANKS."""
     batches, acked = record.local_batch or (), record.acked_ranks
     if len(batches) <= LISTED_RANKS and len(acked) <= LISTED_RANKS:
         return {"antdt.plan.local_batch": list(batches), "antdt.action.acked_ranks": list(acked)}
@@ -196,8 +196,7 @@ def _plan_attributes(record: ActionRecord) -> dict[str, Any]:
     else:
         attributes = {"antdt.plan.local_batch": list(batches)}
     attributes["antdt.action.acked_count"] = len(acked)
-    if batches:
-        attributes["antdt.action.unacked_ranks"] = brief_ranks(acked, len(batches))["missing"]
+    attributes["antdt.action.unacked_ranks"] = list(record.missing_ranks[:LISTED_RANKS])
     return attributes
 
 
@@ -331,16 +330,8 @@ class CommandSend:
 def send(subject: str, command: Any, rank: int) -> Iterator[CommandSend]:
     """Executor: one command attempt to one rank, current while the request is out, so
     the command's headers make the agent's span its child."""
-    tracer = trace.get_tracer("antdt.controller")
-    attributes = {JOB: command.job, RANK: rank, ACTION: command.action_id}
-    if getattr(command, "incident_id", None):
-        attributes[INCIDENT] = command.incident_id
-    with tracer.start_as_current_span(
-        f"send {command.kind}",
-        kind=SpanKind.PRODUCER,
-        attributes={**attributes, **messaging(subject, "request")},
-    ) as span:
-        sent = CommandSend(tracer, rank)
+    with _command_span(f"send {command.kind}", subject, command, "request", rank) as span:
+        sent = CommandSend(trace.get_tracer("antdt.controller"), rank)
         yield sent
         if not sent.acked:
             span.set_status(StatusCode.ERROR, "no ack")
@@ -351,15 +342,7 @@ def broadcast(subject: str, command: Any) -> Iterator[Callable[[int, int], None]
     """Executor: one command published to every rank of a job, current while the replies
     are gathered (each agent's span its child); call it with the ranks that acked and
     those that did not answer (an error unless every rank answered)."""
-    tracer = trace.get_tracer("antdt.controller")
-    attributes = {JOB: command.job, ACTION: command.action_id}
-    if getattr(command, "incident_id", None):
-        attributes[INCIDENT] = command.incident_id
-    with tracer.start_as_current_span(
-        f"broadcast {command.kind}",
-        kind=SpanKind.PRODUCER,
-        attributes={**attributes, **messaging(subject, "publish")},
-    ) as span:
+    with _command_span(f"broadcast {command.kind}", subject, command, "publish") as span:
 
         def acked(ranks: int, silent: int) -> None:
             span.set_attribute("antdt.acks", ranks)
@@ -367,6 +350,23 @@ def broadcast(subject: str, command: Any) -> Iterator[Callable[[int, int], None]
                 span.set_status(StatusCode.ERROR, f"{silent} ranks did not answer")
 
         yield acked
+
+
+@contextmanager
+def _command_span(
+    name: str, subject: str, command: Any, operation: str, rank: int | None = None
+) -> Iterator[Span]:
+    """The producer span of a command sent (to `rank`, or to every rank), current."""
+    tracer = trace.get_tracer("antdt.controller")
+    attributes = {JOB: command.job, ACTION: command.action_id}
+    if rank is not None:
+        attributes[RANK] = rank
+    if getattr(command, "incident_id", None):
+        attributes[INCIDENT] = command.incident_id
+    with tracer.start_as_current_span(
+        name, kind=SpanKind.PRODUCER, attributes={**attributes, **messaging(subject, operation)}
+    ) as span:
+        yield span
 
 
 __all__ = [
