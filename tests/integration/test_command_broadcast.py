@@ -25,6 +25,7 @@ from antdt.schemas import (
     Plan,
     Subjects,
 )
+from antdt.services.controller.acks import AckTally
 from antdt.services.controller.plans import initial_plan
 from antdt.services.controller.sender import CommandSender
 from antdt.testing import FakeRanks
@@ -53,15 +54,14 @@ def wrong_first(calls: Counter[int]) -> object:
     return hook
 
 
-@pytest.mark.parametrize("broadcast_from", [128, WORLD + 1], ids=["broadcast", "one-by-one"])
-async def test_a_large_jobs_plan_is_published_once_and_silent_ranks_asked_after(
-    settings: ServiceSettings, bus: Bus, broadcast_from: int
-) -> None:
-    subjects, job = Subjects(settings.nats.subject_prefix), "big"
-    calls: Counter[int] = Counter()
-    ranks = await FakeRanks(bus, subjects, job, WORLD, hook=wrong_first(calls)).start()  # type: ignore[arg-type]
+async def sent_by_a_controller(
+    settings: ServiceSettings, command: AdjustBatch, world: int, broadcast_from: int
+) -> tuple[AckTally, dict[str, int]]:
+    """`command` sent to `world` ranks by the controller's sender on a connection of its
+    own: the tally, and the messages and bytes that connection sent."""
     controller = await Bus(settings.nats, name="controller").connect()
     try:
+        subjects = Subjects(settings.nats.subject_prefix)
         sender = CommandSender(
             controller,
             subjects,
@@ -69,12 +69,22 @@ async def test_a_large_jobs_plan_is_published_once_and_silent_ranks_asked_after(
             ack_deadline_s=30.0,
             broadcast_from=broadcast_from,
         )
-        command = adjust(job)
         before = dict(controller.nc.stats)
-        tally = await sender.send(command, WORLD)
-        sent = {k: controller.nc.stats[k] - before[k] for k in ("out_msgs", "out_bytes")}
+        tally = await sender.send(command, world)
+        return tally, {k: controller.nc.stats[k] - before[k] for k in ("out_msgs", "out_bytes")}
     finally:
         await controller.close()
+
+
+@pytest.mark.parametrize("broadcast_from", [128, WORLD + 1], ids=["broadcast", "one-by-one"])
+async def test_a_large_jobs_plan_is_published_once_and_silent_ranks_asked_after(
+    settings: ServiceSettings, bus: Bus, broadcast_from: int
+) -> None:
+    subjects, job = Subjects(settings.nats.subject_prefix), "big"
+    calls: Counter[int] = Counter()
+    ranks = await FakeRanks(bus, subjects, job, WORLD, hook=wrong_first(calls)).start()  # type: ignore[arg-type]
+    command = adjust(job)
+    tally, sent = await sent_by_a_controller(settings, command, WORLD, broadcast_from)
     assert tally.complete and tally.acked == list(range(WORLD))
     assert ranks.everyone_has(1)
     assert {r for r, n in calls.items() if n > 1} == FIRST_WRONG  # asked again, on their own
@@ -107,19 +117,8 @@ async def test_a_plan_of_100000_ranks_with_micro_batches_reaches_the_ranks_gzipp
     )
     command = AdjustBatch(action_id="a-huge", job=job, plan=plan)
     assert len(encode(command)) > 3 * MAX_MESSAGE_BYTES
-    controller = await Bus(settings.nats, name="controller").connect()
-    try:
-        sender = CommandSender(
-            controller,
-            subjects,
-            ack_timeout_s=5.0,
-            ack_deadline_s=20.0,
-            broadcast_from=broadcast_from,
-        )
-        tally = await sender.send(command, 2)
-        sent_bytes = controller.nc.stats["out_bytes"]
-    finally:
-        await controller.close()
+    tally, sent = await sent_by_a_controller(settings, command, 2, broadcast_from)
+    sent_bytes = sent["out_bytes"]
     assert tally.acked == [0, 1] and ranks.everyone_has(1)
     assert sent_bytes < len(encode(command)) / 10  # gzipped, whether published or requested
     assert ranks.plans[0][1].micro_batch == (32,) * world

@@ -215,15 +215,15 @@ class Bus:
         """Request/reply; raises RequestRefused on an ErrorReply, BusError otherwise. The
         request is gzipped over COMPRESS_OVER_BYTES, as `publish` does."""
         data, coding = deflated(encode(model))
-        msg = await self._request_msg(subject, data, timeout, coding)
-        strict = self.settings.require_reply_type
-        return decode_reply(bytes(msg.data), reply_type, msg.headers, require_type=strict)
+        return self._reply(await self._request_msg(subject, data, timeout, coding), reply_type)
 
     async def request_bytes(
         self, subject: str, data: bytes, reply_type: type[R], *, timeout: float | None = None
     ) -> R:
         """`request` with a payload already encoded (or deliberately malformed, in tests)."""
-        msg = await self._request_msg(subject, data, timeout)
+        return self._reply(await self._request_msg(subject, data, timeout), reply_type)
+
+    def _reply(self, msg: Msg, reply_type: type[R]) -> R:
         strict = self.settings.require_reply_type
         return decode_reply(bytes(msg.data), reply_type, msg.headers, require_type=strict)
 

@@ -36,7 +36,7 @@ from antdt.services.controller.actions import (
 )
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import estimate_current_step, next_plan, plan_violations
-from antdt.services.controller.sender import BROADCAST_FROM, CommandSender
+from antdt.services.controller.sender import CommandSender
 from antdt.services.controller.state import JobState
 from antdt.services.controller.view import JobView
 
@@ -50,7 +50,7 @@ class Timing:
     blocklist_ttl_s: float  # how long a host left by a restart stays blocked (0: for good)
     ack_timeout_s: float
     ack_deadline_s: float
-    broadcast_from: int = BROADCAST_FROM  # ranks from which an AdjustBatch is broadcast first
+    broadcast_from: int  # ranks from which an AdjustBatch is broadcast first
 
 
 class Executor:

@@ -36,7 +36,7 @@ class CommandSender:
         *,
         ack_timeout_s: float,
         ack_deadline_s: float,
-        broadcast_from: int = BROADCAST_FROM,
+        broadcast_from: int,
     ) -> None:
         self.bus = bus
         self.subjects = subjects
