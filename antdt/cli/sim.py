@@ -41,6 +41,16 @@ def sim(
     save_steps: Annotated[
         Path | None, typer.Option("--save-steps", help="With --from-job: keep its steps here")
     ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=0,
+            help="Runs side by side in this many processes (0: one per core, up to the "
+            "runs, for 1,000,000 rank-steps or more; 1: one after another)",
+        ),
+    ] = 0,
     nats_url: NatsOpt = None,
 ) -> None:
     """Run every policy of SCENARIO, `none` and an oracle on the same simulated cluster;
@@ -70,7 +80,7 @@ def sim(
     except (ScenarioError, OSError) as exc:
         Console(stderr=True).print(f"[red]sim: {exc}[/]")
         raise typer.Exit(2) from None
-    result = _with_progress(chosen)
+    result = _with_progress(chosen, jobs)
     out.print(table(chosen, result.figures))
     out_dir.mkdir(parents=True, exist_ok=True)
     print(save_json(out_dir / f"{chosen.name}.json", chosen, result.figures))
@@ -78,13 +88,16 @@ def sim(
     print(png if png is not None else "no PNG: matplotlib is not installed (antdt[sim])")
 
 
-def _with_progress(scenario: ScenarioFile) -> Simulation:
-    """The simulation, with a progress bar per run on the console."""
+def _with_progress(scenario: ScenarioFile, jobs: int) -> Simulation:
+    """The simulation in `jobs` processes (0: `default_workers`), with a progress bar
+    per run on the console."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from antdt.sim.simulate import simulate
+    from antdt.sim.simulate import run_names, simulate
+    from antdt.sim.workers import default_workers
 
-    names = ["oracle", "none", *(p for p in scenario.policies if p != "none")]
+    names = run_names(scenario)
+    workers = jobs or default_workers(scenario, len(names))
     columns = (
         TextColumn("{task.description:>10}"),
         BarColumn(),
@@ -99,4 +112,4 @@ def _with_progress(scenario: ScenarioFile) -> Simulation:
             if done % every == 0 or done == scenario.steps:
                 bar.update(tasks[what], completed=done)
 
-        return simulate(scenario, tick)
+        return simulate(scenario, tick, workers=workers)
