@@ -38,11 +38,14 @@ from antdt.services.monitor.openincidents import OpenIncidents
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import (
     HISTORY_STEPS,
+    JobFigures,
     JobProgress,
     RankMemory,
+    job_figures,
     job_health,
     median_step_s,
 )
+from antdt.services.monitor.speed import SpeedModel
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
 from antdt.services.monitor.stepcolumns import (
     HELPED,
@@ -77,11 +80,15 @@ class JobDetector:
         #: partial windows dropped because the plan changed under them
         self.discarded_windows = 0
         warmup = self.config.warmup_windows
-        histories = Histories(world_size, HISTORY_STEPS)
+        self._histories = Histories(world_size, HISTORY_STEPS)
         self._ranks = [
-            RankMemory(rank, warmup_left=warmup, history=histories.row(rank))
+            RankMemory(rank, warmup_left=warmup, history=self._histories.row(rank))
             for rank in range(world_size)
         ]
+        self._stats_changes = 0  # times a rank's latest window (`stats`) changed
+        # the health's job figures and every rank's model, and what they were made of
+        self._made: tuple[tuple[int, int, float], JobFigures, tuple[SpeedModel | None, ...]]
+        self._made = ((-1, -1, math.nan), JobFigures(0.0, 0.0, 1.0), ())
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
@@ -312,6 +319,7 @@ class JobDetector:
             self.rejected[reason] += 1
             return
         processes.started(self._ranks[hello.rank], hello, now, self.config.warmup_windows)
+        self._stats_changes += 1
         self._hosts.moved()
         self._last_heard_at = now
         self._rewind = True  # health keeps the last step until the restarted run's first
@@ -340,7 +348,18 @@ class JobDetector:
             plan_version=self._plan_version,
             open_incidents=self._open.ids,
         )
-        return job_health(self._ranks, progress, self._pace.models(self._ranks))
+        figures, models = self._job_figures()
+        return job_health(self._ranks, progress, models, figures)
+
+    def _job_figures(self) -> tuple[JobFigures, tuple[SpeedModel | None, ...]]:
+        """The job's figures and every rank's model, made again only when some rank's
+        latest window or history epoch, or the job's fixed part, changed since: between
+        two closes of a round of windows a slow job's health comes up to every step."""
+        made_of = (self._stats_changes, self._histories.epochs, self._pace.fixed_samples)
+        if self._made[0] != made_of:
+            models = tuple(self._pace.models(self._ranks))
+            self._made = (made_of, job_figures(self._ranks), models)
+        return self._made[1], self._made[2]
 
     def _tick(self, now: float) -> float:
         self._clock = max(self._clock, now)
@@ -507,6 +526,7 @@ class JobDetector:
             rank.warmup_left -= 1
             return ()
         rank.previous, rank.stats = stats.costs, stats
+        self._stats_changes += 1
         rank.figures = None if figures is None else (stats, figures)
         opening = rank.deviation is None
         self._pace.window_closed(rank, stats, slow_steps)

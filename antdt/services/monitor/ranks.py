@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, truediv
+from typing import NamedTuple
 
 from antdt.schemas import (
     ExitReason,
@@ -128,16 +129,19 @@ def latest_figures(rank: RankMemory) -> StepFigures | None:
     return memo[1]
 
 
-def job_health(
-    ranks: list[RankMemory], progress: JobProgress, models: Sequence[SpeedModel | None]
-) -> JobHealth:
-    """The job's health from each rank's latest closed window and speed model (`models`,
-    by rank; None: not fitted): step_s the median of the ranks' step times; samples_per_s
-    one step's samples over step_s; balance_efficiency T_ideal / step_s, T_ideal =
-    B / sum(speeds) + min overhead + min comm (rebalancing removes neither the data wait
-    nor the communication of the rank waited for)."""
-    if len(models) != len(ranks):
-        raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
+class JobFigures(NamedTuple):
+    """A health's job-wide figures: made of the ranks' latest closed windows alone."""
+
+    step_s: float
+    samples_per_s: float
+    balance_efficiency: float
+
+
+def job_figures(ranks: list[RankMemory]) -> JobFigures:
+    """step_s the median of the ranks' step times; samples_per_s one step's samples over
+    step_s; balance_efficiency T_ideal / step_s, T_ideal = B / sum(speeds) + min overhead
+    + min comm (rebalancing removes neither the data wait nor the communication of the
+    rank waited for)."""
     measured = [r.stats for r in ranks if r.stats is not None]
     figures = [f for f in map(latest_figures, ranks) if f is not None]
     steps, samples, comm, overhead = zip(*figures, strict=True) if figures else ((), (), (), ())
@@ -150,13 +154,28 @@ def job_health(
         ideal = batch / speed + min(overhead)
         ideal += min(comm)
         efficiency = min(1.0, max(0.0, ideal / step_s))
+    return JobFigures(step_s, batch / step_s if step_s > 0 else 0.0, efficiency)
+
+
+def job_health(
+    ranks: list[RankMemory],
+    progress: JobProgress,
+    models: Sequence[SpeedModel | None],
+    figures: JobFigures | None = None,
+) -> JobHealth:
+    """The job's health from each rank's latest closed window and speed model (`models`,
+    by rank; None: not fitted), and the job's `figures` (`job_figures`, made here when
+    not given)."""
+    if len(models) != len(ranks):
+        raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
+    job = job_figures(ranks) if figures is None else figures
     return JobHealth(
         job=progress.job,
         at=progress.at,
         step=progress.step,
-        step_s=step_s,
-        samples_per_s=batch / step_s if step_s > 0 else 0.0,
-        balance_efficiency=efficiency,
+        step_s=job.step_s,
+        samples_per_s=job.samples_per_s,
+        balance_efficiency=job.balance_efficiency,
         plan_version=progress.plan_version,
         ranks=tuple(map(rank_health, ranks, models)),
         open_incidents=progress.open_incidents,
