@@ -86,9 +86,10 @@ class JobDetector:
             for rank in range(world_size)
         ]
         self._stats_changes = 0  # times a rank's latest window (`stats`) changed
-        # the health's job figures and every rank's model, and what they were made of
-        self._made: tuple[tuple[int, int, float], JobFigures, tuple[SpeedModel | None, ...]]
-        self._made = ((-1, -1, math.nan), JobFigures(0.0, 0.0, 1.0), ())
+        # the health's job figures and every rank's model, each with what it was made of
+        self._made_of: tuple[
+            tuple[int, JobFigures], tuple[tuple[int, int, float], tuple[SpeedModel | None, ...]]
+        ] = ((-1, JobFigures(0.0, 0.0, 1.0)), ((-1, -1, math.nan), ()))
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
@@ -352,14 +353,18 @@ class JobDetector:
         return job_health(self._ranks, progress, models, figures)
 
     def _job_figures(self) -> tuple[JobFigures, tuple[SpeedModel | None, ...]]:
-        """The job's figures and every rank's model, made again only when some rank's
-        latest window or history epoch, or the job's fixed part, changed since: between
-        two closes of a round of windows a slow job's health comes up to every step."""
-        made_of = (self._stats_changes, self._histories.epochs, self._pace.fixed_samples)
-        if self._made[0] != made_of:
-            models = tuple(self._pace.models(self._ranks))
-            self._made = (made_of, job_figures(self._ranks), models)
-        return self._made[1], self._made[2]
+        """The job's figures, made again only when some rank's latest window changed
+        since (a round of windows closes every W steps, a slow job's health comes up to
+        every step), and every rank's model (`Pace.models`), made again when besides a
+        history restarted or the job's fixed part was refitted."""
+        figures_of, models_of = self._made_of
+        if figures_of[0] != self._stats_changes:
+            figures_of = (self._stats_changes, job_figures(self._ranks))
+        key = (self._stats_changes, self._histories.epochs, self._pace.fixed_samples)
+        if models_of[0] != key:
+            models_of = (key, tuple(self._pace.models(self._ranks)))
+        self._made_of = (figures_of, models_of)
+        return figures_of[1], models_of[1]
 
     def _tick(self, now: float) -> float:
         self._clock = max(self._clock, now)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Sequence
-from functools import partial
-from operator import itemgetter
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +22,7 @@ import numpy.typing as npt
 from antdt.schemas import Cause
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.reference import Evidence, healthy_reference_sorted
-from antdt.services.monitor.windows import SortedValues, WindowStats
+from antdt.services.monitor.windows import SortedValues, WindowStats, made_of
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
@@ -203,29 +203,21 @@ class Judge:
         others_comm = _or_zero(self._comm_share.medians_without([h[3] for h in held]))
         others_link = self._link_rtt.medians_without([h[4] for h in held]).tolist()
         ratio, busy_ratio = window_level / reference, busy / others_busy
-        figures = zip(
-            ratio.tolist(),
-            window_level.tolist(),
-            busy_ratio.tolist(),
-            data.tolist(),
-            others_data.tolist(),
-            comm.tolist(),
-            others_comm.tolist(),
-            strict=True,
-        )
-        found = []
-        normal, unknown = Verdict.NORMAL, Cause.UNKNOWN
-        for f, e, link, others in zip(figures, evidence, link_rtt_s, others_link, strict=True):
-            r, level, b, d, od, c, oc = f
-            link_others = None if link is None or others != others else others  # NaN: none
-            found.append(
-                _JUDGEMENT(
-                    (
-                        *(normal, r, False, unknown, level, reference, b, d, od, c, oc, e.run),
-                        *(fixed_samples, link, link_others, None, None),
-                    )
-                )
+        n, normal, unknown = len(ranks), Verdict.NORMAL, Cause.UNKNOWN
+        link_others = [  # NaN: none
+            None if link is None or others != others else others
+            for link, others in zip(link_rtt_s, others_link, strict=True)
+        ]
+        found = list(
+            made_of(
+                Judgement,
+                *(repeat(normal, n), ratio.tolist(), repeat(False, n), repeat(unknown, n)),
+                *(window_level.tolist(), repeat(reference, n), busy_ratio.tolist()),
+                *(data.tolist(), others_data.tolist(), comm.tolist(), others_comm.tolist()),
+                *(map(_run, evidence), repeat(fixed_samples, n), link_rtt_s, link_others),
+                *(repeat(None, n), repeat(None, n)),
             )
+        )
         rtt = np.array([math.nan if v is None else v for v in link_rtt_s], dtype=np.float64)
         links = (rtt, np.array(others_link, dtype=np.float64))
         may = self._may_deviate(
@@ -353,7 +345,7 @@ def _slow_evidence(evidence: Evidence) -> bool:
     return evidence.slow
 
 
-_JUDGEMENT = partial(tuple.__new__, Judgement)  # Judgement(...) of its fields, at C speed
+_run = attrgetter("run")
 #: Windows judged together from which their figures are made over arrays.
 _MANY = 16
 

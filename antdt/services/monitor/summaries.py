@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.windows import Row, StepFigures, WindowStats, summarize
+from antdt.services.monitor.windows import Row, StepFigures, WindowStats, made_of, summarize
 
 Floats = npt.NDArray[np.float64]
 
@@ -36,41 +36,57 @@ def summarize_many(
     of one length whose every step is measured, with no costs before or a window's
     worth, go together (and their `step_figures` are made with them: a health reads
     every rank's after each close); any other alone."""
-    found: list[WindowStats | None] = [None] * len(windows)
-    figures: list[StepFigures | None] = [None] * len(windows)
-    groups: dict[int, list[int]] = {}
-    length = len(windows[0]) if windows else 0
-    for i, (rows, before) in enumerate(zip(windows, previous, strict=True)):
-        if len(rows) == length and len(before) in (0, length):
-            groups.setdefault(len(before), []).append(i)
-        else:
-            found[i] = summarize(rows, before, fixed_samples, config)
-    for before_length, members in groups.items():
-        block = as_block([windows[i] for i in members], (len(members), length, 5))
-        costs_before = as_block([previous[i] for i in members], (len(members), before_length))
-        measured = _measured(block)
-        for i, ok in zip(members, measured.tolist(), strict=True):
-            if not ok:
-                found[i] = summarize(windows[i], previous[i], fixed_samples, config)
-        keep = np.flatnonzero(measured)
-        if len(keep):
-            ranks = [members[k] for k in keep.tolist()]
-            stats = _block_stats(
-                block[keep],
-                costs_before[keep] if before_length else None,
-                fixed_samples,
-                config.level_quantile,
-            )
-            for i, (made, costs), step in zip(
-                ranks, stats, _step_figures(block[keep]), strict=True
-            ):
-                busy, data, comm, level, window_level, cost = made[1:]
-                rows = tuple(windows[i])
-                found[i] = WindowStats(
-                    made[0], busy, data, comm, level, window_level, cost, tuple(costs), rows
-                )
-                figures[i] = step
+    n = len(windows)
+    found: list[WindowStats | None] = [None] * n
+    figures: list[StepFigures | None] = [None] * n
+    if not n:
+        return Summaries(found, figures)
+    length = len(windows[0])
+    full = np.fromiter(map(len, windows), dtype=np.int64, count=n) == length
+    before = np.fromiter(map(len, previous), dtype=np.int64, count=n)
+    for i in np.flatnonzero(~full | ((before != 0) & (before != length))).tolist():
+        found[i] = summarize(windows[i], previous[i], fixed_samples, config)
+    for before_length in dict.fromkeys((0, length)):
+        members = np.flatnonzero(full & (before == before_length)).tolist()
+        if members:
+            _summarize_block(windows, previous, members, (fixed_samples, config), found, figures)
     return Summaries(found, figures)
+
+
+def _summarize_block(
+    windows: Sequence[Sequence[Row]],
+    previous: Sequence[Sequence[float]],
+    members: list[int],
+    pace: tuple[float, ReferenceConfig],
+    found: list[WindowStats | None],
+    figures: list[StepFigures | None],
+) -> None:
+    """`summarize_many` of `members`, windows of one length with as many costs before
+    each (none or a window's worth), into `found` and `figures` at their indices."""
+    fixed_samples, config = pace
+    length, before_length = len(windows[members[0]]), len(previous[members[0]])
+    block = as_block([windows[i] for i in members], (len(members), length, 5))
+    costs_before = as_block([previous[i] for i in members], (len(members), before_length))
+    measured = _measured(block)
+    for i, ok in zip(members, measured.tolist(), strict=True):
+        if not ok:
+            found[i] = summarize(windows[i], previous[i], fixed_samples, config)
+    keep = np.flatnonzero(measured)
+    if not len(keep):
+        return
+    kept = block[keep]
+    made, costs = _block_stats(
+        kept,
+        costs_before[keep] if before_length else None,
+        fixed_samples,
+        config.level_quantile,
+    )
+    ranks = [members[k] for k in keep.tolist()]
+    rows = map(tuple, map(windows.__getitem__, ranks))
+    stats = made_of(WindowStats, *made.T.tolist(), map(tuple, costs.tolist()), rows)
+    for i, summary, step in zip(ranks, stats, _step_figures(kept), strict=True):
+        found[i] = summary
+        figures[i] = step
 
 
 def as_block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
@@ -93,8 +109,9 @@ def _measured(block: Floats) -> npt.NDArray[np.bool_]:
 
 def _block_stats(
     block: Floats, before: Floats | None, fixed_samples: float, q: float
-) -> list[tuple[list[float], list[float]]]:
-    """Each window's figures (WindowStats' first seven) and its costs ascending."""
+) -> tuple[Floats, Floats]:
+    """Each window's figures (WindowStats' first seven, a row each) and its costs
+    ascending."""
     samples, times, data, comm, steps = (block[:, :, k] for k in range(5))
     compute = np.sort(times / samples, axis=1)
     busy = (times + data) / samples
@@ -115,7 +132,7 @@ def _block_stats(
             compute_per_sample if costs is compute else _median_sorted(costs),
         )
     )
-    return list(zip(figures.tolist(), costs.tolist(), strict=True))
+    return figures, costs
 
 
 def _step_figures(block: Floats) -> list[StepFigures]:
@@ -125,8 +142,10 @@ def _step_figures(block: Floats) -> list[StepFigures]:
     overhead = (steps - compute) - comm
     overhead = np.where(overhead > 0.0, overhead, 0.0)
     medians = np.column_stack((_median(steps), _median(samples), _median(comm), _median(overhead)))
-    odd = block.shape[1] % 2 == 1
-    return [StepFigures(s, int(n) if odd else n, m, o) for s, n, m, o in medians.tolist()]
+    step_s, batch, comm_s, overhead_s = medians.T.tolist()
+    if block.shape[1] % 2 == 1:
+        batch = list(map(int, batch))
+    return list(made_of(StepFigures, step_s, batch, comm_s, overhead_s))
 
 
 def _median(values: Floats) -> Floats:

@@ -9,12 +9,12 @@ its step costs (docs/detection.md).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from itertools import compress, repeat
 from math import copysign
 from operator import add, is_not, sub, truediv
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,16 @@ from antdt.services.monitor.speed import quantile_sorted
 #: step_s). Not the event itself: a fraction of the memory per tracked rank, and cheaper
 #: to read back when the window closes.
 Row = tuple[int, float, float, float, float]
+
+
+T = TypeVar("T", bound=tuple[Any, ...])
+
+
+def made_of(cls: type[T], *columns: Iterable[Any]) -> Iterator[T]:
+    """`cls(*row)` of each row of `columns` (of one length), for a NamedTuple `cls`:
+    `cls._make` without its Python frame. A close builds a WindowStats, a StepFigures
+    and a Judgement per rank."""
+    return map(tuple.__new__, repeat(cls), zip(*columns, strict=True))  # type: ignore[arg-type]
 
 
 class WindowStats(NamedTuple):
