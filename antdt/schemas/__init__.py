@@ -12,6 +12,7 @@ from antdt.schemas.base import (
     WireModel,
     replaced,
     trusted,
+    with_trusted_value,
     with_value,
 )
 from antdt.schemas.commands import (
@@ -165,5 +166,6 @@ __all__ = [
     "replaced",
     "route_token",
     "trusted",
+    "with_trusted_value",
     "with_value",
 ]

@@ -20,6 +20,7 @@ from antdt.schemas import (
     StepEvent,
     replaced,
     trusted,
+    with_trusted_value,
     with_value,
 )
 
@@ -123,6 +124,12 @@ def test_trusted_builds_what_validation_builds(model: BaseModel) -> None:
     assert ours.model_fields_set == model.model_fields_set
     assert encode(ours) == encode(model)
     assert hash(ours) == hash(model)
+    if model.model_config.get("frozen"):  # a trusted model's field moved on, unchecked
+        name = "job" if "job" in type(model).model_fields else "error"
+        moved, checked = with_trusted_value(ours, name, "other"), with_value(ours, name, "other")
+        assert moved == checked and repr(moved) == repr(checked)
+        assert moved.model_fields_set == checked.model_fields_set
+        assert encode(moved) == encode(checked) and encode(ours) == encode(model)
 
 
 def test_trusted_refuses_unknown_and_missing_fields_and_shared_defaults() -> None:

@@ -21,7 +21,7 @@ from antdt.schemas import (
     RankHealth,
     RankState,
     trusted,
-    with_value,
+    with_trusted_value,
 )
 from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
@@ -111,6 +111,7 @@ class JobProgress:
 
 
 _compute_per_sample = attrgetter("compute_per_sample")
+_OK, _UNKNOWN = RankState.OK, RankState.UNKNOWN  # read per rank per health
 
 
 def median_step_s(ranks: list[RankMemory]) -> float:
@@ -196,17 +197,17 @@ def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth
     """The rank's row: its last row with its latest step moved on when nothing else it is
     made of changed (most ranks, most healths), else a new one (`_new_row`)."""
     if rank.exited is None and rank.stall is None and rank.deviation is None:
-        state = RankState.UNKNOWN if rank.stats is None else RankState.OK  # most ranks
+        state = _UNKNOWN if rank.stats is None else _OK  # most ranks
     else:
         state = rank_state(rank)
-    last_step = max(rank.last_step, 0)
+    last_step = rank.last_step if rank.last_step > 0 else 0
     made_of = (state, rank.host, rank.local_batch, rank.stats, rank.judgement, model)
     memo = rank.row
     if memo is not None and memo[0] == made_of and not rank.helped:
         row = memo[1]
         if row.last_step == last_step:
             return row
-        row = with_value(row, "last_step", last_step)
+        row = with_trusted_value(row, "last_step", last_step)  # built by `_new_row`
     else:
         row = _new_row(rank, state, last_step, model)
     rank.row = (made_of, row)
