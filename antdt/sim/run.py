@@ -9,7 +9,6 @@ actions change the plan or move a rank to a spare node (paying the restart cost)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -175,7 +174,10 @@ def _one_piece(done: SharedStep) -> list[float | None] | None:
     """The step's `one_piece_s` column: None where a rank ran its share as planned."""
     if done.one_piece_s is None:
         return None
-    return [None if math.isnan(v) else v for v in done.one_piece_s.tolist()]
+    column: list[float | None] = done.one_piece_s.tolist()
+    for i in np.flatnonzero(np.isnan(done.one_piece_s)).tolist():
+        column[i] = None
+    return column
 
 
 class ClusterModel(Protocol):

@@ -6,6 +6,7 @@ import collections
 import itertools
 import random
 
+import numpy as np
 import pytest
 
 from antdt.services.monitor.speed import (
@@ -222,7 +223,7 @@ def test_the_levels_of_measurable_steps_are_batch_levels(seed: int) -> None:
 def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> None:
     """A History keeps its measurable times in order, its count of batch changes, its
     bad times and a version that changes with every change, through adds (read after
-    each or after many; alone or with others' in `add_each`, rows of one block or not),
+    each or after many; alone or with others', rows of one block at once or not),
     evictions, pops and clears, and its fit is bit for bit that of the same steps as a
     list; the span around its latest change of batch size names those steps, and never
     other steps later."""
@@ -232,7 +233,7 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
     odd = (0.0, -1.0, float("nan"), float("inf"), 1e301)
     maxlen = rng.choice((2, 8, 20, 96))
     model = collections.deque[tuple[int, float]](maxlen=maxlen)
-    if seed % 2:  # rows of a job's block: `add_each` adds to them at once
+    if seed % 2:  # rows of a job's block
         block = Histories(5, maxlen)
         history, others = block.row(2), [block.row(i) for i in (4, 0, 1)]
     else:
@@ -256,10 +257,14 @@ def test_a_history_keeps_its_order_and_runs_and_fits_as_its_steps(seed: int) -> 
         else:
             t = rng.choice(odd) if rng.random() < 0.02 else 0.03 * rng.lognormvariate(0.0, 0.2)
             step = (rng.choice((32, 32, 32, 16, 0)) if rng.random() < 0.1 else 32, t)
+            rows, samples, times = [*others, history], [32] * 3 + [step[0]], [0.1] * 3 + [t]
             if rng.random() < 0.5:
                 history.add(*step)
+            elif seed % 2:  # rows of a job's block: added at once
+                block.add(np.array([h.row for h in rows]), samples, times)
             else:
-                History.add_each([*others, history], [32] * 3 + [step[0]], [0.1] * 3 + [t])
+                for each, n, time in zip(rows, samples, times, strict=True):
+                    each.add(n, time)
             model.append(step)
         assert (history.version != version) is changed
         version = history.version

@@ -191,7 +191,11 @@ class JobDetector:
         if step > self._renewed_step:
             self._renew(step)
         done = account_plain(
-            columns, memories, now, pace.slow_cost, pace.fixed_samples, self._window_steps
+            columns,
+            memories,
+            self._histories,
+            now,
+            (pace.slow_cost, pace.fixed_samples, self._window_steps),
         )
         self._heard_step(step, max(columns.plan_version), now)
         transitions = []

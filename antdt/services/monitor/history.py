@@ -2,7 +2,7 @@
 
 Every rank's history of a job is a row of one block (`Histories`): two ring buffers of
 `maxlen` steps (batch sizes, compute times). A step of many ranks joins in a few numpy
-calls (`History.add_each`) and a health fits every rank's one-batch model over the block
+calls (`Histories.add`) and a health fits every rank's one-batch model over the block
 at once (fits.py), with no history copied into Python objects: at 10,000 ranks the
 copies were most of a health. A rank's own reads (a fit of the general path, the span
 around a change of batch size) copy its row out."""
@@ -125,20 +125,6 @@ class History(Sequence[Step]):
         if held[r] < maxlen:
             held[r] += 1
         entered[r] += 1
-
-    @staticmethod
-    def add_each(
-        histories: Sequence[History], samples: Sequence[int], times: Sequence[float]
-    ) -> None:
-        """`histories[i].add(samples[i], times[i])` for every i: at once when they are
-        distinct rows of one block (a step of a job's ranks)."""
-        blocks = set(map(_block_of, histories))
-        rows = list(map(_row_of, histories))
-        if len(blocks) == 1 and len(set(rows)) == len(rows):
-            blocks.pop().add(np.array(rows, dtype=np.int64), samples, times)
-            return
-        for history, n, t in zip(histories, samples, times, strict=True):
-            history.add(n, t)
 
     @staticmethod
     def any_two_sizes_at_ends(histories: Sequence[History]) -> bool:

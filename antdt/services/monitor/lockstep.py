@@ -16,12 +16,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from antdt.services.monitor.history import History
+from antdt.services.monitor.history import Histories
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.stepcolumns import StepColumns
 
 _stall, _exited, _plan, _host = (attrgetter(a) for a in ("stall", "exited", "window_plan", "host"))
-_window, _history = attrgetter("window"), attrgetter("history")
+_window = attrgetter("window")
 _settle, _score = attrgetter("settle_left"), itemgetter(0)
 _evidence = attrgetter("evidence")
 
@@ -53,14 +53,16 @@ def is_plain(columns: StepColumns, memories: Sequence[RankMemory]) -> bool:
 def account_plain(
     columns: StepColumns,
     memories: Sequence[RankMemory],
+    histories: Histories,
     now: float,
-    slow_cost: float,
-    fixed_samples: float,
-    window_steps: int,
+    pace: tuple[float, float, int],
 ) -> Accounted:
     """Each row into its rank's memory (latest step, times, batch, link), window and
-    history; `is_plain` must hold. `slow_cost`, `fixed_samples`: the job's pace."""
+    history (row r of `histories` is rank r's); `is_plain` must hold of rows of distinct
+    ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in samples
+    and window length."""
     c = columns
+    slow_cost, fixed_samples, window_steps = pace
     samples, compute = _as_judged(c)
     for name, values in (
         ("last_step", c.step),
@@ -69,8 +71,11 @@ def account_plain(
         ("local_batch", c.local_batch),
     ):
         deque(map(setattr, memories, repeat(name), values), maxlen=0)
-    if c.link_rtt_s is not None:
-        for memory, link in zip(memories, c.link_rtt_s, strict=True):
+    links = c.link_rtt_s
+    if links is not None and links.count(None) == 0:
+        deque(map(setattr, memories, repeat("link_rtt_s"), links), maxlen=0)
+    elif links is not None:
+        for memory, link in zip(memories, links, strict=True):
             if link is not None:
                 memory.link_rtt_s = link
     windows = list(map(_window, memories))
@@ -80,7 +85,7 @@ def account_plain(
     t = np.asarray(compute, dtype=np.float64)
     measured = (n > 0) & (t > 0)
     if measured.all():
-        History.add_each(list(map(_history, memories)), samples, compute)
+        histories.add(np.asarray(c.rank, dtype=np.int64), samples, compute)
     else:
         for i in np.flatnonzero(measured).tolist():
             memories[i].history.add(samples[i], compute[i])
