@@ -1,6 +1,7 @@
-"""A health's job figures and speed models are made again only when what they are made
-of changed (a window closed, a history restarted, a rank started again, the job's fixed
-part refitted): every health equals one made afresh from the ranks."""
+"""A health's job figures (step time, throughput, balance) are made again only when a
+rank's latest window changed (a window closed, a rank started again), and its models
+looked at only for the ranks whose window or history changed: every health equals one
+made afresh from the ranks, each rank's model checked on its own."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from tests.unit.test_detector_restarts import hello
 
 
 def afresh(detector: JobDetector, health: JobHealth) -> JobHealth:
-    """The health made from the detector's ranks with no job-wide memo."""
+    """The health made from the detector's ranks with no job-wide memo: each rank's
+    model checked against its window, history and the job's fixed part."""
     progress = JobProgress(
         health.job, health.at, health.step, health.plan_version, health.open_incidents
     )
     ranks = detector._ranks
-    return job_health(ranks, progress, detector._pace.models(ranks))
+    return job_health(ranks, progress, [detector._pace.model(rank) for rank in ranks])
 
 
 def watched(detector: JobDetector, job: Job, steps: range) -> int:

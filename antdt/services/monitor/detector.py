@@ -45,7 +45,6 @@ from antdt.services.monitor.ranks import (
     job_health,
     median_step_s,
 )
-from antdt.services.monitor.speed import SpeedModel
 from antdt.services.monitor.stalls import newly_stalled, open_stall, resolve_stall
 from antdt.services.monitor.stepcolumns import (
     HELPED,
@@ -86,10 +85,8 @@ class JobDetector:
             for rank in range(world_size)
         ]
         self._stats_changes = 0  # times a rank's latest window (`stats`) changed
-        # the health's job figures and every rank's model, each with what it was made of
-        self._made_of: tuple[
-            tuple[int, JobFigures], tuple[tuple[int, int, float], tuple[SpeedModel | None, ...]]
-        ] = ((-1, JobFigures(0.0, 0.0, 1.0)), ((-1, -1, math.nan), ()))
+        # the health's job figures, and the `_stats_changes` they were made at
+        self._figures = (-1, JobFigures(0.0, 0.0, 1.0))
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
@@ -324,6 +321,7 @@ class JobDetector:
             self.rejected[reason] += 1
             return
         processes.started(self._ranks[hello.rank], hello, now, self.config.warmup_windows)
+        self._pace.started_afresh(self._ranks[hello.rank])
         self._stats_changes += 1
         self._hosts.moved()
         self._last_heard_at = now
@@ -353,22 +351,18 @@ class JobDetector:
             plan_version=self._plan_version,
             open_incidents=self._open.ids,
         )
-        figures, models = self._job_figures()
-        return job_health(self._ranks, progress, models, figures)
+        models = self._pace.models(self._ranks)
+        return job_health(self._ranks, progress, models, self._job_figures())
 
-    def _job_figures(self) -> tuple[JobFigures, tuple[SpeedModel | None, ...]]:
+    def _job_figures(self) -> JobFigures:
         """The job's figures, made again only when some rank's latest window changed
-        since (a round of windows closes every W steps, a slow job's health comes up to
-        every step), and every rank's model (`Pace.models`), made again when besides a
-        history restarted or the job's fixed part was refitted."""
-        figures_of, models_of = self._made_of
-        if figures_of[0] != self._stats_changes:
-            figures_of = (self._stats_changes, job_figures(self._ranks))
-        key = (self._stats_changes, self._histories.epochs, self._pace.fixed_samples)
-        if models_of[0] != key:
-            models_of = (key, tuple(self._pace.models(self._ranks)))
-        self._made_of = (figures_of, models_of)
-        return figures_of[1], models_of[1]
+        since: a round of windows closes every W steps, a slow job's health comes up to
+        every step."""
+        made_of, figures = self._figures
+        if made_of != self._stats_changes:
+            figures = job_figures(self._ranks)
+            self._figures = (self._stats_changes, figures)
+        return figures
 
     def _tick(self, now: float) -> float:
         self._clock = max(self._clock, now)

@@ -26,10 +26,9 @@ Floats = npt.NDArray[np.float64]
 class Histories:
     """Rows of up to `maxlen` steps, each a ring buffer: `head` the slot its next step
     takes, `held` how many steps it holds (the latest, just before `head`), `entered`
-    how many ever joined it (where a step lies, whatever left since); `epochs` how many
-    times a row's `epoch` changed, over all rows."""
+    how many ever joined it (where a step lies, whatever left since)."""
 
-    __slots__ = ("entered", "epochs", "head", "held", "maxlen", "samples", "times", "views")
+    __slots__ = ("entered", "head", "held", "maxlen", "samples", "times", "views")
 
     def __init__(self, rows: int, maxlen: int) -> None:
         if maxlen < 1:
@@ -40,7 +39,6 @@ class Histories:
         self.head: Ints = np.zeros(rows, dtype=np.int64)
         self.held: Ints = np.zeros(rows, dtype=np.int64)
         self.entered: Ints = np.zeros(rows, dtype=np.int64)
-        self.epochs = 0
         #: the five arrays as memoryviews: one rank's read or write of an element costs a
         #: third of numpy's (an event of one rank adds a step through them)
         self.views: tuple[memoryview, ...] = tuple(
@@ -215,7 +213,6 @@ class History(Sequence[Step]):
         held[r] -= drop
         self._removed += drop
         self.epoch += 1
-        self._block.epochs += 1
 
     def first_and_latest(self) -> tuple[int, int] | None:
         """The batch sizes of its oldest and its latest step (None: it has none)."""
@@ -262,7 +259,6 @@ class History(Sequence[Step]):
         self._block.views[3][self._row] = 0
         self._removed += 1
         self.epoch += 1
-        self._block.epochs += 1
 
     def __len__(self) -> int:
         return self._block.views[3][self._row]  # type: ignore[no-any-return]

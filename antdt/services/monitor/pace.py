@@ -32,8 +32,8 @@ class Pace:
     """The job-wide figures a rank's steps are weighed against."""
 
     __slots__ = (
-        *("_floor", "_speed", "config", "fixed_samples", "open_at", "reference"),
-        "slow_cost",
+        *("_changed", "_fitted_at", "_floor", "_speed", "config", "fixed_samples", "open_at"),
+        *("reference", "slow_cost"),
     )
 
     def __init__(self, config: DetectorConfig, world_size: int) -> None:
@@ -44,6 +44,10 @@ class Pace:
         self.reference = 0.0  # the job's healthy cost; 0: not known yet
         self.slow_cost = math.inf  # a step costing this much or more is slow
         self.fixed_samples = 0.0  # the job's fixed part per step, in samples
+        # ranks whose window closed or history restarted since `models` last ran, and the
+        # fixed part it ran at (None: not yet): the only models that can have gone stale
+        self._changed: set[int] = set()
+        self._fitted_at: tuple[float, int] | None = None
 
     def renewed(self, reference: float | None) -> None:
         """The job's reference was renewed (None while under two ranks are measured):
@@ -56,6 +60,7 @@ class Pace:
         """The rank's window (`stats`, `slow_steps` of its steps slow) closed: its share
         of slow steps, smoothed; its evidence, slow at once when the window's median cost
         is `instant_ratio` x the reference."""
+        self._changed.add(rank.rank)
         share = slow_steps / len(stats.rows)
         last = rank.slow_share
         rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
@@ -67,11 +72,15 @@ class Pace:
             rank.evidence = after
             self.restart_history(rank)
 
-    @staticmethod
-    def restart_history(rank: RankMemory) -> None:
+    def restart_history(self, rank: RankMemory) -> None:
         """Its evidence turned it slow or back: its speed changed, and its model is
         fitted afresh, from the steps since its evidence started (or from none)."""
         rank.history.keep_latest(rank.evidence.run if rank.evidence.slow else 0)
+        self._changed.add(rank.rank)
+
+    def started_afresh(self, rank: RankMemory) -> None:
+        """The rank's process started again: its window and history are gone."""
+        self._changed.add(rank.rank)
 
     def run_level(self, rank: RankMemory) -> float:
         """The rank's level over its history (its slow run, once it turned slow)."""
@@ -126,29 +135,24 @@ class Pace:
 
     def models(self, ranks: Sequence[RankMemory]) -> list[SpeedModel | None]:
         """`model` of every rank: those whose model is to be fitted afresh, at once where
-        they can be (`fits.fit_many`): after a round of windows, every rank."""
+        they can be (`fits.fit_many`): after a round of windows, every rank. At the fixed
+        part of the last call only the ranks changed since are looked at: a slow job's
+        health comes up to every step, a window closes every W."""
         fixed = self.fixed_samples
         memos = list(map(_model, ranks))
-        fresh = [
-            memo is not None and memo[0] is stats and memo[1] == epoch and memo[2] == fixed
-            for memo, stats, epoch in zip(
-                memos, map(_stats, ranks), map(_epoch, ranks), strict=True
-            )
-        ]
-        if fresh.count(True) == len(fresh):
-            return [memo[3] for memo in memos]  # type: ignore[index]
-        stale = [i for i, ok in enumerate(fresh) if not ok]
+        looked = self._changed if self._fitted_at == (fixed, len(ranks)) else range(len(ranks))
+        stale = [i for i in sorted(looked) if not self._fitted(ranks[i])]
         if len(stale) >= MANY:
             fitted = fit_many([ranks[i].history for i in stale], fixed, self._speed)
             for k, model in fitted.items():
-                i = stale[k]
-                rank = ranks[i]
-                rank.model = memos[i] = (rank.stats, rank.history.epoch, fixed, model)
-                fresh[i] = True
-        return [
-            memo[3] if ok else self.model(r)  # type: ignore[index]
-            for r, memo, ok in zip(ranks, memos, fresh, strict=True)
-        ]
+                rank = ranks[stale[k]]
+                rank.model = (rank.stats, rank.history.epoch, fixed, model)
+        for i in stale:
+            self.model(ranks[i])  # those fit_many could not fit
+            memos[i] = ranks[i].model
+        self._changed.clear()
+        self._fitted_at = (fixed, len(ranks))
+        return [memo[3] for memo in memos]  # type: ignore[index]
 
     def _fitted(self, rank: RankMemory) -> bool:
         """Whether the rank's model is that of its latest window, history and the job's
@@ -174,7 +178,7 @@ class Pace:
         return model
 
 
-_model, _stats, _epoch = (attrgetter(a) for a in ("model", "stats", "history.epoch"))
+_model = attrgetter("model")
 
 #: The steps a refit reads on either side of a history's latest change of batch size,
 #: in line_steps: the two sizes' levels measured as close in time as they can be, so that
