@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
 from typing import Any
@@ -50,7 +49,9 @@ def run_in_workers(
     `tick` as REFERENCE and the policy's name. A run's error is raised here once the
     runs already going have ended, the runs not started cancelled."""
     context = multiprocessing.get_context("spawn")
-    reports = context.Queue()
+    # A SimpleQueue writes each report before the worker goes on, so a run's last one
+    # is in the pipe before its result: a Queue's feeder thread could send it after.
+    reports = context.SimpleQueue()
     every = max(1, scenario.steps // 200)
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_started, initargs=(reports,)
@@ -78,11 +79,8 @@ def _follow(futures: Sequence[Future[Any]], reports: Any, tick: Tick | None) -> 
 
 
 def _drain(reports: Any, tick: Tick | None) -> None:
-    while True:
-        try:
-            name, done = reports.get_nowait()
-        except queue.Empty:
-            return
+    while not reports.empty():
+        name, done = reports.get()
         if tick is not None:
             tick(name, done)
 
