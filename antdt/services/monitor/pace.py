@@ -44,8 +44,9 @@ class Pace:
         self.reference = 0.0  # the job's healthy cost; 0: not known yet
         self.slow_cost = math.inf  # a step costing this much or more is slow
         self.fixed_samples = 0.0  # the job's fixed part per step, in samples
-        # ranks whose window closed or history restarted since `models` last ran, and the
-        # fixed part it ran at (None: not yet): the only models that can have gone stale
+        # ranks whose window closed or history restarted since `models` last ran (the
+        # only models that can have gone stale), and the fixed part and number of ranks
+        # it ran with (None: not yet)
         self._changed: set[int] = set()
         self._fitted_at: tuple[float, int] | None = None
 
