@@ -60,7 +60,13 @@ async def test_one_node_of_each_cluster_killed_and_nothing_is_lost(clusters: Clu
         info = await bus.nc.jetstream().stream_info(INCIDENT_STREAM)
         assert info.config.num_replicas == 3
         for n in range(10):
-            await bus.jetstream.publish(S.incident("job"), _incident(n), msg_id=f"i{n}")
+            # The R3 stream's own group elects its leader after the stream is made: until
+            # then a publish finds no responder (msg_id makes a retried one land once).
+            await retry(
+                lambda n=n: bus.jetstream.publish(
+                    S.incident("job"), _incident(n), msg_id=f"i{n}", timeout=2
+                )
+            )
             await store.put(store.key(f"k{n}"), str(n).encode())
         used = bus.nc.connected_url
         assert used is not None
