@@ -11,7 +11,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from structlog.testing import capture_logs
 
-from antdt.runtime.bus import Bus, BusError, Delivery, Rejected, RequestRefused
+from antdt.runtime.bus import (
+    Bus,
+    BusError,
+    Delivery,
+    Rejected,
+    RequestRefused,
+    StreamMissing,
+)
 from antdt.schemas import (
     COMMAND_ADAPTER,
     Ack,
@@ -460,6 +467,12 @@ async def test_jetstream_publish_dedup_and_replay(bus: Bus) -> None:
     await bus.jetstream.publish(subjects.incident("j"), step_event(step=3), msg_id="m3")
     later = await bus.jetstream.read(stream, subjects.incident("j"), StepEvent, since=since)
     assert [e.step for e in later.items] == [3] and later.available == 1
+
+
+async def test_a_publish_no_stream_takes_is_refused_as_a_missing_stream(bus: Bus) -> None:
+    subjects = Subjects(bus.settings.subject_prefix)
+    with pytest.raises(StreamMissing, match="no stream takes"):
+        await bus.jetstream.publish(subjects.incident("nowhere"), step_event(), timeout=1)
 
 
 async def test_stored_messages_that_fail_validation_are_counted_and_logged(bus: Bus) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from antdt.runtime.bus import Bus
+from antdt.runtime.bus import Bus, StreamUnanswered
 from antdt.runtime.store import Store
 from antdt.schemas import INCIDENT_STREAM, Subjects
 from antdt.schemas.events import Incident
@@ -88,3 +88,26 @@ async def test_one_node_of_each_cluster_killed_and_nothing_is_lost(clusters: Clu
     finally:
         await bus.close()
         await store.close()
+
+
+async def test_a_publish_to_a_stream_without_a_leader_is_unanswered_not_missing(
+    clusters: Clusters,
+) -> None:
+    """Two of three NATS nodes killed: the R3 stream has no quorum, so no leader answers
+    its publishes. The bus says so (worth trying again), not that the stream is gone."""
+    bus = Bus(clusters.nats_settings("antdt.cu"), name="r3")
+    await bus.connect(retry_for_s=20)
+    subjects = Subjects("antdt.cu")
+    try:
+        await retry(lambda: bus.jetstream.ensure_stream("CU", [subjects.any_job("incident")]))
+        await retry(
+            lambda: bus.jetstream.publish(subjects.incident("job"), _incident(0), msg_id="i0")
+        )
+        used = bus.nc.connected_url
+        assert used is not None
+        for node in [node for node in clusters.nats if node.port != used.port]:
+            node.kill()
+        with pytest.raises(StreamUnanswered):
+            await bus.jetstream.publish(subjects.incident("job"), _incident(1), timeout=2)
+    finally:
+        await bus.close()

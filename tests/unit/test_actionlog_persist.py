@@ -1,5 +1,6 @@
-"""ActionLog keeps publishing a record while its ack does not come (a replicated stream
-electing a leader), with the same Nats-Msg-Id, and gives up at once on other errors."""
+"""ActionLog keeps publishing a record while its ack does not come or its stream does not
+answer (a replicated stream electing a leader), with the same Nats-Msg-Id, and gives up
+at once on other errors."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from antdt.runtime.bus import StreamUnanswered
 from antdt.schemas import ActionRecord, ActionResult, Subjects
 from antdt.services.controller import actionlog
 from antdt.services.controller.actionlog import ActionLog
@@ -67,6 +69,14 @@ async def test_a_record_whose_ack_times_out_is_published_again_with_its_msg_id()
     with capture_logs() as logs:
         await log_of(stream).record(record())
     assert stream.tries == ["j-plan-1"] * 3
+    assert not [e for e in logs if e["event"] == "action record not persisted"]
+
+
+async def test_a_stream_without_a_leader_is_published_to_again() -> None:
+    stream = Stream(StreamUnanswered("ACTIONS did not answer"))
+    with capture_logs() as logs:
+        await log_of(stream).record(record())
+    assert stream.tries == ["j-plan-1"] * 2
     assert not [e for e in logs if e["event"] == "action record not persisted"]
 
 

@@ -13,6 +13,7 @@ from antdt.runtime.bus.messages import (
     Replay,
     RequestRefused,
     StreamMissing,
+    StreamUnanswered,
     decode_reply,
     encode,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "Replay",
     "RequestRefused",
     "StreamMissing",
+    "StreamUnanswered",
     "Subscription",
     "decode_reply",
     "encode",

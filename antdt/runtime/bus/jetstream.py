@@ -20,15 +20,17 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 from pydantic import BaseModel, TypeAdapter
 
 from antdt.runtime.bus.messages import (
+    BusError,
     Decoder,
     Rejected,
     Rejections,
     Replay,
     StreamMissing,
+    StreamUnanswered,
     deflated,
     encode,
     sent_under,
@@ -93,10 +95,23 @@ class JetStream:
         large job's ActionRecord lists every rank's batch and ack), as `Bus.publish`."""
         data, coding = deflated(encode(model))
         headers = trace_headers({**coding, "Nats-Msg-Id": msg_id} if msg_id else coding)
-        ack = await self.nc.jetstream().publish(
-            subject, data, timeout=timeout, headers=headers or None
-        )
+        js = self.nc.jetstream()
+        try:
+            ack = await js.publish(subject, data, timeout=timeout, headers=headers or None)
+        except NoStreamResponseError:
+            raise await self._unanswered(subject) from None
         return int(ack.seq)
+
+    async def _unanswered(self, subject: str) -> BusError:
+        """Why no stream answered a publish to `subject`: StreamMissing when no stream
+        takes it, else StreamUnanswered (its replicas without a leader, for now)."""
+        try:
+            stream = await self.nc.jetstream().find_stream_name_by_subject(subject)
+        except NotFoundError:
+            return StreamMissing(f"no stream takes {subject}")
+        except Exception:  # the cluster's own leader away too: a transient state
+            stream = "its stream"
+        return StreamUnanswered(f"{stream} did not answer a publish to {subject}")
 
     async def read(
         self,

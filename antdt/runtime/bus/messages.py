@@ -50,6 +50,12 @@ class StreamMissing(BusError):
     """The JetStream stream does not exist (nobody ensured it)."""
 
 
+class StreamUnanswered(BusError):
+    """A stream takes the subject but none of its servers answered the publish: its
+    replicas electing a leader (a node of the cluster lost or just started). Worth
+    trying again, as a publish whose ack timed out."""
+
+
 class Rejected(ValueError):
     """Raised by a handler to refuse a message with a machine code and a clear reason."""
 

@@ -7,7 +7,7 @@ import time
 
 import structlog
 
-from antdt.runtime.bus import Bus, BusError, StreamMissing
+from antdt.runtime.bus import Bus, BusError, StreamMissing, StreamUnanswered
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.telemetry.brief import brief_batches
 from antdt.schemas import ACTION_STREAM, ActionRecord, ActionResult, Subjects
@@ -70,7 +70,7 @@ class ActionLog:
             try:
                 await self.bus.jetstream.publish(subject, record, msg_id=record.action_id)
                 return
-            except TimeoutError as exc:  # no ack yet: the stream may be electing a leader
+            except (TimeoutError, StreamUnanswered) as exc:  # its stream electing a leader
                 if time.monotonic() + pause > deadline:
                     return _not_persisted(record, tries, exc)
             except Exception as exc:  # the stream missing, refused: trying again won't help
