@@ -94,7 +94,7 @@ def _with_progress(scenario: ScenarioFile, jobs: int) -> Simulation:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from antdt.sim.simulate import run_names, simulate
-    from antdt.sim.workers import default_workers
+    from antdt.sim.workers import default_workers, tick_every
 
     names = run_names(scenario)
     workers = jobs or default_workers(scenario, len(names))
@@ -106,7 +106,7 @@ def _with_progress(scenario: ScenarioFile, jobs: int) -> Simulation:
     )
     with Progress(*columns, console=out) as bar:
         tasks = {n: bar.add_task(n, total=scenario.steps) for n in names}
-        every = max(1, scenario.steps // 200)
+        every = tick_every(scenario.steps)
 
         def tick(what: str, done: int) -> None:
             if done % every == 0 or done == scenario.steps:

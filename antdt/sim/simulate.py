@@ -9,10 +9,7 @@ from dataclasses import dataclass
 from antdt.sim.files import ScenarioFile
 from antdt.sim.report import Figures, figures
 from antdt.sim.run import RunResult, run_policy, run_reference
-from antdt.sim.workers import REFERENCE, run_in_workers
-
-#: (what runs now, steps done in it); called after each step.
-Tick = Callable[[str, int], None]
+from antdt.sim.workers import REFERENCE, Tick, run_in_workers
 
 
 @dataclass(frozen=True)

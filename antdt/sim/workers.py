@@ -1,7 +1,7 @@
 """A simulation's runs side by side in worker processes. Each run (the reference, each
 policy) depends on the scenario alone (its draws come from the scenario's seed), so the
 runs can take one core each and come back with the figures they have one after another
-in one process. Their progress comes back over a queue, throttled to ~200 ticks a run."""
+in one process. Their progress comes back over a queue, TICKS_PER_RUN reports a run."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ REFERENCE = "oracle"
 #: first imports numpy, pydantic and the cores (about a second), more than a small
 #: scenario's whole run.
 PARALLEL_FROM = 1_000_000
-#: (run, steps done in it); called in the parent as the workers report.
+#: (run, steps done in it); called after a run's steps (in workers: as they report).
 Tick = Callable[[str, int], None]
+#: Progress reports a run sends at most (and its last step's).
+TICKS_PER_RUN = 200
 
 _reports: Any = None  # the worker's end of the progress queue (set by `_started`)
 
@@ -31,6 +33,11 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def tick_every(steps: int) -> int:
+    """Steps between two progress reports of a run of `steps` steps."""
+    return max(1, steps // TICKS_PER_RUN)
 
 
 def default_workers(scenario: ScenarioFile, runs: int) -> int:
@@ -52,7 +59,7 @@ def run_in_workers(
     # A SimpleQueue writes each report before the worker goes on, so a run's last one
     # is in the pipe before its result: a Queue's feeder thread could send it after.
     reports = context.SimpleQueue()
-    every = max(1, scenario.steps // 200)
+    every = tick_every(scenario.steps)
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_started, initargs=(reports,)
     ) as pool:
@@ -108,4 +115,13 @@ def _policy(scenario: ScenarioFile, name: str, every: int) -> RunResult:
     return run_policy(scenario, name, _reporter(name, scenario.steps, every))
 
 
-__all__ = ["PARALLEL_FROM", "REFERENCE", "default_workers", "run_in_workers", "usable_cores"]
+__all__ = [
+    "PARALLEL_FROM",
+    "REFERENCE",
+    "TICKS_PER_RUN",
+    "Tick",
+    "default_workers",
+    "run_in_workers",
+    "tick_every",
+    "usable_cores",
+]
