@@ -7,7 +7,7 @@ field by field costs more than a whole decision on the columns."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, truediv
 from typing import cast
@@ -18,6 +18,8 @@ from antdt.schemas import JobHealth, RankState
 from antdt.services.controller.splits import Floats
 
 _USABLE = frozenset((RankState.OK, RankState.SLOW, RankState.LEADER))
+#: A rank in one of these states has no process to take a plan.
+_AWAY = frozenset((RankState.EXITED, RankState.RESTARTING))
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,26 +31,27 @@ class HealthColumns:
     world_size: int
     ranks: list[int]
     hosts: dict[int, str]  # rank -> host of its row
+    away: bool  # some rank's process exited (finished, closed, or to be restarted)
     complete: bool
-    rates: list[float]  # samples/s
-    speeds: tuple[float | None, ...]  # 1 / (1 / rate): the speeds the policies read
-    sorted_speeds: Floats | None  # when every rank has a speed: for medians
-    fixed: list[float | None]
-    per_sample: list[float | None]
-    all_fitted: bool  # every rank has a model and a speed: per_sample_s, samples_per_s > 0
-    sorted_fixed: Floats | None  # when every rank has a model: for medians
-    sorted_per_sample: Floats | None
+    # the rest, filled only when `complete`
+    rates: list[float] = field(default_factory=list)  # samples/s
+    speeds: tuple[float | None, ...] = ()  # 1 / (1 / rate): the speeds the policies read
+    sorted_speeds: Floats | None = None  # when every rank has a speed: for medians
+    fixed: list[float | None] = field(default_factory=list)
+    per_sample: list[float | None] = field(default_factory=list)
+    all_fitted: bool = False  # every rank has a model and a speed: per_sample_s, rates > 0
+    sorted_fixed: Floats | None = None  # when every rank has a model: for medians
+    sorted_per_sample: Floats | None = None
 
     @classmethod
     def of(cls, health: JobHealth, world_size: int) -> HealthColumns:
         rows = health.ranks
         ranks = list(map(attrgetter("rank"), rows))
         hosts = dict(zip(ranks, map(attrgetter("host"), rows), strict=True))
-        usable = set(map(attrgetter("state"), rows)) <= _USABLE
-        if not usable or ranks != list(range(world_size)):
-            return cls(
-                health, world_size, ranks, hosts, False, [], (), None, [], [], False, None, None
-            )
+        states = set(map(attrgetter("state"), rows))
+        away = not states.isdisjoint(_AWAY)
+        if not states <= _USABLE or ranks != list(range(world_size)):
+            return cls(health, world_size, ranks, hosts, away, complete=False)
         rates = list(map(attrgetter("samples_per_s"), rows))
         fixed = list(map(attrgetter("fixed_s"), rows))
         per_sample = list(map(attrgetter("per_sample_s"), rows))
@@ -61,6 +64,7 @@ class HealthColumns:
             world_size,
             ranks,
             hosts,
+            False,
             True,
             rates,
             speeds,

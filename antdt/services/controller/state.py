@@ -14,15 +14,11 @@ from antdt.schemas import (
     NodeRecord,
     Plan,
     RankHello,
-    RankState,
     RestartLedger,
 )
 from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.restarts import Progress
 from antdt.services.controller.view import JobView, remaining_samples
-
-#: A rank in one of these states has no process to take a plan.
-_AWAY = frozenset((RankState.EXITED, RankState.RESTARTING))
 
 
 @dataclass
@@ -50,10 +46,6 @@ class JobState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)  # live registered nodes
     #: `health` as columns, built once per health message (`_health_columns`)
     _columns: HealthColumns | None = field(default=None, init=False, repr=False, compare=False)
-    #: `ranks_away` of `health`, found once per health message
-    _away: tuple[JobHealth, bool] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
 
     def view(self, now: float, blocklist: frozenset[str] = frozenset()) -> JobView:
         """The read-only view a policy decides on."""
@@ -78,15 +70,10 @@ class JobState:
 
     def ranks_away(self) -> bool:
         """Some rank's process exited (finished, closed, or to be restarted), by the
-        latest health: read once per health message (a scan of every row), not per
-        decision (a large job decides on 100+ incident transitions a second)."""
-        health = self.health
-        if health is None:
-            return False
-        if self._away is None or self._away[0] is not health:
-            away = any(r.state in _AWAY for r in health.ranks)
-            self._away = (health, away)
-        return self._away[1]
+        latest health: read from its columns, made once per health message (a large job
+        decides on 100+ incident transitions a second)."""
+        columns = self._health_columns()
+        return columns is not None and columns.away
 
     def _health_columns(self) -> HealthColumns | None:
         if self.health is None:
