@@ -133,6 +133,27 @@ def slow_before_acting(
     ]
 
 
+def what_the_monitor_saw(run: StragglerRun, levels: list[tuple[int, int, float]]) -> str:
+    """Rank 3's story for a failure message (CI's temporary files do not outlive the
+    run): its steps' batch and compute per sample, the windows' levels off the others,
+    its incident transitions and the actions."""
+    steps = " ".join(
+        f"{e.step}:{e.local_batch}/{e.plan_version}:{e.compute_s / e.samples * 1e3:.2f}"
+        for e in run.steps[3]
+        if e.samples
+    )
+    incidents = [
+        (i.step, i.state.value, i.straggler_class.value, round(i.ratio, 2), i.windows)
+        for i in run.incidents
+        if i.rank == 3
+    ]
+    actions = [(a.kind, a.effective_step, a.reason) for a in run.actions]
+    return (
+        f"rank 3 steps (step:batch/plan:ms per sample): {steps}\n"
+        f"levels off the others: {levels}\nincidents: {incidents}\nactions: {actions}"
+    )
+
+
 async def test_transient_bursts_get_batch_changes_but_no_restart(
     settings: ServiceSettings, bus: Bus, tmp_path: Path, unique: str
 ) -> None:
@@ -163,6 +184,9 @@ async def test_transient_bursts_get_batch_changes_but_no_restart(
         # noise only adds time) over the median of the faster half's.
         levels = measured_deviations(run.steps, 0.2, lower_quartile, healthy_reference)
         uninjected = slow_before_acting(run, levels)
-        assert uninjected, f"restarted for the bursts alone: {reasons}; windows {deviations}"
+        assert uninjected, (
+            f"restarted for the bursts alone: {reasons}; windows {deviations}\n"
+            + what_the_monitor_saw(run, levels)
+        )
         print(f"attempt {attempt}: rank 3 slow outside the bursts {uninjected}: {reasons}")
     pytest.fail(f"both runs had rank 3 slow outside the bursts: {uninjected}")
