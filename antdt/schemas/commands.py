@@ -3,8 +3,9 @@
 An action id names one action of the controller, unique per job: `{job}-plan-{N}` (an
 ADJUST_BS writing plan version N), `{job}-restart-{N}` (the job's N-th KILL_RESTART),
 `{job}-proposal-{proposal_id}` (an executed proposal; `{job[:80]}-proposal-{sha256[:24]}`
-past 128 characters) and `<one of those, cut to 100>-refused-{unix time}` (a refusal's
-record). The command, every rank's Ack and the ActionRecord carry the same id."""
+past 128 characters) and `<one of those, cut to 100>-refused-{unix time}` or
+`...-failed-{unix time}` (the record of an action refused, or failed before anything was
+sent). The command, every rank's Ack and the ActionRecord carry the same id."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ ActionId = Annotated[
         min_length=1,
         max_length=128,
         description="The action's id (its idempotency key): `{job}-plan-{N}`, "
-        "`{job}-restart-{N}`, `{job}-proposal-{proposal_id}`, or `...-refused-{time}`",
+        "`{job}-restart-{N}`, `{job}-proposal-{proposal_id}`, or `...-refused-{time}` / "
+        "`...-failed-{time}` (an action not carried out)",
     ),
 ]
 IncidentRef = Annotated[

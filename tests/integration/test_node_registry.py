@@ -213,6 +213,12 @@ async def test_no_free_spare_holds_a_restart_and_records_why_once(
         ("kill_restart", ActionResult.REFUSED, "antdt-nd kill_restart")
     ]
     assert state.restarts.count == 0  # no budget used, nothing blocklisted
+    # Recorded under an id of its own: the restart, once a spare is free, is recorded
+    # under its plain id, which ANTDT_ACTIONS would otherwise drop as a duplicate (and a
+    # takeover would take for done).
+    recorded = await controller.executor.actions.recorded_ids(unique)
+    assert action.action_id not in recorded
+    assert [i.startswith(f"{action.action_id}-refused-") for i in recorded] == [True]
 
 
 async def test_torchrun_on_a_blocklisted_host_exits_76_with_its_message(

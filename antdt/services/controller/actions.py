@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from antdt.schemas import ActionResult
 from antdt.services.controller.view import JobView
 
 
@@ -72,6 +73,14 @@ def plan_action_id(view: JobView) -> str:
 def declined_action_id(incident_id: str, state: str) -> str:
     """The id of a restart declined for an incident in `state`."""
     return f"{incident_id[:100]}-declined-{state}"
+
+
+def unsent_action_id(action_id: str, result: ActionResult, at: float) -> str:
+    """The id of the record of an action refused, or failed before anything was sent,
+    at `at`: ANTDT_ACTIONS de-duplicates by id, and the same action may yet be carried
+    out under its own (a plan version or a restart number not spent)."""
+    outcome = "refused" if result is ActionResult.REFUSED else "failed"
+    return f"{action_id[:100]}-{outcome}-{at:.6f}"
 
 
 def restart_action_id(view: JobView) -> str:

