@@ -54,9 +54,34 @@ class CommandHandler:
         return self._adjust(cmd, delivery.subject)
 
     def restart_due(self, step: int) -> bool:
-        """A KILL_RESTART asked this job to checkpoint at or before `step`."""
+        """A KILL_RESTART asked this job to checkpoint at or before `step` (and every
+        rank took it: `restart_counted`)."""
         request = self.restart
         return request is not None and step >= request.step
+
+    def restart_vote(self, step: int) -> int:
+        """1 when this rank took a restart checkpointing at `step` (a step's count)."""
+        request = self.restart
+        return int(request is not None and request.step == step)
+
+    def restart_counted(self, step: int, votes: int) -> None:
+        """`step`'s count found `votes` ranks holding its restart. Unless every rank took
+        it, it is dropped: a rank alone would checkpoint and wait at the commit for the
+        others, which train on (each took the command, or refused it, on its own: the
+        launcher's restarts left are counted per node). The controller has the refusals
+        in the acks; no rank moves."""
+        request = self.restart
+        if request is None or request.step != step or votes >= self._world_size:
+            return
+        self.restart = None
+        log.warning(
+            "restart dropped: not every rank took it",
+            job=self._job,
+            step=step,
+            ranks=votes,
+            world_size=self._world_size,
+            action_id=request.action_id,
+        )
 
     def _adjust(self, cmd: AdjustBatch, subject: str) -> Ack:
         plan = cmd.plan

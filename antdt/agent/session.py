@@ -159,6 +159,7 @@ async def _connect(s: AgentSettings, thread: LoopThread, parts: Parts) -> Sessio
             log_ids=publisher.log_ids if s.sample_log else None,
             sharing=sharing_for(reply.spec, s.rank),
             max_local_batch=s.max_local_batch,
+            restarts=parts.commands,
         )
         undo.pop_all()
     probe.start()

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from antdt.agent.devices import wait_for_device
 from antdt.agent.inject import InjectionSchedule
@@ -126,6 +126,7 @@ class StepDriver:
     sharing: WorkSharing | None = None
     max_local_batch: int | None = None
     epoch: int | None = None
+    restarts: RestartVotes | None = None
     _open: Step | None = None
     _tail: TailCatchUp = field(default_factory=TailCatchUp)
 
@@ -220,9 +221,15 @@ class StepDriver:
         """The step's count all-reduce (through `opens` under work sharing, which adds
         its offers), with the tail slot: the step's total; the next `ask` follows it."""
         full_share = TailCatchUp.full_share(plan.local_batch[self.rank], asked, len(ids))
-        counting = _TailCount(self._count_sum, full_share)
+        index, newest = self.plans.step, self.plans.newest_version
+        vote = self.restarts.restart_vote(index) if self.restarts is not None else 0
+        counting = _TailCount(self._count_sum, [full_share, newest, newest * newest, vote])
         total = opens(counting) if opens is not None else counting([len(ids)])[0]
-        self._tail.counted(plan.local_batch, counting.full_sum)
+        full_sum, newest_sum, newest_squares, votes = counting.sums
+        self._tail.counted(plan.local_batch, full_sum)
+        self.plans.agree(newest_sum, newest_squares)
+        if self.restarts is not None:
+            self.restarts.restart_counted(index, votes)
         return total
 
     def open_step(self, step: Step, t0: float, wall0: float, t1: float, t2: float) -> Step:
@@ -385,14 +392,29 @@ class StepDriver:
 
 
 class _TailCount:
-    """An AllSum for the step's count that carries the rank's `full_share` in one more
-    slot and keeps that slot's sum (`full_sum`)."""
+    """An AllSum for the step's count that carries more slots the step's ranks agree
+    through and keeps their sums (`sums`): the rank's full share (TailCatchUp), its
+    newest plan version and that squared (StepPlans.agree), its vote for a restart
+    checkpointing at the step (RestartVotes)."""
 
-    def __init__(self, sums: AllSum, full_share: int) -> None:
-        self._sums, self._share = sums, full_share
-        self.full_sum = 0
+    def __init__(self, sums: AllSum, slots: list[int]) -> None:
+        self._sums, self._slots = sums, slots
+        self.sums = [-1] * len(slots)  # (no count yet: agrees on nothing)
 
     def __call__(self, vector: list[int]) -> list[int]:
-        summed = self._sums([*vector, self._share])
-        self.full_sum = summed[-1]
-        return summed[:-1]
+        summed = self._sums([*vector, *self._slots])
+        cut = len(summed) - len(self._slots)
+        self.sums = summed[cut:]
+        return summed[:cut]
+
+
+class RestartVotes(Protocol):
+    """A restart the ranks must all take or none (the agent's command handler)."""
+
+    def restart_vote(self, step: int) -> int:
+        """1 when this rank took a restart checkpointing at `step`, else 0."""
+        ...
+
+    def restart_counted(self, step: int, votes: int) -> None:
+        """`step`'s count found `votes` ranks holding its restart."""
+        ...

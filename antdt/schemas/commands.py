@@ -82,7 +82,10 @@ class Ack(WireModel):
     rank: Rank
     ok: bool = Field(description="True: the rank took the command; false: see error")
     applied_step: Count | None = Field(
-        default=None, description="Step at which the command takes (or took) effect"
+        default=None,
+        description="Step at which the command takes (or took) effect: for a plan, the "
+        "earliest it can start at on this rank (every rank starts it at one step, once "
+        "a step's count found all of them holding it)",
     )
     plan_version: Count | None = Field(
         default=None,

@@ -133,12 +133,19 @@ async def test_dataloader_workers_plan_switch_and_kill_restore_exactly_once(
     assert all(a.ok for a in acks), acks
     first = [json.loads(Path(f"{out}.rank{r}.run0.json").read_text()) for r in range(2)]
     assert all(run["recuts"] >= 1 for run in first), first  # old-size batches read ahead
-    applied = {r: acks[r].applied_step for r in range(2)}
-    for e in events:  # before the kill's checkpoint (step 35) only the first run stepped
-        at = applied[e.rank]
-        assert at is not None
-        if e.step < 36:
-            assert e.local_batch == ((6, 2)[e.rank] if e.step >= at else 4), e
-            assert e.samples <= (6 if e.step >= at else 4)
+    # Sent to one rank after the other, effective at once: each acked the earliest step
+    # it could start at; both start it at one step, the first after a count that found
+    # both holding it (a rank alone on the new plan would have run a step of another
+    # global batch).
+    earliest = max(a.applied_step or 0 for a in acks)
+    first_run = [e for e in events if e.step < 36]  # before the kill's checkpoint (step 35)
+    switched = {
+        r: min(e.step for e in first_run if e.rank == r and e.plan_version == 1) for r in range(2)
+    }
+    assert switched[0] == switched[1] >= earliest, (switched, acks)
+    for e in first_run:
+        at = switched[e.rank]
+        assert e.local_batch == ((6, 2)[e.rank] if e.step >= at else 4), e
+        assert e.samples <= (6 if e.step >= at else 4)
     restarted = {r: json.loads(Path(f"{out}.rank{r}.run1.json").read_text()) for r in range(2)}
     assert all(run["sizes"][0][0] == 36 for run in restarted.values()), restarted

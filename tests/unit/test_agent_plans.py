@@ -64,7 +64,20 @@ def test_applied_step_is_never_in_the_past() -> None:
 def test_book_add_prunes_and_remembers_applied_steps() -> None:
     book = PlanBook()
     for version, effective in [(0, 0), (1, 5), (2, 8)]:
-        book = book.add(plan(version, effective), effective, current_step=9)
+        book = book.add(plan(version, effective), effective, current_step=9, agreed=True)
     assert [p.version for p in book.plans] == [2]
     assert book.applied == {2: 8}
     assert book.newest is not None and book.newest.version == 2
+
+
+def test_a_plan_not_agreed_waits_and_prunes_nothing_it_would_replace() -> None:
+    book = PlanBook().add(plan(0, 0), 0, 0, agreed=True)
+    book = book.add(plan(1, 5), 5, current_step=9)  # its step has come on this rank only
+    assert [p.version for p in book.plans] == [0, 1]
+    assert book.select(9).version == 0 and book.agreed == 0
+    agreed = book.agree(1, first_open=12)  # every rank holds it: all start it at 12
+    assert (agreed.select(11).version, agreed.select(12).version) == (0, 1)
+    assert agreed.applied_step(plan(1, 5)) == 12
+    assert book.agree(1, first_open=3).applied_step(plan(1, 5)) == 5  # its own, yet to come
+    assert agreed.agree(0, first_open=20) is agreed  # an older version changes nothing
+    assert book.agree(7, first_open=20) is book  # nor one this rank does not hold

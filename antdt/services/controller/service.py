@@ -55,7 +55,12 @@ QUEUE_GROUP = "antdt-controller"  # the contract's CONTROLLER_QUEUE (schemas.cha
 
 
 class ControllerSettings(ServiceSettings):
-    lead_steps: int = Field(default=3, ge=1, description="Steps between decision and effect")
+    lead_steps: int = Field(
+        default=4,
+        ge=1,
+        description="Steps between an ADJUST_BS decision and its plan's effective step: "
+        "every rank must hold the plan by the count of the step before it",
+    )
     restart_lead_steps: int = Field(
         default=5, ge=1, description="Steps between a KILL_RESTART decision and its checkpoint"
     )
