@@ -1,7 +1,8 @@
 """Controller → agent commands (a discriminated union on `kind`), acks and action records.
 
 An action id names one action of the controller, unique per job: `{job}-plan-{N}` (an
-ADJUST_BS writing plan version N), `{job}-restart-{N}` (the job's N-th KILL_RESTART),
+ADJUST_BS writing plan version N), `{job}-restart-{N}` (the job's N-th KILL_RESTART; for
+both, `{job[:80]}-{sha256(job)[:24]}` stands for the job past 128 characters),
 `{job}-proposal-{proposal_id}` (an executed proposal; `{job[:80]}-proposal-{sha256[:24]}`
 past 128 characters) and `<one of those, cut to 100>-refused-{unix time}` or
 `...-failed-{unix time}` (the record of an action refused, or failed before anything was

@@ -175,6 +175,22 @@ def test_change_violation_agrees_with_bounded_change() -> None:
     assert change_violation(old, (64, 0, 0, 0), float("inf")) == ""
 
 
+def test_plan_and_restart_ids_of_the_longest_job_ids_fit_and_stay_apart() -> None:
+    from antdt.schemas import AdjustBatch, PendingRestart
+    from antdt.services.controller.actions import job_action_id, plan_version_action_id
+
+    assert plan_version_action_id("j", 3) == "j-plan-3"
+    one, other = "a" * 127 + "1", "a" * 127 + "2"  # Token allows 128
+    ids = {job_action_id(job, what) for job in (one, other) for what in ("plan-7", "restart-2")}
+    assert len(ids) == 4 and all(
+        len(i) <= 128 and i.endswith(("-plan-7", "-restart-2")) for i in ids
+    )
+    plan = Plan(job=one, version=7, local_batch=(4, 4), effective_step=9, created_at=1.0)
+    AdjustBatch(action_id=plan_version_action_id(one, 7), job=one, plan=plan)  # validates
+    restart = job_action_id(one, "restart-2")
+    PendingRestart(action_id=restart, rank=0, host="h", checkpoint_step=9, decided_at=1.0)
+
+
 def test_rails_and_action_ids() -> None:
     params = {"cooldown_s": 0.0, "variant": "cpu"}
     assert rails_for(SPEC.model_copy(update={"policy_params": params})).cooldown_s == 0.0

@@ -4,11 +4,15 @@ decision repeated after a takeover is recognised as the same action."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import ClassVar
 
 from antdt.schemas import ActionResult
 from antdt.services.controller.view import JobView
+
+#: An action id's length at most (schemas.commands.ActionId).
+MAX_ACTION_ID = 128
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,24 @@ class RestartDeclined:
 Action = AdjustBatchAction | KillRestartAction | RestartDeclined
 
 
+def job_action_id(job: str, what: str) -> str:
+    """`{job}-{what}`: an action id, within its 128 characters. A job's id may take 128
+    itself: past them, the job's first 80 and a digest of the whole (ANTDT_ACTIONS
+    de-duplicates by id across jobs: two long ids alike in their first 80 stay apart)."""
+    action_id = f"{job}-{what}"
+    if len(action_id) <= MAX_ACTION_ID:
+        return action_id
+    return f"{job[:80]}-{hashlib.sha256(job.encode()).hexdigest()[:24]}-{what}"
+
+
 def plan_action_id(view: JobView) -> str:
     """The id of the plan that would follow the view's current one."""
-    return f"{view.spec.job}-plan-{view.plan.version + 1}"
+    return plan_version_action_id(view.spec.job, view.plan.version + 1)
+
+
+def plan_version_action_id(job: str, version: int) -> str:
+    """The id of the ADJUST_BS that writes plan `version` of `job`."""
+    return job_action_id(job, f"plan-{version}")
 
 
 def declined_action_id(incident_id: str, state: str) -> str:
@@ -85,4 +104,4 @@ def unsent_action_id(action_id: str, result: ActionResult, at: float) -> str:
 
 def restart_action_id(view: JobView) -> str:
     """The id of the restart that would follow the view's restart history."""
-    return f"{view.spec.job}-restart-{view.restarts.count + 1}"
+    return job_action_id(view.spec.job, f"restart-{view.restarts.count + 1}")

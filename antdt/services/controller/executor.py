@@ -33,6 +33,7 @@ from antdt.services.controller.actions import (
     AdjustBatchAction,
     KillRestartAction,
     RestartDeclined,
+    plan_version_action_id,
     unsent_action_id,
 )
 from antdt.services.controller.guardrails import Guardrails
@@ -257,7 +258,7 @@ class Executor:
                     await self._write_ledger(state, restarts.abandon(state.restarts))
         elif pending.local_batch_after and state.plan.effective_step <= pending.checkpoint_step:
             after = AdjustBatchAction(
-                action_id=f"{job}-plan-{state.plan.version + 1}",
+                action_id=plan_version_action_id(job, state.plan.version + 1),
                 local_batch=pending.local_batch_after,
                 reason=f"plan after {pending.action_id}: rank {pending.rank} on a healthy host",
                 incident_id=pending.incident_id,
@@ -341,7 +342,7 @@ class Executor:
         spec, plan = state.spec, state.plan
         recorded = await self.actions.recorded_ids(spec.job)
         if plan.version > 0:
-            action_id = f"{spec.job}-plan-{plan.version}"
+            action_id = plan_version_action_id(spec.job, plan.version)
             command = AdjustBatch(action_id=action_id, job=spec.job, plan=plan)
             tally = await self.sender.send(command, spec.world_size)
             if action_id not in recorded:
