@@ -370,6 +370,19 @@ def test_gpu_variant_is_idempotent_per_view() -> None:
     assert first[0].local_batch == (37, 32, 32, 27)
 
 
+def test_gpu_variant_remembers_a_bounded_number_of_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One policy object serves every job of a controller for its life: the last moves it
+    keeps per job must not grow with every job it ever moved."""
+    import antdt.services.controller.policies.lbbsp as lbbsp
+
+    monkeypatch.setattr(lbbsp, "MAX_JOBS", 2)
+    policy = LbBspPolicy()
+    for name in ("a", "b", "c"):
+        job_spec = spec(policy_params={"variant": "gpu"}).model_copy(update={"job": name})
+        assert policy.decide(view(job_spec=job_spec), incident())
+    assert list(policy._gpu) == ["b", "c"]
+
+
 # ------------------------------------------------------------------ properties
 
 

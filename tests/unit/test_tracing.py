@@ -191,6 +191,24 @@ def test_a_decision_on_health_joins_the_incident_trace_and_measures_its_effect(
     assert attrs["antdt.effect.speedup"] == pytest.approx(1.5)
     traces.health(_health(60, 1500.0, 1))  # measured once
     assert len([s for s in exporter.get_finished_spans() if s.name == "effect"]) == 1
+    assert len(traces._effects) == 0  # nothing awaited: the job is forgotten
+
+
+def test_effects_awaited_for_jobs_that_never_report_again_stay_bounded(
+    exported: Exported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that ends (or moves to another replica) before its effect is measured must
+    not keep its entry, with the health before each action, for the controller's life."""
+    import antdt.runtime.telemetry.tracing as tracing
+
+    monkeypatch.setattr(tracing, "MAX_JOBS", 3)
+    provider, _ = exported
+    traces = DecisionTraces(provider=provider)
+    parent = provider.get_tracer("t").start_span("decide").get_span_context()
+    for job in range(5):
+        record = _record(1, effective_step=25).model_copy(update={"job": f"j{job}"})
+        traces.expect_effect(record, parent, _health(20, 1000.0, 0))
+    assert len(traces._effects) == 3 and "j4" in traces._effects and "j0" not in traces._effects
 
 
 def test_an_incident_without_action_still_gets_a_decision_span(exported: Exported) -> None:

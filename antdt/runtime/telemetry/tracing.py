@@ -27,6 +27,10 @@ from antdt.runtime.telemetry import metrics
 from antdt.runtime.telemetry.brief import LISTED_RANKS, brief_batches
 from antdt.schemas import Ack, ActionRecord, ActionResult, Incident, IncidentState, JobHealth
 
+#: Jobs whose applied actions' effects are awaited, at most (each holds up to 16, with
+#: the health before each: a large job's is big).
+MAX_JOBS = 4096
+
 JOB, RANK, INCIDENT, ACTION = "antdt.job", "antdt.rank", "antdt.incident.id", "antdt.action.id"
 
 
@@ -220,7 +224,8 @@ class DecisionTraces:
         self.tracer = (provider or trace.get_tracer_provider()).get_tracer("antdt.controller")
         self.effect_steps = effect_steps
         self._incidents: Recent[SpanContext] = Recent(limit)
-        self._effects: dict[str, list[_Effect]] = {}  # job -> applied actions not measured
+        # job -> applied actions not measured (a job that ends or moves first is forgotten)
+        self._effects: Recent[list[_Effect]] = Recent(MAX_JOBS)
 
     def incident(self, incident: Incident) -> None:
         """In the incident's handler: remember its trace (the delivered context)."""
@@ -241,7 +246,10 @@ class DecisionTraces:
         decision.close()
 
     def expect_effect(self, record: ActionRecord, parent: SpanContext, before: Any) -> None:
-        pending = self._effects.setdefault(record.job, [])
+        pending = self._effects.get(record.job)
+        if pending is None:
+            pending = []
+            self._effects.put(record.job, pending)
         del pending[: max(0, len(pending) - 15)]  # bounded: a job acting without health
         pending.append(
             _Effect(
@@ -265,6 +273,8 @@ class DecisionTraces:
         for effect in due:
             pending.remove(effect)
             self._effect(effect, health)
+        if not pending:
+            self._effects.pop(health.job)
 
     def _effect(self, effect: _Effect, health: JobHealth) -> None:
         attributes: dict[str, Any] = {

@@ -8,6 +8,7 @@ Rules and parameters: docs/architecture.md, "The lb-bsp policy"."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,10 @@ from antdt.services.controller.policies.targets import balanced_target, proporti
 from antdt.services.controller.view import JobView
 
 _ACTIONABLE = (IncidentKind.SLOW, IncidentKind.LEADER)
+
+#: Jobs whose last GPU-variant moves the policy remembers, at most (one policy object
+#: serves every job of a controller for its whole life).
+MAX_JOBS = 4096
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class LbBspPolicy:
     def __init__(self) -> None:
         # The only state: the GPU variant's last direction and step, per job. Clock-free
         # and keyed by plan version, so decisions stay deterministic (see _GpuMemory).
-        self._gpu: dict[str, _GpuMemory] = {}
+        self._gpu: OrderedDict[str, _GpuMemory] = OrderedDict()  # per job: its last moves
 
     def decide(self, view: JobView, event: JobHealth | Incident) -> list[Action]:
         if isinstance(event, Incident) and not facts_of((event,)).actionable:
@@ -141,9 +146,11 @@ class LbBspPolicy:
             return None
         plan[slowest] -= amount
         plan[fastest] += amount
-        self._gpu[view.spec.job] = _GpuMemory(
-            view.plan.version, last, _Direction(slowest, fastest, step)
-        )
+        moved = _GpuMemory(view.plan.version, last, _Direction(slowest, fastest, step))
+        self._gpu[view.spec.job] = moved
+        self._gpu.move_to_end(view.spec.job)
+        if len(self._gpu) > MAX_JOBS:  # the least recently moved job's is forgotten
+            self._gpu.popitem(last=False)
         reason = f"lb-bsp gpu: move {amount} samples from rank {slowest} to rank {fastest}"
         return tuple(plan), reason
 
