@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from antdt.runtime.bus import Bus, Delivery
+from antdt.runtime.coordination.leftopen import open_incidents
 from antdt.runtime.telemetry.tracing import IncidentTraces
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentKind, IncidentState, Subjects
-from antdt.services.monitor.inherit import open_incidents
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration

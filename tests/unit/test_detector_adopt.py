@@ -1,11 +1,11 @@
 """A job's new owner carries on the incidents its previous owner left open: adopted under
-their ids, moved on and resolved by the same rules (JobDetector.adopt, inherit.py)."""
+their ids, moved on and resolved by the same rules (JobDetector.adopt, leftopen.py)."""
 
 from __future__ import annotations
 
+from antdt.runtime.coordination.leftopen import still_open
 from antdt.schemas import IncidentKind, IncidentState, StragglerClass
 from antdt.services.monitor import JobDetector
-from antdt.services.monitor.inherit import still_open
 from tests.unit.test_detector import JOB, Job, event, run, slow_rank
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 
@@ -17,6 +18,7 @@ from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Get, Put, Store, decode_stored
 from antdt.schemas import (
     ErrorCode,
+    Incident,
     JobHealth,
     JobSpec,
     Keys,
@@ -33,12 +35,24 @@ log = structlog.get_logger("antdt.controller.jobs")
 RETENTION_SWEEP_S = 3600.0
 
 
+#: The incidents a job's previous owner left open (leftopen.open_incidents), by job.
+LeftOpen = Callable[[str], Awaitable[list[Incident]]]
+
+
 class OwnedJobs:
-    def __init__(self, store: Store, keys: Keys, ownership: Ownership, hellos: RankHellos) -> None:
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        ownership: Ownership,
+        hellos: RankHellos,
+        left_open: LeftOpen | None = None,
+    ) -> None:
         self.store = store
         self.keys = keys
         self.ownership = ownership
         self.hellos = hellos
+        self.left_open = left_open
         self.states: dict[str, JobState] = {}
         self.ended = EndedJobs(store, keys)
         self.loads = 0  # states loaded from etcd so far
@@ -115,6 +129,8 @@ class OwnedJobs:
             state.restarts, state.restarts_revision = ledger
         for hello in await self.hellos.load(job):
             state.learn_hello(hello)
+        for incident in await self._open_incidents(job):
+            state.learn_incident(incident)
         # A takeover (or a restart of this replica): finish what was in flight.
         state.resume_pending = state.plan.version > 0 or state.restarts.pending is not None
         if not self.ownership.owns(job) or self.ended.known(job) is not None:
@@ -122,6 +138,19 @@ class OwnedJobs:
         self.loads += 1
         self.states[job] = state
         return state
+
+    async def _open_incidents(self, job: str) -> list[Incident]:
+        """The job's incidents still open: a takeover must decide knowing them (lb-bsp
+        would undo a mitigation whose straggler it does not know of; antdt-nd would wait
+        for a transition that, for an escalated incident, comes only as it resolves).
+        None read when the stream cannot be (logged): the next transitions teach them."""
+        if self.left_open is None:
+            return []
+        try:
+            return await self.left_open(job)
+        except Exception as exc:  # the stream away: the claim goes on
+            log.warning("open incidents unread", job=job, error=str(exc))
+            return []
 
 
 async def register(store: Store, keys: Keys, spec: JobSpec, now: float) -> RegisterReply:

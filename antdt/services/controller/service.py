@@ -14,6 +14,7 @@ from antdt.runtime.bus import Bus, Delivery, Rejected
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.coordination.ended import shows_end
 from antdt.runtime.coordination.jobs import live_jobs
+from antdt.runtime.coordination.leftopen import open_incidents
 from antdt.runtime.coordination.ownership import Ownership, claim_rounds
 from antdt.runtime.lifecycle import ServiceRuntime
 from antdt.runtime.store import Store
@@ -140,7 +141,7 @@ class ControllerService:
             timing=settings.timing(),
         )
         self.hellos = RankHellos(store, self.keys, self.ownership)
-        self.owned = OwnedJobs(store, self.keys, self.ownership, self.hellos)
+        self.owned = OwnedJobs(store, self.keys, self.ownership, self.hellos, self._left_open)
         self.policies: dict[str, Policy] = {}
         self.blocklist = Blocklist()  # what is under `blocklist/` (all jobs)
         self.traces = DecisionTraces(effect_steps=settings.telemetry.effect_steps)
@@ -265,6 +266,10 @@ class ControllerService:
         except Exception as exc:  # measuring must never stop deciding (etcd away: next tick)
             log.warning("restart cost not observed", job=health.job, error=str(exc))
         await self._decide(state, health)
+
+    async def _left_open(self, job: str) -> list[Incident]:
+        left = await open_incidents(self.bus, self.subjects, job, time.time())
+        return [each.incident for each in left]
 
     async def _on_incident(self, incident: Incident, delivery: Delivery) -> None:
         state = await self._state(incident.job)

@@ -1,6 +1,6 @@
 """Taking a job on: claimed if need be, its end read (an end makes the event late, a step
 past it revives the job), its spec read (again at most once a second while missing), and
-its detector made, carrying on the incidents its previous owner left open (inherit.py)."""
+its detector made, carrying on the incidents its previous owner left open (leftopen.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import structlog
 from antdt.runtime.bus import Bus
 from antdt.runtime.coordination.ended import EndedJobs
 from antdt.runtime.coordination.jobs import Ended
+from antdt.runtime.coordination.leftopen import open_incidents
 from antdt.runtime.coordination.ownership import Ownership
 from antdt.runtime.shared import SharedCalls
 from antdt.runtime.store import Compare, Delete, Store
@@ -21,7 +22,6 @@ from antdt.schemas import Incident, JobSpec, Keys, Subjects
 from antdt.services.monitor import lifecycle
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.detector import JobDetector
-from antdt.services.monitor.inherit import open_incidents
 from antdt.services.monitor.intake import JobIntake
 from antdt.services.monitor.jobconfig import job_config, read_spec
 from antdt.services.monitor.lifecycle import EndFound, JobBook, JobPhase

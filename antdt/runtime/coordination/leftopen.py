@@ -1,7 +1,8 @@
 """The incidents a job's previous owner left open (read on ANTDT_INCIDENTS), each with
-the span its earliest transition was published under, so that the replica taking the
-job on carries them on (`JobDetector.adopt`) in their traces. At most READ_LIMIT of a
-job's incidents are read: past that, from a later start (LOOKBACKS_S), newest kept."""
+the span its earliest transition was published under: the monitor replica taking the
+job on carries them on (`JobDetector.adopt`) in their traces, the controller replica
+decides knowing them. At most READ_LIMIT of a job's incidents are read: past that, from
+a later start (LOOKBACKS_S), newest kept."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from opentelemetry.trace import SpanContext
 from antdt.runtime.bus import Bus
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentState, Subjects
 
-log = structlog.get_logger("antdt.monitor")
+log = structlog.get_logger("antdt.coordination")
 
 #: Incident messages of one job read at most, per attempt.
 READ_LIMIT = 20_000
