@@ -25,10 +25,13 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.services.controller.service import ControllerSettings
 from antdt.testing import acking_ranks
 from tests.e2e.conftest import RunningServices, start_services
 
 pytestmark = pytest.mark.integration
+
+LEAD = ControllerSettings.model_fields["lead_steps"].default
 
 
 @pytest.fixture
@@ -91,8 +94,8 @@ async def test_actions_lists_decisions_reasons_and_results(
         "proposal:cli-test",
         "inc-7",
         "rank 3 is 3x slower",
-        "v1 @ step 3",
-        "v2 @ step 3",
+        f"v1 @ step {LEAD}",  # the health says step 0: the plans start lead_steps on
+        f"v2 @ step {LEAD}",
         "20 20 20 4",
         "24=12x2 20 16 4",
         "applied",
