@@ -126,3 +126,23 @@ async def test_actions_lists_decisions_reasons_and_results(
     empty = Console(record=True, width=120, file=io.StringIO())
     empty.print(actions_table("no-such-job", none))
     assert "actions of job no-such-job: 0" in empty.export_text()
+
+
+async def test_a_takeover_records_no_second_action_for_a_proposal_s_plan(
+    controller: RunningServices, settings: ServiceSettings, bus: Bus
+) -> None:
+    """A replica taking a job over sends its plan again and records it if the dead owner
+    did not: a plan a proposal wrote is recorded under the proposal's id, not the plan's,
+    and must not be recorded a second time."""
+    job = "cli-resume"
+    service = controller.by_name["controller"]
+    ranks = await acking_ranks(settings.nats, job, 4).start()
+    try:
+        made = await make_actions(bus, job)
+        state = service.jobs[job]
+        assert state.plan.version == 2 and not any(r.action_id.endswith("-plan-2") for r in made)
+        await service.executor.resume(state, ())  # as after a takeover
+    finally:
+        await ranks.close()
+    records, _ = await fetch_actions(settings.nats, job, limit=100)
+    assert [r.plan_version for r in records] == [1, 2, None]  # the refused one: no plan

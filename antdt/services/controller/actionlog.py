@@ -79,16 +79,20 @@ class ActionLog:
             await asyncio.sleep(pause)
             pause = min(pause * 2, RETRY_PAUSE_MAX_S)
 
-    async def recorded_ids(self, job: str) -> set[str]:
-        """Action ids already on ANTDT_ACTIONS for the job (empty when unreadable)."""
+    async def recorded(self, job: str) -> list[ActionRecord]:
+        """The job's records on ANTDT_ACTIONS, oldest first (empty when unreadable)."""
         try:
             replay = await self.bus.jetstream.read(
                 ACTION_STREAM, self.subjects.action(job), ActionRecord, limit=READ_LIMIT
             )
         except (StreamMissing, BusError, asyncio.TimeoutError) as exc:
             log.warning("action records unreadable", job=job, error=str(exc))
-            return set()
-        return {r.action_id for r in replay.items}
+            return []
+        return list(replay.items)
+
+    async def recorded_ids(self, job: str) -> set[str]:
+        """Action ids already on ANTDT_ACTIONS for the job (empty when unreadable)."""
+        return {r.action_id for r in await self.recorded(job)}
 
 
 def _not_persisted(record: ActionRecord, tries: int, error: Exception) -> None:

@@ -336,16 +336,18 @@ class Executor:
         return cost
 
     async def resume(self, state: JobState, blocklist: Collection[str]) -> None:
-        """After a takeover: send the current plan again (recorded if its record is
-        missing); a restart in flight without a record is finished while its checkpoint
-        step is ahead, else recorded as the dead owner left it."""
+        """After a takeover: send the current plan again (recorded if no record carries
+        its version: a proposal's or a restart's record has another id than the plan's);
+        a restart in flight without a record is finished while its checkpoint step is
+        ahead, else recorded as the dead owner left it."""
         spec, plan = state.spec, state.plan
-        recorded = await self.actions.recorded_ids(spec.job)
+        records_ = await self.actions.recorded(spec.job)
+        recorded = {r.action_id for r in records_}
         if plan.version > 0:
             action_id = plan_version_action_id(spec.job, plan.version)
             command = AdjustBatch(action_id=action_id, job=spec.job, plan=plan)
             tally = await self.sender.send(command, spec.world_size)
-            if action_id not in recorded:
+            if all(r.plan_version != plan.version for r in records_):
                 await self.actions.record(
                     records.resent_plan_record(
                         spec, plan, action_id, tally.result, tally.acked, completed_at=time.time()
