@@ -17,8 +17,7 @@ def select_plan(plans: Sequence[Plan], step: int, starts: Mapping[int, int] | No
     the earliest one is used: a rank must run with some batch size."""
     if not plans:
         raise ValueError("no plan known")
-    first = {p.version: p.effective_step for p in plans}
-    first.update(starts or {})
+    first = _first_steps(plans, starts)
     best: Plan | None = None
     for plan in plans:
         if first[plan.version] <= step and (best is None or plan.version > best.version):
@@ -26,6 +25,11 @@ def select_plan(plans: Sequence[Plan], step: int, starts: Mapping[int, int] | No
     if best is None:
         best = min(plans, key=lambda p: (first[p.version], p.version))
     return best
+
+
+def _first_steps(plans: Sequence[Plan], starts: Mapping[int, int] | None) -> dict[int, int]:
+    """Each plan's first step, by version: its `starts` entry, else its effective step."""
+    return {p.version: p.effective_step for p in plans} | dict(starts or {})
 
 
 def prune(
@@ -37,8 +41,7 @@ def prune(
     """Drop plans that can no longer be selected at `step` or later (a newer plan of
     those up to version `agreed`, all by default, is already effective), so selection
     stays a scan over a handful of plans."""
-    first = {p.version: p.effective_step for p in plans}
-    first.update(starts or {})
+    first = _first_steps(plans, starts)
     usable = [p for p in plans if agreed is None or p.version <= agreed]
     effective = [p for p in usable if first[p.version] <= step]
     floor = max((p.version for p in effective), default=-1)

@@ -399,7 +399,7 @@ class _TailCount:
 
     def __init__(self, sums: AllSum, slots: list[int]) -> None:
         self._sums, self._slots = sums, slots
-        self.sums = [-1] * len(slots)  # (no count yet: agrees on nothing)
+        self.sums: list[int] = []  # filled by the count, which every step runs once
 
     def __call__(self, vector: list[int]) -> list[int]:
         summed = self._sums([*vector, *self._slots])
