@@ -73,7 +73,7 @@ def sim(
     overrides = {
         k: v
         for k, v in (("ranks", ranks), ("steps", steps), ("seed", seed), ("policies", policy))
-        if v
+        if v is not None
     }
     try:
         chosen = load_scenario(scenario, **overrides)

@@ -131,10 +131,14 @@ def parse_scenario(text: str, source: str = "<scenario>") -> ScenarioFile:
     try:
         return ScenarioFile.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ScenarioError(f"{source}: {problems}") from exc
+        raise ScenarioError(f"{source}: {field_problems(exc)}") from exc
+
+
+def field_problems(exc: ValidationError) -> str:
+    """Each bad field of a scenario and why, on one line: `field: reason; ...`."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(file)'}: {e['msg']}" for e in exc.errors()
+    )
 
 
 def load_scenario(path: Path, **overrides: object) -> ScenarioFile:
@@ -146,4 +150,4 @@ def load_scenario(path: Path, **overrides: object) -> ScenarioFile:
     try:
         return ScenarioFile.model_validate({**scenario.model_dump(), **overrides})
     except ValidationError as exc:
-        raise ScenarioError(f"{path}: {exc}") from exc
+        raise ScenarioError(f"{path}: {field_problems(exc)}") from exc

@@ -16,15 +16,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import ValidationError
 
 from antdt.schemas import StepEvent
 from antdt.sim.cluster import Floats
-from antdt.sim.files import POLICY_NAMES, ScenarioFile
+from antdt.sim.files import POLICY_NAMES, ScenarioFile, field_problems
 from antdt.sim.run import Progress, RunResult, run_policy
 
 
 class ReplayError(ValueError):
-    """Steps that cannot be replayed (too few, one job's, complete)."""
+    """Steps that cannot be replayed (too few, not one job's, none complete, no speed
+    measured), or overrides the scenario refuses."""
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,11 @@ class HealthyModel:
 def healthy_model(rec: Recording) -> HealthyModel:
     """Fitted on the rank-steps at the faster half's per-sample cost: least squares of
     compute on samples where the batches vary enough to tell a fixed part, else the
-    median per-sample cost with no fixed part."""
-    used = rec.samples > 0
+    median per-sample cost with no fixed part. ReplayError when no rank-step has both
+    samples and compute time."""
+    used = (rec.samples > 0) & (rec.compute > 0)
+    if not used.any():
+        raise ReplayError("no rank-step computed samples in a measured time: no speed to fit")
     cost = np.where(used, rec.compute / np.maximum(rec.samples, 1.0), np.inf)
     fast = used & (cost <= np.median(cost[used]))
     x, y = rec.samples[fast], rec.compute[fast]
@@ -169,7 +174,10 @@ def replay(
         raise ReplayError(f"unknown policies {unknown} (known: {list(POLICY_NAMES)})")
     rec = recording(events)
     model = healthy_model(rec)
-    scenario = replay_scenario(rec, model, policies, **overrides)
+    try:
+        scenario = replay_scenario(rec, model, policies, **overrides)
+    except ValidationError as exc:
+        raise ReplayError(f"no valid scenario to replay: {field_problems(exc)}") from None
     runs = tuple(
         run_policy(
             scenario,

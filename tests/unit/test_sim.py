@@ -125,6 +125,26 @@ def test_the_command_prints_the_figures_and_writes_json_and_png(tmp_path: Path) 
     assert bad.exit_code == 2 and "ranks" in bad.output
 
 
+def test_the_command_applies_zero_overrides_and_refuses_zero_ranks(tmp_path: Path) -> None:
+    """`--seed 0` is a seed like any other, and `--ranks 0` is refused, not ignored."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from antdt.cli.app import app
+
+    scenario = tmp_path / "straggler.toml"
+    scenario.write_text(STRAGGLER)
+    out = tmp_path / "out"
+    args = ["sim", str(scenario), "--steps", "60", "-p", "none", "--jobs", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "straggler.json").read_text())["scenario"]["seed"] == 0
+    for field in ("--ranks", "--steps"):
+        refused = CliRunner().invoke(app, [*args, field, "0"])
+        assert refused.exit_code == 2 and field[2:] in refused.output
+
+
 def test_a_run_pauses_the_cyclic_collector_and_restores_it() -> None:
     import gc
 

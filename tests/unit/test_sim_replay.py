@@ -85,6 +85,21 @@ def test_steps_that_cannot_be_replayed_are_refused() -> None:
         replay(events, ["fastest"])
 
 
+def test_steps_with_no_measured_speed_are_refused_not_fitted() -> None:
+    events = _steps("none")
+    for update in ({"compute_s": 0.0}, {"samples": 0}):
+        unmeasured = [e.model_copy(update=update) for e in events]
+        with pytest.raises(ReplayError, match="no speed to fit"):
+            replay(unmeasured, ["none"])
+
+
+def test_overrides_the_scenario_refuses_are_a_replay_error() -> None:
+    with pytest.raises(
+        ReplayError, match="no valid scenario to replay: restart_cost_s: Input should be greater"
+    ):
+        replay(_steps("none"), ["none"], restart_cost_s=-1.0)
+
+
 def test_a_step_run_again_after_a_restart_counts_once() -> None:
     """The latest event of a (step, rank) wins: a restart from a checkpoint reruns steps."""
     events = _steps("none")
@@ -103,6 +118,17 @@ def test_steps_files_round_trip_and_name_a_bad_line(tmp_path: Path) -> None:
     bad.write_text(events[0].model_dump_json() + "\n{}\n")
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not a step event"):
         load_steps(bad)
+
+
+def test_a_cut_or_corrupt_gzip_steps_file_is_a_value_error(tmp_path: Path) -> None:
+    whole = save_steps(tmp_path / "whole.jsonl.gz", _steps("none")[:40]).read_bytes()
+    cut, corrupt = tmp_path / "cut.jsonl.gz", tmp_path / "corrupt.jsonl.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    corrupt.write_bytes(whole[:20] + bytes(b ^ 0xFF for b in whole[20:60]) + whole[60:])
+    with pytest.raises(ValueError, match=r"cut\.jsonl\.gz: unreadable .*EOFError"):
+        load_steps(cut)
+    with pytest.raises(ValueError, match=r"corrupt\.jsonl\.gz: unreadable .*error"):
+        load_steps(corrupt)
 
 
 def test_the_command_replays_a_steps_file(tmp_path: Path) -> None:
