@@ -83,6 +83,22 @@ def test_a_mix_the_detector_refuses_falls_back_to_the_replica_defaults() -> None
     assert problem is not None and "instant_threshold" in problem
 
 
+def test_a_window_past_the_replicas_bound_over_the_job_falls_back_to_the_defaults() -> None:
+    """A spec may not make the detector keep unbounded steps: window x world size."""
+    replica = DetectorConfig(window=8)
+    params = MonitorParams(window=10_000, slow_threshold=0.3)
+    config, problem = job_config(replica, params, world_size=1000, max_window_rows=1_000_000)
+    assert config == replica
+    assert problem is not None and "10000 x 1000 ranks = 10000000 steps kept > 1000000" in problem
+    fits, none = job_config(replica, params, world_size=100, max_window_rows=1_000_000)
+    assert (fits.window, fits.slow_threshold, none) == (10_000, 0.3, None)
+    # the bound is on what a job asks: the replica's own window stays whatever the size
+    same, none = job_config(
+        replica, MonitorParams(slow_threshold=0.3), world_size=10**6, max_window_rows=1000
+    )
+    assert (same.window, same.slow_threshold, none) == (8, 0.3, None)
+
+
 def test_read_spec_keeps_a_spec_whose_monitor_section_is_unusable() -> None:
     good = spec(window=4)
     assert read_spec(good.model_dump_json().encode()) == (good, None)

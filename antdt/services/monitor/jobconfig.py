@@ -40,18 +40,30 @@ def read_spec(raw: bytes, key: str = "spec") -> tuple[JobSpec | None, str | None
 
 
 def job_config(
-    defaults: DetectorConfig, params: MonitorParams | None
+    defaults: DetectorConfig,
+    params: MonitorParams | None,
+    *,
+    world_size: int = 1,
+    max_window_rows: int | None = None,
 ) -> tuple[DetectorConfig, str | None]:
     """`defaults` with the job's params applied, and why they were not (None: they were).
     A mix the detector refuses (a job's δ above the replica's instant threshold, say)
-    is dropped as a whole: the job runs on the defaults, never on a half-applied mix."""
+    is dropped as a whole: the job runs on the defaults, never on a half-applied mix.
+    So is a window whose steps over the job's `world_size` ranks pass `max_window_rows`:
+    the detector keeps each rank's open and latest windows, memory a spec must not set
+    unbounded."""
     if params is None:
         return defaults, None
     overrides: dict[str, Any] = params.overrides()  # the names match DetectorConfig's
     try:
-        return dataclasses.replace(defaults, **overrides), None
+        config = dataclasses.replace(defaults, **overrides)
     except (TypeError, ValueError) as exc:
         return defaults, f"monitor params {overrides} rejected: {exc}"
+    rows = config.window * world_size
+    if max_window_rows is not None and "window" in overrides and rows > max_window_rows:
+        reason = f"window {config.window} x {world_size} ranks = {rows} steps kept"
+        return defaults, f"monitor params {overrides} rejected: {reason} > {max_window_rows}"
+    return config, None
 
 
 __all__ = ["job_config", "read_spec"]

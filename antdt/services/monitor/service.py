@@ -68,6 +68,7 @@ class MonitorService:
         )
         self.takeon = TakeOn(
             defaults=settings.detector_config(),
+            max_window_rows=settings.max_window_rows,
             bus=bus,
             store=store,
             keys=self.keys,

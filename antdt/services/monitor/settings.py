@@ -15,6 +15,13 @@ class MonitorSettings(ServiceSettings):
     window: int = Field(default=8, ge=2, description="Steps per detection window (W)")
     slow_threshold: float = Field(default=0.2, gt=0, lt=1, description="δ: slow at ratio >= 1+δ")
     persistent_windows: int = Field(default=3, ge=1, description="K: windows to persistent")
+    max_window_rows: int = Field(
+        default=1_000_000,
+        ge=2,
+        description="Most steps a job's own window may make the detector keep, its window "
+        "times its world size (steps; it keeps about five windows per rank, ~90 bytes a "
+        "step): a job's params asking more run on the replica's defaults, logged",
+    )
     health_interval_s: float = Field(default=1.0, gt=0, description="JobHealth period, seconds")
     incident_retention_s: float = Field(
         default=7 * 86400, gt=0, description="ANTDT_INCIDENTS max age, seconds"

@@ -39,6 +39,7 @@ class TakeOn:
         self,
         *,
         defaults: DetectorConfig,
+        max_window_rows: int | None,
         bus: Bus,
         store: Store,
         keys: Keys,
@@ -52,6 +53,7 @@ class TakeOn:
         give_up: Callable[[str], Awaitable[None]],
     ) -> None:
         self.defaults, self.bus, self.store, self.keys = defaults, bus, store, keys
+        self.max_window_rows = max_window_rows
         self.subjects, self.traces, self.book, self.ended = subjects, traces, book, ended
         self.ownership, self.intake, self.publish, self.give_up = (
             ownership,
@@ -84,7 +86,8 @@ class TakeOn:
             if claimed:  # not registered (yet): claiming it would hold a slot for nothing
                 await self.give_up(job)
             return None
-        detector = new_detector(self.defaults, spec, self.ownership.claim_revision(job))
+        epoch = self.ownership.claim_revision(job)
+        detector = new_detector(self.defaults, spec, epoch, self.max_window_rows)
         now = time.time()
         await carry_on_incidents(self.bus, self.subjects, self.traces, detector, now, self.publish)
         subjects = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
@@ -145,9 +148,14 @@ async def read_job_spec(
     return spec
 
 
-def new_detector(defaults: DetectorConfig, spec: JobSpec, epoch: int) -> JobDetector:
-    """The job's detector: the replica's `defaults` overridden by the job's params."""
-    config, problem = job_config(defaults, spec.monitor)
+def new_detector(
+    defaults: DetectorConfig, spec: JobSpec, epoch: int, max_window_rows: int | None = None
+) -> JobDetector:
+    """The job's detector: the replica's `defaults` overridden by the job's params
+    (`jobconfig.job_config`, `max_window_rows` its bound on the window's steps kept)."""
+    config, problem = job_config(
+        defaults, spec.monitor, world_size=spec.world_size, max_window_rows=max_window_rows
+    )
     if problem is not None:
         log.warning("job's monitor params not used; replica defaults", job=spec.job, reason=problem)
     log.info(
