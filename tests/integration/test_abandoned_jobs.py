@@ -5,6 +5,7 @@ its next step makes it live again."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +14,7 @@ from antdt.cli import app
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.coordination.jobs import live_jobs
+from antdt.runtime.store import StoreUnavailable
 from antdt.schemas import (
     Incident,
     IncidentState,
@@ -25,7 +27,7 @@ from antdt.schemas import (
 from antdt.services.monitor.lifecycle import JobPhase
 from tests.e2e.conftest import start_services
 from tests.helpers import monitor_owner, table_row, wait_for
-from tests.integration.test_services import spec, step
+from tests.integration.test_services import finished, spec, step
 
 pytestmark = pytest.mark.integration
 
@@ -155,6 +157,53 @@ async def test_a_dormant_job_is_watched_whichever_replica_lives_on(
         await first.runtime.shutdown()
         if later is not None:
             await later.runtime.shutdown()
+
+
+async def test_a_finished_job_whose_end_write_failed_is_ended_as_finished_not_abandoned(
+    bus: Bus, settings: ServiceSettings, unique: str
+) -> None:
+    """etcd refuses the one write of a finished job's end (a leader election, say): the
+    replica stores it again from its tick, with the job's own last step, instead of
+    keeping the job for `abandon_after_s` and ending it as abandoned at step 0."""
+    running = await start_services(settings, ("monitor",), abandon_after_s=2.0)
+    try:
+        monitor = running.by_name["monitor"]
+        subjects, keys, store = (
+            Subjects(settings.nats.subject_prefix),
+            Keys(settings.etcd.key_prefix),
+            monitor.store,
+        )
+        job = f"done-{unique}"
+        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
+        await monitor_owner(store, keys, job)
+        for n in range(12):
+            for rank in (0, 1):
+                await bus.publish(subjects.step(job, rank), step(job, rank, n))
+        await wait_for(lambda: job in monitor.detectors, what="the monitor watches the job")
+        real_txn, refused = store.txn, []
+
+        async def refuse_the_first_end(compares: Any, ops: Any, *args: Any, **kw: Any) -> Any:
+            if not refused and any(getattr(op, "key", None) == keys.ended(job) for op in ops):
+                refused.append(ops)
+                raise StoreUnavailable("refused once by the test")
+            return await real_txn(compares, ops, *args, **kw)
+
+        store.txn = refuse_the_first_end  # type: ignore[method-assign]
+        for rank in (0, 1):
+            await bus.publish(subjects.exit(job, rank), finished(job, rank, step=11))
+        end = await wait_for(lambda: store.get(keys.ended(job)), timeout=15, what="its end")
+        assert refused, "the first write of the end was refused"
+        health = JobHealth.model_validate_json(end.value)
+        assert health.step == 11 and {r.state for r in health.ranks} == {RankState.EXITED}
+        assert await store.get(keys.abandoned(job)) is None
+        owner = keys.owner("monitor", job)
+        await wait_for(lambda: _absent(store, owner), what="the monitor gives it up")
+        await asyncio.sleep(2.5)  # past abandon_after_s: it stays ended as it finished
+        assert await store.get(keys.abandoned(job)) is None
+        again = await store.get(keys.ended(job))
+        assert again is not None and JobHealth.model_validate_json(again.value).step == 11
+    finally:
+        await running.runtime.shutdown()
 
 
 async def _absent(store: object, key: str) -> bool:

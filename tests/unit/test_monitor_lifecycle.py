@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from antdt.schemas import JobHealth
 from antdt.services.monitor import lifecycle
 from antdt.services.monitor.detector import JobDetector
 from antdt.services.monitor.lifecycle import (
@@ -255,6 +256,51 @@ def test_a_job_ended_here_is_unwatched_from_its_end_not_from_its_claim() -> None
     lifecycle.ended(book, JOB, 10, 1000.0, abandoned=False)  # still ours until recorded
     assert lifecycle.tick(book, {JOB}, 1001.0, abandon_after_s=60.0) == []
     assert lifecycle.tick(book, {JOB}, 1060.0, abandon_after_s=60.0) == [(JOB, Chore.ABANDON)]
+
+
+def _health(step: int) -> JobHealth:
+    return JobHealth(
+        job=JOB,
+        at=1.0,
+        step=step,
+        step_s=0.1,
+        samples_per_s=0.0,
+        balance_efficiency=1.0,
+        plan_version=0,
+        ranks=(),
+        open_incidents=(),
+    )
+
+
+@pytest.mark.parametrize("abandoned", [False, True])
+def test_an_end_not_stored_is_stored_from_the_tick_while_ours_never_abandoned(
+    abandoned: bool,
+) -> None:
+    book = _book(JobPhase.WATCHED, now=0.0)
+    lifecycle.ended(book, JOB, 10, 1000.0, abandoned=abandoned)
+    assert lifecycle.end_unrecorded(book, JOB, _health(10), abandoned)  # first: warn
+    assert not lifecycle.end_unrecorded(book, JOB, _health(10), abandoned)
+    phase = book.phase(JOB)
+    for now in (1001.0, 1060.0, 1e6):  # past abandon_after_s: still to store, not abandon
+        assert lifecycle.tick(book, {JOB}, now, abandon_after_s=60.0) == [(JOB, Chore.RECORD_END)]
+        lifecycle.claimed(book, JOB, now)  # a claim round: it stays ended
+        assert book.phase(JOB) is phase
+    record = book.get(JOB)
+    assert record is not None and record.unrecorded_end == (_health(10), abandoned)
+    lifecycle.end_recorded(book, JOB)
+    assert record.unrecorded_end is None
+
+
+def test_an_end_not_stored_is_dropped_when_the_job_is_lost_or_runs_again() -> None:
+    book = _book(JobPhase.WATCHED, now=0.0)
+    lifecycle.ended(book, JOB, 10, 1000.0, abandoned=False)
+    lifecycle.end_unrecorded(book, JOB, _health(10), False)
+    assert lifecycle.tick(book, set(), 1001.0, abandon_after_s=60.0) == []  # its new owner's
+    record = book.get(JOB)
+    assert record is not None and record.unrecorded_end is None
+    lifecycle.end_unrecorded(book, JOB, _health(10), False)
+    assert lifecycle.greet(book, JOB, 1002.0, owned=True) is Greeting.NOTHING  # a new run
+    assert record.unrecorded_end is None and record.ended_step is None
 
 
 def test_dormant_jobs_are_those_marked_and_those_abandoned_here_lately(

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
+from antdt.schemas import JobHealth
 from antdt.services.monitor.detector import JobDetector
 
 #: Late events of an ended job (not past its last step) are dropped this long (seconds).
@@ -41,6 +42,8 @@ class JobPhase(enum.Enum):
     CLAIMED, STARTING, DORMANT ──an event, spec read (watched)─────▶ WATCHED
     CLAIMED ──an event finds its end in etcd (end_found)───────────▶ ENDED, given up
     WATCHED ──every rank exited (ended)────────────────────────────▶ ENDED
+    ENDED, DORMANT ──its end not stored (end_unrecorded): ours, the tick stores it
+        (RECORD_END) until it is (end_recorded), then given up; lost, it is not stored
     WATCHED ──no rank heard for abandon_after_s (ended)────────────▶ DORMANT
     STARTING, CLAIMED, WATCHED ──lost, handed over, given up───────▶ IDLE (ENDED if ended)
     ENDED ──a hello, a step past its end or after ENDED_GRACE_S────▶ IDLE
@@ -73,6 +76,8 @@ class JobRecord:
     spec_retry_at: float = 0.0
     spec_problem: str | None = None  # why its spec was unreadable (warned once)
     handed_at: float | None = None  # last handed over to its preferred replica
+    # its end (last health, abandoned?) that storing failed: ours, it is stored again
+    unrecorded_end: tuple[JobHealth, bool] | None = None
 
 
 class JobBook:
@@ -185,8 +190,11 @@ def greet(book: JobBook, job: str, now: float, *, owned: bool) -> Greeting:
 
 
 def claimed(book: JobBook, job: str, now: float) -> None:
-    """The replica now owns `job` (a claim round, an event, a hello)."""
+    """The replica now owns `job` (a claim round, an event, a hello); a job whose end is
+    still to be stored stays ended."""
     record = book.record(job)
+    if record.unrecorded_end is not None:
+        return
     if record.phase in (JobPhase.IDLE, JobPhase.ENDED):
         book.move(record, JobPhase.CLAIMED, now)
     if record.detector is None and record.unwatched_since is None:
@@ -292,6 +300,22 @@ def ended(book: JobBook, job: str, step: int, now: float, *, abandoned: bool) ->
         dormant(book, job, now)
 
 
+def end_unrecorded(book: JobBook, job: str, health: JobHealth, abandoned: bool) -> bool:
+    """Storing the ended job's end (`health`) failed: it is stored again from the tick
+    while the job is ours (never abandoned meanwhile). True the first time (warn)."""
+    record = book.record(job)
+    first = record.unrecorded_end is None
+    record.unrecorded_end = (health, abandoned)
+    return first
+
+
+def end_recorded(book: JobBook, job: str) -> None:
+    """The ended job's end is stored: nothing of it is pending here."""
+    record = book.get(job)
+    if record is not None:
+        record.unrecorded_end = None
+
+
 def dormant(book: JobBook, job: str, now: float) -> None:
     """`job` ended here as abandoned: its steps are still received (the newest dormant)."""
     record = book.record(job)
@@ -360,20 +384,30 @@ class Chore(enum.Enum):
     FORGET = "forget"  # watched, but no longer ours: drop it
     WATCH = "watch"  # watched: end it if abandoned, else its stalls and health
     ABANDON = "abandon"  # ours, unwatched for abandon_after_s: take it on and end it
+    RECORD_END = "record_end"  # ended here, its end not stored yet: store it, give it up
     CHECK_SPEC = "check_spec"  # starting: has it registered? (then `registered`)
 
 
 def tick(
     book: JobBook, owned: Set[str], now: float, abandon_after_s: float
 ) -> list[tuple[str, Chore]]:
-    """The chores of one tick, watched jobs first, then unwatched, then starting ones."""
+    """The chores of one tick, watched jobs first, then unwatched, then starting ones.
+    An end still to be stored is stored while the job is ours, dropped once it is not
+    (its new owner ends it)."""
     chores = [
         (job, Chore.WATCH if job in owned else Chore.FORGET) for job in book.jobs(JobPhase.WATCHED)
     ]
     for job in [*book.jobs(JobPhase.STARTING), *book.jobs(JobPhase.CLAIMED)]:
         if job not in owned:
             _rest(book, book.records[job], now)
+    for job in [*book.jobs(JobPhase.ENDED), *book.jobs(JobPhase.DORMANT)]:
+        if job not in owned:
+            end_recorded(book, job)  # no longer ours to store
     for job in sorted(owned):
+        record = book.records.get(job)
+        if record is not None and record.unrecorded_end is not None:
+            chores.append((job, Chore.RECORD_END))
+            continue
         claimed(book, job, now)  # ours without a record (or IDLE): CLAIMED from now
         since = book.records[job].unwatched_since
         if since is not None and abandon_after_s > 0 and now - since >= abandon_after_s:
@@ -383,8 +417,9 @@ def tick(
 
 
 def _runs_again(book: JobBook, record: JobRecord, now: float) -> None:
-    """A new run of the job (a hello, a step past its end or after the grace)."""
-    record.ended_step = None
+    """A new run of the job (a hello, a step past its end or after the grace): its
+    earlier end, stored or not, is over."""
+    record.ended_step, record.unrecorded_end = None, None
     if record.phase is JobPhase.ENDED:
         book.move(record, JobPhase.IDLE, now)
 

@@ -226,10 +226,18 @@ class MonitorService:
         ended = Put(self.keys.ended(job), ended_record(health))
         try:
             await self.store.txn([], [ended, Put(mark, b"") if abandoned else Delete(mark)])
-            self.ended.note(health)
+        except Exception as exc:  # etcd away: stored again from the tick while ours
+            first = lifecycle.end_unrecorded(self.book, job, health, abandoned)
+            (log.warning if first else log.debug)(
+                "job end not recorded; tried again", job=job, error=str(exc)
+            )
+            return
+        lifecycle.end_recorded(self.book, job)
+        self.ended.note(health)
+        try:
             await self._give_up(job)
-        except Exception as exc:  # etcd away: the job stays claimed, which is harmless
-            log.warning("job end not recorded", job=job, error=str(exc))
+        except Exception as exc:  # a take-on finds the end and gives it up (abandon_after_s)
+            log.warning("job end recorded, not given up yet", job=job, error=str(exc))
 
     async def _forget(self, job: str) -> None:
         lifecycle.forget(self.book, job, time.monotonic())
@@ -284,6 +292,8 @@ class MonitorService:
             detector = await self.takeon.detector(job)  # None: ended meanwhile, or gone
             if detector is not None and not detector.ended:
                 await self._abandon(detector, now)
+        elif chore is Chore.RECORD_END and record is not None and record.unrecorded_end:
+            await self._record_end(*record.unrecorded_end)
         elif chore is Chore.CHECK_SPEC:
             found = await self.store.get(self.keys.spec(job)) is not None
             if lifecycle.registered(self.book, job, time.monotonic(), found=found):
