@@ -127,3 +127,32 @@ async def test_a_dormant_job_holds_a_small_backlog_beside_the_owned_jobs_budget(
         for job in (owned, dormant):
             intake.unwatch(job)
         await ownership.stop()
+
+
+async def test_a_job_watched_twice_at_once_is_subscribed_once(
+    settings: ServiceSettings, bus: Bus, store: Store, unique: str
+) -> None:
+    """Two callers watching one job at once (a claim round, a hello's claim) leave one
+    subscription: each step is handled once."""
+    subjects = Subjects(settings.nats.subject_prefix)
+    handled: list[int] = []
+
+    async def on_step(event: StepEvent, _: Delivery) -> None:
+        handled.append(event.step)
+
+    ownership = Ownership.for_service(store, settings, "monitor")
+    intake = JobIntake(bus, subjects, ownership, on_step, round_s=1.0, backlog_bytes=BUDGET)
+    job = f"twice{unique}"
+    try:
+        await asyncio.gather(intake.keep_dormant(job), intake.keep_dormant(job))
+        assert intake.watched == [job]
+        for n in (1, 2, 3):
+            await bus.publish(subjects.step(job, 0), step(0, n, job))
+        await bus.flush()
+        await wait_for(lambda: len(handled) >= 3, what="the steps handled")
+        await asyncio.sleep(0.3)  # a second subscription's deliveries would come too
+        assert handled == [1, 2, 3]
+    finally:
+        intake.wake(job)
+        intake.unwatch(job)
+        await ownership.stop()

@@ -215,12 +215,17 @@ class JobIntake:
                 self._share_backlog()
 
     async def _watch(self, job: str, *, share: bool = True) -> None:
-        if job not in self._subs:
-            self._subs[job] = await self.bus.subscribe(
-                self.subjects.step(job, "*"), StepEvent, self.on_step
-            )
-            if share:
-                self._share_backlog()
+        """Subscribe to the job's steps unless subscribed: one subscription per job, also
+        when two callers (a claim round, a hello's claim) watch it at once."""
+        if job in self._subs:
+            return
+        sub = await self.bus.subscribe(self.subjects.step(job, "*"), StepEvent, self.on_step)
+        if job in self._subs:  # another caller subscribed while this one waited
+            sub.end()
+            return
+        self._subs[job] = sub
+        if share:
+            self._share_backlog()
 
     def _share_backlog(self) -> None:
         """Each watched job's subscription may hold an equal share of `backlog_bytes`
