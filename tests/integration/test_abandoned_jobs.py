@@ -24,6 +24,7 @@ from antdt.schemas import (
     RegisterReply,
     Subjects,
 )
+from antdt.services.monitor import takeon
 from antdt.services.monitor.lifecycle import JobPhase
 from tests.e2e.conftest import start_services
 from tests.helpers import monitor_owner, table_row, wait_for
@@ -202,6 +203,43 @@ async def test_a_finished_job_whose_end_write_failed_is_ended_as_finished_not_ab
         assert await store.get(keys.abandoned(job)) is None
         again = await store.get(keys.ended(job))
         assert again is not None and JobHealth.model_validate_json(again.value).step == 11
+    finally:
+        await running.runtime.shutdown()
+
+
+async def test_a_job_lost_while_being_taken_on_is_not_watched(
+    bus: Bus, settings: ServiceSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's claim is lost (its lease) while its take-on reads etcd: the take-on
+    gives nothing, and the replica neither watches it nor ingests its events."""
+    running = await start_services(settings, ("monitor",))
+    try:
+        monitor = running.by_name["monitor"]
+        subjects, keys, store = (
+            Subjects(settings.nats.subject_prefix),
+            Keys(settings.etcd.key_prefix),
+            monitor.store,
+        )
+        job = f"lost-{unique}"
+        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
+        await monitor_owner(store, keys, job)
+        real_read, real_take_on = takeon.read_job_spec, takeon.TakeOn._take_on
+        taken: list[object] = []
+
+        async def read_then_lose(*args: Any) -> Any:
+            found = await real_read(*args)
+            await monitor.ownership.release(job)  # as when its lease is lost meanwhile
+            return found
+
+        async def take_on(self: takeon.TakeOn, *args: Any) -> Any:
+            taken.append(await real_take_on(self, *args))
+            return taken[-1]
+
+        monkeypatch.setattr(takeon, "read_job_spec", read_then_lose)
+        monkeypatch.setattr(takeon.TakeOn, "_take_on", take_on)
+        await bus.publish(subjects.step(job, 0), step(job, 0, 0))
+        await wait_for(lambda: taken, what="a take-on")
+        assert taken[0] is None and job not in monitor.detectors
     finally:
         await running.runtime.shutdown()
 

@@ -86,10 +86,14 @@ class TakeOn:
             if claimed:  # not registered (yet): claiming it would hold a slot for nothing
                 await self.give_up(job)
             return None
-        epoch = self.ownership.claim_revision(job)
+        epoch = self.ownership.claim_revision(job)  # 0: lost while reading (its lease)
+        if not epoch:
+            return None
         detector = new_detector(self.defaults, spec, epoch, self.max_window_rows)
         now = time.time()
         await carry_on_incidents(self.bus, self.subjects, self.traces, detector, now, self.publish)
+        if not self.ownership.owns(job):  # lost while reading its incidents
+            return None
         subjects = tuple(self.subjects.step(job, r) for r in range(spec.world_size))
         lifecycle.watched(self.book, job, detector, subjects, time.monotonic())
         self.intake.wake(job)
