@@ -111,7 +111,7 @@ class BatchFeed:
                 total = driver.count(plan, want, ids, driver.opens(index, plan, ids))
                 t2 = time.perf_counter()
                 if total == 0:
-                    if not driver._taken_up_again(epoch):
+                    if not driver.goes_on(epoch):
                         return
                     run.restart()  # shards came back into the epoch: a new iteration
                     continue

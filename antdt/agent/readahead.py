@@ -57,6 +57,10 @@ class ReadAhead:
                 n = 0
         return out
 
+    def waiting(self) -> bool:
+        """Ids taken and not delivered to a step: sampled lots, or handed back by a rewind."""
+        return bool(self.returned or self.lots)
+
     def add(self, lot: Lot) -> None:
         self.lots.append(lot)
 

@@ -239,6 +239,11 @@ class ShardStream:
             self._kick()
         return lot
 
+    def holds(self, epoch: int) -> bool:
+        """Whether the rank holds samples of `epoch` no step took yet (StreamState.holds)."""
+        with self._cond:
+            return self._state.holds(epoch)
+
     def next_lot(self) -> Lot | None:
         with self._cond:
             return self._state.ahead.head()

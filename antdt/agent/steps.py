@@ -176,7 +176,7 @@ class StepDriver:
             t2 = time.perf_counter()
             if total > 0:
                 break
-            if not self._taken_up_again(epoch):
+            if not self.goes_on(epoch):
                 return None  # no rank has data left, nor will: over everywhere at once
         return self.open_step(Step(self, index, epoch, plan, taken, total), t0, wall0, t1, t2)
 
@@ -220,13 +220,16 @@ class StepDriver:
     ) -> int:
         """The step's count all-reduce (through `opens` under work sharing, which adds
         its offers), with the tail slot: the step's total; the next `ask` follows it."""
-        full_share = TailCatchUp.full_share(plan.local_batch[self.rank], asked, len(ids))
+        local = plan.local_batch[self.rank]
+        full_share = TailCatchUp.full_share(local, asked, len(ids))
+        holds = int(local == 0 and self.epoch is not None and self.stream.holds(self.epoch))
         index, newest = self.plans.step, self.plans.newest_version
         vote = self.restarts.restart_vote(index) if self.restarts is not None else 0
-        counting = _TailCount(self._count_sum, [full_share, newest, newest * newest, vote])
+        slots = [full_share, holds, newest, newest * newest, vote]
+        counting = _TailCount(self._count_sum, slots)
         total = opens(counting) if opens is not None else counting([len(ids)])[0]
-        full_sum, newest_sum, newest_squares, votes = counting.sums
-        self._tail.counted(plan.local_batch, full_sum)
+        full_sum, holders, newest_sum, newest_squares, votes = counting.sums
+        self._tail.counted(plan.local_batch, full_sum, holders, holds)
         self.plans.agree(newest_sum, newest_squares)
         if self.restarts is not None:
             self.restarts.restart_counted(index, votes)
@@ -241,6 +244,13 @@ class StepDriver:
         self._open = step
         self.plans.began()
         return step
+
+    def goes_on(self, epoch: int) -> bool:
+        """A step's count summed zero samples: True when the group goes on in `epoch`. It
+        does while a rank the plan gives 0 still holds samples (it takes them next step:
+        the ledger counts them in flight until trained, so settling would wait for them
+        for good), else as the ledger and the group agree (`_taken_up_again`)."""
+        return self._tail.drains or self._taken_up_again(epoch)
 
     def _taken_up_again(self, epoch: int) -> bool:
         """The group is out of data in `epoch`: True when it goes on in it. Each rank asks
@@ -393,9 +403,10 @@ class StepDriver:
 
 class _TailCount:
     """An AllSum for the step's count that carries more slots the step's ranks agree
-    through and keeps their sums (`sums`): the rank's full share (TailCatchUp), its
-    newest plan version and that squared (StepPlans.agree), its vote for a restart
-    checkpointing at the step (RestartVotes)."""
+    through and keeps their sums (`sums`): the rank's full share and whether the plan
+    gives it 0 while it holds samples (TailCatchUp), its newest plan version and that
+    squared (StepPlans.agree), its vote for a restart checkpointing at the step
+    (RestartVotes)."""
 
     def __init__(self, sums: AllSum, slots: list[int]) -> None:
         self._sums, self._slots = sums, slots

@@ -294,6 +294,12 @@ class StreamState:
             and self.local.available(epoch) == 0
         )
 
+    def holds(self, epoch: int) -> bool:
+        """Samples of `epoch` (or before) this rank holds and no step has taken yet: in
+        its grants, or read ahead by a DataLoader and not delivered. The ledger counts
+        their shards in flight until they are trained."""
+        return self.local.available(epoch) > 0 or self.ahead.waiting()
+
     def epoch_over(self, epoch: int) -> bool:
         """No more samples for this rank in `epoch`: job done, jumped past it, or the
         service has none left and the local grants of that epoch are used up."""

@@ -7,8 +7,10 @@ sample a step; no step sums past the global batch; every sample once."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,9 @@ from tests.integration.agent_fixtures import (
     read_sample_log,
     real_services,
     run_ranks,
+    shard_status,
     start_all,
+    train,
 )
 
 torch = pytest.importorskip("torch")
@@ -46,7 +50,9 @@ class _Ids(torch.utils.data.Dataset):  # type: ignore[misc]
         return i
 
 
-def _through_a_loader(agent: Agent, sizes: list[int]) -> None:
+def _through_a_loader(
+    agent: Agent, sizes: list[int], on_step: Callable[[Any], None] | None = None
+) -> None:
     """The DataLoader path: batches on the agent's sampler, a step each."""
     data = _Ids()
     loader = torch.utils.data.DataLoader(data, batch_sampler=agent.batch_sampler(data))
@@ -54,6 +60,8 @@ def _through_a_loader(agent: Agent, sizes: list[int]) -> None:
         for step, batch in agent.batches(loader):
             assert batch is None or batch.tolist() == step.sample_ids
             sizes.append(len(step.sample_ids))
+            if on_step is not None:
+                on_step(step)
             step.sync(object())
 
 
@@ -115,3 +123,96 @@ async def _each_on_a_thread(agents: list[Agent], sizes: list[list[int]]) -> None
     await asyncio.gather(
         *(asyncio.to_thread(_through_a_loader, a, s) for a, s in zip(agents, sizes, strict=True))
     )
+
+
+#: A plan that gives rank 1 nothing (a job spec with min_local_batch=0).
+DRAINED = (BATCH, 0)
+
+
+@pytest.mark.parametrize("path", ["steps", "dataloader"])
+@pytest.mark.parametrize("drained_from", [0, 5], ids=["from-the-start", "mid-epoch"])
+async def test_a_rank_planned_no_samples_trains_what_it_still_holds(
+    settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path, path: str, drained_from: int
+) -> None:
+    """Rank 1's plan drops to 0 while it holds shards: prefetched at the epoch's start
+    (and reserved for it), or taken at its batch of 4 before step 5. Once rank 0 has run
+    dry, rank 1 takes what it holds (at most the plan's largest local batch a step): the
+    epoch ends, every sample once, no step past the global batch. Were they never taken,
+    the ledger would count them in flight and the group would wait to leave the epoch
+    for good."""
+    prefix, world = tmp_path / "samples", len(DRAINED)
+    collectives = ThreadCollectives(world)
+    configs = [
+        agent_settings(
+            settings.nats,
+            unique,
+            r,
+            world,
+            dataset_size=DATASET,
+            shard_size=SHARD,
+            global_batch=BATCH,
+            sample_log=str(prefix),
+        )
+        for r in range(world)
+    ]
+    agents = [Agent(c, collectives=collectives.rank(c.rank)) for c in configs]
+    steps: list[list[tuple[int, int]]] = [[] for _ in agents]
+    async with real_services(settings):
+        try:
+            await asyncio.to_thread(start_all, agents)
+            plan = Plan(
+                job=unique,
+                version=1,
+                local_batch=DRAINED,
+                effective_step=drained_from,
+                created_at=time.time(),
+            )
+            subjects = Subjects(settings.nats.subject_prefix)
+            command = AdjustBatch(action_id="a1", job=unique, plan=plan)
+            acks = [await bus.request(subjects.command(unique, r), command, Ack) for r in (0, 1)]
+            assert all(a.ok and a.applied_step == drained_from for a in acks), acks
+            hung = await asyncio.to_thread(_run_within, agents, steps, path, 30.0)
+            if hung:
+                status = await shard_status(bus, unique)
+                held = sorted((f.rank, f.shard) for f in status.in_flight)
+                pytest.fail(f"ranks {hung} still training after 30 s; in flight: {held}")
+        finally:
+            await asyncio.to_thread(close_all, agents)
+
+    assert_exactly_once(read_sample_log(prefix, world), DATASET, epochs=1)
+    zero, one = ([n for i, n in s if i >= drained_from] for s in steps)
+    assert len(zero) == len(one)
+    assert all(a + b <= BATCH for a, b in zip(zero, one, strict=True)), steps
+    assert max(one) > 0, steps  # rank 1 took up what it held, after rank 0 ran dry
+    assert all(b == 0 for a, b in zip(zero, one, strict=True) if a == BATCH), steps
+
+
+def _run_within(
+    agents: list[Agent], steps: list[list[tuple[int, int]]], path: str, timeout_s: float
+) -> list[int]:
+    """Train every agent on a thread of its own, recording (step, samples) per rank;
+    the ranks still training after `timeout_s`."""
+    errors: list[BaseException] = []
+
+    def body(r: int) -> None:
+        def record(step: Any) -> None:
+            steps[r].append((step.index, len(step.sample_ids)))
+
+        try:
+            if path == "steps":
+                train(agents[r], record)
+            else:
+                sizes: list[int] = []
+                _through_a_loader(agents[r], sizes, record)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(len(agents))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, t in enumerate(threads) if t.is_alive()]
+    assert hung or not errors, errors
+    return hung

@@ -71,3 +71,16 @@ def test_a_split_segment_keeps_the_shard_end_with_its_last_id() -> None:
     assert [(s.ids, s.finishes) for s in head] == [([1, 2], False)]
     assert [(s.ids, s.finishes) for s in ahead.take_returned(5)] == [([3], True)]
     assert not ahead.returned
+
+
+def test_a_rank_holds_what_it_has_not_handed_to_a_step() -> None:
+    """What a rank the plan gives 0 reports in the step's count (TailCatchUp): samples in
+    its grants, or read ahead and not delivered; a delivered lot is its step's."""
+    shards = stream(holding(A), RecordingLoop())
+    assert shards.holds(0) and not shards.holds(-1)  # no grant of an earlier epoch
+    lot = shards.take_lot(10, step=0, epoch=0)  # the whole shard, read ahead
+    assert lot is not None and shards.holds(0)
+    shards.deliver_lot()
+    assert not shards.holds(0)
+    shards.rewind_ahead()  # its step restarts: handed out again first
+    assert shards.holds(0)

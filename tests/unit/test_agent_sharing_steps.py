@@ -33,13 +33,14 @@ class _Pair:
         self, values: list[int], around: frozenset[int] = frozenset(), posts: Any = None
     ) -> list[int]:
         """The count (through the claim store's posts: [samples, the offering rank's
-        samples, full shares, newest plan version and its square, restart vote]), or the
-        pace report ([own paces, helping paces, claim round trips] by rank, in ns)."""
+        samples, full shares, ranks planned 0 holding samples, newest plan version and
+        its square, restart vote]), or the pace report ([own paces, helping paces, claim
+        round trips] by rank, in ns)."""
         if posts is None:
             theirs = [0, int(self._pace_1 * 1e9), 0, 0, 0, 0]
         else:  # rank 1 got all it asked for; it holds plan 1 and no restart
             offered = [len(OTHERS) if self._slow_rank == 1 else 0]
-            theirs = [len(OTHERS), *offered[: len(values) - 5], len(OTHERS), 1, 1, 0]
+            theirs = [len(OTHERS), *offered[: len(values) - 6], len(OTHERS), 0, 1, 1, 0]
         return [a + b for a, b in zip(values, theirs, strict=True)]
 
 

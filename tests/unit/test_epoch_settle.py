@@ -337,3 +337,24 @@ def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
     )
     assert driver._taken_up_again(0) is reopen
     assert (stream.asked, stream.reopened, group.others) == (asked, reopen, [])
+
+
+def test_a_zero_count_while_a_rank_planned_no_samples_drains_goes_on_unsettled() -> None:
+    """A rank the plan gives 0 still holds samples: the group goes on in the epoch (it
+    takes them next) without asking the ledger, which counts them in flight and would
+    tell every rank to wait for them for good."""
+    stream, group = ScriptedStream(), ScriptedGroup()
+    driver = StepDriver(
+        rank=0,
+        host="h",
+        stream=cast(Any, stream),
+        plans=cast(Any, None),
+        collectives=lambda: cast(Any, group),
+        schedule=InjectionSchedule(),
+        emit=lambda record: None,
+    )
+    driver._tail.counted((8, 0), 0, holders=1)
+    assert driver.goes_on(0) and stream.asked == 0
+    driver._tail.counted((8, 0), 0)
+    stream.answers, group.others = [Settled.FINISHED], [FINISHED]
+    assert not driver.goes_on(0) and stream.asked == 1

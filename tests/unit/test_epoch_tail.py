@@ -124,3 +124,31 @@ def test_tail_catch_up_asks_within_the_plan_and_the_memory_cap() -> None:
     assert tail.ratio == 1.0
     tail.counted(STARVED, 0)  # everyone out: the epoch ends
     assert tail.ratio == 1.0 and TailCatchUp.full_share(5, 5, 3) == 0
+
+
+def test_ranks_planned_no_samples_drain_what_they_hold_once_the_others_ran_out() -> None:
+    """A rank the plan gives 0 may hold samples (prefetched, or taken at its batch before
+    the plan): it takes none while a rank with a batch got all it asked for, then its
+    part of the global batch within the caps, until it holds none."""
+    drained = (171, 170, 171, 0)
+    tail = TailCatchUp()
+    tail.counted(drained, sum(drained), holders=1, mine=1)  # the others are full
+    assert not tail.drains and tail.ask(drained, 3, None) == 0
+    tail.counted(drained, 170, holders=1, mine=1)  # two ran out: no drain yet
+    assert not tail.drains and tail.ask(drained, 3, None) == 0
+    assert tail.ask(drained, 1, None) == 171  # the full one takes their share
+    tail.counted(drained, 0, holders=1, mine=1)  # all with a batch ran out
+    assert tail.drains and tail.ratio == 1.0
+    assert (tail.ask(drained, 3, None), tail.ask(drained, 3, 64)) == (171, 64)
+    assert tail.ask(drained, 0, None) == 171  # one that ran out asks its plan's, as before
+    tail.counted(drained, 0, holders=1, mine=0)  # another rank drains, not this one
+    assert tail.drains and tail.ask(drained, 3, None) == 0
+    tail.counted(drained, 0)  # none holds any: the count's zero ends the epoch
+    assert not tail.drains and tail.ask(drained, 3, None) == 0
+    # Several drain: the global batch split among them, at least one sample each.
+    tail.counted((512, 0, 0, 0), 0, holders=3, mine=1)
+    assert tail.ask((512, 0, 0, 0), 2, None) == 170
+    tail.counted((2, 0, 0, 0), 0, holders=3, mine=1)
+    assert tail.ask((2, 0, 0, 0), 1, None) == 1
+    tail.reset()
+    assert not tail.drains and tail.ask((2, 0, 0, 0), 1, None) == 0
