@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -16,6 +16,7 @@ from rich.console import Console
 from antdt.cli.options import EtcdOpt, MetricsOpt, NatsOpt
 
 if TYPE_CHECKING:
+    from antdt.runtime.loops import LoopKind
     from antdt.runtime.servers import EmbeddedCluster
     from antdt.runtime.servers.localauth import LocalAuth
 
@@ -34,7 +35,6 @@ def run_services(
     """Run `names` in this process until stopped: logs, the report's streams and the
     collector set up from the first one's settings, on the event loop they name. `auth`
     (a LocalAuth): each service connects as its own user."""
-    from antdt.runtime import loops
     from antdt.runtime.process import configure_gc
     from antdt.runtime.telemetry.logs import configure_logging
     from antdt.services.runner import run_services as run
@@ -48,7 +48,19 @@ def run_services(
     def settings_of(name: str) -> Any:
         return _service_settings(name, nats_url, etcd_endpoint, metrics, auth)
 
-    loops.run(run(names, settings_of, ready=ready), first.event_loop)
+    until_stopped(run(names, settings_of, ready=ready), first.event_loop)
+
+
+def until_stopped(services: Coroutine[Any, Any, None], event_loop: LoopKind) -> None:
+    """Run `services` on `event_loop` until they stop: exit 1 when a failed task stopped
+    them (logged as it failed), so that a supervisor restarts the process."""
+    from antdt.runtime import loops
+    from antdt.runtime.lifecycle import ServiceFailed
+
+    try:
+        loops.run(services, event_loop)
+    except ServiceFailed:
+        raise typer.Exit(1) from None
 
 
 def _service_settings(

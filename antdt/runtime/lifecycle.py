@@ -17,6 +17,11 @@ STAGES = ("drain", "finish", "revoke", "flush")
 log = structlog.get_logger("antdt.lifecycle")
 
 
+class ServiceFailed(RuntimeError):
+    """The service stopped because one of its tasks failed (not on request): its
+    process must exit non-zero, so that a supervisor restarts it."""
+
+
 class ServiceRuntime:
     def __init__(self, name: str, *, stage_timeout_s: float = 5.0) -> None:
         self.name = name
@@ -29,6 +34,8 @@ class ServiceRuntime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stages: dict[str, list[Callable[[], Awaitable[None]]]] = {s: [] for s in STAGES}
         self._shutdown_done = False
+        #: the task whose failure stopped the service, and why (None: stopped on request)
+        self.failure: str | None = None
 
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"{self.name}:{name}")
@@ -47,6 +54,7 @@ class ServiceRuntime:
         exc = task.exception()
         if exc is not None:
             log.error("service task failed; stopping", task=task.get_name(), error=repr(exc))
+            self.failure = f"{task.get_name()}: {exc!r}"
             self.stop_event.set()
 
     def on_shutdown(self, stage: str, step: Callable[[], Awaitable[None]]) -> None:

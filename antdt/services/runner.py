@@ -11,7 +11,7 @@ from typing import Any
 
 from antdt.runtime.bus import Bus
 from antdt.runtime.config import ServiceSettings
-from antdt.runtime.lifecycle import ServiceRuntime
+from antdt.runtime.lifecycle import ServiceFailed, ServiceRuntime
 from antdt.runtime.store import Store
 from antdt.runtime.telemetry import (
     Health,
@@ -101,6 +101,8 @@ async def run_services(
         await runtime.shutdown()
         raise
     await runtime.run()
+    if runtime.failure is not None:
+        raise ServiceFailed(runtime.failure)
 
 
 async def _stopping(health: Health) -> None:
