@@ -10,11 +10,14 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
+from antdt.runtime.backoff import Backoff
 from antdt.runtime.config import ServiceSettings
 from antdt.runtime.store import Compare, Delete, Get, Lease, Put, Store, decode_text
 from antdt.schemas import Keys
 
 log = structlog.get_logger("antdt.ownership")
+#: Waits between tries to lease while etcd is away (seconds), forever.
+LEASE_RETRY = Backoff(first_s=0.25, max_s=5.0)
 
 
 class Ownership:
@@ -79,10 +82,16 @@ class Ownership:
             if self._lease is None or self._lease.lost.is_set():
                 if self._lease is not None:
                     await self._drop_all("lease lost")
-                self._lease = await self.store.grant_lease(self.ttl_s)
-                # Listed among the service's replicas for as long as this lease lives.
+                lease = await self.store.grant_lease(self.ttl_s)
+                # Listed among the service's replicas for as long as this lease lives: a
+                # lease without its member key is not kept (placement would skip us).
                 member = self.keys.member(self.service, self.replica_id)
-                await self.store.put(member, b"", lease=self._lease)
+                try:
+                    await self.store.put(member, b"", lease=lease)
+                except BaseException:
+                    await lease.revoke()
+                    raise
+                self._lease = lease
             return self._lease
 
     async def replicas(self) -> list[str]:
@@ -116,6 +125,9 @@ class Ownership:
         got = result.gets[0] if result.succeeded else None
         if got is None:
             return False
+        if not self._current(lease):  # lost while the claim was in flight: its key goes
+            log.info("claim outlived its lease", service=self.service, job=job)
+            return False
         self._owned[job] = got.create_revision
         log.info("job acquired", service=self.service, job=job, replica=self.replica_id)
         return True
@@ -123,8 +135,10 @@ class Ownership:
     async def release(self, job: str, settle: Callable[[], Awaitable[None]] | None = None) -> None:
         """Give `job` up: we stop owning it at once, and delete our key, if it is still
         ours, once `settle()` is done (what the next owner must find finished: it claims
-        the job only after the key is gone). A `settle` that fails is logged."""
-        revision = self._owned.pop(job, None)
+        the job only after the key is gone). A `settle` that fails is logged. A delete
+        that fails (etcd away) raises, and the job is ours again while our lease lives:
+        its key, bound to that lease, would otherwise keep every replica from it."""
+        revision, lease = self._owned.pop(job, None), self._lease
         if revision is None:
             return
         if settle is not None:
@@ -138,17 +152,37 @@ class Ownership:
                     error=repr(exc),
                 )
         key = self.keys.owner(self.service, job)
-        await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
+        try:
+            await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
+        except Exception:
+            if lease is not None and self._current(lease) and job not in self._owned:
+                self._owned[job] = revision
+            raise
         log.info("job released", service=self.service, job=job, replica=self.replica_id)
+
+    def _current(self, lease: Lease) -> bool:
+        """`lease` is this replica's lease and has not lapsed (nor the replica stopped)."""
+        return lease is self._lease and not lease.lost.is_set() and not self._stopped
 
     async def owner_of(self, job: str) -> str | None:
         got = await self.store.get(self.keys.owner(self.service, job))
         return decode_text(got.key, got.value) if got else None
 
     async def watch_lease(self) -> None:
-        """Run as a task: drop every job the moment the lease lapses, then re-lease."""
+        """Run as a task: drop every job the moment the lease lapses, then re-lease. etcd
+        away, leasing is tried again (LEASE_RETRY), never raised: a replica with no
+        lease owns nothing and claims nothing until it has one."""
+        failures = 0
         while not self._stopped:
-            lease = await self._ensure_lease()
+            try:
+                lease = await self._ensure_lease()
+            except Exception as exc:
+                failures += 1
+                if LEASE_RETRY.worth_reporting(failures):
+                    log.warning("no lease; etcd away?", service=self.service, error=repr(exc))
+                await asyncio.sleep(LEASE_RETRY.delay(failures))
+                continue
+            failures = 0
             await lease.lost.wait()
             if not self._stopped:
                 await self._drop_all("lease lost")

@@ -15,7 +15,9 @@ log = structlog.get_logger("antdt.store")
 
 
 class Lease:
-    """An etcd lease kept alive by a background task; `lost` is set the moment it lapses."""
+    """An etcd lease kept alive by a background task; `lost` is set the moment it may
+    have lapsed: `ttl` after the last refresh etcd took was sent (etcd counts from when
+    it took it, later), whether the refreshes since failed or hang."""
 
     def __init__(self, client: EtcdClient, lease_id: int, ttl: int) -> None:
         self.id = lease_id
@@ -25,22 +27,26 @@ class Lease:
         self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease_id}")
 
     async def _keep_alive(self) -> None:
+        clock = asyncio.get_running_loop().time
         interval = max(self.ttl / 3.0, 0.2)
-        last_ok = asyncio.get_running_loop().time()
+        expires = clock() + self.ttl  # granted just before: etcd's expiry is no earlier
         while not self.lost.is_set():
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(interval, expires - clock())))
+            sent = clock()
+            if sent >= expires:
+                break
             try:
-                reply = await self._client.refresh_lease(self.id)
+                reply = await asyncio.wait_for(self._client.refresh_lease(self.id), expires - sent)
                 if reply is None or int(reply.TTL) <= 0:
                     break
-                last_ok = asyncio.get_running_loop().time()
+                expires = sent + self.ttl
+            except TimeoutError:
+                break  # no answer before it may have lapsed
             except Exception as exc:
                 log.debug("lease refresh failed", lease=self.id, error=str(exc))
                 if isinstance(exc, aetcd.exceptions.UnauthenticatedError):
                     with contextlib.suppress(Exception):
                         await self._client.log_in_again()
-                if asyncio.get_running_loop().time() - last_ok >= self.ttl:
-                    break
         self.lost.set()
         log.warning("lease lost", lease=self.id)
 

@@ -102,16 +102,8 @@ class Routes:
 
     async def keep_lease(self) -> None:
         """Run as a task: drop our jobs the moment the lease lapses, then lease anew.
-        Failures to lease (etcd away) are retried, never raised."""
-        while True:
-            try:
-                await self.ownership.watch_lease()
-                return  # stopped
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.info("ownership lease unavailable", error=repr(exc))
-                await asyncio.sleep(CLAIM_RETRY_S)
+        Failures to lease (etcd away) are retried, never raised (`watch_lease`)."""
+        await self.ownership.watch_lease()
 
     async def stop(self) -> None:
         """Revoke the lease: other replicas may claim our jobs at once (idempotent)."""
