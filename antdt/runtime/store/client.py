@@ -75,7 +75,9 @@ class EtcdClient(aetcd.Client):
 
     def __init__(self, settings: EtcdSettings) -> None:
         password = settings.password.get_secret_value() if settings.password else None
-        super().__init__(username=settings.user, password=password, timeout=int(settings.timeout_s))
+        # aetcd types it an int; gRPC takes float seconds (int() made 0.5 a 0 s deadline)
+        timeout: Any = settings.timeout_s
+        super().__init__(username=settings.user, password=password, timeout=timeout)
         self._endpoints = settings.endpoint
         self._credentials = grpc_credentials(settings.tls)
 
