@@ -23,3 +23,11 @@ def test_several_etcd_endpoints_make_one_target_of_their_addresses() -> None:
     assert grpc_target("etcd-0:2379") == "etcd-0:2379"
     assert grpc_target("http://127.0.0.1:1,127.0.0.2:2/") == "ipv4:127.0.0.1:1,127.0.0.2:2"
     assert grpc_target("localhost:2379, 127.0.0.1:2380") == "ipv4:127.0.0.1:2379,127.0.0.1:2380"
+
+
+def test_a_sub_second_etcd_timeout_is_kept_not_cut_to_zero() -> None:
+    from antdt.runtime.config import EtcdSettings
+    from antdt.runtime.store.client import EtcdClient
+
+    client = EtcdClient(EtcdSettings(endpoint="127.0.0.1:1", timeout_s=0.5))
+    assert client._timeout == 0.5  # the gRPC deadline of every call, seconds
