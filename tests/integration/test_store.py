@@ -216,3 +216,17 @@ async def test_follow_reads_again_when_its_watch_falls_behind_compaction(tmp_pat
         task.cancel()
         await store.close()
         etcd.stop()
+
+
+async def test_a_prefix_read_past_grpcs_default_reply_size_is_read_whole(store: Store) -> None:
+    """A claim round reads every key under `jobs/` (a 100,000-rank job's hellos are over
+    4 MiB of keys alone): a reply past gRPC's 4 MiB default must still come back."""
+    prefix = store.key("big/")
+    names = [f"{prefix}{n:05d}-{'k' * 1000}" for n in range(5000)]  # ~5 MB of keys
+    for at in range(0, len(names), 100):
+        await store.txn([], [Put(name, b"") for name in names[at : at + 100]])
+    try:
+        found = await store.get_prefix(prefix, keys_only=True)
+        assert [f.key for f in found] == names
+    finally:
+        await store.delete_prefix(prefix)

@@ -66,6 +66,11 @@ def grpc_target(endpoints: str) -> str:
     return "ipv4:" + ",".join(addresses)
 
 
+#: The largest reply the client takes, bytes: gRPC's default (4 MiB) is the keys of one
+#: job of ~100,000 ranks (its hellos), and a claim round reads every job's keys.
+MAX_REPLY_BYTES = 256 * 1024 * 1024
+
+
 class EtcdClient(aetcd.Client):
     """`aetcd.Client` on a list of endpoints, over TLS where the settings name a CA: its
     `connect` does what aetcd's does, on the channel to that target."""
@@ -77,7 +82,10 @@ class EtcdClient(aetcd.Client):
         password = settings.password.get_secret_value() if settings.password else None
         # aetcd types it an int; gRPC takes float seconds (int() made 0.5 a 0 s deadline)
         timeout: Any = settings.timeout_s
-        super().__init__(username=settings.user, password=password, timeout=timeout)
+        options = {"grpc.max_receive_message_length": MAX_REPLY_BYTES}
+        super().__init__(
+            username=settings.user, password=password, timeout=timeout, options=options
+        )
         self._endpoints = settings.endpoint
         self._credentials = grpc_credentials(settings.tls)
 
