@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import time
 
@@ -21,6 +22,8 @@ from antdt.runtime.bus import (
 )
 from antdt.schemas import (
     COMMAND_ADAPTER,
+    ENCODING_HEADER,
+    GZIP,
     Ack,
     AdjustBatch,
     ErrorCode,
@@ -149,6 +152,47 @@ async def test_handler_crash_is_contained(bus: Bus) -> None:
     with pytest.raises(RequestRefused, match="internal"):
         await bus.request(subjects.plan_get("j"), PlanRequest(job="j", rank=0), Plan)
     assert bus.handler_errors == 2
+
+
+async def test_a_reply_over_max_payload_is_refused_as_too_large_not_dropped(
+    bus: Bus,
+    settings,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """A reply the server would refuse (a 100,000-rank plan on a 1 MiB server) reaches
+    the requester as a TOO_LARGE error naming its size, not as a silent timeout."""
+    subjects = Subjects(bus.settings.subject_prefix)
+    server = await Bus(settings.nats, name="small-payload").connect()
+    plan = Plan(job="big", version=1, local_batch=(8,) * 256, effective_step=0, created_at=1.0)
+
+    async def answer(_: PlanRequest, __: Delivery) -> Plan:
+        return plan
+
+    try:
+        await server.subscribe(subjects.plan_get("big"), PlanRequest, answer)
+        monkeypatch.setattr(server.nc, "_max_payload", 300)  # as a server of 300 bytes says
+        with pytest.raises(RequestRefused, match=r"Plan reply of \d+ bytes is over") as refused:
+            await bus.request(subjects.plan_get("big"), PlanRequest(job="big", rank=0), Plan)
+        assert refused.value.reply.code == ErrorCode.TOO_LARGE
+    finally:
+        await server.close()
+
+
+async def test_a_reply_to_a_gzipped_request_does_not_say_gzip(bus: Bus) -> None:
+    """Replies are never compressed (docs/contract.md): the request's Content-Encoding
+    is not echoed with its other headers, or a client honouring it fails to inflate."""
+    subjects = Subjects(bus.settings.subject_prefix)
+
+    async def answer(request: PlanRequest, _: Delivery) -> Plan:
+        return Plan(job=request.job, version=0, local_batch=(1,), effective_step=0, created_at=1.0)
+
+    await bus.subscribe(subjects.plan_get("gz"), PlanRequest, answer)
+    body = gzip.compress(PlanRequest(job="gz", rank=0).model_dump_json().encode())
+    headers = {ENCODING_HEADER: GZIP, "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    reply = await bus.nc.request(subjects.plan_get("gz"), body, timeout=5, headers=headers)
+    assert reply.headers is not None and ENCODING_HEADER not in reply.headers
+    assert reply.headers["traceparent"] == headers["traceparent"]  # still echoed
+    assert Plan.model_validate_json(reply.data).job == "gz"
 
 
 async def test_concurrent_handlers_answer_at_once_or_after_waiting(bus: Bus) -> None:

@@ -379,14 +379,35 @@ class Bus:
             if token is not None:
                 otel_context.detach(token)
         if msg.reply and reply is not None:
-            # The request's headers (trace context) echoed, as msg.respond would, and the
-            # reply's type: a requester tells an ErrorReply from its answer by it.
-            with contextlib.suppress(Exception):
-                await self.nc.publish(
-                    msg.reply, encode(reply), headers=reply_headers(msg.headers, reply)
-                )
+            await self._respond(msg, reply)
         if turns is not None and turns.due():
             await asyncio.sleep(0)
+
+
+    async def _respond(self, msg: Msg, reply: BaseModel) -> None:
+        """Send `reply` to `msg`'s requester with the request's headers (trace context)
+        echoed, as msg.respond would, and the reply's type: a requester tells an
+        ErrorReply from its answer by it. A reply over the server's max_payload goes as
+        a TOO_LARGE ErrorReply (the requester learns why, not a timeout); one that
+        cannot be sent (connection gone) is logged."""
+        data = encode(reply)
+        if len(data) > self.nc.max_payload:
+            log.warning(
+                "reply over max_payload; refused instead",
+                subject=msg.subject,
+                reply=type(reply).__name__,
+                bytes=len(data),
+            )
+            reply = ErrorReply(
+                error=f"{type(reply).__name__} reply of {len(data)} bytes is over "
+                f"nats-server's max_payload ({self.nc.max_payload} bytes)",
+                code=ErrorCode.TOO_LARGE,
+            )
+            data = encode(reply)
+        try:
+            await self.nc.publish(msg.reply, data, headers=reply_headers(msg.headers, reply))
+        except Exception as exc:
+            log.warning("reply not sent", subject=msg.subject, error=repr(exc))
 
 
 #: The reason a message nats-py dropped behind a full subscription queue is counted with.

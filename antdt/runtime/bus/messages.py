@@ -209,8 +209,10 @@ _ERROR_NAME = ErrorReply.__name__
 
 def reply_headers(request: Mapping[str, str] | None, reply: BaseModel) -> dict[str, str]:
     """The headers of the reply to a request with `request` headers: those echoed (the
-    trace context), and the reply's type (`Antdt-Reply`)."""
+    trace context) but its `Content-Encoding` (a reply is never compressed), and the
+    reply's type (`Antdt-Reply`)."""
     headers = dict(request) if request else {}
+    headers.pop(ENCODING_HEADER, None)
     headers[REPLY_HEADER] = type(reply).__name__
     return headers
 
