@@ -31,3 +31,31 @@ def test_a_sub_second_etcd_timeout_is_kept_not_cut_to_zero() -> None:
 
     client = EtcdClient(EtcdSettings(endpoint="127.0.0.1:1", timeout_s=0.5))
     assert client._timeout == 0.5  # the gRPC deadline of every call, seconds
+
+
+async def test_a_watch_of_an_etcd_away_retries_less_often_as_it_waits() -> None:
+    """Every follower's watch retried every 0.3 s, logging each time, for as long as
+    etcd was away: now from 0.3 s doubling, said at tries 1, 2, 4, 8..."""
+    import asyncio
+    import contextlib
+
+    from structlog.testing import capture_logs
+
+    from antdt.runtime.config import EtcdSettings
+    from antdt.runtime.servers.embedded import free_port
+    from antdt.runtime.store import Store
+
+    store = Store(EtcdSettings(endpoint=f"127.0.0.1:{free_port('127.0.0.1')}"))
+
+    async def watch() -> None:
+        async for _ in store.watch_prefix("/away/"):
+            pass
+
+    with capture_logs() as logs:
+        task = asyncio.create_task(watch())
+        await asyncio.sleep(3.0)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    said = [e for e in logs if e["event"] == "watch interrupted; resuming"]
+    assert 2 <= len(said) <= 3, said  # tries at ~0, 0.3, 0.9, 2.1 s: said at 1, 2 (and 4)

@@ -34,6 +34,8 @@ from antdt.runtime.store.values import (
 )
 
 log = structlog.get_logger("antdt.store")
+#: The longest wait between tries to watch again while etcd is away, seconds.
+WATCH_RETRY_MAX_S = 5.0
 T = TypeVar("T", bound=BaseModel)
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -290,13 +292,16 @@ class Store:
         """Every change under `prefix`, resuming after etcd restarts from the revision
         after the last one delivered (so nothing is missed and nothing repeats). When
         etcd has compacted that revision away, the changes since are gone: "resume"
-        carries on from now (missing them), "raise" raises HistoryCompacted."""
-        next_revision = start_revision
+        carries on from now (missing them), "raise" raises HistoryCompacted. etcd away,
+        the watch is tried again from `retry_s`, doubling up to WATCH_RETRY_MAX_S, and
+        said so less often as it waits."""
+        next_revision, failures = start_revision, 0
         while True:
             client = self._new_client()  # a watch gets its own channel: restarts stay local
             try:
                 await client.connect()
                 watch = await client.watch_prefix(prefix.encode(), start_revision=next_revision)
+                failures = 0  # etcd answered: the next interruption starts over
                 async for event in watch:
                     kv = event.kv
                     next_revision = int(kv.mod_revision) + 1
@@ -314,11 +319,15 @@ class Store:
                 log.warning("watch revision compacted; resuming from now", prefix=prefix)
                 next_revision = None
             except Exception as exc:
-                log.info("watch interrupted; resuming", prefix=prefix, error=str(exc))
+                failures += 1
+                if Backoff.worth_reporting(failures):
+                    log.info("watch interrupted; resuming", prefix=prefix, error=str(exc))
             finally:
                 with contextlib.suppress(Exception):
                     await client.close()
-            await asyncio.sleep(retry_s)
+            await asyncio.sleep(
+                Backoff(retry_s, max(retry_s, WATCH_RETRY_MAX_S)).delay(failures or 1)
+            )
 
     @_etcd_call
     async def compact(self, revision: int) -> None:
