@@ -93,3 +93,26 @@ async def test_an_incident_carried_on_by_another_replica_stays_in_its_trace(
     assert later.parent is not None and later.parent.span_id == sent.span_id
     assert [s.name for s in spans.get_finished_spans()] == ["incident opened", "incident resolved"]
     assert await open_incidents(bus, subjects, job, time.time()) == []
+
+
+async def test_incidents_not_read_whole_are_refused_not_taken_as_all(
+    bus: Bus, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take-over that cannot read every transition of a job (past the read's limit
+    even from its latest start) raises, rather than take the oldest for all: the ones
+    left out are the newest, those that resolve."""
+    from antdt.runtime.bus import BusError
+    from antdt.runtime.coordination import leftopen
+
+    subjects, job = Subjects(bus.settings.subject_prefix), f"whole{unique}"
+    subject = subjects.incident(job)
+    await bus.jetstream.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    opened = _incident(job)
+    resolved = opened.model_copy(update={"state": IncidentState.RESOLVED})
+    await bus.jetstream.publish(subject, opened, msg_id=f"{job}-1")
+    await bus.jetstream.publish(subject, resolved, msg_id=f"{job}-2")
+    assert await open_incidents(bus, subjects, job, time.time()) == []
+    monkeypatch.setattr(leftopen, "READ_LIMIT", 1)
+    monkeypatch.setattr(leftopen, "LOOKBACKS_S", (None,))
+    with pytest.raises(BusError, match="not read whole: 1 of 2"):
+        await open_incidents(bus, subjects, job, time.time())

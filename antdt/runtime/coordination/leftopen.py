@@ -2,7 +2,9 @@
 the span its earliest transition was published under: the monitor replica taking the
 job on carries them on (`JobDetector.adopt`) in their traces, the controller replica
 decides knowing them. At most READ_LIMIT of a job's incidents are read: past that, from
-a later start (LOOKBACKS_S), newest kept."""
+a later start (LOOKBACKS_S). A read that is not whole (past READ_LIMIT even from the
+latest start, or cut short) raises: its newest transitions, those that resolve, may be
+the ones missing, and a resolved incident taken for open would be carried on."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import NamedTuple
 import structlog
 from opentelemetry.trace import SpanContext
 
-from antdt.runtime.bus import Bus
+from antdt.runtime.bus import Bus, BusError
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentState, Subjects
 
 log = structlog.get_logger("antdt.coordination")
@@ -39,7 +41,8 @@ class LeftOpen(NamedTuple):
 
 
 async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> list[LeftOpen]:
-    """The job's incidents left open on ANTDT_INCIDENTS (raises when it cannot read)."""
+    """The job's incidents left open on ANTDT_INCIDENTS (raises when it cannot read them
+    all: BusError)."""
     subject = subjects.incident(job)
     for lookback in LOOKBACKS_S:
         since = None if lookback is None else now - lookback
@@ -53,6 +56,11 @@ async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> 
             job=job,
             incidents=replay.available,
             since=since,
+        )
+    if replay.truncated:
+        raise BusError(
+            f"job {job}'s incidents not read whole: {len(replay.items) + replay.rejected} "
+            f"of {replay.available}"
         )
     ours = [(i, t) for i, t in zip(replay.items, replay.traces, strict=True) if i.job == job]
     first_trace: dict[str, SpanContext | None] = {}
