@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from antdt.observe.html import render_html
 from antdt.observe.recorder import HEALTH_STREAM, STEP_STREAM
-from antdt.observe.timeline import RunRecord, Timeline, build_timeline
+from antdt.observe.timeline import HealthPoint, RunRecord, Timeline, build_timeline
 from antdt.runtime.bus import Bus, StreamMissing
 from antdt.runtime.config import NatsSettings
 from antdt.schemas import (
@@ -23,7 +22,6 @@ from antdt.schemas import (
     INCIDENT_STREAM,
     ActionRecord,
     Incident,
-    JobHealth,
     StepEvent,
     Subjects,
 )
@@ -47,7 +45,7 @@ def _sources(subjects: Subjects, job: str) -> list[tuple[str, str, str, Any]]:
     """(field of RunRecord, stream, subject filter, message type)."""
     return [
         ("steps", STEP_STREAM, subjects.step(job, "*"), StepEvent),
-        ("health", HEALTH_STREAM, subjects.health(job), JobHealth),
+        ("health", HEALTH_STREAM, subjects.health(job), HealthPoint),
         ("incidents", INCIDENT_STREAM, subjects.incident(job), Incident),
         ("actions", ACTION_STREAM, subjects.action(job), ActionRecord),
     ]
@@ -71,7 +69,7 @@ async def fetch_run(
 
         try:
             replay = await bus.jetstream.read(
-                stream, subject, TypeAdapter(target), limit=limit, on_progress=progress
+                stream, subject, target, limit=limit, on_progress=progress
             )
         except StreamMissing:
             record.notes.append(f"stream {stream} does not exist: no {name} were recorded")

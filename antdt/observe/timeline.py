@@ -7,8 +7,18 @@ import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import ClassVar
 
-from antdt.schemas import ActionRecord, ActionResult, Incident, IncidentState, JobHealth, StepEvent
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from antdt.schemas import (
+    MAX_HEALTH_BYTES,
+    ActionRecord,
+    ActionResult,
+    Incident,
+    IncidentState,
+    StepEvent,
+)
 
 MAX_RANK_LINES = 12  # above this, ranks without incidents are drawn as one median line
 INCIDENT_COLOR = "#ff8c00"
@@ -31,13 +41,36 @@ RANK_COLORS = (
 )
 
 
+class HealthPoint(BaseModel):
+    """What a report reads of a recorded JobHealth: its time, step and balance efficiency,
+    and how many rank rows it had (`ranks`, a count: a health of none is left out). Not
+    the rows: a 10,000-rank health is ~15 MB decoded, and ANTDT_HEALTH holds hundreds of
+    them. A JobHealth passes for one (its `ranks` are the rows themselves)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    #: A JobHealth's size, inflated (its rows grow with the job).
+    max_message_bytes: ClassVar[int] = MAX_HEALTH_BYTES
+
+    job: str
+    at: float
+    step: int
+    balance_efficiency: float
+    ranks: int
+
+    @field_validator("ranks", mode="before")
+    @classmethod
+    def _counted(cls, rows: object) -> object:
+        """The rows counted as they are read, then dropped."""
+        return len(rows) if isinstance(rows, (list, tuple)) else rows
+
+
 @dataclass
 class RunRecord:
     """What was recorded for one job (any order; the builder sorts)."""
 
     job: str
     steps: list[StepEvent] = field(default_factory=list)
-    health: list[JobHealth] = field(default_factory=list)
+    health: list[HealthPoint] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
     actions: list[ActionRecord] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -98,7 +131,7 @@ def build_timeline(record: RunRecord) -> Timeline:
     )
 
 
-def _at(h: JobHealth) -> float:
+def _at(h: HealthPoint) -> float:
     return h.at
 
 
@@ -295,7 +328,7 @@ def action_rows(actions: list[ActionRecord]) -> list[dict[str, str]]:
 def summarize(
     job: str,
     steps: list[StepEvent],
-    health: list[JobHealth],
+    health: list[HealthPoint],
     incidents: list[Incident],
     actions: list[ActionRecord],
 ) -> dict[str, str]:

@@ -23,7 +23,7 @@ from antdt.observe import (
     run_status,
     write_report,
 )
-from antdt.observe.timeline import RunRecord
+from antdt.observe.timeline import HealthPoint, RunRecord
 from antdt.runtime.bus import Bus, StreamMissing
 from antdt.runtime.config import RecordingSettings, ServiceSettings
 from antdt.schemas import (
@@ -115,7 +115,8 @@ async def test_fetch_run_reads_one_job_back_and_reports_it(
     assert sorted((e.step, e.rank) for e in back.steps) == sorted(
         (e.step, e.rank) for e in run.steps
     )
-    assert back.health == run.health and back.incidents == run.incidents
+    read = [HealthPoint.model_validate_json(h.model_dump_json()) for h in run.health]
+    assert back.health == read and back.incidents == run.incidents
     assert back.actions == run.actions
     assert ("steps", len(run.steps), len(run.steps)) in progress
 
@@ -123,6 +124,28 @@ async def test_fetch_run_reads_one_job_back_and_reports_it(
     assert marker_columns(files.png)
     actions = parse_report(files.html).tables["actions"]
     assert {"id": "act-1", "class": "result-applied"} in actions
+
+
+async def test_the_report_reads_the_health_of_a_large_job(
+    bus: Bus, settings: ServiceSettings, unique: str
+) -> None:
+    """A JobHealth of 3,000 ranks is ~1 MB of JSON: the report takes it at JobHealth's
+    own size limit (not the 256 KiB of other messages), keeping its figures, not rows."""
+    subjects = Subjects(settings.nats.subject_prefix)
+    await ensure_recording(bus, subjects, LIMITS)
+    job = f"large{unique}"
+    health = synthetic_run(steps=5).health[0]
+    row = health.ranks[0]
+    rows = tuple(row.model_copy(update={"rank": r, "host": f"h{r}"}) for r in range(3000))
+    run_health = health.model_copy(update={"job": job, "ranks": rows, "step": 7})
+    assert len(run_health.model_dump_json()) > 256 * 1024
+    await bus.publish(subjects.health(job), run_health)
+    await wait_for(lambda: _stored(bus, HEALTH_STREAM, subjects.health(job)), what="stored")
+    back = await fetch_run(bus, subjects, job)
+    assert [(h.step, h.ranks, h.balance_efficiency) for h in back.health] == [
+        (7, 3000, run_health.balance_efficiency)
+    ]
+    assert not any("health" in note for note in back.notes), back.notes
 
 
 async def test_bounded_reads_say_when_they_were_cut(bus: Bus, settings: ServiceSettings) -> None:
