@@ -383,7 +383,6 @@ class Bus:
         if turns is not None and turns.due():
             await asyncio.sleep(0)
 
-
     async def _respond(self, msg: Msg, reply: BaseModel) -> None:
         """Send `reply` to `msg`'s requester with the request's headers (trace context)
         echoed, as msg.respond would, and the reply's type: a requester tells an
