@@ -16,6 +16,7 @@ from antdt.observe.recorder import HEALTH_STREAM
 from antdt.observe.status import StatusState, render
 from antdt.runtime.bus import Bus, BusError, Delivery, StreamMissing
 from antdt.runtime.config import NatsSettings
+from antdt.runtime.coordination.leftopen import LOOKBACKS_S
 from antdt.schemas import (
     ACTION_STREAM,
     INCIDENT_STREAM,
@@ -31,10 +32,14 @@ M = TypeVar("M")
 HISTORY_LIMIT = 20_000  # incidents / actions replayed per job
 
 
-async def load_state(bus: Bus, subjects: Subjects, job: str, *, recent: int = 8) -> StatusState:
+async def load_state(
+    bus: Bus, subjects: Subjects, job: str, *, recent: int = 8, state: StatusState | None = None
+) -> StatusState:
     """What is known right now: replayed incidents and actions, the last recorded health,
-    the current plan. Sources that are missing become notes, not errors."""
-    state = StatusState(job=job, recent=recent)
+    the current plan, into `state` (a new one if None: one already following the live
+    subjects keeps what came meanwhile, each `apply_` keeping the newer). Sources that
+    are missing become notes, not errors."""
+    state = state if state is not None else StatusState(job=job, recent=recent)
     for incident in await _history(bus, state, INCIDENT_STREAM, subjects.incident(job), Incident):
         state.apply_incident(incident)
     for action in await _history(bus, state, ACTION_STREAM, subjects.action(job), ActionRecord):
@@ -50,11 +55,26 @@ async def load_state(bus: Bus, subjects: Subjects, job: str, *, recent: int = 8)
 async def _history(
     bus: Bus, state: StatusState, stream: str, subject: str, target: type[M]
 ) -> list[M]:
+    """The job's messages on `stream`, oldest first: all of them while they are at most
+    HISTORY_LIMIT, else those from a later start (LOOKBACKS_S), said in a note, as is a
+    read still cut short (its newest messages, those that resolve, are then missing)."""
     try:
-        return (await bus.jetstream.read(stream, subject, target, limit=HISTORY_LIMIT)).items
+        for lookback in LOOKBACKS_S:
+            since = None if lookback is None else time.time() - lookback
+            replay = await bus.jetstream.read(
+                stream, subject, target, limit=HISTORY_LIMIT, since=since
+            )
+            if replay.available <= HISTORY_LIMIT:
+                break
     except StreamMissing:
         state.notes.append(f"stream {stream} does not exist yet")
         return []
+    if lookback is not None:
+        state.notes.append(f"{stream}: only its last {lookback / 3600:g} h read (too many)")
+    if replay.truncated:
+        held = replay.available
+        state.notes.append(f"{stream}: read {len(replay.items)} of {held}: the newest are missing")
+    return replay.items
 
 
 async def refresh_plan(bus: Bus, subjects: Subjects, state: StatusState) -> None:
@@ -107,8 +127,9 @@ async def run_status(
     subjects = Subjects(nats.subject_prefix)
     bus = await Bus(nats, name=f"antdt-status-{job}").connect(retry_for_s=10)
     try:
-        state = await load_state(bus, subjects, job)
-        changed = await follow(bus, subjects, state)
+        state = StatusState(job=job)
+        changed = await follow(bus, subjects, state)  # first: nothing sent meanwhile is missed
+        await load_state(bus, subjects, job, state=state)
         if once:
             if state.health is None:  # nothing recorded: one live JobHealth (1 Hz)
                 with contextlib.suppress(asyncio.TimeoutError, TimeoutError):

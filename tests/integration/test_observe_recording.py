@@ -240,3 +240,24 @@ async def test_live_status_follows_new_actions(bus: Bus, settings: ServiceSettin
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_status_says_when_it_could_not_read_a_jobs_whole_history(
+    bus: Bus, settings: ServiceSettings, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More incident transitions than a status reads: the oldest read are not taken for
+    the job's state silently (their resolutions may be among those not read)."""
+    from antdt.observe import live
+
+    subjects = Subjects(settings.nats.subject_prefix)
+    job = f"many{unique}"
+    await bus.jetstream.ensure_stream(INCIDENT_STREAM, [subjects.any_job("incident")])
+    incident = synthetic_run(steps=5).incidents[0]
+    for n in range(3):
+        opened = incident.model_copy(update={"job": job, "id": f"{job}-r{n}", "rank": n})
+        await bus.jetstream.publish(subjects.incident(job), opened, msg_id=f"{job}-{n}")
+    monkeypatch.setattr(live, "HISTORY_LIMIT", 2)
+    monkeypatch.setattr(live, "LOOKBACKS_S", (None, 3600.0))
+    state = await load_state(bus, subjects, job)
+    assert f"{INCIDENT_STREAM}: only its last 1 h read (too many)" in state.notes
+    assert f"{INCIDENT_STREAM}: read 2 of 3: the newest are missing" in state.notes
