@@ -34,7 +34,7 @@ def replay_run(
         from antdt.sim.replay import ReplayError, replay
         from antdt.sim.report import replay_json, replay_table
     except ImportError as exc:
-        err.print(f"[red]sim: {exc}; install antdt[sim][/]")
+        err.print(f"[red]sim: {exc}; install antdt\\[sim][/]")
         raise typer.Exit(2) from None
     try:
         if job is not None and steps_file is None:

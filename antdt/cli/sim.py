@@ -68,7 +68,7 @@ def sim(
         from antdt.sim.files import ScenarioError, load_scenario
         from antdt.sim.report import save_json, save_png, table
     except ImportError as exc:
-        Console(stderr=True).print(f"[red]sim: {exc}; install antdt[sim][/]")
+        Console(stderr=True).print(f"[red]sim: {exc}; install antdt\\[sim][/]")
         raise typer.Exit(2) from None
     overrides = {
         k: v

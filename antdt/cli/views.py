@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 from pathlib import Path
 from typing import Annotated
 
@@ -52,9 +53,12 @@ def report(
     settings = client_settings(nats_url=nats_url)
     quiet_logs()
     console = Console(stderr=True)
+    if importlib.util.find_spec("matplotlib") is None:  # said before the read, not after
+        console.print("[red]report: matplotlib is not installed: pip install 'antdt\\[report]'[/]")
+        raise typer.Exit(2)
     try:
         files = asyncio.run(report_job(settings.nats, job, out, console=console, limit=limit))
-    except (BusError, ReportEmpty) as exc:
+    except (BusError, ReportEmpty, OSError) as exc:  # OSError: --out not writable
         console.print(f"[red]report: {exc}[/]")
         raise typer.Exit(1) from None
     for note in files.timeline.notes:

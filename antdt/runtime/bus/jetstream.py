@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from nats.aio.client import Client as NatsClient
+from nats.errors import Error as NatsError
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -38,6 +39,14 @@ from antdt.runtime.bus.messages import (
 )
 
 M = TypeVar("M")
+
+
+def _unavailable(stream: str, exc: NatsError) -> BusError:
+    """A read of `stream` nats-server did not serve (JetStream off or away: no responders,
+    unavailable; a subject it refuses), as the bus's own error."""
+    return BusError(f"{stream} not readable: {type(exc).__name__}: {exc}".rstrip(": "))
+
+
 FETCH_TIMEOUT_S = 2.0  # one fetch of a bounded read waits at most this long
 FETCH_ATTEMPTS = 3  # a bounded read ends after this many fetches in a row time out
 
@@ -143,6 +152,8 @@ class JetStream:
             sub = await js.pull_subscribe(subject, stream=stream, config=config)
         except NotFoundError:
             raise StreamMissing(f"stream {stream} not found") from None
+        except NatsError as exc:  # JetStream off or away, a subject the server refuses
+            raise _unavailable(stream, exc) from None
         replay: Replay[M] = Replay(items=[], available=0)
         consumer = ""
         try:
@@ -205,10 +216,14 @@ class JetStream:
             await js.stream_info(stream)
         except NotFoundError:
             raise StreamMissing(f"stream {stream} not found") from None
+        except NatsError as exc:
+            raise _unavailable(stream, exc) from None
         try:
             raw = await js.get_last_msg(stream, subject)
         except NotFoundError:
             return None
+        except NatsError as exc:
+            raise _unavailable(stream, exc) from None
         try:
             return Decoder(target).decode(raw.data or b"", raw.headers)
         except Rejected as exc:
