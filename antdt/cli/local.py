@@ -22,7 +22,8 @@ def launch(
         int, typer.Option("--spare-slots", min=0, help="Spare host slots for KILL_RESTART")
     ] = 0,
     cores: Annotated[
-        str, typer.Option("--cores", help="Pin rank r to the r-th of these cores, e.g. 0,1")
+        str,
+        typer.Option("--cores", help="Pin rank r to the r-th of these cores, e.g. 0,1 or 0-3,8"),
     ] = "",
 ) -> None:
     """Start N local ranks: `antdt launch --nproc 4 -- python train.py` (their
@@ -34,7 +35,7 @@ def launch(
     command = [a for a in ctx.args if a != "--"]
     if not command:
         raise typer.BadParameter("give the command after --, e.g. -- python train.py")
-    pinned = [int(core) for core in cores.split(",") if core.strip()]
+    pinned = core_list(cores)
     code = run_ranks(
         nproc,
         command,
@@ -44,6 +45,22 @@ def launch(
         cores=pinned,
     )
     raise typer.Exit(code)
+
+
+def core_list(cores: str) -> list[int]:
+    """The cores of a cpuset list (`0,1`, `0-3,8`), in order; a usage error otherwise."""
+    found: list[int] = []
+    for part in (p.strip() for p in cores.split(",")):
+        first, dash, last = part.partition("-")
+        if not part:
+            continue
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise typer.BadParameter(f"--cores: {part!r} is not a core or a range like 0-3")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise typer.BadParameter(f"--cores: {part!r} runs backwards")
+        found += range(low, high + 1)
+    return found
 
 
 def demo(

@@ -190,3 +190,15 @@ def test_under_single_node_torchrun_each_restart_meets_under_its_own_prefix(
     store.set("k", "v")
     assert dist.PrefixStore("antdt/restart2", master).get("k") == b"v"
     assert not master.check(["k"])  # not where an unprefixed group would look
+
+
+def test_cores_take_the_cpuset_list_syntax_and_refuse_the_rest() -> None:
+    import typer
+
+    from antdt.cli.local import core_list
+
+    assert core_list("0-3,8") == [0, 1, 2, 3, 8]
+    assert core_list("0,1") == [0, 1] and core_list("") == []
+    for bad in ("a", "3-1", "1-", "-2", "0-x"):
+        with pytest.raises(typer.BadParameter, match="--cores"):
+            core_list(bad)
