@@ -20,6 +20,8 @@ from antdt.schemas import (
     StepEvent,
 )
 
+#: A plan's batches shown one by one in a marker label up to this many ranks.
+LABEL_BATCHES = 16
 MAX_RANK_LINES = 12  # above this, ranks without incidents are drawn as one median line
 INCIDENT_COLOR = "#ff8c00"
 RESOLVED_COLOR = "#2e8b57"
@@ -123,7 +125,8 @@ def build_timeline(record: RunRecord) -> Timeline:
         ranks=tuple(rank_series(steps, _flagged_ranks(incidents))),
         step_wall=tuple(step_walls(steps)),
         efficiency=tuple((h.step, h.balance_efficiency) for h in health),
-        markers=tuple(incident_markers(incidents) + action_markers(actions, clock)),
+        # actions first: the figure labels the first markers only (figure.MAX_LABELS)
+        markers=tuple(action_markers(actions, clock) + incident_markers(incidents)),
         incident_rows=tuple(incident_rows(incidents)),
         action_rows=tuple(action_rows(actions)),
         summary=summarize(record.job, steps, health, incidents, actions),
@@ -270,11 +273,21 @@ def action_markers(actions: list[ActionRecord], clock: StepClock) -> list[Marker
             else clock.step_at(action.decided_at)
         )
         applied = action.result == ActionResult.APPLIED
-        batch = list(action.local_batch) if action.local_batch else ""
-        label = f"{action.kind} {batch} {action.result.value}".replace("  ", " ")
+        label = f"{action.kind} {_batch_label(action.local_batch)} {action.result.value}"
+        label = label.replace("  ", " ")
         color = ACTION_COLOR if applied else ACTION_OTHER_COLOR
         out.append(Marker(step, "action", label, action.action_id, color))
     return out
+
+
+def _batch_label(batches: tuple[int, ...] | None) -> str:
+    """A plan's batches as a marker label shows them: each while they are few, else their
+    range (a 10,000-rank plan's list was a 40,000-character label across the figure)."""
+    if not batches:
+        return ""
+    if len(batches) <= LABEL_BATCHES:
+        return str(list(batches))
+    return f"{min(batches)}-{max(batches)} over {len(batches):,} ranks"
 
 
 def incident_rows(incidents: list[Incident]) -> list[dict[str, str]]:

@@ -240,3 +240,21 @@ def test_robust_top_ignores_a_lone_outlier_only() -> None:
     assert top is not None and 1.06 < top < 2.0
     assert robust_top([1.0, 50.0]) is None  # too few points to call anything an outlier
     assert robust_top([float("nan")] * 30) is None
+
+
+def test_a_large_plans_label_is_its_range_and_actions_are_labelled_first() -> None:
+    """A 10,000-rank plan's batches made a 40,000-character label across the figure, and
+    the figure labels its first MAX_LABELS markers only: incidents used to take them."""
+    run = synthetic_run()
+    big = _action("act-big", ActionResult.APPLIED, 30, (31,) * 9_999 + (41,), T0 + 4.0)
+    run.actions.append(big)
+    for n in range(30):  # more incident markers than the figure labels
+        run.incidents.append(
+            run.incidents[0].model_copy(update={"id": f"{JOB}-r{n}-slow-9", "rank": n % 4})
+        )
+    markers = build_timeline(run).markers
+    labels = {m.ref: m.label for m in markers}
+    assert labels["act-big"] == "adjust_batch 31-41 over 10,000 ranks applied"
+    assert labels["act-1"].startswith("adjust_batch [")  # four ranks: each batch
+    kinds = [m.kind for m in markers]
+    assert kinds[: kinds.count("action")] == ["action"] * kinds.count("action")
