@@ -126,7 +126,11 @@ async def remove_ended_job(settings: ServiceSettings, job: str) -> str | None:
 def list_command(
     etcd_endpoint: EtcdOpt = None,
     retention_s: Annotated[
-        float, typer.Option(help="The controllers' job_retention_s, to show when ended jobs go")
+        float,
+        typer.Option(
+            envvar="ANTDT_JOB_RETENTION_S",
+            help="The controllers' job_retention_s (seconds; 0: kept), to show when ended jobs go",
+        ),
     ] = 7 * 86400,
 ) -> None:
     """Every registered job: live or ended (when, at which step), its ranks, policy and

@@ -135,6 +135,10 @@ async def test_the_cli_lists_live_and_ended_jobs_and_removes_only_an_ended_one(
         assert "jobs: 1 live, 2 ended" in listed.output and "at step 2" in listed.output
         paused_row = table_row(listed.output, "paused")
         assert "data unfinished" in paused_row
+        assert "removed in" in table_row(listed.output, "done")  # the default: 7 days
+        kept_env = {**env, "ANTDT_JOB_RETENTION_S": "0"}  # as the controllers run here
+        kept = await asyncio.to_thread(runner.invoke, app, ["jobs", "list"], env=kept_env)
+        assert kept.exit_code == 0 and "removed in" not in table_row(kept.output, "done")
         busy_row = table_row(listed.output, "busy")
         assert "live" in busy_row and "controller=" in busy_row
         refused = await asyncio.to_thread(runner.invoke, app, ["jobs", "remove", "busy"], env=env)
