@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
@@ -107,7 +108,7 @@ class JetStream:
         js = self.nc.jetstream()
         try:
             ack = await js.publish(subject, data, timeout=timeout, headers=headers or None)
-        except NoStreamResponseError:
+        except (NoStreamResponseError, NatsTimeoutError):  # no leader: no reply, or none in time
             raise await self._unanswered(subject) from None
         return int(ack.seq)
 
