@@ -90,22 +90,39 @@ async def _leased(owner: Ownership) -> bool:
     return lease is not None and not lease.lost.is_set()
 
 
-async def test_a_release_that_cannot_delete_leaves_the_job_ours(
-    etcd: EmbeddedEtcd, stores: tuple[Store, Store], unique: str
+async def test_a_release_that_cannot_delete_is_tried_again_and_never_owned_twice(
+    etcd: EmbeddedEtcd, stores: tuple[Store, Store], unique: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A delete that fails leaves the key bound to our live lease: it is deleted later,
+    not left to keep every replica from the job. And a failed delete may have been
+    applied: the job is never taken for ours again, or two replicas would own it."""
     a, b = _owners(stores, ttl_s=5)
     watch = asyncio.create_task(a.watch_lease())
-    job = f"release-{unique}"
+    job, applied = f"release-{unique}", f"applied-{unique}"
     try:
         assert await a.try_acquire(job)
         async with _away(etcd):
             with pytest.raises(StoreError):
                 await a.release(job)
-            assert a.owns(job)  # its key stays, bound to our live lease: still ours
-        await wait_for(lambda: _leased(a), what="the lease kept alive")
-        assert not await b.try_acquire(job)  # nobody steals it
-        await a.release(job)
-        assert await b.try_acquire(job)
+            assert not a.owns(job)
+        await wait_for(lambda: b.try_acquire(job), timeout=15, what="b claims it once deleted")
+        assert not a.owns(job)
+
+        assert await a.try_acquire(applied)
+        store, real_txn = stores[0], stores[0].txn
+
+        async def applied_then_failed(*args: Any, **kwargs: Any) -> Any:
+            await real_txn(*args, **kwargs)
+            raise StoreError("the reply lost after the delete was applied")
+
+        monkeypatch.setattr(store, "txn", applied_then_failed)
+        with pytest.raises(StoreError):
+            await a.release(applied)
+        monkeypatch.setattr(store, "txn", real_txn)
+        assert await b.try_acquire(applied)
+        await asyncio.sleep(2.5)  # the retries find the key another claim's: left alone
+        assert b.owns(applied) and not a.owns(applied)
+        assert await b.owner_of(applied) == "b"
     finally:
         watch.cancel()
         await a.stop()

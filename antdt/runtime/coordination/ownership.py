@@ -18,6 +18,8 @@ from antdt.schemas import Keys
 log = structlog.get_logger("antdt.ownership")
 #: Waits between tries to lease while etcd is away (seconds), forever.
 LEASE_RETRY = Backoff(first_s=0.25, max_s=5.0)
+#: How often the deletes of released jobs' keys that failed are tried again (seconds).
+RELEASE_RETRY_S = 1.0
 
 
 class Ownership:
@@ -39,6 +41,8 @@ class Ownership:
         self.max_jobs = max_jobs
         self._lease: Lease | None = None
         self._owned: dict[str, int] = {}  # job -> create revision of our owner key
+        # jobs given up whose key's delete failed: job -> its create revision (not owned)
+        self._releasing: dict[str, int] = {}
         self._lost_callbacks: list[Callable[[str], Awaitable[None]]] = []
         self._stopped = False
         self._lease_lock = asyncio.Lock()
@@ -136,8 +140,10 @@ class Ownership:
         """Give `job` up: we stop owning it at once, and delete our key, if it is still
         ours, once `settle()` is done (what the next owner must find finished: it claims
         the job only after the key is gone). A `settle` that fails is logged. A delete
-        that fails (etcd away) raises, and the job is ours again while our lease lives:
-        its key, bound to that lease, would otherwise keep every replica from it."""
+        that fails (etcd away) raises, and is tried again (`watch_lease`) until the key is
+        gone or not ours, while our lease lives: a key bound to that lease would otherwise
+        keep every replica from the job, and an error does not say the delete was not
+        applied (the job is never taken for ours again: another may have claimed it)."""
         revision, lease = self._owned.pop(job, None), self._lease
         if revision is None:
             return
@@ -155,10 +161,23 @@ class Ownership:
         try:
             await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
         except Exception:
-            if lease is not None and self._current(lease) and job not in self._owned:
-                self._owned[job] = revision
+            if lease is not None and self._current(lease):
+                self._releasing[job] = revision
             raise
         log.info("job released", service=self.service, job=job, replica=self.replica_id)
+
+    async def _delete_released(self) -> None:
+        """Delete again the keys of the jobs whose release failed (`_releasing`): done
+        when deleted, or when the key is gone or another claim's; etcd away, next time."""
+        for job, revision in list(self._releasing.items()):
+            key = self.keys.owner(self.service, job)
+            try:
+                await self.store.txn([Compare(key, "create", revision)], [Delete(key)])
+            except Exception as exc:
+                log.info("released job's key not deleted yet", job=job, error=repr(exc))
+                continue
+            self._releasing.pop(job, None)
+            log.info("job released", service=self.service, job=job, replica=self.replica_id)
 
     def _current(self, lease: Lease) -> bool:
         """`lease` is this replica's lease and has not lapsed (nor the replica stopped)."""
@@ -183,11 +202,16 @@ class Ownership:
                 await asyncio.sleep(LEASE_RETRY.delay(failures))
                 continue
             failures = 0
-            await lease.lost.wait()
+            while not lease.lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lease.lost.wait(), RELEASE_RETRY_S)
+                if self._releasing and self._current(lease):
+                    await self._delete_released()
             if not self._stopped:
                 await self._drop_all("lease lost")
 
     async def _drop_all(self, why: str) -> None:
+        self._releasing = {}  # the keys went with the lease
         jobs, self._owned = list(self._owned), {}
         for job in jobs:
             log.warning("job ownership dropped", service=self.service, job=job, why=why)
