@@ -287,8 +287,9 @@ def test_an_end_not_stored_is_stored_from_the_tick_while_ours_never_abandoned(
         assert book.phase(JOB) is phase
     record = book.get(JOB)
     assert record is not None and record.unrecorded_end == (_health(10), abandoned)
+    assert lifecycle.end_pending(book, JOB)  # not handed over meanwhile
     lifecycle.end_recorded(book, JOB)
-    assert record.unrecorded_end is None
+    assert record.unrecorded_end is None and not lifecycle.end_pending(book, JOB)
 
 
 def test_an_end_not_stored_is_dropped_when_the_job_is_lost_or_runs_again() -> None:

@@ -309,6 +309,13 @@ def end_unrecorded(book: JobBook, job: str, health: JobHealth, abandoned: bool) 
     return first
 
 
+def end_pending(book: JobBook, job: str) -> bool:
+    """The job ended here and its end is still to be stored: it is not handed over (its
+    new owner would find no end and take it for live)."""
+    record = book.get(job)
+    return record is not None and record.unrecorded_end is not None
+
+
 def end_recorded(book: JobBook, job: str) -> None:
     """The ended job's end is stored: nothing of it is pending here."""
     record = book.get(job)

@@ -253,10 +253,14 @@ class MonitorService:
         hand one job over to its preferred replica if one is due."""
         scanned = await scan_jobs(self.store, self.keys)
         await self.intake.claim_round(scanned.live(), scanned.dormant)
-        job = self.intake.to_hand_over(lambda job: not self.takeon.under_way(job))
+        job = self.intake.to_hand_over(self._movable)
         if job is not None:
             log.info("job handed over to its preferred replica", job=job)
             await self.ownership.release(job, settle=lambda: self._settle(job))
+
+    def _movable(self, job: str) -> bool:
+        """May `job` be handed over now: no take-on under way, no end still to store."""
+        return not self.takeon.under_way(job) and not lifecycle.end_pending(self.book, job)
 
     async def _settle(self, job: str) -> None:
         """A job handed over: forget it, then wait for its transitions under way to be
