@@ -233,8 +233,9 @@ class Store:
     @_etcd_call
     async def grant_lease(self, ttl: int | None = None) -> Lease:
         ttl = ttl or self.settings.lease_ttl_s
+        asked_at = asyncio.get_running_loop().time()  # etcd's TTL runs from no earlier
         raw = await self.client.lease(ttl)
-        return Lease(self.client, int(raw.id), ttl)
+        return Lease(self.client, int(raw.id), ttl, granted_after=asked_at)
 
     @_etcd_call
     async def current_revision(self) -> int:

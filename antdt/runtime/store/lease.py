@@ -19,9 +19,14 @@ class Lease:
     have lapsed: `ttl` after the last refresh etcd took was sent (etcd counts from when
     it took it, later), whether the refreshes since failed or hang."""
 
-    def __init__(self, client: EtcdClient, lease_id: int, ttl: int) -> None:
+    def __init__(
+        self, client: EtcdClient, lease_id: int, ttl: int, *, granted_after: float | None = None
+    ) -> None:
+        """`granted_after`: the event loop's time before the grant was asked (its TTL runs
+        from no earlier); None: now."""
         self.id = lease_id
         self.ttl = ttl
+        self._granted_after = granted_after
         self.lost = asyncio.Event()
         self._client = client
         self._task = asyncio.create_task(self._keep_alive(), name=f"lease-{lease_id}")
@@ -29,7 +34,8 @@ class Lease:
     async def _keep_alive(self) -> None:
         clock = asyncio.get_running_loop().time
         interval = max(self.ttl / 3.0, 0.2)
-        expires = clock() + self.ttl  # granted just before: etcd's expiry is no earlier
+        granted = clock() if self._granted_after is None else self._granted_after
+        expires = granted + self.ttl  # etcd's expiry is no earlier
         while not self.lost.is_set():
             await asyncio.sleep(max(0.0, min(interval, expires - clock())))
             sent = clock()
