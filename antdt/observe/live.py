@@ -131,15 +131,23 @@ async def run_status(
         changed = await follow(bus, subjects, state)  # first: nothing sent meanwhile is missed
         await load_state(bus, subjects, job, state=state)
         if once:
-            if state.health is None:  # nothing recorded: one live JobHealth (1 Hz)
-                with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=3 * refresh_s + 1)
+            await _first_health(state, changed, 3 * refresh_s + 1)
             console.print(render(state, time.time()))
             return state
         await _live(bus, subjects, state, changed, console, refresh_s, plan_every_s)
         return state
     finally:
         await bus.close()
+
+
+async def _first_health(state: StatusState, changed: asyncio.Event, wait_s: float) -> None:
+    """Nothing recorded: wait up to `wait_s` for one live JobHealth (1 Hz); an incident or
+    an action heard meanwhile is not one."""
+    deadline = time.monotonic() + wait_s
+    while state.health is None and (left := deadline - time.monotonic()) > 0:
+        changed.clear()
+        with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout=left)
 
 
 async def _live(
