@@ -40,6 +40,8 @@ from antdt.runtime.bus.messages import (
 )
 
 M = TypeVar("M")
+#: How long an unanswered publish waits to learn whether its stream exists, seconds.
+STREAM_LOOKUP_S = 1.0
 
 
 def _unavailable(stream: str, exc: NatsError) -> BusError:
@@ -115,8 +117,9 @@ class JetStream:
     async def _unanswered(self, subject: str) -> BusError:
         """Why no stream answered a publish to `subject`: StreamMissing when no stream
         takes it, else StreamUnanswered (its replicas without a leader, for now)."""
-        try:
-            stream = await self.nc.jetstream().find_stream_name_by_subject(subject)
+        try:  # briefly: the publish waited its timeout already
+            lookup = self.nc.jetstream().find_stream_name_by_subject(subject)
+            stream = await asyncio.wait_for(lookup, STREAM_LOOKUP_S)
         except NotFoundError:
             return StreamMissing(f"no stream takes {subject}")
         except Exception:  # the cluster's own leader away too: a transient state
