@@ -54,13 +54,23 @@ def core_list(cores: str) -> list[int]:
         first, dash, last = part.partition("-")
         if not part:
             continue
-        if not first.isdigit() or (dash and not last.isdigit()):
+        if not _number(first) or (dash and not _number(last)):
             raise typer.BadParameter(f"--cores: {part!r} is not a core or a range like 0-3")
         low, high = int(first), int(last) if dash else int(first)
         if high < low:
             raise typer.BadParameter(f"--cores: {part!r} runs backwards")
+        if high - low >= MAX_CORES:
+            raise typer.BadParameter(f"--cores: {part!r} names more than {MAX_CORES} cores")
         found += range(low, high + 1)
     return found
+
+
+#: The most cores one range of --cores may name.
+MAX_CORES = 65_536
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def demo(

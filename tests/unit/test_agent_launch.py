@@ -199,6 +199,6 @@ def test_cores_take_the_cpuset_list_syntax_and_refuse_the_rest() -> None:
 
     assert core_list("0-3,8") == [0, 1, 2, 3, 8]
     assert core_list("0,1") == [0, 1] and core_list("") == []
-    for bad in ("a", "3-1", "1-", "-2", "0-x"):
+    for bad in ("a", "3-1", "1-", "-2", "0-x", "\u00b2", "0-999999999"):
         with pytest.raises(typer.BadParameter, match="--cores"):
             core_list(bad)
