@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from typer.testing import CliRunner
 
 from antdt.cli.app import app
@@ -18,6 +19,15 @@ from antdt.runtime.servers.embedded import find_nats_server, free_port
 pytestmark = pytest.mark.integration
 
 READS = (["status", "--once"], ["report"], ["actions"])
+
+
+@pytest.fixture(autouse=True)
+def _logging_kept() -> Iterator[None]:
+    """The commands point structlog at the runner's stderr, closed after each invoke:
+    the next tests would log into a closed file."""
+    kept = structlog.get_config()
+    yield
+    structlog.configure(**kept)
 
 
 @pytest.fixture(scope="module")
