@@ -59,13 +59,14 @@ async def _history(
     HISTORY_LIMIT, else those from a later start (LOOKBACKS_S), said in a note, as is a
     read still cut short (its newest messages, those that resolve, are then missing)."""
     try:
-        for lookback in LOOKBACKS_S:
-            since = None if lookback is None else time.time() - lookback
-            replay = await bus.jetstream.read(
-                stream, subject, target, limit=HISTORY_LIMIT, since=since
-            )
-            if replay.available <= HISTORY_LIMIT:
-                break
+        replay, lookback = await bus.jetstream.read_recent(
+            stream,
+            subject,
+            target,
+            limit=HISTORY_LIMIT,
+            lookbacks_s=LOOKBACKS_S,
+            now=time.time(),
+        )
     except StreamMissing:
         state.notes.append(f"stream {stream} does not exist yet")
         return []

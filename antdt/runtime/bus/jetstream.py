@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+import structlog
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -40,6 +41,7 @@ from antdt.runtime.bus.messages import (
 )
 
 M = TypeVar("M")
+log = structlog.get_logger("antdt.bus")
 #: How long an unanswered publish waits to learn whether its stream exists, seconds.
 STREAM_LOOKUP_S = 1.0
 
@@ -176,6 +178,35 @@ class JetStream:
                 with contextlib.suppress(Exception):
                     await js.delete_consumer(stream, consumer)
         return replay
+
+    async def read_recent(
+        self,
+        stream: str,
+        subject: str,
+        target: type[M] | TypeAdapter[M],
+        *,
+        limit: int,
+        lookbacks_s: tuple[float | None, ...],
+        now: float,
+    ) -> tuple[Replay[M], float | None]:
+        """`read` of what `subject` holds while it is at most `limit` messages, else from
+        each later start in turn (`lookbacks_s`: seconds before `now`, None: the first
+        held), and the lookback read from: a bounded read whose newest messages, not
+        its oldest, are the ones a reader must not miss. The replay may still be cut
+        short (`truncated`) past the last lookback."""
+        lookback: float | None = None
+        for lookback in lookbacks_s:
+            since = None if lookback is None else now - lookback
+            replay = await self.read(stream, subject, target, limit=limit, since=since)
+            if replay.available <= limit:
+                break
+            log.info(
+                "more held than one read takes; reading later ones",
+                subject=subject,
+                held=replay.available,
+                since=since,
+            )
+        return replay, lookback
 
     @staticmethod
     async def _read_pending(

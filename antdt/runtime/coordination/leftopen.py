@@ -11,13 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-import structlog
 from opentelemetry.trace import SpanContext
 
 from antdt.runtime.bus import Bus, BusError
 from antdt.schemas import INCIDENT_STREAM, Incident, IncidentState, Subjects
-
-log = structlog.get_logger("antdt.coordination")
 
 #: Incident messages of one job read at most, per attempt.
 READ_LIMIT = 20_000
@@ -43,20 +40,14 @@ class LeftOpen(NamedTuple):
 async def open_incidents(bus: Bus, subjects: Subjects, job: str, now: float) -> list[LeftOpen]:
     """The job's incidents left open on ANTDT_INCIDENTS (raises when it cannot read them
     all: BusError)."""
-    subject = subjects.incident(job)
-    for lookback in LOOKBACKS_S:
-        since = None if lookback is None else now - lookback
-        replay = await bus.jetstream.read(
-            INCIDENT_STREAM, subject, Incident, limit=READ_LIMIT, since=since
-        )
-        if replay.available <= READ_LIMIT:
-            break
-        log.warning(
-            "job has more incidents than a take-over reads; reading later ones",
-            job=job,
-            incidents=replay.available,
-            since=since,
-        )
+    replay, _ = await bus.jetstream.read_recent(
+        INCIDENT_STREAM,
+        subjects.incident(job),
+        Incident,
+        limit=READ_LIMIT,
+        lookbacks_s=LOOKBACKS_S,
+        now=now,
+    )
     if replay.truncated:
         raise BusError(
             f"job {job}'s incidents not read whole: {len(replay.items) + replay.rejected} "
