@@ -171,12 +171,10 @@ async def test_a_finished_job_whose_end_write_failed_is_ended_as_finished_not_ab
         monitor = running.by_name["monitor"]
         subjects, keys, store = (
             Subjects(settings.nats.subject_prefix),
-            Keys(settings.etcd.key_prefix),
+            _keys(settings),
             monitor.store,
         )
-        job = f"done-{unique}"
-        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
-        await monitor_owner(store, keys, job)
+        job = await _registered(monitor, settings, f"done-{unique}")
         for n in range(12):
             for rank in (0, 1):
                 await bus.publish(subjects.step(job, rank), step(job, rank, n))
@@ -215,14 +213,8 @@ async def test_a_job_lost_while_being_taken_on_is_not_watched(
     running = await start_services(settings, ("monitor",))
     try:
         monitor = running.by_name["monitor"]
-        subjects, keys, store = (
-            Subjects(settings.nats.subject_prefix),
-            Keys(settings.etcd.key_prefix),
-            monitor.store,
-        )
-        job = f"lost-{unique}"
-        await store.put(keys.spec(job), spec(job).model_dump_json().encode())
-        await monitor_owner(store, keys, job)
+        subjects = Subjects(settings.nats.subject_prefix)
+        job = await _registered(monitor, settings, f"lost-{unique}")
         real_read, real_take_on = takeon.read_job_spec, takeon.TakeOn._take_on
         taken: list[object] = []
 
@@ -242,6 +234,18 @@ async def test_a_job_lost_while_being_taken_on_is_not_watched(
         assert taken[0] is None and job not in monitor.detectors
     finally:
         await running.runtime.shutdown()
+
+
+def _keys(settings: ServiceSettings) -> Keys:
+    return Keys(settings.etcd.key_prefix)
+
+
+async def _registered(monitor: Any, settings: ServiceSettings, job: str) -> str:
+    """`job` registered (its spec stored) and owned by `monitor`: its id."""
+    keys = _keys(settings)
+    await monitor.store.put(keys.spec(job), spec(job).model_dump_json().encode())
+    await monitor_owner(monitor.store, keys, job)
+    return job
 
 
 async def _absent(store: object, key: str) -> bool:

@@ -70,21 +70,7 @@ async def test_the_rank_with_data_left_takes_the_share_of_the_one_that_ran_out(
     settings: ServiceSettings, unique: str, bus: Bus, tmp_path: Path, path: str
 ) -> None:
     prefix, world = tmp_path / "samples", len(PLAN)
-    collectives = ThreadCollectives(world)
-    configs = [
-        agent_settings(
-            settings.nats,
-            unique,
-            r,
-            world,
-            dataset_size=DATASET,
-            shard_size=SHARD,
-            global_batch=BATCH,
-            sample_log=str(prefix),
-        )
-        for r in range(world)
-    ]
-    agents = [Agent(c, collectives=collectives.rank(c.rank)) for c in configs]
+    agents = _agents(settings, unique, world, prefix)
     sizes: list[list[int]] = [[] for _ in agents]
     async with real_services(settings):
         try:
@@ -119,6 +105,26 @@ async def test_the_rank_with_data_left_takes_the_share_of_the_one_that_ran_out(
     assert Counter(sizes[0])[PLAN[0]] >= IDEAL - 4
 
 
+def _agents(settings: ServiceSettings, job: str, world: int, prefix: Path) -> list[Agent]:
+    """The job's `world` ranks in this process, their collectives on threads, each
+    logging the samples it trains under `prefix`."""
+    collectives = ThreadCollectives(world)
+    configs = [
+        agent_settings(
+            settings.nats,
+            job,
+            r,
+            world,
+            dataset_size=DATASET,
+            shard_size=SHARD,
+            global_batch=BATCH,
+            sample_log=str(prefix),
+        )
+        for r in range(world)
+    ]
+    return [Agent(c, collectives=collectives.rank(c.rank)) for c in configs]
+
+
 async def _each_on_a_thread(agents: list[Agent], sizes: list[list[int]]) -> None:
     await asyncio.gather(
         *(asyncio.to_thread(_through_a_loader, a, s) for a, s in zip(agents, sizes, strict=True))
@@ -141,21 +147,7 @@ async def test_a_rank_planned_no_samples_trains_what_it_still_holds(
     the ledger would count them in flight and the group would wait to leave the epoch
     for good."""
     prefix, world = tmp_path / "samples", len(DRAINED)
-    collectives = ThreadCollectives(world)
-    configs = [
-        agent_settings(
-            settings.nats,
-            unique,
-            r,
-            world,
-            dataset_size=DATASET,
-            shard_size=SHARD,
-            global_batch=BATCH,
-            sample_log=str(prefix),
-        )
-        for r in range(world)
-    ]
-    agents = [Agent(c, collectives=collectives.rank(c.rank)) for c in configs]
+    agents = _agents(settings, unique, world, prefix)
     steps: list[list[tuple[int, int]]] = [[] for _ in agents]
     async with real_services(settings):
         try:

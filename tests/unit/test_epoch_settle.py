@@ -304,6 +304,19 @@ WAIT = SETTLE_WAIT
 FINISHED, REOPENED = SETTLE_CODES[Settled.FINISHED], SETTLE_CODES[Settled.REOPENED]
 
 
+def _driver(stream: ScriptedStream, group: ScriptedGroup) -> StepDriver:
+    """Rank 0's step driver on a scripted stream and group (no plans needed)."""
+    return StepDriver(
+        rank=0,
+        host="h",
+        stream=cast(Any, stream),
+        plans=cast(Any, None),
+        collectives=lambda: cast(Any, group),
+        schedule=InjectionSchedule(),
+        emit=lambda record: None,
+    )
+
+
 @pytest.mark.parametrize(
     ("mine", "others", "asked", "reopen"),
     [
@@ -326,15 +339,7 @@ def test_a_group_settles_in_rounds_until_none_waits_or_any_goes_on(
     back into the epoch at once, though others were told to wait (the shards it was
     handed are what they wait for); else they ask again while any waits."""
     stream, group = ScriptedStream(*mine), ScriptedGroup(*others)
-    driver = StepDriver(
-        rank=0,
-        host="h",
-        stream=cast(Any, stream),
-        plans=cast(Any, None),
-        collectives=lambda: cast(Any, group),
-        schedule=InjectionSchedule(),
-        emit=lambda record: None,
-    )
+    driver = _driver(stream, group)
     assert driver._taken_up_again(0) is reopen
     assert (stream.asked, stream.reopened, group.others) == (asked, reopen, [])
 
@@ -344,15 +349,7 @@ def test_a_zero_count_while_a_rank_planned_no_samples_drains_goes_on_unsettled()
     takes them next) without asking the ledger, which counts them in flight and would
     tell every rank to wait for them for good."""
     stream, group = ScriptedStream(), ScriptedGroup()
-    driver = StepDriver(
-        rank=0,
-        host="h",
-        stream=cast(Any, stream),
-        plans=cast(Any, None),
-        collectives=lambda: cast(Any, group),
-        schedule=InjectionSchedule(),
-        emit=lambda record: None,
-    )
+    driver = _driver(stream, group)
     driver._tail.counted((8, 0), 0, holders=1)
     assert driver.goes_on(0) and stream.asked == 0
     driver._tail.counted((8, 0), 0)
