@@ -7,8 +7,8 @@ from __future__ import annotations
 import heapq
 import statistics
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -23,6 +23,7 @@ from antdt.schemas import (
     IncidentState,
     JobHealth,
     Plan,
+    RankColumns,
     RankHealth,
     RankState,
 )
@@ -144,13 +145,16 @@ def _table(title: str) -> Table:
     )
 
 
-def shown_ranks(ranks: Sequence[RankHealth], limit: int) -> list[RankHealth]:
+def shown_ranks(ranks: RankColumns, limit: int) -> list[RankHealth]:
     """The rows a frame shows, by rank: all up to `limit`, else those not OK first, then
-    the highest ratios (the slowest), then the lowest ranks."""
+    the highest ratios (the slowest), then the lowest ranks (chosen on the columns: only
+    the rows shown are made)."""
     if len(ranks) <= limit:
         return list(ranks)
-    key = lambda r: (r.state is RankState.OK, -r.ratio, r.rank)  # noqa: E731
-    return sorted(heapq.nsmallest(limit, ranks, key=key), key=lambda r: r.rank)
+    ok = RankState.OK
+    keys = zip((s is ok for s in ranks.state), (-r for r in ranks.ratio), ranks.rank, strict=True)
+    chosen = heapq.nsmallest(limit, enumerate(keys), key=itemgetter(1))
+    return sorted(map(ranks.__getitem__, (i for i, _ in chosen)), key=attrgetter("rank"))
 
 
 def _ranks(state: StatusState) -> RenderableType:
@@ -161,7 +165,7 @@ def _ranks(state: StatusState) -> RenderableType:
         table.add_column(col, justify="right", no_wrap=True)
     table.add_column("helped", no_wrap=True)  # work sharing: samples of whose it computed
     batches = state.plan.local_batch if state.plan else ()
-    ranks = state.health.ranks if state.health else ()
+    ranks = state.health.ranks if state.health else RankColumns.of_rows(())
     shown = shown_ranks(ranks, state.rank_rows)
     for r in shown:
         planned = str(batches[r.rank]) if r.rank < len(batches) else "?"
@@ -179,7 +183,7 @@ def _ranks(state: StatusState) -> RenderableType:
             " ".join(f"r{o}:{n}" for o, n in sorted((r.helped or {}).items())) or "-",
         )
     if len(shown) < len(ranks):
-        ratios = sorted(r.ratio for r in ranks)
+        ratios = sorted(ranks.ratio)
         table.caption = (
             f"{len(ranks) - len(shown):,} of {len(ranks):,} ranks not shown (those not ok "
             f"first, then the slowest); ratio over all ranks: min {ratios[0]:.2f}, "

@@ -17,6 +17,7 @@ from antdt.schemas import (
     ActionResult,
     Incident,
     IncidentState,
+    RankColumns,
     StepEvent,
 )
 
@@ -45,9 +46,9 @@ RANK_COLORS = (
 
 class HealthPoint(BaseModel):
     """What a report reads of a recorded JobHealth: its time, step and balance efficiency,
-    and how many rank rows it had (`ranks`, a count: a health of none is left out). Not
-    the rows: a 10,000-rank health is ~15 MB decoded, and ANTDT_HEALTH holds hundreds of
-    them. A JobHealth passes for one (its `ranks` are the rows themselves)."""
+    and how many ranks it had (`ranks`, a count: a health of none is left out). Not their
+    figures: ANTDT_HEALTH holds hundreds of healths of a large job. A JobHealth passes
+    for one."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     #: A JobHealth's size, inflated (its rows grow with the job).
@@ -61,9 +62,12 @@ class HealthPoint(BaseModel):
 
     @field_validator("ranks", mode="before")
     @classmethod
-    def _counted(cls, rows: object) -> object:
-        """The rows counted as they are read, then dropped."""
-        return len(rows) if isinstance(rows, (list, tuple)) else rows
+    def _counted(cls, ranks: object) -> object:
+        """The ranks counted as they are read, their figures dropped: the columns (or a
+        JobHealth's), or rows (a health of before 2026-12-01)."""
+        if isinstance(ranks, dict):
+            ranks = ranks.get("rank")
+        return len(ranks) if isinstance(ranks, list | tuple | RankColumns) else ranks
 
 
 @dataclass

@@ -12,8 +12,6 @@ from antdt.schemas.base import (
     WireModel,
     replaced,
     trusted,
-    with_trusted_value,
-    with_value,
 )
 from antdt.schemas.commands import (
     COMMAND_ADAPTER,
@@ -32,14 +30,12 @@ from antdt.schemas.events import (
     Incident,
     IncidentKind,
     IncidentState,
-    JobHealth,
     RankExit,
-    RankHealth,
     RankHello,
-    RankState,
     StepEvent,
     StragglerClass,
 )
+from antdt.schemas.health import JobHealth, RankColumns, RankHealth, RankState
 from antdt.schemas.nodes import (
     NodeAdmission,
     NodeHeartbeat,
@@ -138,6 +134,7 @@ __all__ = [
     "PendingRestart",
     "Plan",
     "PlanRequest",
+    "RankColumns",
     "RankExit",
     "RankHealth",
     "RankHello",
@@ -166,6 +163,4 @@ __all__ = [
     "replaced",
     "route_token",
     "trusted",
-    "with_trusted_value",
-    "with_value",
 ]

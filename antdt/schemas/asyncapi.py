@@ -31,7 +31,7 @@ closed (unknown fields are refused with `bad_request`), carrying `schema_version
 context travels in the W3C `traceparent` header. Every reply carries the header
 `{header}`: the name of its message, or `ErrorReply` for a refusal (`ErrorCode` says
 what a client should do about each code). A payload over {compress_over} bytes (a large
-job's JobHealth, a row per rank; a large job's plan, published or requested) is gzipped
+job's JobHealth, its figures per rank; a large job's plan, published or requested) is gzipped
 and carries `{encoding}: gzip`: inflate it before parsing."""
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from antdt.schemas import commands, errors, events, nodes, plan, restarts, shards
+from antdt.schemas import commands, errors, events, health, nodes, plan, restarts, shards
 from antdt.schemas.subjects import ACTION_STREAM, INCIDENT_STREAM, Subjects
 
 #: JetStream streams beside the two of the control loop: what `antdt observe` records.
@@ -36,7 +36,7 @@ MESSAGES: dict[str, Any] = {
     "StepEvent": events.StepEvent,
     "RankHello": events.RankHello,
     "RankExit": events.RankExit,
-    "JobHealth": events.JobHealth,
+    "JobHealth": health.JobHealth,
     "Incident": events.Incident,
     "ActionProposal": commands.ActionProposal,
     "ActionRecord": commands.ActionRecord,

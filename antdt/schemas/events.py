@@ -1,14 +1,13 @@
-"""What agents and the monitor publish: step events, hellos, job health, incidents."""
+"""What agents and the monitor publish: step events, hellos, exits, incidents (the job's
+health: health.py)."""
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from antdt.schemas.base import (
-    MAX_HEALTH_BYTES,
     Count,
     Rank,
     Seconds,
@@ -107,85 +106,6 @@ class RankExit(WireModel):
     reason: ExitReason = Field(description="Why the process stops")
     step: Count = Field(description="Last step this process ran (0 if none)")
     at: Timestamp
-
-
-class RankState(str, Enum):
-    """How the monitor sees one rank right now."""
-
-    OK = "ok"
-    SLOW = "slow"
-    LEADER = "leader"
-    STALLED = "stalled"
-    UNKNOWN = "unknown"
-    EXITED = "exited"  # its process finished or closed (RankExit)
-    RESTARTING = "restarting"  # its process exited to be restarted (RankExit)
-
-
-class RankHealth(WireModel):
-    """One rank's row in JobHealth."""
-
-    rank: Rank
-    host: str = Field(max_length=128, description="Host (node) the rank runs on")
-    state: RankState = Field(description="How the monitor sees the rank now")
-    last_step: Count = Field(description="Latest step heard from the rank")
-    local_batch: Count = Field(description="Local batch of its last step")
-    samples_per_s: float = Field(ge=0, description="Compute throughput, samples per second")
-    compute_s_per_sample: float = Field(ge=0, description="Median over the window, seconds")
-    ratio: float = Field(
-        ge=0,
-        description="The rank's level (its recent best compute cost per sample, fixed "
-        "per-step part included) over the job's healthy reference (the median of the faster "
-        "half of the ranks' levels), at the plan in force (plan_version); see Incident.ratio",
-    )
-    data_wait_share: float = Field(ge=0, le=1, description="Share of step time waiting for data")
-    comm_share: float = Field(ge=0, le=1, description="Share of step time in gradient exchange")
-    fixed_s: float | None = Field(
-        default=None,
-        exclude_if=unset,
-        ge=0,
-        description="The rank's speed model: compute seconds per step whatever its batch "
-        "(null: not fitted yet); a step's compute is fixed_s + per_sample_s * batch",
-    )
-    per_sample_s: float | None = Field(
-        default=None,
-        exclude_if=unset,
-        ge=0,
-        description="The rank's speed model: compute seconds per sample (null: not fitted)",
-    )
-    helped: dict[Rank, Count] | None = Field(
-        default=None,
-        exclude_if=unset,
-        max_length=4096,
-        description="Under work sharing: samples of other ranks' shares this rank computed "
-        "since the monitor took the job, by owner rank (null: none)",
-    )
-
-
-class JobHealth(WireModel):
-    """Published by the monitor at 1 Hz for every job it owns. A row per rank: over 64 KiB
-    (~200 ranks) it travels gzipped (`Content-Encoding: gzip`)."""
-
-    #: Its rows grow with the job: accepted up to this size (inflated), not 256 KiB.
-    max_message_bytes: ClassVar[int] = MAX_HEALTH_BYTES
-
-    job: Token = Field(description="Job id")
-    at: Timestamp
-    step: Count = Field(description="Latest step seen from any rank")
-    step_s: float = Field(ge=0, description="Median step wall time over the window, seconds")
-    samples_per_s: float = Field(ge=0, description="Job throughput over the window")
-    balance_efficiency: float = Field(
-        ge=0,
-        le=1,
-        description="T_ideal / T_step: the step time were the batch split by speed, over the "
-        "measured one; 1 = perfectly balanced",
-    )
-    plan_version: Count = Field(
-        description="Version of the plan the latest steps ran under (Plan.version)"
-    )
-    ranks: tuple[RankHealth, ...] = Field(description="One row per rank heard from")
-    open_incidents: tuple[str, ...] = Field(
-        default=(), description="Ids of the job's incidents not resolved yet"
-    )
 
 
 class IncidentKind(str, Enum):

@@ -30,6 +30,7 @@ from antdt.schemas import (
     ACTION_STREAM,
     INCIDENT_STREAM,
     JobHealth,
+    RankColumns,
     StepEvent,
     Subjects,
 )
@@ -129,21 +130,23 @@ async def test_fetch_run_reads_one_job_back_and_reports_it(
 async def test_the_report_reads_the_health_of_a_large_job(
     bus: Bus, settings: ServiceSettings, unique: str
 ) -> None:
-    """A JobHealth of 3,000 ranks is ~1 MB of JSON: the report takes it at JobHealth's
+    """A JobHealth of 8,000 ranks is ~0.45 MB of JSON: the report takes it at JobHealth's
     own size limit (not the 256 KiB of other messages), keeping its figures, not rows."""
     subjects = Subjects(settings.nats.subject_prefix)
     await ensure_recording(bus, subjects, LIMITS)
     job = f"large{unique}"
     health = synthetic_run(steps=5).health[0]
     row = health.ranks[0]
-    rows = tuple(row.model_copy(update={"rank": r, "host": f"h{r}"}) for r in range(3000))
-    run_health = health.model_copy(update={"job": job, "ranks": rows, "step": 7})
+    rows = tuple(row.model_copy(update={"rank": r, "host": f"h{r}"}) for r in range(8000))
+    run_health = health.model_copy(
+        update={"job": job, "ranks": RankColumns.of_rows(rows), "step": 7}
+    )
     assert len(run_health.model_dump_json()) > 256 * 1024
     await bus.publish(subjects.health(job), run_health)
     await wait_for(lambda: _stored(bus, HEALTH_STREAM, subjects.health(job)), what="stored")
     back = await fetch_run(bus, subjects, job)
     assert [(h.step, h.ranks, h.balance_efficiency) for h in back.health] == [
-        (7, 3000, run_health.balance_efficiency)
+        (7, 8000, run_health.balance_efficiency)
     ]
     assert not any("health" in note for note in back.notes), back.notes
 

@@ -14,6 +14,7 @@ from antdt.schemas import (
     Incident,
     IncidentKind,
     IncidentState,
+    JobHealth,
     RankState,
     StepEvent,
     StragglerClass,
@@ -433,25 +434,20 @@ def test_a_ranks_model_is_fitted_as_of_its_latest_window() -> None:
     assert model() != fitted  # it closed
 
 
-def test_every_health_row_is_the_row_built_afresh() -> None:
-    """A rank's row is its last one with the step moved on while nothing else it is made
-    of changed: over a straggler's onset, escalation and recovery, and a plan that
-    halves its batch, every row of every health equals the one built from scratch."""
-    from antdt.services.monitor.ranks import rank_health
-
+def test_every_health_built_trusted_is_what_its_receiver_validates() -> None:
+    """The health's columns are built without validation: over a straggler's onset,
+    escalation and recovery, a plan that halves its batch and a stall, every health
+    decodes as a receiver validates it, to the same figures, row by row."""
     batch = lambda r, s: 16 if r == 2 and s >= 9 * W else 32  # noqa: E731
     job = Job(4, cost=slow_rank(2, 3.0, start=2 * W, stop=7 * W), batch=batch, jitter=0.05)
     detector, states = JobDetector(JOB, 4), set()
 
     def rows(now: float) -> None:
         health = detector.health(now)
-        assert detector.health(now).ranks == health.ranks  # the same step: the same rows
-        for memory, row in zip(detector._ranks, health.ranks, strict=True):
-            memory.row, memo = None, memory.row
-            fresh = rank_health(memory, detector._pace.model(memory))
-            memory.row = memo
-            assert row.model_dump() == fresh.model_dump()
-            states.add(row.state)
+        back = JobHealth.model_validate_json(health.model_dump_json())
+        assert back == health and len(back.ranks) == 4
+        assert [r.model_dump() for r in back.ranks] == [r.model_dump() for r in health.ranks]
+        states.update(health.ranks.state)
 
     for now, ev in job.events(range(12 * W)):
         if ev.rank == 0 and ev.step >= 11 * W:

@@ -11,8 +11,6 @@ from antdt.schemas import (
     ErrorReply,
     FetchStatus,
     Plan,
-    RankHealth,
-    RankState,
     ShardFetch,
     ShardGrant,
     ShardRef,
@@ -20,8 +18,6 @@ from antdt.schemas import (
     StepEvent,
     replaced,
     trusted,
-    with_trusted_value,
-    with_value,
 )
 
 MODELS: list[BaseModel] = [
@@ -81,40 +77,6 @@ def test_replaced_is_model_copy_with_an_update(model: BaseModel) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: type(m).__name__)
-def test_with_value_is_replaced_of_one_field(model: BaseModel) -> None:
-    """The health's copy of a row with one field moved gives what `replaced` gives:
-    the same fields, fields-set, bytes and hash; the original is left as it was, also
-    when the field was not given (then it is `replaced`, whose fields-set grows)."""
-    name = "job" if "job" in type(model).model_fields else "error"
-    before, fields_set = encode(model), set(model.model_fields_set)
-    ours, theirs = with_value(model, name, "other"), replaced(model, {name: "other"})
-    assert ours == theirs and encode(ours) == encode(theirs) and hash(ours) == hash(theirs)
-    assert ours.model_fields_set == theirs.model_fields_set
-    assert encode(model) == before and model.model_fields_set == fields_set
-
-
-def test_with_value_of_a_field_not_given_grows_a_copy_of_its_fields_set() -> None:
-    row = RankHealth(
-        rank=1,
-        host="h",
-        state=RankState.OK,
-        last_step=3,
-        local_batch=8,
-        samples_per_s=10.0,
-        compute_s_per_sample=0.1,
-        ratio=1.0,
-        data_wait_share=0.0,
-        comm_share=0.0,
-    )
-    fitted = with_value(row, "fixed_s", 0.5)
-    assert fitted == replaced(row, {"fixed_s": 0.5}) and fitted.fixed_s == 0.5
-    assert "fixed_s" in fitted.model_fields_set and "fixed_s" not in row.model_fields_set
-    moved = with_value(row, "last_step", 4)
-    assert moved.last_step == 4 and row.last_step == 3
-    assert moved.model_fields_set == row.model_fields_set
-
-
-@pytest.mark.parametrize("model", MODELS, ids=lambda m: type(m).__name__)
 def test_trusted_builds_what_validation_builds(model: BaseModel) -> None:
     """The shards hot path's unvalidated construction gives the validated model: the same
     fields in the same order, fields-set, bytes, hash and repr."""
@@ -124,12 +86,6 @@ def test_trusted_builds_what_validation_builds(model: BaseModel) -> None:
     assert ours.model_fields_set == model.model_fields_set
     assert encode(ours) == encode(model)
     assert hash(ours) == hash(model)
-    if model.model_config.get("frozen"):  # a trusted model's field moved on, unchecked
-        name = "job" if "job" in type(model).model_fields else "error"
-        moved, checked = with_trusted_value(ours, name, "other"), with_value(ours, name, "other")
-        assert moved == checked and repr(moved) == repr(checked)
-        assert moved.model_fields_set == checked.model_fields_set
-        assert encode(moved) == encode(checked) and encode(ours) == encode(model)
 
 
 def test_trusted_refuses_unknown_and_missing_fields_and_shared_defaults() -> None:

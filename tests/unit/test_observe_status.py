@@ -7,7 +7,7 @@ import re
 from rich.console import Console
 
 from antdt.observe.status import StatusState, render, sparkline
-from antdt.schemas import IncidentState, Plan, RankState
+from antdt.schemas import IncidentState, Plan, RankColumns, RankState
 from tests.unit.test_observe_timeline import JOB, T0, synthetic_run
 
 
@@ -57,7 +57,9 @@ def _state() -> StatusState:
         )
     )
     for health in run.health:
-        state.apply_health(health.model_copy(update={"ranks": (health.ranks[0], slow)}))
+        state.apply_health(
+            health.model_copy(update={"ranks": RankColumns.of_rows((health.ranks[0], slow))})
+        )
     for incident in run.incidents:
         state.apply_incident(incident)
     for action in run.actions:
@@ -93,7 +95,11 @@ def test_render_shows_whose_samples_a_rank_computed_under_work_sharing() -> None
     state = _state()
     assert state.health is not None
     helper = state.health.ranks[0].model_copy(update={"helped": {3: 240, 1: 8}})
-    state.apply_health(state.health.model_copy(update={"ranks": (helper, state.health.ranks[1])}))
+    state.apply_health(
+        state.health.model_copy(
+            update={"ranks": RankColumns.of_rows((helper, state.health.ranks[1]))}
+        )
+    )
     assert _row(_text(state), "0")[-2:] == ["10%", "r1:8 r3:240"]
 
 
@@ -148,7 +154,7 @@ def test_a_large_job_shows_its_ranks_not_ok_and_its_slowest_and_counts_the_rest(
     )
     slow = ranks[3].model_copy(update={"state": RankState.SLOW, "ratio": 0.5})
     ranks = (*ranks[:3], slow, *ranks[4:])
-    state.apply_health(state.health.model_copy(update={"ranks": ranks}))
+    state.apply_health(state.health.model_copy(update={"ranks": RankColumns.of_rows(ranks)}))
     state.apply_plan(_plan(2, (2,) * 1_999 + (1,)))
     text = _text(state)
     shown = [line.split()[0] for line in text.splitlines() if re.match(r"\s*\d+\s+h\d+\s", line)]

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from antdt.schemas import Cause, JobHealth
+from antdt.schemas import Cause, JobHealth, RankColumns
 from antdt.services.controller.policies import AdjustBatchAction, load_policy
 from antdt.services.controller.policies.judged import data_per_sample, measured_speeds
 from antdt.services.controller.view import JobView
@@ -25,7 +25,7 @@ def data_bound(share: float, cause: Cause = Cause.DATA) -> JobView:
         r.model_copy(update={"data_wait_share": share}) if r.rank == 3 else r
         for r in v.health.ranks
     )
-    health: JobHealth = v.health.model_copy(update={"ranks": rows})
+    health: JobHealth = v.health.model_copy(update={"ranks": RankColumns.of_rows(rows)})
     return replace(v, health=health)
 
 

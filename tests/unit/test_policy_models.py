@@ -11,7 +11,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from antdt.schemas import Incident, IncidentState, JobSpec, RankState
+from antdt.schemas import Incident, IncidentState, JobSpec, RankColumns, RankState
 from antdt.services.controller.balance import StepModel, balanced_batches, predicted_step_s
 from antdt.services.controller.policies import AdjustBatchAction, JobView, LbBspPolicy
 from antdt.services.controller.policies.judged import judged_models, measured_speeds
@@ -83,7 +83,7 @@ def model_view(
     return JobView(
         spec=base.spec,
         plan=base.plan,
-        health=base.health.model_copy(update={"ranks": rows}),
+        health=base.health.model_copy(update={"ranks": RankColumns.of_rows(rows)}),
         open_incidents=base.open_incidents,
         memory_caps=base.memory_caps,
         last_action_at=base.last_action_at,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from antdt.schemas import RankColumns
 from antdt.services.controller.balance import ClassTable
 from antdt.services.controller.policies import load_policy, targets
 from bench.decisions import decision_ms, decision_view
@@ -48,7 +49,9 @@ def test_rows_out_of_rank_order_decide_as_rows_in_order(policy: str) -> None:
     """The row-by-row reading (rows in any order) and the column one (every rank, in
     order) give the same decision."""
     view, health = decision_view(50)
-    shuffled = health.model_copy(update={"ranks": tuple(reversed(health.ranks))})
+    shuffled = health.model_copy(
+        update={"ranks": RankColumns.of_rows(tuple(reversed(health.ranks)))}
+    )
     other = replace(view, health=shuffled)
     assert load_policy(policy).decide(other, shuffled) == load_policy(policy).decide(view, health)
 
@@ -84,7 +87,11 @@ def test_columns_of_another_health_are_not_read() -> None:
     """A view whose columns were read from another health decides on its own health."""
     view, health = decision_view(40)
     slower = health.model_copy(
-        update={"ranks": tuple(r.model_copy(update={"per_sample_s": 0.01}) for r in health.ranks)}
+        update={
+            "ranks": RankColumns.of_rows(
+                tuple(r.model_copy(update={"per_sample_s": 0.01}) for r in health.ranks)
+            )
+        }
     )
     stale = replace(view, health=slower)  # columns still those of `health`
     fresh = replace(view, health=slower, columns=None)
@@ -96,13 +103,13 @@ def test_columns_of_another_health_are_not_read() -> None:
 
 
 def test_a_stalled_rank_leaves_the_columns_incomplete() -> None:
-    from antdt.schemas import RankState
+    from antdt.schemas import RankColumns, RankState
     from antdt.services.controller.columns import HealthColumns
 
     _, health = decision_view(5)
     rows = list(health.ranks)
     rows[2] = rows[2].model_copy(update={"state": RankState.STALLED})
-    stalled = health.model_copy(update={"ranks": tuple(rows)})
+    stalled = health.model_copy(update={"ranks": RankColumns.of_rows(tuple(rows))})
     assert HealthColumns.of(health, 5).complete
     assert not HealthColumns.of(stalled, 5).complete
     assert not HealthColumns.of(health, 6).complete  # a rank not heard from

@@ -58,4 +58,4 @@ class EndedJobs:
 def shows_end(health: JobHealth) -> bool:
     """Every rank's process finished or closed: the monitor's last health of an ended job
     (it writes the `ended` key right after publishing it)."""
-    return all(r.state is RankState.EXITED for r in health.ranks)
+    return all(state is RankState.EXITED for state in health.ranks.state)

@@ -1,15 +1,15 @@
-"""A job health's per-rank rows as columns, one list per field (the sorted ones, which
+"""A job health's per-rank columns, one list per field (the sorted ones, which
 the medians read, as arrays). Pure.
 
 Built once per health message by whoever holds the health (the controller's job record,
-the simulator), then read by every decision on it: at 10,000 ranks reading the rows
-field by field costs more than a whole decision on the columns."""
+the simulator), then read by every decision on it: the usable ranks' checks, the speeds
+and the sorted arrays the medians read."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, truediv
+from operator import truediv
 from typing import cast
 
 import numpy as np
@@ -45,16 +45,16 @@ class HealthColumns:
 
     @classmethod
     def of(cls, health: JobHealth, world_size: int) -> HealthColumns:
-        rows = health.ranks
-        ranks = list(map(attrgetter("rank"), rows))
-        hosts = dict(zip(ranks, map(attrgetter("host"), rows), strict=True))
-        states = set(map(attrgetter("state"), rows))
+        table = health.ranks
+        ranks = list(table.rank)
+        hosts = dict(zip(ranks, table.host, strict=True))
+        states = set(table.state)
         away = not states.isdisjoint(_AWAY)
         if not states <= _USABLE or ranks != list(range(world_size)):
             return cls(health, world_size, ranks, hosts, away, complete=False)
-        rates = list(map(attrgetter("samples_per_s"), rows))
-        fixed = list(map(attrgetter("fixed_s"), rows))
-        per_sample = list(map(attrgetter("per_sample_s"), rows))
+        rates = list(table.samples_per_s)
+        fixed = list(table.fixed_s)
+        per_sample = list(table.per_sample_s)
         fitted = None not in fixed and None not in per_sample
         speeds = _speeds(rates)
         known = cast(list[float], speeds) if None not in speeds else None

@@ -11,17 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, truediv
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from antdt.schemas import (
     ExitReason,
     Incident,
     IncidentKind,
     JobHealth,
-    RankHealth,
+    RankColumns,
     RankState,
     trusted,
-    with_trusted_value,
 )
 from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
@@ -94,9 +93,6 @@ class RankMemory:
     # its model through the steps around its history's latest change of batch size, and
     # that span (a memo: a round of windows refits the job's fixed part from every rank's)
     span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
-    # its latest health row and what it was made of (a memo: between two of its window
-    # closes most of a rank's row is the same; only its latest step moves)
-    row: tuple[tuple[object, ...], RankHealth] | None = None
 
 
 @dataclass(frozen=True)
@@ -170,17 +166,61 @@ def job_health(
     if len(models) != len(ranks):
         raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
     job = job_figures(ranks) if figures is None else figures
-    return JobHealth(
-        job=progress.job,
-        at=progress.at,
-        step=progress.step,
-        step_s=job.step_s,
-        samples_per_s=job.samples_per_s,
-        balance_efficiency=job.balance_efficiency,
-        plan_version=progress.plan_version,
-        ranks=tuple(map(rank_health, ranks, models)),
-        open_incidents=progress.open_incidents,
+    return trusted(
+        JobHealth,
+        {
+            "job": progress.job,
+            "at": progress.at,
+            "step": progress.step,
+            "step_s": job.step_s,
+            "samples_per_s": job.samples_per_s,
+            "balance_efficiency": job.balance_efficiency,
+            "plan_version": progress.plan_version,
+            "ranks": rank_columns(ranks, models),
+            "open_incidents": progress.open_incidents,
+        },
     )
+
+
+def rank_columns(ranks: list[RankMemory], models: Sequence[SpeedModel | None]) -> RankColumns:
+    """The ranks' figures as the health's columns, built `trusted`: they are the
+    detector's own (shares clamped, speeds positive), and the receiver of the health
+    validates them anyway. Each group of columns is made in one pass and transposed."""
+    rank, host, batch, last = _transposed(list(map(_own, ranks)), 4)
+    windows = [_NO_WINDOW if s is None else _window(s) for s in map(_stats, ranks)]
+    samples_per_s, per_sample, data, comm = _transposed(windows, 4)
+    parts = [_NO_MODEL if m is None else (m.fixed_s, m.per_sample_s) for m in models]
+    fixed_s, per_sample_s = _transposed(parts, 2)
+    helped = {r.rank: dict(r.helped) for r in ranks if r.helped}
+    return trusted(
+        RankColumns,
+        {
+            "rank": rank,
+            "host": host,
+            "state": tuple(map(rank_state, ranks)),
+            "last_step": tuple(step if step > 0 else 0 for step in last),
+            "local_batch": batch,
+            "samples_per_s": samples_per_s,
+            "compute_s_per_sample": per_sample,
+            "ratio": tuple(1.0 if j is None else j.ratio for j in map(_judgement, ranks)),
+            "data_wait_share": data,
+            "comm_share": comm,
+            "fixed_s": fixed_s,
+            "per_sample_s": per_sample_s,
+            "helped": helped or None,
+        },
+    )
+
+
+def _transposed(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
+    """The columns of `rows`, each `width` long (none: `width` empty columns)."""
+    return list(zip(*rows, strict=True)) if rows else [()] * width
+
+
+_own = attrgetter("rank", "host", "local_batch", "last_step")
+_stats, _judgement = attrgetter("stats"), attrgetter("judgement")
+_window = attrgetter("samples_per_s", "compute_per_sample", "data_share", "comm_share")
+_NO_WINDOW, _NO_MODEL = (0.0, 0.0, 0.0, 0.0), (None, None)
 
 
 def rank_state(rank: RankMemory) -> RankState:
@@ -190,52 +230,4 @@ def rank_state(rank: RankMemory) -> RankState:
         return RankState.STALLED
     if rank.deviation is not None:
         return RankState(rank.deviation.kind.value)
-    return RankState.OK if rank.stats is not None else RankState.UNKNOWN
-
-
-def rank_health(rank: RankMemory, model: SpeedModel | None = None) -> RankHealth:
-    """The rank's row: its last row with its latest step moved on when nothing else it is
-    made of changed (most ranks, most healths), else a new one (`_new_row`)."""
-    if rank.exited is None and rank.stall is None and rank.deviation is None:
-        state = _UNKNOWN if rank.stats is None else _OK  # most ranks
-    else:
-        state = rank_state(rank)
-    last_step = rank.last_step if rank.last_step > 0 else 0
-    made_of = (state, rank.host, rank.local_batch, rank.stats, rank.judgement, model)
-    memo = rank.row
-    if memo is not None and memo[0] == made_of and not rank.helped:
-        row = memo[1]
-        if row.last_step == last_step:
-            return row
-        row = with_trusted_value(row, "last_step", last_step)  # built by `_new_row`
-    else:
-        row = _new_row(rank, state, last_step, model)
-    rank.row = (made_of, row)
-    return row
-
-
-def _new_row(
-    rank: RankMemory, state: RankState, last_step: int, model: SpeedModel | None
-) -> RankHealth:
-    """The rank's row, built `trusted`: its figures are the detector's own (shares
-    clamped, speeds positive), and the receiver of the health validates it anyway; a
-    health of 10,000 rows spent most of its time validating them."""
-    stats = rank.stats
-    return trusted(
-        RankHealth,
-        {
-            "rank": rank.rank,
-            "host": rank.host,
-            "state": state,
-            "last_step": last_step,
-            "local_batch": rank.local_batch,
-            "samples_per_s": stats.samples_per_s if stats else 0.0,
-            "compute_s_per_sample": stats.compute_per_sample if stats else 0.0,
-            "ratio": rank.judgement.ratio if rank.judgement else 1.0,
-            "data_wait_share": stats.data_share if stats else 0.0,
-            "comm_share": stats.comm_share if stats else 0.0,
-            "fixed_s": model.fixed_s if model else None,
-            "per_sample_s": model.per_sample_s if model else None,
-            "helped": dict(rank.helped) if rank.helped else None,
-        },
-    )
+    return _OK if rank.stats is not None else _UNKNOWN

@@ -23,6 +23,7 @@ from antdt.schemas import (
     ErrorCode,
     JobHealth,
     Keys,
+    RankColumns,
     RankExit,
     RankHello,
     StepEvent,
@@ -310,10 +311,11 @@ ENDED_RECORD_BYTES = 1024 * 1024
 
 
 def ended_record(health: JobHealth) -> bytes:
-    """The job's last health as its `ended` record: with its rank rows while it fits
-    ENDED_RECORD_BYTES (~3,000 ranks), else without them."""
+    """The job's last health as its `ended` record: with its ranks' figures while it fits
+    ENDED_RECORD_BYTES (~7,000 ranks), else without them."""
     record = health.model_dump_json().encode()
     if len(record) <= ENDED_RECORD_BYTES:
         return record
-    log.info("ended record without its rank rows", job=health.job, bytes=len(record))
-    return health.model_copy(update={"ranks": ()}).model_dump_json().encode()
+    log.info("ended record without its ranks' figures", job=health.job, bytes=len(record))
+    none = RankColumns.of_rows(())
+    return health.model_copy(update={"ranks": none}).model_dump_json().encode()

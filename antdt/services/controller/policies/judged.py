@@ -13,7 +13,7 @@ from typing import cast
 
 import numpy as np
 
-from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankHealth, RankState
+from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankColumns, RankState
 from antdt.services.controller.balance import StepModel, step_models
 from antdt.services.controller.columns import HealthColumns
 from antdt.services.controller.policies.incident_facts import facts_of, incident_facts
@@ -35,10 +35,11 @@ def _measured_speeds(view: JobView) -> tuple[float | None, ...]:
     if columns.complete and not data:  # the usual job: one row per rank, in order
         return columns.speeds
     speeds: list[float | None] = [None] * view.spec.world_size
-    for row in _usable_rows(view):
-        rate = row.samples_per_s
+    table = _table(view)
+    for i in _usable(view):
+        rank, rate = table.rank[i], table.samples_per_s[i]
         if rate > 0:
-            speeds[row.rank] = 1.0 / (1.0 / rate + (data.get(row.rank, 0.0) if data else 0.0))
+            speeds[rank] = 1.0 / (1.0 / rate + (data.get(rank, 0.0) if data else 0.0))
     return tuple(speeds)
 
 
@@ -48,10 +49,13 @@ def measured_models(view: JobView) -> tuple[StepModel | None, ...]:
     rank is unusable (as for speeds), or it has no speed."""
     models: list[StepModel | None] = [None] * view.spec.world_size
     data = data_per_sample(view)
-    for row in _usable_rows(view):
-        fixed, per_sample = row.fixed_s, row.per_sample_s  # finite: the wire contract
-        if fixed is not None and per_sample is not None and per_sample > 0 < row.samples_per_s:
-            models[row.rank] = StepModel(fixed, per_sample + data.get(row.rank, 0.0))
+    table = _table(view)
+    for i in _usable(view):
+        fixed, per_sample = table.fixed_s[i], table.per_sample_s[i]  # finite: the contract
+        rate = table.samples_per_s[i]
+        if fixed is not None and per_sample is not None and per_sample > 0 < rate:
+            rank = table.rank[i]
+            models[rank] = StepModel(fixed, per_sample + data.get(rank, 0.0))
     return tuple(models)
 
 
@@ -69,11 +73,13 @@ def _data_per_sample(view: JobView) -> dict[int, float]:
     bound = incident_facts(view).data_bound
     if not bound:
         return {}
-    step_s = view.health.step_s
+    step_s, table = view.health.step_s, view.health.ranks
     return {
-        row.rank: row.data_wait_share * step_s / row.local_batch
-        for row in view.health.ranks
-        if row.rank in bound and row.local_batch > 0
+        rank: share * step_s / batch
+        for rank, share, batch in zip(
+            table.rank, table.data_wait_share, table.local_batch, strict=True
+        )
+        if rank in bound and batch > 0
     }
 
 
@@ -201,14 +207,15 @@ def _fitted(view: JobView, held: AbstractSet[int]) -> tuple[dict[int, StepModel]
         return _fitted_columns(columns, held)
     own: dict[int, StepModel] = {}
     normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
-    for row in _usable_rows(view):
-        fixed, per_sample = row.fixed_s, row.per_sample_s
-        if fixed is None or per_sample is None or not per_sample > 0 < row.samples_per_s:
+    table = _table(view)
+    for i in _usable(view):
+        fixed, per_sample, rank = table.fixed_s[i], table.per_sample_s[i], table.rank[i]
+        if fixed is None or per_sample is None or not per_sample > 0 < table.samples_per_s[i]:
             continue
         if data:
-            per_sample += data.get(row.rank, 0.0)
-        if row.rank in held:
-            own[row.rank] = StepModel(fixed, per_sample)
+            per_sample += data.get(rank, 0.0)
+        if rank in held:
+            own[rank] = StepModel(fixed, per_sample)
         else:
             normal[0].append(fixed)
             normal[1].append(per_sample)
@@ -261,16 +268,22 @@ def _flat(samples_per_s: float) -> StepModel:
     return StepModel(0.0, 1.0 / samples_per_s)
 
 
-def _usable_rows(view: JobView) -> list[RankHealth]:
-    return view.remembered("usable_rows", None, lambda: _rows_usable(view))
-
-
-def _rows_usable(view: JobView) -> list[RankHealth]:
+def _table(view: JobView) -> RankColumns:
     assert view.health is not None
-    world, rows = view.spec.world_size, view.health.ranks
+    return view.health.ranks
+
+
+def _usable(view: JobView) -> range | list[int]:
+    """The indices of the health's usable ranks (ok, slow or leader; in the job)."""
+    return view.remembered("usable", None, lambda: _usable_indices(view))
+
+
+def _usable_indices(view: JobView) -> range | list[int]:
+    table, world = _table(view), view.spec.world_size
     if view.health_columns.complete:
-        return list(rows)  # every rank, in order, each usable
-    return [r for r in rows if r.state in _USABLE and r.rank < world]
+        return range(len(table))  # every rank, in order, each usable
+    rows = zip(table.state, table.rank, strict=True)
+    return [i for i, (state, rank) in enumerate(rows) if state in _USABLE and rank < world]
 
 
 __all__ = [
