@@ -18,7 +18,7 @@ from bench.checkpoints import bench_checkpoint, checkpoint_rows
 from bench.contention import contention_rows
 from bench.contention_figures import NeighbourTooWeak
 from bench.cores import bench_rows as core_bench_rows
-from bench.cores import core_rows, print_cores
+from bench.cores import core_rows, decode_row, print_cores
 from bench.dataloader import bench_dataloader, dataloader_row
 from bench.decisions import bench_rows, decision_rows, print_decisions
 from bench.display import console, print_table
@@ -101,10 +101,12 @@ async def run_all(cluster: EmbeddedCluster) -> list[dict[str, Any]]:
         decisions = decision_rows()
     print_decisions(decisions)
     rows += bench_rows(decisions)
-    with console.status("detector per event and ledger per operation, 100 to 10,000 ranks"):
+    with console.status("detector, health and ledger per operation, 100 to 10,000 ranks"):
         cores = core_rows()
     print_cores(cores)
     rows += core_bench_rows(cores)
+    with console.status("a health of 10,000 ranks decoded: columns and rows"):
+        rows.append(decode_row())
     rows += simulator_speed_rows()
     with console.status("the simulator: antdt-nd in the non-dedicated scenario"):
         rows.append(non_dedicated_row())

@@ -1,11 +1,14 @@
-"""The detector's cost per step event, the monitor's health per rank and the shard
-ledger's per done-and-fetch, at 100, 1,000 and 10,000 ranks: none may grow with the job
-(the pure cores, no servers). A health is O(ranks) by contract (a row per rank, once a
-second per job); its cost per rank must not grow, and its ms per call at 10,000 ranks is
-what a monitor replica pays for such a job every second."""
+"""The detector's cost per step event, the monitor's health per rank, a receiver's
+decoding of that health per rank and the shard ledger's per done-and-fetch, at 100,
+1,000 and 10,000 ranks: none may grow with the job (the pure cores, no servers). A
+health is O(ranks) by contract (each rank's figures, once a second per job); its cost
+per rank must not grow, and its ms per call at 10,000 ranks is what a monitor replica
+pays for such a job every second, and the controller again to read it."""
 
 from __future__ import annotations
 
+import json
+import random
 import statistics
 import time
 from contextlib import AbstractContextManager
@@ -13,7 +16,7 @@ from typing import Any
 
 from antdt.collector import collecting_every
 from antdt.runtime.process import SERVICE_GC_THRESHOLDS
-from antdt.schemas import JobSpec, ShardFetch, ShardRef, ShardReply
+from antdt.schemas import JobHealth, JobSpec, RankHealth, ShardFetch, ShardRef, ShardReply
 from antdt.services.monitor.detector import JobDetector
 from antdt.services.shards.ledger import new_ledger, plan_fetch
 
@@ -86,6 +89,57 @@ def _compute_s(rank: int, slow: int, step: int) -> float:
     return 0.032 * (3.0 if straggling else 1.0) * (1 + (rank * 7919 % 13) * 0.002)
 
 
+def decode_us_per_rank(ranks: int, calls: int = 5, *, rows: bool = False) -> float:
+    """CPU µs per rank for a receiver to validate one JobHealth's JSON (as the bus
+    decodes it): its ranks as columns, or as the row objects of earlier monitors
+    (`rows`, which JobHealth still accepts). The median of `calls`."""
+    payload = _health_json(ranks, rows=rows)
+    spent = []
+    for _ in range(calls):
+        started = time.thread_time()
+        JobHealth.model_validate_json(payload)
+        spent.append(time.thread_time() - started)
+    return statistics.median(spent) / ranks * 1e6
+
+
+def _health_json(ranks: int, *, rows: bool) -> bytes:
+    """A health of `ranks` measured ranks, their figures drawn (17 digits, as the
+    monitor's), as JSON: its ranks as columns, or as rows."""
+    draw = random.Random(7)
+    table = [
+        RankHealth(
+            rank=r,
+            host=f"node{r // 8}",
+            state="ok",
+            last_step=1200,
+            local_batch=32,
+            samples_per_s=draw.uniform(800, 1200),
+            compute_s_per_sample=draw.uniform(8e-4, 1.2e-3),
+            ratio=draw.uniform(0.9, 1.3),
+            data_wait_share=draw.uniform(0, 0.05),
+            comm_share=draw.uniform(0.1, 0.3),
+            fixed_s=draw.uniform(0.01, 0.02),
+            per_sample_s=draw.uniform(8e-4, 1.2e-3),
+        )
+        for r in range(ranks)
+    ]
+    health = JobHealth(
+        job="bench",
+        at=1.8e9,
+        step=1200,
+        step_s=0.07,
+        samples_per_s=ranks * 32 / 0.07,
+        balance_efficiency=0.93,
+        plan_version=3,
+        ranks=table,
+    )
+    if not rows:
+        return health.model_dump_json().encode()
+    wire = json.loads(health.model_dump_json())
+    wire["ranks"] = [row.model_dump(mode="json", exclude_unset=True) for row in table]
+    return json.dumps(wire).encode()
+
+
 def ledger_us_per_op(ranks: int, ops: int = OPS) -> float:
     """CPU µs of one done-and-fetch (a rank hands its shard back done and takes the
     next) on a ledger where every rank holds a shard."""
@@ -125,6 +179,7 @@ def core_rows() -> list[dict[str, Any]]:
     for core, measure in (
         ("detector, per event", detector_us_per_event),
         ("health, per rank of a call", health_us_per_rank),
+        ("health decoded, per rank", decode_us_per_rank),
         ("ledger, per done+fetch", ledger_us_per_op),
     ):
         figures = {ranks: measure(ranks) for ranks in RANK_COUNTS}
@@ -162,6 +217,22 @@ def bench_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for r in rows
         if r["ranks"] == RANK_COUNTS[-1]
     ]
+
+
+def decode_row(ranks: int = RANK_COUNTS[-1]) -> dict[str, Any]:
+    """A receiver's decoding of a health of `ranks` ranks as columns, against the same
+    health as the row objects of earlier monitors, both measured here."""
+    columns, rows = decode_us_per_rank(ranks), decode_us_per_rank(ranks, rows=True)
+    row: dict[str, Any] = {
+        "what": f"health of {ranks:,} ranks validated by a receiver, CPU ms",
+        "value": columns * ranks / 1e3,
+        "baseline": rows * ranks / 1e3,
+        "baseline_what": "the same health as a row per rank (before 2026-12-01)",
+        "target": "below the row form",
+    }
+    if columns >= rows:
+        row["failed"] = f"columns {columns:.2f} µs a rank >= rows {rows:.2f}"
+    return row
 
 
 if __name__ == "__main__":

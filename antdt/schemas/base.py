@@ -22,7 +22,7 @@ Count = Annotated[int, Field(ge=0)]
 #: The largest message any AntDT subject accepts, in bytes (inflated), unless its model
 #: says otherwise (`max_message_bytes`: JobHealth, whose columns grow with the job).
 MAX_MESSAGE_BYTES = 256 * 1024
-#: The largest JobHealth accepted, inflated: ~100 bytes a rank, so ~600,000 ranks.
+#: The largest JobHealth accepted, inflated: ~170 bytes a rank, so ~390,000 ranks.
 MAX_HEALTH_BYTES = 64 * 1024 * 1024
 #: The largest message carrying a plan accepted, inflated (Plan, AdjustBatch, ActionRecord,
 #: ActionProposal): up to three numbers a rank, a few bytes each, for 100,000 ranks (the

@@ -1,7 +1,7 @@
 """The job's health, published by the monitor at 1 Hz: the job's figures, and its ranks'
-as columns, one list per figure with an entry per rank. A receiver validates a column
-of 10,000 numbers in a fraction of a millisecond, where a row object per rank took it
-~230 ms a health at 10,000 ranks (the controller, once a second per job)."""
+as columns, one list per figure with an entry per rank. At 10,000 ranks that is half
+the JSON of a row object per rank, and a receiver (the controller, once a second per
+job) validates it in ~9 ms where the rows took ~31."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from antdt.schemas.base import (
     MAX_HEALTH_BYTES,
@@ -159,7 +159,7 @@ class RankColumns(WireModel):
 
 class JobHealth(WireModel):
     """Published by the monitor at 1 Hz for every job it owns. Its ranks' figures grow
-    with the job (~100 bytes a rank): over 64 KiB it travels gzipped
+    with the job (~170 bytes a rank): over 64 KiB it travels gzipped
     (`Content-Encoding: gzip`)."""
 
     #: Its columns grow with the job: accepted up to this size (inflated), not 256 KiB.
@@ -192,6 +192,8 @@ class JobHealth(WireModel):
     def _rows_as_columns(cls, value: object) -> object:
         """A list of rows (RankHealth, or their fields) as their columns."""
         if isinstance(value, list | tuple):
-            rows = [RankHealth.model_validate(row) for row in value]
-            return RankColumns.of_rows(rows)
+            return RankColumns.of_rows(_ROWS.validate_python(value))
         return value
+
+
+_ROWS = TypeAdapter(tuple[RankHealth, ...])

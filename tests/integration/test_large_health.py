@@ -1,5 +1,5 @@
 """A large job's health through a real nats-server: its ranks' columns make a JobHealth
-of 10,000 ranks ~1.4 MB of JSON, past nats-server's default max_payload (1 MiB) and the
+of 10,000 ranks ~1.7 MB of JSON, past nats-server's default max_payload (1 MiB) and the
 256 KiB every other message is held to. The bus sends it gzipped; a subscriber, core or
 JetStream, inflates it within JobHealth's own limit."""
 

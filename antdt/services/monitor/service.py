@@ -312,7 +312,7 @@ ENDED_RECORD_BYTES = 1024 * 1024
 
 def ended_record(health: JobHealth) -> bytes:
     """The job's last health as its `ended` record: with its ranks' figures while it fits
-    ENDED_RECORD_BYTES (~7,000 ranks), else without them."""
+    ENDED_RECORD_BYTES (~6,000 ranks), else without them."""
     record = health.model_dump_json().encode()
     if len(record) <= ENDED_RECORD_BYTES:
         return record
