@@ -1,5 +1,5 @@
-"""Many ranks' models at once (`fits.fit_many`): bit for bit `fit_speed` of each
-history it takes, and the histories it leaves to `fit_speed` left out."""
+"""Many ranks' models at once (`fits.fit_many`, `fits.fit_spans`): bit for bit
+`fit_speed` of each history (or span of one) it takes, the others left out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from antdt.services.monitor.fits import fit_many
+from antdt.services.monitor.fits import fit_many, fit_spans
 from antdt.services.monitor.history import Histories, History
 from antdt.services.monitor.speed import SpeedConfig, fit_speed
 
@@ -92,3 +92,39 @@ def test_a_healths_models_are_each_ranks_fit() -> None:
                     )
                     seen += model is not None
     assert seen > world * 5
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fixed", [0.0, 6.5, -1.0])
+def test_the_span_models_fitted_at_once_are_fit_speed_of_the_span(seed: int, fixed: float) -> None:
+    """A round of windows refits each rank's model through the steps around its last
+    change of batch size (`fits.fit_spans`): each span of exactly two sizes, every time
+    measurable, is fitted as `fit_speed` fits its steps, bit for bit; any other is left
+    out. Spans as the pace asks them, and drawn ones (cut short, empty, past the ring)."""
+    rng = random.Random(seed)
+    config = SpeedConfig()
+    kinds = ["two sizes"] * 80 + ["plain"] * 10 + ["three sizes", "bad", "huge"] * 4
+    block = Histories(len(kinds), 96)
+    histories = [
+        _filled(block.row(i), rng, kind, rng.choice((20, 50, 96, 130, 200)))
+        for i, kind in enumerate(kinds)
+    ]
+    asked = History.last_change_spans(histories, 24)
+    spans = []
+    for history, span in zip(histories, asked, strict=True):
+        entered = history.version  # steps ever joined (nothing removed here)
+        if span is None or rng.random() < 0.3:
+            start = rng.randrange(entered + 1)
+            span = (history.epoch, start, start + rng.randrange(0, 60))
+        spans.append(span)
+    fitted = fit_spans(histories, spans, fixed, config)
+    for i, (history, span) in enumerate(zip(histories, spans, strict=True)):
+        steps = history.steps_between(span[1], span[2])
+        expected = fit_speed(steps, fixed, config)
+        if i in fitted:
+            assert len({n for n, _ in steps}) == 2 and fitted[i] == expected
+        else:
+            two = len({n for n, _ in steps}) == 2 and all(0 < t <= 1e300 for _, t in steps)
+            assert not two
+    assert sum(m is not None and m.batch_sizes == 2 for m in fitted.values()) > 5
+    assert sum(m is not None and m.batch_sizes == 1 for m in fitted.values()) > 0

@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from antdt.services.monitor.history import Floats, Histories, History, Ints
 from antdt.services.monitor.speed import (
     ONE_BATCH_LIMIT,
-    Level,
     SpeedConfig,
     SpeedModel,
-    model_of_levels,
 )
 from antdt.services.monitor.summaries import quantile_sorted_rows
+
+Bools = npt.NDArray[np.bool_]
 
 #: Fewer stale histories than this are fitted one by one (arrays cost more).
 MANY = 16
@@ -79,29 +80,52 @@ def _fit_rows(
     bounded = ((times <= ONE_BATCH_LIMIT) | unused).all(axis=1)
     two = np.flatnonzero(~one_size & measurable & bounded)
     if len(two):
-        rows_of_two = (samples[two], times[two], held[two])
-        fitted.update(_fit_two_sizes(*rows_of_two, fixed, config, two, members))
+        keep, models = _fit_two_sizes(samples[two], times[two], unused[two], fixed, config)
+        fitted.update(zip((members[k] for k in two[keep].tolist()), models, strict=True))
     return fitted
 
 
-def _fit_two_sizes(
-    samples: Ints,
-    times: Floats,
-    held: Ints,
-    fixed: float,
+def fit_spans(
+    histories: Sequence[History],
+    spans: Sequence[tuple[int, int, int]],
+    fixed_samples: float,
     config: SpeedConfig,
-    at: Ints,
-    members: list[int],
 ) -> dict[int, SpeedModel | None]:
-    """`fit_speed` of the rows that hold exactly two batch sizes (each > 0): each size's
-    level over the sorted row (`speed._measured_levels`), the model from them as
-    `fit_speed` makes it (`speed.model_of_levels`)."""
-    unused = np.arange(samples.shape[1])[None, :] >= held[:, None]
+    """`fit_speed(histories[i].steps_between(*spans[i][1:]), fixed_samples, config)` by
+    index i, for the spans it fits at once: histories of one block, each span holding
+    steps at exactly two batch sizes, every one measurable; the others are not in it.
+    A round of windows refits every rank's model around its last change of size."""
+    if not histories or len(set(map(_block, histories))) != 1:
+        return {}
+    block = histories[0].block
+    rows = np.array([h.row for h in histories], dtype=np.int64)
+    samples, times, held = block.in_order(rows)
+    first = block.entered[rows] - held  # the oldest step held, counted from the first ever
+    starts, ends = np.array([span[1:] for span in spans], dtype=np.int64).reshape(-1, 2).T
+    low = np.clip(starts - first, 0, held)
+    high = np.clip(ends - first, 0, held)
+    column = np.arange(block.maxlen)[None, :]
+    unused = (column < low[:, None]) | (column >= high[:, None])
+    usable = ((times > 0.0) & (times <= ONE_BATCH_LIMIT)) | unused
+    candidates = np.flatnonzero(usable.all(axis=1) & (high > low))
+    keep, models = _fit_two_sizes(
+        samples[candidates], times[candidates], unused[candidates], max(0.0, fixed_samples), config
+    )
+    return dict(zip(candidates[keep].tolist(), models, strict=True))
+
+
+def _fit_two_sizes(
+    samples: Ints, times: Floats, unused: Bools, fixed: float, config: SpeedConfig
+) -> tuple[Ints, list[SpeedModel | None]]:
+    """`fit_speed` of the rows whose steps (those not `unused`) are at exactly two batch
+    sizes (each > 0): the rows kept (indices), and their models. Each size's level over
+    the sorted row (`speed._measured_levels`), the model from them as
+    `speed.model_of_levels` makes it, over arrays."""
     small = np.where(unused, np.iinfo(np.int64).max, samples).min(axis=1)
     large = np.where(unused, 0, samples).max(axis=1)
     is_small = samples == small[:, None]
-    exact = ((is_small | (samples == large[:, None])) | unused).all(axis=1) & (small > 0)
-    keep = np.flatnonzero(exact)
+    exact = ((is_small | (samples == large[:, None])) | unused).all(axis=1)
+    keep = np.flatnonzero(exact & (small > 0) & (small < large))
     small, large, is_small, unused = small[keep], large[keep], is_small[keep], unused[keep]
     times = times[keep]
     levels, counts = [], []
@@ -110,13 +134,40 @@ def _fit_two_sizes(
         ordered = np.sort(np.where(mine, times, np.inf), axis=1)
         levels.append(_quantile_of_first(ordered, count, config.quantile))
         counts.append(count)
-    fitted: dict[int, SpeedModel | None] = {}
-    columns = (small, large, *levels, *counts, keep)
-    for b1, b2, t1, t2, n1, n2, k in zip(*(c.tolist() for c in columns), strict=True):
-        steps = ((b1, t1, n1), (b2, t2, n2))
-        found = {b: Level(t, n) for b, t, n in steps if n >= config.min_steps}
-        fitted[members[at[k]]] = model_of_levels(found, fixed, config)
-    return fitted
+    return keep, _two_level_models((small, large), levels, counts, fixed, config)
+
+
+def _two_level_models(
+    sizes: tuple[Ints, Ints],
+    levels: Sequence[Floats],
+    counts: Sequence[Ints],
+    fixed: float,
+    config: SpeedConfig,
+) -> list[SpeedModel | None]:
+    """`speed.model_of_levels` of each row's two batch sizes (small < large, each > 0),
+    their levels and step counts, over arrays, to the same floats: the line through both
+    (Theil-Sen of two points: their slope, the median of their intercepts) when each has
+    `line_steps`, they lie `min_spread` apart and it rises; else the pooled fixed part
+    through the size with the most steps (the larger on ties) of those with `min_steps`;
+    else none."""
+    (b1, b2), (t1, t2), (n1, n2) = sizes, levels, counts
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = (t2 - t1) / (b2 - b1)
+        sloped = (n1 >= config.line_steps) & (n2 >= config.line_steps)
+        line = sloped & (b2 - b1 >= config.min_spread * b2) & (slope > 0)
+        intercept = ((t1 - slope * b1) + (t2 - slope * b2)) / 2
+        through_zero = (t1 / b1 + t2 / b2) / 2
+        found1, found2 = n1 >= config.min_steps, n2 >= config.min_steps
+        large = found2 & (~found1 | (n2 >= n1))  # the pooled part through the large size
+        level, batch = np.where(large, t2, t1), np.where(large, b2, b1)
+        one_size = level / (batch + fixed)
+    below = intercept < 0
+    fixed_s = np.where(line, np.where(below, 0.0, intercept), one_size * fixed)
+    per_sample = np.where(line, np.where(below, through_zero, slope), one_size)
+    sizes_fitted = np.where(line, 2, 1)
+    fitted = (line | found1 | found2).tolist()
+    rows = zip(fixed_s.tolist(), per_sample.tolist(), sizes_fitted.tolist(), fitted, strict=True)
+    return [SpeedModel(f, p, n) if ok else None for f, p, n, ok in rows]
 
 
 def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
@@ -132,4 +183,8 @@ def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
     return np.where(count > 0, level, np.nan)
 
 
-__all__ = ["MANY", "fit_many"]
+def _block(history: History) -> Histories:
+    return history.block
+
+
+__all__ = ["MANY", "fit_many", "fit_spans"]

@@ -14,9 +14,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from operator import attrgetter
+from typing import cast
 
 from antdt.services.monitor.config import DetectorConfig
-from antdt.services.monitor.fits import MANY, fit_many
+from antdt.services.monitor.fits import MANY, fit_many, fit_spans
 from antdt.services.monitor.history import History
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
@@ -116,8 +117,27 @@ class Pace:
         if not History.any_two_sizes_at_ends(histories):
             return
         spans = History.last_change_spans(histories, _AROUND_CHANGE * self._speed.line_steps)
+        self._fit_spans(ranks, spans)
         models = list(map(self._span_model, ranks, spans))
         self.fixed_samples = pooled_fixed_samples(models, self.fixed_samples)
+
+    def _fit_spans(
+        self, ranks: Sequence[RankMemory], spans: Sequence[tuple[int, int, int] | None]
+    ) -> None:
+        """The span models gone stale (`_span_model`), fitted at once where they can be
+        (`fits.fit_spans`): after a plan changed every rank's batch, every rank's span
+        moves on with each round until it holds its steps on either side."""
+        stale = [
+            i
+            for i, (rank, span) in enumerate(zip(ranks, spans, strict=True))
+            if span is not None and (rank.span_model is None or rank.span_model[0] != span)
+        ]
+        if len(stale) < MANY:
+            return
+        histories = [ranks[i].history for i in stale]
+        chosen = [cast(tuple[int, int, int], spans[i]) for i in stale]
+        for k, model in fit_spans(histories, chosen, self.fixed_samples, self._speed).items():
+            ranks[stale[k]].span_model = (chosen[k], model)
 
     def _span_model(self, rank: RankMemory, span: tuple[int, int, int] | None) -> SpeedModel | None:
         """The rank's model through `span`, the steps on either side of its history's
