@@ -5,6 +5,7 @@ job) validates it in ~9 ms where the rows took ~31."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import Annotated, Any, ClassVar
@@ -147,7 +148,8 @@ class RankColumns(WireModel):
         return len(self.rank)
 
     def __getitem__(self, index: int) -> RankHealth:
-        """Row `index` (negative counts from the end)."""
+        """Row `index` (negative counts from the end; a slice is a TypeError)."""
+        index = operator.index(index)
         values = {name: getattr(self, name)[index] for name in COLUMNS}
         values["helped"] = self.helped.get(values["rank"]) if self.helped else None
         return trusted(RankHealth, values)

@@ -75,6 +75,8 @@ def test_the_columns_read_back_as_the_rows_they_were_made_of() -> None:
     assert back == sent and len(back.ranks) == 2 and bool(back.ranks)
     assert list(back.ranks) == list(ROWS) and back.ranks[-1] == ROWS[1]
     assert back.ranks.state == (RankState.OK, RankState.SLOW)
+    with pytest.raises(TypeError):
+        back.ranks[0:1]  # type: ignore[index]  # a row at a time
 
 
 def test_the_row_form_of_earlier_senders_is_read_as_columns() -> None:

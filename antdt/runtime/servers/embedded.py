@@ -233,7 +233,7 @@ class _EmbeddedServer:
 #: job's step events). deploy/nats.conf sets the same.
 MAX_PENDING_BYTES = 256 * 2**20
 #: The largest message nats-server takes, bytes (its default: 1 MiB). A job's health is
-#: gzipped at ~75 bytes a rank on the wire: 1 MiB carries ~14,000 ranks, this ~110,000
+#: gzipped at ~70 bytes a rank on the wire: 1 MiB carries ~15,000 ranks, this ~120,000
 #: (NATS advises 8 MiB at most). deploy/nats.conf sets the same.
 MAX_PAYLOAD_BYTES = 8 * 2**20
 
