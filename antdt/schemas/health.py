@@ -79,6 +79,8 @@ class RankHealth(WireModel):
     )
 
 
+#: The most ranks a health carries: JobSpec's largest world size.
+MAX_RANKS = 100_000
 #: RankColumns' columns, each RankHealth's field of the same name.
 COLUMNS = (
     "rank",
@@ -106,7 +108,9 @@ class RankColumns(WireModel):
     sends every rank of the job, in rank order). In Python it reads as a sequence of
     RankHealth rows as well (`len`, indexing, iteration), each row made when asked."""
 
-    rank: tuple[Rank, ...] = Field(description="Per rank: its index in the job")
+    rank: tuple[Rank, ...] = Field(
+        max_length=MAX_RANKS, description="Per rank: its index in the job, each once"
+    )
     host: tuple[Host, ...] = _column("host")
     state: tuple[RankState, ...] = _column("state")
     last_step: tuple[Count, ...] = _column("last_step")
@@ -132,7 +136,10 @@ class RankColumns(WireModel):
         uneven = [name for name in COLUMNS if len(getattr(self, name)) != size]
         if uneven:
             raise ValueError(f"columns {uneven} do not have one entry per rank ({size})")
-        if self.helped and not set(self.helped) <= set(self.rank):
+        ranks = set(self.rank)
+        if len(ranks) != size:
+            raise ValueError("a rank has more than one entry in the columns")
+        if self.helped and not set(self.helped) <= ranks:
             raise ValueError("helped names a rank that has no entry in the columns")
         return self
 
@@ -182,7 +189,7 @@ class JobHealth(WireModel):
         description="Version of the plan the latest steps ran under (Plan.version)"
     )
     ranks: RankColumns = Field(
-        description="The ranks heard from, as columns (a list of RankHealth rows, the "
+        description="Every rank of the job, as columns (a list of RankHealth rows, the "
         "form before 2026-12-01, is accepted too)"
     )
     open_incidents: tuple[str, ...] = Field(

@@ -98,6 +98,8 @@ def test_no_ranks_is_a_health_of_none() -> None:
         ({"host": ["a"]}, "one entry per rank"),
         ({"ratio": [1.0, 1.0, 1.0]}, "one entry per rank"),
         ({"helped": {"5": {"0": 1}}}, "helped names a rank"),
+        ({"rank": [1, 1]}, "more than one entry"),
+        ({"rank": list(range(100_001))}, "at most 100000 items"),
         ({"comm_share": [0.2, 1.5]}, "less than or equal to 1"),
         ({"samples_per_s": [1.0, -1.0]}, "greater than or equal to 0"),
         ({"state": ["ok", "tired"]}, "ok', 'slow'"),

@@ -25,6 +25,7 @@ from antdt.schemas import (
     IncidentKind,
     IncidentState,
     JobHealth,
+    RankColumns,
     RankHealth,
     RankState,
     StepEvent,
@@ -205,7 +206,8 @@ def test_tables_summary_and_efficiency() -> None:
 def test_other_jobs_and_empty_health_rows_are_left_out() -> None:
     run = synthetic_run()
     run.steps.append(run.steps[0].model_copy(update={"job": "other", "step": 999}))
-    run.health.append(run.health[0].model_copy(update={"ranks": (), "step": 999}))
+    none = RankColumns.of_rows(())
+    run.health.append(run.health[0].model_copy(update={"ranks": none, "step": 999}))
     timeline = build_timeline(run)
     assert max(s for s, _ in timeline.step_wall) == 59
     assert max(s for s, _ in timeline.efficiency) == 55
