@@ -32,8 +32,8 @@ def test_a_job_whose_ranks_all_finished_ends_resolves_its_incidents_and_never_st
         assert detector.rank_exited(exit_of(rank, ExitReason.FINISHED, 199), now + 0.1) == []
     assert not detector.ended
     last = detector.rank_exited(exit_of(3, ExitReason.FINISHED, 199), now + 0.2)
-    assert [(i.id, i.state, i.evidence["exited"]) for i in last] == [
-        (slow_id, IncidentState.RESOLVED, 1.0)
+    assert [(i.id, i.state, i.evidence["exited"], i.step) for i in last] == [
+        (slow_id, IncidentState.RESOLVED, 1.0, 199)  # resolved at the exit, not the onset
     ]
     assert detector.ended and detector.open_incidents == ()
     assert states(detector, now + 1) == [RankState.EXITED] * 4
@@ -66,7 +66,7 @@ def test_a_rank_closed_mid_job_drops_its_slow_incident_but_its_silence_is_a_stal
     detector, now = slow_job()
     slow_id = detector.open_incidents[0].id
     closed = detector.rank_exited(exit_of(3, ExitReason.CLOSED, 199), now)
-    assert [(i.id, i.state) for i in closed] == [(slow_id, IncidentState.RESOLVED)]
+    assert [(i.id, i.state, i.step) for i in closed] == [(slow_id, IncidentState.RESOLVED, 199)]
     for step in range(200, 600):  # the others go on (an elastic job)
         for rank in (0, 1, 2):
             detector.ingest(event(rank, step, t=now), now + (step - 199) * 0.05)

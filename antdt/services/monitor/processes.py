@@ -115,8 +115,11 @@ def adopt(
 def _close_on_exit(
     rank: RankMemory, incident: Incident, now: float, book: OpenIncidents
 ) -> Incident:
+    """The rank's incident resolved by its exit, at the step it exited after (the step
+    of a transition is that at which its state was reached)."""
     if incident is rank.stall:
         rank.stall = None
     else:
         forget_deviation(rank)
-    return book.closed(incident, now, evidence={**incident.evidence, "exited": 1.0})
+    step = max(incident.step, rank.exit_step)
+    return book.closed(incident, now, step=step, evidence={**incident.evidence, "exited": 1.0})
