@@ -81,21 +81,9 @@ class RankHealth(WireModel):
 
 #: The most ranks a health carries: JobSpec's largest world size.
 MAX_RANKS = 100_000
-#: RankColumns' columns, each RankHealth's field of the same name.
-COLUMNS = (
-    "rank",
-    "host",
-    "state",
-    "last_step",
-    "local_batch",
-    "samples_per_s",
-    "compute_s_per_sample",
-    "ratio",
-    "data_wait_share",
-    "comm_share",
-    "fixed_s",
-    "per_sample_s",
-)
+#: RankColumns' columns, each RankHealth's field of the same name, in its order (a
+#: rank's `helped` is a mapping by rank beside them).
+COLUMNS = tuple(n for n in RankHealth.model_fields if n not in ("schema_version", "helped"))
 
 
 def _column(name: str) -> Any:
