@@ -8,7 +8,6 @@ pays for such a job every second, and the controller again to read it."""
 from __future__ import annotations
 
 import json
-import random
 import statistics
 import time
 from contextlib import AbstractContextManager
@@ -31,6 +30,7 @@ from antdt.schemas import (
 from antdt.schemas.base import Count, Timestamp, Token
 from antdt.services.monitor.detector import JobDetector
 from antdt.services.shards.ledger import new_ledger, plan_fetch
+from antdt.testing import drawn_health
 
 RANK_COUNTS = (100, 1_000, 10_000)
 EVENTS = 200_000  # per rank count: 2,000 steps of 100 ranks, 20 of 10,000
@@ -135,40 +135,13 @@ def decode_us_per_rank(ranks: int, calls: int = 5, *, rows: bool = False) -> flo
 
 
 def _health_json(ranks: int, *, rows: bool) -> bytes:
-    """A health of `ranks` measured ranks, their figures drawn (17 digits, as the
-    monitor's), as JSON: its ranks as columns, or as rows."""
-    draw = random.Random(7)
-    table = [
-        RankHealth(
-            rank=r,
-            host=f"node{r // 8}",
-            state="ok",
-            last_step=1200,
-            local_batch=32,
-            samples_per_s=draw.uniform(800, 1200),
-            compute_s_per_sample=draw.uniform(8e-4, 1.2e-3),
-            ratio=draw.uniform(0.9, 1.3),
-            data_wait_share=draw.uniform(0, 0.05),
-            comm_share=draw.uniform(0.1, 0.3),
-            fixed_s=draw.uniform(0.01, 0.02),
-            per_sample_s=draw.uniform(8e-4, 1.2e-3),
-        )
-        for r in range(ranks)
-    ]
-    health = JobHealth(
-        job="bench",
-        at=1.8e9,
-        step=1200,
-        step_s=0.07,
-        samples_per_s=ranks * 32 / 0.07,
-        balance_efficiency=0.93,
-        plan_version=3,
-        ranks=table,
-    )
+    """A health of `ranks` measured ranks (`drawn_health`) as JSON: its ranks as
+    columns, or as rows."""
+    health = drawn_health("bench", ranks)
     if not rows:
         return health.model_dump_json().encode()
     wire = json.loads(health.model_dump_json())
-    wire["ranks"] = [row.model_dump(mode="json", exclude_unset=True) for row in table]
+    wire["ranks"] = [row.model_dump(mode="json") for row in health.ranks]
     return json.dumps(wire).encode()
 
 

@@ -6,7 +6,14 @@ machine), certificates for TLS made with openssl. No product module imports this
 from antdt.testing.contention import cores, neighbour_from_step, noisy_neighbour, pin, pinned
 from antdt.testing.foreground import foreground
 from antdt.testing.pki import SERVER_SAN, Pki, expired_certificate, make_pki
-from antdt.testing.ranks import AckHook, FakeRanks, acking_ranks, job_health, signed_by_another
+from antdt.testing.ranks import (
+    AckHook,
+    FakeRanks,
+    acking_ranks,
+    drawn_health,
+    job_health,
+    signed_by_another,
+)
 
 __all__ = [
     "SERVER_SAN",
@@ -15,6 +22,7 @@ __all__ = [
     "Pki",
     "acking_ranks",
     "cores",
+    "drawn_health",
     "expired_certificate",
     "foreground",
     "job_health",

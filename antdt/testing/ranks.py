@@ -5,6 +5,7 @@ command subjects that answer as the agent's contract says, and the job's side of
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Collection
@@ -293,4 +294,38 @@ def job_health(
         balance_efficiency=0.6,
         plan_version=plan_version,
         ranks=ranks,
+    )
+
+
+def drawn_health(job: str, ranks: int, seed: int = 7) -> JobHealth:
+    """A health of `ranks` measured ranks, their figures drawn from `seed` (as
+    incompressible as a real job's: the monitor's floats carry 17 digits): what a large
+    job's health weighs on the wire and costs its receivers."""
+    draw = random.Random(seed)
+    rows = [
+        RankHealth(
+            rank=r,
+            host=f"node{r // 8}",
+            state=RankState.OK,
+            last_step=1200,
+            local_batch=32,
+            samples_per_s=draw.uniform(800, 1200),
+            compute_s_per_sample=draw.uniform(8e-4, 1.2e-3),
+            ratio=draw.uniform(0.9, 1.3),
+            data_wait_share=draw.uniform(0, 0.05),
+            comm_share=draw.uniform(0.1, 0.3),
+            fixed_s=draw.uniform(0.01, 0.02),
+            per_sample_s=draw.uniform(8e-4, 1.2e-3),
+        )
+        for r in range(ranks)
+    ]
+    return JobHealth(
+        job=job,
+        at=1.8e9,
+        step=1200,
+        step_s=0.07,
+        samples_per_s=ranks * 32 / 0.07,
+        balance_efficiency=0.93,
+        plan_version=3,
+        ranks=rows,
     )

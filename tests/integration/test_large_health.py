@@ -5,7 +5,6 @@ JetStream, inflates it within JobHealth's own limit."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,12 +18,11 @@ from antdt.schemas import (
     GZIP,
     JobHealth,
     RankColumns,
-    RankHealth,
-    RankState,
     RegisterReply,
     Subjects,
 )
 from antdt.services.monitor.service import ENDED_RECORD_BYTES, ended_record
+from antdt.testing import drawn_health
 from tests.e2e.conftest import start_services
 from tests.helpers import wait_for
 from tests.integration.test_services import spec, step
@@ -33,39 +31,6 @@ pytestmark = pytest.mark.integration
 
 #: nats-server's own default: what a user's server has unless they raised it.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
-
-
-def health_of(job: str, ranks: int, seed: int = 7) -> JobHealth:
-    """A health of `ranks` measured rows, their figures drawn (as incompressible as a
-    real job's: the monitor's floats carry 17 digits)."""
-    draw = random.Random(seed)
-    rows = tuple(
-        RankHealth(
-            rank=r,
-            host=f"node{r // 8}",
-            state=RankState.OK,
-            last_step=1200,
-            local_batch=32,
-            samples_per_s=draw.uniform(800, 1200),
-            compute_s_per_sample=draw.uniform(8e-4, 1.2e-3),
-            ratio=draw.uniform(0.9, 1.3),
-            data_wait_share=draw.uniform(0, 0.05),
-            comm_share=draw.uniform(0.1, 0.3),
-            fixed_s=draw.uniform(0.01, 0.02),
-            per_sample_s=draw.uniform(8e-4, 1.2e-3),
-        )
-        for r in range(ranks)
-    )
-    return JobHealth(
-        job=job,
-        at=1.8e9,
-        step=1200,
-        step_s=0.07,
-        samples_per_s=ranks * 32 / 0.07,
-        balance_efficiency=0.93,
-        plan_version=3,
-        ranks=rows,
-    )
 
 
 @pytest.fixture
@@ -88,7 +53,7 @@ async def test_a_health_of_ten_thousand_ranks_reaches_core_and_stream_readers_gz
             got.append((health, delivery))
 
         await bus.subscribe(subjects.health(unique), JobHealth, on_health)
-        health = health_of(unique, 10_000)
+        health = drawn_health(unique, 10_000)
         assert len(health.model_dump_json()) > DEFAULT_MAX_PAYLOAD
         await bus.publish(subjects.health(unique), health)
         await wait_for(lambda: bool(got), timeout=10)
@@ -107,14 +72,14 @@ async def test_a_health_over_max_payload_even_gzipped_is_refused_with_its_size(
     bus = await Bus(NatsSettings(url=default_nats.url), name="big").connect()
     try:
         with pytest.raises(BusError, match=r"JobHealth of \d+ bytes .* max_payload \(1048576"):
-            await bus.publish(f"antdt.{unique}.health", health_of(unique, 40_000))
+            await bus.publish(f"antdt.{unique}.health", drawn_health(unique, 40_000))
         await bus.flush(timeout=2)  # the connection is still good
     finally:
         await bus.close()
 
 
 def test_an_ended_record_keeps_its_rows_while_they_fit_the_store() -> None:
-    small, large = health_of("j", 100), health_of("j", 10_000)
+    small, large = drawn_health("j", 100), drawn_health("j", 10_000)
     assert JobHealth.model_validate_json(ended_record(small)) == small
     record = ended_record(large)
     assert len(record) <= ENDED_RECORD_BYTES
