@@ -14,7 +14,6 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import cast
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many, fit_spans
@@ -128,16 +127,16 @@ class Pace:
         (`fits.fit_spans`): after a plan changed every rank's batch, every rank's span
         moves on with each round until it holds its steps on either side."""
         stale = [
-            i
-            for i, (rank, span) in enumerate(zip(ranks, spans, strict=True))
+            (rank, span)
+            for rank, span in zip(ranks, spans, strict=True)
             if span is not None and (rank.span_model is None or rank.span_model[0] != span)
         ]
         if len(stale) < MANY:
             return
-        histories = [ranks[i].history for i in stale]
-        chosen = [cast(tuple[int, int, int], spans[i]) for i in stale]
+        histories = [rank.history for rank, _ in stale]
+        chosen = [span for _, span in stale]
         for k, model in fit_spans(histories, chosen, self.fixed_samples, self._speed).items():
-            ranks[stale[k]].span_model = (chosen[k], model)
+            stale[k][0].span_model = (chosen[k], model)
 
     def _span_model(self, rank: RankMemory, span: tuple[int, int, int] | None) -> SpeedModel | None:
         """The rank's model through `span`, the steps on either side of its history's
