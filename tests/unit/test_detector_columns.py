@@ -14,6 +14,8 @@ import pytest
 
 from antdt.schemas import Incident, JobHealth
 from antdt.services.monitor import JobDetector, StepColumns
+from antdt.services.monitor.detector import MANY_CLOSES
+from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.stepcolumns import all_acceptable
 from antdt.services.monitor.windows import step_figures, summarize
@@ -22,21 +24,24 @@ JOB = "columns"
 RANKS, PER_HOST, STEPS = 12, 4, 140
 
 
-def _stream(seed: int, rtt: bool, one_piece: bool = False) -> list[tuple[float, StepColumns]]:
+def _stream(
+    seed: int, rtt: bool, one_piece: bool = False, ranks: int = RANKS, missing: float = 0.07
+) -> list[tuple[float, StepColumns]]:
     """Steps of a job with two stragglers, a host slowing later, a plan halving one
-    rank's batch; each step's rows shuffled, some ranks missing, some rows bad; with
-    `one_piece`, some rows judged by a one-pass time (work sharing), a few of them bad."""
+    rank's batch; each step's rows shuffled, some ranks missing (each row with chance
+    `missing`), some rows bad; with `one_piece`, some rows judged by a one-pass time
+    (work sharing), a few of them bad."""
     rng = random.Random(seed)
-    slow = dict.fromkeys(rng.sample(range(RANKS), 2), rng.uniform(1.8, 3.0))
-    slow_host, host_onset = rng.randrange(RANKS // PER_HOST), rng.randrange(40, 90)
-    replan_at, halved = rng.randrange(30, 100), rng.randrange(RANKS)
+    slow = dict.fromkeys(rng.sample(range(ranks), 2), rng.uniform(1.8, 3.0))
+    slow_host, host_onset = rng.randrange(ranks // PER_HOST), rng.randrange(40, 90)
+    replan_at, halved = rng.randrange(30, 100), rng.randrange(ranks)
     last: dict[int, tuple[int, float]] = {}
     t, stream = 1000.0, []
     for step in range(STEPS):
         rows = []
         plan = int(step >= replan_at)
-        for rank in range(RANKS):
-            if rng.random() < 0.07:
+        for rank in range(ranks):
+            if rng.random() < missing:
                 continue  # missing this step: its event never came
             batch = 16 if plan and rank == halved else 32
             factor = slow.get(rank, 1.0) if step > 20 else 1.0
@@ -98,6 +103,36 @@ def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_pi
     assert 0 < bulk < STEPS  # both paths taken: screened in bulk, and row by row
     health = batched.health(now)  # its rows built unvalidated: they pass the wire's checks
     assert JobHealth.model_validate_json(health.model_dump_json()) == health
+
+
+@pytest.mark.parametrize(("seed", "one_piece"), [(11, False), (12, True)])
+def test_a_step_of_many_ranks_is_its_events_one_by_one(seed: int, one_piece: bool) -> None:
+    """Enough ranks that a step's windows close at once (closes.py) and are judged over
+    arrays: the same transitions, health, and every rank's memory, step by step."""
+    ranks = 4 * MANY_CLOSES
+    one, batched = JobDetector(JOB, ranks), JobDetector(JOB, ranks)
+    closes_at_once = 0
+    for now, columns in _stream(seed, True, one_piece, ranks=ranks, missing=0.003):
+        expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
+        full = sum(len(r.window) == one.config.window - 1 for r in batched._ranks)
+        closes_at_once += full >= MANY_CLOSES
+        assert _as_said(batched.ingest_step(columns, now)) == _as_said(expected)
+        assert _same_health(batched.health(now), one.health(now))
+        assert list(map(_memory, batched._ranks)) == list(map(_memory, one._ranks))
+    assert _as_said(batched.open_incidents) == _as_said(one.open_incidents) != []
+    assert closes_at_once >= 5
+
+
+def _memory(rank: RankMemory) -> dict[str, object]:
+    """What a rank's memory holds but its memos and its history (a row of a block)."""
+    memos = {"history", "model", "span_model", "figures", "deviation", "stall"}
+    held = {k: getattr(rank, k) for k in RankMemory.__dataclass_fields__ if k not in memos}
+    held["normal_windows"] = list(rank.normal_windows)
+    held["history"] = list(rank.history)
+    for kind in ("deviation", "stall"):
+        incident = getattr(rank, kind)
+        held[kind] = None if incident is None else incident.model_dump(exclude={"id"})
+    return held
 
 
 def test_steps_of_another_job_or_with_no_rows_change_nothing() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from itertools import compress
 
 from antdt.schemas import (
     Incident,
@@ -17,6 +18,7 @@ from antdt.schemas import (
     StepEvent,
 )
 from antdt.services.monitor import processes
+from antdt.services.monitor.closes import cleared, quiet_normal
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import (
     advance,
@@ -56,8 +58,11 @@ from antdt.services.monitor.stepcolumns import (
     all_acceptable,
     fields_of,
 )
-from antdt.services.monitor.summaries import summarize_many
+from antdt.services.monitor.summaries import Summaries, summarize_many
 from antdt.services.monitor.windows import Row, StepFigures, WindowStats, summarize
+
+#: Windows closing together from which they are closed at once (closes.py).
+MANY_CLOSES = 16
 
 
 class JobDetector:
@@ -480,27 +485,66 @@ class JobDetector:
         windows = [rank.window for rank, _ in closing]
         previous = [rank.previous for rank, _ in closing]
         summaries = summarize_many(windows, previous, pace.fixed_samples, pace.config)
-        closed = [
-            (rank, step, stats, opening)
-            for (rank, step), window, figures in zip(closing, *summaries, strict=True)
-            for stats, opening in self._closed_window(rank, window, figures)
-        ]
+        if len(closing) >= MANY_CLOSES:
+            closed = self._closed_many(closing, summaries)
+        else:
+            closed = [
+                (rank, step, stats, opening)
+                for (rank, step), window, figures in zip(closing, *summaries, strict=True)
+                for stats, opening in self._closed_window(rank, window, figures)
+            ]
+        ranks = [rank for rank, _, _, _ in closed]
+        stats = [stats for _, _, stats, _ in closed]
         judged = self._judge.judge_many(
-            [rank.rank for rank, _, _, _ in closed],
-            [stats for _, _, stats, _ in closed],
-            [rank.evidence for rank, _, _, _ in closed],
+            [rank.rank for rank in ranks],
+            stats,
+            [rank.evidence for rank in ranks],
             pace.fixed_samples,
-            [rank.link_rtt_s for rank, _, _, _ in closed],
+            [rank.link_rtt_s for rank in ranks],
         )
-        normal, queue, config = Verdict.NORMAL, self._judge.queue, self.config
-        for (rank, step, stats, opening), judgement in zip(closed, judged, strict=True):
-            if judgement.verdict is normal and rank.deviation is None:
-                queue(rank.rank, stats, rank.link_rtt_s)
-                self._looked(rank, judgement)
-                quiet_normal_window(rank, judgement, stats, config)
-            else:
-                transitions += self._judged_window(rank, step, now, (stats, judgement), opening)
+        normal = Verdict.NORMAL
+        quiet = [
+            j.verdict is normal and rank.deviation is None
+            for rank, j in zip(ranks, judged, strict=True)
+        ]
+        self._quiet_windows(list(compress(closed, quiet)), list(compress(judged, quiet)))
+        for (rank, step, window, opening), judgement, calm in zip(
+            closed, judged, quiet, strict=True
+        ):
+            if not calm:
+                transitions += self._judged_window(rank, step, now, (window, judgement), opening)
         return transitions
+
+    def _closed_many(
+        self, closing: list[tuple[RankMemory, int]], summaries: Summaries
+    ) -> list[tuple[RankMemory, int, WindowStats, bool]]:
+        """`_closed_window` of each rank of `closing`, at once (closes.py)."""
+        ranks = [rank for rank, _ in closing]
+        kept = cleared(ranks, summaries)
+        self._stats_changes += len(kept.at)
+        self._closed += len(kept.at)
+        self._pace.windows_closed([ranks[i] for i in kept.at], kept.stats, kept.slow_steps)
+        return [
+            (ranks[i], closing[i][1], stats, opening)
+            for i, stats, opening in zip(kept.at, kept.stats, kept.opening, strict=True)
+        ]
+
+    def _quiet_windows(
+        self, closed: list[tuple[RankMemory, int, WindowStats, bool]], judged: list[Judgement]
+    ) -> None:
+        """Windows judged NORMAL of ranks with no incident open (most ranks at most
+        closes): queued for the job's figures, each rank's judgement and streaks kept;
+        no transition."""
+        if len(closed) < MANY_CLOSES:
+            for (rank, _, window, _), judgement in zip(closed, judged, strict=True):
+                self._judge.queue(rank.rank, window, rank.link_rtt_s)
+                self._looked(rank, judgement)
+                quiet_normal_window(rank, judgement, window, self.config)
+            return
+        ranks = [rank for rank, _, _, _ in closed]
+        stats = [stats for _, _, stats, _ in closed]
+        self._judge.queue_many([r.rank for r in ranks], stats, [r.link_rtt_s for r in ranks])
+        quiet_normal(ranks, stats, judged, self.config, self._pace.config.slow_at)
 
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """Close the rank's full window: summarized, judged, its incident moved on."""

@@ -115,6 +115,16 @@ class Judge:
         figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)
         self._queued[rank] = figures
 
+    def queue_many(
+        self, ranks: Sequence[int], stats: Sequence[WindowStats], links: Sequence[float | None]
+    ) -> None:
+        """`queue` of each rank's window and link round trip, in order."""
+        again = [rank for rank in ranks if rank in self._queued]
+        for rank in again:
+            self._hold(rank, self._queued.pop(rank))
+        columns = zip(*map(_held_figures, stats), strict=True) if stats else [()] * 4
+        self._queued.update(zip(ranks, zip(*columns, links, strict=True), strict=True))
+
     def renew(self) -> bool:
         """The windows queued join the multisets and the reference is renewed; False
         when none was queued (nothing changed)."""
@@ -346,6 +356,8 @@ def _slow_evidence(evidence: Evidence) -> bool:
 
 
 _run = attrgetter("run")
+#: What `queue` keeps of a window (with the rank's link round trip): `Figures`.
+_held_figures = attrgetter("level", "busy_per_sample", "data_share", "comm_share")
 #: Windows judged together from which their figures are made over arrays.
 _MANY = 16
 

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 from operator import attrgetter
+
+import numpy as np
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many, fit_spans
@@ -65,6 +69,11 @@ class Pace:
         share = slow_steps / len(stats.rows)
         last = rank.slow_share
         rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
+        self._weigh_window(rank, stats)
+
+    def _weigh_window(self, rank: RankMemory, stats: WindowStats) -> None:
+        """The rank's evidence after its window `stats`: slow at once when the window's
+        median cost is `instant_ratio` x the reference."""
         before = rank.evidence
         if not self.reference or rank.settle_left or before.slow:
             return
@@ -72,6 +81,25 @@ class Pace:
         if after is not before:
             rank.evidence = after
             self.restart_history(rank)
+
+    def windows_closed(
+        self, ranks: Sequence[RankMemory], stats: Sequence[WindowStats], slow_steps: Sequence[int]
+    ) -> None:
+        """`window_closed` of each rank, over arrays: the same shares to the float; the
+        evidence weighed one by one only where a window's median cost is `instant_ratio`
+        x the reference (a close of a synchronous job is all its ranks)."""
+        self._changed.update(map(_rank_id, ranks))
+        lengths = np.fromiter(map(len, map(_rows, stats)), dtype=np.int64, count=len(stats))
+        share = np.asarray(slow_steps, dtype=np.int64) / lengths
+        last = np.array([math.nan if s is None else s for s in map(_slow_share, ranks)])
+        smoothed = np.where(np.isnan(last), share, last + SHARE_WEIGHT * (share - last))
+        deque(map(setattr, ranks, repeat("slow_share"), smoothed.tolist()), maxlen=0)
+        if not self.reference:
+            return
+        costs = np.fromiter(map(_cost, stats), dtype=np.float64, count=len(stats))
+        sudden = costs / self.reference >= self.config.instant_ratio
+        for i in np.flatnonzero(sudden).tolist():
+            self._weigh_window(ranks[i], stats[i])
 
     def restart_history(self, rank: RankMemory) -> None:
         """Its evidence turned it slow or back: its speed changed, and its model is
@@ -199,6 +227,8 @@ class Pace:
 
 
 _model = attrgetter("model")
+_rank_id, _rows, _cost = attrgetter("rank"), attrgetter("rows"), attrgetter("cost")
+_slow_share = attrgetter("slow_share")
 
 #: The steps a refit reads on either side of a history's latest change of batch size,
 #: in line_steps: the two sizes' levels measured as close in time as they can be, so that
