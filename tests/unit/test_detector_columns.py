@@ -8,6 +8,7 @@ per window; a step's events in any order, the same verdicts."""
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Iterable
 
 import pytest
@@ -18,7 +19,7 @@ from antdt.services.monitor.detector import MANY_CLOSES
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.stepcolumns import all_acceptable
-from antdt.services.monitor.windows import step_figures, summarize
+from antdt.services.monitor.windows import summarize
 
 JOB = "columns"
 RANKS, PER_HOST, STEPS = 12, 4, 140
@@ -145,18 +146,23 @@ def test_steps_of_another_job_or_with_no_rows_change_nothing() -> None:
     assert detector._ranks[0].last_step == -1  # nothing remembered
 
 
-def test_step_figures_are_the_window_properties_in_one_pass() -> None:
-    """What a health reads of each rank's window (memoized per window): the same floats."""
+def test_a_windows_step_figures_are_its_medians() -> None:
+    """What a health and the stall limit read of each rank's window: the medians of its
+    steps' times, samples, comm times and overheads (not below 0)."""
     rng = random.Random(5)
     for _ in range(50):
         rows = [
             (rng.choice((0, 16, 32)), rng.uniform(0.0, 0.05), rng.uniform(0.0, 0.01), m, s)
             for m, s in ((rng.uniform(0.0, 0.02), rng.uniform(0.0, 0.1)) for _ in range(8))
-        ]
+        ][: rng.choice((7, 8))]
         stats = summarize(rows, (), 0.0, ReferenceConfig())
         if stats is None:
             continue
-        assert step_figures(stats) == (stats.step_s, stats.samples, stats.comm_s, stats.overhead_s)
+        medians = [statistics.median(column) for column in list(zip(*rows, strict=True))[::-1]]
+        overhead = statistics.median(max(0.0, s - c - m) for _, c, _, m, s in rows)
+        expected = (medians[0], medians[4], medians[1], overhead, len(rows))
+        found = (stats.step_s, stats.samples, stats.comm_s, stats.overhead_s, stats.events)
+        assert repr(found) == repr(expected)
 
 
 def test_ranks_that_moved_stalled_or_exited_are_accepted_from_columns_as_one_by_one() -> None:

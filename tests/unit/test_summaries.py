@@ -1,7 +1,7 @@
 """`summarize_many` is `summarize` of each window, float for float: windows of one
 length with no costs before or a window's worth go through arrays, any other (short,
-unmeasured, NaN, a previous window of another length) alone; the step figures it makes
-with them are `step_figures`'."""
+unmeasured, NaN, a previous window of another length) alone, their step figures
+included."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.summaries import summarize_many
-from antdt.services.monitor.windows import Row, step_figures, summarize
+from antdt.services.monitor.windows import Row, summarize
 
 
 def _window(rng: random.Random, steps: int) -> list[Row]:
@@ -42,10 +42,7 @@ def test_many_windows_summarized_at_once_are_each_summarized_alone(seed: int) ->
     ]
     for fixed in (0.0, 6.5):
         alone = [summarize(w, p, fixed, config) for w, p in zip(windows, previous, strict=True)]
-        together, figures = summarize_many(windows, previous, fixed, config)
+        together = summarize_many(windows, previous, fixed, config)
         assert repr(together) == repr(alone)  # NaN included: the same floats
-        made = [(w, f) for w, f in zip(alone, figures, strict=True) if f is not None]
-        assert made or steps == 1 or not any(alone)
-        for stats, figure in made:
-            assert stats is not None and repr(figure) == repr(step_figures(stats))
-    assert summarize_many([], [], 0.0, config) == ([], [])
+        assert any(alone) or steps == 1
+    assert summarize_many([], [], 0.0, config) == []

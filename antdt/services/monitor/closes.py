@@ -17,7 +17,6 @@ import numpy as np
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.judge import Judgement
 from antdt.services.monitor.ranks import RankMemory
-from antdt.services.monitor.summaries import Summaries
 from antdt.services.monitor.windows import WindowStats
 
 _window, _slow_steps = attrgetter("window"), attrgetter("slow_steps")
@@ -36,28 +35,22 @@ class Kept(NamedTuple):
     opening: list[bool]  # the rank had no incident open
 
 
-def cleared(ranks: Sequence[RankMemory], summaries: Summaries) -> Kept:
+def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]) -> Kept:
     """Each rank's full window cleared and its slow steps counted afresh; a window with
     nothing measurable (no stats) is dropped, one in warm-up counted off; the others
-    become each rank's latest (`previous` costs, `stats`, their step figures)."""
+    become each rank's latest (`previous` costs, `stats`)."""
     _apply(ranks, list.clear, _window)
     slow = list(map(_slow_steps, ranks))
     _set(ranks, "slow_steps", repeat(0))
-    measured = list(map(is_not, summaries.stats, repeat(None)))
+    measured = list(map(is_not, summaries, repeat(None)))
     warming = [m and w > 0 for m, w in zip(measured, map(_warmup, ranks), strict=True)]
     for i in compress(range(len(ranks)), warming):
         ranks[i].warmup_left -= 1
     at = [i for i, (m, w) in enumerate(zip(measured, warming, strict=True)) if m and not w]
     kept = [ranks[i] for i in at]
-    stats: list[WindowStats] = [summaries.stats[i] for i in at]  # type: ignore[misc]
-    figures = [summaries.figures[i] for i in at]
+    stats: list[WindowStats] = [summaries[i] for i in at]  # type: ignore[misc]
     _set(kept, "previous", map(_costs, stats))
     _set(kept, "stats", stats)
-    _set(
-        kept,
-        "figures",
-        [None if f is None else (s, f) for s, f in zip(stats, figures, strict=True)],
-    )
     opening = list(map(is_, map(_deviation, kept), repeat(None)))
     return Kept(at, stats, [slow[i] for i in at], opening)
 

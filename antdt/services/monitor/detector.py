@@ -58,8 +58,8 @@ from antdt.services.monitor.stepcolumns import (
     all_acceptable,
     fields_of,
 )
-from antdt.services.monitor.summaries import Summaries, summarize_many
-from antdt.services.monitor.windows import Row, StepFigures, WindowStats, summarize
+from antdt.services.monitor.summaries import summarize_many
+from antdt.services.monitor.windows import Row, WindowStats, summarize
 
 #: Windows closing together from which they are closed at once (closes.py).
 MANY_CLOSES = 16
@@ -490,8 +490,8 @@ class JobDetector:
         else:
             closed = [
                 (rank, step, stats, opening)
-                for (rank, step), window, figures in zip(closing, *summaries, strict=True)
-                for stats, opening in self._closed_window(rank, window, figures)
+                for (rank, step), window in zip(closing, summaries, strict=True)
+                for stats, opening in self._closed_window(rank, window)
             ]
         ranks = [rank for rank, _, _, _ in closed]
         stats = [stats for _, _, stats, _ in closed]
@@ -516,7 +516,7 @@ class JobDetector:
         return transitions
 
     def _closed_many(
-        self, closing: list[tuple[RankMemory, int]], summaries: Summaries
+        self, closing: list[tuple[RankMemory, int]], summaries: list[WindowStats | None]
     ) -> list[tuple[RankMemory, int, WindowStats, bool]]:
         """`_closed_window` of each rank of `closing`, at once (closes.py)."""
         ranks = [rank for rank, _ in closing]
@@ -558,7 +558,7 @@ class JobDetector:
         return transitions
 
     def _closed_window(
-        self, rank: RankMemory, stats: WindowStats | None, figures: StepFigures | None = None
+        self, rank: RankMemory, stats: WindowStats | None
     ) -> tuple[tuple[WindowStats, bool], ...]:
         """The rank's full window, summarized as `stats` (its `step_figures` made with
         it, or None), cleared and counted: its stats and whether the rank had no incident
@@ -574,7 +574,6 @@ class JobDetector:
             return ()
         rank.previous, rank.stats = stats.costs, stats
         self._stats_changes += 1
-        rank.figures = None if figures is None else (stats, figures)
         opening = rank.deviation is None
         self._pace.window_closed(rank, stats, slow_steps)
         self._closed += 1

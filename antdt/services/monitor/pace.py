@@ -66,7 +66,7 @@ class Pace:
         of slow steps, smoothed; its evidence, slow at once when the window's median cost
         is `instant_ratio` x the reference."""
         self._changed.add(rank.rank)
-        share = slow_steps / len(stats.rows)
+        share = slow_steps / stats.events
         last = rank.slow_share
         rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
         self._weigh_window(rank, stats)
@@ -89,7 +89,7 @@ class Pace:
         evidence weighed one by one only where a window's median cost is `instant_ratio`
         x the reference (a close of a synchronous job is all its ranks)."""
         self._changed.update(map(_rank_id, ranks))
-        lengths = np.fromiter(map(len, map(_rows, stats)), dtype=np.int64, count=len(stats))
+        lengths = np.fromiter(map(_events, stats), dtype=np.int64, count=len(stats))
         share = np.asarray(slow_steps, dtype=np.int64) / lengths
         last = np.array([math.nan if s is None else s for s in map(_slow_share, ranks)])
         smoothed = np.where(np.isnan(last), share, last + SHARE_WEIGHT * (share - last))
@@ -227,7 +227,7 @@ class Pace:
 
 
 _model = attrgetter("model")
-_rank_id, _rows, _cost = attrgetter("rank"), attrgetter("rows"), attrgetter("cost")
+_rank_id, _events, _cost = attrgetter("rank"), attrgetter("events"), attrgetter("cost")
 _slow_share = attrgetter("slow_share")
 
 #: The steps a refit reads on either side of a history's latest change of batch size,

@@ -26,7 +26,7 @@ from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
-from antdt.services.monitor.windows import Row, StepFigures, WindowStats, step_figures
+from antdt.services.monitor.windows import Row, WindowStats
 
 #: Steps of a rank's history its speed model is fitted on.
 HISTORY_STEPS = 96
@@ -84,9 +84,6 @@ class RankMemory:
     helped: Counter[int] = field(default_factory=Counter)
     # its latest windows judged normal: a communication straggler's step time before onset
     normal_windows: deque[WindowStats] = field(default_factory=_normal_windows)
-    # step_figures of `stats`, made at the first read after each close (a memo: a health
-    # reads every rank's, about once a second, a window closes every W steps)
-    figures: tuple[WindowStats, StepFigures] | None = None
     # its speed model and when it was fitted: (its latest window, its history's epoch,
     # the job's fixed part, the model)
     model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
@@ -112,18 +109,8 @@ _OK, _UNKNOWN = RankState.OK, RankState.UNKNOWN  # read per rank per health
 
 def median_step_s(ranks: list[RankMemory]) -> float:
     """Median over ranks of their latest window's median step time; 0 before any."""
-    steps = [f.step_s for f in map(latest_figures, ranks) if f is not None]
+    steps = [s.step_s for s in map(_stats, ranks) if s is not None]
     return statistics.median(steps) if steps else 0.0
-
-
-def latest_figures(rank: RankMemory) -> StepFigures | None:
-    """`step_figures` of the rank's latest closed window (None: none yet)."""
-    stats, memo = rank.stats, rank.figures
-    if stats is None:
-        return None
-    if memo is None or memo[0] is not stats:
-        memo = rank.figures = (stats, step_figures(stats))
-    return memo[1]
 
 
 class JobFigures(NamedTuple):
@@ -139,8 +126,8 @@ def job_figures(ranks: list[RankMemory]) -> JobFigures:
     step_s; balance_efficiency T_ideal / step_s, T_ideal = B / sum(speeds) + min overhead
     + min comm (rebalancing removes neither the data wait nor the communication of the
     rank waited for)."""
-    measured = [r.stats for r in ranks if r.stats is not None]
-    figures = [f for f in map(latest_figures, ranks) if f is not None]
+    measured = [s for s in map(_stats, ranks) if s is not None]
+    figures = list(map(_figures, measured))
     steps, samples, comm, overhead = zip(*figures, strict=True) if figures else ((), (), (), ())
     step_s = statistics.median(steps) if figures else 0.0
     batch = sum(samples)
@@ -219,6 +206,7 @@ def _transposed(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]
 
 _own = attrgetter("rank", "host", "local_batch", "last_step")
 _stats, _judgement = attrgetter("stats"), attrgetter("judgement")
+_figures = attrgetter("step_s", "samples", "comm_s", "overhead_s")
 _window = attrgetter("samples_per_s", "compute_per_sample", "data_share", "comm_share")
 _NO_WINDOW, _NO_MODEL = (0.0, 0.0, 0.0, 0.0), (None, None)
 

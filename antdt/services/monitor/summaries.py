@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import chain
-from typing import Any, NamedTuple
+from itertools import chain, repeat
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.windows import Row, StepFigures, WindowStats, made_of, summarize
+from antdt.services.monitor.windows import Row, WindowStats, made_of, summarize
 
 Floats = npt.NDArray[np.float64]
-
-
-class Summaries(NamedTuple):
-    """Each window's `summarize`, and its `step_figures` where it was summarized with
-    others (None: to be made when read)."""
-
-    stats: list[WindowStats | None]
-    figures: list[StepFigures | None]
 
 
 def summarize_many(
@@ -31,16 +23,14 @@ def summarize_many(
     previous: Sequence[Sequence[float]],
     fixed_samples: float,
     config: ReferenceConfig,
-) -> Summaries:
+) -> list[WindowStats | None]:
     """`summarize(windows[i], previous[i], fixed_samples, config)` for every i. Windows
     of one length whose every step is measured, with no costs before or a window's
-    worth, go together (and their `step_figures` are made with them: a health reads
-    every rank's after each close); any other alone."""
+    worth, go together; any other alone."""
     n = len(windows)
     found: list[WindowStats | None] = [None] * n
-    figures: list[StepFigures | None] = [None] * n
     if not n:
-        return Summaries(found, figures)
+        return found
     length = len(windows[0])
     full = np.fromiter(map(len, windows), dtype=np.int64, count=n) == length
     before = np.fromiter(map(len, previous), dtype=np.int64, count=n)
@@ -49,8 +39,8 @@ def summarize_many(
     for before_length in dict.fromkeys((0, length)):
         members = np.flatnonzero(full & (before == before_length)).tolist()
         if members:
-            _summarize_block(windows, previous, members, (fixed_samples, config), found, figures)
-    return Summaries(found, figures)
+            _summarize_block(windows, previous, members, (fixed_samples, config), found)
+    return found
 
 
 def _summarize_block(
@@ -59,10 +49,9 @@ def _summarize_block(
     members: list[int],
     pace: tuple[float, ReferenceConfig],
     found: list[WindowStats | None],
-    figures: list[StepFigures | None],
 ) -> None:
     """`summarize_many` of `members`, windows of one length with as many costs before
-    each (none or a window's worth), into `found` and `figures` at their indices."""
+    each (none or a window's worth), into `found` at their indices."""
     fixed_samples, config = pace
     length, before_length = len(windows[members[0]]), len(previous[members[0]])
     block = as_block([windows[i] for i in members], (len(members), length, 5))
@@ -82,11 +71,10 @@ def _summarize_block(
         config.level_quantile,
     )
     ranks = [members[k] for k in keep.tolist()]
-    rows = map(tuple, map(windows.__getitem__, ranks))
-    stats = made_of(WindowStats, *made.T.tolist(), map(tuple, costs.tolist()), rows)
-    for i, summary, step in zip(ranks, stats, _step_figures(kept), strict=True):
+    events = repeat(length, len(ranks))
+    columns = (*made.T.tolist(), map(tuple, costs.tolist()), events, *_step_figures(kept))
+    for i, summary in zip(ranks, made_of(WindowStats, *columns), strict=True):
         found[i] = summary
-        figures[i] = step
 
 
 def as_block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
@@ -135,9 +123,9 @@ def _block_stats(
     return figures, costs
 
 
-def _step_figures(block: Floats) -> list[StepFigures]:
-    """`windows.step_figures` of each window: the same medians (a window of an odd
-    length keeps its median batch an int, as there)."""
+def _step_figures(block: Floats) -> list[list[float]]:
+    """`windows.step_figures` of each window, as four columns: the same medians (a
+    window of an odd length keeps its median batch an int, as there)."""
     samples, compute, comm, steps = block[:, :, 0], block[:, :, 1], block[:, :, 3], block[:, :, 4]
     overhead = (steps - compute) - comm
     overhead = np.where(overhead > 0.0, overhead, 0.0)
@@ -145,7 +133,7 @@ def _step_figures(block: Floats) -> list[StepFigures]:
     step_s, batch, comm_s, overhead_s = medians.T.tolist()
     if block.shape[1] % 2 == 1:
         batch = list(map(int, batch))
-    return list(made_of(StepFigures, step_s, batch, comm_s, overhead_s))
+    return [step_s, batch, comm_s, overhead_s]
 
 
 def _median(values: Floats) -> Floats:
@@ -172,4 +160,4 @@ def quantile_sorted_rows(ordered: Floats, q: float) -> Floats:
     return ordered[:, low] + (ordered[:, high] - ordered[:, low]) * (position - low)
 
 
-__all__ = ["Summaries", "as_block", "quantile_sorted_rows", "summarize_many"]
+__all__ = ["as_block", "quantile_sorted_rows", "summarize_many"]

@@ -33,16 +33,17 @@ T = TypeVar("T", bound=tuple[Any, ...])
 
 def made_of(cls: type[T], *columns: Iterable[Any]) -> Iterator[T]:
     """`cls(*row)` of each row of `columns` (of one length), for a NamedTuple `cls`:
-    `cls._make` without its Python frame. A close builds a WindowStats, a StepFigures
+    `cls._make` without its Python frame. A close builds a WindowStats
     and a Judgement per rank."""
     return map(tuple.__new__, repeat(cls), zip(*columns, strict=True))  # type: ignore[arg-type]
 
 
 class WindowStats(NamedTuple):
-    """One closed window of one rank (seconds, shares in [0, 1]). What the Judge compares
-    is computed at the close; what only JobHealth and the stall limit read, when read. A
-    NamedTuple: immutable, and cheaper to build than a dataclass. A step's cost is its
-    compute time per sample plus the job's fixed part: compute_s / (samples + fixed)."""
+    """One closed window of one rank (seconds, shares in [0, 1]), summarized at its
+    close: what the Judge compares, and the medians the health and the stall limit read.
+    A NamedTuple: immutable, and cheaper to build than a dataclass; it keeps no step of
+    its window (a job's close frees them all at once). A step's cost is its compute time
+    per sample plus the job's fixed part: compute_s / (samples + fixed)."""
 
     compute_per_sample: float  # median compute_s / samples: the health figures' speed
     busy_per_sample: float  # (compute_s + data_wait_s) / samples: time before the barrier
@@ -53,57 +54,24 @@ class WindowStats(NamedTuple):
     window_level: float  # the same over this window alone: over the reference, its ratio
     cost: float  # the median cost of this window: a rank this much slower is slow at once
     costs: tuple[float, ...]  # its steps' costs, ascending (the next window's level)
-    rows: tuple[Row, ...]  # the window's steps
+    events: int  # the window's steps
+    step_s: float  # median step time
+    samples: float  # median samples per step (an int when the window's length is odd)
+    comm_s: float  # median comm_s
+    overhead_s: float  # median step_s - compute_s - comm_s: data wait plus the unclaimed
 
     @property
     def samples_per_s(self) -> float:
         """Compute throughput: samples per second of forward+backward."""
         return 1.0 / self.compute_per_sample
 
-    @property
-    def events(self) -> int:
-        return len(self.rows)
 
-    @property
-    def samples(self) -> float:
-        """Samples per step."""
-        return _median([n for n, _, _, _, _ in self.rows])
-
-    @property
-    def step_s(self) -> float:
-        return _median([s for _, _, _, _, s in self.rows])
-
-    @property
-    def comm_s(self) -> float:
-        return _median([m for _, _, _, m, _ in self.rows])
-
-    @property
-    def overhead_s(self) -> float:
-        """step_s - compute_s - comm_s: data wait plus time no stage claims."""
-        return _median([max(0.0, s - c - m) for _, c, _, m, s in self.rows])
-
-    @property
-    def data_per_sample(self) -> float:
-        return _median([d / n for n, c, d, _, _ in self.rows if n > 0 and c > 0])
-
-
-class StepFigures(NamedTuple):
-    """A window's medians that only the health and the stall limit read (WindowStats'
-    properties of the same names), made in one pass."""
-
-    step_s: float
-    samples: float
-    comm_s: float
-    overhead_s: float
-
-
-def step_figures(stats: WindowStats) -> StepFigures:
-    """`stats.step_s`, `.samples`, `.comm_s` and `.overhead_s`, the same floats: the
-    rows transposed and subtracted at C speed (`max(0.0, x)` is `x if x > 0.0 else 0.0`,
-    NaN included)."""
-    samples, compute, _, comm, steps = map(list, zip(*stats.rows, strict=True))
+def step_figures(rows: Sequence[Row]) -> tuple[float, float, float, float]:
+    """A window's median step time, samples, comm time and overhead (step_s - compute_s -
+    comm_s, at least 0; `x if x > 0.0 else 0.0` keeps a NaN), over its rows' columns."""
+    samples, compute, _, comm, steps = map(list, zip(*rows, strict=True))
     overhead = [x if x > 0.0 else 0.0 for x in map(sub, map(sub, steps, compute), comm)]
-    return StepFigures(_median(steps), _median(samples), _median(comm), _median(overhead))
+    return _median(steps), _median(samples), _median(comm), _median(overhead)
 
 
 def summarize(
@@ -183,6 +151,7 @@ def _stats(
     itself when `unfixed`: no fixed part), the busy, data and comm figures per step."""
     busy, data_share, comm_share = parts
     q = config.level_quantile
+    figures = step_figures(rows)
     return WindowStats(
         compute_per_sample=compute_per_sample,
         busy_per_sample=_median(busy),
@@ -192,7 +161,11 @@ def _stats(
         window_level=quantile_sorted(costs, q),
         cost=compute_per_sample if unfixed else _median(costs),
         costs=tuple(costs),
-        rows=tuple(rows),
+        events=len(rows),
+        step_s=figures[0],
+        samples=figures[1],
+        comm_s=figures[2],
+        overhead_s=figures[3],
     )
 
 
