@@ -1,14 +1,16 @@
 """`summarize_many` is `summarize` of each window, float for float: windows of one
 length with no costs before or a window's worth go through arrays, any other (short,
 unmeasured, NaN, a previous window of another length) alone, their step figures
-included."""
+included; the windows read where they lie, rows of a job's OpenWindows."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.summaries import summarize_many
 from antdt.services.monitor.windows import Row, summarize
@@ -35,14 +37,32 @@ def test_many_windows_summarized_at_once_are_each_summarized_alone(seed: int) ->
     rng = random.Random(seed)
     config = ReferenceConfig(level_quantile=rng.choice((0.25, 0.5, 0.1)))
     steps = rng.choice((8, 7, 1, 2))
-    windows = [_window(rng, steps if rng.random() < 0.95 else steps + 1) for _ in range(60)]
+    windows = [_window(rng, steps if rng.random() < 0.95 else steps - 1) for _ in range(60)]
     previous = [
         tuple(sorted(rng.uniform(0.0005, 0.002) for _ in range(rng.choice((0, steps, steps, 3)))))
         for _ in windows
     ]
+    block = OpenWindows(len(windows) + 2, steps)
+    rows = np.array(rng.sample(range(len(windows) + 2), len(windows)), dtype=np.int64)
+    for row, window in zip(rows.tolist(), windows, strict=True):
+        for step in window:
+            block.row(row).append(step)
     for fixed in (0.0, 6.5):
         alone = [summarize(w, p, fixed, config) for w, p in zip(windows, previous, strict=True)]
-        together = summarize_many(windows, previous, fixed, config)
+        together = summarize_many(block, rows, previous, fixed, config)
         assert repr(together) == repr(alone)  # NaN included: the same floats
         assert any(alone) or steps == 1
-    assert summarize_many([], [], 0.0, config) == []
+    assert summarize_many(block, rows[:0], [], 0.0, config) == []
+
+
+def test_an_open_window_reads_back_its_steps_and_joins_many_at_once() -> None:
+    block = OpenWindows(3, 2)
+    block.row(1).append((32, 0.5, 0.25, 0.125, 1.0))
+    assert block.add(
+        np.array([2, 1]), [16, 8], ([0.1, 0.2], [0.0, 0.0], [0.3, 0.4], [1.0, 2.0])
+    ).tolist() == [1, 2]
+    assert block.row(1).rows() == [(32, 0.5, 0.25, 0.125, 1.0), (8, 0.2, 0.0, 0.4, 2.0)]
+    assert block.row(2).rows() == [(16, 0.1, 0.0, 0.3, 1.0)] and not block.row(0)
+    assert [type(n) for n, *_ in block.row(1)] == [int, int]
+    block.clear(np.array([1]))
+    assert len(block.row(1)) == 0 and len(block.row(2)) == 1

@@ -19,7 +19,7 @@ from antdt.services.monitor.judge import Judgement
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.windows import WindowStats
 
-_window, _slow_steps = attrgetter("window"), attrgetter("slow_steps")
+_slow_steps = attrgetter("slow_steps")
 _warmup = attrgetter("warmup_left")
 _deviation, _costs, _ratio = attrgetter("deviation"), attrgetter("costs"), attrgetter("ratio")
 _normal_windows, _slow_looking = attrgetter("normal_windows"), attrgetter("slow_looking")
@@ -36,10 +36,9 @@ class Kept(NamedTuple):
 
 
 def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]) -> Kept:
-    """Each rank's full window cleared and its slow steps counted afresh; a window with
-    nothing measurable (no stats) is dropped, one in warm-up counted off; the others
-    become each rank's latest (`previous` costs, `stats`)."""
-    _apply(ranks, list.clear, _window)
+    """Each rank's slow steps counted afresh (its window cleared by the caller); a
+    window with nothing measurable (no stats) is dropped, one in warm-up counted off;
+    the others become each rank's latest (`previous` costs, `stats`)."""
     slow = list(map(_slow_steps, ranks))
     _set(ranks, "slow_steps", repeat(0))
     measured = list(map(is_not, summaries, repeat(None)))
@@ -80,10 +79,6 @@ def quiet_normal(
 def _set(ranks: Sequence[RankMemory], name: str, values: object) -> None:
     """`setattr(rank, name, value)` of each rank and value, at C speed."""
     deque(map(setattr, ranks, repeat(name), values), maxlen=0)  # type: ignore[call-overload]
-
-
-def _apply(ranks: Sequence[RankMemory], method: object, get: attrgetter[object]) -> None:
-    deque(map(method, map(get, ranks)), maxlen=0)  # type: ignore[call-overload]
 
 
 __all__ = ["Kept", "cleared", "quiet_normal"]

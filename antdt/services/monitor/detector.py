@@ -10,6 +10,8 @@ import math
 from collections import Counter
 from itertools import compress
 
+import numpy as np
+
 from antdt.schemas import (
     Incident,
     JobHealth,
@@ -37,6 +39,7 @@ from antdt.services.monitor.onepiece import (
     judged_in_one_piece,
 )
 from antdt.services.monitor.openincidents import OpenIncidents
+from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import (
     HISTORY_STEPS,
@@ -85,8 +88,14 @@ class JobDetector:
         self.discarded_windows = 0
         warmup = self.config.warmup_windows
         self._histories = Histories(world_size, HISTORY_STEPS)
+        self._windows = OpenWindows(world_size, self.config.window)
         self._ranks = [
-            RankMemory(rank, warmup_left=warmup, history=self._histories.row(rank))
+            RankMemory(
+                rank,
+                warmup_left=warmup,
+                history=self._histories.row(rank),
+                window=self._windows.row(rank),
+            )
             for rank in range(world_size)
         ]
         self._stats_changes = 0  # times a rank's latest window (`stats`) changed
@@ -195,7 +204,7 @@ class JobDetector:
         done = account_plain(
             columns,
             memories,
-            self._histories,
+            (self._histories, self._windows),
             now,
             (pace.slow_cost, pace.fixed_samples, self._window_steps),
         )
@@ -482,10 +491,11 @@ class JobDetector:
         """Close the full windows of `closing` (each rank's, at its step), summarized at
         once; the transitions that caused, in `closing`'s order."""
         pace, transitions = self._pace, []
-        windows = [rank.window for rank, _ in closing]
+        rows = np.fromiter((rank.rank for rank, _ in closing), dtype=np.int64, count=len(closing))
         previous = [rank.previous for rank, _ in closing]
-        summaries = summarize_many(windows, previous, pace.fixed_samples, pace.config)
+        summaries = summarize_many(self._windows, rows, previous, pace.fixed_samples, pace.config)
         if len(closing) >= MANY_CLOSES:
+            self._windows.clear(rows)
             closed = self._closed_many(closing, summaries)
         else:
             closed = [
@@ -549,7 +559,7 @@ class JobDetector:
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """Close the rank's full window: summarized, judged, its incident moved on."""
         pace = self._pace
-        window = summarize(rank.window, rank.previous, pace.fixed_samples, pace.config)
+        window = summarize(rank.window.rows(), rank.previous, pace.fixed_samples, pace.config)
         transitions = []
         for stats, opening in self._closed_window(rank, window):
             figures = (rank.rank, stats, rank.evidence, pace.fixed_samples, rank.link_rtt_s)

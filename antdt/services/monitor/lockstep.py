@@ -17,11 +17,11 @@ from typing import NamedTuple
 import numpy as np
 
 from antdt.services.monitor.history import Histories
+from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.stepcolumns import StepColumns
 
 _stall, _exited, _plan, _host = (attrgetter(a) for a in ("stall", "exited", "window_plan", "host"))
-_window = attrgetter("window")
 _settle, _score = attrgetter("settle_left"), itemgetter(0)
 _evidence = attrgetter("evidence")
 
@@ -53,15 +53,15 @@ def is_plain(columns: StepColumns, memories: Sequence[RankMemory]) -> bool:
 def account_plain(
     columns: StepColumns,
     memories: Sequence[RankMemory],
-    histories: Histories,
+    blocks: tuple[Histories, OpenWindows],
     now: float,
     pace: tuple[float, float, int],
 ) -> Accounted:
-    """Each row into its rank's memory (latest step, times, batch, link), window and
-    history (row r of `histories` is rank r's); `is_plain` must hold of rows of distinct
-    ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in samples
-    and window length."""
-    c = columns
+    """Each row into its rank's memory (latest step, times, batch, link), open window and
+    history (row r of each of `blocks` is rank r's); `is_plain` must hold of rows of
+    distinct ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in
+    samples and window length."""
+    c, (histories, windows) = columns, blocks
     slow_cost, fixed_samples, window_steps = pace
     samples, compute = _as_judged(c)
     for name, values in (
@@ -78,14 +78,13 @@ def account_plain(
         for memory, link in zip(memories, links, strict=True):
             if link is not None:
                 memory.link_rtt_s = link
-    windows = list(map(_window, memories))
-    rows = zip(samples, compute, c.data_wait_s, c.comm_s, c.step_s, strict=True)
-    deque(map(list.append, windows, rows), maxlen=0)
+    ranks = np.asarray(c.rank, dtype=np.int64)
+    lengths = windows.add(ranks, samples, (compute, c.data_wait_s, c.comm_s, c.step_s))
     n = np.asarray(samples, dtype=np.float64)
     t = np.asarray(compute, dtype=np.float64)
     measured = (n > 0) & (t > 0)
     if measured.all():
-        histories.add(np.asarray(c.rank, dtype=np.int64), samples, compute)
+        histories.add(ranks, samples, compute)
     else:
         for i in np.flatnonzero(measured).tolist():
             memories[i].history.add(samples[i], compute[i])
@@ -93,7 +92,6 @@ def account_plain(
     scored = np.asarray(list(map(_score, map(_evidence, memories))), dtype=np.float64) != 0.0
     slow = t >= slow_cost * (n + fixed_samples)
     weigh = np.flatnonzero(measured & (settling | scored | slow)).tolist()
-    lengths = np.fromiter(map(len, windows), dtype=np.int64, count=len(windows))
     full = np.flatnonzero(lengths >= window_steps).tolist()
     return Accounted(weigh, full, samples, compute)
 

@@ -22,11 +22,13 @@ from antdt.schemas import (
     RankState,
     trusted,
 )
+from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
+from antdt.services.monitor.openwindows import OpenWindow
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
-from antdt.services.monitor.windows import Row, WindowStats
+from antdt.services.monitor.windows import WindowStats
 
 #: Steps of a rank's history its speed model is fitted on.
 HISTORY_STEPS = 96
@@ -36,6 +38,10 @@ NORMAL_WINDOWS = 3
 
 def _history() -> History:
     return History(HISTORY_STEPS)
+
+
+def _open_window() -> OpenWindow:
+    return OpenWindow.alone(DetectorConfig().window)
 
 
 def _normal_windows() -> deque[WindowStats]:
@@ -52,7 +58,7 @@ class RankMemory:
     last_ended_at: float = 0.0
     last_seen_at: float | None = None  # control-plane time of its latest accepted event
     local_batch: int = 0
-    window: list[Row] = field(default_factory=list)  # the open window's figures
+    window: OpenWindow = field(default_factory=_open_window)  # the open window's figures
     window_plan: int = 0  # plan version of the open window's steps
     previous: tuple[float, ...] = ()  # costs of the window before, at the same batch
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)

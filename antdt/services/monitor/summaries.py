@@ -12,69 +12,78 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.windows import Row, WindowStats, made_of, summarize
 
 Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 
 
 def summarize_many(
-    windows: Sequence[Sequence[Row]],
+    windows: OpenWindows,
+    rows: Ints,
     previous: Sequence[Sequence[float]],
     fixed_samples: float,
     config: ReferenceConfig,
 ) -> list[WindowStats | None]:
-    """`summarize(windows[i], previous[i], fixed_samples, config)` for every i. Windows
-    of one length whose every step is measured, with no costs before or a window's
-    worth, go together; any other alone."""
-    n = len(windows)
+    """`summarize` of the open window of each of `rows` of `windows`, with `previous[i]`
+    the costs before row i's, read where they lie. Full windows whose every step is
+    measured, with no costs before or a window's worth, go together; any other alone."""
+    n = len(rows)
     found: list[WindowStats | None] = [None] * n
     if not n:
         return found
-    length = len(windows[0])
-    full = np.fromiter(map(len, windows), dtype=np.int64, count=n) == length
+    samples, times, count = windows.block(rows)
+    block = np.concatenate((samples[:, :, None].astype(np.float64), times), axis=2)
+    length = windows.length
+    full = count == length
     before = np.fromiter(map(len, previous), dtype=np.int64, count=n)
-    for i in np.flatnonzero(~full | ((before != 0) & (before != length))).tolist():
-        found[i] = summarize(windows[i], previous[i], fixed_samples, config)
+    alone = ~full | ((before != 0) & (before != length))
     for before_length in dict.fromkeys((0, length)):
-        members = np.flatnonzero(full & (before == before_length)).tolist()
-        if members:
-            _summarize_block(windows, previous, members, (fixed_samples, config), found)
+        members = np.flatnonzero(full & (before == before_length))
+        if len(members):
+            alone[members] |= ~_block_stats_into(
+                block, members, previous, found, fixed_samples, config
+            )
+    for i in np.flatnonzero(alone).tolist():
+        steps = _rows(samples[i, : count[i]].tolist(), times[i, : count[i]].tolist())
+        found[i] = summarize(steps, previous[i], fixed_samples, config)
     return found
 
 
-def _summarize_block(
-    windows: Sequence[Sequence[Row]],
+def _rows(samples: list[int], times: list[list[float]]) -> list[Row]:
+    return [(n, c, d, m, s) for n, (c, d, m, s) in zip(samples, times, strict=True)]
+
+
+def _block_stats_into(
+    block: Floats,
+    members: Ints,
     previous: Sequence[Sequence[float]],
-    members: list[int],
-    pace: tuple[float, ReferenceConfig],
     found: list[WindowStats | None],
-) -> None:
-    """`summarize_many` of `members`, windows of one length with as many costs before
-    each (none or a window's worth), into `found` at their indices."""
-    fixed_samples, config = pace
-    length, before_length = len(windows[members[0]]), len(previous[members[0]])
-    block = as_block([windows[i] for i in members], (len(members), length, 5))
-    costs_before = as_block([previous[i] for i in members], (len(members), before_length))
-    measured = _measured(block)
-    for i, ok in zip(members, measured.tolist(), strict=True):
-        if not ok:
-            found[i] = summarize(windows[i], previous[i], fixed_samples, config)
-    keep = np.flatnonzero(measured)
+    fixed_samples: float,
+    config: ReferenceConfig,
+) -> Bools:
+    """The stats of `members` (rows of `block`, full windows with as many costs before
+    each: none or a window's worth) into `found` at their indices, for those whose every
+    step is measured: which were."""
+    length, before_length = block.shape[1], len(previous[int(members[0])])
+    windows = block[members]
+    measured = _measured(windows)
+    keep = members[measured]
     if not len(keep):
-        return
-    kept = block[keep]
-    made, costs = _block_stats(
-        kept,
-        costs_before[keep] if before_length else None,
-        fixed_samples,
-        config.level_quantile,
-    )
-    ranks = [members[k] for k in keep.tolist()]
-    events = repeat(length, len(ranks))
+        return measured
+    kept = windows[measured]
+    costs_before = None
+    if before_length:
+        costs_before = as_block([previous[i] for i in keep.tolist()], (len(keep), before_length))
+    made, costs = _block_stats(kept, costs_before, fixed_samples, config.level_quantile)
+    events = repeat(length, len(keep))
     columns = (*made.T.tolist(), map(tuple, costs.tolist()), events, *_step_figures(kept))
-    for i, summary in zip(ranks, made_of(WindowStats, *columns), strict=True):
+    for i, summary in zip(keep.tolist(), made_of(WindowStats, *columns), strict=True):
         found[i] = summary
+    return measured
 
 
 def as_block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
