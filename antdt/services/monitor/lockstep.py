@@ -3,8 +3,9 @@ columns at C speed (`map` over the ranks' memories, numpy for the slow-step test
 steady state of a synchronous job, every rank at the same step. Pure, no clock.
 
 `account_plain` does what the detector's row-by-row path does to each row, but the
-evidence: it hands back the rows whose evidence must be weighed (a slow step, a score
-to wear off, a batch change settling) and the rows whose window is full."""
+evidence: it counts down the steps of a batch change settling and hands back the rows
+whose evidence must be weighed (a slow step, a score to wear off) and the rows whose
+window is full."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ _evidence = attrgetter("evidence")
 class Accounted(NamedTuple):
     """What `account_plain` leaves to the detector: row indices, ascending."""
 
-    weigh: list[int]  # rows whose evidence is to be weighed (`JobDetector._weigh`)
+    weigh: list[int]  # rows whose evidence is to be weighed (`JobDetector._weigh`), none
+    # settling after a batch change (their step to settle counted here, as `_weigh` does)
     full: list[int]  # rows whose window is full: to close
     samples: list[int]  # the rows' samples and compute times as judged (one piece)
     compute_s: list[float]
@@ -88,10 +90,18 @@ def account_plain(
     else:
         for i in np.flatnonzero(measured).tolist():
             memories[i].history.add(samples[i], compute[i])
-    settling = np.asarray(list(map(_settle, memories)), dtype=np.int64) > 0
+    settle = np.asarray(list(map(_settle, memories)), dtype=np.int64)
+    settling = measured & (settle > 0)
+    if settling.any():  # `_weigh` of a settling rank: a step less to settle, nothing else
+        at = np.flatnonzero(settling)
+        left = (settle[at] - 1).tolist()
+        deque(
+            map(setattr, map(memories.__getitem__, at.tolist()), repeat("settle_left"), left),
+            maxlen=0,
+        )
     scored = np.asarray(list(map(_score, map(_evidence, memories))), dtype=np.float64) != 0.0
     slow = t >= slow_cost * (n + fixed_samples)
-    weigh = np.flatnonzero(measured & (settling | scored | slow)).tolist()
+    weigh = np.flatnonzero(measured & ~settling & (scored | slow)).tolist()
     full = np.flatnonzero(lengths >= window_steps).tolist()
     return Accounted(weigh, full, samples, compute)
 
