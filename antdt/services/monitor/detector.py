@@ -43,6 +43,7 @@ from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import (
     HISTORY_STEPS,
+    ColumnsMemo,
     JobFigures,
     JobProgress,
     RankMemory,
@@ -101,6 +102,7 @@ class JobDetector:
         self._stats_changes = 0  # times a rank's latest window (`stats`) changed
         # the health's job figures, and the `_stats_changes` they were made at
         self._figures = (-1, JobFigures(0.0, 0.0, 1.0))
+        self._columns = ColumnsMemo()  # the health's columns of windows and models
         self._judge = Judge(self.config)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
@@ -366,7 +368,8 @@ class JobDetector:
             open_incidents=self._open.ids,
         )
         models = self._pace.models(self._ranks)
-        return job_health(self._ranks, progress, models, self._job_figures())
+        memo = (self._columns, self._stats_changes)
+        return job_health(self._ranks, progress, models, self._job_figures(), memo)
 
     def _job_figures(self) -> JobFigures:
         """The job's figures, made again only when some rank's latest window changed

@@ -9,9 +9,11 @@ import statistics
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import attrgetter, truediv
+from itertools import compress, repeat
+from operator import attrgetter, is_, truediv
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from antdt.schemas import (
     ExitReason,
@@ -152,10 +154,12 @@ def job_health(
     progress: JobProgress,
     models: Sequence[SpeedModel | None],
     figures: JobFigures | None = None,
+    memo: tuple[ColumnsMemo, int] | None = None,
 ) -> JobHealth:
     """The job's health from each rank's latest closed window and speed model (`models`,
     by rank; None: not fitted), and the job's `figures` (`job_figures`, made here when
-    not given)."""
+    not given); `memo`, the columns kept from the last health and the count of window
+    changes now (`rank_columns`)."""
     if len(models) != len(ranks):
         raise ValueError(f"{len(models)} models for {len(ranks)} ranks")
     job = job_figures(ranks) if figures is None else figures
@@ -169,33 +173,78 @@ def job_health(
             "samples_per_s": job.samples_per_s,
             "balance_efficiency": job.balance_efficiency,
             "plan_version": progress.plan_version,
-            "ranks": rank_columns(ranks, models),
+            "ranks": rank_columns(ranks, models, *(memo or (None, None))),
             "open_incidents": progress.open_incidents,
         },
     )
 
 
-def rank_columns(ranks: list[RankMemory], models: Sequence[SpeedModel | None]) -> RankColumns:
+class ColumnsMemo:
+    """A health's columns kept for the next: those of the ranks' latest windows and
+    judgements, made at a count of window changes (`windows_at`, the detector's: a
+    window closes every W steps, a health comes up to every step), and those of their
+    models, made of models the same by identity."""
+
+    __slots__ = ("model_columns", "models", "window_columns", "windows_at")
+
+    def __init__(self) -> None:
+        self.windows_at: int | None = None  # None: keep nothing
+        self.window_columns: tuple[tuple[Any, ...], ...] | None = None
+        self.models: list[SpeedModel | None] = []
+        self.model_columns: tuple[tuple[Any, ...], ...] = ((), ())
+
+    def windows(self, ranks: list[RankMemory], at: int | None) -> tuple[tuple[Any, ...], ...]:
+        """Per rank, its window's samples_per_s, compute per sample, data and comm
+        shares, its judgement's ratio, and its state when no incident or exit says
+        otherwise (OK once measured)."""
+        if at is None or at != self.windows_at or self.window_columns is None:
+            self.windows_at, self.window_columns = at, _window_columns(ranks)
+        return self.window_columns
+
+    def of_models(self, models: Sequence[SpeedModel | None]) -> tuple[tuple[Any, ...], ...]:
+        """Per rank, its model's fixed_s and per_sample_s (None: no model)."""
+        kept = self.models
+        if len(kept) != len(models) or not all(map(is_, kept, models)):
+            parts = [_NO_MODEL if m is None else (m.fixed_s, m.per_sample_s) for m in models]
+            self.models, self.model_columns = list(models), tuple(_transposed(parts, 2))
+        return self.model_columns
+
+
+def _window_columns(ranks: list[RankMemory]) -> tuple[tuple[Any, ...], ...]:
+    stats = list(map(_stats, ranks))
+    windows = [_NO_WINDOW if s is None else _window(s) for s in stats]
+    ratio = tuple(1.0 if j is None else j.ratio for j in map(_judgement, ranks))
+    calm = tuple(_UNKNOWN if s is None else _OK for s in stats)
+    return (*_transposed(windows, 4), ratio, calm)
+
+
+def rank_columns(
+    ranks: list[RankMemory],
+    models: Sequence[SpeedModel | None],
+    memo: ColumnsMemo | None = None,
+    windows_at: int | None = None,
+) -> RankColumns:
     """The ranks' figures as the health's columns, built `trusted`: they are the
     detector's own (shares clamped, speeds positive), and the receiver of the health
-    validates them anyway. Each group of columns is made in one pass and transposed."""
+    validates them anyway. Each group of columns is made in one pass and transposed;
+    those of windows and models come from `memo` while they hold (`windows_at`: the
+    count of window changes now; None: made afresh)."""
+    memo = memo or ColumnsMemo()
     rank, host, batch, last = _transposed(list(map(_own, ranks)), 4)
-    windows = [_NO_WINDOW if s is None else _window(s) for s in map(_stats, ranks)]
-    samples_per_s, per_sample, data, comm = _transposed(windows, 4)
-    parts = [_NO_MODEL if m is None else (m.fixed_s, m.per_sample_s) for m in models]
-    fixed_s, per_sample_s = _transposed(parts, 2)
+    samples_per_s, per_sample, data, comm, ratio, calm = memo.windows(ranks, windows_at)
+    fixed_s, per_sample_s = memo.of_models(models)
     helped = {r.rank: dict(r.helped) for r in ranks if r.helped}
     return trusted(
         RankColumns,
         {
             "rank": rank,
             "host": host,
-            "state": tuple(map(rank_state, ranks)),
-            "last_step": tuple(step if step > 0 else 0 for step in last),
+            "state": _states(ranks, calm),
+            "last_step": tuple(np.maximum(np.array(last, dtype=np.int64), 0).tolist()),
             "local_batch": batch,
             "samples_per_s": samples_per_s,
             "compute_s_per_sample": per_sample,
-            "ratio": tuple(1.0 if j is None else j.ratio for j in map(_judgement, ranks)),
+            "ratio": ratio,
             "data_wait_share": data,
             "comm_share": comm,
             "fixed_s": fixed_s,
@@ -205,6 +254,22 @@ def rank_columns(ranks: list[RankMemory], models: Sequence[SpeedModel | None]) -
     )
 
 
+def _states(ranks: list[RankMemory], calm: tuple[RankState, ...]) -> tuple[RankState, ...]:
+    """`rank_state` of each rank: `calm` (OK or UNKNOWN) but where an exit, a stall or an
+    incident says otherwise."""
+    exits, stalls, incidents = map(_exited, ranks), map(_stall, ranks), map(_deviation, ranks)
+    said = [
+        e is not None or s is not None or d is not None
+        for e, s, d in zip(exits, stalls, incidents, strict=True)
+    ]
+    if not any(said):
+        return calm
+    states = list(calm)
+    for i in compress(range(len(ranks)), said):
+        states[i] = rank_state(ranks[i])
+    return tuple(states)
+
+
 def _transposed(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]]:
     """The columns of `rows`, each `width` long (none: `width` empty columns)."""
     return list(zip(*rows, strict=True)) if rows else [()] * width
@@ -212,6 +277,7 @@ def _transposed(rows: list[tuple[Any, ...]], width: int) -> list[tuple[Any, ...]
 
 _own = attrgetter("rank", "host", "local_batch", "last_step")
 _stats, _judgement = attrgetter("stats"), attrgetter("judgement")
+_exited, _stall, _deviation = attrgetter("exited"), attrgetter("stall"), attrgetter("deviation")
 _figures = attrgetter("step_s", "samples", "comm_s", "overhead_s")
 _window = attrgetter("samples_per_s", "compute_per_sample", "data_share", "comm_share")
 _NO_WINDOW, _NO_MODEL = (0.0, 0.0, 0.0, 0.0), (None, None)
