@@ -79,7 +79,7 @@ class _Loop:
         self.watched = not getattr(self.policy, "observes_only", False)
         self.hosts = {r: f"node{r // scenario.ranks_per_node}" for r in range(scenario.ranks)}
         self.host_names = [self.hosts[r] for r in range(scenario.ranks)]
-        self.rank_ids = list(range(scenario.ranks))
+        self.rank_ids = np.arange(scenario.ranks, dtype=np.int64)
         self.spares = [f"spare{i}" for i in range(scenario.spares)]
         self.restart_ledger = RestartLedger()
         self.last_action_at: float | None = None
@@ -95,16 +95,16 @@ class _Loop:
             JOB,
             self.rank_ids,
             self.host_names,
-            [s] * n,
-            [self.plan.version] * n,
-            self.batches.astype(np.int64).tolist(),
-            [now - wall] * n,
-            [now] * n,
-            np.rint(done.samples).astype(np.int64).tolist(),
-            done.busy_s.tolist(),
-            [0.0] * n,
-            np.maximum(0.0, wall - done.busy_s).tolist(),
-            [wall] * n,
+            np.full(n, s, dtype=np.int64),
+            np.full(n, self.plan.version, dtype=np.int64),
+            self.batches.astype(np.int64),
+            np.full(n, now - wall),
+            np.full(n, now),
+            np.rint(done.samples).astype(np.int64),
+            done.busy_s,
+            np.zeros(n),
+            np.maximum(0.0, wall - done.busy_s),
+            np.full(n, wall),
             (self.scenario.link_rtt_s * link).tolist(),
             _one_piece(done),
         )

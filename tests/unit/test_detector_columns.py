@@ -11,14 +11,15 @@ import random
 import statistics
 from collections.abc import Iterable
 
+import numpy as np
 import pytest
 
 from antdt.schemas import Incident, JobHealth
-from antdt.services.monitor import JobDetector, StepColumns
+from antdt.services.monitor import JobDetector
 from antdt.services.monitor.detector import MANY_CLOSES
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.stepcolumns import all_acceptable
+from antdt.services.monitor.stepcolumns import StepColumns, all_acceptable, arrays_of
 from antdt.services.monitor.windows import summarize
 
 JOB = "columns"
@@ -94,7 +95,8 @@ def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_pi
     one, batched = JobDetector(JOB, RANKS), JobDetector(JOB, RANKS)
     bulk = 0
     for now, columns in _stream(seed, rtt, one_piece):
-        bulk += all_acceptable(columns, batched._ranks, JOB)
+        arrays = arrays_of(columns)
+        bulk += arrays is not None and all_acceptable(columns, arrays, batched._ranks, JOB)
         expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
         assert _as_said(batched.ingest_step(columns, now)) == _as_said(expected)
         assert _same_health(batched.health(now), one.health(now))
@@ -106,14 +108,22 @@ def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_pi
     assert JobHealth.model_validate_json(health.model_dump_json()) == health
 
 
-@pytest.mark.parametrize(("seed", "one_piece"), [(11, False), (12, True)])
-def test_a_step_of_many_ranks_is_its_events_one_by_one(seed: int, one_piece: bool) -> None:
+@pytest.mark.parametrize(
+    ("seed", "one_piece", "arrays"), [(11, False, False), (12, True, False), (13, True, True)]
+)
+def test_a_step_of_many_ranks_is_its_events_one_by_one(
+    seed: int, one_piece: bool, arrays: bool
+) -> None:
     """Enough ranks that a step's windows close at once (closes.py) and are judged over
-    arrays: the same transitions, health, and every rank's memory, step by step."""
+    arrays: the same transitions, health, and every rank's memory, step by step; with
+    `arrays`, the numeric columns given as numpy arrays (a simulator's), which leave
+    Python numbers in the memories."""
     ranks = 4 * MANY_CLOSES
     one, batched = JobDetector(JOB, ranks), JobDetector(JOB, ranks)
     closes_at_once = 0
     for now, columns in _stream(seed, True, one_piece, ranks=ranks, missing=0.003):
+        if arrays:
+            columns = _as_arrays(columns)
         expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
         full = sum(len(r.window) == one.config.window - 1 for r in batched._ranks)
         closes_at_once += full >= MANY_CLOSES
@@ -122,6 +132,15 @@ def test_a_step_of_many_ranks_is_its_events_one_by_one(seed: int, one_piece: boo
         assert list(map(_memory, batched._ranks)) == list(map(_memory, one._ranks))
     assert _as_said(batched.open_incidents) == _as_said(one.open_incidents) != []
     assert closes_at_once >= 5
+    numbers = [(r.last_step, r.local_batch, r.last_ended_at, *r.previous) for r in batched._ranks]
+    assert {type(x) for row in numbers for x in row} == {int, float}
+
+
+def _as_arrays(columns: StepColumns) -> StepColumns:
+    """The step's numeric columns as numpy arrays (of ints where they are all ints)."""
+    numeric = [np.asarray(c) for c in columns[1:13]]
+    numeric[1] = columns.host  # type: ignore[call-overload]
+    return StepColumns(columns.job, *numeric, columns.link_rtt_s, columns.one_piece_s)  # type: ignore[arg-type]
 
 
 def _memory(rank: RankMemory) -> dict[str, object]:
@@ -192,7 +211,8 @@ def test_ranks_that_moved_stalled_or_exited_are_accepted_from_columns_as_one_by_
             rows.append([rank, host, step, 0, 32, t, t + compute + 0.006, 32, compute])
             rows[-1] += [0.0005, 0.005, compute + 0.006, 0.005]
         columns = StepColumns(JOB, *[list(c) for c in zip(*rows, strict=True)])  # type: ignore[arg-type]
-        assert all_acceptable(columns, batched._ranks, JOB)
+        arrays = arrays_of(columns)
+        assert arrays is not None and all_acceptable(columns, arrays, batched._ranks, JOB)
         expected = [i for row in columns.rows() for i in one.ingest_fields(row, t)]  # type: ignore[arg-type]
         assert _as_said(batched.ingest_step(columns, t)) == _as_said(expected)
         stalls = one.check_stalls(t)

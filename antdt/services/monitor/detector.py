@@ -57,10 +57,13 @@ from antdt.services.monitor.stepcolumns import (
     LINK_RTT,
     MAX_S,
     ROW_FIELDS,
+    StepArrays,
     StepColumns,
     StepFields,
     all_acceptable,
+    arrays_of,
     fields_of,
+    listed,
 )
 from antdt.services.monitor.summaries import summarize_many
 from antdt.services.monitor.windows import Row, WindowStats, summarize
@@ -145,24 +148,26 @@ class JobDetector:
         """`ingest_fields` of every row of `columns` (a step of many ranks), in order, at
         `now`: the same state and transitions, screened in bulk when no row is bad."""
         now = self._tick(now)
-        if all_acceptable(columns, self._ranks, self.job):
-            return self._accept_rows(columns, now)
+        arrays = arrays_of(columns)
+        if arrays is not None and all_acceptable(columns, arrays, self._ranks, self.job):
+            return self._accept_rows(columns, arrays, now)
         transitions = []
         for fields in columns.rows():
             transitions += self.ingest_fields(fields, now)  # type: ignore[arg-type]
         return transitions
 
-    def _accept_rows(self, columns: StepColumns, now: float) -> list[Incident]:
+    def _accept_rows(self, columns: StepColumns, arrays: StepArrays, now: float) -> list[Incident]:
         """`_accept` of every row of `columns`, all acceptable, in order. A row of a rank
         with nothing to resolve (no stall, not exited, its window's plan, its host) is
         accounted here from the columns, with no tuple of its fields made: a job's step
         is thousands of them; any other goes through `_accept`. The windows those rows
         fill close together after the rows (summarized at once): every window of a
         step meets the same figures, so only the transitions' order (and ids) differ."""
-        c, ranks, transitions = columns, self._ranks, []
-        memories = list(map(ranks.__getitem__, c.rank))
-        if not self._rewind and is_plain(c, memories):
-            return self._accept_plain(c, memories, now)
+        ranks, transitions = self._ranks, []
+        memories = list(map(ranks.__getitem__, arrays.rank.tolist()))
+        if not self._rewind and is_plain(columns, arrays, memories):
+            return self._accept_plain(columns, arrays, memories, now)
+        c = StepColumns(columns.job, *map(listed, columns[1:]))
         closing: list[tuple[RankMemory, int]] = []
         nones = [None] * len(c.rank)
         links = nones if c.link_rtt_s is None else c.link_rtt_s
@@ -195,22 +200,22 @@ class JobDetector:
         return transitions
 
     def _accept_plain(
-        self, columns: StepColumns, memories: list[RankMemory], now: float
+        self, columns: StepColumns, arrays: StepArrays, memories: list[RankMemory], now: float
     ) -> list[Incident]:
         """`_accept_rows` of a step none of whose ranks has anything to resolve: the
         rows accounted over the columns (lockstep.py), the evidence weighed of the few
         that need it, the full windows closed together."""
-        step, pace = columns.step[0], self._pace
+        step, pace = int(arrays.step[0]), self._pace
         if step > self._renewed_step:
             self._renew(step)
         done = account_plain(
-            columns,
+            (columns, arrays),
             memories,
             (self._histories, self._windows),
             now,
             (pace.slow_cost, pace.fixed_samples, self._window_steps),
         )
-        self._heard_step(step, max(columns.plan_version), now)
+        self._heard_step(step, int(arrays.plan_version.max()), now)
         transitions = []
         for i in done.weigh:
             transitions += self._weigh(memories[i], step, done.samples[i], done.compute_s[i], now)

@@ -49,7 +49,9 @@ class Histories:
         """Row `index` as a rank's History."""
         return History(self.maxlen, block=self, row=index)
 
-    def add(self, rows: Ints, samples: Sequence[int], times: Sequence[float]) -> None:
+    def add(
+        self, rows: Ints, samples: Sequence[int] | Ints, times: Sequence[float] | Floats
+    ) -> None:
         """One step more for each of `rows` (distinct), its oldest leaving when full."""
         head = self.head[rows]
         self.samples[rows, head] = samples

@@ -20,7 +20,7 @@ import numpy as np
 from antdt.services.monitor.history import Histories
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
-from antdt.services.monitor.stepcolumns import StepColumns
+from antdt.services.monitor.stepcolumns import Floats, Ints, StepArrays, StepColumns
 
 _stall, _exited, _plan, _host = (attrgetter(a) for a in ("stall", "exited", "window_plan", "host"))
 _settle, _score = attrgetter("settle_left"), itemgetter(0)
@@ -37,23 +37,24 @@ class Accounted(NamedTuple):
     compute_s: list[float]
 
 
-def is_plain(columns: StepColumns, memories: Sequence[RankMemory]) -> bool:
+def is_plain(columns: StepColumns, arrays: StepArrays, memories: Sequence[RankMemory]) -> bool:
     """Every row of one step, of a rank with nothing to resolve: no stall, not exited,
-    its window's plan, its host."""
-    c, n = columns, len(memories)
-    if not n or min(c.step) != max(c.step):
+    its window's plan, its host. `arrays`: the columns' (`stepcolumns.arrays_of`)."""
+    n = len(memories)
+    if not n or arrays.step.min() != arrays.step.max():
         return False
     if list(map(_stall, memories)).count(None) != n:
         return False
     if list(map(_exited, memories)).count(None) != n:
         return False
-    return list(map(_plan, memories)) == list(c.plan_version) and list(
-        map(_host, memories)
-    ) == list(c.host)
+    plans = np.fromiter(map(_plan, memories), dtype=np.int64, count=n)
+    return bool((plans == arrays.plan_version).all()) and list(map(_host, memories)) == list(
+        columns.host
+    )
 
 
 def account_plain(
-    columns: StepColumns,
+    columns: tuple[StepColumns, StepArrays],
     memories: Sequence[RankMemory],
     blocks: tuple[Histories, OpenWindows],
     now: float,
@@ -63,14 +64,14 @@ def account_plain(
     history (row r of each of `blocks` is rank r's); `is_plain` must hold of rows of
     distinct ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in
     samples and window length."""
-    c, (histories, windows) = columns, blocks
+    (c, a), (histories, windows) = columns, blocks
     slow_cost, fixed_samples, window_steps = pace
-    samples, compute = _as_judged(c)
+    samples, compute = _as_judged(c, a)
     for name, values in (
-        ("last_step", c.step),
-        ("last_ended_at", c.ended_at),
+        ("last_step", a.step.tolist()),
+        ("last_ended_at", a.ended_at.tolist()),
         ("last_seen_at", repeat(now)),
-        ("local_batch", c.local_batch),
+        ("local_batch", a.local_batch.tolist()),
     ):
         deque(map(setattr, memories, repeat(name), values), maxlen=0)
     links = c.link_rtt_s
@@ -80,16 +81,17 @@ def account_plain(
         for memory, link in zip(memories, links, strict=True):
             if link is not None:
                 memory.link_rtt_s = link
-    ranks = np.asarray(c.rank, dtype=np.int64)
-    lengths = windows.add(ranks, samples, (compute, c.data_wait_s, c.comm_s, c.step_s))
-    n = np.asarray(samples, dtype=np.float64)
-    t = np.asarray(compute, dtype=np.float64)
+    lengths = windows.add(a.rank, samples, (compute, a.data_wait_s, a.comm_s, a.step_s))
+    n, t = samples.astype(np.float64), compute
     measured = (n > 0) & (t > 0)
     if measured.all():
-        histories.add(ranks, samples, compute)
+        histories.add(a.rank, samples, compute)
     else:
-        for i in np.flatnonzero(measured).tolist():
-            memories[i].history.add(samples[i], compute[i])
+        picked = np.flatnonzero(measured).tolist()
+        for i, m, time in zip(
+            picked, samples[measured].tolist(), t[measured].tolist(), strict=True
+        ):
+            memories[i].history.add(m, time)
     settle = np.asarray(list(map(_settle, memories)), dtype=np.int64)
     settling = measured & (settle > 0)
     if settling.any():  # `_weigh` of a settling rank: a step less to settle, nothing else
@@ -103,14 +105,14 @@ def account_plain(
     slow = t >= slow_cost * (n + fixed_samples)
     weigh = np.flatnonzero(measured & ~settling & (scored | slow)).tolist()
     full = np.flatnonzero(lengths >= window_steps).tolist()
-    return Accounted(weigh, full, samples, compute)
+    return Accounted(weigh, full, samples.tolist(), compute.tolist())
 
 
-def _as_judged(c: StepColumns) -> tuple[list[int], list[float]]:
+def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:
     """The rows' samples and compute times, those run in pieces as their planned batch
     in one (`onepiece.judged_in_one_piece`: a one-piece time given, it and the planned
-    batch above 0), picked over arrays."""
-    samples, compute = list(c.samples), list(c.compute_s)
+    batch above 0), picked over arrays (copies)."""
+    samples, compute = a.samples.copy(), a.compute_s.copy()
     pieces = c.one_piece_s
     if pieces is None:
         return samples, compute
@@ -119,15 +121,9 @@ def _as_judged(c: StepColumns) -> tuple[list[int], list[float]]:
         return samples, compute
     piece = np.zeros(len(pieces))
     piece[given] = np.array(list(compress(pieces, given)), dtype=np.float64)
-    planned = np.asarray(c.local_batch, dtype=np.int64)
-    judged = given & (planned > 0) & (piece > 0)
-    if not judged.any():
-        return samples, compute
-    in_one = np.flatnonzero(judged).tolist()
-    for i, batch, time in zip(
-        in_one, planned[judged].tolist(), piece[judged].tolist(), strict=True
-    ):
-        samples[i], compute[i] = batch, time
+    judged = given & (a.local_batch > 0) & (piece > 0)
+    samples[judged] = a.local_batch[judged]
+    compute[judged] = piece[judged]
     return samples, compute
 
 

@@ -45,8 +45,8 @@ class OpenWindows:
     def add(
         self,
         rows: Ints,
-        samples: Sequence[int],
-        times: tuple[Sequence[float], Sequence[float], Sequence[float], Sequence[float]],
+        samples: Sequence[int] | Ints,
+        times: tuple[Floats | Sequence[float], ...],
     ) -> Ints:
         """One step more in each of `rows` (distinct, none full): its samples and its
         compute, data wait, comm and step times. Returns how many each holds now."""

@@ -1,21 +1,28 @@
-"""One step of many ranks as columns, for `JobDetector.ingest_step`. Pure, no numpy:
-the columns are any sequences (lists, or numpy arrays turned to lists by the caller).
+"""One step of many ranks as columns, for `JobDetector.ingest_step`. Pure, no I/O: the
+numeric columns are any sequences or numpy arrays.
 
-A step whose rows are all acceptable is screened in bulk, with builtins that run at C
-speed over whole columns; any doubt and the detector screens row by row, exactly as
-`ingest_fields` would."""
+A step whose rows are all acceptable is screened in bulk, over its columns as arrays;
+any doubt (a value out of range, a column not all numbers) and the detector screens row
+by row, exactly as `ingest_fields` would."""
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, ge, gt, is_not, le
+from operator import attrgetter, is_not
 from typing import Any, Final, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from antdt.services.monitor.onepiece import acceptable_one_piece
 from antdt.services.monitor.ranks import RankMemory
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+IntColumn = Sequence[int] | Ints
+FloatColumn = Sequence[float] | Floats
 
 #: The wire contract's largest duration, seconds: a row past it is refused.
 MAX_S = 1e7
@@ -56,35 +63,77 @@ HELPED: Final = 14
 
 
 class StepColumns(NamedTuple):
-    """StepEvent fields of one step, one sequence per field and one row per event (the
-    job's, as the events name it); rows are ingested in order. `link_rtt_s`: None when
-    no event carries a round trip."""
+    """StepEvent fields of one step, one column per field and one row per event (the
+    job's, as the events name it); rows are ingested in order. A numeric column is any
+    sequence or a numpy array (a simulator's: screened and accounted with no copy into
+    Python objects). `link_rtt_s`: None when no event carries a round trip."""
 
     job: str
-    rank: Sequence[int]
+    rank: IntColumn
     host: Sequence[str]
-    step: Sequence[int]
-    plan_version: Sequence[int]
-    local_batch: Sequence[int]
-    started_at: Sequence[float]
-    ended_at: Sequence[float]
-    samples: Sequence[int]
-    compute_s: Sequence[float]
-    data_wait_s: Sequence[float]
-    comm_s: Sequence[float]
-    step_s: Sequence[float]
+    step: IntColumn
+    plan_version: IntColumn
+    local_batch: IntColumn
+    started_at: FloatColumn
+    ended_at: FloatColumn
+    samples: IntColumn
+    compute_s: FloatColumn
+    data_wait_s: FloatColumn
+    comm_s: FloatColumn
+    step_s: FloatColumn
     link_rtt_s: Sequence[float | None] | None = None
     one_piece_s: Sequence[float | None] | None = None
 
     def rows(self) -> Iterator[tuple[object, ...]]:
-        """Each row as the tuple `ingest_fields` takes (StepFields order; no `helped`)."""
-        figures = self[1:13]
+        """Each row as the tuple `ingest_fields` takes (StepFields order; no `helped`),
+        of Python numbers."""
+        figures = [listed(column) for column in self[1:13]]
         if self.one_piece_s is not None:
             link = repeat(None) if self.link_rtt_s is None else self.link_rtt_s
             return zip(repeat(self.job), *figures, link, repeat(None), self.one_piece_s)  # type: ignore[call-overload, no-any-return]
         if self.link_rtt_s is not None:
             return zip(repeat(self.job), *figures, self.link_rtt_s)  # type: ignore[call-overload, no-any-return]
         return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
+
+
+class StepArrays(NamedTuple):
+    """A step's numeric columns as arrays (`arrays_of`): ints where StepFields has ints."""
+
+    rank: Ints
+    step: Ints
+    plan_version: Ints
+    local_batch: Ints
+    started_at: Floats
+    ended_at: Floats
+    samples: Ints
+    compute_s: Floats
+    data_wait_s: Floats
+    comm_s: Floats
+    step_s: Floats
+
+
+_INTS = ("rank", "step", "plan_version", "local_batch", "samples")
+
+
+def arrays_of(columns: StepColumns) -> StepArrays | None:
+    """The step's numeric columns as arrays; None when some column is not all numbers
+    (or not all ints where ints are): such a step is screened row by row."""
+    found: list[Any] = []
+    for name in StepArrays._fields:
+        try:
+            column = np.asarray(getattr(columns, name))
+        except (TypeError, ValueError):  # ragged, say
+            return None
+        kinds = "iu" if name in _INTS else "fiu"
+        if column.ndim != 1 or column.dtype.kind not in kinds:
+            return None
+        found.append(column.astype(np.int64 if name in _INTS else np.float64, copy=False))
+    return StepArrays(*found)
+
+
+def listed(column: Any) -> Any:
+    """A column's values as Python numbers."""
+    return column.tolist() if isinstance(column, np.ndarray) else column  # type: ignore[no-any-return]
 
 
 def _in_range(figures: Sequence[float]) -> bool:
@@ -107,37 +156,34 @@ def _acceptable_pieces(pieces: Sequence[float | None]) -> bool:
 _NUMBERS = frozenset((float, int))
 
 
-def all_acceptable(columns: StepColumns, ranks: Sequence[RankMemory], job: str) -> bool:
+def all_acceptable(
+    columns: StepColumns, arrays: StepArrays, ranks: Sequence[RankMemory], job: str
+) -> bool:
     """True only when `ingest_fields` would reject none of the rows (False: maybe some):
     one job, distinct ranks of the job, finite durations in range, times in order and
-    after each rank's last step."""
-    c = columns
-    n = len(c.rank)
-    if c.job != job or n == 0:
-        return c.job == job
-    if min(c.rank) < 0 or max(c.rank) >= len(ranks) or len(set(c.rank)) != n:
+    after each rank's last step. `arrays`: the columns' (`arrays_of`)."""
+    a, n = arrays, len(arrays.rank)
+    if columns.job != job or n == 0:
+        return columns.job == job
+    if any(len(column) != n for column in a) or a.rank.min() < 0 or a.rank.max() >= len(ranks):
         return False
-    if min(c.samples) < 0 or min(c.started_at) < 0.0 or not math.isfinite(max(c.ended_at)):
+    if np.bincount(a.rank, minlength=len(ranks)).max() > 1 or len(columns.host) != n:
         return False
-    if not all(map(le, c.started_at, c.ended_at)):  # False on a NaN too
+    if a.samples.min() < 0 or a.started_at.min() < 0.0 or not np.isfinite(a.ended_at).all():
         return False
-    for figures in (c.compute_s, c.data_wait_s, c.comm_s, c.step_s):
-        if not _in_range(figures):
+    if not (a.started_at <= a.ended_at).all():  # False on a NaN too
+        return False
+    for figures in (a.compute_s, a.data_wait_s, a.comm_s, a.step_s):
+        if not ((figures >= 0.0) & (figures <= MAX_S)).all():
             return False
-    if c.one_piece_s is not None and not _acceptable_pieces(c.one_piece_s):
+    if columns.one_piece_s is not None and not _acceptable_pieces(columns.one_piece_s):
         return False
-    memories = [ranks[r] for r in c.rank]
-    last_steps = list(map(_last_step, memories))
-    if not all(map(gt, c.step, last_steps)):
+    memories = list(map(ranks.__getitem__, a.rank.tolist()))
+    last_steps = np.fromiter(map(_last_step, memories), dtype=np.int64, count=n)
+    if not (a.step > last_steps).all():
         return False
-    if min(last_steps) >= 0:  # every rank stepped before: its time may not run back
-        return all(map(ge, c.ended_at, map(_last_ended_at, memories)))
-    return all(
-        ended >= last_ended or last_step < 0
-        for ended, last_ended, last_step in zip(
-            c.ended_at, map(_last_ended_at, memories), map(_last_step, memories), strict=True
-        )
-    )
+    last_ended = np.fromiter(map(_last_ended_at, memories), dtype=np.float64, count=n)
+    return bool(((a.ended_at >= last_ended) | (last_steps < 0)).all())
 
 
-__all__ = ["StepColumns", "StepFields", "all_acceptable"]
+__all__ = ["StepArrays", "StepColumns", "StepFields", "all_acceptable", "arrays_of", "listed"]
