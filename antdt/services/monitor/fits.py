@@ -1,22 +1,24 @@
-"""Many ranks' speed models fitted at once: `fit_speed` of each history of one or two
-batch sizes, the same floats, over arrays. Pure, no I/O. A health after a round of
+"""Many ranks' speed models fitted at once: `fit_speed` of each history, the same
+floats, over arrays. Pure, no I/O. A health after a round of
 windows refits every rank's model (each history gained a window of steps): at 10,000
 ranks that was 10,000 fits of up to 96 times, one after another, each keeping its own
 times in order; after a plan changed every rank's batch, every history holds two sizes
 for as long as it is.
 
-Only the common histories go together: every step measurable (in (0, ONE_BATCH_LIMIT])
-at one or two batch sizes; any other is left to `fit_speed`. The histories are read
-where they lie, rows of their job's block (history.py), with no copy into Python
-objects."""
+The common histories (every step measurable, in (0, ONE_BATCH_LIMIT], at one or two
+batch sizes) take the shortest ways; any other the general one (anysizes.py), but for
+a history holding a finite time past ONE_BATCH_LIMIT, left to `fit_speed`. The
+histories are read where they lie, rows of their job's block (history.py), with no
+copy into Python objects."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
-import numpy.typing as npt
 
+from antdt.services.monitor.anysizes import Bools, fit_any_sizes
 from antdt.services.monitor.history import Floats, Histories, History, Ints
 from antdt.services.monitor.speed import (
     ONE_BATCH_LIMIT,
@@ -24,8 +26,6 @@ from antdt.services.monitor.speed import (
     SpeedModel,
 )
 from antdt.services.monitor.summaries import quantile_sorted_rows
-
-Bools = npt.NDArray[np.bool_]
 
 #: Fewer stale histories than this are fitted one by one (arrays cost more).
 MANY = 16
@@ -35,8 +35,7 @@ def fit_many(
     histories: Sequence[History], fixed_samples: float, config: SpeedConfig
 ) -> dict[int, SpeedModel | None]:
     """`fit_speed(histories[i], fixed_samples, config)` by index i, for the histories
-    it fits at once (one or two batch sizes, every time measurable and within
-    `ONE_BATCH_LIMIT`); the others are not in it."""
+    it fits at once: all but those holding a finite time past `ONE_BATCH_LIMIT`."""
     by_block: dict[Histories, list[int]] = {}
     for i, history in enumerate(histories):
         by_block.setdefault(history.block, []).append(i)
@@ -49,40 +48,56 @@ def fit_many(
 
 
 def _fit_rows(
-    block: Histories, members: list[int], rows: np.ndarray, fixed: float, config: SpeedConfig
+    block: Histories, members: Sequence[int], rows: np.ndarray, fixed: float, config: SpeedConfig
 ) -> dict[int, SpeedModel | None]:
-    """The models of `rows` of `block` (`members` their indices) that hold one batch
-    size, every time measurable: those of each length as one sorted block, each row's
-    `speed._one_batch_model`; a row holding a time past `ONE_BATCH_LIMIT` is left out
-    (the general path)."""
+    """The models of `rows` of `block` (`members` their indices), each by the cheapest
+    way that fits it: one batch size (`_fit_one_size`), exactly two
+    (`_fit_two_sizes`), any other (`anysizes.fit_any_sizes`). A row holding a finite
+    time past `ONE_BATCH_LIMIT` is left out: `fit_speed`'s sums over it may overflow."""
     samples, times, held = block.in_order(rows)
     unused = np.arange(block.maxlen)[None, :] >= held[:, None]
+    done, models = _fit_one_size(samples, times, unused, held, fixed, config)
+    left = np.ones(len(rows), dtype=np.bool_)
+    left[done] = False
+    usable = ((times > 0.0) & (times <= ONE_BATCH_LIMIT)) | unused
+    two = np.flatnonzero(left & usable.all(axis=1))
+    keep, two_models = _fit_two_sizes(samples[two], times[two], unused[two], fixed, config)
+    left[two[keep]] = False
+    huge = ((times > ONE_BATCH_LIMIT) & (times < np.inf) & ~unused).any(axis=1)
+    rest = np.flatnonzero(left & ~huge)
+    rest_models = fit_any_sizes(samples[rest], times[rest], unused[rest], fixed, config)
+    positions = chain(done, two[keep].tolist(), rest.tolist())
+    return dict(
+        zip((members[k] for k in positions), chain(models, two_models, rest_models), strict=True)
+    )
+
+
+def _fit_one_size(
+    samples: Ints, times: Floats, unused: Bools, held: Ints, fixed: float, config: SpeedConfig
+) -> tuple[list[int], list[SpeedModel | None]]:
+    """The rows (positions) that hold one batch size, every time measurable and within
+    `ONE_BATCH_LIMIT`, and their models: those of each length as one sorted block, each
+    row's `speed._one_batch_model`. The common history: no sort by size."""
     first = samples[:, 0]
     one_size = ((samples == first[:, None]) | unused).all(axis=1)
     measurable = (((times > 0.0) & (times < np.inf)) | unused).all(axis=1)
     one = np.flatnonzero(one_size & measurable & (held > 0) & (first > 0))
-    fitted: dict[int, SpeedModel | None] = {}
     lengths = held[one]
+    done: list[int] = []
+    models: list[SpeedModel | None] = []
     for length in np.unique(lengths).tolist():
         picked = one[lengths == length]
         if length < config.min_steps:
-            fitted.update(dict.fromkeys(members[k] for k in picked.tolist()))
+            done += picked.tolist()
+            models += [None] * len(picked)
             continue
         ordered = np.sort(times[picked, :length], axis=1)
         level = quantile_sorted_rows(ordered, config.quantile)
         per_sample = level / (first[picked].astype(np.float64) + fixed)
-        within = (ordered[:, -1] <= ONE_BATCH_LIMIT).tolist()
-        fitted.update(
-            (members[k], SpeedModel(p * fixed, p, 1))
-            for k, p, ok in zip(picked.tolist(), per_sample.tolist(), within, strict=True)
-            if ok
-        )
-    bounded = ((times <= ONE_BATCH_LIMIT) | unused).all(axis=1)
-    two = np.flatnonzero(~one_size & measurable & bounded)
-    if len(two):
-        keep, models = _fit_two_sizes(samples[two], times[two], unused[two], fixed, config)
-        fitted.update(zip((members[k] for k in two[keep].tolist()), models, strict=True))
-    return fitted
+        within = ordered[:, -1] <= ONE_BATCH_LIMIT
+        done += picked[within].tolist()
+        models += [SpeedModel(p * fixed, p, 1) for p in per_sample[within].tolist()]
+    return done, models
 
 
 def fit_spans(
