@@ -189,15 +189,14 @@ class Pace:
         fixed = self.fixed_samples
         memos = list(map(_model, ranks))
         looked = self._changed if self._fitted_at == (fixed, len(ranks)) else range(len(ranks))
-        stale = [i for i in sorted(looked) if not self._fitted(ranks[i])]
+        stale = _stale(ranks, sorted(looked), fixed)
+        fitted: dict[int, SpeedModel | None] = {}
         if len(stale) >= MANY:
             fitted = fit_many([ranks[i].history for i in stale], fixed, self._speed)
-            for k, model in fitted.items():
-                rank = ranks[stale[k]]
-                rank.model = (rank.stats, rank.history.epoch, fixed, model)
-        for i in stale:
-            self.model(ranks[i])  # those fit_many could not fit
-            memos[i] = ranks[i].model
+        for k, i in enumerate(stale):
+            rank = ranks[i]
+            model = fitted[k] if k in fitted else fit_speed(rank.history, fixed, self._speed)
+            memos[i] = rank.model = (rank.stats, rank.history.epoch, fixed, model)
         self._changed.clear()
         self._fitted_at = (fixed, len(ranks))
         return [memo[3] for memo in memos]  # type: ignore[index]
@@ -229,6 +228,24 @@ class Pace:
 _model = attrgetter("model")
 _rank_id, _events, _cost = attrgetter("rank"), attrgetter("events"), attrgetter("cost")
 _slow_share = attrgetter("slow_share")
+
+
+def _stale(ranks: Sequence[RankMemory], looked: list[int], fixed: float) -> list[int]:
+    """Those of `looked` whose model is not `Pace._fitted` at the job's fixed part
+    `fixed`, the test written out: a health looks at up to every rank."""
+    stale = []
+    for i in looked:
+        rank = ranks[i]
+        memo = rank.model
+        if (
+            memo is None
+            or memo[0] is not rank.stats
+            or memo[1] != rank.history.epoch
+            or memo[2] != fixed
+        ):
+            stale.append(i)
+    return stale
+
 
 #: The steps a refit reads on either side of a history's latest change of batch size,
 #: in line_steps: the two sizes' levels measured as close in time as they can be, so that
