@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -36,11 +37,15 @@ def fit_many(
 ) -> dict[int, SpeedModel | None]:
     """`fit_speed(histories[i], fixed_samples, config)` by index i, for the histories
     it fits at once: all but those holding a finite time past `ONE_BATCH_LIMIT`."""
+    fixed = max(0.0, fixed_samples)
+    blocks = set(map(_block, histories))
+    if len(blocks) == 1:  # a job's ranks: its one block
+        rows = np.fromiter(map(_row, histories), dtype=np.int64, count=len(histories))
+        return _fit_rows(blocks.pop(), range(len(histories)), rows, fixed, config)
     by_block: dict[Histories, list[int]] = {}
     for i, history in enumerate(histories):
         by_block.setdefault(history.block, []).append(i)
     fitted: dict[int, SpeedModel | None] = {}
-    fixed = max(0.0, fixed_samples)
     for block, members in by_block.items():
         rows = np.array([histories[i].row for i in members], dtype=np.int64)
         fitted.update(_fit_rows(block, members, rows, fixed, config))
@@ -198,8 +203,7 @@ def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
     return np.where(count > 0, level, np.nan)
 
 
-def _block(history: History) -> Histories:
-    return history.block
+_block, _row = attrgetter("block"), attrgetter("row")
 
 
 __all__ = ["MANY", "fit_many", "fit_spans"]

@@ -65,11 +65,12 @@ class Histories:
     def in_order(self, rows: Ints) -> tuple[Ints, Floats, Ints]:
         """The rows' batch sizes and times oldest first, `maxlen` columns each (a row's
         first `held` are its steps), and how many each holds."""
-        held = self.held[rows]
-        start = (self.head[rows] - held) % self.maxlen
-        slots = (start[:, None] + np.arange(self.maxlen)) % self.maxlen
-        picked = rows[:, None]
-        return self.samples[picked, slots], self.times[picked, slots], held
+        held, width = self.held[rows], self.maxlen
+        start = (self.head[rows] - held) % width
+        slots = start[:, None] + np.arange(width)
+        slots[slots >= width] -= width
+        slots += (rows * width)[:, None]  # flat: one index array takes at half the cost
+        return self.samples.take(slots), self.times.take(slots), held
 
     def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """Per row, where its latest change of batch size lies among its steps (the step
