@@ -113,8 +113,10 @@ def fit_spans(
 ) -> dict[int, SpeedModel | None]:
     """`fit_speed(histories[i].steps_between(*spans[i][1:]), fixed_samples, config)` by
     index i, for the spans it fits at once: histories of one block, each span holding
-    steps at exactly two batch sizes, every one measurable; the others are not in it.
-    A round of windows refits every rank's model around its last change of size."""
+    steps, every one measurable and within `ONE_BATCH_LIMIT` (two batch sizes, the
+    common span, by `_fit_two_sizes`; any other by `anysizes.fit_any_sizes`); the others
+    are not in it. A round of windows refits every rank's model around its last change
+    of size."""
     if not histories or len(set(map(_block, histories))) != 1:
         return {}
     block = histories[0].block
@@ -128,10 +130,13 @@ def fit_spans(
     unused = (column < low[:, None]) | (column >= high[:, None])
     usable = ((times > 0.0) & (times <= ONE_BATCH_LIMIT)) | unused
     candidates = np.flatnonzero(usable.all(axis=1) & (high > low))
+    fixed = max(0.0, fixed_samples)
     keep, models = _fit_two_sizes(
-        samples[candidates], times[candidates], unused[candidates], max(0.0, fixed_samples), config
+        samples[candidates], times[candidates], unused[candidates], fixed, config
     )
-    return dict(zip(candidates[keep].tolist(), models, strict=True))
+    rest = np.delete(candidates, keep)
+    models += fit_any_sizes(samples[rest], times[rest], unused[rest], fixed, config)
+    return dict(zip(chain(candidates[keep].tolist(), rest.tolist()), models, strict=True))
 
 
 def _fit_two_sizes(
