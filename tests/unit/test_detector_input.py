@@ -156,3 +156,19 @@ def test_work_sharing_help_is_summed_per_owner_and_bad_owners_are_refused() -> N
     assert detector.rejected == {"helped_out_of_range": 2}
     shown = {r.rank: r.helped for r in detector.health(110.0).ranks}
     assert shown == {0: {2: 24}, 1: {2: 12}, 2: None}
+
+
+def test_a_step_counting_more_samples_than_the_detector_keeps_is_refused() -> None:
+    """The wire bounds no count: a step of 2**70 samples (or planned batch) is counted
+    and ignored, never written into the rank's int64 history (it raised there)."""
+    from antdt.services.monitor import StepColumns
+
+    detector = JobDetector(JOB, 2)
+    row = (JOB, 0, "h0", 1, 0, 32, 0.0, 0.1, 32, 0.08, 0.0, 0.01, 0.1)
+    for at, value in ((8, 2**70), (5, 2**70), (8, 2**41)):
+        assert detector.ingest_fields((*row[:at], value, *row[at + 1 :]), 1.0) == []  # type: ignore[arg-type]
+    columns = [[0, 1], ["h0", "h1"], [1, 1], [0, 0], [32, 32], [0.0] * 2, [0.1] * 2]
+    columns += [[32, 2**62], [0.08] * 2, [0.0] * 2, [0.01] * 2, [0.1] * 2]
+    detector.ingest_step(StepColumns(JOB, *columns), 1.0)  # type: ignore[arg-type]
+    assert detector.rejected == {"bad_samples": 4}
+    assert [r.last_step for r in detector._ranks] == [1, -1]

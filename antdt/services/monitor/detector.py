@@ -56,6 +56,7 @@ from antdt.services.monitor.stepcolumns import (
     HELPED,
     LINK_RTT,
     MAX_S,
+    MAX_SAMPLES,
     ROW_FIELDS,
     StepArrays,
     StepColumns,
@@ -407,6 +408,8 @@ class JobDetector:
             and samples >= 0
         ):
             return "bad_duration"
+        if samples > MAX_SAMPLES or not 0 <= fields[5] <= MAX_SAMPLES:
+            return "bad_samples"
         if not 0.0 <= started_at <= ended_at < math.inf:
             return "bad_time"
         last = self._ranks[rank]

@@ -26,6 +26,9 @@ FloatColumn = Sequence[float] | Floats
 
 #: The wire contract's largest duration, seconds: a row past it is refused.
 MAX_S = 1e7
+#: The most samples (or planned batch) a rank's step may count: the wire contract bounds
+#: none, the detector keeps them in int64 blocks and float64 sums (exact to 2**53).
+MAX_SAMPLES = 2**40
 _last_step = attrgetter("last_step")
 _last_ended_at = attrgetter("last_ended_at")
 
@@ -171,6 +174,10 @@ def all_acceptable(
         return False
     if a.samples.min() < 0 or a.started_at.min() < 0.0 or not np.isfinite(a.ended_at).all():
         return False
+    if a.samples.max() > MAX_SAMPLES or a.local_batch.min() < 0:
+        return False
+    if a.local_batch.max() > MAX_SAMPLES:
+        return False
     if not (a.started_at <= a.ended_at).all():  # False on a NaN too
         return False
     for figures in (a.compute_s, a.data_wait_s, a.comm_s, a.step_s):
@@ -186,4 +193,13 @@ def all_acceptable(
     return bool(((a.ended_at >= last_ended) | (last_steps < 0)).all())
 
 
-__all__ = ["StepArrays", "StepColumns", "StepFields", "all_acceptable", "arrays_of", "listed"]
+__all__ = [
+    "MAX_S",
+    "MAX_SAMPLES",
+    "StepArrays",
+    "StepColumns",
+    "StepFields",
+    "all_acceptable",
+    "arrays_of",
+    "listed",
+]
