@@ -1,6 +1,7 @@
 """A step of many ranks none of which has anything to resolve, accounted over its
-columns at C speed (`map` over the ranks' memories, numpy for the slow-step test): the
-steady state of a synchronous job, every rank at the same step. Pure, no clock.
+columns (one pass over the ranks' memories, numpy for the blocks and the slow-step
+test): the steady state of a synchronous job, every rank at the same step. Pure, no
+clock.
 
 `account_plain` does what the detector's row-by-row path does to each row, but the
 evidence: it counts down the steps of a batch change settling and hands back the rows
@@ -9,22 +10,20 @@ window is full."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from operator import is_not
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from antdt.services.monitor.history import Histories
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.stepcolumns import Floats, Ints, StepArrays, StepColumns
 
-_stall, _exited, _plan, _host = (attrgetter(a) for a in ("stall", "exited", "window_plan", "host"))
-_settle, _score = attrgetter("settle_left"), itemgetter(0)
-_evidence = attrgetter("evidence")
+Bools = npt.NDArray[np.bool_]
 
 
 class Accounted(NamedTuple):
@@ -40,17 +39,18 @@ class Accounted(NamedTuple):
 def is_plain(columns: StepColumns, arrays: StepArrays, memories: Sequence[RankMemory]) -> bool:
     """Every row of one step, of a rank with nothing to resolve: no stall, not exited,
     its window's plan, its host. `arrays`: the columns' (`stepcolumns.arrays_of`)."""
-    n = len(memories)
-    if not n or arrays.step.min() != arrays.step.max():
+    if not memories or arrays.step.min() != arrays.step.max():
         return False
-    if list(map(_stall, memories)).count(None) != n:
-        return False
-    if list(map(_exited, memories)).count(None) != n:
-        return False
-    plans = np.fromiter(map(_plan, memories), dtype=np.int64, count=n)
-    return bool((plans == arrays.plan_version).all()) and list(map(_host, memories)) == list(
-        columns.host
-    )
+    rows = zip(memories, arrays.plan_version.tolist(), columns.host, strict=True)
+    for memory, plan, host in rows:
+        if (
+            memory.stall is not None
+            or memory.exited is not None
+            or memory.window_plan != plan
+            or memory.host != host
+        ):
+            return False
+    return True
 
 
 def account_plain(
@@ -67,23 +67,10 @@ def account_plain(
     (c, a), (histories, windows) = columns, blocks
     slow_cost, fixed_samples, window_steps = pace
     samples, compute = _as_judged(c, a)
-    for name, values in (
-        ("last_step", a.step.tolist()),
-        ("last_ended_at", a.ended_at.tolist()),
-        ("last_seen_at", repeat(now)),
-        ("local_batch", a.local_batch.tolist()),
-    ):
-        deque(map(setattr, memories, repeat(name), values), maxlen=0)
-    links = c.link_rtt_s
-    if links is not None and links.count(None) == 0:
-        deque(map(setattr, memories, repeat("link_rtt_s"), links), maxlen=0)
-    elif links is not None:
-        for memory, link in zip(memories, links, strict=True):
-            if link is not None:
-                memory.link_rtt_s = link
-    lengths = windows.add(a.rank, samples, (compute, a.data_wait_s, a.comm_s, a.step_s))
     n, t = samples.astype(np.float64), compute
     measured = (n > 0) & (t > 0)
+    settling, scored = _remembered(c, a, memories, measured, now)
+    lengths = windows.add(a.rank, samples, (compute, a.data_wait_s, a.comm_s, a.step_s))
     if measured.all():
         histories.add(a.rank, samples, compute)
     else:
@@ -92,20 +79,45 @@ def account_plain(
             picked, samples[measured].tolist(), t[measured].tolist(), strict=True
         ):
             memories[i].history.add(m, time)
-    settle = np.asarray(list(map(_settle, memories)), dtype=np.int64)
-    settling = measured & (settle > 0)
-    if settling.any():  # `_weigh` of a settling rank: a step less to settle, nothing else
-        at = np.flatnonzero(settling)
-        left = (settle[at] - 1).tolist()
-        deque(
-            map(setattr, map(memories.__getitem__, at.tolist()), repeat("settle_left"), left),
-            maxlen=0,
-        )
-    scored = np.asarray(list(map(_score, map(_evidence, memories))), dtype=np.float64) != 0.0
     slow = t >= slow_cost * (n + fixed_samples)
     weigh = np.flatnonzero(measured & ~settling & (scored | slow)).tolist()
     full = np.flatnonzero(lengths >= window_steps).tolist()
     return Accounted(weigh, full, samples.tolist(), compute.tolist())
+
+
+def _remembered(
+    c: StepColumns, a: StepArrays, memories: Sequence[RankMemory], measured: Bools, now: float
+) -> tuple[Bools, Bools]:
+    """Each row's latest step, times, batch and link into its rank's memory, and a step
+    less to settle for a settling rank whose step is measured (all `_weigh` does to it):
+    one pass over the memories, each rank's fields set while its object is at hand
+    (a pass per field, through `setattr`, cost several times as much at 10,000 ranks).
+    Which rows were settling, and which ranks' evidence has a score to wear off."""
+    links = c.link_rtt_s if c.link_rtt_s is not None else [None] * len(memories)
+    settling, scored = [], []
+    rows = zip(
+        memories,
+        a.step.tolist(),
+        a.ended_at.tolist(),
+        a.local_batch.tolist(),
+        links,
+        measured.tolist(),
+        strict=True,
+    )
+    for memory, step, ended, batch, link, counted in rows:
+        memory.last_step = step
+        memory.last_ended_at = ended
+        memory.last_seen_at = now
+        memory.local_batch = batch
+        if link is not None:
+            memory.link_rtt_s = link
+        left = memory.settle_left
+        settles = counted and left > 0
+        if settles:
+            memory.settle_left = left - 1
+        settling.append(settles)
+        scored.append(memory.evidence[0] != 0.0)
+    return np.array(settling, dtype=np.bool_), np.array(scored, dtype=np.bool_)
 
 
 def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:

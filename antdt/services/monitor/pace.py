@@ -12,12 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
 from collections.abc import Sequence
-from itertools import repeat
 from operator import attrgetter
-
-import numpy as np
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many, fit_spans
@@ -85,21 +81,16 @@ class Pace:
     def windows_closed(
         self, ranks: Sequence[RankMemory], stats: Sequence[WindowStats], slow_steps: Sequence[int]
     ) -> None:
-        """`window_closed` of each rank, over arrays: the same shares to the float; the
-        evidence weighed one by one only where a window's median cost is `instant_ratio`
-        x the reference (a close of a synchronous job is all its ranks)."""
-        self._changed.update(map(_rank_id, ranks))
-        lengths = np.fromiter(map(_events, stats), dtype=np.int64, count=len(stats))
-        share = np.asarray(slow_steps, dtype=np.int64) / lengths
-        last = np.array([math.nan if s is None else s for s in map(_slow_share, ranks)])
-        smoothed = np.where(np.isnan(last), share, last + SHARE_WEIGHT * (share - last))
-        deque(map(setattr, ranks, repeat("slow_share"), smoothed.tolist()), maxlen=0)
-        if not self.reference:
-            return
-        costs = np.fromiter(map(_cost, stats), dtype=np.float64, count=len(stats))
-        sudden = costs / self.reference >= self.config.instant_ratio
-        for i in np.flatnonzero(sudden).tolist():
-            self._weigh_window(ranks[i], stats[i])
+        """`window_closed` of each rank, in one pass: the same shares to the float; the
+        evidence weighed only where a window's median cost is `instant_ratio` x the
+        reference (a close of a synchronous job is all its ranks)."""
+        changed, reference, instant = self._changed, self.reference, self.config.instant_ratio
+        for rank, window, slow in zip(ranks, stats, slow_steps, strict=True):
+            changed.add(rank.rank)
+            share, last = slow / window.events, rank.slow_share
+            rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
+            if reference and window.cost / reference >= instant:
+                self._weigh_window(rank, window)
 
     def restart_history(self, rank: RankMemory) -> None:
         """Its evidence turned it slow or back: its speed changed, and its model is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import is_not
 from typing import Any, Final, NamedTuple
 
 import numpy as np
@@ -29,8 +29,6 @@ MAX_S = 1e7
 #: The most samples (or planned batch) a rank's step may count: the wire contract bounds
 #: none, the detector keeps them in int64 blocks and float64 sums (exact to 2**53).
 MAX_SAMPLES = 2**40
-_last_step = attrgetter("last_step")
-_last_ended_at = attrgetter("last_ended_at")
 
 
 class StepFields(NamedTuple):
@@ -186,10 +184,10 @@ def all_acceptable(
     if columns.one_piece_s is not None and not _acceptable_pieces(columns.one_piece_s):
         return False
     memories = list(map(ranks.__getitem__, a.rank.tolist()))
-    last_steps = np.fromiter(map(_last_step, memories), dtype=np.int64, count=n)
+    last_steps = np.array([memory.last_step for memory in memories], dtype=np.int64)
     if not (a.step > last_steps).all():
         return False
-    last_ended = np.fromiter(map(_last_ended_at, memories), dtype=np.float64, count=n)
+    last_ended = np.array([memory.last_ended_at for memory in memories], dtype=np.float64)
     return bool(((a.ended_at >= last_ended) | (last_steps < 0)).all())
 
 
