@@ -122,8 +122,11 @@ class Judge:
         again = [rank for rank in ranks if rank in self._queued]
         for rank in again:
             self._hold(rank, self._queued.pop(rank))
-        columns = zip(*map(_held_figures, stats), strict=True) if stats else [()] * 4
-        self._queued.update(zip(ranks, zip(*columns, links, strict=True), strict=True))
+        figures = [
+            (s.level, s.busy_per_sample, s.data_share, s.comm_share, link)
+            for s, link in zip(stats, links, strict=True)
+        ]
+        self._queued.update(zip(ranks, figures, strict=True))
 
     def renew(self) -> bool:
         """The windows queued join the multisets and the reference is renewed; False
@@ -356,8 +359,6 @@ def _slow_evidence(evidence: Evidence) -> bool:
 
 
 _run = attrgetter("run")
-#: What `queue` keeps of a window (with the rank's link round trip): `Figures`.
-_held_figures = attrgetter("level", "busy_per_sample", "data_share", "comm_share")
 #: Windows judged together from which their figures are made over arrays.
 _MANY = 16
 
