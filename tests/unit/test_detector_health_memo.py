@@ -32,6 +32,9 @@ def watched(detector: JobDetector, job: Job, steps: range) -> int:
         if event.rank == job.world - 1 or i == len(events) - 1:
             health = detector.health(now)
             assert health == afresh(detector, health), event.step
+            models = [detector._pace.model(rank) for rank in detector._ranks]
+            parts = [(None, None) if m is None else (m.fixed_s, m.per_sample_s) for m in models]
+            assert list(zip(health.ranks.fixed_s, health.ranks.per_sample_s, strict=True)) == parts
             figures = (health.step_s, health.samples_per_s, health.balance_efficiency)
             changed += figures != last
             last = figures

@@ -94,30 +94,22 @@ def _remembered(
     (a pass per field, through `setattr`, cost several times as much at 10,000 ranks).
     Which rows were settling, and which ranks' evidence has a score to wear off."""
     links = c.link_rtt_s if c.link_rtt_s is not None else [None] * len(memories)
-    settling, scored = [], []
     rows = zip(
-        memories,
-        a.step.tolist(),
-        a.ended_at.tolist(),
-        a.local_batch.tolist(),
-        links,
-        measured.tolist(),
-        strict=True,
+        memories, a.step.tolist(), a.ended_at.tolist(), a.local_batch.tolist(), links, strict=True
     )
-    for memory, step, ended, batch, link, counted in rows:
+    for memory, step, ended, batch, link in rows:
         memory.last_step = step
         memory.last_ended_at = ended
         memory.last_seen_at = now
         memory.local_batch = batch
         if link is not None:
             memory.link_rtt_s = link
-        left = memory.settle_left
-        settles = counted and left > 0
-        if settles:
-            memory.settle_left = left - 1
-        settling.append(settles)
-        scored.append(memory.evidence[0] != 0.0)
-    return np.array(settling, dtype=np.bool_), np.array(scored, dtype=np.bool_)
+    settle = np.array([memory.settle_left for memory in memories], dtype=np.int64)
+    settling = measured & (settle > 0)
+    for i in np.flatnonzero(settling).tolist():
+        memories[i].settle_left -= 1
+    scores = np.array([memory.evidence[0] for memory in memories], dtype=np.float64)
+    return settling, scores != 0.0
 
 
 def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:

@@ -10,7 +10,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, is_, truediv
+from operator import attrgetter, truediv
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -206,10 +206,20 @@ class ColumnsMemo:
     def of_models(self, models: Sequence[SpeedModel | None]) -> tuple[tuple[Any, ...], ...]:
         """Per rank, its model's fixed_s and per_sample_s (None: no model)."""
         kept = self.models
-        if len(kept) != len(models) or not all(map(is_, kept, models)):
-            fixed = tuple(None if m is None else m.fixed_s for m in models)
-            per_sample = tuple(None if m is None else m.per_sample_s for m in models)
-            self.models, self.model_columns = list(models), (fixed, per_sample)
+        if len(kept) != len(models):
+            kept = self.models = [None] * len(models)
+            self.model_columns = ((None,) * len(models), (None,) * len(models))
+        changed = [
+            i for i, (was, now) in enumerate(zip(kept, models, strict=True)) if was is not now
+        ]
+        if changed:  # after a close every rank's; between two, a few ranks' alone
+            fixed: list[float | None] = list(self.model_columns[0])
+            per_sample: list[float | None] = list(self.model_columns[1])
+            for i in changed:
+                model = kept[i] = models[i]
+                fixed[i] = None if model is None else model.fixed_s
+                per_sample[i] = None if model is None else model.per_sample_s
+            self.model_columns = (tuple(fixed), tuple(per_sample))
         return self.model_columns
 
 
