@@ -217,8 +217,6 @@ class Pace:
 
 
 _model = attrgetter("model")
-_rank_id, _events, _cost = attrgetter("rank"), attrgetter("events"), attrgetter("cost")
-_slow_share = attrgetter("slow_share")
 
 
 def _stale(ranks: Sequence[RankMemory], looked: list[int], fixed: float) -> list[int]:
