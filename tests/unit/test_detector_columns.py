@@ -132,7 +132,10 @@ def test_a_step_of_many_ranks_is_its_events_one_by_one(
         assert list(map(_memory, batched._ranks)) == list(map(_memory, one._ranks))
     assert _as_said(batched.open_incidents) == _as_said(one.open_incidents) != []
     assert closes_at_once >= 5
-    numbers = [(r.last_step, r.local_batch, r.last_ended_at, *r.previous) for r in batched._ranks]
+    numbers = [
+        (r.last_step, r.local_batch, r.last_ended_at, *r.window.costs_before())
+        for r in batched._ranks
+    ]
     assert {type(x) for row in numbers for x in row} == {int, float}
 
 

@@ -13,7 +13,7 @@ import pytest
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.summaries import summarize_many
-from antdt.services.monitor.windows import Row, summarize
+from antdt.services.monitor.windows import Row, summarized
 
 
 def _window(rng: random.Random, steps: int) -> list[Row]:
@@ -38,21 +38,36 @@ def test_many_windows_summarized_at_once_are_each_summarized_alone(seed: int) ->
     config = ReferenceConfig(level_quantile=rng.choice((0.25, 0.5, 0.1)))
     steps = rng.choice((8, 7, 1, 2))
     windows = [_window(rng, steps if rng.random() < 0.95 else steps - 1) for _ in range(60)]
+    shorter = min(3, steps - 1)  # costs of a window of another length: alone
     previous = [
-        tuple(sorted(rng.uniform(0.0005, 0.002) for _ in range(rng.choice((0, steps, steps, 3)))))
+        sorted(rng.uniform(0.0005, 0.002) for _ in range(rng.choice((0, steps, steps, shorter))))
         for _ in windows
     ]
     block = OpenWindows(len(windows) + 2, steps)
     rows = np.array(rng.sample(range(len(windows) + 2), len(windows)), dtype=np.int64)
-    for row, window in zip(rows.tolist(), windows, strict=True):
+    for row, window, before in zip(rows.tolist(), windows, previous, strict=True):
         for step in window:
             block.row(row).append(step)
+        block.row(row).keep_costs(before)
     for fixed in (0.0, 6.5):
-        alone = [summarize(w, p, fixed, config) for w, p in zip(windows, previous, strict=True)]
-        together = summarize_many(block, rows, previous, fixed, config)
-        assert repr(together) == repr(alone)  # NaN included: the same floats
+        alone = [summarized(w, p, fixed, config) for w, p in zip(windows, previous, strict=True)]
+        together = summarize_many(block, rows, fixed, config)
+        found = [together.summary(i) for i in range(len(windows))]
+        assert repr(found) == repr(alone)  # NaN included: the same floats
+        assert repr(together.stats) == repr([a and a[0] for a in alone])
         assert any(alone) or steps == 1
-    assert summarize_many(block, rows[:0], [], 0.0, config) == []
+        assert len(together.together) and len(together.alone)
+    assert summarize_many(block, rows[:0], 0.0, config).stats == []
+
+
+def test_a_windows_costs_before_are_kept_and_forgotten() -> None:
+    block = OpenWindows(2, 3)
+    block.row(1).keep_costs([0.5, 0.75])
+    block.keep_before(np.array([0]), np.array([[0.1, 0.2, 0.3]]))
+    assert block.row(0).costs_before() == [0.1, 0.2, 0.3]
+    assert block.row(1).costs_before() == [0.5, 0.75]
+    block.row(0).forget_costs()
+    assert block.row(0).costs_before() == [] and block.row(1) != block.row(0)
 
 
 def test_an_open_window_reads_back_its_steps_and_joins_many_at_once() -> None:

@@ -29,7 +29,7 @@ class Kept(NamedTuple):
 def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]) -> Kept:
     """Each rank's slow steps counted afresh (its window cleared by the caller); a
     window with nothing measurable (no stats) is dropped, one in warm-up counted off;
-    the others become each rank's latest (`previous` costs, `stats`)."""
+    the others become each rank's latest `stats` (their costs, the caller's)."""
     kept = Kept([], [], [], [])
     for i, (rank, stats) in enumerate(zip(ranks, summaries, strict=True)):
         slow_steps, rank.slow_steps = rank.slow_steps, 0
@@ -38,7 +38,7 @@ def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]
         if rank.warmup_left > 0:
             rank.warmup_left -= 1
             continue
-        rank.previous, rank.stats = stats.costs, stats
+        rank.stats = stats
         kept.at.append(i)
         kept.stats.append(stats)
         kept.slow_steps.append(slow_steps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from itertools import compress
 
 import numpy as np
@@ -39,7 +40,7 @@ from antdt.services.monitor.onepiece import (
     judged_in_one_piece,
 )
 from antdt.services.monitor.openincidents import OpenIncidents
-from antdt.services.monitor.openwindows import OpenWindows
+from antdt.services.monitor.openwindows import Ints, OpenWindows
 from antdt.services.monitor.pace import Pace
 from antdt.services.monitor.ranks import (
     HISTORY_STEPS,
@@ -66,8 +67,8 @@ from antdt.services.monitor.stepcolumns import (
     fields_of,
     listed,
 )
-from antdt.services.monitor.summaries import summarize_many
-from antdt.services.monitor.windows import Row, WindowStats, summarize
+from antdt.services.monitor.summaries import Summaries, summarize_many
+from antdt.services.monitor.windows import Row, WindowStats, summarized
 
 #: Windows closing together from which they are closed at once (closes.py).
 MANY_CLOSES = 16
@@ -478,7 +479,7 @@ class JobDetector:
             self.discarded_windows += 1
         rank.window_plan = plan
         if local_batch != rank.local_batch:
-            rank.previous = ()
+            rank.window.forget_costs()
             rank.settle_left = self.config.speed.line_steps + self.config.window
 
     def _turned(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
@@ -503,16 +504,15 @@ class JobDetector:
         once; the transitions that caused, in `closing`'s order."""
         pace, transitions = self._pace, []
         rows = np.fromiter((rank.rank for rank, _ in closing), dtype=np.int64, count=len(closing))
-        previous = [rank.previous for rank, _ in closing]
-        summaries = summarize_many(self._windows, rows, previous, pace.fixed_samples, pace.config)
+        summaries = summarize_many(self._windows, rows, pace.fixed_samples, pace.config)
         if len(closing) >= MANY_CLOSES:
             self._windows.clear(rows)
-            closed = self._closed_many(closing, summaries)
+            closed = self._closed_many(closing, rows, summaries)
         else:
             closed = [
                 (rank, step, stats, opening)
-                for (rank, step), window in zip(closing, summaries, strict=True)
-                for stats, opening in self._closed_window(rank, window)
+                for i, (rank, step) in enumerate(closing)
+                for stats, opening in self._closed_window(rank, summaries.summary(i))
             ]
         ranks = [rank for rank, _, _, _ in closed]
         stats = [stats for _, _, stats, _ in closed]
@@ -537,11 +537,19 @@ class JobDetector:
         return transitions
 
     def _closed_many(
-        self, closing: list[tuple[RankMemory, int]], summaries: list[WindowStats | None]
+        self, closing: list[tuple[RankMemory, int]], rows: Ints, summaries: Summaries
     ) -> list[tuple[RankMemory, int, WindowStats, bool]]:
-        """`_closed_window` of each rank of `closing`, at once (closes.py)."""
+        """`_closed_window` of each rank of `closing` (its windows' `rows`), at once
+        (closes.py); the costs of the windows kept become their ranks' before."""
         ranks = [rank for rank, _ in closing]
-        kept = cleared(ranks, summaries)
+        kept = cleared(ranks, summaries.stats)
+        retained = np.zeros(len(closing), dtype=np.bool_)
+        retained[kept.at] = True
+        together = summaries.together[retained[summaries.together]]
+        self._windows.keep_before(rows[together], summaries.costs[retained[summaries.together]])
+        for i, costs in summaries.alone.items():
+            if retained[i]:
+                ranks[i].window.keep_costs(costs)
         self._stats_changes += len(kept.at)
         self._closed += len(kept.at)
         self._pace.windows_closed([ranks[i] for i in kept.at], kept.stats, kept.slow_steps)
@@ -570,30 +578,33 @@ class JobDetector:
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """Close the rank's full window: summarized, judged, its incident moved on."""
         pace = self._pace
-        window = summarize(rank.window.rows(), rank.previous, pace.fixed_samples, pace.config)
+        window = rank.window
+        summary = summarized(window.rows(), window.costs_before(), pace.fixed_samples, pace.config)
         transitions = []
-        for stats, opening in self._closed_window(rank, window):
+        for stats, opening in self._closed_window(rank, summary):
             figures = (rank.rank, stats, rank.evidence, pace.fixed_samples, rank.link_rtt_s)
             judged = self._judge.judge(*figures)
             transitions += self._judged_window(rank, step, now, (stats, judged), opening)
         return transitions
 
     def _closed_window(
-        self, rank: RankMemory, stats: WindowStats | None
+        self, rank: RankMemory, summary: tuple[WindowStats, Sequence[float]] | None
     ) -> tuple[tuple[WindowStats, bool], ...]:
-        """The rank's full window, summarized as `stats` (its `step_figures` made with
-        it, or None), cleared and counted: its stats and whether the rank had no incident
+        """The rank's full window, summarized (`windows.summarized`: its stats and costs,
+        or None), cleared and counted: its stats and whether the rank had no incident
         open, when it is to be judged (else none)."""
         rank.window.clear()
         slow_steps, rank.slow_steps = rank.slow_steps, 0
-        if stats is None:
+        if summary is None:
             return ()  # nothing measurable (no samples): keep the previous window
         if rank.warmup_left > 0:
             # Warm-up (first iterations, prefetch filling up) is judged by nobody and
             # stays out of the other ranks' figures.
             rank.warmup_left -= 1
             return ()
-        rank.previous, rank.stats = stats.costs, stats
+        stats, costs = summary
+        rank.window.keep_costs(costs)
+        rank.stats = stats
         self._stats_changes += 1
         opening = rank.deviation is None
         self._pace.window_closed(rank, stats, slow_steps)

@@ -21,9 +21,11 @@ Floats = npt.NDArray[np.float64]
 
 class OpenWindows:
     """Per row (a rank), up to `length` steps: their samples, their four times (compute,
-    data wait, comm, step) and how many it holds (`count`)."""
+    data wait, comm, step) and how many it holds (`count`); and the costs of its window
+    before, ascending (`before`, the first `held_before`), which the next window's level
+    reads: none after a change of batch."""
 
-    __slots__ = ("count", "length", "samples", "times", "views")
+    __slots__ = ("before", "count", "held_before", "length", "samples", "times", "views")
 
     def __init__(self, rows: int, length: int) -> None:
         if length < 1:
@@ -32,10 +34,12 @@ class OpenWindows:
         self.samples: Ints = np.zeros((rows, length), dtype=np.int64)
         self.times: Floats = np.zeros((rows, length, 4), dtype=np.float64)
         self.count: Ints = np.zeros(rows, dtype=np.int64)
-        #: the three arrays as memoryviews: one rank's write of an element costs a third
-        #: of numpy's (an event of one rank joins its window through them)
+        self.before: Floats = np.zeros((rows, length), dtype=np.float64)
+        self.held_before: Ints = np.zeros(rows, dtype=np.int64)
+        #: the arrays as memoryviews: one rank's write of an element costs a third of
+        #: numpy's (an event of one rank joins its window through them)
         self.views: tuple[memoryview, ...] = tuple(
-            a.data for a in (self.samples, self.times, self.count)
+            a.data for a in (self.samples, self.times, self.count, self.before, self.held_before)
         )
 
     def row(self, index: int) -> OpenWindow:
@@ -62,6 +66,17 @@ class OpenWindows:
         """The windows of `rows` hold nothing."""
         self.count[rows] = 0
 
+    def keep_before(self, rows: Ints, costs: Floats) -> None:
+        """Each of `rows` closed its window: its costs (a row of `costs`, `length` each,
+        ascending) are the next window's before."""
+        self.before[rows] = costs
+        self.held_before[rows] = costs.shape[1]
+
+    def costs_before(self, rows: Ints) -> tuple[Floats, Ints]:
+        """The rows' costs before (`length` columns; a row's first `held_before` are its
+        own) and how many each holds: copies."""
+        return self.before[rows], self.held_before[rows]
+
     def block(self, rows: Ints) -> tuple[Ints, Floats, Ints]:
         """The rows' samples and times (`length` columns each; a row's first `count`
         are its steps), and how many each holds: copies."""
@@ -84,7 +99,7 @@ class OpenWindow:
 
     def append(self, row: Row) -> None:
         """One step more (the window must not be full)."""
-        samples, times, count = self._block.views
+        samples, times, count = self._block.views[:3]
         r = self._row
         at = count[r]
         samples[r, at] = row[0]
@@ -94,6 +109,23 @@ class OpenWindow:
 
     def clear(self) -> None:
         self._block.views[2][self._row] = 0
+
+    def costs_before(self) -> list[float]:
+        """The costs of its window before, ascending (none after a change of batch)."""
+        block, r = self._block, self._row
+        return block.before[r, : block.views[4][r]].tolist()  # type: ignore[no-any-return]
+
+    def keep_costs(self, costs: Sequence[float]) -> None:
+        """Its window closed with these costs, ascending (at most `length`)."""
+        before, held = self._block.views[3:5]
+        r = self._row
+        for k, cost in enumerate(costs):
+            before[r, k] = cost  # type: ignore[call-overload]  # a float view
+        held[r] = len(costs)
+
+    def forget_costs(self) -> None:
+        """Its batch changed: the costs before no longer compare."""
+        self._block.views[4][self._row] = 0
 
     def __len__(self) -> int:
         return self._block.views[2][self._row]  # type: ignore[no-any-return]
@@ -114,7 +146,8 @@ class OpenWindow:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, OpenWindow):
-            return self.rows() == other.rows()
+            mine, theirs = (self.rows(), self.costs_before()), (other.rows(), other.costs_before())
+            return mine == theirs
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]

@@ -75,7 +75,8 @@ def started(rank: RankMemory, hello: RankHello, now: float, warmup_windows: int)
     rank.started_at, rank.host = hello.started_at, hello.host
     rank.last_step, rank.last_ended_at, rank.last_seen_at = -1, 0.0, now
     rank.window.clear()
-    rank.previous, rank.settle_left = (), 0
+    rank.window.forget_costs()
+    rank.settle_left = 0
     rank.evidence = Evidence()
     rank.history.clear()
     rank.link_rtt_s = None  # its process, perhaps on another host: its link afresh

@@ -62,7 +62,6 @@ class RankMemory:
     local_batch: int = 0
     window: OpenWindow = field(default_factory=_open_window)  # the open window's figures
     window_plan: int = 0  # plan version of the open window's steps
-    previous: tuple[float, ...] = ()  # costs of the window before, at the same batch
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window

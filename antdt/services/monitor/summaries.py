@@ -4,53 +4,73 @@ at 1,000 ranks that was 1,000 summaries of eight rows, one after another."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Sequence
-from itertools import chain, repeat
-from typing import Any
+from itertools import repeat
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.windows import Row, WindowStats, made_of, summarize
+from antdt.services.monitor.windows import Row, WindowStats, made_of, summarized
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
 
+class Summaries(NamedTuple):
+    """A close's summaries (`summarize_many`): each window's stats, and its costs
+    ascending, the next window's before: those summarized together as rows of an array
+    (`together` their indices), the others as lists by index."""
+
+    stats: list[WindowStats | None]
+    together: Ints
+    costs: Floats
+    alone: dict[int, list[float]]
+
+    def summary(self, i: int) -> tuple[WindowStats, list[float]] | None:
+        """Window i's stats and costs, as `windows.summarized` gives them (None: none)."""
+        stats = self.stats[i]
+        if stats is None:
+            return None
+        if i in self.alone:
+            return stats, self.alone[i]
+        return stats, self.costs[int(np.searchsorted(self.together, i))].tolist()
+
+
 def summarize_many(
-    windows: OpenWindows,
-    rows: Ints,
-    previous: Sequence[Sequence[float]],
-    fixed_samples: float,
-    config: ReferenceConfig,
-) -> list[WindowStats | None]:
-    """`summarize` of the open window of each of `rows` of `windows`, with `previous[i]`
-    the costs before row i's, read where they lie. Full windows whose every step is
-    measured, with no costs before or a window's worth, go together; any other alone."""
-    n = len(rows)
+    windows: OpenWindows, rows: Ints, fixed_samples: float, config: ReferenceConfig
+) -> Summaries:
+    """`summarized` of the open window of each of `rows` of `windows` with its costs
+    before, read where they lie. Full windows whose every step is measured, with no
+    costs before or a window's worth, go together; any other alone."""
+    n, length = len(rows), windows.length
     found: list[WindowStats | None] = [None] * n
-    if not n:
-        return found
+    together: list[Ints] = []
+    costs: list[Floats] = [np.zeros((0, length))]
+    alone_costs: dict[int, list[float]] = {}
     samples, times, count = windows.block(rows)
     block = np.concatenate((samples[:, :, None].astype(np.float64), times), axis=2)
-    length = windows.length
+    before, held = windows.costs_before(rows)
     full = count == length
-    before = np.fromiter(map(len, previous), dtype=np.int64, count=n)
-    alone = ~full | ((before != 0) & (before != length))
-    for before_length in dict.fromkeys((0, length)):
-        members = np.flatnonzero(full & (before == before_length))
+    alone = ~full | ((held != 0) & (held != length))
+    for held_length in dict.fromkeys((0, length)):
+        members = np.flatnonzero(full & (held == held_length))
         if len(members):
-            alone[members] |= ~_block_stats_into(
-                block, members, previous, found, fixed_samples, config
-            )
+            pace = (fixed_samples, config)
+            kept, made = _block_stats_into(block, before, members, held_length, pace, found)
+            alone[members[~kept]] = True
+            together.append(members[kept])
+            costs.append(made)
     for i in np.flatnonzero(alone).tolist():
         steps = _rows(samples[i, : count[i]].tolist(), times[i, : count[i]].tolist())
-        found[i] = summarize(steps, previous[i], fixed_samples, config)
-    return found
+        summary = summarized(steps, before[i, : held[i]].tolist(), fixed_samples, config)
+        if summary is not None:
+            found[i], alone_costs[i] = summary
+    indices = np.concatenate([np.zeros(0, dtype=np.int64), *together])
+    order = np.argsort(indices, kind="stable")
+    return Summaries(found, indices[order], np.concatenate(costs)[order], alone_costs)
 
 
 def _rows(samples: list[int], times: list[list[float]]) -> list[Row]:
@@ -59,41 +79,27 @@ def _rows(samples: list[int], times: list[list[float]]) -> list[Row]:
 
 def _block_stats_into(
     block: Floats,
+    before: Floats,
     members: Ints,
-    previous: Sequence[Sequence[float]],
+    held_length: int,
+    pace: tuple[float, ReferenceConfig],
     found: list[WindowStats | None],
-    fixed_samples: float,
-    config: ReferenceConfig,
-) -> Bools:
-    """The stats of `members` (rows of `block`, full windows with as many costs before
-    each: none or a window's worth) into `found` at their indices, for those whose every
-    step is measured: which were."""
-    length, before_length = block.shape[1], len(previous[int(members[0])])
+) -> tuple[Bools, Floats]:
+    """The stats of `members` (rows of `block`, full windows with `held_length` costs
+    before each in `before`: none or a window's worth) into `found` at their indices,
+    for those whose every step is measured: which were, and their costs ascending."""
+    fixed_samples, config = pace
+    length = block.shape[1]
     windows = block[members]
     measured = _measured(windows)
     keep = members[measured]
-    if not len(keep):
-        return measured
     kept = windows[measured]
-    costs_before = None
-    if before_length:
-        costs_before = as_block([previous[i] for i in keep.tolist()], (len(keep), before_length))
+    costs_before = before[keep, :held_length] if held_length else None
     made, costs = _block_stats(kept, costs_before, fixed_samples, config.level_quantile)
-    events = repeat(length, len(keep))
-    columns = (*made.T.tolist(), map(tuple, costs.tolist()), events, *_step_figures(kept))
+    columns = (*made.T.tolist(), repeat(length, len(keep)), *_step_figures(kept))
     for i, summary in zip(keep.tolist(), made_of(WindowStats, *columns), strict=True):
         found[i] = summary
-    return measured
-
-
-def as_block(items: Sequence[Sequence[Any]], shape: tuple[int, ...]) -> Floats:
-    """Equal-length windows (rows of 5 numbers) or lists of numbers as one array of `shape`:
-    their numbers read in one flat pass (`np.array` of nested lists inspects every
-    level first: twice the time)."""
-    flat: Iterable[Any] = chain.from_iterable(items)
-    if len(shape) == 3:
-        flat = chain.from_iterable(flat)
-    return np.fromiter(flat, dtype=np.float64, count=math.prod(shape)).reshape(shape)
+    return measured, costs
 
 
 def _measured(block: Floats) -> npt.NDArray[np.bool_]:
@@ -169,4 +175,4 @@ def quantile_sorted_rows(ordered: Floats, q: float) -> Floats:
     return ordered[:, low] + (ordered[:, high] - ordered[:, low]) * (position - low)
 
 
-__all__ = ["as_block", "quantile_sorted_rows", "summarize_many"]
+__all__ = ["Summaries", "quantile_sorted_rows", "summarize_many"]

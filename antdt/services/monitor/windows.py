@@ -53,7 +53,6 @@ class WindowStats(NamedTuple):
     # the one before (the Judge's figure: the job's reference is made of them)
     window_level: float  # the same over this window alone: over the reference, its ratio
     cost: float  # the median cost of this window: a rank this much slower is slow at once
-    costs: tuple[float, ...]  # its steps' costs, ascending (the next window's level)
     events: int  # the window's steps
     step_s: float  # median step time
     samples: float  # median samples per step (an int when the window's length is odd)
@@ -80,7 +79,19 @@ def summarize(
     fixed_samples: float,
     config: ReferenceConfig,
 ) -> WindowStats | None:
-    """The window's statistics, or None when no step carried a measurable compute time.
+    """`summarized`'s statistics alone."""
+    found = summarized(rows, previous, fixed_samples, config)
+    return None if found is None else found[0]
+
+
+def summarized(
+    rows: Sequence[Row],
+    previous: Sequence[float],
+    fixed_samples: float,
+    config: ReferenceConfig,
+) -> tuple[WindowStats, list[float]] | None:
+    """The window's statistics and its steps' costs ascending (the next window's
+    `previous`), or None when no step carried a measurable compute time.
     Steps without samples (or compute time) count for step and comm figures only.
     `previous`: the costs of the rank's window before (at the same batch), ascending,
     for its level. One pass, one sort per figure, no calls in the loop: it runs on the
@@ -121,8 +132,8 @@ def _summarize_measured(
     previous: Sequence[float],
     fixed_samples: float,
     config: ReferenceConfig,
-) -> WindowStats:
-    """`summarize` of a window whose every step has samples, compute and step time
+) -> tuple[WindowStats, list[float]]:
+    """`summarized` of a window whose every step has samples, compute and step time
     (> 0), from its `columns`: the same floats, divided at C speed (`map`), no branch
     per step (shares over 1 clamped as there)."""
     samples, times, data, comm, steps = columns
@@ -146,13 +157,14 @@ def _stats(
     parts: tuple[list[float], list[float], list[float]],
     previous: Sequence[float],
     config: ReferenceConfig,
-) -> WindowStats:
-    """A window's statistics from its figures: `costs` ascending (the compute per sample
-    itself when `unfixed`: no fixed part), the busy, data and comm figures per step."""
+) -> tuple[WindowStats, list[float]]:
+    """A window's statistics from its figures, and its `costs` ascending (the compute per
+    sample itself when `unfixed`: no fixed part), the busy, data and comm figures per
+    step."""
     busy, data_share, comm_share = parts
     q = config.level_quantile
     figures = step_figures(rows)
-    return WindowStats(
+    stats = WindowStats(
         compute_per_sample=compute_per_sample,
         busy_per_sample=_median(busy),
         data_share=_median(data_share),
@@ -160,13 +172,13 @@ def _stats(
         level=quantile_sorted(sorted([*previous, *costs]) if previous else costs, q),
         window_level=quantile_sorted(costs, q),
         cost=compute_per_sample if unfixed else _median(costs),
-        costs=tuple(costs),
         events=len(rows),
         step_s=figures[0],
         samples=figures[1],
         comm_s=figures[2],
         overhead_s=figures[3],
     )
+    return stats, costs
 
 
 def _median(values: list[float] | list[int]) -> float:
