@@ -16,6 +16,7 @@ import numpy as np
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState, RankColumns, RankState
 from antdt.services.controller.balance import StepModel, step_models
 from antdt.services.controller.columns import HealthColumns
+from antdt.services.controller.policies.fitted import model_rows, split_models
 from antdt.services.controller.policies.incident_facts import facts_of, incident_facts
 from antdt.services.controller.splits import Floats
 from antdt.services.controller.view import JobView
@@ -205,23 +206,8 @@ def _fitted(view: JobView, held: AbstractSet[int]) -> tuple[dict[int, StepModel]
     columns = view.health_columns
     if columns.complete and not data and columns.all_fitted:
         return _fitted_columns(columns, held)
-    own: dict[int, StepModel] = {}
-    normal: tuple[list[float], list[float]] = ([], [])  # fixed_s, per_sample_s
-    table = _table(view)
-    for i in _usable(view):
-        fixed, per_sample, rank = table.fixed_s[i], table.per_sample_s[i], table.rank[i]
-        if fixed is None or per_sample is None or not per_sample > 0 < table.samples_per_s[i]:
-            continue
-        if data:
-            per_sample += data.get(rank, 0.0)
-        if rank in held:
-            own[rank] = StepModel(fixed, per_sample)
-        else:
-            normal[0].append(fixed)
-            normal[1].append(per_sample)
-    if not normal[0]:
-        return own, None
-    return own, StepModel(statistics.median(normal[0]), statistics.median(normal[1]))
+    rows = model_rows(_table(view), _usable(view), data)
+    return split_models(rows, held, view.spec.world_size)
 
 
 def _fitted_columns(
