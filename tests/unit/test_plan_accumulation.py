@@ -3,14 +3,16 @@ into micro-batches, micro-batching within memory caps, and the plan guardrails."
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
 from pydantic import ValidationError
 
 from antdt.schemas import ActionProposal, JobSpec, Plan
-from antdt.schemas.plan import split_batch
+from antdt.schemas.plan import check_accumulation, split_batch
 from antdt.services.controller.plans import (
+    _accumulation_violation,
     accumulation_upper_bounds,
     micro_batching,
     plan_violations,
@@ -104,3 +106,41 @@ def test_plan_violations_without_accumulation_keep_old_rules() -> None:
     assert "exceeds its memory cap 15" in plan_violations(SPEC, {2: 15}, (16, 16, 16, 16))
     bounded = SPEC.model_copy(update={"max_local_batch": 20})
     assert "rank 0: batch 25 outside [1, 20]" in plan_violations(bounded, {}, (25, 13, 13, 13))
+
+
+def _reference_violation(
+    local: tuple[int, ...], micro: tuple[int, ...] | None, accum: tuple[int, ...] | None
+) -> str:
+    """What plan_violations said of the accumulation before its one-micro-step shortcut
+    (its other rules are apart from it)."""
+    try:
+        check_accumulation(local, micro, accum)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_one_micro_step_plans_are_checked_as_rank_by_rank(seed: int) -> None:
+    """Plans near one micro-step per rank (a micro-batch or accumulation changed, one
+    missing or short, an empty batch) are judged as check_accumulation judges them."""
+    rnd = random.Random(seed)
+    n = rnd.choice((1, 4, 4, 4))
+    local = [16] * n
+    if n > 1 and rnd.random() < 0.5:
+        local[0], local[-1] = 0, 32  # an empty batch, the sum kept
+    micro: list[int] | None = list(local)
+    accum: list[int] | None = [1] * n
+    for _ in range(rnd.randint(0, 2)):
+        which, rank = rnd.choice(("micro", "accum")), rnd.randrange(n)
+        if which == "micro" and micro is not None:
+            micro[rank] = rnd.choice((0, 8, 16, 17, 32))
+        elif accum is not None:
+            accum[rank] = rnd.choice((0, 2, 3, 16))
+    if rnd.random() < 0.1:
+        micro, accum = (None, accum) if rnd.random() < 0.5 else (micro, None)
+    if rnd.random() < 0.1 and accum:
+        accum.pop()
+    plan = (tuple(local), None if micro is None else tuple(micro))
+    accumulation = None if accum is None else tuple(accum)
+    assert _accumulation_violation(*plan, accumulation) == _reference_violation(*plan, accumulation)

@@ -172,10 +172,9 @@ def plan_violations(
         return f"plan sums to {sum(local_batch)}, global batch is {spec.global_batch}"
     micro = None if micro_batch is None else tuple(micro_batch)
     accum = None if accumulation is None else tuple(accumulation)
-    try:
-        check_accumulation(tuple(local_batch), micro, accum)
-    except ValueError as exc:
-        return str(exc)
+    wrong = _accumulation_violation(tuple(local_batch), micro, accum)
+    if wrong:
+        return wrong
     upper = spec.max_local_batch or spec.global_batch
     if not caps and spec.min_local_batch <= min(local_batch) and max(local_batch) <= upper:
         return ""  # every batch within bounds, and no cap to hold
@@ -187,6 +186,21 @@ def plan_violations(
         if cap is not None and held > cap:
             what = "batch" if micro is None else "micro-batch"
             return f"rank {rank}: {what} {held} exceeds its memory cap {cap}"
+    return ""
+
+
+def _accumulation_violation(
+    local: tuple[int, ...], micro: tuple[int, ...] | None, accum: tuple[int, ...] | None
+) -> str:
+    """`check_accumulation`'s complaint ('' when none). One micro-step of its whole batch
+    per rank (the plan of a job without memory caps) holds, and is seen at C speed: the
+    rank-by-rank check cost ~5 ms a decision at 10,000 ranks."""
+    if micro == local and accum is not None and accum.count(1) == len(accum) == len(local):
+        return ""
+    try:
+        check_accumulation(local, micro, accum)
+    except ValueError as exc:
+        return str(exc)
     return ""
 
 
