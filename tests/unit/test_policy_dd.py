@@ -266,6 +266,23 @@ def test_one_plan_then_quiet_over_time() -> None:
     assert len(plans) == 1 and plans[0].accumulation == (3, 3, 2, 2)
 
 
+def test_between_plans_no_speed_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While its own plan is young and within the rules, dd stays quiet before reading
+    any speed (at 10,000 ranks reading them is most of a decision); a plan to fix, or
+    an old one, reads them."""
+    import antdt.services.controller.policies.dd as dd
+
+    read: list[int] = []
+    measured = dd.measured_speeds
+    monkeypatch.setattr(dd, "measured_speeds", lambda v: read.append(1) or measured(v))
+    ours = {"micro": (32,) * 4, "accumulation": (1,) * 4, "reason": "antdt-dd"}
+    young = view((3000.0, None, 1000.0, 1000.0), created_at=NOW - 10, **ours)  # type: ignore[arg-type]
+    assert decide(young) == [] and read == []
+    assert decide(replace(young, now=NOW + 3600)) == [] and read == [1]  # a speed unknown
+    broken = view(created_at=NOW - 10, caps={0: 16}, **ours)  # type: ignore[arg-type]
+    assert decide(broken) and read == [1, 1]
+
+
 def test_registered_and_params_checked() -> None:
     assert isinstance(load_policy("antdt-dd"), DdPolicy)
     assert DdParams.from_params({}).rails.max_change == 8.0

@@ -98,14 +98,13 @@ def plan_dd(view: JobView, params: DdParams) -> DdPlan | None:
     assert view.health is not None
     spec, current = view.spec, view.plan
     must_fix = current_violation(view)
+    ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
+    if not must_fix and ours and view.now - current.created_at < params.replan_s:
+        return None  # one plan, then quiet (the speeds not even read)
     speeds = measured_speeds(view)
     unknown = any_unknown(view, speeds)
-    if not must_fix:
-        if unknown:
-            return None  # plan from every rank's speed, or not at all
-        ours = current.accumulation is not None and not current.reason.startswith(PROVISIONAL)
-        if ours and view.now - current.created_at < params.replan_s:
-            return None  # one plan, then quiet
+    if not must_fix and unknown:
+        return None  # plan from every rank's speed, or not at all
     filled = _filled(speeds, unknown)
     upper = accumulation_upper_bounds(
         spec.world_size,
