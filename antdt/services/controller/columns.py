@@ -8,8 +8,7 @@ and the sorted arrays the medians read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import truediv
+from functools import cached_property
 from typing import cast
 
 import numpy as np
@@ -30,7 +29,6 @@ class HealthColumns:
     health: JobHealth
     world_size: int
     ranks: list[int]
-    hosts: dict[int, str]  # rank -> host of its row
     away: bool  # some rank's process exited (finished, closed, or to be restarted)
     complete: bool
     # the rest, filled only when `complete`
@@ -43,35 +41,37 @@ class HealthColumns:
     sorted_fixed: Floats | None = None  # when every rank has a model: for medians
     sorted_per_sample: Floats | None = None
 
+    @cached_property
+    def hosts(self) -> dict[int, str]:
+        """Rank -> host of its row (made when first read: most decisions do not)."""
+        return dict(zip(self.ranks, self.health.ranks.host, strict=True))
+
     @classmethod
     def of(cls, health: JobHealth, world_size: int) -> HealthColumns:
         table = health.ranks
         ranks = list(table.rank)
-        hosts = dict(zip(ranks, table.host, strict=True))
         states = set(table.state)
         away = not states.isdisjoint(_AWAY)
         if not states <= _USABLE or ranks != list(range(world_size)):
-            return cls(health, world_size, ranks, hosts, away, complete=False)
+            return cls(health, world_size, ranks, away, complete=False)
         rates = list(table.samples_per_s)
         fixed = list(table.fixed_s)
         per_sample = list(table.per_sample_s)
         fitted = None not in fixed and None not in per_sample
-        speeds = _speeds(rates)
-        known = cast(list[float], speeds) if None not in speeds else None
+        speeds, sorted_speeds = _speeds(rates)
         parts = (cast(list[float], fixed), cast(list[float], per_sample)) if fitted else None
         return cls(
             health,
             world_size,
             ranks,
-            hosts,
             False,
             True,
             rates,
             speeds,
-            None if known is None else _ascending(known),
+            sorted_speeds,
             fixed,
             per_sample,
-            parts is not None and min(parts[1], default=1.0) > 0 and min(rates, default=1.0) > 0,
+            parts is not None and min(parts[1], default=1.0) > 0 and sorted_speeds is not None,
             None if parts is None else _ascending(parts[0]),
             None if parts is None else _ascending(parts[1]),
         )
@@ -81,11 +81,15 @@ def _ascending(values: list[float]) -> Floats:
     return np.sort(np.array(values, dtype=np.float64))
 
 
-def _speeds(rates: list[float]) -> tuple[float | None, ...]:
-    """1 / (1 / rate) per rank (None where not positive), at C speed."""
-    if min(rates, default=1.0) > 0:
-        return tuple(map(truediv, repeat(1.0), map(truediv, repeat(1.0), rates)))
-    return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates)
+def _speeds(rates: list[float]) -> tuple[tuple[float | None, ...], Floats | None]:
+    """1 / (1 / rate) per rank (None where not positive), and when every rank has one,
+    them ascending. Read as an array (the same IEEE divisions as Python's floats): in
+    Python they cost ~0.6 ms at 10,000 ranks."""
+    array = np.array(rates, dtype=np.float64)
+    if (array > 0).all():
+        speeds = 1.0 / (1.0 / array)
+        return tuple(speeds.tolist()), np.sort(speeds)
+    return tuple(1.0 / (1.0 / rate) if rate > 0 else None for rate in rates), None
 
 
 __all__ = ["HealthColumns"]
