@@ -8,7 +8,7 @@ import random
 import pytest
 
 from antdt.schemas import Cause, Incident, IncidentKind, IncidentState
-from antdt.services.controller.policies.incident_facts import facts_of
+from antdt.services.controller.policies.incident_facts import IncidentFacts, facts_of
 
 KINDS = list(IncidentKind)
 CAUSES = list(Cause)
@@ -77,3 +77,46 @@ def test_resolved_stalled_and_link_bound_incidents_are_not_actionable() -> None:
     compute = slow.model_copy(update={"id": "c", "cause": Cause.COMPUTE})
     facts = facts_of([stalled, resolved, link, compute])
     assert facts.actionable == (compute,)
+
+
+def _reference_facts(incidents: list[Incident]) -> IncidentFacts:
+    """facts_of as it read each incident before its lean pass."""
+    held: set[int] = set()
+    link_bound: set[int] = set()
+    data_bound: set[int] = set()
+    actionable: list[Incident] = []
+    began: dict[int, int] = {}
+    for incident in incidents:
+        if incident.kind not in (IncidentKind.SLOW, IncidentKind.LEADER) or not _open(incident):
+            continue
+        ranks = (incident.rank, *incident.host_ranks) if incident.host_ranks else (incident.rank,)
+        held.update(ranks)
+        cause = incident.cause if incident.kind == IncidentKind.SLOW else None
+        if cause == Cause.COMMUNICATION:
+            link_bound.update(ranks)
+            continue
+        if cause == Cause.DATA:
+            data_bound.add(incident.rank)
+        actionable.append(incident)
+        run = max(0, incident.step - int(incident.evidence.get("slow_for_steps", 0.0)))
+        began[incident.rank] = max(run, began.get(incident.rank, 0))
+    return IncidentFacts(
+        frozenset(held),
+        frozenset(link_bound),
+        frozenset(data_bound),
+        tuple(actionable),
+        tuple(began.items()),
+    )
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_the_lean_pass_is_the_plain_one(seed: int) -> None:
+    """Every fact, the runs' starts in their order included, on incidents whose ranks
+    repeat, whose runs begin before step 0, at it, or later than another's."""
+    rnd = random.Random(seed)
+    incidents = [_incident(rnd, n) for n in range(rnd.randrange(0, 60))]
+    incidents = [
+        i.model_copy(update={"step": rnd.randrange(12)}) if rnd.random() < 0.5 else i
+        for i in incidents
+    ]
+    assert facts_of(incidents) == _reference_facts(incidents)

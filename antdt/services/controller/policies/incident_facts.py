@@ -43,7 +43,9 @@ def incident_facts(view: JobView) -> IncidentFacts:
 
 
 def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
-    """The facts of `incidents`, in one pass."""
+    """The facts of `incidents`, in one pass. Lean per incident (a crowd of stragglers
+    is thousands of them at every decision): a rank alone added as itself, a run's
+    start kept without a default to compare."""
     held: set[int] = set()
     link_bound: set[int] = set()
     data_bound: set[int] = set()
@@ -55,17 +57,23 @@ def facts_of(incidents: Sequence[Incident]) -> IncidentFacts:
         kind = incident.kind
         if (kind != slow and kind != leader) or incident.state == resolved:
             continue
-        ranks = (incident.rank, *incident.host_ranks) if incident.host_ranks else (incident.rank,)
-        held.update(ranks)
+        rank, others = incident.rank, incident.host_ranks
+        held.add(rank)
+        if others:
+            held.update(others)
         cause = incident.cause if kind == slow else None
         if cause == link:
-            link_bound.update(ranks)
+            link_bound.add(rank)
+            if others:
+                link_bound.update(others)
             continue
         if cause == data:
-            data_bound.add(incident.rank)
+            data_bound.add(rank)
         actionable.append(incident)
-        run = max(0, incident.step - int(incident.evidence.get("slow_for_steps", 0.0)))
-        began[incident.rank] = max(run, began.get(incident.rank, 0))
+        run = incident.step - int(incident.evidence.get("slow_for_steps", 0.0))
+        known = began.get(rank)
+        if known is None or run > known:
+            began[rank] = run if run > 0 else 0
     return IncidentFacts(
         frozenset(held),
         frozenset(link_bound),
