@@ -148,7 +148,7 @@ def _as_arrays(columns: StepColumns) -> StepColumns:
 
 def _memory(rank: RankMemory) -> dict[str, object]:
     """What a rank's memory holds but its memos and its history (a row of a block)."""
-    memos = {"history", "model", "span_model", "figures", "deviation", "stall"}
+    memos = {"history", "model", "span_model", "deviation", "stall"}
     held = {k: getattr(rank, k) for k in RankMemory.__dataclass_fields__ if k not in memos}
     held["normal_windows"] = list(rank.normal_windows)
     held["history"] = list(rank.history)

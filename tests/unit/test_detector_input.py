@@ -172,3 +172,29 @@ def test_a_step_counting_more_samples_than_the_detector_keeps_is_refused() -> No
     detector.ingest_step(StepColumns(JOB, *columns), 1.0)  # type: ignore[arg-type]
     assert detector.rejected == {"bad_samples": 4}
     assert [r.last_step for r in detector._ranks] == [1, -1]
+
+
+def test_a_step_past_what_the_detector_reads_as_int64_is_refused() -> None:
+    """A step of 2**63 passed the wire and, kept as a rank's latest, broke every later
+    health and bulk screen (int64): counted as bad_step and ignored."""
+    from antdt.services.monitor import StepColumns
+
+    detector = JobDetector(JOB, 2)
+    row = (JOB, 0, "h0", 2**63, 0, 32, 0.0, 0.1, 32, 0.08, 0.0, 0.01, 0.1)
+    assert detector.ingest_fields(row, 1.0) == []  # type: ignore[arg-type]
+    columns = [[0, 1], ["h0", "h1"], [2**62 + 1, 1], [0, 0], [32, 32], [0.0] * 2, [0.1] * 2]
+    columns += [[32, 32], [0.08] * 2, [0.0] * 2, [0.01] * 2, [0.1] * 2]
+    detector.ingest_step(StepColumns(JOB, *columns), 1.0)  # type: ignore[arg-type]
+    assert detector.rejected == {"bad_step": 2}
+    assert detector.health(1.0).ranks.last_step == (0, 1)
+
+
+def test_step_columns_of_unequal_lengths_are_the_callers_error() -> None:
+    from antdt.services.monitor import StepColumns
+
+    detector = JobDetector(JOB, 2)
+    columns = [[0, 1], ["h0", "h1"], [1, 1], [0, 0], [32, 32], [0.0] * 2, [0.1] * 2]
+    columns += [[32, 32], [0.08] * 2, [0.0] * 2, [0.01] * 2, [0.1] * 2, [0.001]]
+    with pytest.raises(ValueError, match="link_rtt_s"):
+        detector.ingest_step(StepColumns(JOB, *columns), 1.0)  # type: ignore[arg-type]
+    assert [r.last_step for r in detector._ranks] == [-1, -1]

@@ -1,10 +1,10 @@
 """Many ranks' full windows closed at once: what `JobDetector._closed_window` and a quiet
-NORMAL judgement (`deviations.quiet_normal_window`, the detector's `_looked`) do to each
-rank, the same state to the float, in one pass over the ranks' memories with no call per
-rank. A synchronous job closes every rank's window in the same step: at 10,000 ranks
-the calls one by one were most of a close, and a pass per field (`map` and `setattr`)
-cost several times one pass touching each rank's fields while its object is at hand.
-Pure, no clock."""
+NORMAL judgement (`deviations.advance` of a rank with no incident, the detector's
+`_looked`) do to each rank, the same state to the float, in one pass over the ranks'
+memories with no call per rank. A synchronous job closes every rank's window in the
+same step: at 10,000 ranks the calls one by one were most of a close, and a pass per
+field (`map` and `setattr`) cost several times one pass touching each rank's fields
+while its object is at hand. Pure, no clock."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def quiet_normal(
     config: DetectorConfig,
     slow_at: float,
 ) -> None:
-    """`quiet_normal_window` and `_looked` of NORMAL judgements of ranks with no
-    incident open: judgement and normal windows kept, streak broken; a window counted as
-    looking slow when its ratio is `slow_at` or more."""
+    """`with_step_times`, `advance` and `_looked` of NORMAL judgements of ranks with no
+    incident open: judgement and normal windows kept, streak broken (`_count_normal`); a
+    window counted as looking slow when its ratio is `slow_at` or more."""
     normal_below = 1.0 + config.slow_threshold
     for rank, window, judgement in zip(ranks, stats, judged, strict=True):
         ratio = judgement.ratio

@@ -26,7 +26,6 @@ from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import (
     advance,
     open_slow,
-    quiet_normal_window,
     with_step_times,
 )
 from antdt.services.monitor.history import Histories
@@ -58,6 +57,7 @@ from antdt.services.monitor.stepcolumns import (
     LINK_RTT,
     MAX_S,
     MAX_SAMPLES,
+    MAX_STEP,
     ROW_FIELDS,
     StepArrays,
     StepColumns,
@@ -66,6 +66,7 @@ from antdt.services.monitor.stepcolumns import (
     arrays_of,
     fields_of,
     listed,
+    unequal_columns,
 )
 from antdt.services.monitor.summaries import Summaries, summarize_many
 from antdt.services.monitor.windows import Row, WindowStats, summarized
@@ -148,7 +149,12 @@ class JobDetector:
 
     def ingest_step(self, columns: StepColumns, now: float) -> list[Incident]:
         """`ingest_fields` of every row of `columns` (a step of many ranks), in order, at
-        `now`: the same state and transitions, screened in bulk when no row is bad."""
+        `now`: the same state and transitions, screened in bulk when no row is bad.
+        Raises ValueError when a column's length is not the ranks' (the caller's error:
+        its rows cannot be told apart)."""
+        unequal = unequal_columns(columns)
+        if unequal:
+            raise ValueError(f"step columns of another length than `rank`: {unequal}")
         now = self._tick(now)
         arrays = arrays_of(columns)
         if arrays is not None and all_acceptable(columns, arrays, self._ranks, self.job):
@@ -411,6 +417,8 @@ class JobDetector:
             return "bad_duration"
         if samples > MAX_SAMPLES or not 0 <= fields[5] <= MAX_SAMPLES:
             return "bad_samples"
+        if step > MAX_STEP:
+            return "bad_step"
         if not 0.0 <= started_at <= ended_at < math.inf:
             return "bad_time"
         last = self._ranks[rank]
@@ -523,17 +531,22 @@ class JobDetector:
             pace.fixed_samples,
             [rank.link_rtt_s for rank in ranks],
         )
+        # every window queued for the job's figures in the order closed, as one by one
+        self._judge.queue_many([rank.rank for rank in ranks], stats, [r.link_rtt_s for r in ranks])
         normal = Verdict.NORMAL
         quiet = [
             j.verdict is normal and rank.deviation is None
             for rank, j in zip(ranks, judged, strict=True)
         ]
-        self._quiet_windows(list(compress(closed, quiet)), list(compress(judged, quiet)))
+        calm_ranks = list(compress(ranks, quiet))
+        calm_stats, calm_judged = list(compress(stats, quiet)), list(compress(judged, quiet))
+        quiet_normal(calm_ranks, calm_stats, calm_judged, self.config, self._pace.config.slow_at)
         for (rank, step, window, opening), judgement, calm in zip(
             closed, judged, quiet, strict=True
         ):
             if not calm:
-                transitions += self._judged_window(rank, step, now, (window, judgement), opening)
+                judged_window = (window, judgement)
+                transitions += self._judged_window(rank, step, now, judged_window, opening, False)
         return transitions
 
     def _closed_many(
@@ -557,23 +570,6 @@ class JobDetector:
             (ranks[i], closing[i][1], stats, opening)
             for i, stats, opening in zip(kept.at, kept.stats, kept.opening, strict=True)
         ]
-
-    def _quiet_windows(
-        self, closed: list[tuple[RankMemory, int, WindowStats, bool]], judged: list[Judgement]
-    ) -> None:
-        """Windows judged NORMAL of ranks with no incident open (most ranks at most
-        closes): queued for the job's figures, each rank's judgement and streaks kept;
-        no transition."""
-        if len(closed) < MANY_CLOSES:
-            for (rank, _, window, _), judgement in zip(closed, judged, strict=True):
-                self._judge.queue(rank.rank, window, rank.link_rtt_s)
-                self._looked(rank, judgement)
-                quiet_normal_window(rank, judgement, window, self.config)
-            return
-        ranks = [rank for rank, _, _, _ in closed]
-        stats = [stats for _, _, stats, _ in closed]
-        self._judge.queue_many([r.rank for r in ranks], stats, [r.link_rtt_s for r in ranks])
-        quiet_normal(ranks, stats, judged, self.config, self._pace.config.slow_at)
 
     def _close_window(self, rank: RankMemory, step: int, now: float) -> list[Incident]:
         """Close the rank's full window: summarized, judged, its incident moved on."""
@@ -618,11 +614,13 @@ class JobDetector:
         now: float,
         judged: tuple[WindowStats, Judgement],
         opening: bool,
+        queue: bool = True,
     ) -> list[Incident]:
-        """The rank's window `stats` and its `judgement` queued for the job's figures, its
-        incident moved on: the transitions."""
+        """The rank's window `stats` and its `judgement` queued for the job's figures
+        (unless the caller did), its incident moved on: the transitions."""
         stats, judgement = judged
-        self._judge.queue(rank.rank, stats, rank.link_rtt_s)
+        if queue:
+            self._judge.queue(rank.rank, stats, rank.link_rtt_s)
         self._looked(rank, judgement)
         rank.judgement = with_step_times(judgement, stats, rank)
         transitions = advance(rank, rank.judgement, step, now, self.config, self._open)

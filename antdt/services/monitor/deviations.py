@@ -104,17 +104,6 @@ def _normal_window(
     return [_resolve(rank, judged, step, now, config, book)]
 
 
-def quiet_normal_window(
-    rank: RankMemory, judged: Judgement, stats: WindowStats, config: DetectorConfig
-) -> None:
-    """`with_step_times` and `advance` of a NORMAL judgement (of `stats`) of a rank with
-    no incident open, most ranks at most closes: its judgement and normal windows kept,
-    its streak broken; no transition."""
-    rank.normal_windows.append(stats)
-    rank.judgement = judged
-    _count_normal(rank, judged, config)
-
-
 def _count_normal(rank: RankMemory, judged: Judgement, config: DetectorConfig) -> None:
     # A window counts as normal for the class only when it looked normal itself: a
     # mild straggler from the start is normal to its evidence until the evidence is in.

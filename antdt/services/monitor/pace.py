@@ -61,11 +61,7 @@ class Pace:
         """The rank's window (`stats`, `slow_steps` of its steps slow) closed: its share
         of slow steps, smoothed; its evidence, slow at once when the window's median cost
         is `instant_ratio` x the reference."""
-        self._changed.add(rank.rank)
-        share = slow_steps / stats.events
-        last = rank.slow_share
-        rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
-        self._weigh_window(rank, stats)
+        self.windows_closed((rank,), (stats,), (slow_steps,))
 
     def _weigh_window(self, rank: RankMemory, stats: WindowStats) -> None:
         """The rank's evidence after its window `stats`: slow at once when the window's

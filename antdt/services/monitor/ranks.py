@@ -60,7 +60,9 @@ class RankMemory:
     last_ended_at: float = 0.0
     last_seen_at: float | None = None  # control-plane time of its latest accepted event
     local_batch: int = 0
-    window: OpenWindow = field(default_factory=_open_window)  # the open window's figures
+    # the open window's figures and the costs before it: a row of the detector's block
+    # (alone: a block of its own, the default window's length)
+    window: OpenWindow = field(default_factory=_open_window)
     window_plan: int = 0  # plan version of the open window's steps
     warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window

@@ -29,6 +29,9 @@ MAX_S = 1e7
 #: The most samples (or planned batch) a rank's step may count: the wire contract bounds
 #: none, the detector keeps them in int64 blocks and float64 sums (exact to 2**53).
 MAX_SAMPLES = 2**40
+#: The highest step a rank's event may name: the wire bounds none, the detector reads the
+#: ranks' latest steps as int64.
+MAX_STEP = 2**62
 
 
 class StepFields(NamedTuple):
@@ -132,6 +135,13 @@ def arrays_of(columns: StepColumns) -> StepArrays | None:
     return StepArrays(*found)
 
 
+def unequal_columns(columns: StepColumns) -> list[str]:
+    """The columns (of those given) whose length is not the ranks': a caller's error."""
+    n = len(columns.rank)
+    named = zip(StepColumns._fields[2:], columns[2:], strict=True)
+    return [name for name, column in named if column is not None and len(column) != n]
+
+
 def listed(column: Any) -> Any:
     """A column's values as Python numbers."""
     return column.tolist() if isinstance(column, np.ndarray) else column  # type: ignore[no-any-return]
@@ -174,7 +184,7 @@ def all_acceptable(
         return False
     if a.samples.max() > MAX_SAMPLES or a.local_batch.min() < 0:
         return False
-    if a.local_batch.max() > MAX_SAMPLES:
+    if a.local_batch.max() > MAX_SAMPLES or a.step.max() > MAX_STEP:
         return False
     if not (a.started_at <= a.ended_at).all():  # False on a NaN too
         return False
@@ -194,10 +204,12 @@ def all_acceptable(
 __all__ = [
     "MAX_S",
     "MAX_SAMPLES",
+    "MAX_STEP",
     "StepArrays",
     "StepColumns",
     "StepFields",
     "all_acceptable",
     "arrays_of",
     "listed",
+    "unequal_columns",
 ]

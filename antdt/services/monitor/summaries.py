@@ -1,6 +1,7 @@
-"""Many ranks' windows summarized at once: `summarize` of each, the same floats, over
-arrays. Pure, no I/O. A synchronous job's ranks close their windows in the same step:
-at 1,000 ranks that was 1,000 summaries of eight rows, one after another."""
+"""Many ranks' windows summarized at once: `windows.summarized` of each, the same floats,
+over the rows of the job's block of open windows. Pure, no I/O. A synchronous job's
+ranks close their windows in the same step: at 1,000 ranks that was 1,000 summaries of
+eight rows, one after another."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy.typing as npt
 
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.reference import ReferenceConfig
-from antdt.services.monitor.windows import Row, WindowStats, made_of, summarized
+from antdt.services.monitor.windows import WindowStats, made_of, summarized
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
@@ -64,17 +65,13 @@ def summarize_many(
             together.append(members[kept])
             costs.append(made)
     for i in np.flatnonzero(alone).tolist():
-        steps = _rows(samples[i, : count[i]].tolist(), times[i, : count[i]].tolist())
+        steps = windows.row(int(rows[i])).rows()
         summary = summarized(steps, before[i, : held[i]].tolist(), fixed_samples, config)
         if summary is not None:
             found[i], alone_costs[i] = summary
     indices = np.concatenate([np.zeros(0, dtype=np.int64), *together])
     order = np.argsort(indices, kind="stable")
     return Summaries(found, indices[order], np.concatenate(costs)[order], alone_costs)
-
-
-def _rows(samples: list[int], times: list[list[float]]) -> list[Row]:
-    return [(n, c, d, m, s) for n, (c, d, m, s) in zip(samples, times, strict=True)]
 
 
 def _block_stats_into(
