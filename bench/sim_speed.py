@@ -22,9 +22,7 @@ TARGET_X_NONE, TARGET_OF_ORACLE = 3.0, 0.9
 #: The runs of one comparison: the reference (oracle and healthy cluster), each policy.
 RUNS = ("oracle", "none", "lb-bsp", "antdt-nd", "antdt-dd")
 #: The target's size, measured as it is: a shorter run draws the scenario's episodes
-#: over fewer steps (denser contention), and a run's later steps, with more persistent
-#: stragglers, cost more than its first (lb-bsp: 133k rank-steps a CPU s over the first
-#: 300 steps, 76k over 1,000).
+#: over fewer steps (denser contention, other plans), so its rate is not the target's.
 RANKS, STEPS = 10_000, 1_000
 #: Told the steps each run has done (the run's name, steps done).
 Advance = Callable[[str, int], None]
