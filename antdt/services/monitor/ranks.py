@@ -10,7 +10,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, truediv
+from operator import attrgetter, is_not, truediv
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -210,9 +210,7 @@ class ColumnsMemo:
         if len(kept) != len(models):
             kept = self.models = [None] * len(models)
             self.model_columns = ((None,) * len(models), (None,) * len(models))
-        changed = [
-            i for i, (was, now) in enumerate(zip(kept, models, strict=True)) if was is not now
-        ]
+        changed = list(compress(range(len(models)), map(is_not, kept, models)))
         if changed:  # after a close every rank's; between two, a few ranks' alone
             fixed: list[float | None] = list(self.model_columns[0])
             per_sample: list[float | None] = list(self.model_columns[1])
