@@ -16,13 +16,13 @@ import pytest
 
 from antdt.schemas import Incident, JobHealth
 from antdt.services.monitor import JobDetector
-from antdt.services.monitor.detector import MANY_CLOSES
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import ReferenceConfig
 from antdt.services.monitor.stepcolumns import StepColumns, all_acceptable, arrays_of
 from antdt.services.monitor.windows import summarize
 
 JOB = "columns"
+MANY_CLOSES = 16
 RANKS, PER_HOST, STEPS = 12, 4, 140
 
 
@@ -118,7 +118,7 @@ def test_a_step_of_many_ranks_is_its_events_one_by_one(
     arrays: the same transitions, health, and every rank's memory, step by step; with
     `arrays`, the numeric columns given as numpy arrays (a simulator's), which leave
     Python numbers in the memories."""
-    ranks = 4 * MANY_CLOSES
+    ranks = 4 * MANY_CLOSES  # a step's closes many, judged over arrays (judge._MANY: 16)
     one, batched = JobDetector(JOB, ranks), JobDetector(JOB, ranks)
     closes_at_once = 0
     for now, columns in _stream(seed, True, one_piece, ranks=ranks, missing=0.003):

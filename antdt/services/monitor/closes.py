@@ -28,7 +28,9 @@ class Kept(NamedTuple):
 
 def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]) -> Kept:
     """Each rank's slow steps counted afresh (its window cleared by the caller); a
-    window with nothing measurable (no stats) is dropped, one in warm-up counted off;
+    window with nothing measurable (no stats) is dropped, one in warm-up (first
+    iterations, prefetch filling up: judged by nobody, out of the others' figures)
+    counted off;
     the others become each rank's latest `stats` (their costs, the caller's)."""
     kept = Kept([], [], [], [])
     for i, (rank, stats) in enumerate(zip(ranks, summaries, strict=True)):

@@ -10,6 +10,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from itertools import compress
+from typing import cast
 
 import numpy as np
 
@@ -70,9 +71,6 @@ from antdt.services.monitor.stepcolumns import (
 )
 from antdt.services.monitor.summaries import Summaries, summarize_many
 from antdt.services.monitor.windows import Row, WindowStats, summarized
-
-#: Windows closing together from which they are closed at once (closes.py).
-MANY_CLOSES = 16
 
 
 class JobDetector:
@@ -513,15 +511,8 @@ class JobDetector:
         pace, transitions = self._pace, []
         rows = np.fromiter((rank.rank for rank, _ in closing), dtype=np.int64, count=len(closing))
         summaries = summarize_many(self._windows, rows, pace.fixed_samples, pace.config)
-        if len(closing) >= MANY_CLOSES:
-            self._windows.clear(rows)
-            closed = self._closed_many(closing, rows, summaries)
-        else:
-            closed = [
-                (rank, step, stats, opening)
-                for i, (rank, step) in enumerate(closing)
-                for stats, opening in self._closed_window(rank, summaries.summary(i))
-            ]
+        self._windows.clear(rows)
+        closed = self._closed_many(closing, rows, summaries)
         ranks = [rank for rank, _, _, _ in closed]
         stats = [stats for _, _, stats, _ in closed]
         judged = self._judge.judge_many(
@@ -590,22 +581,15 @@ class JobDetector:
         or None), cleared and counted: its stats and whether the rank had no incident
         open, when it is to be judged (else none)."""
         rank.window.clear()
-        slow_steps, rank.slow_steps = rank.slow_steps, 0
-        if summary is None:
-            return ()  # nothing measurable (no samples): keep the previous window
-        if rank.warmup_left > 0:
-            # Warm-up (first iterations, prefetch filling up) is judged by nobody and
-            # stays out of the other ranks' figures.
-            rank.warmup_left -= 1
+        kept = cleared((rank,), (None if summary is None else summary[0],))
+        if not kept.at:
             return ()
-        stats, costs = summary
+        stats, costs = cast(tuple[WindowStats, Sequence[float]], summary)
         rank.window.keep_costs(costs)
-        rank.stats = stats
         self._stats_changes += 1
-        opening = rank.deviation is None
-        self._pace.window_closed(rank, stats, slow_steps)
+        self._pace.window_closed(rank, stats, kept.slow_steps[0])
         self._closed += 1
-        return ((stats, opening),)
+        return ((stats, kept.opening[0]),)
 
     def _judged_window(
         self,
