@@ -96,7 +96,7 @@ def test_a_step_as_columns_is_its_events_one_by_one(seed: int, rtt: bool, one_pi
     bulk = 0
     for now, columns in _stream(seed, rtt, one_piece):
         arrays = arrays_of(columns)
-        bulk += arrays is not None and all_acceptable(columns, arrays, batched._ranks, JOB)
+        bulk += arrays is not None and all_acceptable(columns, arrays, batched._latest, JOB)
         expected = [t for row in columns.rows() for t in one.ingest_fields(row, now)]  # type: ignore[arg-type]
         assert _as_said(batched.ingest_step(columns, now)) == _as_said(expected)
         assert _same_health(batched.health(now), one.health(now))
@@ -146,10 +146,15 @@ def _as_arrays(columns: StepColumns) -> StepColumns:
     return StepColumns(columns.job, *numeric, columns.link_rtt_s, columns.one_piece_s)  # type: ignore[arg-type]
 
 
+LATEST = ("last_step", "last_ended_at", "last_seen_at", "local_batch", "link_rtt_s", "settle_left")
+
+
 def _memory(rank: RankMemory) -> dict[str, object]:
     """What a rank's memory holds but its memos and its history (a row of a block)."""
-    memos = {"history", "model", "span_model", "deviation", "stall"}
+    memos = {"history", "model", "span_model", "deviation", "stall", "latest"}
     held = {k: getattr(rank, k) for k in RankMemory.__dataclass_fields__ if k not in memos}
+    for k in LATEST:  # its row of the detector's block of latest steps
+        held[k] = getattr(rank, k)
     held["normal_windows"] = list(rank.normal_windows)
     held["history"] = list(rank.history)
     for kind in ("deviation", "stall"):
@@ -215,7 +220,7 @@ def test_ranks_that_moved_stalled_or_exited_are_accepted_from_columns_as_one_by_
             rows[-1] += [0.0005, 0.005, compute + 0.006, 0.005]
         columns = StepColumns(JOB, *[list(c) for c in zip(*rows, strict=True)])  # type: ignore[arg-type]
         arrays = arrays_of(columns)
-        assert arrays is not None and all_acceptable(columns, arrays, batched._ranks, JOB)
+        assert arrays is not None and all_acceptable(columns, arrays, batched._latest, JOB)
         expected = [i for row in columns.rows() for i in one.ingest_fields(row, t)]  # type: ignore[arg-type]
         assert _as_said(batched.ingest_step(columns, t)) == _as_said(expected)
         stalls = one.check_stalls(t)

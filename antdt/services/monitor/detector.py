@@ -32,6 +32,7 @@ from antdt.services.monitor.deviations import (
 from antdt.services.monitor.history import Histories
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
+from antdt.services.monitor.latest import ENDED_AT, LOCAL_BATCH, SEEN_AT, STEP, LatestSteps
 from antdt.services.monitor.lockstep import account_plain, is_plain
 from antdt.services.monitor.onepiece import (
     ONE_PIECE_S,
@@ -94,12 +95,15 @@ class JobDetector:
         warmup = self.config.warmup_windows
         self._histories = Histories(world_size, HISTORY_STEPS)
         self._windows = OpenWindows(world_size, self.config.window)
+        self._latest = LatestSteps(world_size)
         self._ranks = [
             RankMemory(
                 rank,
                 warmup_left=warmup,
                 history=self._histories.row(rank),
                 window=self._windows.row(rank),
+                latest=self._latest,
+                latest_row=rank,
             )
             for rank in range(world_size)
         ]
@@ -155,7 +159,7 @@ class JobDetector:
             raise ValueError(f"step columns of another length than `rank`: {unequal}")
         now = self._tick(now)
         arrays = arrays_of(columns)
-        if arrays is not None and all_acceptable(columns, arrays, self._ranks, self.job):
+        if arrays is not None and all_acceptable(columns, arrays, self._latest, self.job):
             return self._accept_rows(columns, arrays, now)
         transitions = []
         for fields in columns.rows():
@@ -217,7 +221,7 @@ class JobDetector:
         done = account_plain(
             (columns, arrays),
             memories,
-            (self._histories, self._windows),
+            (self._histories, self._windows, self._latest),
             now,
             (pace.slow_cost, pace.fixed_samples, self._window_steps),
         )
@@ -419,10 +423,11 @@ class JobDetector:
             return "bad_step"
         if not 0.0 <= started_at <= ended_at < math.inf:
             return "bad_time"
-        last = self._ranks[rank]
-        if step <= last.last_step:
-            return "duplicate_step" if step == last.last_step else "step_backwards"
-        if ended_at < last.last_ended_at and last.last_step >= 0:
+        latest = self._latest.views
+        last_step = latest[STEP][rank]
+        if step <= last_step:
+            return "duplicate_step" if step == last_step else "step_backwards"
+        if ended_at < latest[ENDED_AT][rank] and last_step >= 0:
             return "time_backwards"
         helped = fields[HELPED] if len(fields) > HELPED else None
         if helped and any(not 0 <= o < self.world_size or o == rank for o in helped):
@@ -443,10 +448,11 @@ class JobDetector:
     ) -> None:
         """A rank's step accepted: the rank's latest step, and the job's latest step, plan
         and when it was heard."""
-        rank.last_step = step
-        rank.last_ended_at = ended_at
-        rank.last_seen_at = now
-        rank.local_batch = local_batch
+        latest, r = self._latest.views, rank.rank
+        latest[STEP][r] = step
+        latest[ENDED_AT][r] = ended_at  # type: ignore[call-overload]  # a float view
+        latest[SEEN_AT][r] = now  # type: ignore[call-overload]
+        latest[LOCAL_BATCH][r] = local_batch
         if self._rewind and step <= self._latest_step:
             self._latest_step, self._rewind = step, False
         self._heard_step(step, plan, now)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.history import Histories
+from antdt.services.monitor.latest import LatestSteps
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.stepcolumns import Floats, Ints, StepArrays, StepColumns
@@ -56,20 +57,22 @@ def is_plain(columns: StepColumns, arrays: StepArrays, memories: Sequence[RankMe
 def account_plain(
     columns: tuple[StepColumns, StepArrays],
     memories: Sequence[RankMemory],
-    blocks: tuple[Histories, OpenWindows],
+    blocks: tuple[Histories, OpenWindows, LatestSteps],
     now: float,
     pace: tuple[float, float, int],
 ) -> Accounted:
-    """Each row into its rank's memory (latest step, times, batch, link), open window and
+    """Each row into its rank's latest step (times, batch, link), open window and
     history (row r of each of `blocks` is rank r's); `is_plain` must hold of rows of
     distinct ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in
     samples and window length."""
-    (c, a), (histories, windows) = columns, blocks
+    (c, a), (histories, windows, latest) = columns, blocks
     slow_cost, fixed_samples, window_steps = pace
     samples, compute = _as_judged(c, a)
     n, t = samples.astype(np.float64), compute
     measured = (n > 0) & (t > 0)
-    settling, scored = _remembered(c, a, memories, measured, now)
+    latest.take(a.rank, (a.step, a.ended_at, a.local_batch), now, c.link_rtt_s)
+    settling = latest.settle(a.rank, measured)
+    scored = np.array([memory.evidence[0] for memory in memories], dtype=np.float64) != 0.0
     lengths = windows.add(a.rank, samples, (compute, a.data_wait_s, a.comm_s, a.step_s))
     if measured.all():
         histories.add(a.rank, samples, compute)
@@ -83,33 +86,6 @@ def account_plain(
     weigh = np.flatnonzero(measured & ~settling & (scored | slow)).tolist()
     full = np.flatnonzero(lengths >= window_steps).tolist()
     return Accounted(weigh, full, samples.tolist(), compute.tolist())
-
-
-def _remembered(
-    c: StepColumns, a: StepArrays, memories: Sequence[RankMemory], measured: Bools, now: float
-) -> tuple[Bools, Bools]:
-    """Each row's latest step, times, batch and link into its rank's memory, and a step
-    less to settle for a settling rank whose step is measured (all `_weigh` does to it):
-    one pass over the memories, each rank's fields set while its object is at hand
-    (a pass per field, through `setattr`, cost several times as much at 10,000 ranks).
-    Which rows were settling, and which ranks' evidence has a score to wear off."""
-    links = c.link_rtt_s if c.link_rtt_s is not None else [None] * len(memories)
-    rows = zip(
-        memories, a.step.tolist(), a.ended_at.tolist(), a.local_batch.tolist(), links, strict=True
-    )
-    for memory, step, ended, batch, link in rows:
-        memory.last_step = step
-        memory.last_ended_at = ended
-        memory.last_seen_at = now
-        memory.local_batch = batch
-        if link is not None:
-            memory.link_rtt_s = link
-    settle = np.array([memory.settle_left for memory in memories], dtype=np.int64)
-    settling = measured & (settle > 0)
-    for i in np.flatnonzero(settling).tolist():
-        memories[i].settle_left -= 1
-    scores = np.array([memory.evidence[0] for memory in memories], dtype=np.float64)
-    return settling, scores != 0.0
 
 
 def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:

@@ -27,6 +27,17 @@ from antdt.schemas import (
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.history import History
 from antdt.services.monitor.judge import Judgement
+from antdt.services.monitor.latest import (
+    ENDED_AT,
+    LINK_RTT_S,
+    LOCAL_BATCH,
+    SEEN_AT,
+    SETTLE_LEFT,
+    STEP,
+    LatestSteps,
+    optional,
+    stored,
+)
 from antdt.services.monitor.openwindows import OpenWindow
 from antdt.services.monitor.reference import Evidence
 from antdt.services.monitor.speed import SpeedModel
@@ -56,10 +67,11 @@ class RankMemory:
 
     rank: int
     host: str = ""
-    last_step: int = -1  # -1: no event yet
-    last_ended_at: float = 0.0
-    last_seen_at: float | None = None  # control-plane time of its latest accepted event
-    local_batch: int = 0
+    # its latest accepted step (the properties last_step, last_ended_at, last_seen_at,
+    # local_batch, link_rtt_s and settle_left): row `latest_row` of the detector's block
+    # (alone: a block of its own)
+    latest: LatestSteps = field(default_factory=lambda: LatestSteps(1), compare=False, repr=False)
+    latest_row: int = 0
     # the open window's figures and the costs before it: a row of the detector's block
     # (alone: a block of its own, the default window's length)
     window: OpenWindow = field(default_factory=_open_window)
@@ -68,7 +80,6 @@ class RankMemory:
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
     evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
-    settle_left: int = 0  # steps at a new batch before its evidence counts again
     slow_steps: int = 0  # slow steps in its open window
     slow_share: float | None = None  # share of its recent steps that were slow (smoothed)
     # (samples, compute_s) of its recent steps at one speed: its speed model's
@@ -88,7 +99,6 @@ class RankMemory:
     exited: ExitReason | None = None  # its process stopped on purpose (RankExit) ...
     exit_step: int = -1  # ... after this step: only a later step means it is back
     started_at: float = 0.0  # when its current process started (RankHello), Unix seconds
-    link_rtt_s: float | None = None  # its latest round trip to nats-server (StepEvent)
     # samples of other ranks' shares it computed under work sharing, by owner, in total
     helped: Counter[int] = field(default_factory=Counter)
     # its latest windows judged normal: a communication straggler's step time before onset
@@ -99,6 +109,58 @@ class RankMemory:
     # its model through the steps around its history's latest change of batch size, and
     # that span (a memo: a round of windows refits the job's fixed part from every rank's)
     span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
+
+    @property
+    def last_step(self) -> int:
+        """Its latest accepted step; -1: none yet."""
+        return self.latest.views[STEP][self.latest_row]
+
+    @last_step.setter
+    def last_step(self, step: int) -> None:
+        self.latest.views[STEP][self.latest_row] = step
+
+    @property
+    def last_ended_at(self) -> float:
+        return self.latest.views[ENDED_AT][self.latest_row]
+
+    @last_ended_at.setter
+    def last_ended_at(self, at: float) -> None:
+        self.latest.views[ENDED_AT][self.latest_row] = at  # type: ignore[call-overload]
+
+    @property
+    def last_seen_at(self) -> float | None:
+        """Control-plane time of its latest accepted event; None: never."""
+        return optional(self.latest.views[SEEN_AT][self.latest_row])
+
+    @last_seen_at.setter
+    def last_seen_at(self, at: float | None) -> None:
+        self.latest.views[SEEN_AT][self.latest_row] = stored(at)  # type: ignore[call-overload]
+
+    @property
+    def local_batch(self) -> int:
+        return self.latest.views[LOCAL_BATCH][self.latest_row]
+
+    @local_batch.setter
+    def local_batch(self, batch: int) -> None:
+        self.latest.views[LOCAL_BATCH][self.latest_row] = batch
+
+    @property
+    def link_rtt_s(self) -> float | None:
+        """Its latest round trip to nats-server (StepEvent); None: none heard."""
+        return optional(self.latest.views[LINK_RTT_S][self.latest_row])
+
+    @link_rtt_s.setter
+    def link_rtt_s(self, rtt: float | None) -> None:
+        self.latest.views[LINK_RTT_S][self.latest_row] = stored(rtt)  # type: ignore[call-overload]
+
+    @property
+    def settle_left(self) -> int:
+        """Steps at a new batch before its evidence counts again."""
+        return self.latest.views[SETTLE_LEFT][self.latest_row]
+
+    @settle_left.setter
+    def settle_left(self, steps: int) -> None:
+        self.latest.views[SETTLE_LEFT][self.latest_row] = steps
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from antdt.services.monitor.latest import LatestSteps
 from antdt.services.monitor.onepiece import acceptable_one_piece
-from antdt.services.monitor.ranks import RankMemory
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
@@ -167,18 +167,16 @@ def _acceptable_pieces(pieces: Sequence[float | None]) -> bool:
 _NUMBERS = frozenset((float, int))
 
 
-def all_acceptable(
-    columns: StepColumns, arrays: StepArrays, ranks: Sequence[RankMemory], job: str
-) -> bool:
+def all_acceptable(columns: StepColumns, arrays: StepArrays, latest: LatestSteps, job: str) -> bool:
     """True only when `ingest_fields` would reject none of the rows (False: maybe some):
     one job, distinct ranks of the job, finite durations in range, times in order and
-    after each rank's last step. `arrays`: the columns' (`arrays_of`)."""
+    after each rank's last step (`latest`, the job's). `arrays`: the columns' (`arrays_of`)."""
     a, n = arrays, len(arrays.rank)
     if columns.job != job or n == 0:
         return columns.job == job
-    if any(len(column) != n for column in a) or a.rank.min() < 0 or a.rank.max() >= len(ranks):
+    if any(len(column) != n for column in a) or a.rank.min() < 0 or a.rank.max() >= len(latest):
         return False
-    if np.bincount(a.rank, minlength=len(ranks)).max() > 1 or len(columns.host) != n:
+    if np.bincount(a.rank, minlength=len(latest)).max() > 1 or len(columns.host) != n:
         return False
     if a.samples.min() < 0 or a.started_at.min() < 0.0 or not np.isfinite(a.ended_at).all():
         return False
@@ -193,11 +191,10 @@ def all_acceptable(
             return False
     if columns.one_piece_s is not None and not _acceptable_pieces(columns.one_piece_s):
         return False
-    memories = list(map(ranks.__getitem__, a.rank.tolist()))
-    last_steps = np.array([memory.last_step for memory in memories], dtype=np.int64)
+    last_steps = latest.step[a.rank]
     if not (a.step > last_steps).all():
         return False
-    last_ended = np.array([memory.last_ended_at for memory in memories], dtype=np.float64)
+    last_ended = latest.ended_at[a.rank]
     return bool(((a.ended_at >= last_ended) | (last_steps < 0)).all())
 
 

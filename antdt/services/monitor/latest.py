@@ -1,0 +1,103 @@
+"""Each rank's latest accepted step, rows of one block. Pure, no clock.
+
+What the detector sets for every rank at every step (the step's number, when it ended,
+when it was heard, its batch, its link's round trip) and the steps its evidence still
+settles for after a change of batch. Held as attributes of 10,000 objects, a step of
+10,000 ranks set 50,000 of them one by one; here it is a few numpy calls
+(`LatestSteps.take`). A rank's own reads and writes (RankMemory's properties, an event
+of one rank) go through memoryviews. NaN stands for "none yet" where a time may be
+missing: the detector refuses NaN in every time it takes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import is_not
+
+import numpy as np
+import numpy.typing as npt
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+
+#: Positions of the arrays in `LatestSteps.views`.
+STEP, ENDED_AT, SEEN_AT, LOCAL_BATCH, LINK_RTT_S, SETTLE_LEFT = range(6)
+
+
+class LatestSteps:
+    """Per row (a rank): its latest step (-1: none yet), when that step ended, when it
+    was heard (control-plane time; NaN: never), its local batch, its link's latest round
+    trip (NaN: none heard) and the steps its evidence still settles for."""
+
+    __slots__ = ("ended_at", "link_rtt_s", "local_batch", "seen_at", "settle_left", "step", "views")
+
+    def __init__(self, rows: int) -> None:
+        self.step: Ints = np.full(rows, -1, dtype=np.int64)
+        self.ended_at: Floats = np.zeros(rows, dtype=np.float64)
+        self.seen_at: Floats = np.full(rows, np.nan)
+        self.local_batch: Ints = np.zeros(rows, dtype=np.int64)
+        self.link_rtt_s: Floats = np.full(rows, np.nan)
+        self.settle_left: Ints = np.zeros(rows, dtype=np.int64)
+        #: the arrays as memoryviews, in the order of STEP .. SETTLE_LEFT: one rank's
+        #: read or write of an element costs a third of numpy's
+        self.views: tuple[memoryview, ...] = tuple(
+            a.data
+            for a in (
+                self.step,
+                self.ended_at,
+                self.seen_at,
+                self.local_batch,
+                self.link_rtt_s,
+                self.settle_left,
+            )
+        )
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def take(
+        self,
+        rows: Ints,
+        figures: tuple[Ints, Floats, Ints],
+        now: float,
+        links: Sequence[float | None] | Floats | None,
+    ) -> None:
+        """A step of each of `rows` (distinct) accepted at `now`: `figures` its step
+        numbers, end times and local batches; `links` the round trips (a row's None,
+        or no column, keeps its last)."""
+        step, ended_at, local_batch = figures
+        self.step[rows] = step
+        self.ended_at[rows] = ended_at
+        self.seen_at[rows] = now
+        self.local_batch[rows] = local_batch
+        if links is None:
+            return
+        if isinstance(links, np.ndarray):
+            self.link_rtt_s[rows] = links
+            return
+        given = np.fromiter(map(is_not, links, repeat(None)), dtype=bool, count=len(links))
+        if given.all():
+            self.link_rtt_s[rows] = np.array(links, dtype=np.float64)
+        elif given.any():
+            self.link_rtt_s[rows[given]] = np.array(list(compress(links, given)), np.float64)
+
+    def settle(self, rows: Ints, measured: Bools) -> Bools:
+        """A step less to settle for each of `rows` (distinct) whose step was `measured`
+        and is settling: which were."""
+        settling = measured & (self.settle_left[rows] > 0)
+        self.settle_left[rows[settling]] -= 1
+        return settling
+
+
+def optional(value: float) -> float | None:
+    """A float read from a row: None for NaN (none yet)."""
+    return None if value != value else value
+
+
+def stored(value: float | None) -> float:
+    """A float to store in a row: NaN for None."""
+    return np.nan if value is None else value
+
+
+__all__ = ["LatestSteps", "optional", "stored"]
