@@ -521,15 +521,12 @@ class JobDetector:
         closed = self._closed_many(closing, rows, summaries)
         ranks = [rank for rank, _, _, _ in closed]
         stats = [stats for _, _, stats, _ in closed]
-        judged = self._judge.judge_many(
-            [rank.rank for rank in ranks],
-            stats,
-            [rank.evidence for rank in ranks],
-            pace.fixed_samples,
-            [rank.link_rtt_s for rank in ranks],
-        )
+        ids = [rank.rank for rank in ranks]
+        links = self._latest.links(ids)
+        evidence = [rank.evidence for rank in ranks]
+        judged = self._judge.judge_many(ids, stats, evidence, pace.fixed_samples, links)
         # every window queued for the job's figures in the order closed, as one by one
-        self._judge.queue_many([rank.rank for rank in ranks], stats, [r.link_rtt_s for r in ranks])
+        self._judge.queue_many(ids, stats, links)
         normal = Verdict.NORMAL
         quiet = [
             j.verdict is normal and rank.deviation is None
@@ -562,7 +559,12 @@ class JobDetector:
                 ranks[i].window.keep_costs(costs)
         self._stats_changes += len(kept.at)
         self._closed += len(kept.at)
-        self._pace.windows_closed([ranks[i] for i in kept.at], kept.stats, kept.slow_steps)
+        self._pace.windows_closed(
+            [ranks[i] for i in kept.at],
+            rows[kept.at],
+            kept.stats,
+            np.array(kept.slow_steps, dtype=np.int64),
+        )
         return [
             (ranks[i], closing[i][1], stats, opening)
             for i, stats, opening in zip(kept.at, kept.stats, kept.opening, strict=True)

@@ -82,6 +82,14 @@ class LatestSteps:
         elif given.any():
             self.link_rtt_s[rows[given]] = np.array(list(compress(links, given)), np.float64)
 
+    def links(self, rows: Sequence[int]) -> list[float | None]:
+        """The rows' latest round trips (None: none heard)."""
+        values = self.link_rtt_s[rows]
+        found: list[float | None] = values.tolist()
+        for i in np.flatnonzero(values != values).tolist():
+            found[i] = None
+        return found
+
     def settle(self, rows: Ints, measured: Bools) -> Bools:
         """A step less to settle for each of `rows` (distinct) whose step was `measured`
         and is settling: which were."""

@@ -15,6 +15,9 @@ import math
 from collections.abc import Sequence
 from operator import attrgetter
 
+import numpy as np
+import numpy.typing as npt
+
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many, fit_spans
 from antdt.services.monitor.history import History
@@ -23,6 +26,8 @@ from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
 from antdt.services.monitor.windows import WindowStats
 
+Ints = npt.NDArray[np.int64]
+_events, _cost = attrgetter("events"), attrgetter("cost")
 SHARE_WEIGHT = 0.25  # a window's weight in a rank's smoothed share of slow steps
 SHARE_STEP = 0.05  # the healthy share is rounded up to a multiple of this
 MAX_HEALTHY_SHARE = 0.6  # ... and kept under this: a straggler's steps are slow >= 90%
@@ -33,7 +38,7 @@ class Pace:
 
     __slots__ = (
         *("_changed", "_fitted_at", "_floor", "_speed", "config", "fixed_samples", "open_at"),
-        *("reference", "slow_cost"),
+        *("_share_of", "_shares", "reference", "slow_cost"),
     )
 
     def __init__(self, config: DetectorConfig, world_size: int) -> None:
@@ -49,6 +54,10 @@ class Pace:
         # it ran with (None: not yet)
         self._changed: set[int] = set()
         self._fitted_at: tuple[float, int] | None = None
+        # each rank's share of its recent steps that were slow (smoothed; NaN: no
+        # window yet), and its memoryview (one rank's window)
+        self._shares = np.full(world_size, np.nan)
+        self._share_of = self._shares.data
 
     def renewed(self, reference: float | None) -> None:
         """The job's reference was renewed (None while under two ranks are measured):
@@ -61,7 +70,12 @@ class Pace:
         """The rank's window (`stats`, `slow_steps` of its steps slow) closed: its share
         of slow steps, smoothed; its evidence, slow at once when the window's median cost
         is `instant_ratio` x the reference."""
-        self.windows_closed((rank,), (stats,), (slow_steps,))
+        shares, r = self._share_of, rank.rank
+        share, last = slow_steps / stats.events, shares[r]
+        shares[r] = share if last != last else last + SHARE_WEIGHT * (share - last)  # type: ignore[call-overload]  # a float view
+        self._changed.add(r)
+        if self.reference and stats.cost / self.reference >= self.config.instant_ratio:
+            self._weigh_window(rank, stats)
 
     def _weigh_window(self, rank: RankMemory, stats: WindowStats) -> None:
         """The rank's evidence after its window `stats`: slow at once when the window's
@@ -75,18 +89,21 @@ class Pace:
             self.restart_history(rank)
 
     def windows_closed(
-        self, ranks: Sequence[RankMemory], stats: Sequence[WindowStats], slow_steps: Sequence[int]
+        self, ranks: Sequence[RankMemory], rows: Ints, stats: Sequence[WindowStats], slow: Ints
     ) -> None:
-        """`window_closed` of each rank, in one pass: the same shares to the float; the
-        evidence weighed only where a window's median cost is `instant_ratio` x the
-        reference (a close of a synchronous job is all its ranks)."""
-        changed, reference, instant = self._changed, self.reference, self.config.instant_ratio
-        for rank, window, slow in zip(ranks, stats, slow_steps, strict=True):
-            changed.add(rank.rank)
-            share, last = slow / window.events, rank.slow_share
-            rank.slow_share = share if last is None else last + SHARE_WEIGHT * (share - last)
-            if reference and window.cost / reference >= instant:
-                self._weigh_window(rank, window)
+        """`window_closed` of each rank (`rows` their ranks, `slow` their slow steps) at
+        once, the same shares to the float; the evidence weighed only where a window's
+        median cost is `instant_ratio` x the reference (a close of a synchronous job is
+        all its ranks)."""
+        self._changed.update(rows.tolist())
+        events = np.fromiter(map(_events, stats), dtype=np.int64, count=len(stats))
+        share, last = slow / events, self._shares[rows]
+        self._shares[rows] = np.where(last != last, share, last + SHARE_WEIGHT * (share - last))
+        if not self.reference:
+            return
+        costs = np.fromiter(map(_cost, stats), dtype=np.float64, count=len(stats))
+        for i in np.flatnonzero(costs / self.reference >= self.config.instant_ratio).tolist():
+            self._weigh_window(ranks[i], stats[i])
 
     def restart_history(self, rank: RankMemory) -> None:
         """Its evidence turned it slow or back: its speed changed, and its model is
@@ -105,20 +122,21 @@ class Pace:
 
     def round(self, ranks: Sequence[RankMemory]) -> None:
         """Once per round of windows (every rank closed one, on average): O(ranks)."""
-        self._healthy_share(ranks)
+        self._healthy_share()
         self._refit(ranks)
 
-    def _healthy_share(self, ranks: Sequence[RankMemory]) -> None:
+    def _healthy_share(self) -> None:
         """The share of slow steps a healthy rank shows (the evidence's p0): the lower
         median of the ranks' shares (stragglers, up to half of them, are the upper
         half), never under the configured one. Jitter that is not one-sided (a step as
         often faster as slower) puts more of a healthy rank's steps past slow_at x its
         recent best than a neighbour's hits do; weighed as if it were not, every rank's
         evidence would drift up."""
-        shares = sorted(r.slow_share for r in ranks if r.slow_share is not None)
-        if not shares:
+        shares = np.sort(self._shares[self._shares == self._shares])  # those with a window
+        if not len(shares):
             return
-        wanted = min(MAX_HEALTHY_SHARE, max(self._floor, shares[(len(shares) - 1) // 2]))
+        lower_median = float(shares[(len(shares) - 1) // 2])
+        wanted = min(MAX_HEALTHY_SHARE, max(self._floor, lower_median))
         wanted = round(math.ceil(wanted / SHARE_STEP - 1e-9) * SHARE_STEP, 6)  # seldom new
         if abs(wanted - self.config.healthy_slow_share) > 1e-9:
             self.config = dataclasses.replace(self.config, healthy_slow_share=wanted)

@@ -81,7 +81,6 @@ class RankMemory:
     judgement: Judgement | None = None  # of the latest closed window
     evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
     slow_steps: int = 0  # slow steps in its open window
-    slow_share: float | None = None  # share of its recent steps that were slow (smoothed)
     # (samples, compute_s) of its recent steps at one speed: its speed model's
     history: History = field(default_factory=_history)
     had_normal: bool = False  # some evaluated window was normal, and looked it
