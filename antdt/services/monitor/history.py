@@ -26,9 +26,14 @@ Floats = npt.NDArray[np.float64]
 class Histories:
     """Rows of up to `maxlen` steps, each a ring buffer: `head` the slot its next step
     takes, `held` how many steps it holds (the latest, just before `head`), `entered`
-    how many ever joined it (where a step lies, whatever left since)."""
+    how many ever joined it (where a step lies, whatever left since), `changed` where
+    its latest change of batch size joined (counted as `entered`: the step whose size
+    differs from the one that joined before it; -1: none)."""
 
-    __slots__ = ("entered", "head", "held", "maxlen", "samples", "times", "views")
+    __slots__ = (
+        *("changed", "changed_view", "entered", "head", "held", "maxlen", "samples"),
+        *("times", "views"),
+    )
 
     def __init__(self, rows: int, maxlen: int) -> None:
         if maxlen < 1:
@@ -39,6 +44,8 @@ class Histories:
         self.head: Ints = np.zeros(rows, dtype=np.int64)
         self.held: Ints = np.zeros(rows, dtype=np.int64)
         self.entered: Ints = np.zeros(rows, dtype=np.int64)
+        self.changed: Ints = np.full(rows, -1, dtype=np.int64)
+        self.changed_view = self.changed.data
         #: the five arrays as memoryviews: one rank's read or write of an element costs a
         #: third of numpy's (an event of one rank adds a step through them)
         self.views: tuple[memoryview, ...] = tuple(
@@ -53,7 +60,10 @@ class Histories:
         self, rows: Ints, samples: Sequence[int] | Ints, times: Sequence[float] | Floats
     ) -> None:
         """One step more for each of `rows` (distinct), its oldest leaving when full."""
-        head = self.head[rows]
+        head, entered = self.head[rows], self.entered[rows]
+        before = self.samples[rows, head - 1]  # the step that joined last (slot -1: the end)
+        changed = (entered > 0) & (before != samples)
+        self.changed[rows[changed]] = entered[changed]
         self.samples[rows, head] = samples
         self.times[rows, head] = times
         head += 1
@@ -74,15 +84,12 @@ class Histories:
 
     def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """Per row, where its latest change of batch size lies among its steps (the step
-        whose size is new, oldest first; 0: one size throughout), how many it holds, and
-        how many ever joined it."""
-        samples, _, held = self.in_order(rows)
-        if self.maxlen < 2:
-            return np.zeros(len(rows), dtype=np.int64), held, self.entered[rows]
-        both = np.arange(1, self.maxlen)[None, :] < held[:, None]  # steps i-1, i held
-        differs = (samples[:, 1:] != samples[:, :-1]) & both
-        last = self.maxlen - 1 - np.argmax(differs[:, ::-1], axis=1)
-        return np.where(differs.any(axis=1), last, 0), held, self.entered[rows]
+        whose size is new, oldest first, the step before it held too; 0: one size
+        throughout), how many it holds, and how many ever joined it: read off `changed`,
+        with no step copied."""
+        held, entered = self.held[rows], self.entered[rows]
+        at = self.changed[rows] - (entered - held)
+        return np.where(at >= 1, at, 0), held, entered
 
     def first_and_latest(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """The rows' batch sizes of their oldest and latest steps (meaningless where a
@@ -120,6 +127,8 @@ class History(Sequence[Step]):
         all_samples, times, heads, held, entered = self._block.views
         r, maxlen = self._row, self._block.maxlen
         head = heads[r]
+        if entered[r] and all_samples[r, head - 1 if head else maxlen - 1] != samples:
+            self._block.changed_view[r] = entered[r]
         all_samples[r, head] = samples
         times[r, head] = compute_s  # type: ignore[call-overload]  # a float view
         heads[r] = head + 1 if head + 1 < maxlen else 0
