@@ -106,7 +106,7 @@ class _Loop:
             np.maximum(0.0, wall - done.busy_s),
             np.full(n, wall),
             (self.scenario.link_rtt_s * link).tolist(),
-            _one_piece(done),
+            done.one_piece_s,
         )
         self.pending.extend(self.detector.ingest_step(columns, now))
 
@@ -168,16 +168,6 @@ class _Loop:
         self.batches = np.array(plan.local_batch, dtype=np.float64)
         self.accumulation = np.array(plan.accumulation or (1,) * self.scenario.ranks)
         self.last_action_at = self.now
-
-
-def _one_piece(done: SharedStep) -> list[float | None] | None:
-    """The step's `one_piece_s` column: None where a rank ran its share as planned."""
-    if done.one_piece_s is None:
-        return None
-    column: list[float | None] = done.one_piece_s.tolist()
-    for i in np.flatnonzero(np.isnan(done.one_piece_s)).tolist():
-        column[i] = None
-    return column
 
 
 class ClusterModel(Protocol):

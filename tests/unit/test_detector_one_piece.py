@@ -90,3 +90,67 @@ def test_a_step_of_columns_with_a_bad_one_piece_time_is_screened_row_by_row() ->
     assert detector.ingest_step(columns, 1.0) == []
     assert detector.rejected == {"bad_duration": 1}
     assert [r.last_step for r in detector._ranks] == [-1, 0]  # rank 0's step not taken
+
+
+def _columns(rows: list[tuple[int, int, float, float | None]], step: int, t: float) -> tuple:  # type: ignore[type-arg]
+    """One step's figures as StepColumns fields after the job (one-piece column last)."""
+    step_s = max(r[2] for r in rows) + 0.005
+    n = len(rows)
+    return (
+        [r[0] for r in rows],
+        [f"h{r[0]}" for r in rows],
+        [step] * n,
+        [0] * n,
+        [BATCH] * n,
+        [t] * n,
+        [t + step_s] * n,
+        [r[1] for r in rows],
+        [r[2] for r in rows],
+        [0.0] * n,
+        [step_s - r[2] for r in rows],
+        [step_s] * n,
+        None,
+        [r[3] for r in rows],
+    )
+
+
+def test_a_one_piece_column_as_an_array_with_nan_for_none_is_the_list_with_none() -> None:
+    """The simulator's bulk form: NaN where a row carries none, the same judgements."""
+    import numpy as np
+
+    from antdt.services.monitor import StepColumns
+
+    rng, listed, arrayed = random.Random(5), JobDetector(JOB, WORLD), JobDetector(JOB, WORLD)
+    t = 0.0
+    for step in range(STEPS):
+        slow = step >= ONSET
+        rows = [
+            (r, BATCH, _pass_s(BATCH, SLOW if slow and r == 3 else rng.uniform(0.97, 1.03)), None)
+            for r in range(WORLD)
+        ]
+        if slow:  # rank 3 helped: 16 samples of its own, judged at its one pass
+            rows[3] = (3, 16, _pass_s(16, SLOW), _pass_s(BATCH, SLOW))
+        figures = _columns(rows, step, t)
+        pieces = np.array([np.nan if p is None else p for p in figures[-1]])
+        for detector, column in ((listed, figures[-1]), (arrayed, pieces)):
+            detector.ingest_step(StepColumns(JOB, *figures[:-1], column), t + 0.2)  # type: ignore[arg-type]
+        t += 0.2
+    assert [i.rank for i in arrayed.open_incidents] == [i.rank for i in listed.open_incidents]
+    assert [i.rank for i in listed.open_incidents] == [3]
+    assert arrayed.health(t).ranks == listed.health(t).ranks
+    assert arrayed.rejected == listed.rejected == {}
+
+
+def test_an_array_one_piece_time_out_of_range_is_refused_and_counted() -> None:
+    import numpy as np
+
+    from antdt.services.monitor import StepColumns
+
+    for bad in (-1.0, float("inf"), 1e8):
+        detector = JobDetector(JOB, 2)
+        rows = [(0, BATCH, 0.08, bad), (1, BATCH, 0.08, float("nan"))]
+        figures = _columns(rows, 0, 0.0)  # type: ignore[arg-type]
+        columns = StepColumns(JOB, *figures[:-1], np.array(figures[-1]))  # type: ignore[arg-type]
+        assert detector.ingest_step(columns, 1.0) == []
+        assert detector.rejected == {"bad_duration": 1}
+        assert [r.last_step for r in detector._ranks] == [-1, 0]  # rank 1's taken

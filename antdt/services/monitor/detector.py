@@ -68,6 +68,7 @@ from antdt.services.monitor.stepcolumns import (
     arrays_of,
     fields_of,
     listed,
+    pieces_listed,
     unequal_columns,
 )
 from antdt.services.monitor.summaries import Summaries, summarize_many
@@ -178,6 +179,8 @@ class JobDetector:
         if not self._rewind and is_plain(columns, arrays, memories):
             return self._accept_plain(columns, arrays, memories, now)
         c = StepColumns(columns.job, *map(listed, columns[1:]))
+        if columns.one_piece_s is not None:
+            c = c._replace(one_piece_s=pieces_listed(columns.one_piece_s))
         closing: list[tuple[RankMemory, int]] = []
         nones = [None] * len(c.rank)
         links = nones if c.link_rtt_s is None else c.link_rtt_s

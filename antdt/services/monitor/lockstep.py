@@ -11,8 +11,6 @@ window is full."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import is_not
 from typing import NamedTuple
 
 import numpy as np
@@ -22,7 +20,13 @@ from antdt.services.monitor.history import Histories
 from antdt.services.monitor.latest import LatestSteps
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
-from antdt.services.monitor.stepcolumns import Floats, Ints, StepArrays, StepColumns
+from antdt.services.monitor.stepcolumns import (
+    Floats,
+    Ints,
+    StepArrays,
+    StepColumns,
+    pieces_array,
+)
 
 Bools = npt.NDArray[np.bool_]
 
@@ -93,15 +97,10 @@ def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:
     in one (`onepiece.judged_in_one_piece`: a one-piece time given, it and the planned
     batch above 0), picked over arrays (copies)."""
     samples, compute = a.samples.copy(), a.compute_s.copy()
-    pieces = c.one_piece_s
-    if pieces is None:
+    if c.one_piece_s is None:
         return samples, compute
-    given = np.fromiter(map(is_not, pieces, repeat(None)), dtype=bool, count=len(pieces))
-    if not given.any():
-        return samples, compute
-    piece = np.zeros(len(pieces))
-    piece[given] = np.array(list(compress(pieces, given)), dtype=np.float64)
-    judged = given & (a.local_batch > 0) & (piece > 0)
+    piece = pieces_array(c.one_piece_s)
+    judged = (a.local_batch > 0) & (piece > 0)  # False where NaN: none given
     samples[judged] = a.local_batch[judged]
     compute[judged] = piece[judged]
     return samples, compute

@@ -70,7 +70,9 @@ class StepColumns(NamedTuple):
     """StepEvent fields of one step, one column per field and one row per event (the
     job's, as the events name it); rows are ingested in order. A numeric column is any
     sequence or a numpy array (a simulator's: screened and accounted with no copy into
-    Python objects). `link_rtt_s`: None when no event carries a round trip."""
+    Python objects). `link_rtt_s`: None when no event carries a round trip;
+    `one_piece_s`: None when no event carries one, and as an array NaN where a row has
+    none (a row's None as a sequence)."""
 
     job: str
     rank: IntColumn
@@ -86,7 +88,7 @@ class StepColumns(NamedTuple):
     comm_s: FloatColumn
     step_s: FloatColumn
     link_rtt_s: Sequence[float | None] | None = None
-    one_piece_s: Sequence[float | None] | None = None
+    one_piece_s: Sequence[float | None] | Floats | None = None
 
     def rows(self) -> Iterator[tuple[object, ...]]:
         """Each row as the tuple `ingest_fields` takes (StepFields order; no `helped`),
@@ -94,7 +96,8 @@ class StepColumns(NamedTuple):
         figures = [listed(column) for column in self[1:13]]
         if self.one_piece_s is not None:
             link = repeat(None) if self.link_rtt_s is None else self.link_rtt_s
-            return zip(repeat(self.job), *figures, link, repeat(None), self.one_piece_s)  # type: ignore[call-overload, no-any-return]
+            pieces = pieces_listed(self.one_piece_s)
+            return zip(repeat(self.job), *figures, link, repeat(None), pieces)  # type: ignore[call-overload, no-any-return]
         if self.link_rtt_s is not None:
             return zip(repeat(self.job), *figures, self.link_rtt_s)  # type: ignore[call-overload, no-any-return]
         return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
@@ -147,15 +150,43 @@ def listed(column: Any) -> Any:
     return column.tolist() if isinstance(column, np.ndarray) else column  # type: ignore[no-any-return]
 
 
+def pieces_listed(pieces: Sequence[float | None] | Floats) -> Sequence[float | None]:
+    """A `one_piece_s` column as Python numbers, None where a row has none."""
+    if not isinstance(pieces, np.ndarray):
+        return pieces
+    listed: list[float | None] = pieces.tolist()
+    for i in np.flatnonzero(np.isnan(pieces)).tolist():
+        listed[i] = None
+    return listed
+
+
+def pieces_array(pieces: Sequence[float | None] | Floats) -> Floats:
+    """A `one_piece_s` column as floats, NaN where a row has none (its values checked
+    by `all_acceptable`)."""
+    if isinstance(pieces, np.ndarray):
+        return pieces.astype(np.float64, copy=False)
+    given = np.fromiter(map(is_not, pieces, repeat(None)), dtype=bool, count=len(pieces))
+    found = np.full(len(pieces), np.nan)
+    if given.any():
+        found[given] = np.array(list(compress(pieces, given)), dtype=np.float64)
+    return found
+
+
 def _in_range(figures: Sequence[float]) -> bool:
     """Every figure (a non-empty column) in [0, MAX_S]: none NaN, none infinite."""
     total = sum(figures)
     return total == total and min(figures) >= 0.0 and max(figures) <= MAX_S
 
 
-def _acceptable_pieces(pieces: Sequence[float | None]) -> bool:
+def _acceptable_pieces(pieces: Sequence[float | None] | Floats) -> bool:
     """Every one-piece time `acceptable_one_piece`: the given ones floats (or ints) in
-    range, checked at C speed; any other type, one by one."""
+    range, checked at C speed; any other type, one by one. An array's: floats or ints,
+    NaN for none."""
+    if isinstance(pieces, np.ndarray):
+        if pieces.ndim != 1 or pieces.dtype.kind not in "fiu":
+            return False
+        given = pieces[pieces == pieces]
+        return bool(((given >= 0.0) & (given <= MAX_S)).all())
     given = list(compress(pieces, map(is_not, pieces, repeat(None))))
     if not given:
         return True
@@ -208,5 +239,7 @@ __all__ = [
     "all_acceptable",
     "arrays_of",
     "listed",
+    "pieces_array",
+    "pieces_listed",
     "unequal_columns",
 ]
