@@ -105,7 +105,7 @@ class _Loop:
             np.zeros(n),
             np.maximum(0.0, wall - done.busy_s),
             np.full(n, wall),
-            (self.scenario.link_rtt_s * link).tolist(),
+            self.scenario.link_rtt_s * link,
             done.one_piece_s,
         )
         self.pending.extend(self.detector.ingest_step(columns, now))

@@ -189,6 +189,31 @@ def test_a_step_past_what_the_detector_reads_as_int64_is_refused() -> None:
     assert detector.health(1.0).ranks.last_step == (0, 1)
 
 
+def test_a_link_round_trip_that_is_not_a_number_in_range_is_refused() -> None:
+    """The detector keeps every rank's latest round trip in a float block: a string, a
+    negative or an infinite one is counted as bad_link_rtt and its step ignored, from
+    an event or a step's columns (a list or an array, NaN there for none heard)."""
+    import numpy as np
+
+    from antdt.services.monitor import StepColumns
+
+    detector = JobDetector(JOB, 3)
+    row = (JOB, 0, "h0", 1, 0, 32, 0.0, 0.1, 32, 0.08, 0.0, 0.01, 0.1)
+    for bad in ("7", -0.5, float("inf"), float("nan")):
+        assert detector.ingest_fields((*row, bad), 1.0) == []  # type: ignore[arg-type]
+    columns = [[0, 1, 2], ["h0", "h1", "h2"], [1] * 3, [0] * 3, [32] * 3, [0.0] * 3]
+    columns += [[0.1] * 3, [32] * 3, [0.08] * 3, [0.0] * 3, [0.01] * 3, [0.1] * 3]
+    detector.ingest_step(StepColumns(JOB, *columns, ["x", 0.002, None]), 1.0)  # type: ignore[arg-type]
+    assert detector.rejected == {"bad_link_rtt": 5}
+    assert [r.link_rtt_s for r in detector._ranks] == [None, 0.002, None]
+    columns[2] = [2] * 3
+    links = np.array([0.003, np.inf, np.nan])
+    detector.ingest_step(StepColumns(JOB, *columns, links), 2.0)  # type: ignore[arg-type]
+    assert detector.rejected == {"bad_link_rtt": 6}
+    assert [r.last_step for r in detector._ranks] == [2, 1, 2]
+    assert [r.link_rtt_s for r in detector._ranks] == [0.003, 0.002, None]
+
+
 def test_step_columns_of_unequal_lengths_are_the_callers_error() -> None:
     from antdt.services.monitor import StepColumns
 

@@ -36,6 +36,7 @@ from antdt.services.monitor.latest import ENDED_AT, LOCAL_BATCH, SEEN_AT, STEP, 
 from antdt.services.monitor.lockstep import account_plain, is_plain
 from antdt.services.monitor.onepiece import (
     ONE_PIECE_S,
+    acceptable_one_piece,
     bad_one_piece,
     in_one_piece,
     judged_in_one_piece,
@@ -68,7 +69,7 @@ from antdt.services.monitor.stepcolumns import (
     arrays_of,
     fields_of,
     listed,
-    pieces_listed,
+    nones_for_nans,
     unequal_columns,
 )
 from antdt.services.monitor.summaries import Summaries, summarize_many
@@ -180,7 +181,9 @@ class JobDetector:
             return self._accept_plain(columns, arrays, memories, now)
         c = StepColumns(columns.job, *map(listed, columns[1:]))
         if columns.one_piece_s is not None:
-            c = c._replace(one_piece_s=pieces_listed(columns.one_piece_s))
+            c = c._replace(one_piece_s=nones_for_nans(columns.one_piece_s))
+        if columns.link_rtt_s is not None:
+            c = c._replace(link_rtt_s=nones_for_nans(columns.link_rtt_s))
         closing: list[tuple[RankMemory, int]] = []
         nones = [None] * len(c.rank)
         links = nones if c.link_rtt_s is None else c.link_rtt_s
@@ -437,6 +440,8 @@ class JobDetector:
             return "helped_out_of_range"
         if bad_one_piece(fields, MAX_S):
             return "bad_duration"
+        if len(fields) > LINK_RTT and not acceptable_one_piece(fields[LINK_RTT], MAX_S):
+            return "bad_link_rtt"  # the same bounds as a one-piece time: None or in range
         return None
 
     def _remember(self, rank: RankMemory, fields: StepFields, now: float) -> None:

@@ -64,8 +64,8 @@ class LatestSteps:
         links: Sequence[float | None] | Floats | None,
     ) -> None:
         """A step of each of `rows` (distinct) accepted at `now`: `figures` its step
-        numbers, end times and local batches; `links` the round trips (a row's None,
-        or no column, keeps its last)."""
+        numbers, end times and local batches; `links` the round trips (a row's None or
+        NaN, or no column, keeps its last)."""
         step, ended_at, local_batch = figures
         self.step[rows] = step
         self.ended_at[rows] = ended_at
@@ -73,14 +73,12 @@ class LatestSteps:
         self.local_batch[rows] = local_batch
         if links is None:
             return
-        if isinstance(links, np.ndarray):
-            self.link_rtt_s[rows] = links
-            return
-        given = np.fromiter(map(is_not, links, repeat(None)), dtype=bool, count=len(links))
+        values = nans_for_nones(links)
+        given = values == values
         if given.all():
-            self.link_rtt_s[rows] = np.array(links, dtype=np.float64)
+            self.link_rtt_s[rows] = values
         elif given.any():
-            self.link_rtt_s[rows[given]] = np.array(list(compress(links, given)), np.float64)
+            self.link_rtt_s[rows[given]] = values[given]
 
     def links(self, rows: Sequence[int]) -> list[float | None]:
         """The rows' latest round trips (None: none heard)."""
@@ -98,6 +96,29 @@ class LatestSteps:
         return settling
 
 
+def nones_for_nans(column: Sequence[float | None] | Floats) -> Sequence[float | None]:
+    """An optional column (`link_rtt_s`, `one_piece_s`) as Python numbers, None where
+    a row has none."""
+    if not isinstance(column, np.ndarray):
+        return column
+    listed: list[float | None] = column.tolist()
+    for i in np.flatnonzero(np.isnan(column)).tolist():
+        listed[i] = None
+    return listed
+
+
+def nans_for_nones(column: Sequence[float | None] | Floats) -> Floats:
+    """An optional column (`link_rtt_s`, `one_piece_s`) as floats, NaN where a row has
+    none."""
+    if isinstance(column, np.ndarray):
+        return column.astype(np.float64, copy=False)
+    given = np.fromiter(map(is_not, column, repeat(None)), dtype=bool, count=len(column))
+    found = np.full(len(column), np.nan)
+    if given.any():
+        found[given] = np.array(list(compress(column, given)), dtype=np.float64)
+    return found
+
+
 def optional(value: float) -> float | None:
     """A float read from a row: None for NaN (none yet)."""
     return None if value != value else value
@@ -108,4 +129,4 @@ def stored(value: float | None) -> float:
     return np.nan if value is None else value
 
 
-__all__ = ["LatestSteps", "optional", "stored"]
+__all__ = ["LatestSteps", "nans_for_nones", "nones_for_nans", "optional", "stored"]

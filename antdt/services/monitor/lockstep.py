@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from antdt.services.monitor.history import Histories
-from antdt.services.monitor.latest import LatestSteps
+from antdt.services.monitor.latest import LatestSteps, nans_for_nones
 from antdt.services.monitor.openwindows import OpenWindows
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.stepcolumns import (
@@ -25,7 +25,6 @@ from antdt.services.monitor.stepcolumns import (
     Ints,
     StepArrays,
     StepColumns,
-    pieces_array,
 )
 
 Bools = npt.NDArray[np.bool_]
@@ -99,7 +98,7 @@ def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:
     samples, compute = a.samples.copy(), a.compute_s.copy()
     if c.one_piece_s is None:
         return samples, compute
-    piece = pieces_array(c.one_piece_s)
+    piece = nans_for_nones(c.one_piece_s)
     judged = (a.local_batch > 0) & (piece > 0)  # False where NaN: none given
     samples[judged] = a.local_batch[judged]
     compute[judged] = piece[judged]

@@ -16,7 +16,7 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from antdt.services.monitor.latest import LatestSteps
+from antdt.services.monitor.latest import LatestSteps, nans_for_nones, nones_for_nans
 from antdt.services.monitor.onepiece import acceptable_one_piece
 
 Ints = npt.NDArray[np.int64]
@@ -70,9 +70,8 @@ class StepColumns(NamedTuple):
     """StepEvent fields of one step, one column per field and one row per event (the
     job's, as the events name it); rows are ingested in order. A numeric column is any
     sequence or a numpy array (a simulator's: screened and accounted with no copy into
-    Python objects). `link_rtt_s`: None when no event carries a round trip;
-    `one_piece_s`: None when no event carries one, and as an array NaN where a row has
-    none (a row's None as a sequence)."""
+    Python objects). `link_rtt_s` and `one_piece_s`: None when no event carries one;
+    as a sequence, a row's None where it has none, as an array NaN."""
 
     job: str
     rank: IntColumn
@@ -87,7 +86,7 @@ class StepColumns(NamedTuple):
     data_wait_s: FloatColumn
     comm_s: FloatColumn
     step_s: FloatColumn
-    link_rtt_s: Sequence[float | None] | None = None
+    link_rtt_s: Sequence[float | None] | Floats | None = None
     one_piece_s: Sequence[float | None] | Floats | None = None
 
     def rows(self) -> Iterator[tuple[object, ...]]:
@@ -95,11 +94,11 @@ class StepColumns(NamedTuple):
         of Python numbers."""
         figures = [listed(column) for column in self[1:13]]
         if self.one_piece_s is not None:
-            link = repeat(None) if self.link_rtt_s is None else self.link_rtt_s
-            pieces = pieces_listed(self.one_piece_s)
+            link = repeat(None) if self.link_rtt_s is None else nones_for_nans(self.link_rtt_s)
+            pieces = nones_for_nans(self.one_piece_s)
             return zip(repeat(self.job), *figures, link, repeat(None), pieces)  # type: ignore[call-overload, no-any-return]
         if self.link_rtt_s is not None:
-            return zip(repeat(self.job), *figures, self.link_rtt_s)  # type: ignore[call-overload, no-any-return]
+            return zip(repeat(self.job), *figures, nones_for_nans(self.link_rtt_s))  # type: ignore[call-overload, no-any-return]
         return zip(repeat(self.job), *figures)  # type: ignore[call-overload, no-any-return]
 
 
@@ -150,38 +149,16 @@ def listed(column: Any) -> Any:
     return column.tolist() if isinstance(column, np.ndarray) else column  # type: ignore[no-any-return]
 
 
-def pieces_listed(pieces: Sequence[float | None] | Floats) -> Sequence[float | None]:
-    """A `one_piece_s` column as Python numbers, None where a row has none."""
-    if not isinstance(pieces, np.ndarray):
-        return pieces
-    listed: list[float | None] = pieces.tolist()
-    for i in np.flatnonzero(np.isnan(pieces)).tolist():
-        listed[i] = None
-    return listed
-
-
-def pieces_array(pieces: Sequence[float | None] | Floats) -> Floats:
-    """A `one_piece_s` column as floats, NaN where a row has none (its values checked
-    by `all_acceptable`)."""
-    if isinstance(pieces, np.ndarray):
-        return pieces.astype(np.float64, copy=False)
-    given = np.fromiter(map(is_not, pieces, repeat(None)), dtype=bool, count=len(pieces))
-    found = np.full(len(pieces), np.nan)
-    if given.any():
-        found[given] = np.array(list(compress(pieces, given)), dtype=np.float64)
-    return found
-
-
 def _in_range(figures: Sequence[float]) -> bool:
     """Every figure (a non-empty column) in [0, MAX_S]: none NaN, none infinite."""
     total = sum(figures)
     return total == total and min(figures) >= 0.0 and max(figures) <= MAX_S
 
 
-def _acceptable_pieces(pieces: Sequence[float | None] | Floats) -> bool:
-    """Every one-piece time `acceptable_one_piece`: the given ones floats (or ints) in
-    range, checked at C speed; any other type, one by one. An array's: floats or ints,
-    NaN for none."""
+def _acceptable_optional(pieces: Sequence[float | None] | Floats) -> bool:
+    """Every value of an optional column (one-piece times, round trips)
+    `acceptable_one_piece`: the given ones floats (or ints) in range, checked at C
+    speed; any other type, one by one. An array's: floats or ints, NaN for none."""
     if isinstance(pieces, np.ndarray):
         if pieces.ndim != 1 or pieces.dtype.kind not in "fiu":
             return False
@@ -220,8 +197,9 @@ def all_acceptable(columns: StepColumns, arrays: StepArrays, latest: LatestSteps
     for figures in (a.compute_s, a.data_wait_s, a.comm_s, a.step_s):
         if not ((figures >= 0.0) & (figures <= MAX_S)).all():
             return False
-    if columns.one_piece_s is not None and not _acceptable_pieces(columns.one_piece_s):
-        return False
+    for optional in (columns.link_rtt_s, columns.one_piece_s):
+        if optional is not None and not _acceptable_optional(optional):
+            return False
     last_steps = latest.step[a.rank]
     if not (a.step > last_steps).all():
         return False
@@ -239,7 +217,7 @@ __all__ = [
     "all_acceptable",
     "arrays_of",
     "listed",
-    "pieces_array",
-    "pieces_listed",
+    "nans_for_nones",
+    "nones_for_nans",
     "unequal_columns",
 ]
