@@ -38,7 +38,7 @@ class Pace:
 
     __slots__ = (
         *("_changed", "_fitted_at", "_floor", "_speed", "config", "fixed_samples", "open_at"),
-        *("_share_of", "_shares", "reference", "slow_cost"),
+        *("_models", "_share_of", "_shares", "reference", "slow_cost"),
     )
 
     def __init__(self, config: DetectorConfig, world_size: int) -> None:
@@ -54,6 +54,7 @@ class Pace:
         # it ran with (None: not yet)
         self._changed: set[int] = set()
         self._fitted_at: tuple[float, int] | None = None
+        self._models: list[SpeedModel | None] = []  # each rank's, as `models` last gave
         # each rank's share of its recent steps that were slow (smoothed; NaN: no
         # window yet), and its memoryview (one rank's window)
         self._shares = np.full(world_size, np.nan)
@@ -192,19 +193,25 @@ class Pace:
         part of the last call only the ranks changed since are looked at: a slow job's
         health comes up to every step, a window closes every W."""
         fixed = self.fixed_samples
-        memos = list(map(_model, ranks))
-        looked = self._changed if self._fitted_at == (fixed, len(ranks)) else range(len(ranks))
-        stale = _stale(ranks, sorted(looked), fixed)
+        every = self._fitted_at != (fixed, len(ranks))
+        looked = range(len(ranks)) if every else sorted(self._changed)
+        stale = _stale(ranks, looked, fixed)
         fitted: dict[int, SpeedModel | None] = {}
         if len(stale) >= MANY:
             fitted = fit_many([ranks[i].history for i in stale], fixed, self._speed)
         for k, i in enumerate(stale):
             rank = ranks[i]
             model = fitted[k] if k in fitted else fit_speed(rank.history, fixed, self._speed)
-            memos[i] = rank.model = (rank.stats, rank.history.epoch, fixed, model)
+            rank.model = (rank.stats, rank.history.epoch, fixed, model)
+        # a rank's model changes only here or in `model`, after it changed (looked at)
+        if every:
+            self._models = [memo[3] for memo in map(_model, ranks)]  # type: ignore[index]
+        else:
+            for i in looked:
+                self._models[i] = ranks[i].model[3]  # type: ignore[index]
         self._changed.clear()
         self._fitted_at = (fixed, len(ranks))
-        return [memo[3] for memo in memos]  # type: ignore[index]
+        return list(self._models)
 
     def _fitted(self, rank: RankMemory) -> bool:
         """Whether the rank's model is that of its latest window, history and the job's
@@ -233,7 +240,7 @@ class Pace:
 _model = attrgetter("model")
 
 
-def _stale(ranks: Sequence[RankMemory], looked: list[int], fixed: float) -> list[int]:
+def _stale(ranks: Sequence[RankMemory], looked: Sequence[int], fixed: float) -> list[int]:
     """Those of `looked` whose model is not `Pace._fitted` at the job's fixed part
     `fixed`, the test written out: a health looks at up to every rank."""
     stale = []

@@ -34,6 +34,7 @@ from antdt.services.monitor.latest import (
     SEEN_AT,
     SETTLE_LEFT,
     STEP,
+    Ints,
     LatestSteps,
     optional,
     stored,
@@ -174,6 +175,10 @@ class JobProgress:
 
 
 _compute_per_sample = attrgetter("compute_per_sample")
+_latest_row, _latest_of = attrgetter("latest_row"), attrgetter("latest")
+_rank_of, _host_of = attrgetter("rank"), attrgetter("host")
+#: A rank's state while an incident of this kind is open (read per such rank per health).
+_STATE_OF = {kind: RankState(kind.value) for kind in IncidentKind}
 _OK, _UNKNOWN = RankState.OK, RankState.UNKNOWN  # read per rank per health
 
 
@@ -297,6 +302,20 @@ def _window_columns(ranks: list[RankMemory]) -> tuple[tuple[Any, ...], ...]:
     )
 
 
+def _latest_columns(ranks: list[RankMemory]) -> tuple[tuple[int, ...], Ints]:
+    """The ranks' local batches and latest steps, read from their rows of the block of
+    latest steps (one block: a detector's ranks; else each rank's own)."""
+    if not ranks:
+        return (), np.zeros(0, dtype=np.int64)
+    blocks = set(map(_latest_of, ranks))
+    if len(blocks) == 1:
+        block = blocks.pop()
+        rows = np.fromiter(map(_latest_row, ranks), dtype=np.int64, count=len(ranks))
+        return tuple(block.local_batch[rows].tolist()), block.step[rows]
+    batch = tuple(r.local_batch for r in ranks)
+    return batch, np.array([r.last_step for r in ranks], dtype=np.int64)
+
+
 def rank_columns(
     ranks: list[RankMemory],
     models: Sequence[SpeedModel | None],
@@ -309,10 +328,9 @@ def rank_columns(
     and models come from `memo` while they hold (`windows_at`: the
     count of window changes now; None: made afresh)."""
     memo = memo or ColumnsMemo()
-    rank = tuple(r.rank for r in ranks)
-    host = tuple(r.host for r in ranks)
-    batch = tuple(r.local_batch for r in ranks)
-    last = [r.last_step for r in ranks]
+    rank = tuple(map(_rank_of, ranks))
+    host = tuple(map(_host_of, ranks))
+    batch, last = _latest_columns(ranks)
     samples_per_s, per_sample, data, comm, ratio, calm = memo.windows(ranks, windows_at)
     fixed_s, per_sample_s = memo.of_models(models)
     helped = {r.rank: dict(r.helped) for r in ranks if r.helped}
@@ -322,7 +340,7 @@ def rank_columns(
             "rank": rank,
             "host": host,
             "state": _states(ranks, calm),
-            "last_step": tuple(np.maximum(np.array(last, dtype=np.int64), 0).tolist()),
+            "last_step": tuple(np.maximum(last, 0).tolist()),
             "local_batch": batch,
             "samples_per_s": samples_per_s,
             "compute_s_per_sample": per_sample,
@@ -354,5 +372,5 @@ def rank_state(rank: RankMemory) -> RankState:
     if rank.stall is not None:
         return RankState.STALLED
     if rank.deviation is not None:
-        return RankState(rank.deviation.kind.value)
+        return _STATE_OF[rank.deviation.kind]
     return _OK if rank.stats is not None else _UNKNOWN
