@@ -13,20 +13,19 @@ copy into Python objects."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
-from operator import attrgetter
 
 import numpy as np
 
 from antdt.services.monitor.anysizes import Bools, fit_any_sizes
-from antdt.services.monitor.history import Floats, Histories, History, Ints
+from antdt.services.monitor.history import Floats, Histories, History, Ints, one_block
 from antdt.services.monitor.speed import (
     ONE_BATCH_LIMIT,
     SpeedConfig,
     SpeedModel,
 )
-from antdt.services.monitor.summaries import quantile_sorted_rows
+from antdt.services.monitor.summaries import quantile_rows
 
 #: Fewer stale histories than this are fitted one by one (arrays cost more).
 MANY = 16
@@ -38,10 +37,10 @@ def fit_many(
     """`fit_speed(histories[i], fixed_samples, config)` by index i, for the histories
     it fits at once: all but those holding a finite time past `ONE_BATCH_LIMIT`."""
     fixed = max(0.0, fixed_samples)
-    blocks = set(map(_block, histories))
-    if len(blocks) == 1:  # a job's ranks: its one block
-        rows = np.fromiter(map(_row, histories), dtype=np.int64, count=len(histories))
-        return _fit_rows(blocks.pop(), range(len(histories)), rows, fixed, config)
+    shared = one_block(histories)
+    if shared is not None:  # a job's ranks: its one block
+        block, rows = shared
+        return _fit_rows(block, range(len(histories)), rows, fixed, config)
     by_block: dict[Histories, list[int]] = {}
     for i, history in enumerate(histories):
         by_block.setdefault(history.block, []).append(i)
@@ -71,10 +70,10 @@ def _fit_rows(
     huge = ((times > ONE_BATCH_LIMIT) & (times < np.inf) & ~unused).any(axis=1)
     rest = np.flatnonzero(left & ~huge)
     rest_models = fit_any_sizes(samples[rest], times[rest], unused[rest], fixed, config)
-    positions = chain(done, two[keep].tolist(), rest.tolist())
-    return dict(
-        zip((members[k] for k in positions), chain(models, two_models, rest_models), strict=True)
-    )
+    positions: Iterable[int] = chain(done, two[keep].tolist(), rest.tolist())
+    if not isinstance(members, range) or members.start or members.step != 1:
+        positions = (members[k] for k in positions)  # else members[k] is k
+    return dict(zip(positions, chain(models, two_models, rest_models), strict=True))
 
 
 def _fit_one_size(
@@ -96,10 +95,10 @@ def _fit_one_size(
             done += picked.tolist()
             models += [None] * len(picked)
             continue
-        ordered = np.sort(times[picked, :length], axis=1)
-        level = quantile_sorted_rows(ordered, config.quantile)
+        steps = times[picked, :length]
+        level = quantile_rows(steps, config.quantile)
         per_sample = level / (first[picked].astype(np.float64) + fixed)
-        within = ordered[:, -1] <= ONE_BATCH_LIMIT
+        within = steps.max(axis=1) <= ONE_BATCH_LIMIT
         done += picked[within].tolist()
         models += [SpeedModel(p * fixed, p, 1) for p in per_sample[within].tolist()]
     return done, models
@@ -117,10 +116,10 @@ def fit_spans(
     common span, by `_fit_two_sizes`; any other by `anysizes.fit_any_sizes`); the others
     are not in it. A round of windows refits every rank's model around its last change
     of size."""
-    if not histories or len(set(map(_block, histories))) != 1:
+    shared = one_block(histories)
+    if shared is None:
         return {}
-    block = histories[0].block
-    rows = np.array([h.row for h in histories], dtype=np.int64)
+    block, rows = shared
     samples, times, held = block.in_order(rows)
     first = block.entered[rows] - held  # the oldest step held, counted from the first ever
     starts, ends = np.array([span[1:] for span in spans], dtype=np.int64).reshape(-1, 2).T
@@ -206,9 +205,6 @@ def _quantile_of_first(ordered: Floats, count: Ints, q: float) -> Floats:
     lo, hi = ordered[rows, low], ordered[rows, high]
     level = lo + (hi - lo) * (position - low)
     return np.where(count > 0, level, np.nan)
-
-
-_block, _row = attrgetter("block"), attrgetter("row")
 
 
 __all__ = ["MANY", "fit_many", "fit_spans"]

@@ -296,4 +296,14 @@ class History(Sequence[Step]):
 _block_of, _row_of = attrgetter("_block"), attrgetter("_row")
 
 
-__all__ = ["Histories", "History", "Step"]
+def one_block(histories: Sequence[History]) -> tuple[Histories, Ints] | None:
+    """The block every one of `histories` is a row of, and their rows in order; None
+    when they are rows of several blocks (or none is given)."""
+    blocks = set(map(_block_of, histories))
+    if len(blocks) != 1:
+        return None
+    rows = np.fromiter(map(_row_of, histories), dtype=np.int64, count=len(histories))
+    return blocks.pop(), rows
+
+
+__all__ = ["Histories", "History", "Step", "one_block"]
