@@ -65,6 +65,25 @@ def test_the_models_fitted_at_once_are_fit_speed(seed: int, fixed: float) -> Non
     assert any(len(h) < config.min_steps for h in histories)  # fitted as None
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_full_rows_read_in_their_rings_order_fit_as_fit_speed(seed: int) -> None:
+    """Every row full (a job past its first 96 steps), most wrapped round their ring at
+    another place: read as multisets in the ring's order, each one fitted bit for bit
+    as `fit_speed` fits its steps oldest first."""
+    rng = random.Random(seed)
+    kinds = ["plain"] * 20 + ["two sizes"] * 20 + ["three sizes"] * 10
+    block = Histories(len(kinds), 96)
+    histories = [
+        _filled(block.row(i), rng, kind, rng.randrange(96, 300)) for i, kind in enumerate(kinds)
+    ]
+    assert (block.held == 96).all() and len(set(block.head.tolist())) > 10
+    fitted = fit_many(histories, 6.5, SpeedConfig())
+    assert len(fitted) == len(kinds)
+    for i, history in enumerate(histories):
+        assert repr(fitted[i]) == repr(fit_speed(history, 6.5, SpeedConfig()))
+    assert {m.batch_sizes for m in fitted.values() if m is not None} >= {1, 2}
+
+
 def test_a_healths_models_are_each_ranks_fit() -> None:
     """A health of 32 ranks fits their models at once: each one fitted afresh (its
     window closed since the last health) is `fit_speed` of the rank's history, through

@@ -57,8 +57,10 @@ def _fit_rows(
     """The models of `rows` of `block` (`members` their indices), each by the cheapest
     way that fits it: one batch size (`_fit_one_size`), exactly two
     (`_fit_two_sizes`), any other (`anysizes.fit_any_sizes`). A row holding a finite
-    time past `ONE_BATCH_LIMIT` is left out: `fit_speed`'s sums over it may overflow."""
-    samples, times, held = block.in_order(rows)
+    time past `ONE_BATCH_LIMIT` is left out: `fit_speed`'s sums over it may overflow.
+    Every way reads a row's steps as a multiset (levels of sorted times per size,
+    counts), so full rows are read in their ring's order (`Histories.as_held`)."""
+    samples, times, held = block.as_held(rows)
     unused = np.arange(block.maxlen)[None, :] >= held[:, None]
     done, models = _fit_one_size(samples, times, unused, held, fixed, config)
     left = np.ones(len(rows), dtype=np.bool_)

@@ -82,6 +82,14 @@ class Histories:
         slots += (rows * width)[:, None]  # flat: one index array takes at half the cost
         return self.samples.take(slots), self.times.take(slots), held
 
+    def as_held(self, rows: Ints) -> tuple[Ints, Floats, Ints]:
+        """`in_order`, but when every row is full its steps in the ring's order (a copy
+        of whole rows, no index per step): for readers of a row as a multiset."""
+        held = self.held[rows]
+        if (held == self.maxlen).all():
+            return self.samples[rows], self.times[rows], held
+        return self.in_order(rows)
+
     def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """Per row, where its latest change of batch size lies among its steps (the step
         whose size is new, oldest first, the step before it held too; 0: one size
