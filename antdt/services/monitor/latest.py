@@ -82,11 +82,7 @@ class LatestSteps:
 
     def links(self, rows: Sequence[int]) -> list[float | None]:
         """The rows' latest round trips (None: none heard)."""
-        values = self.link_rtt_s[rows]
-        found: list[float | None] = values.tolist()
-        for i in np.flatnonzero(values != values).tolist():
-            found[i] = None
-        return found
+        return list(nones_for_nans(self.link_rtt_s[rows]))
 
     def settle(self, rows: Ints, measured: Bools) -> Bools:
         """A step less to settle for each of `rows` (distinct) whose step was `measured`
