@@ -14,7 +14,7 @@ copy into Python objects."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from antdt.services.monitor.speed import (
     SpeedConfig,
     SpeedModel,
 )
-from antdt.services.monitor.summaries import quantile_rows
+from antdt.services.monitor.windows import made_of
 
 #: Fewer stale histories than this are fitted one by one (arrays cost more).
 MANY = 16
@@ -82,28 +82,27 @@ def _fit_one_size(
     samples: Ints, times: Floats, unused: Bools, held: Ints, fixed: float, config: SpeedConfig
 ) -> tuple[list[int], list[SpeedModel | None]]:
     """The rows (positions) that hold one batch size, every time measurable and within
-    `ONE_BATCH_LIMIT`, and their models: those of each length as one sorted block, each
-    row's `speed._one_batch_model`. The common history: no sort by size."""
+    `ONE_BATCH_LIMIT`, and their models: each row's `speed._one_batch_model`, over one
+    sort of those rows (unused slots last), whatever each holds. The common history: no
+    sort by size."""
     first = samples[:, 0]
     one_size = ((samples == first[:, None]) | unused).all(axis=1)
     measurable = (((times > 0.0) & (times < np.inf)) | unused).all(axis=1)
     one = np.flatnonzero(one_size & measurable & (held > 0) & (first > 0))
-    lengths = held[one]
-    done: list[int] = []
-    models: list[SpeedModel | None] = []
-    for length in np.unique(lengths).tolist():
-        picked = one[lengths == length]
-        if length < config.min_steps:
-            done += picked.tolist()
-            models += [None] * len(picked)
-            continue
-        steps = times[picked, :length]
-        level = quantile_rows(steps, config.quantile)
-        per_sample = level / (first[picked].astype(np.float64) + fixed)
-        within = steps.max(axis=1) <= ONE_BATCH_LIMIT
-        done += picked[within].tolist()
-        models += [SpeedModel(p * fixed, p, 1) for p in per_sample[within].tolist()]
-    return done, models
+    counts = held[one]
+    ordered = np.sort(np.where(unused[one], np.inf, times[one]), axis=1)
+    level = _quantile_of_first(ordered, counts, config.quantile)
+    per_sample = level / (first[one].astype(np.float64) + fixed)
+    fitted = counts >= config.min_steps
+    within = ordered[np.arange(len(one)), counts - 1] <= ONE_BATCH_LIMIT
+    done = ~fitted | within
+    p = per_sample[done]
+    models: list[SpeedModel | None] = list(
+        made_of(SpeedModel, (p * fixed).tolist(), p.tolist(), repeat(1, len(p)))
+    )
+    for k in np.flatnonzero(~fitted[done]).tolist():
+        models[k] = None  # too few steps
+    return one[done].tolist(), models
 
 
 def fit_spans(

@@ -83,20 +83,17 @@ class Histories:
         return self.samples.take(slots), self.times.take(slots), held
 
     def as_held(self, rows: Ints) -> tuple[Ints, Floats, Ints]:
-        """`in_order`, but a full row's steps in the ring's order (a copy of whole rows,
-        no index per step): for readers of a row as a multiset."""
+        """`in_order`, but a full row's steps in the ring's order (whole rows taken at
+        once, no index per step): for readers of a row as a multiset."""
         held = self.held[rows]
-        full = held == self.maxlen
-        if full.all():
-            return self.samples[rows], self.times[rows], held
-        if not full.any():
+        partial = np.flatnonzero(held < self.maxlen)
+        if len(partial) == len(rows):
             return self.in_order(rows)
-        samples, times, _ = self.in_order(rows[~full])
-        every_samples = np.empty((len(rows), self.maxlen), dtype=np.int64)
-        every_times = np.empty((len(rows), self.maxlen), dtype=np.float64)
-        every_samples[~full], every_times[~full] = samples, times
-        every_samples[full], every_times[full] = self.samples[rows[full]], self.times[rows[full]]
-        return every_samples, every_times, held
+        samples, times = self.samples.take(rows, axis=0), self.times.take(rows, axis=0)
+        if len(partial):
+            in_order = self.in_order(rows[partial])
+            samples[partial], times[partial] = in_order[0], in_order[1]
+        return samples, times, held
 
     def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """Per row, where its latest change of batch size lies among its steps (the step
