@@ -9,10 +9,15 @@ while its object is at hand. Pure, no clock."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import repeat
+from operator import is_not
 from typing import NamedTuple
+
+import numpy as np
 
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.judge import Judgement
+from antdt.services.monitor.latest import Ints, LatestSteps
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.windows import WindowStats
 
@@ -26,24 +31,25 @@ class Kept(NamedTuple):
     opening: list[bool]  # the rank had no incident open
 
 
-def cleared(ranks: Sequence[RankMemory], summaries: Sequence[WindowStats | None]) -> Kept:
+def cleared(
+    ranks: Sequence[RankMemory],
+    summaries: Sequence[WindowStats | None],
+    latest: LatestSteps,
+    rows: Ints,
+) -> Kept:
     """Each rank's slow steps counted afresh (its window cleared by the caller); a
     window with nothing measurable (no stats) is dropped, one in warm-up (first
     iterations, prefetch filling up: judged by nobody, out of the others' figures)
-    counted off;
-    the others become each rank's latest `stats` (their costs, the caller's)."""
-    kept = Kept([], [], [], [])
-    for i, (rank, stats) in enumerate(zip(ranks, summaries, strict=True)):
-        slow_steps, rank.slow_steps = rank.slow_steps, 0
-        if stats is None:
-            continue
-        if rank.warmup_left > 0:
-            rank.warmup_left -= 1
-            continue
+    counted off; the others become each rank's latest `stats` (their costs, the
+    caller's). `rows`: the ranks' rows of `latest`, their block."""
+    summarized = np.fromiter(map(is_not, summaries, repeat(None)), bool, len(summaries))
+    slow, past_warmup = latest.closing(rows, summarized)
+    at = np.flatnonzero(past_warmup).tolist()
+    kept = Kept(at, [], slow[past_warmup].tolist(), [])
+    for i in at:
+        rank, stats = ranks[i], summaries[i]
         rank.stats = stats
-        kept.at.append(i)
-        kept.stats.append(stats)
-        kept.slow_steps.append(slow_steps)
+        kept.stats.append(stats)  # type: ignore[arg-type]
         kept.opening.append(rank.deviation is None)
     return kept
 

@@ -98,10 +98,10 @@ class JobDetector:
         self._histories = Histories(world_size, HISTORY_STEPS)
         self._windows = OpenWindows(world_size, self.config.window)
         self._latest = LatestSteps(world_size)
+        self._latest.warmup_left[:] = warmup
         self._ranks = [
             RankMemory(
                 rank,
-                warmup_left=warmup,
                 history=self._histories.row(rank),
                 window=self._windows.row(rank),
                 latest=self._latest,
@@ -557,7 +557,7 @@ class JobDetector:
         """`_closed_window` of each rank of `closing` (its windows' `rows`), at once
         (closes.py); the costs of the windows kept become their ranks' before."""
         ranks = [rank for rank, _ in closing]
-        kept = cleared(ranks, summaries.stats)
+        kept = cleared(ranks, summaries.stats, self._latest, rows)
         retained = np.zeros(len(closing), dtype=np.bool_)
         retained[kept.at] = True
         together = summaries.together[retained[summaries.together]]
@@ -597,7 +597,9 @@ class JobDetector:
         or None), cleared and counted: its stats and whether the rank had no incident
         open, when it is to be judged (else none)."""
         rank.window.clear()
-        kept = cleared((rank,), (None if summary is None else summary[0],))
+        stats = None if summary is None else summary[0]
+        rows = np.array([rank.latest_row], dtype=np.int64)
+        kept = cleared((rank,), (stats,), rank.latest, rows)
         if not kept.at:
             return ()
         stats, costs = cast(tuple[WindowStats, Sequence[float]], summary)

@@ -2,7 +2,8 @@
 
 What the detector sets for every rank at every step (the step's number, when it ended,
 when it was heard, its batch, its link's round trip) and the steps its evidence still
-settles for after a change of batch. Held as attributes of 10,000 objects, a step of
+settles for after a change of batch, and what its window's close reads (its slow
+steps, the warm-up windows it still ignores). Held as attributes of 10,000 objects, a step of
 10,000 ranks set 50,000 of them one by one; here it is a few numpy calls
 (`LatestSteps.take`). A rank's own reads and writes (RankMemory's properties, an event
 of one rank) go through memoryviews. NaN stands for "none yet" where a time may be
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import is_not
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -22,15 +24,20 @@ Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 #: Positions of the arrays in `LatestSteps.views`.
-STEP, ENDED_AT, SEEN_AT, LOCAL_BATCH, LINK_RTT_S, SETTLE_LEFT = range(6)
+STEP, ENDED_AT, SEEN_AT, LOCAL_BATCH, LINK_RTT_S, SETTLE_LEFT, SLOW_STEPS, WARMUP_LEFT = range(8)
+T = TypeVar("T")
 
 
 class LatestSteps:
     """Per row (a rank): its latest step (-1: none yet), when that step ended, when it
     was heard (control-plane time; NaN: never), its local batch, its link's latest round
-    trip (NaN: none heard) and the steps its evidence still settles for."""
+    trip (NaN: none heard), the steps its evidence still settles for, the slow steps in
+    its open window and the measurable windows of its warm-up still to ignore."""
 
-    __slots__ = ("ended_at", "link_rtt_s", "local_batch", "seen_at", "settle_left", "step", "views")
+    __slots__ = (
+        *("ended_at", "link_rtt_s", "local_batch", "seen_at", "settle_left", "step"),
+        *("slow_steps", "views", "warmup_left"),
+    )
 
     def __init__(self, rows: int) -> None:
         self.step: Ints = np.full(rows, -1, dtype=np.int64)
@@ -39,17 +46,15 @@ class LatestSteps:
         self.local_batch: Ints = np.zeros(rows, dtype=np.int64)
         self.link_rtt_s: Floats = np.full(rows, np.nan)
         self.settle_left: Ints = np.zeros(rows, dtype=np.int64)
-        #: the arrays as memoryviews, in the order of STEP .. SETTLE_LEFT: one rank's
+        self.slow_steps: Ints = np.zeros(rows, dtype=np.int64)
+        self.warmup_left: Ints = np.zeros(rows, dtype=np.int64)
+        #: the arrays as memoryviews, in the order of STEP .. WARMUP_LEFT: one rank's
         #: read or write of an element costs a third of numpy's
         self.views: tuple[memoryview, ...] = tuple(
             a.data
             for a in (
-                self.step,
-                self.ended_at,
-                self.seen_at,
-                self.local_batch,
-                self.link_rtt_s,
-                self.settle_left,
+                *(self.step, self.ended_at, self.seen_at, self.local_batch),
+                *(self.link_rtt_s, self.settle_left, self.slow_steps, self.warmup_left),
             )
         )
 
@@ -91,6 +96,46 @@ class LatestSteps:
         self.settle_left[rows[settling]] -= 1
         return settling
 
+    def closing(self, rows: Ints, summarized: Bools) -> tuple[Ints, Bools]:
+        """The windows of `rows` (distinct) close (`summarized`: those with stats): each
+        row's slow steps, counted afresh; a summarized window in warm-up counted off.
+        Their slow steps, and which were past warm-up."""
+        slow = self.slow_steps[rows]
+        self.slow_steps[rows] = 0
+        warming = summarized & (self.warmup_left[rows] > 0)
+        self.warmup_left[rows[warming]] -= 1
+        return slow, summarized & ~warming
+
+
+class Row(Protocol):
+    """An object whose figures are row `latest_row` of the block `latest`."""
+
+    latest: LatestSteps
+    latest_row: int
+
+
+class Column(Generic[T]):
+    """An attribute of a `Row` kept in its block: array `at` of `LatestSteps.views`,
+    read and written through its memoryview; `optional`: None is stored as NaN."""
+
+    def __init__(self, at: int, doc: str, *, optional: bool = False) -> None:
+        self.at, self.optional, self.__doc__ = at, optional, doc
+
+    @overload
+    def __get__(self, row: None, owner: type[Any]) -> Column[T]: ...
+
+    @overload
+    def __get__(self, row: Row, owner: type[Any]) -> T: ...
+
+    def __get__(self, row: Row | None, owner: type[Any]) -> Column[T] | T:
+        if row is None:
+            return self
+        value = row.latest.views[self.at][row.latest_row]
+        return None if self.optional and value != value else value  # type: ignore[return-value]
+
+    def __set__(self, row: Row, value: T) -> None:
+        row.latest.views[self.at][row.latest_row] = np.nan if value is None else value  # type: ignore[call-overload]
+
 
 def nones_for_nans(column: Sequence[float | None] | Floats) -> Sequence[float | None]:
     """An optional column (`link_rtt_s`, `one_piece_s`) as Python numbers, None where
@@ -115,14 +160,4 @@ def nans_for_nones(column: Sequence[float | None] | Floats) -> Floats:
     return found
 
 
-def optional(value: float) -> float | None:
-    """A float read from a row: None for NaN (none yet)."""
-    return None if value != value else value
-
-
-def stored(value: float | None) -> float:
-    """A float to store in a row: NaN for None."""
-    return np.nan if value is None else value
-
-
-__all__ = ["LatestSteps", "nans_for_nones", "nones_for_nans", "optional", "stored"]
+__all__ = ["Column", "LatestSteps", "Row", "nans_for_nones", "nones_for_nans"]

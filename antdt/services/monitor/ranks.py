@@ -33,11 +33,12 @@ from antdt.services.monitor.latest import (
     LOCAL_BATCH,
     SEEN_AT,
     SETTLE_LEFT,
+    SLOW_STEPS,
     STEP,
+    WARMUP_LEFT,
+    Column,
     Ints,
     LatestSteps,
-    optional,
-    stored,
 )
 from antdt.services.monitor.openwindows import OpenWindow
 from antdt.services.monitor.reference import Evidence
@@ -68,20 +69,17 @@ class RankMemory:
 
     rank: int
     host: str = ""
-    # its latest accepted step (the properties last_step, last_ended_at, last_seen_at,
-    # local_batch, link_rtt_s and settle_left): row `latest_row` of the detector's block
-    # (alone: a block of its own)
+    # its latest accepted step and its window's close figures (the Columns below): row
+    # `latest_row` of the detector's block (alone: a block of its own)
     latest: LatestSteps = field(default_factory=lambda: LatestSteps(1), compare=False, repr=False)
     latest_row: int = 0
     # the open window's figures and the costs before it: a row of the detector's block
     # (alone: a block of its own, the default window's length)
     window: OpenWindow = field(default_factory=_open_window)
     window_plan: int = 0  # plan version of the open window's steps
-    warmup_left: int = 0  # measurable windows still to ignore (warm-up)
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
     evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
-    slow_steps: int = 0  # slow steps in its open window
     # (samples, compute_s) of its recent steps at one speed: its speed model's
     history: History = field(default_factory=_history)
     had_normal: bool = False  # some evaluated window was normal, and looked it
@@ -110,57 +108,20 @@ class RankMemory:
     # that span (a memo: a round of windows refits the job's fixed part from every rank's)
     span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
 
-    @property
-    def last_step(self) -> int:
-        """Its latest accepted step; -1: none yet."""
-        return self.latest.views[STEP][self.latest_row]
-
-    @last_step.setter
-    def last_step(self, step: int) -> None:
-        self.latest.views[STEP][self.latest_row] = step
-
-    @property
-    def last_ended_at(self) -> float:
-        return self.latest.views[ENDED_AT][self.latest_row]
-
-    @last_ended_at.setter
-    def last_ended_at(self, at: float) -> None:
-        self.latest.views[ENDED_AT][self.latest_row] = at  # type: ignore[call-overload]
-
-    @property
-    def last_seen_at(self) -> float | None:
-        """Control-plane time of its latest accepted event; None: never."""
-        return optional(self.latest.views[SEEN_AT][self.latest_row])
-
-    @last_seen_at.setter
-    def last_seen_at(self, at: float | None) -> None:
-        self.latest.views[SEEN_AT][self.latest_row] = stored(at)  # type: ignore[call-overload]
-
-    @property
-    def local_batch(self) -> int:
-        return self.latest.views[LOCAL_BATCH][self.latest_row]
-
-    @local_batch.setter
-    def local_batch(self, batch: int) -> None:
-        self.latest.views[LOCAL_BATCH][self.latest_row] = batch
-
-    @property
-    def link_rtt_s(self) -> float | None:
-        """Its latest round trip to nats-server (StepEvent); None: none heard."""
-        return optional(self.latest.views[LINK_RTT_S][self.latest_row])
-
-    @link_rtt_s.setter
-    def link_rtt_s(self, rtt: float | None) -> None:
-        self.latest.views[LINK_RTT_S][self.latest_row] = stored(rtt)  # type: ignore[call-overload]
-
-    @property
-    def settle_left(self) -> int:
-        """Steps at a new batch before its evidence counts again."""
-        return self.latest.views[SETTLE_LEFT][self.latest_row]
-
-    @settle_left.setter
-    def settle_left(self, steps: int) -> None:
-        self.latest.views[SETTLE_LEFT][self.latest_row] = steps
+    last_step = Column[int](STEP, "Its latest accepted step; -1: none yet.")
+    last_ended_at = Column[float](ENDED_AT, "When its latest accepted step ended.")
+    last_seen_at = Column[float | None](
+        SEEN_AT, "Control-plane time of its latest accepted event; None: never.", optional=True
+    )
+    local_batch = Column[int](LOCAL_BATCH, "Its local batch at its latest accepted step.")
+    link_rtt_s = Column[float | None](
+        LINK_RTT_S,
+        "Its latest round trip to nats-server (StepEvent); None: none heard.",
+        optional=True,
+    )
+    settle_left = Column[int](SETTLE_LEFT, "Steps at a new batch before its evidence counts again.")
+    slow_steps = Column[int](SLOW_STEPS, "Slow steps in its open window.")
+    warmup_left = Column[int](WARMUP_LEFT, "Measurable windows still to ignore (warm-up).")
 
 
 @dataclass(frozen=True)

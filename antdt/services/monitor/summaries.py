@@ -94,8 +94,11 @@ def _block_stats_into(
     costs_before = before[keep, :held_length] if held_length else None
     made, costs = _block_stats(kept, costs_before, fixed_samples, config.level_quantile)
     columns = (*made.T.tolist(), repeat(length, len(keep)), *_step_figures(kept))
-    for i, summary in zip(keep.tolist(), made_of(WindowStats, *columns), strict=True):
-        found[i] = summary
+    if len(keep) == len(found):  # every window (keep is ascending): in place at once
+        found[:] = made_of(WindowStats, *columns)
+    else:
+        for i, summary in zip(keep.tolist(), made_of(WindowStats, *columns), strict=True):
+            found[i] = summary
     return measured, costs
 
 
@@ -172,15 +175,4 @@ def quantile_sorted_rows(ordered: Floats, q: float) -> Floats:
     return ordered[:, low] + (ordered[:, high] - ordered[:, low]) * (position - low)
 
 
-def quantile_rows(values: Floats, q: float) -> Floats:
-    """`quantile_sorted_rows` of `values` sorted along its rows, the same floats: only
-    the two order statistics it reads are put in place (a partition, not a sort)."""
-    n = values.shape[1]
-    position = q * (n - 1)
-    low = int(position)
-    high = low + 1 if low + 1 < n else low
-    placed = np.partition(values, [low, high] if high != low else low, axis=1)
-    return placed[:, low] + (placed[:, high] - placed[:, low]) * (position - low)
-
-
-__all__ = ["Summaries", "quantile_rows", "quantile_sorted_rows", "summarize_many"]
+__all__ = ["Summaries", "quantile_sorted_rows", "summarize_many"]
