@@ -24,7 +24,9 @@ Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
 
 #: Positions of the arrays in `LatestSteps.views`.
-STEP, ENDED_AT, SEEN_AT, LOCAL_BATCH, LINK_RTT_S, SETTLE_LEFT, SLOW_STEPS, WARMUP_LEFT = range(8)
+STEP, ENDED_AT, SEEN_AT, LOCAL_BATCH, LINK_RTT_S, SETTLE_LEFT, SLOW_STEPS, WARMUP_LEFT, SCORE = (
+    range(9)
+)
 T = TypeVar("T")
 
 
@@ -32,11 +34,12 @@ class LatestSteps:
     """Per row (a rank): its latest step (-1: none yet), when that step ended, when it
     was heard (control-plane time; NaN: never), its local batch, its link's latest round
     trip (NaN: none heard), the steps its evidence still settles for, the slow steps in
-    its open window and the measurable windows of its warm-up still to ignore."""
+    its open window, the measurable windows of its warm-up still to ignore and its
+    evidence's score (kept here by `RankMemory.evidence`)."""
 
     __slots__ = (
         *("ended_at", "link_rtt_s", "local_batch", "seen_at", "settle_left", "step"),
-        *("slow_steps", "views", "warmup_left"),
+        *("score", "slow_steps", "views", "warmup_left"),
     )
 
     def __init__(self, rows: int) -> None:
@@ -48,13 +51,15 @@ class LatestSteps:
         self.settle_left: Ints = np.zeros(rows, dtype=np.int64)
         self.slow_steps: Ints = np.zeros(rows, dtype=np.int64)
         self.warmup_left: Ints = np.zeros(rows, dtype=np.int64)
-        #: the arrays as memoryviews, in the order of STEP .. WARMUP_LEFT: one rank's
+        self.score: Floats = np.zeros(rows, dtype=np.float64)
+        #: the arrays as memoryviews, in the order of STEP .. SCORE: one rank's
         #: read or write of an element costs a third of numpy's
         self.views: tuple[memoryview, ...] = tuple(
             a.data
             for a in (
                 *(self.step, self.ended_at, self.seen_at, self.local_batch),
                 *(self.link_rtt_s, self.settle_left, self.slow_steps, self.warmup_left),
+                self.score,
             )
         )
 

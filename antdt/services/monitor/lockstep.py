@@ -75,7 +75,7 @@ def account_plain(
     measured = (n > 0) & (t > 0)
     latest.take(a.rank, (a.step, a.ended_at, a.local_batch), now, c.link_rtt_s)
     settling = latest.settle(a.rank, measured)
-    scored = np.array([memory.evidence[0] for memory in memories], dtype=np.float64) != 0.0
+    scored = latest.score[a.rank] != 0.0
     lengths = windows.add(a.rank, samples, (compute, a.data_wait_s, a.comm_s, a.step_s))
     if measured.all():
         histories.add(a.rank, samples, compute)

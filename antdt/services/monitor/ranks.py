@@ -31,6 +31,7 @@ from antdt.services.monitor.latest import (
     ENDED_AT,
     LINK_RTT_S,
     LOCAL_BATCH,
+    SCORE,
     SEEN_AT,
     SETTLE_LEFT,
     SLOW_STEPS,
@@ -79,7 +80,9 @@ class RankMemory:
     window_plan: int = 0  # plan version of the open window's steps
     stats: WindowStats | None = None  # latest closed window
     judgement: Judgement | None = None  # of the latest closed window
-    evidence: Evidence = field(default_factory=Evidence)  # of being slower than the job
+    # its evidence of being slower than the job, read and set as `evidence` (which puts
+    # its score in the rank's row too: a step of a job reads whose is not 0 there)
+    held_evidence: Evidence = field(default_factory=Evidence)
     # (samples, compute_s) of its recent steps at one speed: its speed model's
     history: History = field(default_factory=_history)
     had_normal: bool = False  # some evaluated window was normal, and looked it
@@ -107,6 +110,16 @@ class RankMemory:
     # its model through the steps around its history's latest change of batch size, and
     # that span (a memo: a round of windows refits the job's fixed part from every rank's)
     span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
+
+    @property
+    def evidence(self) -> Evidence:
+        """Its evidence of being slower than the job."""
+        return self.held_evidence
+
+    @evidence.setter
+    def evidence(self, evidence: Evidence) -> None:
+        self.held_evidence = evidence
+        self.latest.views[SCORE][self.latest_row] = evidence[0]  # type: ignore[call-overload]
 
     last_step = Column[int](STEP, "Its latest accepted step; -1: none yet.")
     last_ended_at = Column[float](ENDED_AT, "When its latest accepted step ended.")
