@@ -86,3 +86,25 @@ def test_a_judge_renewing_most_ranks_at_once_holds_what_swaps_would(seed: int) -
                 j.judge(rank, window, Evidence(), 0.0, link) for j in (swapped, sorted_afresh)
             ]
             assert verdicts[0] == verdicts[1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_reset_from_an_array_holds_what_reset_from_values_does(seed: int) -> None:
+    """NaN in the array is None in the values: left out; the rest sorted to the same
+    floats, equal values and both zeros included, and medians read alike."""
+    import math
+
+    import numpy as np
+
+    rng = random.Random(seed)
+    drawn = [
+        rng.choice([None, 0.0, -0.0, 0.25, 0.25, rng.random()]) for _ in range(rng.randint(0, 60))
+    ]
+    from_values, from_array = SortedValues(), SortedValues()
+    from_values.reset(drawn)
+    from_array.reset_array(np.array([math.nan if v is None else v for v in drawn]))
+    assert [v.hex() for v in from_array.values] == [v.hex() for v in from_values.values]
+    held = np.array([rng.choice([math.nan, *from_values.values]) for _ in range(8)] or [math.nan])
+    alone = [from_values.median() if v != v else from_values.median_without(float(v)) for v in held]
+    together = [None if v != v else v for v in from_array.medians_without(held).tolist()]
+    assert together == alone

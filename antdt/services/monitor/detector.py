@@ -113,7 +113,7 @@ class JobDetector:
         # the health's job figures, and the `_stats_changes` they were made at
         self._figures = (-1, JobFigures(0.0, 0.0, 1.0))
         self._columns = ColumnsMemo()  # the health's columns of windows and models
-        self._judge = Judge(self.config)
+        self._judge = Judge(self.config, world_size)
         self._window_steps = self.config.window  # read per event: one attribute, not two
         self._clock = 0.0  # latest `now` seen: time never runs backwards in here
         self._first_seen_at: float | None = None

@@ -21,15 +21,13 @@ import numpy.typing as npt
 
 from antdt.schemas import Cause
 from antdt.services.monitor.config import DetectorConfig
+from antdt.services.monitor.latest import nans_for_nones
+from antdt.services.monitor.rankfigures import Figures, RankFigures
 from antdt.services.monitor.reference import Evidence, healthy_reference_sorted
 from antdt.services.monitor.windows import SortedValues, WindowStats, made_of
 
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
-
-#: What the Judge keeps of a rank's latest window: level, busy per sample, data share,
-#: comm share, link round trip (None: not measured), in the order of its multisets.
-Figures = tuple[float, float, float, float, float | None]
 
 
 class Verdict(enum.Enum):
@@ -96,64 +94,68 @@ class Judge:
     window of a step meets the same figures whatever order its events arrive in, and a
     step's windows can be judged together."""
 
-    def __init__(self, config: DetectorConfig) -> None:
+    def __init__(self, config: DetectorConfig, ranks: int = 0) -> None:
         self.config = config
         self._levels = SortedValues()
         self._busy = SortedValues()
         self._data_share = SortedValues()
         self._comm_share = SortedValues()
         self._link_rtt = SortedValues()  # of the ranks that measured theirs
-        self._held: dict[int, Figures] = {}  # per rank, its figures in the multisets
-        self._queued: dict[int, Figures] = {}  # per rank, its figures closed since
+        # per rank, its figures in the multisets and those closed since (`ranks`: rows
+        # made at once; more grow as ranks come)
+        self._figures = RankFigures(ranks)
         self._reference: float | None = None
 
     def queue(self, rank: int, new: WindowStats, link_rtt_s: float | None = None) -> None:
         """A rank's new window and latest link round trip, for the next `renew`. A rank
         closing again before it (its events ahead of the job's) replaces its own."""
-        if rank in self._queued:
-            self._hold(rank, self._queued.pop(rank))
-        figures = (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)
-        self._queued[rank] = figures
+        figures = self._figures
+        if rank < len(figures.queued) and figures.queued[rank]:
+            self._hold(rank, figures.unqueue(rank))
+        figures.queue_one(
+            rank, (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)
+        )
 
     def queue_many(
         self, ranks: Sequence[int], stats: Sequence[WindowStats], links: Sequence[float | None]
     ) -> None:
         """`queue` of each rank's window and link round trip, in order."""
-        again = [rank for rank in ranks if rank in self._queued]
-        for rank in again:
-            self._hold(rank, self._queued.pop(rank))
-        figures = [
-            (s.level, s.busy_per_sample, s.data_share, s.comm_share, link)
-            for s, link in zip(stats, links, strict=True)
-        ]
-        self._queued.update(zip(ranks, figures, strict=True))
+        if not ranks:
+            return
+        figures, rows = self._figures, np.asarray(ranks, dtype=np.int64)
+        figures.grow(int(rows.max()))
+        for rank in rows[figures.queued[rows]].tolist():
+            self._hold(rank, figures.unqueue(rank))
+        columns = (*(_column(stats, k) for k in _HELD_FIELDS), nans_for_nones(links))
+        figures.queue_many(rows, np.column_stack(columns))
 
     def renew(self) -> bool:
         """The windows queued join the multisets and the reference is renewed; False
         when none was queued (nothing changed)."""
-        queued, held = self._queued, self._held
-        if not queued:
+        figures = self._figures
+        if not figures.waiting:
             return False
-        if len(queued) * _REBUILD_SHARE < len(held):
-            for rank, figures in queued.items():
-                self._hold(rank, figures)
+        if figures.waiting * _REBUILD_SHARE < figures.holders:
+            for rank in np.flatnonzero(figures.queued).tolist():
+                self._hold(rank, figures.unqueue(rank))
         else:  # most ranks closed: the multisets sorted afresh, not swapped rank by rank
-            held.update(queued)
-            sets = (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
-            for at, values in enumerate(sets):
-                values.reset(map(itemgetter(at), held.values()))
-        queued.clear()
+            figures.hold_queued()
+            for at, values in enumerate(self._sets()):
+                values.reset_array(figures.held_column(at))
         self._reference = healthy_reference_sorted(
             self._levels.values, 1.0 - self.config.slow_threshold
         )
         return True
 
+    def _sets(self) -> tuple[SortedValues, ...]:
+        """The multisets, in the order of a rank's figures."""
+        return (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
+
     def _hold(self, rank: int, figures: Figures) -> None:
-        sets = (self._levels, self._busy, self._data_share, self._comm_share, self._link_rtt)
-        before = self._held.get(rank, _NOTHING)
-        for values, was, now in zip(sets, before, figures, strict=True):
+        before = self._figures.held_of(rank)
+        for values, was, now in zip(self._sets(), before, figures, strict=True):
             values.replace(was, now)
-        self._held[rank] = figures
+        self._figures.hold(rank, figures)
 
     def reference(self) -> float | None:
         """The job's healthy reference cost; None under two measured ranks."""
@@ -173,7 +175,7 @@ class Judge:
         reference = self._reference
         if reference is None or reference <= 0:
             return Judgement(Verdict.UNEVALUATED, compute_per_sample=stats.window_level)
-        held = self._held.get(rank, _NOTHING)
+        held = self._figures.held_of(rank)
         others_busy = _others(self._busy, held[1]) or stats.busy_per_sample
         figures = Judgement(
             Verdict.NORMAL,
@@ -206,15 +208,17 @@ class Judge:
         evidence, or the first test of a rule passed); the others' verdict is normal."""
         reference = self._reference
         if len(ranks) < _MANY or reference is None or reference <= 0:
-            rows = zip(ranks, stats, evidence, link_rtt_s, strict=True)
-            return [self.judge(r, w, e, fixed_samples, link) for r, w, e, link in rows]
-        held = [self._held.get(rank, _NOTHING) for rank in ranks]
+            each = zip(ranks, stats, evidence, link_rtt_s, strict=True)
+            return [self.judge(r, w, e, fixed_samples, link) for r, w, e, link in each]
+        rows = np.asarray(ranks, dtype=np.int64)
+        self._figures.grow(int(rows.max()))
+        held = self._figures.held[rows]  # NaN: none held
         window_level, busy, data, comm = (_column(stats, k) for k in (5, 1, 2, 3))
-        others_busy = self._busy.medians_without([h[1] for h in held])
+        others_busy = self._busy.medians_without(held[:, 1])
         others_busy = np.where(np.isnan(others_busy) | (others_busy == 0.0), busy, others_busy)
-        others_data = _or_zero(self._data_share.medians_without([h[2] for h in held]))
-        others_comm = _or_zero(self._comm_share.medians_without([h[3] for h in held]))
-        others_link = self._link_rtt.medians_without([h[4] for h in held]).tolist()
+        others_data = _or_zero(self._data_share.medians_without(held[:, 2]))
+        others_comm = _or_zero(self._comm_share.medians_without(held[:, 3]))
+        others_link = self._link_rtt.medians_without(held[:, 4]).tolist()
         ratio, busy_ratio = window_level / reference, busy / others_busy
         n, normal, unknown = len(ranks), Verdict.NORMAL, Cause.UNKNOWN
         link_others = [  # NaN: none
@@ -237,10 +241,9 @@ class Judge:
             ratio, busy_ratio, (data, others_data), (comm, others_comm), evidence, links
         )
         for i in np.flatnonzero(may).tolist():
-            f = found[i]
-            found[i] = (
-                self._slow(f, evidence[i].slow) or self._fast(f, stats[i].level, held[i][0]) or f
-            )
+            f, held_level = found[i], float(held[i, 0])
+            own = None if held_level != held_level else held_level
+            found[i] = self._slow(f, evidence[i].slow) or self._fast(f, stats[i].level, own) or f
         return found
 
     def _may_deviate(
@@ -341,7 +344,9 @@ class Judge:
 #: costs a bisection and a move of up to half a multiset, a sort about a swap per rank.
 _REBUILD_SHARE = 4
 
-_NOTHING: Figures = (None, None, None, None, None)  # type: ignore[assignment]
+#: The WindowStats fields a rank's figures hold (level, busy per sample, data and comm
+#: shares), before its link round trip.
+_HELD_FIELDS = (4, 1, 2, 3)
 
 
 def _column(stats: Sequence[WindowStats], at: int) -> Floats:

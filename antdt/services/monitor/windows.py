@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from itertools import compress, repeat
+from itertools import repeat
 from math import copysign
 from operator import add, is_not, sub, truediv
 from typing import Any, NamedTuple, TypeVar, cast
@@ -242,6 +242,12 @@ class SortedValues:
         self._values = sorted(cast(Iterable[float], filter(_given, values)))
         self._signed_zero = self._signed_zero or 0.0 in self._values  # -0.0 == 0.0
 
+    def reset_array(self, values: npt.NDArray[np.float64]) -> None:
+        """`reset` of the values of an array (NaN: none), sorted by numpy: a stable sort
+        of the same floats (-0.0 equal to 0.0, as `sorted` has it)."""
+        self._values = np.sort(values[values == values], kind="stable").tolist()
+        self._signed_zero = self._signed_zero or 0.0 in self._values
+
     def median(self) -> float | None:
         return _median_of_sorted(len(self._values), self._values.__getitem__)
 
@@ -264,19 +270,18 @@ class SortedValues:
         lower = values[mid - 1 + (mid - 1 >= skip)]
         return (lower + upper) / 2.0
 
-    def medians_without(self, held: Sequence[float | None]) -> npt.NDArray[np.float64]:
-        """`median_without(v)` of each `v` of `held` (None: `median()`), NaN where there
-        is none: the same floats, over arrays."""
+    def medians_without(self, held: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """`median_without(v)` of each `v` of `held` (NaN: `median()`), NaN where there is
+        none: the same floats, over arrays."""
         values = np.asarray(self._values, dtype=np.float64)
-        given = np.fromiter(map(is_not, held, repeat(None)), dtype=bool, count=len(held))
+        given = held == held
         found = np.full(len(held), np.nan)
         whole = self.median()
         if whole is not None:
             found[~given] = whole
         n = len(values) - 1
         if n > 0 and given.any():
-            x = np.array(list(compress(held, given)), dtype=np.float64)
-            skip = np.searchsorted(values, x, side="left")
+            skip = np.searchsorted(values, held[given], side="left")
             mid = n // 2
             upper = values[mid + (mid >= skip)]
             if n % 2:
