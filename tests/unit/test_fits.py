@@ -208,3 +208,28 @@ def test_histories_of_any_sizes_are_fitted_as_fit_speed(seed: int) -> None:
             model = alone[i]
             kinds.add(model and (min(model.batch_sizes, 3), model.fixed_s == 0.0))
     assert {None, (1, False), (2, False), (3, False), (3, True)} <= kinds
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_as_they_lie_hold_the_steps_in_order_as_a_multiset(seed: int) -> None:
+    """`Histories.as_held`: whatever a row holds (none, some, full, wrapped, its latest
+    kept alone), the slots it marks used hold the steps `in_order` gives, and its latest
+    batch size is the newest step's."""
+    rng = random.Random(seed)
+    block = Histories(40, 16)
+    for row in range(40):
+        history = block.row(row)
+        for _ in range(rng.choice((0, 3, 16, 17, 40))):
+            history.add(rng.randint(1, 64), rng.random())
+        if len(history) and rng.random() < 0.3:
+            history.keep_latest(rng.randrange(len(history) + 1))
+    rows = np.array(rng.sample(range(40), 30), dtype=np.int64)
+    samples, times, unused, latest = block.as_held(rows)
+    in_samples, in_times, held = block.in_order(rows)
+    for k, n in enumerate(held.tolist()):
+        used = ~unused[k]
+        assert int(used.sum()) == n
+        assert sorted(times[k][used].tolist()) == sorted(in_times[k][:n].tolist())
+        assert sorted(samples[k][used].tolist()) == sorted(in_samples[k][:n].tolist())
+        if n:
+            assert latest[k] == in_samples[k][n - 1]

@@ -59,10 +59,10 @@ def _fit_rows(
     (`_fit_two_sizes`), any other (`anysizes.fit_any_sizes`). A row holding a finite
     time past `ONE_BATCH_LIMIT` is left out: `fit_speed`'s sums over it may overflow.
     Every way reads a row's steps as a multiset (levels of sorted times per size,
-    counts), so full rows are read in their ring's order (`Histories.as_held`)."""
-    samples, times, held = block.as_held(rows)
-    unused = np.arange(block.maxlen)[None, :] >= held[:, None]
-    done, models = _fit_one_size(samples, times, unused, held, fixed, config)
+    counts), so rows are read as they lie in their rings (`Histories.as_held`)."""
+    samples, times, unused, latest = block.as_held(rows)
+    held = block.held[rows]
+    done, models = _fit_one_size((samples, latest), times, (unused, held), fixed, config)
     left = np.ones(len(rows), dtype=np.bool_)
     left[done] = False
     usable = ((times > 0.0) & (times <= ONE_BATCH_LIMIT)) | unused
@@ -79,13 +79,18 @@ def _fit_rows(
 
 
 def _fit_one_size(
-    samples: Ints, times: Floats, unused: Bools, held: Ints, fixed: float, config: SpeedConfig
+    sizes: tuple[Ints, Ints],
+    times: Floats,
+    slots: tuple[Bools, Ints],
+    fixed: float,
+    config: SpeedConfig,
 ) -> tuple[list[int], list[SpeedModel | None]]:
     """The rows (positions) that hold one batch size, every time measurable and within
     `ONE_BATCH_LIMIT`, and their models: each row's `speed._one_batch_model`, over one
     sort of those rows (unused slots last), whatever each holds. The common history: no
-    sort by size."""
-    first = samples[:, 0]
+    sort by size. `sizes`: the rows' batch sizes, and each one's latest; `slots`: which
+    slots hold no step, and how many steps each row holds."""
+    (samples, first), (unused, held) = sizes, slots
     one_size = ((samples == first[:, None]) | unused).all(axis=1)
     measurable = (((times > 0.0) & (times < np.inf)) | unused).all(axis=1)
     one = np.flatnonzero(one_size & measurable & (held > 0) & (first > 0))

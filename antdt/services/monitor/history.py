@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 Step = tuple[int, float]  # (samples, compute_s)
 Ints = npt.NDArray[np.int64]
+Bools = npt.NDArray[np.bool_]
 Floats = npt.NDArray[np.float64]
 
 
@@ -82,18 +83,18 @@ class Histories:
         slots += (rows * width)[:, None]  # flat: one index array takes at half the cost
         return self.samples.take(slots), self.times.take(slots), held
 
-    def as_held(self, rows: Ints) -> tuple[Ints, Floats, Ints]:
-        """`in_order`, but a full row's steps in the ring's order (whole rows taken at
-        once, no index per step): for readers of a row as a multiset."""
-        held = self.held[rows]
-        partial = np.flatnonzero(held < self.maxlen)
-        if len(partial) == len(rows):
-            return self.in_order(rows)
-        samples, times = self.samples.take(rows, axis=0), self.times.take(rows, axis=0)
-        if len(partial):
-            in_order = self.in_order(rows[partial])
-            samples[partial], times[partial] = in_order[0], in_order[1]
-        return samples, times, held
+    def as_held(self, rows: Ints) -> tuple[Ints, Floats, Bools, Ints]:
+        """The rows' batch sizes and times as they lie in their rings (whole rows taken
+        at once, no index per step), which slots hold no step, and each row's batch
+        size of its latest step (meaningless where it holds none): for readers of a row
+        as a multiset."""
+        width, held, head = self.maxlen, self.held[rows], self.head[rows]
+        slot, start, end = np.arange(width), (head - held)[:, None], head[:, None]
+        # a row's steps fill [start, end) of its ring, those before slot 0 wrapped to its end
+        used = ((slot >= start) & (slot < end)) | (slot >= start + width)
+        samples = self.samples.take(rows, axis=0)
+        latest = samples[np.arange(len(rows)), head - 1]  # slot -1: the end
+        return samples, self.times.take(rows, axis=0), ~used, latest
 
     def last_changes(self, rows: Ints) -> tuple[Ints, Ints, Ints]:
         """Per row, where its latest change of batch size lies among its steps (the step
