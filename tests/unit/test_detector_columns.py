@@ -155,7 +155,7 @@ def _memory(rank: RankMemory) -> dict[str, object]:
     held = {k: getattr(rank, k) for k in RankMemory.__dataclass_fields__ if k not in memos}
     for k in LATEST:  # its row of the detector's block of latest steps
         held[k] = getattr(rank, k)
-    held["normal_windows"] = list(rank.normal_windows)
+    held["normal_step_s"] = list(rank.normal_step_s)
     held["history"] = list(rank.history)
     for kind in ("deviation", "stall"):
         incident = getattr(rank, kind)

@@ -68,7 +68,7 @@ def quiet_normal(
     for rank, window, judgement in zip(ranks, stats, judged, strict=True):
         ratio = judgement.ratio
         rank.slow_looking = rank.slow_looking + 1 if ratio >= slow_at else 0
-        rank.normal_windows.append(window)
+        rank.normal_step_s.append(window.step_s)
         rank.judgement = judgement
         rank.had_normal = rank.had_normal or ratio < normal_below
         rank.streak_kind, rank.streak = None, 0

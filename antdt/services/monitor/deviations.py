@@ -217,8 +217,8 @@ def with_step_times(judged: Judgement, stats: WindowStats, rank: RankMemory) -> 
     gets the step times now and before: moving its node wins back the difference, also
     what its slowness costs everyone's communication, which no model of compute sees."""
     if judged.verdict is Verdict.NORMAL:
-        rank.normal_windows.append(stats)
+        rank.normal_step_s.append(stats.step_s)
     elif judged.verdict is Verdict.SLOW:
-        before = min((w.step_s for w in rank.normal_windows), default=None)
+        before = min(rank.normal_step_s, default=None)
         return judged._replace(step_s=stats.step_s, step_s_before=before)
     return judged

@@ -60,7 +60,7 @@ def _open_window() -> OpenWindow:
     return OpenWindow.alone(DetectorConfig().window)
 
 
-def _normal_windows() -> deque[WindowStats]:
+def _normal_step_s() -> deque[float]:
     return deque(maxlen=NORMAL_WINDOWS)
 
 
@@ -102,8 +102,9 @@ class RankMemory:
     started_at: float = 0.0  # when its current process started (RankHello), Unix seconds
     # samples of other ranks' shares it computed under work sharing, by owner, in total
     helped: Counter[int] = field(default_factory=Counter)
-    # its latest windows judged normal: a communication straggler's step time before onset
-    normal_windows: deque[WindowStats] = field(default_factory=_normal_windows)
+    # the median step times of its latest windows judged normal: a communication
+    # straggler's step time before its onset
+    normal_step_s: deque[float] = field(default_factory=_normal_step_s)
     # its speed model and when it was fitted: (its latest window, its history's epoch,
     # the job's fixed part, the model)
     model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
