@@ -104,7 +104,7 @@ def test_a_healths_models_are_each_ranks_fit() -> None:
             detector.ingest_fields((*fields, batch, c, 0.0, 0.005, c + 0.005), t)  # type: ignore[arg-type]
         t += 0.05
         if s % 3 == 0:
-            stale = [not pace._fitted(m) for m in detector._ranks]
+            stale = [not pace._memo.fresh(m, pace.fixed_samples) for m in detector._ranks]
             wanted = [
                 fit_speed(m.history, pace.fixed_samples, pace._speed) for m in detector._ranks
             ]

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.fits import MANY, fit_many, fit_spans
 from antdt.services.monitor.history import History
+from antdt.services.monitor.modelmemo import ModelMemo
 from antdt.services.monitor.ranks import RankMemory
 from antdt.services.monitor.reference import rank_level
 from antdt.services.monitor.speed import SpeedModel, fit_speed, pooled_fixed_samples
@@ -38,7 +39,7 @@ class Pace:
 
     __slots__ = (
         *("_changed", "_fitted_at", "_floor", "_speed", "config", "fixed_samples", "open_at"),
-        *("_models", "_share_of", "_shares", "reference", "slow_cost"),
+        *("_memo", "_share_of", "_shares", "reference", "slow_cost"),
     )
 
     def __init__(self, config: DetectorConfig, world_size: int) -> None:
@@ -54,7 +55,7 @@ class Pace:
         # it ran with (None: not yet)
         self._changed: set[int] = set()
         self._fitted_at: tuple[float, int] | None = None
-        self._models: list[SpeedModel | None] = []  # each rank's, as `models` last gave
+        self._memo = ModelMemo(world_size)  # each rank's model, and what it was fitted at
         # each rank's share of its recent steps that were slow (smoothed; NaN: no
         # window yet), and its memoryview (one rank's window)
         self._shares = np.full(world_size, np.nan)
@@ -75,6 +76,7 @@ class Pace:
         share, last = slow_steps / stats.events, shares[r]
         shares[r] = share if last != last else last + SHARE_WEIGHT * (share - last)  # type: ignore[call-overload]  # a float view
         self._changed.add(r)
+        self._memo.closes[r] += 1
         if self.reference and stats.cost / self.reference >= self.config.instant_ratio:
             self._weigh_window(rank, stats)
 
@@ -97,6 +99,7 @@ class Pace:
         median cost is `instant_ratio` x the reference (a close of a synchronous job is
         all its ranks)."""
         self._changed.update(rows.tolist())
+        self._memo.closes[rows] += 1
         events = np.fromiter(map(_events, stats), dtype=np.int64, count=len(stats))
         share, last = slow / events, self._shares[rows]
         self._shares[rows] = np.where(last != last, share, last + SHARE_WEIGHT * (share - last))
@@ -192,69 +195,36 @@ class Pace:
         they can be (`fits.fit_many`): after a round of windows, every rank. At the fixed
         part of the last call only the ranks changed since are looked at: a slow job's
         health comes up to every step, a window closes every W."""
-        fixed = self.fixed_samples
-        every = self._fitted_at != (fixed, len(ranks))
-        looked = range(len(ranks)) if every else sorted(self._changed)
-        stale = _stale(ranks, looked, fixed)
+        fixed, memo = self.fixed_samples, self._memo
+        if self._fitted_at != (fixed, len(ranks)):
+            looked = np.arange(len(ranks), dtype=np.int64)
+        else:
+            looked = np.array(sorted(self._changed), dtype=np.int64)
+        stale, epochs = memo.stale(ranks, looked, fixed)
         fitted: dict[int, SpeedModel | None] = {}
         if len(stale) >= MANY:
-            fitted = fit_many([ranks[i].history for i in stale], fixed, self._speed)
-        for k, i in enumerate(stale):
-            rank = ranks[i]
-            model = fitted[k] if k in fitted else fit_speed(rank.history, fixed, self._speed)
-            rank.model = (rank.stats, rank.history.epoch, fixed, model)
-        # a rank's model changes only here or in `model`, after it changed (looked at)
-        if every:
-            self._models = [memo[3] for memo in map(_model, ranks)]  # type: ignore[index]
-        else:
-            for i in looked:
-                self._models[i] = ranks[i].model[3]  # type: ignore[index]
+            fitted = fit_many([ranks[i].history for i in stale.tolist()], fixed, self._speed)
+        models = memo.models
+        for k, i in enumerate(stale.tolist()):
+            models[i] = (
+                fitted[k] if k in fitted else fit_speed(ranks[i].history, fixed, self._speed)
+            )
+        memo.fitted(stale, epochs, fixed)
         self._changed.clear()
         self._fitted_at = (fixed, len(ranks))
-        return list(self._models)
-
-    def _fitted(self, rank: RankMemory) -> bool:
-        """Whether the rank's model is that of its latest window, history and the job's
-        fixed part."""
-        memo = rank.model
-        return (
-            memo is not None
-            and memo[0] is rank.stats
-            and memo[1] == rank.history.epoch
-            and memo[2] == self.fixed_samples
-        )
+        return list(models)
 
     def model(self, rank: RankMemory) -> SpeedModel | None:
         """The rank's step-time model (None: too few steps at one speed yet), fitted at
         the first read after each of its windows closed, its history restarted or the
         job's fixed part changed: like the health's other figures, as of its latest
         window (a health reads every rank's, up to every step of a slow job)."""
-        memo = rank.model
-        if memo is not None and self._fitted(rank):
-            return memo[3]
-        model = fit_speed(rank.history, self.fixed_samples, self._speed)
-        rank.model = (rank.stats, rank.history.epoch, self.fixed_samples, model)
-        return model
-
-
-_model = attrgetter("model")
-
-
-def _stale(ranks: Sequence[RankMemory], looked: Sequence[int], fixed: float) -> list[int]:
-    """Those of `looked` whose model is not `Pace._fitted` at the job's fixed part
-    `fixed`, the test written out: a health looks at up to every rank."""
-    stale = []
-    for i in looked:
-        rank = ranks[i]
-        memo = rank.model
-        if (
-            memo is None
-            or memo[0] is not rank.stats
-            or memo[1] != rank.history.epoch
-            or memo[2] != fixed
-        ):
-            stale.append(i)
-    return stale
+        memo, fixed = self._memo, self.fixed_samples
+        if not memo.fresh(rank, fixed):
+            memo.models[rank.rank] = fit_speed(rank.history, fixed, self._speed)
+            row = np.array([rank.rank], dtype=np.int64)
+            memo.fitted(row, np.array([rank.history.epoch], dtype=np.int64), fixed)
+        return memo.models[rank.rank]
 
 
 #: The steps a refit reads on either side of a history's latest change of batch size,

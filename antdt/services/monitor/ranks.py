@@ -105,9 +105,6 @@ class RankMemory:
     # the median step times of its latest windows judged normal: a communication
     # straggler's step time before its onset
     normal_step_s: deque[float] = field(default_factory=_normal_step_s)
-    # its speed model and when it was fitted: (its latest window, its history's epoch,
-    # the job's fixed part, the model)
-    model: tuple[WindowStats | None, int, float, SpeedModel | None] | None = None
     # its model through the steps around its history's latest change of batch size, and
     # that span (a memo: a round of windows refits the job's fixed part from every rank's)
     span_model: tuple[tuple[int, int, int], SpeedModel | None] | None = None
