@@ -10,7 +10,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress, repeat
-from operator import attrgetter, is_not, truediv
+from operator import attrgetter, is_not, or_, truediv
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -149,6 +149,11 @@ class JobProgress:
 _compute_per_sample = attrgetter("compute_per_sample")
 _latest_row, _latest_of = attrgetter("latest_row"), attrgetter("latest")
 _rank_of, _host_of = attrgetter("rank"), attrgetter("host")
+_deviation_of, _stall_of = attrgetter("deviation"), attrgetter("stall")
+_exited_of, _helped_of = attrgetter("exited"), attrgetter("helped")
+#: Models changed, as a share of the ranks, from which a health's model columns are made
+#: afresh (after a close every rank's model is new) rather than patched rank by rank.
+_REMADE_SHARE = 4
 #: A rank's state while an incident of this kind is open (read per such rank per health).
 _STATE_OF = {kind: RankState(kind.value) for kind in IncidentKind}
 _OK, _UNKNOWN = RankState.OK, RankState.UNKNOWN  # read per rank per health
@@ -249,7 +254,13 @@ class ColumnsMemo:
             kept = self.models = [None] * len(models)
             self.model_columns = ((None,) * len(models), (None,) * len(models))
         changed = list(compress(range(len(models)), map(is_not, kept, models)))
-        if changed:  # after a close every rank's; between two, a few ranks' alone
+        if len(changed) * _REMADE_SHARE > len(models):  # after a close: made afresh
+            self.models = list(models)
+            self.model_columns = (
+                tuple([None if m is None else m.fixed_s for m in models]),
+                tuple([None if m is None else m.per_sample_s for m in models]),
+            )
+        elif changed:  # between two closes, a few ranks' alone
             fixed: list[float | None] = list(self.model_columns[0])
             per_sample: list[float | None] = list(self.model_columns[1])
             for i in changed:
@@ -305,7 +316,8 @@ def rank_columns(
     batch, last = _latest_columns(ranks)
     samples_per_s, per_sample, data, comm, ratio, calm = memo.windows(ranks, windows_at)
     fixed_s, per_sample_s = memo.of_models(models)
-    helped = {r.rank: dict(r.helped) for r in ranks if r.helped}
+    helping = compress(ranks, map(bool, map(_helped_of, ranks)))  # seldom any
+    helped = {r.rank: dict(r.helped) for r in helping}
     return trusted(
         RankColumns,
         {
@@ -329,12 +341,21 @@ def rank_columns(
 def _states(ranks: list[RankMemory], calm: tuple[RankState, ...]) -> tuple[RankState, ...]:
     """`rank_state` of each rank: `calm` (OK or UNKNOWN) but where an exit, a stall or an
     incident says otherwise."""
-    said = [r.exited is not None or r.stall is not None or r.deviation is not None for r in ranks]
+    said = list(map(is_not, map(_deviation_of, ranks), repeat(None)))
+    incidents_only = True
+    for held in (_stall_of, _exited_of):  # seldom any: a pass at C speed each
+        others = list(map(is_not, map(held, ranks), repeat(None)))
+        if any(others):
+            said, incidents_only = list(map(or_, said, others)), False
     if not any(said):
         return calm
     states = list(calm)
-    for i in compress(range(len(ranks)), said):
-        states[i] = rank_state(ranks[i])
+    if incidents_only:  # `rank_state` of a rank with an incident alone, written out
+        for i in compress(range(len(ranks)), said):
+            states[i] = _STATE_OF[ranks[i].deviation.kind]  # type: ignore[union-attr]
+    else:
+        for i in compress(range(len(ranks)), said):
+            states[i] = rank_state(ranks[i])
     return tuple(states)
 
 
