@@ -147,6 +147,7 @@ class JobProgress:
 
 
 _compute_per_sample = attrgetter("compute_per_sample")
+_data_share, _comm_share = attrgetter("data_share"), attrgetter("comm_share")
 _latest_row, _latest_of = attrgetter("latest_row"), attrgetter("latest")
 _rank_of, _host_of = attrgetter("rank"), attrgetter("host")
 _deviation_of, _stall_of = attrgetter("deviation"), attrgetter("stall")
@@ -272,15 +273,27 @@ class ColumnsMemo:
 
 
 def _window_columns(ranks: list[RankMemory]) -> tuple[tuple[Any, ...], ...]:
-    """A column per figure, one comprehension each: transposing rows of 10,000 ranks
-    (`zip(*rows)`) cost ten times as much."""
+    """A column per figure, one comprehension each (transposing rows of 10,000 ranks,
+    `zip(*rows)`, cost ten times as much); a map over an attrgetter each when every rank
+    has a window (the usual health)."""
     stats = [r.stats for r in ranks]
+    ratio = tuple(1.0 if r.judgement is None else r.judgement.ratio for r in ranks)
+    if None not in stats:
+        per_sample = tuple(map(_compute_per_sample, stats))
+        return (
+            tuple(map(truediv, repeat(1.0), per_sample)),
+            per_sample,
+            tuple(map(_data_share, stats)),
+            tuple(map(_comm_share, stats)),
+            ratio,
+            (_OK,) * len(stats),
+        )
     return (
         tuple(0.0 if s is None else 1.0 / s.compute_per_sample for s in stats),
         tuple(0.0 if s is None else s.compute_per_sample for s in stats),
         tuple(0.0 if s is None else s.data_share for s in stats),
         tuple(0.0 if s is None else s.comm_share for s in stats),
-        tuple(1.0 if r.judgement is None else r.judgement.ratio for r in ranks),
+        ratio,
         tuple(_UNKNOWN if s is None else _OK for s in stats),
     )
 
