@@ -33,7 +33,7 @@ from antdt.services.monitor.history import Histories
 from antdt.services.monitor.hosts import HostIndex, name_hosts
 from antdt.services.monitor.judge import Judge, Judgement, Verdict, slow_run
 from antdt.services.monitor.latest import ENDED_AT, LOCAL_BATCH, SEEN_AT, STEP, LatestSteps
-from antdt.services.monitor.lockstep import account_plain, is_plain
+from antdt.services.monitor.lockstep import account_plain, replanned
 from antdt.services.monitor.onepiece import (
     ONE_PIECE_S,
     acceptable_one_piece,
@@ -177,7 +177,11 @@ class JobDetector:
         step meets the same figures, so only the transitions' order (and ids) differ."""
         ranks, transitions = self._ranks, []
         memories = list(map(ranks.__getitem__, arrays.rank.tolist()))
-        if not self._rewind and is_plain(columns, arrays, memories):
+        moved = None if self._rewind else replanned(columns, arrays, memories)
+        if moved is not None:  # a new plan's first step too: replanned, then plain
+            plans, batches = arrays.plan_version.tolist(), arrays.local_batch.tolist()
+            for i in moved:
+                self._replanned(memories[i], plans[i], batches[i])
             return self._accept_plain(columns, arrays, memories, now)
         c = StepColumns(columns.job, *map(listed, columns[1:]))
         if columns.one_piece_s is not None:

@@ -40,21 +40,22 @@ class Accounted(NamedTuple):
     compute_s: list[float]
 
 
-def is_plain(columns: StepColumns, arrays: StepArrays, memories: Sequence[RankMemory]) -> bool:
-    """Every row of one step, of a rank with nothing to resolve: no stall, not exited,
-    its window's plan, its host. `arrays`: the columns' (`stepcolumns.arrays_of`)."""
+def replanned(
+    columns: StepColumns, arrays: StepArrays, memories: Sequence[RankMemory]
+) -> list[int] | None:
+    """The rows of one step whose plan is not their window's (ascending), when nothing
+    else is to resolve in any row (no stall, not exited, its host); else None. A plan
+    in force from this step on moves every rank's."""
     if not memories or arrays.step.min() != arrays.step.max():
-        return False
+        return None
+    found = []
     rows = zip(memories, arrays.plan_version.tolist(), columns.host, strict=True)
-    for memory, plan, host in rows:
-        if (
-            memory.stall is not None
-            or memory.exited is not None
-            or memory.window_plan != plan
-            or memory.host != host
-        ):
-            return False
-    return True
+    for i, (memory, plan, host) in enumerate(rows):
+        if memory.stall is not None or memory.exited is not None or memory.host != host:
+            return None
+        if memory.window_plan != plan:
+            found.append(i)
+    return found
 
 
 def account_plain(
@@ -65,9 +66,10 @@ def account_plain(
     pace: tuple[float, float, int],
 ) -> Accounted:
     """Each row into its rank's latest step (times, batch, link), open window and
-    history (row r of each of `blocks` is rank r's); `is_plain` must hold of rows of
-    distinct ranks (`all_acceptable`). `pace`: the job's slow step cost, fixed part in
-    samples and window length."""
+    history (row r of each of `blocks` is rank r's), rows of distinct ranks
+    (`all_acceptable`) with nothing to resolve but a new plan, already applied
+    (`replanned`). `pace`: the job's slow step cost, fixed part in samples and window
+    length."""
     (c, a), (histories, windows, latest) = columns, blocks
     slow_cost, fixed_samples, window_steps = pace
     samples, compute = _as_judged(c, a)
@@ -105,4 +107,4 @@ def _as_judged(c: StepColumns, a: StepArrays) -> tuple[Ints, Floats]:
     return samples, compute
 
 
-__all__ = ["Accounted", "account_plain", "is_plain"]
+__all__ = ["Accounted", "account_plain", "replanned"]
