@@ -22,7 +22,7 @@ from antdt.schemas import (
     StepEvent,
 )
 from antdt.services.monitor import processes
-from antdt.services.monitor.closes import cleared, quiet_normal
+from antdt.services.monitor.closes import cleared, cleared_alone, quiet_normal
 from antdt.services.monitor.config import DetectorConfig
 from antdt.services.monitor.deviations import (
     advance,
@@ -302,10 +302,11 @@ class JobDetector:
         pace = self._pace
         fixed = pace.fixed_samples
         slow = compute_s >= pace.slow_cost * (samples + fixed)
-        before = rank.evidence
+        before = rank.held_evidence  # `evidence`, read without the property's call
         if not (slow or before[0]):  # a slow step, or evidence (its score) to wear off
             return []
-        rank.slow_steps += slow
+        if slow:
+            rank.slow_steps += 1
         cost = compute_s / (samples + fixed)
         after = before.after(cost, pace.reference, pace.open_at, pace.config)
         rank.evidence = after
@@ -601,9 +602,7 @@ class JobDetector:
         or None), cleared and counted: its stats and whether the rank had no incident
         open, when it is to be judged (else none)."""
         rank.window.clear()
-        stats = None if summary is None else summary[0]
-        rows = np.array([rank.latest_row], dtype=np.int64)
-        kept = cleared((rank,), (stats,), rank.latest, rows)
+        kept = cleared_alone(rank, None if summary is None else summary[0])
         if not kept.at:
             return ()
         stats, costs = cast(tuple[WindowStats, Sequence[float]], summary)
