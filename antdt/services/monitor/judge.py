@@ -110,7 +110,7 @@ class Judge:
         """A rank's new window and latest link round trip, for the next `renew`. A rank
         closing again before it (its events ahead of the job's) replaces its own."""
         figures = self._figures
-        if rank < len(figures.queued) and figures.queued[rank]:
+        if figures.is_queued(rank):
             self._hold(rank, figures.unqueue(rank))
         figures.queue_one(
             rank, (new.level, new.busy_per_sample, new.data_share, new.comm_share, link_rtt_s)

@@ -2,12 +2,12 @@
 
 What the detector sets for every rank at every step (the step's number, when it ended,
 when it was heard, its batch, its link's round trip) and the steps its evidence still
-settles for after a change of batch, and what its window's close reads (its slow
-steps, the warm-up windows it still ignores). Held as attributes of 10,000 objects, a step of
-10,000 ranks set 50,000 of them one by one; here it is a few numpy calls
-(`LatestSteps.take`). A rank's own reads and writes (RankMemory's properties, an event
-of one rank) go through memoryviews. NaN stands for "none yet" where a time may be
-missing: the detector refuses NaN in every time it takes."""
+settles for after a change of batch, what its window's close reads (its slow steps,
+the warm-up windows it still ignores) and its evidence's score. Held as attributes of
+10,000 objects, a step of 10,000 ranks set 50,000 of them one by one; here it is a few
+numpy calls (`LatestSteps.take`). A rank's own reads and writes (RankMemory's
+`Column`s, an event of one rank) go through memoryviews. NaN stands for "none yet"
+where a time may be missing: the detector refuses NaN in every time it takes."""
 
 from __future__ import annotations
 

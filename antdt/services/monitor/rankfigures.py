@@ -58,8 +58,7 @@ class RankFigures:
         held, holding = self._views[0], self._views[1]
         if rank >= len(holding) or not holding[rank]:
             return NOTHING
-        level, busy, data, comm, link = (held[rank, k] for k in range(FIELDS))
-        return (level, busy, data, comm, None if link != link else link)
+        return _read(held, rank)
 
     def hold(self, rank: int, figures: Figures) -> None:
         """The rank's figures held are now `figures` (the caller's multisets swapped)."""
@@ -67,15 +66,12 @@ class RankFigures:
         held, holding = self._views[0], self._views[1]
         self.holders += not holding[rank]
         holding[rank] = True
-        for k, value in enumerate(figures):
-            held[rank, k] = np.nan if value is None else value  # type: ignore[call-overload]
+        _write(held, rank, figures)
 
     def queue_one(self, rank: int, figures: Figures) -> None:
         """The rank's new figures, queued (none of its own queued: the caller held it)."""
         self.grow(rank)
-        queue = self._views[2]
-        for k, value in enumerate(figures):
-            queue[rank, k] = np.nan if value is None else value  # type: ignore[call-overload]
+        _write(self._views[2], rank, figures)
         self._views[3][rank] = True
         self.waiting += 1
 
@@ -90,11 +86,14 @@ class RankFigures:
 
     def unqueue(self, rank: int) -> Figures:
         """The rank's queued figures, no longer queued."""
-        queue = self._views[2]
         self._views[3][rank] = False
         self.waiting -= 1
-        level, busy, data, comm, link = (queue[rank, k] for k in range(FIELDS))
-        return (level, busy, data, comm, None if link != link else link)
+        return _read(self._views[2], rank)
+
+    def is_queued(self, rank: int) -> bool:
+        """Whether the rank has figures queued."""
+        queued = self._views[3]
+        return rank < len(queued) and bool(queued[rank])
 
     def hold_queued(self) -> Ints:
         """Every queued rank's figures held now, none queued: those ranks, ascending."""
@@ -109,6 +108,18 @@ class RankFigures:
     def held_column(self, at: int) -> Floats:
         """Figure `at` of every rank holding figures, NaN where one has none, by rank."""
         return self.held[self.holding, at]
+
+
+def _read(rows: memoryview, rank: int) -> Figures:
+    """The rank's row of `rows` (a 2-D view) as figures: None for a NaN round trip."""
+    level, busy, data, comm, link = (rows[rank, k] for k in range(FIELDS))
+    return (level, busy, data, comm, None if link != link else link)
+
+
+def _write(rows: memoryview, rank: int, figures: Figures) -> None:
+    """`figures` into the rank's row of `rows` (a 2-D view): NaN for None."""
+    for k, value in enumerate(figures):
+        rows[rank, k] = np.nan if value is None else value  # type: ignore[call-overload]
 
 
 __all__ = ["FIELDS", "NOTHING", "Figures", "RankFigures"]
